@@ -1,0 +1,18 @@
+//! Migrations of kiln's metadata database. They run unchanged on SQLite (the embedded default)
+//! and on Postgres, and are numbered and append-only: a released migration is never edited.
+//! `api` applies them at start; the other services wait until the schema is current.
+
+pub use sea_orm_migration::MigratorTrait;
+use sea_orm_migration::prelude::*;
+
+mod m0001_initial;
+
+/// Migrator lists every migration in order.
+pub struct Migrator;
+
+#[async_trait::async_trait]
+impl MigratorTrait for Migrator {
+    fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+        vec![Box::new(m0001_initial::Migration)]
+    }
+}

@@ -1,0 +1,7 @@
+//! kiln/v1 protobuf messages and gRPC clients and servers, generated from `proto/kiln/v1` at
+//! build time. The Python SDK generates from the same files.
+
+pub mod v1 {
+    #![allow(clippy::all, clippy::pedantic)]
+    tonic::include_proto!("kiln.v1");
+}

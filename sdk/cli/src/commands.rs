@@ -1,0 +1,217 @@
+//! The client commands: run, ps, status, logs, stop.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use futures::StreamExt;
+use kiln_proto::v1 as pb;
+use tabled::settings::Style;
+
+use crate::client::{self, Clients};
+use crate::format::{self, job_json, state_name};
+use crate::pack;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// CPU cores (0.5 is half a core).
+    #[arg(long, default_value = "1", value_parser = format::parse_cpu)]
+    pub cpu: u32,
+    /// Memory, such as 512M or 4G.
+    #[arg(long, default_value = "1G", value_parser = format::parse_size)]
+    pub mem: u64,
+    /// Environment variable for the job, KEY=VALUE (repeatable).
+    #[arg(long = "env", short = 'e', value_parser = format::parse_env)]
+    pub env: Vec<(String, String)>,
+    /// Name of the job (default: the program's name).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Project the job belongs to.
+    #[arg(long)]
+    pub project: Option<String>,
+    /// Directory to pack as the job's code (default: the current directory).
+    #[arg(long)]
+    pub code: Option<PathBuf>,
+    /// Do not pack and upload any code.
+    #[arg(long, conflicts_with = "code")]
+    pub no_code: bool,
+    /// Stream the logs and exit with the job's exit code.
+    #[arg(short, long)]
+    pub follow: bool,
+    /// The command to run, after `--`.
+    #[arg(last = true, required = true)]
+    pub command: Vec<String>,
+}
+
+pub async fn run(args: RunArgs) -> Result<ExitCode> {
+    let credentials = client::resolve()?;
+    let mut clients = client::connect(&credentials).await?;
+    let mut code_digest = String::new();
+    if !args.no_code {
+        let root = match args.code {
+            Some(dir) => dir,
+            None => std::env::current_dir()?,
+        };
+        let bundle = tokio::task::spawn_blocking(move || pack::pack(&root)).await??;
+        let uploaded = pack::upload(&mut clients, &bundle).await?;
+        tracing::debug!(digest = %bundle.digest, files = bundle.files, uploaded, "code bundle ready");
+        code_digest = bundle.digest;
+    }
+    let spec = pb::JobSpec {
+        name: args.name.unwrap_or_default(),
+        command: args.command,
+        env: args.env.into_iter().collect(),
+        resources: Some(pb::Resources {
+            cpu_millis: args.cpu,
+            memory_bytes: args.mem,
+        }),
+        code_digest,
+        project: args.project.unwrap_or_default(),
+    };
+    let job = clients
+        .jobs
+        .submit_job(pb::SubmitJobRequest { spec: Some(spec) })
+        .await?
+        .into_inner()
+        .job
+        .context("the server answered without a job")?;
+    if !args.follow {
+        println!("{}", job.id);
+        return Ok(ExitCode::SUCCESS);
+    }
+    eprintln!("job {} submitted", job.id);
+    print_logs(&mut clients, &job.id, true).await?;
+    let job = clients
+        .jobs
+        .get_job(pb::GetJobRequest {
+            job_id: job.id.clone(),
+        })
+        .await?
+        .into_inner();
+    let state = pb::JobState::try_from(job.state).unwrap_or(pb::JobState::Unspecified);
+    let reason = if job.reason.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", job.reason)
+    };
+    eprintln!("job {} {}{reason}", job.id, state_name(job.state));
+    let code = match (job.exit_code, state) {
+        (Some(code), _) => code.clamp(0, 255) as u8,
+        (None, pb::JobState::Succeeded) => 0,
+        (None, _) => 1,
+    };
+    Ok(ExitCode::from(code))
+}
+
+/// Prints a job's logs: its stdout lines to stdout, its stderr lines to stderr.
+async fn print_logs(clients: &mut Clients, job_id: &str, follow: bool) -> Result<()> {
+    let mut lines = clients
+        .logs
+        .get_logs(pb::GetLogsRequest {
+            job_id: job_id.to_string(),
+            follow,
+        })
+        .await?
+        .into_inner();
+    let stdout = std::io::stdout();
+    let stderr = std::io::stderr();
+    while let Some(line) = lines.next().await {
+        let line = line?;
+        if line.stream == pb::LogStream::Stderr as i32 {
+            writeln!(stderr.lock(), "{}", line.text)?;
+        } else {
+            writeln!(stdout.lock(), "{}", line.text)?;
+        }
+    }
+    Ok(())
+}
+
+pub async fn ps(all: bool, output: Output) -> Result<ExitCode> {
+    let mut clients = client::connect(&client::resolve()?).await?;
+    let jobs = clients
+        .jobs
+        .list_jobs(pb::ListJobsRequest { all, limit: 0 })
+        .await?
+        .into_inner()
+        .jobs;
+    if output == Output::Json {
+        let jobs: Vec<_> = jobs.iter().map(job_json).collect();
+        println!("{}", serde_json::to_string_pretty(&jobs)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut builder = tabled::builder::Builder::default();
+    builder.push_record(["ID", "NAME", "STATE", "EXIT", "CPU", "MEM", "AGE"]);
+    for job in &jobs {
+        let spec = job.spec.clone().unwrap_or_default();
+        let resources = spec.resources.unwrap_or_default();
+        builder.push_record([
+            job.id.clone(),
+            spec.name,
+            state_name(job.state),
+            job.exit_code.map(|c| c.to_string()).unwrap_or_default(),
+            format!("{}", f64::from(resources.cpu_millis) / 1000.0),
+            format::bytes(resources.memory_bytes),
+            format::age(job.created_at_ms),
+        ]);
+    }
+    println!("{}", builder.build().with(Style::blank()));
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn status(job_id: String, output: Output) -> Result<ExitCode> {
+    let mut clients = client::connect(&client::resolve()?).await?;
+    let job = clients
+        .jobs
+        .get_job(pb::GetJobRequest { job_id })
+        .await?
+        .into_inner();
+    let json = job_json(&job);
+    if output == Output::Json {
+        println!("{}", serde_json::to_string_pretty(&json)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(fields) = json.as_object() {
+        for (key, value) in fields {
+            let text = match value {
+                serde_json::Value::String(s) => s.clone(),
+                serde_json::Value::Null => "-".into(),
+                other => other.to_string(),
+            };
+            println!("{key:>15}: {text}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn logs(job_id: String, follow: bool) -> Result<ExitCode> {
+    let mut clients = client::connect(&client::resolve()?).await?;
+    print_logs(&mut clients, &job_id, follow).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn stop(job_id: String) -> Result<ExitCode> {
+    let mut clients = client::connect(&client::resolve()?).await?;
+    let job = clients
+        .jobs
+        .stop_job(pb::StopJobRequest { job_id })
+        .await?
+        .into_inner();
+    let state = state_name(job.state);
+    if job.stop_requested && !matches!(state.as_str(), "STOPPED" | "SUCCEEDED" | "FAILED" | "LOST")
+    {
+        println!(
+            "{} stopping (SIGTERM, then SIGKILL after the grace period)",
+            job.id
+        );
+    } else {
+        println!("{} {state}", job.id);
+    }
+    Ok(ExitCode::SUCCESS)
+}

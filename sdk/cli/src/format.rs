@@ -1,0 +1,145 @@
+//! Parsing and printing sizes, durations and jobs.
+
+use kiln_proto::v1 as pb;
+use serde_json::json;
+
+/// Parses a memory size: `512M`, `4G`, `1.5Gi`, `1024` (bytes). Units are powers of 1024.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let trimmed = text.trim();
+    let split = trimmed
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(split);
+    let shift = match unit
+        .trim()
+        .to_ascii_uppercase()
+        .trim_end_matches("IB")
+        .trim_end_matches('I')
+        .trim_end_matches('B')
+    {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        _ => {
+            return Err(format!(
+                "{text:?} is not a size: use a number with K, M, G or T, such as 512M or 4G"
+            ));
+        }
+    };
+    let value: f64 = number.parse().map_err(|_| {
+        format!("{text:?} is not a size: use a number with K, M, G or T, such as 512M or 4G")
+    })?;
+    if !value.is_finite() || value < 0.0 {
+        return Err(format!("{text:?} is not a size"));
+    }
+    Ok((value * (1u64 << shift) as f64).round() as u64)
+}
+
+/// Parses CPU cores (`2`, `0.5`) into thousandths of a core.
+pub fn parse_cpu(text: &str) -> Result<u32, String> {
+    let cores: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of cores, such as 2 or 0.5"))?;
+    if !cores.is_finite() || cores < 0.0 || cores > 4_000_000.0 {
+        return Err(format!("{text:?} is not a number of cores"));
+    }
+    Ok((cores * 1000.0).round() as u32)
+}
+
+/// Parses `KEY=VALUE`.
+pub fn parse_env(text: &str) -> Result<(String, String), String> {
+    text.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("{text:?} is not KEY=VALUE"))
+}
+
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n}B")
+    } else {
+        format!("{value:.1}{}", UNITS[unit])
+    }
+}
+
+pub fn state_name(state: i32) -> String {
+    pb::JobState::try_from(state)
+        .map(|s| s.as_str_name().trim_start_matches("JOB_STATE_").to_string())
+        .unwrap_or_else(|_| "UNKNOWN".into())
+}
+
+/// Seconds or minutes since a time in ms.
+pub fn age(created_at_ms: i64) -> String {
+    let seconds = (kiln_core::ids::now_ms() - created_at_ms).max(0) / 1000;
+    match seconds {
+        0..60 => format!("{seconds}s"),
+        60..3600 => format!("{}m", seconds / 60),
+        3600..86400 => format!("{}h", seconds / 3600),
+        _ => format!("{}d", seconds / 86400),
+    }
+}
+
+pub fn job_json(job: &pb::Job) -> serde_json::Value {
+    let spec = job.spec.clone().unwrap_or_default();
+    let resources = spec.resources.unwrap_or_default();
+    json!({
+        "id": job.id,
+        "name": spec.name,
+        "project": spec.project,
+        "state": state_name(job.state),
+        "exit_code": job.exit_code,
+        "reason": job.reason,
+        "command": spec.command,
+        "cpu": f64::from(resources.cpu_millis) / 1000.0,
+        "memory_bytes": resources.memory_bytes,
+        "code_digest": spec.code_digest,
+        "attempt": job.attempt,
+        "version": job.version,
+        "pool": job.pool,
+        "runner": job.runner_id,
+        "instance": job.instance_id,
+        "stop_requested": job.stop_requested,
+        "created_at_ms": job.created_at_ms,
+        "started_at_ms": (job.started_at_ms > 0).then_some(job.started_at_ms),
+        "finished_at_ms": (job.finished_at_ms > 0).then_some(job.finished_at_ms),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("1024").unwrap(), 1024);
+        assert_eq!(parse_size("512M").unwrap(), 512 << 20);
+        assert_eq!(parse_size("4G").unwrap(), 4 << 30);
+        assert_eq!(parse_size("4Gi").unwrap(), 4 << 30);
+        assert_eq!(parse_size("1.5GiB").unwrap(), 3 << 29);
+        assert!(parse_size("abc").unwrap_err().contains("not a size"));
+        assert!(parse_size("4X").is_err());
+    }
+
+    #[test]
+    fn cpus_parse() {
+        assert_eq!(parse_cpu("2").unwrap(), 2000);
+        assert_eq!(parse_cpu("0.5").unwrap(), 500);
+        assert_eq!(parse_cpu("0").unwrap(), 0);
+        assert!(parse_cpu("two").is_err());
+    }
+
+    #[test]
+    fn env_pairs_parse() {
+        assert_eq!(parse_env("A=b=c").unwrap(), ("A".into(), "b=c".into()));
+        assert!(parse_env("A").is_err());
+    }
+}

@@ -1,0 +1,87 @@
+//! The `kiln` command: client commands, and `kiln up`.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod client;
+mod commands;
+mod format;
+mod pack;
+mod up;
+
+use commands::Output;
+
+#[derive(Parser)]
+#[command(
+    name = "kiln",
+    version,
+    about = "Run machine-learning jobs on rented machines"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start every kiln service in this process, on embedded defaults.
+    Up(up::UpArgs),
+    /// Submit a job: pack the working directory, upload it, run the command.
+    Run(commands::RunArgs),
+    /// List jobs (active ones; --all for every job).
+    Ps {
+        #[arg(long)]
+        all: bool,
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Show a job.
+    Status {
+        job: String,
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Print a job's logs (-f to follow until it ends).
+    Logs {
+        job: String,
+        #[arg(short, long)]
+        follow: bool,
+    },
+    /// Stop a job: SIGTERM, the grace period, then SIGKILL.
+    Stop { job: String },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Up(args) => up::up(args).await,
+            Command::Run(args) => commands::run(args).await,
+            Command::Ps { all, output } => commands::ps(all, output).await,
+            Command::Status { job, output } => commands::status(job, output).await,
+            Command::Logs { job, follow } => commands::logs(job, follow).await,
+            Command::Stop { job } => commands::stop(job).await,
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(error) => {
+            match error.downcast_ref::<tonic::Status>() {
+                Some(status) => eprintln!("error: {} ({:?})", status.message(), status.code()),
+                None => eprintln!("error: {error:#}"),
+            }
+            ExitCode::FAILURE
+        }
+    }
+}

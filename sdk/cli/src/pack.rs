@@ -1,0 +1,191 @@
+//! Packing the working directory into a code bundle and uploading it once by digest.
+//!
+//! The bundle is a gzip-compressed tar of the files `.gitignore`, `.ignore` and `.kilnignore`
+//! do not exclude (`.git` never goes in), in sorted order with fixed times, owners and modes, so
+//! the same tree always gives the same sha256 and is stored once.
+
+use std::io::{IsTerminal, Write};
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use futures::stream;
+use indicatif::{ProgressBar, ProgressStyle};
+use kiln_proto::v1 as pb;
+use kiln_proto::v1::upload_artifact_request::Part;
+use sha2::{Digest, Sha256};
+
+use crate::client::Clients;
+
+/// Bytes per upload message.
+const CHUNK: usize = 1 << 20;
+/// Bundles above this size are refused: a job's code should not be a data set.
+const MAX_BUNDLE_BYTES: u64 = 1 << 30;
+
+/// A packed bundle.
+pub struct Bundle {
+    pub bytes: Vec<u8>,
+    pub digest: String,
+    pub files: usize,
+}
+
+/// Packs `root` into a bundle.
+pub fn pack(root: &Path) -> Result<Bundle> {
+    let mut paths = Vec::new();
+    let walker = ignore::WalkBuilder::new(root)
+        .hidden(false)
+        .git_ignore(true)
+        .git_global(false)
+        .git_exclude(true)
+        .require_git(false)
+        .follow_links(false)
+        .add_custom_ignore_filename(".kilnignore")
+        .filter_entry(|entry| entry.file_name() != ".git")
+        .build();
+    for entry in walker {
+        let entry = entry.context("cannot list the working directory")?;
+        if entry.depth() == 0 {
+            continue;
+        }
+        paths.push(entry.into_path());
+    }
+    paths.sort();
+    let encoder = flate2::GzBuilder::new()
+        .mtime(0)
+        .write(Vec::new(), flate2::Compression::default());
+    let mut builder = tar::Builder::new(encoder);
+    builder.mode(tar::HeaderMode::Deterministic);
+    builder.follow_symlinks(false);
+    let mut files = 0;
+    for path in &paths {
+        let relative = path
+            .strip_prefix(root)
+            .expect("walked paths are under the root");
+        builder
+            .append_path_with_name(path, relative)
+            .with_context(|| format!("cannot pack {}", path.display()))?;
+        files += 1;
+    }
+    let bytes = builder.into_inner()?.finish()?;
+    if bytes.len() as u64 > MAX_BUNDLE_BYTES {
+        bail!(
+            "the working directory packs to {} bytes (limit {MAX_BUNDLE_BYTES}); list data in .kilnignore",
+            bytes.len()
+        );
+    }
+    let digest = hex::encode(Sha256::digest(&bytes));
+    Ok(Bundle {
+        bytes,
+        digest,
+        files,
+    })
+}
+
+/// Uploads the bundle unless the server has it. Returns true when it was uploaded.
+pub async fn upload(clients: &mut Clients, bundle: &Bundle) -> Result<bool> {
+    let stat = clients
+        .artifacts
+        .stat_artifact(pb::StatArtifactRequest {
+            digest: bundle.digest.clone(),
+        })
+        .await?
+        .into_inner();
+    if stat.exists {
+        return Ok(false);
+    }
+    let size = bundle.bytes.len() as u64;
+    let progress = if std::io::stderr().is_terminal() {
+        let bar = ProgressBar::new(size);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "uploading code {bar:30} {bytes}/{total_bytes} {bytes_per_sec}",
+            )
+            .expect("valid template"),
+        );
+        bar
+    } else {
+        ProgressBar::hidden()
+    };
+    let header = pb::UploadArtifactRequest {
+        part: Some(Part::Header(pb::ArtifactHeader {
+            digest: bundle.digest.clone(),
+            size,
+        })),
+    };
+    let chunks: Vec<pb::UploadArtifactRequest> = bundle
+        .bytes
+        .chunks(CHUNK)
+        .map(|chunk| pb::UploadArtifactRequest {
+            part: Some(Part::Chunk(chunk.to_vec())),
+        })
+        .collect();
+    let bar = progress.clone();
+    let messages = stream::iter(std::iter::once(header).chain(chunks.into_iter().inspect(
+        move |m| {
+            if let Some(Part::Chunk(chunk)) = &m.part {
+                bar.inc(chunk.len() as u64);
+            }
+        },
+    )));
+    let response = clients
+        .artifacts
+        .upload_artifact(messages)
+        .await?
+        .into_inner();
+    progress.finish_and_clear();
+    std::io::stderr().flush().ok();
+    Ok(response.created)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tree() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("src")).unwrap();
+        std::fs::create_dir_all(root.join("data")).unwrap();
+        std::fs::create_dir_all(root.join(".git")).unwrap();
+        std::fs::write(root.join("src/train.py"), "print('hi')\n").unwrap();
+        std::fs::write(root.join("data/big.bin"), vec![0u8; 1000]).unwrap();
+        std::fs::write(root.join("notes.log"), "noise").unwrap();
+        std::fs::write(root.join(".git/HEAD"), "ref").unwrap();
+        std::fs::write(root.join(".gitignore"), "*.log\n").unwrap();
+        std::fs::write(root.join(".kilnignore"), "data/\n").unwrap();
+        dir
+    }
+
+    fn names(bundle: &Bundle) -> Vec<String> {
+        let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(bundle.bytes.as_slice()));
+        archive
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap().path().unwrap().display().to_string())
+            .collect()
+    }
+
+    #[test]
+    fn ignores_are_honoured() {
+        let dir = tree();
+        let bundle = pack(dir.path()).unwrap();
+        let names = names(&bundle);
+        assert!(names.contains(&"src/train.py".to_string()), "{names:?}");
+        assert!(names.contains(&".gitignore".to_string()), "{names:?}");
+        for excluded in ["notes.log", "data/big.bin", ".git/HEAD"] {
+            assert!(
+                !names.iter().any(|n| n == excluded),
+                "{excluded} in {names:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn same_tree_same_digest() {
+        let first = pack(tree().path()).unwrap();
+        let second = pack(tree().path()).unwrap();
+        assert_eq!(first.digest, second.digest);
+        let dir = tree();
+        std::fs::write(dir.path().join("src/train.py"), "print('changed')\n").unwrap();
+        assert_ne!(pack(dir.path()).unwrap().digest, first.digest);
+    }
+}

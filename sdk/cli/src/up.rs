@@ -1,0 +1,310 @@
+//! `kiln up`: every service in one process on embedded defaults — a child `nats-server` with
+//! JetStream, SQLite and a local object-store directory under `KILN_HOME`.
+
+use std::fs::File;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{ExitCode, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use kiln_core::config::{DatabaseConfig, DatabaseUrl, GrpcConfig, NatsConfig, ObjectStoreConfig};
+use tokio::process::{Child, Command};
+use tokio::task::JoinSet;
+
+use crate::client::{self, Credentials};
+
+/// The nats-server version the scripts install and `kiln up` is tested with.
+pub const NATS_SERVER_VERSION: &str = "2.15.1";
+
+#[derive(Debug, clap::Args)]
+pub struct UpArgs {
+    /// Where kiln keeps its data (default: KILN_HOME, else ~/.kiln).
+    #[arg(long)]
+    pub home: Option<PathBuf>,
+    /// Address of the api.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub api_addr: SocketAddr,
+    /// Address of log-ingest.
+    #[arg(long, default_value = "127.0.0.1:7071")]
+    pub logs_addr: SocketAddr,
+    /// Use this NATS server (with JetStream) instead of starting one.
+    #[arg(long)]
+    pub nats_url: Option<String>,
+    /// The nats-server binary to start (default: nats-server on PATH, else KILN_HOME/tools/bin).
+    #[arg(long, env = "KILN_NATS_SERVER")]
+    pub nats_server: Option<PathBuf>,
+    /// Time a stopped job gets between SIGTERM and SIGKILL, in seconds.
+    #[arg(long, default_value_t = 10)]
+    pub grace_period: u64,
+}
+
+/// A nats-server started by `kiln up`, stopped with it.
+struct NatsChild {
+    child: Child,
+    url: String,
+}
+
+impl NatsChild {
+    async fn start(binary: &Path, home: &Path) -> Result<NatsChild> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let store_dir = home.join("nats");
+        std::fs::create_dir_all(&store_dir)?;
+        let log_path = home.join("nats.log");
+        let log = File::create(&log_path)
+            .with_context(|| format!("cannot create {}", log_path.display()))?;
+        let mut child = Command::new(binary)
+            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
+            .arg(&store_dir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("cannot start {}", binary.display()))?;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
+                break;
+            }
+            if let Some(status) = child.try_wait()? {
+                bail!("nats-server exited ({status}); see {}", log_path.display());
+            }
+            if tokio::time::Instant::now() > deadline {
+                bail!(
+                    "nats-server did not start within 15s; see {}",
+                    log_path.display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(NatsChild {
+            child,
+            url: format!("nats://127.0.0.1:{port}"),
+        })
+    }
+
+    /// Stops the server gracefully (SIGTERM), killing it after 10 seconds.
+    async fn stop(mut self) {
+        if let Some(pid) = self.child.id().and_then(|pid| i32::try_from(pid).ok()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.kill().await;
+        }
+    }
+}
+
+/// Finds the nats-server binary.
+fn find_nats_server(flag: Option<PathBuf>, home: &Path) -> Result<PathBuf> {
+    if let Some(path) = flag {
+        return Ok(path);
+    }
+    let on_path = std::env::var_os("PATH")
+        .map(|paths| {
+            std::env::split_paths(&paths)
+                .map(|dir| dir.join("nats-server"))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    let tools = [
+        home.join("tools/bin/nats-server"),
+        client::kiln_home().join("tools/bin/nats-server"),
+    ];
+    on_path
+        .into_iter()
+        .chain(tools)
+        .find(|path| path.is_file())
+        .with_context(|| {
+            format!(
+                "nats-server not found on PATH or in {}/tools/bin: run scripts/setup.sh (it installs nats-server {NATS_SERVER_VERSION}), or pass --nats-server PATH or --nats-url URL",
+                home.display()
+            )
+        })
+}
+
+/// Takes the `KILN_HOME` lock, so two `kiln up` never share a data directory.
+fn lock_home(home: &Path) -> Result<File> {
+    let path = home.join("kiln.lock");
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let holder = std::fs::read_to_string(&path).unwrap_or_default();
+            bail!(
+                "another `kiln up` is running with KILN_HOME={} (pid {}); stop it first or use another --home",
+                home.display(),
+                holder.trim()
+            );
+        }
+        Err(std::fs::TryLockError::Error(error)) => {
+            return Err(error).context("cannot lock KILN_HOME");
+        }
+    }
+    file.set_len(0)?;
+    write!(file, "{}", std::process::id())?;
+    Ok(file)
+}
+
+pub async fn up(args: UpArgs) -> Result<ExitCode> {
+    kiln_core::telemetry::init(false);
+    let home = args.home.clone().unwrap_or_else(client::kiln_home);
+    std::fs::create_dir_all(&home).with_context(|| format!("cannot create {}", home.display()))?;
+    let home = home.canonicalize()?;
+    let _lock = lock_home(&home)?;
+
+    let nats_child = match &args.nats_url {
+        Some(_) => None,
+        None => Some(
+            NatsChild::start(&find_nats_server(args.nats_server.clone(), &home)?, &home).await?,
+        ),
+    };
+    let nats_url = args
+        .nats_url
+        .clone()
+        .or_else(|| nats_child.as_ref().map(|n| n.url.clone()))
+        .expect("a NATS url");
+    let result = serve_all(&args, &home, &nats_url).await;
+    if let Some(nats) = nats_child {
+        nats.stop().await;
+    }
+    result?;
+    eprintln!("kiln stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str) -> Result<()> {
+    let database = DatabaseConfig {
+        url: DatabaseUrl::new(format!(
+            "sqlite://{}?mode=rwc",
+            home.join("kiln.db").display()
+        )),
+        max_connections: 8,
+    };
+    let nats = NatsConfig {
+        url: nats_url.to_string(),
+        replicas: 1,
+    };
+    let objects = ObjectStoreConfig {
+        root: home.join("objects"),
+    };
+    let ephemeral = GrpcConfig {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+    };
+    let token_file = home.join("admin.token");
+
+    let api = kiln_api::Api::bind(kiln_api::Config {
+        grpc: GrpcConfig {
+            listen: args.api_addr,
+        },
+        database: database.clone(),
+        nats: nats.clone(),
+        objects: objects.clone(),
+        bootstrap_token_file: token_file.clone(),
+        ..Default::default()
+    })
+    .await?;
+    let api_addr = api.local_addr();
+    let logs = kiln_log_ingest::LogIngest::bind(kiln_log_ingest::Config {
+        grpc: GrpcConfig {
+            listen: args.logs_addr,
+        },
+        database: database.clone(),
+        nats: nats.clone(),
+        log_store: kiln_log_ingest::config::LogStoreConfig {
+            sqlite_path: home.join("logs.db"),
+        },
+        ..Default::default()
+    })
+    .await?;
+    let logs_addr = logs.local_addr();
+    let scheduler = kiln_scheduler::Scheduler::bind(kiln_scheduler::Config {
+        grpc: ephemeral.clone(),
+        database: database.clone(),
+        nats: nats.clone(),
+        ..Default::default()
+    })
+    .await?;
+    let runner = kiln_runner::Runner::bind(kiln_runner::Config {
+        grpc: ephemeral.clone(),
+        database,
+        nats,
+        objects,
+        work_dir: home.join("work"),
+        stop_grace_period_ms: args.grace_period * 1000,
+        api_url: format!("http://{api_addr}"),
+        ..Default::default()
+    })
+    .await?;
+    let batches =
+        kiln_item_batch::ItemBatch::bind(kiln_item_batch::Config { grpc: ephemeral }).await?;
+
+    let token = std::fs::read_to_string(&token_file)
+        .with_context(|| format!("cannot read the admin token from {}", token_file.display()))?
+        .trim()
+        .to_string();
+    let credentials = Credentials {
+        api: format!("http://{api_addr}"),
+        logs: format!("http://{logs_addr}"),
+        token,
+    };
+    client::write_credentials(home, &credentials)?;
+    println!("kiln is up");
+    println!("  api:      {}", credentials.api);
+    println!("  logs:     {}", credentials.logs);
+    println!("  nats:     {nats_url}");
+    println!("  data:     {}", home.display());
+    println!("  provider: process (jobs run as local processes)");
+    println!(
+        "the CLI reads {}; Ctrl-C stops everything",
+        client::credentials_path(home).display()
+    );
+    std::io::stdout().flush().ok();
+
+    let shutdown = kiln_core::shutdown::on_signal();
+    let mut services: JoinSet<(&str, Result<()>)> = JoinSet::new();
+    let token = shutdown.clone();
+    services.spawn(async move { ("api", api.serve(token).await.map_err(Into::into)) });
+    let token = shutdown.clone();
+    services.spawn(async move { ("log-ingest", logs.serve(token).await.map_err(Into::into)) });
+    let token = shutdown.clone();
+    services.spawn(async move {
+        (
+            "scheduler",
+            scheduler.serve(token).await.map_err(Into::into),
+        )
+    });
+    let token = shutdown.clone();
+    services.spawn(async move { ("runner", runner.serve(token).await.map_err(Into::into)) });
+    let token = shutdown.clone();
+    services.spawn(async move { ("item-batch", batches.serve(token).await.map_err(Into::into)) });
+    let mut failure = None;
+    while let Some(joined) = services.join_next().await {
+        let (service, result) = joined.context("a service panicked")?;
+        if let Err(error) = result {
+            tracing::error!(service, error = %error, "service failed; stopping everything");
+            failure.get_or_insert(anyhow::anyhow!("{service} failed: {error}"));
+        }
+        // One service ending ends them all.
+        shutdown.cancel();
+    }
+    failure.map_or(Ok(()), Err)
+}

@@ -1,0 +1,54 @@
+//! The api's configuration.
+
+use std::path::PathBuf;
+
+use kiln_core::config::{ConfigError, DatabaseConfig, GrpcConfig, NatsConfig, ObjectStoreConfig};
+use kiln_core::service::{ServiceConfig, problems_to_result};
+use serde::{Deserialize, Serialize};
+
+/// Default port of the api.
+pub const DEFAULT_PORT: u16 = 7070;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct Config {
+    pub grpc: GrpcConfig,
+    pub database: DatabaseConfig,
+    pub nats: NatsConfig,
+    pub objects: ObjectStoreConfig,
+    /// Where the bootstrap admin token is written (mode 0600) when the first start creates it.
+    pub bootstrap_token_file: PathBuf,
+    /// Largest artifact accepted, in bytes.
+    pub max_artifact_bytes: u64,
+    /// How often unpublished changes are re-driven, in milliseconds.
+    pub reconcile_interval_ms: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            grpc: GrpcConfig::local(DEFAULT_PORT),
+            database: DatabaseConfig::default(),
+            nats: NatsConfig::default(),
+            objects: ObjectStoreConfig::default(),
+            bootstrap_token_file: PathBuf::from("./data/admin.token"),
+            max_artifact_bytes: 2 << 30,
+            reconcile_interval_ms: if cfg!(test) { 200 } else { 5_000 },
+        }
+    }
+}
+
+impl ServiceConfig for Config {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let mut problems = Vec::new();
+        self.database.validate(&mut problems);
+        self.nats.validate(&mut problems);
+        if self.max_artifact_bytes == 0 {
+            problems.push("max-artifact-bytes must be at least 1".into());
+        }
+        if self.reconcile_interval_ms == 0 {
+            problems.push("reconcile-interval-ms must be at least 1".into());
+        }
+        problems_to_result(problems)
+    }
+}

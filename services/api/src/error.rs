@@ -1,0 +1,62 @@
+//! The api's error type.
+
+use kiln_core::ErrorKind;
+use kiln_core::store::StoreError;
+use kiln_core::streams::NatsError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("job {job_id} not found")]
+    JobNotFound { job_id: String },
+    #[error("code bundle {digest} is not uploaded; upload it with ArtifactService first")]
+    ArtifactMissing { digest: String },
+    #[error("{0}")]
+    TooLarge(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Nats(#[from] NatsError),
+    #[error("object store: {0}")]
+    Objects(#[from] object_store::Error),
+    #[error("cannot write {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("gRPC server failed: {0}")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+impl Error {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::InvalidArgument(_) => ErrorKind::InvalidArgument,
+            Error::JobNotFound { .. } => ErrorKind::NotFound,
+            Error::ArtifactMissing { .. } => ErrorKind::FailedPrecondition,
+            Error::TooLarge(_) => ErrorKind::ResourceExhausted,
+            Error::Store(error) => error.kind(),
+            Error::Nats(error) => error.kind(),
+            Error::Objects(_) | Error::Io { .. } | Error::Bind { .. } | Error::Serve(_) => {
+                ErrorKind::Internal
+            }
+        }
+    }
+}
+
+impl From<kiln_core::Error> for Error {
+    fn from(error: kiln_core::Error) -> Self {
+        match error {
+            kiln_core::Error::Store(error) => Error::Store(error),
+            kiln_core::Error::Nats(error) => Error::Nats(error),
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,370 @@
+//! `JobService`: submit, read, list, stop and watch jobs.
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use kiln_core::auth::{Principal, user_principal};
+use kiln_core::events::publish_job_change;
+use kiln_core::ids::parse_id;
+use kiln_core::store::{Change, JobRecord, NewJob, Store, StoreError};
+use kiln_core::streams::{Nats, publish};
+use kiln_core::{JobState, subjects};
+use kiln_proto::v1 as pb;
+use kiln_proto::v1::job_service_server::JobService;
+use prost::Message;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use crate::error::{Error, Result};
+
+/// Longest command line accepted, summed over its arguments.
+const MAX_COMMAND_BYTES: usize = 64 * 1024;
+/// Default CPU and memory of a job that names none.
+const DEFAULT_CPU_MILLIS: u32 = 1000;
+const DEFAULT_MEMORY_BYTES: u64 = 1 << 30;
+
+/// JobsApi serves `JobService`.
+#[derive(Clone)]
+pub struct JobsApi {
+    pub(crate) store: Store,
+    pub(crate) nats: Nats,
+    pub(crate) watch_poll: Duration,
+}
+
+impl JobsApi {
+    /// Reads a job the caller may see; others' jobs read as not found, so ids do not leak.
+    async fn visible_job(&self, principal: &Principal, job_id: &str) -> Result<JobRecord> {
+        let job_id = parse_id("job", job_id).map_err(Error::InvalidArgument)?;
+        let job = match self.store.job(&job_id).await {
+            Ok(job) => job,
+            Err(StoreError::JobNotFound { job_id }) => return Err(Error::JobNotFound { job_id }),
+            Err(error) => return Err(error.into()),
+        };
+        if job.owner_id != principal.user_id && !principal.is_admin {
+            return Err(Error::JobNotFound { job_id });
+        }
+        Ok(job)
+    }
+
+    async fn submit(&self, principal: &Principal, spec: Option<pb::JobSpec>) -> Result<JobRecord> {
+        let new = validate_spec(principal, spec)?;
+        if !new.code_digest.is_empty() && self.store.artifact(&new.code_digest).await?.is_none() {
+            return Err(Error::ArtifactMissing {
+                digest: new.code_digest,
+            });
+        }
+        let job = self.store.insert_job(new).await?;
+        tracing::info!(job_id = %job.id, owner = %principal.user_name, "job submitted");
+        // The job is durable now; a failed publish is re-driven by the reconciler.
+        if let Err(error) = publish_job_change(&self.nats, &self.store, &job).await {
+            tracing::warn!(job_id = %job.id, error = %error, "publish failed; the reconciler will retry");
+        }
+        Ok(job)
+    }
+
+    async fn stop(&self, principal: &Principal, job_id: &str) -> Result<JobRecord> {
+        // A few rounds: the job may change state between our read and our write.
+        for _ in 0..5 {
+            let job = self.visible_job(principal, job_id).await?;
+            let state = job.state()?;
+            if state.is_terminal() {
+                return Ok(job);
+            }
+            if matches!(state, JobState::Queued | JobState::Scheduled) {
+                let change = Change {
+                    reason: Some("stopped by user".into()),
+                    ..Change::default()
+                };
+                match self.store.transition(&job, JobState::Stopped, change).await {
+                    Ok(stopped) => {
+                        if let Err(error) =
+                            publish_job_change(&self.nats, &self.store, &stopped).await
+                        {
+                            tracing::warn!(job_id = %stopped.id, error = %error, "publish failed; the reconciler will retry");
+                        }
+                        return Ok(stopped);
+                    }
+                    Err(StoreError::Conflict { .. }) => continue,
+                    Err(error) => return Err(error.into()),
+                }
+            }
+            let job = self.store.request_stop(&job.id).await?;
+            let control = pb::ControlRequest {
+                job_id: job.id.clone(),
+                action: pb::control_request::Action::Stop as i32,
+            };
+            let msg_id = format!("{}:stop:{}", job.id, job.attempt);
+            publish(
+                &self.nats.jetstream,
+                subjects::control(&job.id),
+                &msg_id,
+                control.encode_to_vec().into(),
+            )
+            .await?;
+            tracing::info!(job_id = %job.id, "stop requested");
+            return Ok(job);
+        }
+        Err(Error::InvalidArgument(format!(
+            "job {job_id} keeps changing; try again"
+        )))
+    }
+}
+
+/// Checks a submitted spec and turns it into a record, or says what is wrong.
+fn validate_spec(principal: &Principal, spec: Option<pb::JobSpec>) -> Result<NewJob> {
+    let spec = spec.ok_or_else(|| Error::InvalidArgument("spec is required".into()))?;
+    if spec.command.is_empty() || spec.command[0].trim().is_empty() {
+        return Err(Error::InvalidArgument(
+            "command is empty: give the program to run, e.g. `kiln run -- python train.py`".into(),
+        ));
+    }
+    let command_bytes: usize = spec.command.iter().map(String::len).sum();
+    if command_bytes > MAX_COMMAND_BYTES {
+        return Err(Error::InvalidArgument(format!(
+            "command is {command_bytes} bytes; the limit is {MAX_COMMAND_BYTES}"
+        )));
+    }
+    if spec.command.iter().any(|arg| arg.contains('\0')) {
+        return Err(Error::InvalidArgument(
+            "command arguments must not contain NUL bytes".into(),
+        ));
+    }
+    let resources = spec.resources.unwrap_or(pb::Resources {
+        cpu_millis: DEFAULT_CPU_MILLIS,
+        memory_bytes: DEFAULT_MEMORY_BYTES,
+    });
+    if resources.cpu_millis == 0 {
+        return Err(Error::InvalidArgument(
+            "resources.cpu_millis must be greater than 0 (1000 is one core)".into(),
+        ));
+    }
+    if resources.memory_bytes == 0 {
+        return Err(Error::InvalidArgument(
+            "resources.memory_bytes must be greater than 0".into(),
+        ));
+    }
+    let memory_bytes = i64::try_from(resources.memory_bytes)
+        .map_err(|_| Error::InvalidArgument("resources.memory_bytes is too large".into()))?;
+    let mut env = BTreeMap::new();
+    for (key, value) in spec.env {
+        let valid =
+            !key.is_empty() && !key.contains('=') && !key.contains('\0') && !value.contains('\0');
+        if !valid {
+            return Err(Error::InvalidArgument(format!(
+                "env name {key:?} is not valid (no '=', no NUL, not empty)"
+            )));
+        }
+        if key.starts_with("KILN_") {
+            return Err(Error::InvalidArgument(format!(
+                "env name {key:?} is reserved: KILN_* variables are set by kiln"
+            )));
+        }
+        env.insert(key, value);
+    }
+    if spec.name.chars().count() > 128 {
+        return Err(Error::InvalidArgument(
+            "name is longer than 128 characters".into(),
+        ));
+    }
+    let name = if spec.name.is_empty() {
+        spec.command[0]
+            .rsplit('/')
+            .next()
+            .unwrap_or_default()
+            .to_string()
+    } else {
+        spec.name
+    };
+    let project = if spec.project.is_empty() {
+        "default".to_string()
+    } else {
+        spec.project
+    };
+    subjects::validate_token("project", &project).map_err(Error::InvalidArgument)?;
+    if !spec.code_digest.is_empty() && !kiln_core::objects::is_sha256_hex(&spec.code_digest) {
+        return Err(Error::InvalidArgument(format!(
+            "code_digest {:?} is not a lowercase hex sha256",
+            spec.code_digest
+        )));
+    }
+    Ok(NewJob {
+        owner_id: principal.user_id.clone(),
+        project,
+        name,
+        command: spec.command,
+        env,
+        cpu_millis: i64::from(resources.cpu_millis),
+        memory_bytes,
+        code_digest: spec.code_digest,
+    })
+}
+
+type JobStream = Pin<Box<dyn Stream<Item = Result<pb::Job, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl JobService for JobsApi {
+    #[tracing::instrument(skip_all)]
+    async fn submit_job(
+        &self,
+        request: Request<pb::SubmitJobRequest>,
+    ) -> Result<Response<pb::SubmitJobResponse>, Status> {
+        let principal = user_principal(&request)?;
+        let job = self.submit(&principal, request.into_inner().spec).await?;
+        Ok(Response::new(pb::SubmitJobResponse {
+            job: Some(job.to_proto()),
+        }))
+    }
+
+    #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
+    async fn get_job(
+        &self,
+        request: Request<pb::GetJobRequest>,
+    ) -> Result<Response<pb::Job>, Status> {
+        let principal = user_principal(&request)?;
+        let job = self
+            .visible_job(&principal, &request.get_ref().job_id)
+            .await?;
+        Ok(Response::new(job.to_proto()))
+    }
+
+    #[tracing::instrument(skip_all)]
+    async fn list_jobs(
+        &self,
+        request: Request<pb::ListJobsRequest>,
+    ) -> Result<Response<pb::ListJobsResponse>, Status> {
+        let principal = user_principal(&request)?;
+        let request = request.into_inner();
+        let limit = match request.limit {
+            0 => 100,
+            n => u64::from(n.min(10_000)),
+        };
+        let owner = (!principal.is_admin).then_some(principal.user_id.as_str());
+        let jobs = self
+            .store
+            .list_jobs(owner, request.all, limit)
+            .await
+            .map_err(Error::from)?;
+        Ok(Response::new(pb::ListJobsResponse {
+            jobs: jobs.iter().map(JobRecord::to_proto).collect(),
+        }))
+    }
+
+    #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
+    async fn stop_job(
+        &self,
+        request: Request<pb::StopJobRequest>,
+    ) -> Result<Response<pb::Job>, Status> {
+        let principal = user_principal(&request)?;
+        let job = self.stop(&principal, &request.get_ref().job_id).await?;
+        Ok(Response::new(job.to_proto()))
+    }
+
+    type WatchJobStream = JobStream;
+
+    #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
+    async fn watch_job(
+        &self,
+        request: Request<pb::WatchJobRequest>,
+    ) -> Result<Response<Self::WatchJobStream>, Status> {
+        let principal = user_principal(&request)?;
+        let job = self
+            .visible_job(&principal, &request.get_ref().job_id)
+            .await?;
+        let mut events = self
+            .nats
+            .client
+            .subscribe(subjects::job_event(&job.id))
+            .await
+            .map_err(|e| Error::Nats(kiln_core::streams::NatsError::Other(e.to_string())))?;
+        let (tx, rx) = mpsc::channel(16);
+        let api = Arc::new(self.clone());
+        tokio::spawn(async move {
+            let mut last_version = 0;
+            loop {
+                let job = match api.store.job(&job.id).await {
+                    Ok(job) => job,
+                    Err(error) => {
+                        let _ = tx.send(Err(Status::from(Error::from(error)))).await;
+                        return;
+                    }
+                };
+                if job.version != last_version {
+                    last_version = job.version;
+                    let terminal = job.state().map(JobState::is_terminal).unwrap_or(true);
+                    if tx.send(Ok(job.to_proto())).await.is_err() || terminal {
+                        return;
+                    }
+                }
+                // Events wake us at once; the poll covers events missed while subscribing.
+                tokio::select! {
+                    _ = events.next() => {}
+                    _ = tokio::time::sleep(api.watch_poll) => {}
+                    _ = tx.closed() => return,
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kiln_core::auth::Scope;
+
+    use super::*;
+
+    fn principal() -> Principal {
+        Principal {
+            user_id: "u1".into(),
+            user_name: "ada".into(),
+            is_admin: false,
+            scope: Scope::User,
+        }
+    }
+
+    fn spec(command: &[&str]) -> pb::JobSpec {
+        pb::JobSpec {
+            command: command.iter().map(|s| s.to_string()).collect(),
+            resources: Some(pb::Resources {
+                cpu_millis: 500,
+                memory_bytes: 1 << 20,
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn message(result: Result<NewJob>) -> String {
+        result.unwrap_err().to_string()
+    }
+
+    #[test]
+    fn valid_specs_get_defaults() {
+        let job =
+            validate_spec(&principal(), Some(spec(&["/usr/bin/python3", "train.py"]))).unwrap();
+        assert_eq!(job.name, "python3");
+        assert_eq!(job.project, "default");
+        assert_eq!(job.cpu_millis, 500);
+    }
+
+    #[test]
+    fn bad_specs_say_what_is_wrong() {
+        assert!(message(validate_spec(&principal(), None)).contains("spec is required"));
+        assert!(message(validate_spec(&principal(), Some(spec(&[])))).contains("command is empty"));
+        let mut zero_cpu = spec(&["true"]);
+        zero_cpu.resources = Some(pb::Resources {
+            cpu_millis: 0,
+            memory_bytes: 1,
+        });
+        assert!(message(validate_spec(&principal(), Some(zero_cpu))).contains("cpu_millis"));
+        let mut reserved = spec(&["true"]);
+        reserved.env.insert("KILN_JOB_ID".into(), "x".into());
+        assert!(message(validate_spec(&principal(), Some(reserved))).contains("reserved"));
+        let mut digest = spec(&["true"]);
+        digest.code_digest = "abc".into();
+        assert!(message(validate_spec(&principal(), Some(digest))).contains("sha256"));
+    }
+}

@@ -1,0 +1,155 @@
+//! kiln-api: the front door. It owns users, tokens, job records and artifacts, and is the only
+//! writer of user-facing state.
+//!
+//! - [`jobs`]: `JobService` (submit, get, list, stop, watch);
+//! - [`artifacts`]: `ArtifactService` (content-addressed code bundles);
+//! - reconciler: at start and then periodically, publishes QUEUED and STOPPED changes that
+//!   were committed but not published (a crash or a NATS outage between the two);
+//! - [`config`], [`error`], [`grpc`]: configuration, the error type and its mapping to statuses.
+#![forbid(unsafe_code)]
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use kiln_core::auth::AuthLayer;
+use kiln_core::events::republish_pending;
+use kiln_core::store::Store;
+use kiln_core::streams::Nats;
+use kiln_core::{JobState, objects, streams};
+use kiln_proto::v1::artifact_service_server::ArtifactServiceServer;
+use kiln_proto::v1::job_service_server::JobServiceServer;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+
+pub mod artifacts;
+pub mod config;
+pub mod error;
+pub mod grpc;
+pub mod jobs;
+
+pub use config::Config;
+pub use error::{Error, Result};
+
+/// The api, connected and listening, not yet serving.
+pub struct Api {
+    config: Config,
+    listener: TcpListener,
+    store: Store,
+    nats: Nats,
+}
+
+impl Api {
+    /// Connects to the database (applying migrations) and NATS, creates the bootstrap admin
+    /// on first start, and binds the listener: everything that can fail fails here.
+    pub async fn bind(config: Config) -> Result<Api> {
+        let store = Store::connect(&config.database).await?;
+        store.migrate().await?;
+        if let Some(issued) = store.bootstrap_admin().await? {
+            write_secret_file(&config.bootstrap_token_file, &issued.token)?;
+            tracing::info!(path = %config.bootstrap_token_file.display(), "bootstrap admin token written");
+        }
+        let nats = streams::connect(&config.nats).await?;
+        let listener = TcpListener::bind(config.grpc.listen)
+            .await
+            .map_err(|source| Error::Bind {
+                addr: config.grpc.listen,
+                source,
+            })?;
+        Ok(Api {
+            config,
+            listener,
+            store,
+            nats,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    /// Serves until `shutdown` is cancelled.
+    pub async fn serve(self, shutdown: CancellationToken) -> Result<()> {
+        let objects = objects::open(&self.config.objects)?;
+        let (health_reporter, health_service) = tonic_health::server::health_reporter();
+        health_reporter
+            .set_serving::<JobServiceServer<jobs::JobsApi>>()
+            .await;
+        let jobs = jobs::JobsApi {
+            store: self.store.clone(),
+            nats: self.nats.clone(),
+            watch_poll: Duration::from_secs(1),
+        };
+        let artifacts = artifacts::ArtifactsApi {
+            store: self.store.clone(),
+            objects,
+            max_bytes: self.config.max_artifact_bytes,
+        };
+        let reconciler = tokio::spawn(reconcile(
+            self.store.clone(),
+            self.nats.clone(),
+            Duration::from_millis(self.config.reconcile_interval_ms),
+            shutdown.clone(),
+        ));
+        tracing::info!(addr = %self.local_addr(), "api serving");
+        let served = tonic::transport::Server::builder()
+            .layer(AuthLayer::new(std::sync::Arc::new(self.store.clone())))
+            .add_service(health_service)
+            .add_service(JobServiceServer::new(jobs))
+            .add_service(ArtifactServiceServer::new(artifacts))
+            .serve_with_incoming_shutdown(
+                TcpListenerStream::new(self.listener),
+                shutdown.clone().cancelled_owned(),
+            )
+            .await;
+        shutdown.cancel();
+        let _ = reconciler.await;
+        served?;
+        Ok(())
+    }
+}
+
+/// Runs the api until `shutdown` is cancelled.
+pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
+    Api::bind(config).await?.serve(shutdown).await
+}
+
+/// Publishes committed but unpublished changes of the states the api makes.
+async fn reconcile(store: Store, nats: Nats, interval: Duration, shutdown: CancellationToken) {
+    loop {
+        match republish_pending(&nats, &store, &[JobState::Queued, JobState::Stopped]).await {
+            Ok(0) => {}
+            Ok(count) => tracing::info!(count, "re-drove unpublished job changes"),
+            Err(error) => tracing::warn!(error = %error, "reconcile failed; retrying"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+    }
+}
+
+/// Writes a secret to a file only its owner can read.
+fn write_secret_file(path: &Path, secret: &str) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let io_error = |source| Error::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(io_error)?;
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io_error)?;
+    file.write_all(secret.as_bytes()).map_err(io_error)?;
+    file.write_all(b"\n").map_err(io_error)
+}

@@ -1,0 +1,89 @@
+//! Runner capacity reports, kept in the `kiln_capacity` KV bucket keyed by runner id. A report
+//! expires with the bucket's max age, so a dead runner's capacity disappears on its own.
+
+use std::collections::BTreeMap;
+
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+
+use crate::streams::{Nats, NatsError};
+use crate::subjects::BUCKET_CAPACITY;
+
+/// What one runner offers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CapacityReport {
+    pub runner_id: String,
+    pub pool: String,
+    pub provider: String,
+    pub cpu_millis: i64,
+    pub memory_bytes: i64,
+    pub updated_at_ms: i64,
+}
+
+/// Total capacity of a pool over its runners.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolCapacity {
+    pub cpu_millis: i64,
+    pub memory_bytes: i64,
+    pub runners: usize,
+}
+
+/// Stores a runner's report.
+pub async fn report(nats: &Nats, report: &CapacityReport) -> Result<(), NatsError> {
+    let kv = nats
+        .jetstream
+        .get_key_value(BUCKET_CAPACITY)
+        .await
+        .map_err(|e| NatsError::Other(e.to_string()))?;
+    let value = serde_json::to_vec(report).map_err(|e| NatsError::Other(e.to_string()))?;
+    kv.put(&report.runner_id, value.into())
+        .await
+        .map_err(|e| NatsError::Other(e.to_string()))?;
+    Ok(())
+}
+
+/// Withdraws a runner's report (on shutdown).
+pub async fn withdraw(nats: &Nats, runner_id: &str) -> Result<(), NatsError> {
+    let kv = nats
+        .jetstream
+        .get_key_value(BUCKET_CAPACITY)
+        .await
+        .map_err(|e| NatsError::Other(e.to_string()))?;
+    kv.delete(runner_id)
+        .await
+        .map_err(|e| NatsError::Other(e.to_string()))?;
+    Ok(())
+}
+
+/// Sums the live reports by pool.
+pub async fn pools(nats: &Nats) -> Result<BTreeMap<String, PoolCapacity>, NatsError> {
+    let kv = nats
+        .jetstream
+        .get_key_value(BUCKET_CAPACITY)
+        .await
+        .map_err(|e| NatsError::Other(e.to_string()))?;
+    let mut keys = kv
+        .keys()
+        .await
+        .map_err(|e| NatsError::Other(e.to_string()))?;
+    let mut pools: BTreeMap<String, PoolCapacity> = BTreeMap::new();
+    while let Some(key) = keys.next().await {
+        let key = key.map_err(|e| NatsError::Other(e.to_string()))?;
+        let Some(value) = kv
+            .get(&key)
+            .await
+            .map_err(|e| NatsError::Other(e.to_string()))?
+        else {
+            continue;
+        };
+        let Ok(report) = serde_json::from_slice::<CapacityReport>(&value) else {
+            tracing::warn!(key, "ignoring a malformed capacity report");
+            continue;
+        };
+        let pool = pools.entry(report.pool).or_default();
+        pool.cpu_millis += report.cpu_millis;
+        pool.memory_bytes += report.memory_bytes;
+        pool.runners += 1;
+    }
+    Ok(pools)
+}

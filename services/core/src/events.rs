@@ -1,0 +1,72 @@
+//! Publishing job changes after they are committed (the outbox side of the state machine).
+//!
+//! A change is committed first, then published with the message id `<job>:<version>`, then
+//! marked published. A crash in between leaves `published_version < version`, and the
+//! reconciler of the service owning that state publishes again on start; JetStream drops the
+//! duplicate within its window and every consumer checks versions, so nothing is applied twice.
+
+use bytes::Bytes;
+use kiln_proto::v1 as pb;
+use prost::Message;
+
+use crate::Error;
+use crate::state::JobState;
+use crate::store::{JobRecord, Store};
+use crate::streams::{Nats, publish};
+use crate::subjects;
+
+/// Publishes the job's current state (and, for SCHEDULED, its launch request), then records it
+/// as published.
+pub async fn publish_job_change(nats: &Nats, store: &Store, job: &JobRecord) -> Result<(), Error> {
+    let state = job.state()?;
+    let msg_id = subjects::job_msg_id(&job.id, job.version);
+    let event = pb::JobEvent {
+        job_id: job.id.clone(),
+        version: job.version,
+        state: state.to_proto() as i32,
+        pool: job.pool.clone(),
+    };
+    let subject = if state == JobState::Queued {
+        subjects::JOB_QUEUED.to_string()
+    } else {
+        subjects::job_event(&job.id)
+    };
+    publish(
+        &nats.jetstream,
+        subject,
+        &msg_id,
+        Bytes::from(event.encode_to_vec()),
+    )
+    .await?;
+    if state == JobState::Scheduled {
+        let launch = pb::LaunchRequest {
+            job_id: job.id.clone(),
+            version: job.version,
+            attempt: job.attempt,
+        };
+        publish(
+            &nats.jetstream,
+            subjects::launch(&job.pool),
+            &msg_id,
+            Bytes::from(launch.encode_to_vec()),
+        )
+        .await?;
+    }
+    store.mark_published(&job.id, job.version).await?;
+    Ok(())
+}
+
+/// Publishes every change of a job in `states` that is committed but not yet published; each
+/// service calls this at start for the states it owns.
+pub async fn republish_pending(
+    nats: &Nats,
+    store: &Store,
+    states: &[JobState],
+) -> Result<usize, Error> {
+    let pending = store.unpublished_jobs(states).await?;
+    for job in &pending {
+        tracing::info!(job_id = %job.id, version = job.version, state = %job.state, "publishing a committed change");
+        publish_job_change(nats, store, job).await?;
+    }
+    Ok(pending.len())
+}

@@ -1,0 +1,49 @@
+//! kiln-core: the parts every kiln service shares.
+//!
+//! - [`config`]: the figment loader and the config parts (database, NATS, object store, gRPC);
+//! - [`error`]: [`ErrorKind`] and its one mapping to gRPC codes;
+//! - [`ids`]: UUIDv7 ids and clocks;
+//! - [`subjects`] and [`streams`]: every JetStream name, declared once, and their creation;
+//! - [`state`] and [`store`]: the job state machine and the metadata store (sea-orm);
+//! - [`events`]: publishing committed changes (the outbox) and re-driving unpublished ones;
+//! - [`auth`]: bearer tokens, the server auth layer and the client interceptor;
+//! - [`objects`]: the blob store; [`telemetry`] and [`shutdown`]: process plumbing.
+#![forbid(unsafe_code)]
+
+pub mod auth;
+pub mod capacity;
+pub mod config;
+pub mod error;
+pub mod events;
+pub mod ids;
+pub mod objects;
+pub mod service;
+pub mod shutdown;
+pub mod state;
+pub mod store;
+pub mod streams;
+pub mod subjects;
+pub mod telemetry;
+#[cfg(feature = "test-util")]
+pub mod testing;
+
+pub use error::ErrorKind;
+pub use state::JobState;
+
+/// Error of the operations in this crate that span the store and NATS.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Store(#[from] store::StoreError),
+    #[error(transparent)]
+    Nats(#[from] streams::NatsError),
+}
+
+impl Error {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Store(error) => error.kind(),
+            Error::Nats(error) => error.kind(),
+        }
+    }
+}

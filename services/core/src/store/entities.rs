@@ -1,0 +1,99 @@
+//! sea-orm entities of the metadata tables (schema in `kiln-migrations`).
+
+pub mod user {
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "users")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub id: String,
+        pub name: String,
+        pub is_admin: bool,
+        pub created_at_ms: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+pub mod api_token {
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "api_tokens")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub id: String,
+        pub user_id: String,
+        pub secret_sha256: String,
+        pub name: String,
+        pub scope: String,
+        pub revoked: bool,
+        pub created_at_ms: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+pub mod job {
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "jobs")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub id: String,
+        pub owner_id: String,
+        pub project: String,
+        pub name: String,
+        pub command_json: String,
+        pub env_json: String,
+        pub cpu_millis: i64,
+        pub memory_bytes: i64,
+        pub code_digest: String,
+        pub state: String,
+        pub version: i64,
+        pub published_version: i64,
+        pub attempt: i32,
+        pub pool: String,
+        pub runner_id: String,
+        pub instance_id: String,
+        pub exit_code: Option<i32>,
+        pub reason: String,
+        pub stop_requested: bool,
+        pub created_at_ms: i64,
+        pub updated_at_ms: i64,
+        pub started_at_ms: Option<i64>,
+        pub finished_at_ms: Option<i64>,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+pub mod artifact {
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "artifacts")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub digest: String,
+        pub size: i64,
+        pub created_by: String,
+        pub created_at_ms: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}

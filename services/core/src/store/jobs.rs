@@ -1,0 +1,281 @@
+//! Jobs: insert, read, and compare-and-set state transitions.
+
+use std::collections::BTreeMap;
+
+use sea_orm::sea_query::{Expr, ExprTrait};
+use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+
+use super::entities::job::{self, Column, Entity as Jobs};
+use super::{JobRecord, Store, StoreError, StoreResult};
+use crate::ids::{new_id, now_ms};
+use crate::state::JobState;
+
+/// What a submit records.
+#[derive(Debug, Clone, Default)]
+pub struct NewJob {
+    pub owner_id: String,
+    pub project: String,
+    pub name: String,
+    pub command: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub cpu_millis: i64,
+    pub memory_bytes: i64,
+    pub code_digest: String,
+}
+
+/// Fields a transition sets besides the state.
+#[derive(Debug, Clone, Default)]
+pub struct Change {
+    pub pool: Option<String>,
+    pub runner_id: Option<String>,
+    pub instance_id: Option<String>,
+    pub exit_code: Option<i32>,
+    pub reason: Option<String>,
+    /// Starts a new attempt (a re-queue).
+    pub next_attempt: bool,
+}
+
+impl JobRecord {
+    pub fn state(&self) -> StoreResult<JobState> {
+        self.state.parse().map_err(StoreError::Corrupt)
+    }
+
+    pub fn command(&self) -> StoreResult<Vec<String>> {
+        serde_json::from_str(&self.command_json).map_err(|e| StoreError::Corrupt(e.to_string()))
+    }
+
+    pub fn env(&self) -> StoreResult<BTreeMap<String, String>> {
+        serde_json::from_str(&self.env_json).map_err(|e| StoreError::Corrupt(e.to_string()))
+    }
+}
+
+impl Store {
+    /// Records a new QUEUED job at version 1, not yet published.
+    pub async fn insert_job(&self, new: NewJob) -> StoreResult<JobRecord> {
+        let now = now_ms();
+        let model = job::ActiveModel {
+            id: Set(new_id()),
+            owner_id: Set(new.owner_id),
+            project: Set(new.project),
+            name: Set(new.name),
+            command_json: Set(serde_json::to_string(&new.command)
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?),
+            env_json: Set(
+                serde_json::to_string(&new.env).map_err(|e| StoreError::Corrupt(e.to_string()))?
+            ),
+            cpu_millis: Set(new.cpu_millis),
+            memory_bytes: Set(new.memory_bytes),
+            code_digest: Set(new.code_digest),
+            state: Set(JobState::Queued.as_str().to_string()),
+            version: Set(1),
+            published_version: Set(0),
+            attempt: Set(1),
+            pool: Set(String::new()),
+            runner_id: Set(String::new()),
+            instance_id: Set(String::new()),
+            exit_code: Set(None),
+            reason: Set(String::new()),
+            stop_requested: Set(false),
+            created_at_ms: Set(now),
+            updated_at_ms: Set(now),
+            started_at_ms: Set(None),
+            finished_at_ms: Set(None),
+        };
+        let id = model.id.clone().unwrap();
+        Jobs::insert(model).exec_without_returning(&self.db).await?;
+        self.job(&id).await
+    }
+
+    /// Returns a job, or `JobNotFound`.
+    pub async fn job(&self, job_id: &str) -> StoreResult<JobRecord> {
+        Jobs::find_by_id(job_id.to_string())
+            .one(&self.db)
+            .await?
+            .ok_or_else(|| StoreError::JobNotFound {
+                job_id: job_id.to_string(),
+            })
+    }
+
+    /// Lists jobs, newest first: one owner's (or everyone's for `None`), active ones only unless
+    /// `all`.
+    pub async fn list_jobs(
+        &self,
+        owner_id: Option<&str>,
+        all: bool,
+        limit: u64,
+    ) -> StoreResult<Vec<JobRecord>> {
+        let mut query = Jobs::find();
+        if let Some(owner_id) = owner_id {
+            query = query.filter(Column::OwnerId.eq(owner_id));
+        }
+        if !all {
+            let live = JobState::ALL
+                .into_iter()
+                .filter(|s| !s.is_terminal())
+                .map(JobState::as_str);
+            query = query.filter(Column::State.is_in(live));
+        }
+        Ok(query
+            .order_by_desc(Column::Id)
+            .limit(limit)
+            .all(&self.db)
+            .await?)
+    }
+
+    /// Returns the jobs in any of `states`, oldest first.
+    pub async fn jobs_in_states(&self, states: &[JobState]) -> StoreResult<Vec<JobRecord>> {
+        Ok(Jobs::find()
+            .filter(Column::State.is_in(states.iter().map(|s| s.as_str())))
+            .order_by_asc(Column::CreatedAtMs)
+            .order_by_asc(Column::Id)
+            .all(&self.db)
+            .await?)
+    }
+
+    /// Returns the jobs in any of `states` whose latest change has not been published yet.
+    pub async fn unpublished_jobs(&self, states: &[JobState]) -> StoreResult<Vec<JobRecord>> {
+        Ok(Jobs::find()
+            .filter(Column::State.is_in(states.iter().map(|s| s.as_str())))
+            .filter(Expr::col(Column::PublishedVersion).lt(Expr::col(Column::Version)))
+            .order_by_asc(Column::CreatedAtMs)
+            .all(&self.db)
+            .await?)
+    }
+
+    /// Moves a job from the state and version in `job` to `to`: a compare-and-set that fails
+    /// with `Conflict` when anyone changed the job since `job` was read. Returns the new record.
+    pub async fn transition(
+        &self,
+        job: &JobRecord,
+        to: JobState,
+        change: Change,
+    ) -> StoreResult<JobRecord> {
+        let from = job.state()?;
+        if !from.can_move_to(to) {
+            return Err(StoreError::IllegalTransition {
+                job_id: job.id.clone(),
+                from: from.to_string(),
+                to: to.to_string(),
+            });
+        }
+        let now = now_ms();
+        let mut update = Jobs::update_many()
+            .col_expr(Column::State, Expr::value(to.as_str()))
+            .col_expr(Column::Version, Expr::value(job.version + 1))
+            .col_expr(Column::UpdatedAtMs, Expr::value(now));
+        if let Some(pool) = change.pool {
+            update = update.col_expr(Column::Pool, Expr::value(pool));
+        }
+        if let Some(runner_id) = change.runner_id {
+            update = update.col_expr(Column::RunnerId, Expr::value(runner_id));
+        }
+        if let Some(instance_id) = change.instance_id {
+            update = update.col_expr(Column::InstanceId, Expr::value(instance_id));
+        }
+        if let Some(exit_code) = change.exit_code {
+            update = update.col_expr(Column::ExitCode, Expr::value(exit_code));
+        }
+        if let Some(reason) = change.reason {
+            update = update.col_expr(Column::Reason, Expr::value(reason));
+        }
+        if change.next_attempt {
+            update = update
+                .col_expr(Column::Attempt, Expr::value(job.attempt + 1))
+                .col_expr(Column::RunnerId, Expr::value(""))
+                .col_expr(Column::InstanceId, Expr::value(""))
+                .col_expr(Column::Pool, Expr::value(""));
+        }
+        if to == JobState::Running {
+            update = update.col_expr(Column::StartedAtMs, Expr::value(now));
+        }
+        if to.is_terminal() {
+            update = update.col_expr(Column::FinishedAtMs, Expr::value(now));
+        }
+        let result = update
+            .filter(Column::Id.eq(job.id.as_str()))
+            .filter(Column::Version.eq(job.version))
+            .exec(&self.db)
+            .await?;
+        if result.rows_affected == 0 {
+            let current = self.job(&job.id).await?;
+            return Err(StoreError::Conflict {
+                job_id: job.id.clone(),
+                expected: job.version,
+                actual: current.version,
+                state: current.state,
+            });
+        }
+        self.job(&job.id).await
+    }
+
+    /// Records that the job's changes up to `version` are published.
+    pub async fn mark_published(&self, job_id: &str, version: i64) -> StoreResult<()> {
+        Jobs::update_many()
+            .col_expr(Column::PublishedVersion, Expr::value(version))
+            .filter(Column::Id.eq(job_id))
+            .filter(Column::PublishedVersion.lt(version))
+            .exec(&self.db)
+            .await?;
+        Ok(())
+    }
+
+    /// Flags a job to be stopped. This is not a state change: the runner acts on the flag and
+    /// makes the change, so the version stays.
+    pub async fn request_stop(&self, job_id: &str) -> StoreResult<JobRecord> {
+        Jobs::update_many()
+            .col_expr(Column::StopRequested, Expr::value(true))
+            .filter(Column::Id.eq(job_id))
+            .exec(&self.db)
+            .await?;
+        self.job(job_id).await
+    }
+
+    /// Sums the CPU and memory held by active jobs of each pool.
+    pub async fn active_usage_by_pool(&self) -> StoreResult<BTreeMap<String, (i64, i64)>> {
+        let mut usage: BTreeMap<String, (i64, i64)> = BTreeMap::new();
+        for job in self.jobs_in_states(&JobState::ACTIVE).await? {
+            let entry = usage.entry(job.pool.clone()).or_default();
+            entry.0 += job.cpu_millis;
+            entry.1 += job.memory_bytes;
+        }
+        Ok(usage)
+    }
+}
+
+impl JobRecord {
+    /// Returns the job as the API shows it.
+    pub fn to_proto(&self) -> kiln_proto::v1::Job {
+        use kiln_proto::v1 as pb;
+        let state = self
+            .state()
+            .map(JobState::to_proto)
+            .unwrap_or(pb::JobState::Unspecified);
+        pb::Job {
+            id: self.id.clone(),
+            spec: Some(pb::JobSpec {
+                name: self.name.clone(),
+                command: self.command().unwrap_or_default(),
+                env: self.env().unwrap_or_default().into_iter().collect(),
+                resources: Some(pb::Resources {
+                    cpu_millis: u32::try_from(self.cpu_millis).unwrap_or(u32::MAX),
+                    memory_bytes: u64::try_from(self.memory_bytes).unwrap_or(0),
+                }),
+                code_digest: self.code_digest.clone(),
+                project: self.project.clone(),
+            }),
+            state: state as i32,
+            version: self.version,
+            exit_code: self.exit_code,
+            reason: self.reason.clone(),
+            owner: self.owner_id.clone(),
+            pool: self.pool.clone(),
+            runner_id: self.runner_id.clone(),
+            instance_id: self.instance_id.clone(),
+            attempt: self.attempt,
+            stop_requested: self.stop_requested,
+            created_at_ms: self.created_at_ms,
+            started_at_ms: self.started_at_ms.unwrap_or(0),
+            finished_at_ms: self.finished_at_ms.unwrap_or(0),
+        }
+    }
+}

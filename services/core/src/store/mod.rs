@@ -1,0 +1,161 @@
+//! The metadata store: users, tokens, jobs and artifacts, through sea-orm on SQLite or Postgres.
+//!
+//! The database is the source of truth for every record's state. `api` writes the user-facing
+//! records (users, tokens, new jobs, artifacts); the scheduler and runners change a job only
+//! through [`Store::transition`], a compare-and-set on the record's version.
+
+use std::time::Duration;
+
+use kiln_migrations::{Migrator, MigratorTrait};
+use sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbErr};
+
+use crate::config::DatabaseConfig;
+use crate::error::ErrorKind;
+
+mod artifacts;
+pub mod entities;
+mod jobs;
+mod users;
+
+pub use artifacts::NewArtifact;
+pub use entities::job::Model as JobRecord;
+pub use jobs::{Change, NewJob};
+
+/// StoreError is a failure of the metadata store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("job {job_id} not found")]
+    JobNotFound { job_id: String },
+    #[error(
+        "job {job_id} changed concurrently: expected version {expected}, now {actual} in state {state}"
+    )]
+    Conflict {
+        job_id: String,
+        expected: i64,
+        actual: i64,
+        state: String,
+    },
+    #[error("job {job_id} cannot go from {from} to {to}")]
+    IllegalTransition {
+        job_id: String,
+        from: String,
+        to: String,
+    },
+    #[error(
+        "the database schema is not current: {pending} migrations pending (start `api`, which applies them)"
+    )]
+    SchemaNotCurrent { pending: usize },
+    #[error("stored record is corrupt: {0}")]
+    Corrupt(String),
+    #[error("database error: {0}")]
+    Db(#[from] DbErr),
+}
+
+impl StoreError {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            StoreError::JobNotFound { .. } => ErrorKind::NotFound,
+            StoreError::Conflict { .. } | StoreError::IllegalTransition { .. } => {
+                ErrorKind::FailedPrecondition
+            }
+            StoreError::SchemaNotCurrent { .. } => ErrorKind::Unavailable,
+            StoreError::Corrupt(_) => ErrorKind::Internal,
+            StoreError::Db(DbErr::ConnectionAcquire(_) | DbErr::Conn(_)) => ErrorKind::Unavailable,
+            StoreError::Db(_) => ErrorKind::Internal,
+        }
+    }
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// Store is a pool of connections to the metadata database.
+#[derive(Clone, Debug)]
+pub struct Store {
+    db: DatabaseConnection,
+}
+
+impl Store {
+    /// Connects to the database; for SQLite it creates the file's directory and turns on WAL so
+    /// several services can share the file.
+    pub async fn connect(config: &DatabaseConfig) -> StoreResult<Store> {
+        let url = config.url.expose();
+        if config.url.is_sqlite()
+            && let Some(path) = sqlite_path(url)
+            && let Some(parent) = std::path::Path::new(path).parent()
+            && !parent.as_os_str().is_empty()
+        {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| DbErr::Custom(format!("cannot create {}: {e}", parent.display())))?;
+        }
+        let mut options = ConnectOptions::new(url.to_string());
+        options
+            .max_connections(config.max_connections)
+            .connect_timeout(Duration::from_secs(5))
+            .acquire_timeout(Duration::from_secs(10))
+            .sqlx_logging(false);
+        let db = Database::connect(options).await?;
+        if config.url.is_sqlite() {
+            db.execute_unprepared("PRAGMA journal_mode=WAL").await?;
+        }
+        Ok(Store { db })
+    }
+
+    /// Wraps an existing connection.
+    pub fn from_connection(db: DatabaseConnection) -> Store {
+        Store { db }
+    }
+
+    pub fn connection(&self) -> &DatabaseConnection {
+        &self.db
+    }
+
+    /// Applies every pending migration.
+    pub async fn migrate(&self) -> StoreResult<()> {
+        Migrator::up(&self.db, None).await?;
+        Ok(())
+    }
+
+    /// Fails unless every migration is applied (services other than `api` start with this).
+    pub async fn check_schema(&self) -> StoreResult<()> {
+        let pending = Migrator::get_pending_migrations(&self.db).await?.len();
+        if pending > 0 {
+            return Err(StoreError::SchemaNotCurrent { pending });
+        }
+        Ok(())
+    }
+
+    /// Waits up to `timeout` for the schema to be current.
+    pub async fn wait_for_schema(&self, timeout: Duration) -> StoreResult<()> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            match self.check_schema().await {
+                Ok(()) => return Ok(()),
+                Err(error) if tokio::time::Instant::now() >= deadline => return Err(error),
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    }
+}
+
+fn sqlite_path(url: &str) -> Option<&str> {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))?;
+    let path = rest.split('?').next()?;
+    (!path.is_empty() && path != ":memory:").then_some(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlite_paths_are_found() {
+        assert_eq!(
+            sqlite_path("sqlite://./data/kiln.db?mode=rwc"),
+            Some("./data/kiln.db")
+        );
+        assert_eq!(sqlite_path("sqlite:///tmp/x.db"), Some("/tmp/x.db"));
+        assert_eq!(sqlite_path("sqlite::memory:"), None);
+    }
+}

@@ -1,0 +1,97 @@
+//! Every JetStream stream, subject, consumer and KV bucket name, declared once.
+//!
+//! | stream | subjects | retention | producer → consumer |
+//! |---|---|---|---|
+//! | `KILN_JOBS` | `kiln.job.queued`, `kiln.job.event.<job>` | limits | api, scheduler, runner → scheduler, watchers |
+//! | `KILN_LAUNCH` | `kiln.launch.<pool>` | work queue | scheduler → runner |
+//! | `KILN_CONTROL` | `kiln.control.<job>` | interest | api → runner |
+//! | `KILN_METRICS` | `kiln.metrics.<job>` | limits (short) | log-ingest → log-ingest writers |
+//! | `KILN_LOGS` | `kiln.logs.<job>`, `kiln.logs.item.<batch>` | limits (short) | runner, agent → log-ingest |
+//! | `KILN_ITEMS` | `kiln.items.<batch>` | work queue | item-batch → kiln-agent |
+//! | `KILN_ITEM_RESULTS` | `kiln.itemres.<batch>` | limits | kiln-agent → item-batch |
+
+pub const STREAM_JOBS: &str = "KILN_JOBS";
+pub const STREAM_LAUNCH: &str = "KILN_LAUNCH";
+pub const STREAM_CONTROL: &str = "KILN_CONTROL";
+pub const STREAM_METRICS: &str = "KILN_METRICS";
+pub const STREAM_LOGS: &str = "KILN_LOGS";
+pub const STREAM_ITEMS: &str = "KILN_ITEMS";
+pub const STREAM_ITEM_RESULTS: &str = "KILN_ITEM_RESULTS";
+
+/// Published when a job enters QUEUED (submit, re-queue).
+pub const JOB_QUEUED: &str = "kiln.job.queued";
+/// Every subject of `KILN_JOBS`.
+pub const JOB_ALL: &str = "kiln.job.>";
+pub const JOB_EVENT_ALL: &str = "kiln.job.event.>";
+pub const LAUNCH_ALL: &str = "kiln.launch.>";
+pub const CONTROL_ALL: &str = "kiln.control.>";
+pub const METRICS_ALL: &str = "kiln.metrics.>";
+pub const LOGS_ALL: &str = "kiln.logs.>";
+pub const ITEMS_ALL: &str = "kiln.items.>";
+pub const ITEM_RESULTS_ALL: &str = "kiln.itemres.>";
+
+/// Durable consumer of the scheduler on `KILN_JOBS`: every job event wakes a scheduling pass.
+pub const CONSUMER_SCHEDULER: &str = "scheduler";
+/// Durable consumer of the log writers on `KILN_LOGS`, shared by all log-ingest replicas.
+pub const CONSUMER_LOG_INGEST: &str = "log-ingest";
+
+/// KV bucket holding the leader leases.
+pub const BUCKET_LEASES: &str = "kiln_leases";
+/// KV bucket holding each runner's capacity report, keyed by runner id.
+pub const BUCKET_CAPACITY: &str = "kiln_capacity";
+
+pub fn job_event(job_id: &str) -> String {
+    format!("kiln.job.event.{job_id}")
+}
+
+pub fn launch(pool: &str) -> String {
+    format!("kiln.launch.{pool}")
+}
+
+pub fn control(job_id: &str) -> String {
+    format!("kiln.control.{job_id}")
+}
+
+pub fn logs(job_id: &str) -> String {
+    format!("kiln.logs.{job_id}")
+}
+
+pub fn item_logs(batch_id: &str) -> String {
+    format!("kiln.logs.item.{batch_id}")
+}
+
+pub fn metrics(job_id: &str) -> String {
+    format!("kiln.metrics.{job_id}")
+}
+
+/// Durable consumer of the runners of one pool on `KILN_LAUNCH` (a work queue: each launch goes
+/// to one runner).
+pub fn consumer_launch(pool: &str) -> String {
+    format!("runner-{pool}")
+}
+
+/// Durable consumer of one runner on `KILN_CONTROL`.
+pub fn consumer_control(runner_id: &str) -> String {
+    format!("control-{runner_id}")
+}
+
+/// Checks that a pool or runner name can be used as a subject token and consumer name.
+pub fn validate_token(what: &str, name: &str) -> Result<(), String> {
+    let valid = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    if valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what} {name:?} must be 1 to 64 characters of letters, digits, '-' or '_'"
+        ))
+    }
+}
+
+/// JetStream message id of a job's state change, for de-duplication.
+pub fn job_msg_id(job_id: &str, version: i64) -> String {
+    format!("{job_id}:{version}")
+}

@@ -1,0 +1,46 @@
+//! log-ingest's error type.
+
+use kiln_core::ErrorKind;
+use kiln_core::store::StoreError;
+use kiln_core::streams::NatsError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("job {job_id} not found")]
+    JobNotFound { job_id: String },
+    #[error("log store: {0}")]
+    LogStore(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Nats(#[from] NatsError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("gRPC server failed: {0}")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+impl Error {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::InvalidArgument(_) => ErrorKind::InvalidArgument,
+            Error::JobNotFound { .. } => ErrorKind::NotFound,
+            Error::Store(error) => error.kind(),
+            Error::Nats(error) => error.kind(),
+            Error::LogStore(_) | Error::Bind { .. } | Error::Serve(_) => ErrorKind::Internal,
+        }
+    }
+}
+
+impl From<sea_orm::DbErr> for Error {
+    fn from(error: sea_orm::DbErr) -> Self {
+        Error::LogStore(error.to_string())
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,204 @@
+//! Where log lines are kept: [`LogStore`], and its embedded SQLite implementation.
+//!
+//! Lines are keyed by (job, attempt, seq): writing a line again changes nothing, so JetStream
+//! redelivery never duplicates a line.
+
+use std::path::Path;
+
+use sea_orm::{
+    ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement, TransactionTrait, Value,
+};
+
+use crate::error::Result;
+
+/// One stored line; `end` marks the last record of an attempt (its text is empty).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredLine {
+    pub job_id: String,
+    pub attempt: i32,
+    pub seq: i64,
+    pub stream: i32,
+    pub timestamp_ms: i64,
+    pub text: String,
+    pub end: bool,
+}
+
+/// Position after which to read: (attempt, seq); the default reads from the start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Cursor {
+    pub attempt: i32,
+    pub seq: i64,
+}
+
+/// A store of log lines.
+#[async_trait::async_trait]
+pub trait LogStore: Send + Sync + 'static {
+    /// Stores lines; lines already stored are left as they are.
+    async fn append(&self, lines: &[StoredLine]) -> Result<()>;
+    /// Returns up to `limit` lines of a job after `after`, in (attempt, seq) order.
+    async fn read(&self, job_id: &str, after: Cursor, limit: u32) -> Result<Vec<StoredLine>>;
+}
+
+/// Rows per INSERT statement (7 parameters each, well under SQLite's limit).
+const ROWS_PER_STATEMENT: usize = 500;
+
+/// The embedded log store: one SQLite file in WAL mode, one transaction per batch.
+pub struct SqliteLogStore {
+    db: DatabaseConnection,
+}
+
+impl SqliteLogStore {
+    pub async fn open(path: &Path) -> Result<SqliteLogStore> {
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(|e| {
+                crate::Error::LogStore(format!("cannot create {}: {e}", parent.display()))
+            })?;
+        }
+        let db = Database::connect(format!("sqlite://{}?mode=rwc", path.display())).await?;
+        db.execute_unprepared("PRAGMA journal_mode=WAL").await?;
+        db.execute_unprepared(
+            "CREATE TABLE IF NOT EXISTS log_lines (
+                job_id TEXT NOT NULL,
+                attempt INTEGER NOT NULL,
+                seq INTEGER NOT NULL,
+                stream INTEGER NOT NULL,
+                ts_ms INTEGER NOT NULL,
+                text TEXT NOT NULL,
+                is_end INTEGER NOT NULL,
+                PRIMARY KEY (job_id, attempt, seq)
+            ) WITHOUT ROWID",
+        )
+        .await?;
+        Ok(SqliteLogStore { db })
+    }
+}
+
+#[async_trait::async_trait]
+impl LogStore for SqliteLogStore {
+    async fn append(&self, lines: &[StoredLine]) -> Result<()> {
+        let tx = self.db.begin().await?;
+        for chunk in lines.chunks(ROWS_PER_STATEMENT) {
+            let placeholders = vec!["(?, ?, ?, ?, ?, ?, ?)"; chunk.len()].join(", ");
+            let sql = format!(
+                "INSERT INTO log_lines (job_id, attempt, seq, stream, ts_ms, text, is_end) VALUES {placeholders} ON CONFLICT DO NOTHING"
+            );
+            let mut values: Vec<Value> = Vec::with_capacity(chunk.len() * 7);
+            for line in chunk {
+                values.extend([
+                    line.job_id.clone().into(),
+                    line.attempt.into(),
+                    line.seq.into(),
+                    line.stream.into(),
+                    line.timestamp_ms.into(),
+                    line.text.clone().into(),
+                    line.end.into(),
+                ]);
+            }
+            tx.execute_raw(Statement::from_sql_and_values(
+                DbBackend::Sqlite,
+                sql,
+                values,
+            ))
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn read(&self, job_id: &str, after: Cursor, limit: u32) -> Result<Vec<StoredLine>> {
+        let statement = Statement::from_sql_and_values(
+            DbBackend::Sqlite,
+            "SELECT job_id, attempt, seq, stream, ts_ms, text, is_end FROM log_lines
+             WHERE job_id = ? AND (attempt > ? OR (attempt = ? AND seq > ?))
+             ORDER BY attempt, seq LIMIT ?",
+            [
+                job_id.into(),
+                after.attempt.into(),
+                after.attempt.into(),
+                after.seq.into(),
+                i64::from(limit).into(),
+            ],
+        );
+        let rows = self.db.query_all_raw(statement).await?;
+        rows.iter()
+            .map(|row| {
+                Ok(StoredLine {
+                    job_id: row.try_get("", "job_id")?,
+                    attempt: row.try_get("", "attempt")?,
+                    seq: row.try_get("", "seq")?,
+                    stream: row.try_get("", "stream")?,
+                    timestamp_ms: row.try_get("", "ts_ms")?,
+                    text: row.try_get("", "text")?,
+                    end: row.try_get("", "is_end")?,
+                })
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(job_id: &str, attempt: i32, seq: i64, text: &str) -> StoredLine {
+        StoredLine {
+            job_id: job_id.into(),
+            attempt,
+            seq,
+            stream: 1,
+            timestamp_ms: 7,
+            text: text.into(),
+            end: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn lines_are_stored_once_and_read_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteLogStore::open(&dir.path().join("logs.db"))
+            .await
+            .unwrap();
+        let batch: Vec<StoredLine> = (1..=1200)
+            .map(|seq| line("j1", 1, seq, &format!("line {seq}")))
+            .collect();
+        store.append(&batch).await.unwrap();
+        // Redelivery of part of the batch, and a second attempt written first.
+        store
+            .append(&[line("j1", 2, 1, "retry"), batch[5].clone()])
+            .await
+            .unwrap();
+        store
+            .append(&[line("j2", 1, 1, "other job")])
+            .await
+            .unwrap();
+
+        let all = store.read("j1", Cursor::default(), 5000).await.unwrap();
+        assert_eq!(all.len(), 1201);
+        assert_eq!(all[0].text, "line 1");
+        assert_eq!(all[1199].text, "line 1200");
+        assert_eq!(all[1200].text, "retry");
+
+        let after = store
+            .read(
+                "j1",
+                Cursor {
+                    attempt: 1,
+                    seq: 1199,
+                },
+                10,
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            after.iter().map(|l| l.text.as_str()).collect::<Vec<_>>(),
+            ["line 1200", "retry"]
+        );
+        assert!(
+            store
+                .read("nope", Cursor::default(), 10)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+    }
+}

@@ -1,0 +1,123 @@
+//! The runner's configuration.
+
+use std::path::PathBuf;
+
+use kiln_core::config::{ConfigError, DatabaseConfig, GrpcConfig, NatsConfig, ObjectStoreConfig};
+use kiln_core::service::{ServiceConfig, problems_to_result};
+use kiln_core::subjects::validate_token;
+use serde::{Deserialize, Serialize};
+
+pub const DEFAULT_PORT: u16 = 7074;
+
+/// What happens to a job whose runner went away while it ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnLost {
+    /// The job ends LOST.
+    Fail,
+    /// The job is queued again as a new attempt, up to `max-attempts`, then ends LOST.
+    Requeue,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct Config {
+    /// Health endpoint.
+    pub grpc: GrpcConfig,
+    pub database: DatabaseConfig,
+    pub nats: NatsConfig,
+    pub objects: ObjectStoreConfig,
+    /// Unique name of this runner; jobs it runs carry it.
+    pub runner_id: String,
+    /// Pool this runner serves (`kiln.launch.<pool>`).
+    pub pool: String,
+    /// CPU this runner offers, in thousandths of a core; 0 means every core of the machine.
+    pub cpu_millis: i64,
+    /// Memory this runner offers, in bytes; 0 means the machine's memory.
+    pub memory_bytes: i64,
+    /// Where jobs' code is unpacked and run.
+    pub work_dir: PathBuf,
+    /// Time between SIGTERM and SIGKILL when a job is stopped, in milliseconds.
+    pub stop_grace_period_ms: u64,
+    /// Address of the api, given to jobs as `KILN_API`.
+    pub api_url: String,
+    pub on_lost: OnLost,
+    /// Attempts a job gets when `on-lost = "requeue"`.
+    pub max_attempts: i32,
+    /// How often capacity is reported, in milliseconds.
+    pub report_interval_ms: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            grpc: GrpcConfig::local(DEFAULT_PORT),
+            database: DatabaseConfig::default(),
+            nats: NatsConfig::default(),
+            objects: ObjectStoreConfig::default(),
+            runner_id: "local".into(),
+            pool: "local".into(),
+            cpu_millis: 0,
+            memory_bytes: 0,
+            work_dir: PathBuf::from("./data/work"),
+            stop_grace_period_ms: 10_000,
+            api_url: "http://127.0.0.1:7070".into(),
+            on_lost: OnLost::Fail,
+            max_attempts: 3,
+            report_interval_ms: if cfg!(test) { 200 } else { 5_000 },
+        }
+    }
+}
+
+impl ServiceConfig for Config {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let mut problems = Vec::new();
+        self.database.validate(&mut problems);
+        self.nats.validate(&mut problems);
+        if let Err(problem) = validate_token("runner-id", &self.runner_id) {
+            problems.push(problem);
+        }
+        if let Err(problem) = validate_token("pool", &self.pool) {
+            problems.push(problem);
+        }
+        if self.cpu_millis < 0 || self.memory_bytes < 0 {
+            problems.push("cpu-millis and memory-bytes must not be negative".into());
+        }
+        if self.max_attempts < 1 {
+            problems.push("max-attempts must be at least 1".into());
+        }
+        if self.report_interval_ms == 0 {
+            problems.push("report-interval-ms must be at least 1".into());
+        }
+        problems_to_result(problems)
+    }
+}
+
+impl Config {
+    /// CPU offered, with 0 read as the machine's cores.
+    pub fn offered_cpu_millis(&self) -> i64 {
+        if self.cpu_millis > 0 {
+            return self.cpu_millis;
+        }
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        i64::try_from(cores).unwrap_or(1) * 1000
+    }
+
+    /// Memory offered, with 0 read as the machine's memory.
+    pub fn offered_memory_bytes(&self) -> i64 {
+        if self.memory_bytes > 0 {
+            return self.memory_bytes;
+        }
+        machine_memory_bytes().unwrap_or(4 << 30)
+    }
+}
+
+/// Reads MemTotal from /proc/meminfo.
+fn machine_memory_bytes() -> Option<i64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|line| line.starts_with("MemTotal:"))?;
+    let kib: i64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}

@@ -1,0 +1,63 @@
+//! The runner's error type.
+
+use kiln_core::ErrorKind;
+use kiln_core::store::StoreError;
+use kiln_core::streams::NatsError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("bad code bundle: {0}")]
+    BadBundle(String),
+    #[error("cannot start {program:?}: {source}")]
+    Spawn {
+        program: String,
+        source: std::io::Error,
+    },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Nats(#[from] NatsError),
+    #[error("object store: {0}")]
+    Objects(#[from] object_store::Error),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("gRPC server failed: {0}")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+impl Error {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::BadBundle(_) | Error::Spawn { .. } => ErrorKind::InvalidArgument,
+            Error::Store(error) => error.kind(),
+            Error::Nats(error) => error.kind(),
+            Error::Io { .. } | Error::Objects(_) | Error::Bind { .. } | Error::Serve(_) => {
+                ErrorKind::Internal
+            }
+        }
+    }
+
+    pub fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
+        let what = what.into();
+        move |source| Error::Io { what, source }
+    }
+}
+
+impl From<kiln_core::Error> for Error {
+    fn from(error: kiln_core::Error) -> Self {
+        match error {
+            kiln_core::Error::Store(error) => Error::Store(error),
+            kiln_core::Error::Nats(error) => Error::Nats(error),
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

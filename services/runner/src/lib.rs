@@ -1,0 +1,412 @@
+//! kiln-runner: runs jobs on instances of its provider (the local `process` provider for now).
+//!
+//! - launch consumer: pulls `kiln.launch.<pool>` (work queue, durable `runner-<pool>`) one at a
+//!   time, checks the request is current and fits, moves the job SCHEDULED → PROVISIONING by
+//!   compare-and-set, acks, and hands it to a [`supervisor`];
+//! - control consumer: `kiln.control.>` (durable `control-<runner>`), stop requests for the jobs
+//!   this runner holds;
+//! - capacity reports to the `kiln_capacity` bucket, which the scheduler reads;
+//! - reconciler: at start, jobs this runner held when it went away are ended (LOST, or queued
+//!   again, as `on-lost` says) and their leftover processes killed; unpublished changes of its
+//!   jobs are published again.
+#![forbid(unsafe_code)]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream::AckKind;
+use async_nats::jetstream::consumer::{self, pull};
+use futures::StreamExt;
+use kiln_core::capacity::{self, CapacityReport};
+use kiln_core::events::publish_job_change;
+use kiln_core::ids::now_ms;
+use kiln_core::store::{Change, JobRecord, Store, StoreError};
+use kiln_core::streams::{Nats, NatsError};
+use kiln_core::{JobState, objects, streams, subjects};
+use kiln_proto::v1 as pb;
+use object_store::ObjectStore;
+use prost::Message;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+
+pub mod bundle;
+pub mod config;
+pub mod error;
+pub mod logs;
+pub mod process;
+mod supervisor;
+
+pub use config::{Config, OnLost};
+pub use error::{Error, Result};
+
+const SCHEMA_WAIT: Duration = Duration::from_secs(60);
+
+/// A job this runner holds, with what it takes and how to stop it.
+struct ActiveJob {
+    stop: CancellationToken,
+    cpu_millis: i64,
+    memory_bytes: i64,
+}
+
+/// What the runner's tasks share.
+#[derive(Clone)]
+pub(crate) struct Context {
+    config: Arc<Config>,
+    store: Store,
+    nats: Nats,
+    objects: Arc<dyn ObjectStore>,
+    active: Arc<Mutex<HashMap<String, ActiveJob>>>,
+}
+
+impl Context {
+    /// Tells whether a job of this size fits next to the jobs running now.
+    fn fits(&self, job: &JobRecord) -> bool {
+        let active = self.active.lock().expect("active jobs lock");
+        let cpu: i64 = active.values().map(|a| a.cpu_millis).sum();
+        let memory: i64 = active.values().map(|a| a.memory_bytes).sum();
+        cpu + job.cpu_millis <= self.config.offered_cpu_millis()
+            && memory + job.memory_bytes <= self.config.offered_memory_bytes()
+    }
+}
+
+/// The runner, connected and listening, not yet running.
+pub struct Runner {
+    ctx: Context,
+    listener: TcpListener,
+}
+
+impl Runner {
+    pub async fn bind(config: Config) -> Result<Runner> {
+        let store = Store::connect(&config.database).await?;
+        store.wait_for_schema(SCHEMA_WAIT).await?;
+        let nats = streams::connect(&config.nats).await?;
+        let objects = objects::open(&config.objects)?;
+        tokio::fs::create_dir_all(&config.work_dir)
+            .await
+            .map_err(Error::io(format!(
+                "cannot create {}",
+                config.work_dir.display()
+            )))?;
+        let listener = TcpListener::bind(config.grpc.listen)
+            .await
+            .map_err(|source| Error::Bind {
+                addr: config.grpc.listen,
+                source,
+            })?;
+        let ctx = Context {
+            config: Arc::new(config),
+            store,
+            nats,
+            objects,
+            active: Arc::default(),
+        };
+        Ok(Runner { ctx, listener })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    /// Runs until `shutdown` is cancelled. Dropping the returned future aborts every job task
+    /// (their processes are killed), as a crash would.
+    pub async fn serve(self, shutdown: CancellationToken) -> Result<()> {
+        let ctx = self.ctx;
+        reconcile(&ctx).await?;
+        let mut tasks = JoinSet::new();
+        tasks.spawn(report_capacity(ctx.clone(), shutdown.clone()));
+        tasks.spawn(watch_controls(ctx.clone(), shutdown.clone()));
+        let (health_reporter, health_service) = tonic_health::server::health_reporter();
+        health_reporter
+            .set_service_status("", tonic_health::ServingStatus::Serving)
+            .await;
+        let health = tonic::transport::Server::builder()
+            .add_service(health_service)
+            .serve_with_incoming_shutdown(
+                TcpListenerStream::new(self.listener),
+                shutdown.clone().cancelled_owned(),
+            );
+        tasks.spawn(async move {
+            if let Err(error) = health.await {
+                tracing::error!(error = %error, "health endpoint failed");
+            }
+        });
+        tracing::info!(runner_id = %ctx.config.runner_id, pool = %ctx.config.pool, "runner running");
+        let mut jobs = JoinSet::new();
+        while !shutdown.is_cancelled() {
+            if let Err(error) = take_launches(&ctx, &mut jobs, &shutdown).await {
+                tracing::warn!(error = %error, "launch consumer failed; restarting");
+                tokio::select! {
+                    _ = shutdown.cancelled() => {}
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+            }
+        }
+        // Jobs stop on the shutdown token; give them the grace period and a margin.
+        let grace =
+            Duration::from_millis(ctx.config.stop_grace_period_ms) + Duration::from_secs(10);
+        if tokio::time::timeout(grace, async { while jobs.join_next().await.is_some() {} })
+            .await
+            .is_err()
+        {
+            tracing::warn!("jobs did not stop in time");
+        }
+        while tasks.join_next().await.is_some() {}
+        if let Err(error) = capacity::withdraw(&ctx.nats, &ctx.config.runner_id).await {
+            tracing::warn!(error = %error, "cannot withdraw the capacity report");
+        }
+        Ok(())
+    }
+}
+
+/// Runs a runner until `shutdown` is cancelled.
+pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
+    Runner::bind(config).await?.serve(shutdown).await
+}
+
+fn nats_error(error: impl std::fmt::Display) -> Error {
+    Error::Nats(NatsError::Other(error.to_string()))
+}
+
+/// Pulls launch requests one at a time and starts the jobs that are current and fit.
+async fn take_launches(
+    ctx: &Context,
+    jobs: &mut JoinSet<()>,
+    shutdown: &CancellationToken,
+) -> Result<()> {
+    let stream = ctx
+        .nats
+        .jetstream
+        .get_stream(subjects::STREAM_LAUNCH)
+        .await
+        .map_err(nats_error)?;
+    let name = subjects::consumer_launch(&ctx.config.pool);
+    let consumer: consumer::PullConsumer = stream
+        .get_or_create_consumer(
+            &name,
+            pull::Config {
+                durable_name: Some(name.clone()),
+                filter_subject: subjects::launch(&ctx.config.pool),
+                ack_policy: consumer::AckPolicy::Explicit,
+                ack_wait: Duration::from_secs(30),
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(nats_error)?;
+    let mut messages = consumer
+        .stream()
+        .max_messages_per_batch(1)
+        .messages()
+        .await
+        .map_err(nats_error)?;
+    loop {
+        // Reap finished job tasks as we go.
+        while jobs.try_join_next().is_some() {}
+        let message = tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            message = messages.next() => message,
+        };
+        let Some(message) = message else {
+            return Err(nats_error("launch consumer ended"));
+        };
+        let message = message.map_err(nats_error)?;
+        let ack = match accept_launch(ctx, &message.payload, jobs, shutdown).await {
+            Ok(Accepted::Started | Accepted::Stale) => AckKind::Ack,
+            Ok(Accepted::NoRoom) => AckKind::Nak(Some(Duration::from_secs(1))),
+            Err(error) => {
+                tracing::warn!(error = %error, "launch failed; it will be retried");
+                AckKind::Nak(Some(Duration::from_secs(2)))
+            }
+        };
+        message.ack_with(ack).await.map_err(nats_error)?;
+    }
+}
+
+enum Accepted {
+    Started,
+    Stale,
+    NoRoom,
+}
+
+async fn accept_launch(
+    ctx: &Context,
+    payload: &[u8],
+    jobs: &mut JoinSet<()>,
+    shutdown: &CancellationToken,
+) -> Result<Accepted> {
+    let Ok(request) = pb::LaunchRequest::decode(payload) else {
+        tracing::warn!("dropping a malformed launch request");
+        return Ok(Accepted::Stale);
+    };
+    let job = match ctx.store.job(&request.job_id).await {
+        Ok(job) => job,
+        Err(StoreError::JobNotFound { .. }) => return Ok(Accepted::Stale),
+        Err(error) => return Err(error.into()),
+    };
+    // A duplicate or an outdated request: the job has moved on.
+    if job.version != request.version || job.state()? != JobState::Scheduled {
+        return Ok(Accepted::Stale);
+    }
+    if !ctx.fits(&job) {
+        return Ok(Accepted::NoRoom);
+    }
+    let stop = CancellationToken::new();
+    let active = ActiveJob {
+        stop: stop.clone(),
+        cpu_millis: job.cpu_millis,
+        memory_bytes: job.memory_bytes,
+    };
+    ctx.active
+        .lock()
+        .expect("active jobs lock")
+        .insert(job.id.clone(), active);
+    let change = Change {
+        runner_id: Some(ctx.config.runner_id.clone()),
+        ..Change::default()
+    };
+    let provisioning = match ctx
+        .store
+        .transition(&job, JobState::Provisioning, change)
+        .await
+    {
+        Ok(provisioning) => provisioning,
+        Err(error) => {
+            ctx.active.lock().expect("active jobs lock").remove(&job.id);
+            return match error {
+                StoreError::Conflict { .. } => Ok(Accepted::Stale),
+                error => Err(error.into()),
+            };
+        }
+    };
+    supervisor::publish(ctx, &provisioning).await;
+    jobs.spawn(supervisor::supervise(
+        ctx.clone(),
+        provisioning,
+        stop,
+        shutdown.clone(),
+    ));
+    Ok(Accepted::Started)
+}
+
+/// Stop requests for jobs of this runner.
+async fn watch_controls(ctx: Context, shutdown: CancellationToken) {
+    while !shutdown.is_cancelled() {
+        if let Err(error) = consume_controls(&ctx, &shutdown).await {
+            tracing::warn!(error = %error, "control consumer failed; restarting");
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        }
+    }
+}
+
+async fn consume_controls(ctx: &Context, shutdown: &CancellationToken) -> Result<()> {
+    let stream = ctx
+        .nats
+        .jetstream
+        .get_stream(subjects::STREAM_CONTROL)
+        .await
+        .map_err(nats_error)?;
+    let name = subjects::consumer_control(&ctx.config.runner_id);
+    let consumer: consumer::PullConsumer = stream
+        .get_or_create_consumer(
+            &name,
+            pull::Config {
+                durable_name: Some(name.clone()),
+                filter_subject: subjects::CONTROL_ALL.to_string(),
+                deliver_policy: consumer::DeliverPolicy::New,
+                ack_policy: consumer::AckPolicy::Explicit,
+                inactive_threshold: Duration::from_secs(24 * 3600),
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(nats_error)?;
+    let mut messages = consumer.messages().await.map_err(nats_error)?;
+    loop {
+        let message = tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            message = messages.next() => message,
+        };
+        let Some(message) = message else {
+            return Err(nats_error("control consumer ended"));
+        };
+        let message = message.map_err(nats_error)?;
+        if let Ok(request) = pb::ControlRequest::decode(message.payload.as_ref())
+            && request.action == pb::control_request::Action::Stop as i32
+            && let Some(active) = ctx
+                .active
+                .lock()
+                .expect("active jobs lock")
+                .get(&request.job_id)
+        {
+            tracing::info!(job_id = %request.job_id, "stop requested");
+            active.stop.cancel();
+        }
+        message.ack().await.map_err(nats_error)?;
+    }
+}
+
+/// Reports this runner's capacity until shutdown, and re-drives unpublished changes of its jobs.
+async fn report_capacity(ctx: Context, shutdown: CancellationToken) {
+    let interval = Duration::from_millis(ctx.config.report_interval_ms);
+    loop {
+        let report = CapacityReport {
+            runner_id: ctx.config.runner_id.clone(),
+            pool: ctx.config.pool.clone(),
+            provider: "process".into(),
+            cpu_millis: ctx.config.offered_cpu_millis(),
+            memory_bytes: ctx.config.offered_memory_bytes(),
+            updated_at_ms: now_ms(),
+        };
+        if let Err(error) = capacity::report(&ctx.nats, &report).await {
+            tracing::warn!(error = %error, "cannot report capacity");
+        }
+        if let Err(error) = republish_own(&ctx).await {
+            tracing::warn!(error = %error, "cannot re-drive unpublished changes");
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+    }
+}
+
+/// Ends the jobs this runner held before it restarted, and publishes what was left unpublished.
+async fn reconcile(ctx: &Context) -> Result<()> {
+    let held = ctx
+        .store
+        .jobs_in_states(&[JobState::Provisioning, JobState::Running, JobState::Syncing])
+        .await?;
+    for job in held
+        .into_iter()
+        .filter(|job| job.runner_id == ctx.config.runner_id)
+    {
+        if let Some(pid) = process::instance_pid(&job.instance_id)
+            && process::is_job_process(pid, &job.id)
+        {
+            tracing::warn!(job_id = %job.id, pid, "killing a process left by the previous runner");
+            process::signal_group(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+        supervisor::lose(ctx, &job, "the runner restarted while the job ran").await?;
+    }
+    republish_own(ctx).await
+}
+
+async fn republish_own(ctx: &Context) -> Result<()> {
+    let pending = ctx.store.unpublished_jobs(&JobState::ALL).await?;
+    for job in pending
+        .iter()
+        .filter(|job| job.runner_id == ctx.config.runner_id)
+    {
+        publish_job_change(&ctx.nats, &ctx.store, job).await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,143 @@
+//! Shipping a job's stdout and stderr to `KILN_LOGS`, line by line.
+//!
+//! Each line gets the next sequence number of the attempt and is published on
+//! `kiln.logs.<job>` with the message id `<job>:<attempt>:<seq>`, so a retried publish is
+//! stored once. Up to [`IN_FLIGHT`] publishes await their acks at a time. The last record of an
+//! attempt has `end` set.
+
+use std::collections::VecDeque;
+
+use async_nats::jetstream::context::PublishAckFuture;
+use kiln_core::ids::now_ms;
+use kiln_core::streams::{Nats, NatsError};
+use kiln_core::subjects;
+use kiln_proto::v1::{LogRecord, LogStream};
+use prost::Message;
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+/// Publishes awaiting their acks at most.
+const IN_FLIGHT: usize = 256;
+/// Longer lines are cut into pieces of this many bytes.
+const MAX_LINE_BYTES: usize = 16 * 1024;
+
+/// Ships lines of one attempt of a job.
+pub struct LogShipper {
+    tx: mpsc::Sender<(LogStream, String)>,
+    publisher: JoinHandle<Result<u64, NatsError>>,
+}
+
+impl LogShipper {
+    pub fn start(nats: Nats, job_id: String, attempt: i32) -> LogShipper {
+        let (tx, rx) = mpsc::channel(1024);
+        let publisher = tokio::spawn(publish_lines(nats, job_id, attempt, rx));
+        LogShipper { tx, publisher }
+    }
+
+    /// Reads lines from a pipe until it closes.
+    pub fn read(
+        &self,
+        stream: LogStream,
+        pipe: impl AsyncRead + Unpin + Send + 'static,
+    ) -> JoinHandle<()> {
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let mut reader = BufReader::new(pipe);
+            let mut buffer = Vec::new();
+            loop {
+                buffer.clear();
+                match reader.read_until(b'\n', &mut buffer).await {
+                    Ok(0) => return,
+                    Ok(_) => {
+                        if buffer.last() == Some(&b'\n') {
+                            buffer.pop();
+                        }
+                        for piece in buffer.chunks(MAX_LINE_BYTES) {
+                            let text = String::from_utf8_lossy(piece).into_owned();
+                            if tx.send((stream, text)).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    Err(error) => {
+                        tracing::warn!(error = %error, "reading the job's output failed");
+                        return;
+                    }
+                }
+            }
+        })
+    }
+
+    /// Sends a line the runner itself writes (for example why a job could not start).
+    pub async fn line(&self, stream: LogStream, text: String) {
+        let _ = self.tx.send((stream, text)).await;
+    }
+
+    /// Publishes the end record after every line, and waits for all acks. Returns the number of
+    /// lines shipped.
+    pub async fn finish(self) -> Result<u64, NatsError> {
+        drop(self.tx);
+        self.publisher
+            .await
+            .map_err(|e| NatsError::Other(e.to_string()))?
+    }
+}
+
+async fn publish_lines(
+    nats: Nats,
+    job_id: String,
+    attempt: i32,
+    mut rx: mpsc::Receiver<(LogStream, String)>,
+) -> Result<u64, NatsError> {
+    let subject = subjects::logs(&job_id);
+    let mut in_flight: VecDeque<PublishAckFuture> = VecDeque::new();
+    let mut seq: u64 = 0;
+    let mut next = rx.recv().await;
+    loop {
+        let end = next.is_none();
+        seq += 1;
+        let (stream, text) = next.unwrap_or((LogStream::Unspecified, String::new()));
+        let record = LogRecord {
+            job_id: job_id.clone(),
+            attempt,
+            seq,
+            stream: stream as i32,
+            timestamp_ms: now_ms(),
+            text,
+            end,
+        };
+        let msg_id = format!("{job_id}:{attempt}:{seq}");
+        let publish = async_nats::jetstream::message::PublishMessage::build()
+            .payload(record.encode_to_vec().into())
+            .message_id(msg_id);
+        let ack = nats
+            .jetstream
+            .send_publish(subject.clone(), publish)
+            .await
+            .map_err(|e| NatsError::Publish {
+                subject: subject.clone(),
+                message: e.to_string(),
+            })?;
+        in_flight.push_back(ack);
+        if in_flight.len() >= IN_FLIGHT
+            && let Some(oldest) = in_flight.pop_front()
+        {
+            oldest.await.map_err(|e| NatsError::Publish {
+                subject: subject.clone(),
+                message: e.to_string(),
+            })?;
+        }
+        if end {
+            break;
+        }
+        next = rx.recv().await;
+    }
+    for ack in in_flight {
+        ack.await.map_err(|e| NatsError::Publish {
+            subject: subject.clone(),
+            message: e.to_string(),
+        })?;
+    }
+    Ok(seq - 1)
+}

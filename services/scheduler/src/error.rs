@@ -1,0 +1,41 @@
+//! The scheduler's error type.
+
+use kiln_core::ErrorKind;
+use kiln_core::store::StoreError;
+use kiln_core::streams::NatsError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Nats(#[from] NatsError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("gRPC server failed: {0}")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+impl Error {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Store(error) => error.kind(),
+            Error::Nats(error) => error.kind(),
+            Error::Bind { .. } | Error::Serve(_) => ErrorKind::Internal,
+        }
+    }
+}
+
+impl From<kiln_core::Error> for Error {
+    fn from(error: kiln_core::Error) -> Self {
+        match error {
+            kiln_core::Error::Store(error) => Error::Store(error),
+            kiln_core::Error::Nats(error) => Error::Nats(error),
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
