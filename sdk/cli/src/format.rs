@@ -43,7 +43,7 @@ pub fn parse_cpu(text: &str) -> Result<u32, String> {
         .trim()
         .parse()
         .map_err(|_| format!("{text:?} is not a number of cores, such as 2 or 0.5"))?;
-    if !cores.is_finite() || cores < 0.0 || cores > 4_000_000.0 {
+    if !cores.is_finite() || !(0.0..=4_000_000.0).contains(&cores) {
         return Err(format!("{text:?} is not a number of cores"));
     }
     Ok((cores * 1000.0).round() as u32)

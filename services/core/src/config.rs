@@ -286,6 +286,7 @@ mod tests {
     }
 
     #[derive(Serialize, Default)]
+    #[serde(rename_all = "kebab-case")]
     struct Flags {
         #[serde(skip_serializing_if = "Option::is_none")]
         grace_period_secs: Option<u64>,

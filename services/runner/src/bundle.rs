@@ -154,9 +154,12 @@ fn symlink_stays_inside(link: &Path, target: &Path) -> bool {
 mod tests {
     use super::*;
 
+    /// (path, type, link target, content) of an entry.
+    type RawEntry<'a> = (&'a str, EntryType, &'a str, &'a [u8]);
+
     /// Builds a tar.gz from raw entries, bypassing the builder's own path checks, as an attacker
     /// would.
-    fn archive(entries: &[(&str, EntryType, &str, &[u8])]) -> Vec<u8> {
+    fn archive(entries: &[RawEntry<'_>]) -> Vec<u8> {
         let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(
             Vec::new(),
             flate2::Compression::fast(),
@@ -177,7 +180,7 @@ mod tests {
         builder.into_inner().unwrap().finish().unwrap()
     }
 
-    fn try_unpack(entries: &[(&str, EntryType, &str, &[u8])]) -> (tempfile::TempDir, Result<u64>) {
+    fn try_unpack(entries: &[RawEntry<'_>]) -> (tempfile::TempDir, Result<u64>) {
         let dir = tempfile::tempdir().unwrap();
         let dest = dir.path().join("code");
         std::fs::create_dir(&dest).unwrap();
@@ -221,7 +224,7 @@ mod tests {
 
     #[test]
     fn escaping_links_are_refused() {
-        let cases: &[&[(&str, EntryType, &str, &[u8])]] = &[
+        let cases: &[&[RawEntry]] = &[
             &[("evil", EntryType::Symlink, "/etc/passwd", b"")],
             &[("evil", EntryType::Symlink, "..", b"")],
             &[("a/evil", EntryType::Symlink, "../..", b"")],

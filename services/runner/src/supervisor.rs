@@ -30,6 +30,7 @@ const MAX_UNPACKED_BYTES: u64 = 16 << 30;
 const STOP_POLL: Duration = Duration::from_secs(2);
 
 /// How an attempt ended, as far as the runner knows.
+#[derive(Debug, Clone)]
 enum Outcome {
     /// The process exited; `stopped` when we stopped it on request.
     Exited { exit_code: i32, stopped: bool },
@@ -54,8 +55,7 @@ pub(crate) async fn supervise(
     let dir = ctx
         .config
         .work_dir
-        .join(&job.id)
-        .join(job.attempt.to_string());
+        .join(format!("{}-{}", job.id, job.attempt));
     let shipper = LogShipper::start(ctx.nats.clone(), job.id.clone(), job.attempt);
     let (outcome, current) = execute(&ctx, job, &dir, &shipper, &stop, &shutdown).await;
     if let Outcome::NotStarted { reason, .. } = &outcome {
@@ -66,15 +66,29 @@ pub(crate) async fn supervise(
     if let Err(error) = shipper.finish().await {
         tracing::warn!(job_id, error = %error, "shipping the job's logs failed");
     }
-    if let Err(error) = conclude(&ctx, current, outcome).await {
-        tracing::error!(job_id, error = %error, "cannot record the job's end; the reconciler will");
-    }
     if let Err(error) = tokio::fs::remove_dir_all(&dir).await
         && error.kind() != std::io::ErrorKind::NotFound
     {
         tracing::warn!(job_id, dir = %dir.display(), error = %error, "cannot remove the work dir");
     }
+    // The instance is released: its capacity is free before the end is reported.
     ctx.active.lock().expect("active jobs lock").remove(&job_id);
+    let mut delay = Duration::from_millis(200);
+    for attempt in 1.. {
+        match conclude(&ctx, current.clone(), &outcome).await {
+            Ok(()) => break,
+            // A database that is briefly away; a conflict would not get better.
+            Err(error @ Error::Store(StoreError::Db(_))) if attempt < 10 => {
+                tracing::warn!(job_id, attempt, error = %error, "cannot record the job's end; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+            Err(error) => {
+                tracing::error!(job_id, error = %error, "cannot record the job's end; it ends LOST when the runner restarts");
+                break;
+            }
+        }
+    }
 }
 
 /// Sets up and runs the attempt. Returns how it ended, with the latest record of the job.
@@ -246,8 +260,8 @@ fn job_env(ctx: &Context, job: &JobRecord) -> Result<BTreeMap<String, String>> {
 }
 
 /// Records the end of the attempt.
-async fn conclude(ctx: &Context, job: JobRecord, outcome: Outcome) -> Result<()> {
-    let (state, change) = match outcome {
+async fn conclude(ctx: &Context, job: JobRecord, outcome: &Outcome) -> Result<()> {
+    let (state, change) = match outcome.clone() {
         Outcome::Exited {
             exit_code,
             stopped: true,

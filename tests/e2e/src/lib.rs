@@ -1,1 +1,408 @@
+//! kiln-e2e: starts the services' libraries in-process, on port 0, against a real `nats-server`
+//! (one per test) and a SQLite file in a temp dir, and hands out authenticated clients.
+#![forbid(unsafe_code)]
 
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use kiln_core::auth::BearerInterceptor;
+use kiln_core::config::{DatabaseConfig, GrpcConfig, ObjectStoreConfig};
+use kiln_core::store::Store;
+use kiln_core::testing::{NatsServer, sqlite_config};
+use kiln_proto::v1 as pb;
+use kiln_proto::v1::artifact_service_client::ArtifactServiceClient;
+use kiln_proto::v1::job_service_client::JobServiceClient;
+use kiln_proto::v1::log_service_client::LogServiceClient;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+pub type Authed = InterceptedService<Channel, BearerInterceptor>;
+
+/// How long a test waits for something that should happen in well under a second.
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+/// A service task that can be stopped gracefully or crashed.
+pub struct ServiceHandle {
+    shutdown: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl ServiceHandle {
+    fn spawn<F, E>(serve: impl FnOnce(CancellationToken) -> F) -> ServiceHandle
+    where
+        F: Future<Output = Result<(), E>> + Send + 'static,
+        E: std::fmt::Display,
+    {
+        let shutdown = CancellationToken::new();
+        let future = serve(shutdown.clone());
+        let task = tokio::spawn(async move {
+            if let Err(error) = future.await {
+                panic!("service failed: {error}");
+            }
+        });
+        ServiceHandle { shutdown, task }
+    }
+
+    /// Drops the service mid-flight, as a crash would: its tasks are aborted at their next
+    /// await point and nothing runs its shutdown path.
+    pub async fn crash(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
+
+    /// Shuts the service down gracefully and waits for it.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        self.task.await.expect("service task");
+    }
+}
+
+/// Every kiln service but item-batch, in this process.
+pub struct Stack {
+    pub nats: NatsServer,
+    pub dir: tempfile::TempDir,
+    pub database: DatabaseConfig,
+    pub objects: ObjectStoreConfig,
+    pub store: Store,
+    pub api_addr: SocketAddr,
+    pub logs_addr: SocketAddr,
+    pub token: String,
+    pub api: Option<ServiceHandle>,
+    pub scheduler: Option<ServiceHandle>,
+    pub runner: Option<ServiceHandle>,
+    pub logs: Option<ServiceHandle>,
+}
+
+fn ephemeral() -> GrpcConfig {
+    GrpcConfig {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+    }
+}
+
+impl Stack {
+    /// Starts api, log-ingest, scheduler and one runner (`runner-1`, pool `local`).
+    pub async fn start() -> Stack {
+        let mut stack = Stack::start_without_runner().await;
+        stack.runner = Some(stack.spawn_runner(stack.runner_config("runner-1")).await);
+        stack
+    }
+
+    /// Starts api, log-ingest and the scheduler.
+    pub async fn start_without_runner() -> Stack {
+        // Service logs only when asked for (KILN_LOG=info cargo test …): they are not captured.
+        if std::env::var_os("KILN_LOG").is_some() {
+            kiln_core::telemetry::init(false);
+        }
+        let nats = NatsServer::start();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let database = sqlite_config(dir.path());
+        let objects = ObjectStoreConfig {
+            root: dir.path().join("objects"),
+        };
+        let (api, api_addr) = start_api(&nats, &database, &objects, dir.path()).await;
+        let token = std::fs::read_to_string(dir.path().join("admin.token"))
+            .expect("admin token")
+            .trim()
+            .to_string();
+        let store = Store::connect(&database).await.expect("store");
+        let logs_service = kiln_log_ingest::LogIngest::bind(kiln_log_ingest::Config {
+            grpc: ephemeral(),
+            database: database.clone(),
+            nats: nats.config(),
+            log_store: kiln_log_ingest::config::LogStoreConfig {
+                sqlite_path: dir.path().join("logs.db"),
+            },
+            ..Default::default()
+        })
+        .await
+        .expect("log-ingest binds");
+        let logs_addr = logs_service.local_addr();
+        let logs = ServiceHandle::spawn(|token| logs_service.serve(token));
+        let scheduler_service = kiln_scheduler::Scheduler::bind(kiln_scheduler::Config {
+            grpc: ephemeral(),
+            database: database.clone(),
+            nats: nats.config(),
+            pass_interval_ms: 100,
+        })
+        .await
+        .expect("scheduler binds");
+        let scheduler = ServiceHandle::spawn(|token| scheduler_service.serve(token));
+        Stack {
+            nats,
+            dir,
+            database,
+            objects,
+            store,
+            api_addr,
+            logs_addr,
+            token,
+            api: Some(api),
+            scheduler: Some(scheduler),
+            runner: None,
+            logs: Some(logs),
+        }
+    }
+
+    /// Restarts the api (after a crash of it).
+    pub async fn restart_api(&mut self) {
+        let config = self.api_config(SocketAddr::from(([127, 0, 0, 1], self.api_addr.port())));
+        let api = kiln_api::Api::bind(config).await.expect("api binds again");
+        self.api = Some(ServiceHandle::spawn(|token| api.serve(token)));
+    }
+
+    fn api_config(&self, listen: SocketAddr) -> kiln_api::Config {
+        api_config(
+            &self.nats,
+            &self.database,
+            &self.objects,
+            self.dir.path(),
+            listen,
+        )
+    }
+
+    /// A runner configuration for this stack: pool `local`, 2 cores, 2 s grace period.
+    pub fn runner_config(&self, runner_id: &str) -> kiln_runner::Config {
+        kiln_runner::Config {
+            grpc: ephemeral(),
+            database: self.database.clone(),
+            nats: self.nats.config(),
+            objects: self.objects.clone(),
+            runner_id: runner_id.into(),
+            pool: "local".into(),
+            cpu_millis: 2000,
+            memory_bytes: 8 << 30,
+            work_dir: self.dir.path().join("work"),
+            stop_grace_period_ms: 2000,
+            api_url: format!("http://{}", self.api_addr),
+            report_interval_ms: 200,
+            ..Default::default()
+        }
+    }
+
+    pub async fn spawn_runner(&self, config: kiln_runner::Config) -> ServiceHandle {
+        let runner = kiln_runner::Runner::bind(config)
+            .await
+            .expect("runner binds");
+        ServiceHandle::spawn(|token| runner.serve(token))
+    }
+
+    async fn channel(addr: SocketAddr) -> Channel {
+        Channel::from_shared(format!("http://{addr}"))
+            .expect("uri")
+            .connect()
+            .await
+            .expect("connect")
+    }
+
+    pub async fn jobs(&self) -> JobServiceClient<Authed> {
+        self.jobs_as(&self.token).await
+    }
+
+    pub async fn jobs_as(&self, token: &str) -> JobServiceClient<Authed> {
+        JobServiceClient::with_interceptor(
+            Self::channel(self.api_addr).await,
+            BearerInterceptor::new(token),
+        )
+    }
+
+    pub async fn artifacts(&self) -> ArtifactServiceClient<Authed> {
+        ArtifactServiceClient::with_interceptor(
+            Self::channel(self.api_addr).await,
+            BearerInterceptor::new(&self.token),
+        )
+    }
+
+    pub async fn logs_client(&self) -> LogServiceClient<Authed> {
+        self.logs_as(&self.token).await
+    }
+
+    pub async fn logs_as(&self, token: &str) -> LogServiceClient<Authed> {
+        LogServiceClient::with_interceptor(
+            Self::channel(self.logs_addr).await,
+            BearerInterceptor::new(token),
+        )
+    }
+
+    /// Submits a job without code.
+    pub async fn submit(&self, command: &[&str]) -> pb::Job {
+        self.submit_spec(spec(command)).await
+    }
+
+    pub async fn submit_spec(&self, spec: pb::JobSpec) -> pb::Job {
+        let response = self
+            .jobs()
+            .await
+            .submit_job(pb::SubmitJobRequest { spec: Some(spec) })
+            .await;
+        response.expect("submit").into_inner().job.expect("job")
+    }
+
+    pub async fn get(&self, job_id: &str) -> pb::Job {
+        self.jobs()
+            .await
+            .get_job(pb::GetJobRequest {
+                job_id: job_id.into(),
+            })
+            .await
+            .expect("get")
+            .into_inner()
+    }
+
+    /// Waits until the job satisfies `done`, panicking with the job after [`PATIENCE`].
+    pub async fn wait_for(
+        &self,
+        job_id: &str,
+        what: &str,
+        done: impl Fn(&pb::Job) -> bool,
+    ) -> pb::Job {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            let job = self.get(job_id).await;
+            if done(&job) {
+                return job;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {what}: {job:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub async fn wait_for_state(&self, job_id: &str, state: pb::JobState) -> pb::Job {
+        self.wait_for(job_id, state.as_str_name(), |job| job.state == state as i32)
+            .await
+    }
+
+    /// Reads all of a job's log lines (following until the job ends when `follow`).
+    pub async fn log_lines(&self, job_id: &str, follow: bool) -> Vec<pb::LogLine> {
+        use futures::StreamExt;
+        let request = pb::GetLogsRequest {
+            job_id: job_id.into(),
+            follow,
+        };
+        let mut stream = self
+            .logs_client()
+            .await
+            .get_logs(request)
+            .await
+            .expect("get logs")
+            .into_inner();
+        let mut lines = Vec::new();
+        while let Some(line) = tokio::time::timeout(PATIENCE, stream.next())
+            .await
+            .expect("log stream stalled")
+        {
+            lines.push(line.expect("log line"));
+        }
+        lines
+    }
+}
+
+fn api_config(
+    nats: &NatsServer,
+    database: &DatabaseConfig,
+    objects: &ObjectStoreConfig,
+    dir: &std::path::Path,
+    listen: SocketAddr,
+) -> kiln_api::Config {
+    kiln_api::Config {
+        grpc: GrpcConfig { listen },
+        database: database.clone(),
+        nats: nats.config(),
+        objects: objects.clone(),
+        bootstrap_token_file: dir.join("admin.token"),
+        reconcile_interval_ms: 200,
+        ..Default::default()
+    }
+}
+
+async fn start_api(
+    nats: &NatsServer,
+    database: &DatabaseConfig,
+    objects: &ObjectStoreConfig,
+    dir: &std::path::Path,
+) -> (ServiceHandle, SocketAddr) {
+    let config = api_config(nats, database, objects, dir, ephemeral().listen);
+    let api = kiln_api::Api::bind(config).await.expect("api binds");
+    let addr = api.local_addr();
+    (ServiceHandle::spawn(|token| api.serve(token)), addr)
+}
+
+/// A spec for a small job without code.
+pub fn spec(command: &[&str]) -> pb::JobSpec {
+    pb::JobSpec {
+        command: command.iter().map(|s| s.to_string()).collect(),
+        resources: Some(pb::Resources {
+            cpu_millis: 500,
+            memory_bytes: 64 << 20,
+        }),
+        ..Default::default()
+    }
+}
+
+/// Builds a tar.gz code bundle from (path, content) pairs and returns it with its sha256.
+pub fn bundle(files: &[(&str, &str)]) -> (Vec<u8>, String) {
+    use sha2::Digest;
+    let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(
+        Vec::new(),
+        flate2::Compression::fast(),
+    ));
+    for (path, content) in files {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(content.len() as u64);
+        header.set_mode(0o644);
+        header.set_cksum();
+        builder
+            .append_data(&mut header, path, content.as_bytes())
+            .expect("append");
+    }
+    let bytes = builder.into_inner().expect("tar").finish().expect("gzip");
+    let digest = hex::encode(sha2::Sha256::digest(&bytes));
+    (bytes, digest)
+}
+
+/// Uploads a bundle through `ArtifactService`.
+pub async fn upload(
+    client: &mut ArtifactServiceClient<Authed>,
+    bytes: &[u8],
+    digest: &str,
+) -> Result<pb::UploadArtifactResponse, tonic::Status> {
+    use pb::upload_artifact_request::Part;
+    let mut messages = vec![pb::UploadArtifactRequest {
+        part: Some(Part::Header(pb::ArtifactHeader {
+            digest: digest.into(),
+            size: bytes.len() as u64,
+        })),
+    }];
+    messages.extend(bytes.chunks(1000).map(|c| pb::UploadArtifactRequest {
+        part: Some(Part::Chunk(c.to_vec())),
+    }));
+    client
+        .upload_artifact(futures::stream::iter(messages))
+        .await
+        .map(|r| r.into_inner())
+}
+
+/// Tells whether a process with this pid exists (zombies count as gone).
+pub fn process_alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z'),
+        Err(_) => false,
+    }
+}
+
+/// The pid in an instance id `pid:<n>`.
+pub fn pid_of(job: &pb::Job) -> i32 {
+    job.instance_id
+        .strip_prefix("pid:")
+        .and_then(|p| p.parse().ok())
+        .expect("a process instance id")
+}

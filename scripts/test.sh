@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Sets up and runs every test of kiln against real servers on 127.0.0.1:
+#   - scripts/setup.sh (packages, nats-server 2.15.1, build)
+#   - a throw-away Postgres 15 cluster in a temp dir (KILN_TEST_DATABASE_URL)
+#   - nats-server: the tests start their own, one per test, from KILN_TEST_NATS_SERVER
+# then cargo fmt --check, clippy -D warnings, and cargo test for the whole workspace.
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+"$repo/scripts/setup.sh"
+
+KILN_TOOLS=${KILN_TOOLS:-${KILN_HOME:-$HOME/.kiln}/tools}
+export PATH="$KILN_TOOLS/bin:$HOME/.cargo/bin:$PATH"
+export KILN_TEST_NATS_SERVER="$KILN_TOOLS/bin/nats-server"
+
+log() { printf '\033[1mtest:\033[0m %s\n' "$*" >&2; }
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# --- Postgres --------------------------------------------------------------------------------
+pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
+[ -x "$pg_bin/initdb" ] || { echo "test: Postgres server binaries not found under /usr/lib/postgresql" >&2; exit 1; }
+pg_dir=$(mktemp -d /tmp/kiln-test-pg.XXXXXX)
+pg_port=$(free_port)
+as_pg=()
+if [ "$(id -u)" = 0 ]; then
+  # Postgres refuses to run as root; the Debian package made a postgres user.
+  chown postgres "$pg_dir"
+  as_pg=(runuser -u postgres --)
+fi
+cleanup() {
+  "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$pg_dir/data" -m immediate stop >/dev/null 2>&1 || true
+  rm -rf "$pg_dir"
+}
+trap cleanup EXIT
+log "starting Postgres on 127.0.0.1:$pg_port"
+"${as_pg[@]}" "$pg_bin/initdb" -D "$pg_dir/data" -A trust -U postgres --no-sync >/dev/null
+"${as_pg[@]}" "$pg_bin/pg_ctl" -D "$pg_dir/data" -l "$pg_dir/postgres.log" -w -o \
+  "-k $pg_dir -p $pg_port -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=300" start >/dev/null
+export KILN_TEST_DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/postgres"
+
+# --- checks and tests ------------------------------------------------------------------------
+cd "$repo"
+log "cargo fmt --check"
+cargo fmt --all -- --check
+log "cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+log "cargo test"
+cargo test --workspace --locked

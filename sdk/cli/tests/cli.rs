@@ -1,0 +1,358 @@
+//! The `kiln` binary end to end: `kiln up` as a child process (with its own child
+//! nats-server), driven by `kiln run|ps|status|logs|stop` as a user would.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const KILN: &str = env!("CARGO_BIN_EXE_kiln");
+
+/// A `kiln up` running on a temp KILN_HOME, on free ports.
+struct Up {
+    child: Child,
+    home: tempfile::TempDir,
+    project: tempfile::TempDir,
+}
+
+impl Up {
+    fn start() -> Up {
+        let home = tempfile::tempdir().unwrap();
+        let project = tempfile::tempdir().unwrap();
+        std::fs::write(project.path().join("train.py"), "print('training')\n").unwrap();
+        let child = spawn_up(home.path());
+        let up = Up {
+            child,
+            home,
+            project,
+        };
+        up.wait_until_up();
+        up
+    }
+
+    /// Starts `kiln up` again on the same home, after [`Up::interrupt`].
+    fn restart(&mut self) {
+        std::fs::remove_file(self.home.path().join("credentials.toml")).unwrap();
+        self.child = spawn_up(self.home.path());
+        self.wait_until_up();
+    }
+
+    fn wait_until_up(&self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !self
+            .home
+            .path()
+            .join("credentials.toml")
+            .try_exists()
+            .unwrap()
+        {
+            assert!(
+                Instant::now() < deadline,
+                "kiln up did not start:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.home.path().join("up.log")).unwrap_or_default()
+    }
+
+    /// Runs `kiln ARGS` in the project directory.
+    fn kiln(&self, args: &[&str]) -> Output {
+        self.kiln_env(args, &[])
+    }
+
+    fn kiln_env(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
+        Command::new(KILN)
+            .args(args)
+            .current_dir(self.project.path())
+            .env("KILN_HOME", self.home.path())
+            .env_remove("KILN_ADDR")
+            .env_remove("KILN_TOKEN")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
+    fn status_json(&self, job_id: &str) -> serde_json::Value {
+        let output = self.kiln(&["status", job_id, "-o", "json"]);
+        assert!(output.status.success(), "{}", text(&output.stderr));
+        serde_json::from_slice(&output.stdout).unwrap()
+    }
+
+    fn wait_for_state(&self, job_id: &str, state: &str) -> serde_json::Value {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let status = self.status_json(job_id);
+            if status["state"] == state {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "job never reached {state}: {status}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn nats_url(&self) -> String {
+        let log = self.log();
+        let line = log
+            .lines()
+            .find(|l| l.trim_start().starts_with("nats:"))
+            .expect("nats line");
+        line.split_whitespace().nth(1).unwrap().to_string()
+    }
+
+    fn interrupt(&mut self) -> std::process::ExitStatus {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "kiln up did not stop:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            self.interrupt();
+        }
+    }
+}
+
+fn spawn_up(home: &Path) -> Child {
+    let log = std::fs::File::create(home.join("up.log")).unwrap();
+    Command::new(KILN)
+        .args([
+            "up",
+            "--api-addr",
+            "127.0.0.1:0",
+            "--logs-addr",
+            "127.0.0.1:0",
+            "--grace-period",
+            "2",
+        ])
+        .env("KILN_HOME", home)
+        .env_remove("KILN_ADDR")
+        .env_remove("KILN_TOKEN")
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn artifacts(home: &Path) -> Vec<PathBuf> {
+    match std::fs::read_dir(home.join("objects/artifacts/sha256")) {
+        Ok(entries) => entries.map(|e| e.unwrap().path()).collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+#[test]
+fn run_follow_prints_both_streams_and_exits_with_the_job_code() {
+    let up = Up::start();
+    let output = up.kiln(&[
+        "run",
+        "-f",
+        "--",
+        "sh",
+        "-c",
+        "echo hi; echo err >&2; exit 3",
+    ]);
+    assert_eq!(
+        output.status.code(),
+        Some(3),
+        "stderr: {}",
+        text(&output.stderr)
+    );
+    assert_eq!(text(&output.stdout), "hi\n");
+    let stderr = text(&output.stderr);
+    assert!(stderr.lines().any(|l| l == "err"), "{stderr}");
+    assert!(stderr.contains("FAILED: exited with code 3"), "{stderr}");
+
+    let job_id = stderr
+        .lines()
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .to_string();
+    let status = up.status_json(&job_id);
+    assert_eq!(status["state"], "FAILED");
+    assert_eq!(status["exit_code"], 3);
+    let table = text(&up.kiln(&["status", &job_id]).stdout);
+    assert!(
+        table.contains("FAILED") && table.contains("exit_code: 3"),
+        "{table}"
+    );
+
+    // The logs can be read again, and the job is listed.
+    let logs = up.kiln(&["logs", &job_id]);
+    assert_eq!(text(&logs.stdout), "hi\n");
+    assert_eq!(text(&logs.stderr), "err\n");
+    assert!(text(&up.kiln(&["ps", "--all"]).stdout).contains(&job_id));
+    assert!(
+        !text(&up.kiln(&["ps"]).stdout).contains(&job_id),
+        "finished jobs are hidden without --all"
+    );
+}
+
+#[test]
+fn the_job_gets_the_working_directory_and_the_same_code_is_stored_once() {
+    let up = Up::start();
+    std::fs::write(up.project.path().join(".kilnignore"), "secret.txt\n").unwrap();
+    std::fs::write(up.project.path().join("secret.txt"), "do not ship").unwrap();
+    for _ in 0..2 {
+        let output = up.kiln(&["run", "-f", "--", "sh", "-c", "cat train.py; ls -A"]);
+        assert!(output.status.success(), "{}", text(&output.stderr));
+        assert_eq!(
+            text(&output.stdout),
+            "print('training')\n.kilnignore\ntrain.py\n"
+        );
+    }
+    assert_eq!(artifacts(up.home.path()).len(), 1);
+}
+
+#[test]
+fn a_stopped_job_reaches_stopped_and_its_process_is_gone() {
+    let up = Up::start();
+    let output = up.kiln(&["run", "--", "sleep", "600"]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let job_id = text(&output.stdout).trim().to_string();
+    let running = up.wait_for_state(&job_id, "RUNNING");
+    let pid: i32 = running["instance"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("pid:")
+        .parse()
+        .unwrap();
+    assert!(Path::new(&format!("/proc/{pid}")).try_exists().unwrap());
+
+    let started = Instant::now();
+    let output = up.kiln(&["stop", &job_id]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let stopped = up.wait_for_state(&job_id, "STOPPED");
+    // sleep dies on SIGTERM, well within the 2 s grace period.
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert_eq!(stopped["exit_code"], 143);
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).try_exists().unwrap(),
+        "process {pid} is still there"
+    );
+}
+
+#[test]
+fn bad_input_gets_clear_errors() {
+    let up = Up::start();
+    let output = up.kiln(&["run", "--mem", "abc", "--", "true"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        text(&output.stderr).contains("\"abc\" is not a size"),
+        "{}",
+        text(&output.stderr)
+    );
+
+    let output = up.kiln(&["run", "--cpu", "0", "--", "true"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        text(&output.stderr)
+            .contains("cpu_millis must be greater than 0 (1000 is one core) (InvalidArgument)"),
+        "{}",
+        text(&output.stderr)
+    );
+
+    let output = up.kiln(&["run", "--no-code", "--"]);
+    assert_eq!(
+        output.status.code(),
+        Some(2),
+        "an empty command is a usage error"
+    );
+
+    let unknown = "01a22826-4a16-7345-8170-afdecec4c749";
+    let output = up.kiln(&["status", unknown]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        text(&output.stderr).contains(&format!("job {unknown} not found (NotFound)")),
+        "{}",
+        text(&output.stderr)
+    );
+
+    let output = up.kiln_env(&["ps"], &[("KILN_TOKEN", "kiln_0123456789abcdef_0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef")]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        text(&output.stderr).contains("invalid token (Unauthenticated)"),
+        "{}",
+        text(&output.stderr)
+    );
+}
+
+#[test]
+fn a_second_up_on_the_same_home_is_refused_and_ctrl_c_stops_everything() {
+    let mut up = Up::start();
+    let second = Command::new(KILN)
+        .args([
+            "up",
+            "--api-addr",
+            "127.0.0.1:0",
+            "--logs-addr",
+            "127.0.0.1:0",
+        ])
+        .env("KILN_HOME", up.home.path())
+        .output()
+        .unwrap();
+    assert_eq!(second.status.code(), Some(1));
+    assert!(
+        text(&second.stderr).contains("another `kiln up` is running"),
+        "{}",
+        text(&second.stderr)
+    );
+    // The first one is unharmed.
+    assert!(up.kiln(&["ps"]).status.success());
+
+    let nats = up.nats_url();
+    let port: u16 = nats.rsplit(':').next().unwrap().parse().unwrap();
+    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+    let status = up.interrupt();
+    assert!(
+        status.success(),
+        "kiln up exited with {status}:\n{}",
+        up.log()
+    );
+    assert!(up.log().contains("kiln stopped"));
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "the child nats-server is still up"
+    );
+    // It starts again on the same home, with the same data.
+    let job = up.kiln(&["run", "--no-code", "--", "true"]);
+    assert!(!job.status.success(), "nothing runs while it is down");
+    up.restart();
+    let output = up.kiln(&["run", "-f", "--no-code", "--", "echo", "back"]);
+    assert_eq!(text(&output.stdout), "back\n", "{}", text(&output.stderr));
+    let listed = text(&up.kiln(&["ps", "--all", "-o", "json"]).stdout);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&listed)
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+}

@@ -1,0 +1,390 @@
+//! The metadata store's conformance suite: every test runs on SQLite and on Postgres
+//! (`KILN_TEST_DATABASE_URL`, started by scripts/test.sh), after applying the migrations.
+
+use std::collections::BTreeMap;
+
+use kiln_core::JobState;
+use kiln_core::auth::Scope;
+use kiln_core::store::{Change, NewArtifact, NewJob, Store, StoreError};
+
+fn new_job(owner: &str) -> NewJob {
+    NewJob {
+        owner_id: owner.into(),
+        project: "default".into(),
+        name: "train".into(),
+        command: vec!["python".into(), "train.py".into()],
+        env: BTreeMap::from([("SEED".into(), "1".into())]),
+        cpu_millis: 1500,
+        memory_bytes: 1 << 30,
+        code_digest: String::new(),
+    }
+}
+
+async fn migrations_apply_and_are_idempotent(store: Store) {
+    store.check_schema().await.unwrap();
+    store.migrate().await.unwrap();
+    store.check_schema().await.unwrap();
+}
+
+async fn jobs_round_trip(store: Store) {
+    let job = store.insert_job(new_job("u1")).await.unwrap();
+    assert_eq!(job.state().unwrap(), JobState::Queued);
+    assert_eq!((job.version, job.published_version, job.attempt), (1, 0, 1));
+    let read = store.job(&job.id).await.unwrap();
+    assert_eq!(read, job);
+    assert_eq!(read.command().unwrap(), ["python", "train.py"]);
+    assert_eq!(read.env().unwrap()["SEED"], "1");
+    assert!(matches!(
+        store.job("01a22826-4a16-7345-8170-000000000000").await,
+        Err(StoreError::JobNotFound { .. })
+    ));
+}
+
+async fn listing_filters_owner_and_state(store: Store) {
+    let first = store.insert_job(new_job("u1")).await.unwrap();
+    let second = store.insert_job(new_job("u1")).await.unwrap();
+    store.insert_job(new_job("u2")).await.unwrap();
+    store
+        .transition(&first, JobState::Stopped, Change::default())
+        .await
+        .unwrap();
+
+    let active = store.list_jobs(Some("u1"), false, 100).await.unwrap();
+    assert_eq!(
+        active.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(),
+        [second.id.as_str()]
+    );
+    let all = store.list_jobs(Some("u1"), true, 100).await.unwrap();
+    assert_eq!(all.len(), 2);
+    assert_eq!(all[0].id, second.id, "newest first");
+    assert_eq!(store.list_jobs(None, true, 100).await.unwrap().len(), 3);
+    assert_eq!(store.list_jobs(None, true, 1).await.unwrap().len(), 1);
+}
+
+async fn transitions_compare_and_set(store: Store) {
+    let queued = store.insert_job(new_job("u1")).await.unwrap();
+    let scheduled = store
+        .transition(
+            &queued,
+            JobState::Scheduled,
+            Change {
+                pool: Some("gpu".into()),
+                ..Change::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!((scheduled.version, scheduled.pool.as_str()), (2, "gpu"));
+
+    // The stale record loses.
+    let stale = store
+        .transition(&queued, JobState::Stopped, Change::default())
+        .await;
+    assert!(
+        matches!(
+            stale,
+            Err(StoreError::Conflict {
+                expected: 1,
+                actual: 2,
+                ..
+            })
+        ),
+        "{stale:?}"
+    );
+    // The state machine refuses skipping ahead.
+    let illegal = store
+        .transition(&scheduled, JobState::Succeeded, Change::default())
+        .await;
+    assert!(
+        matches!(illegal, Err(StoreError::IllegalTransition { .. })),
+        "{illegal:?}"
+    );
+
+    let provisioning = store
+        .transition(
+            &scheduled,
+            JobState::Provisioning,
+            Change {
+                runner_id: Some("r1".into()),
+                ..Change::default()
+            },
+        )
+        .await
+        .unwrap();
+    let running = store
+        .transition(
+            &provisioning,
+            JobState::Running,
+            Change {
+                instance_id: Some("pid:1".into()),
+                ..Change::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(running.started_at_ms.is_some());
+    assert!(running.finished_at_ms.is_none());
+    let failed = store
+        .transition(
+            &running,
+            JobState::Failed,
+            Change {
+                exit_code: Some(3),
+                reason: Some("exited with code 3".into()),
+                ..Change::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!((failed.exit_code, failed.version), (Some(3), 5));
+    assert!(failed.finished_at_ms.is_some());
+    assert_eq!(failed.runner_id, "r1");
+}
+
+async fn concurrent_transitions_have_one_winner(store: Store) {
+    let job = store.insert_job(new_job("u1")).await.unwrap();
+    let mut tasks = Vec::new();
+    for n in 0..8 {
+        let store = store.clone();
+        let job = job.clone();
+        tasks.push(tokio::spawn(async move {
+            let change = Change {
+                pool: Some(format!("pool{n}")),
+                ..Change::default()
+            };
+            store.transition(&job, JobState::Scheduled, change).await
+        }));
+    }
+    let mut winners = 0;
+    for task in tasks {
+        match task.await.unwrap() {
+            Ok(_) => winners += 1,
+            Err(StoreError::Conflict { .. }) => {}
+            Err(error) => panic!("unexpected error: {error}"),
+        }
+    }
+    assert_eq!(winners, 1);
+    assert_eq!(store.job(&job.id).await.unwrap().version, 2);
+}
+
+async fn requeue_starts_a_new_attempt(store: Store) {
+    let job = store.insert_job(new_job("u1")).await.unwrap();
+    let job = store
+        .transition(
+            &job,
+            JobState::Scheduled,
+            Change {
+                pool: Some("p".into()),
+                ..Change::default()
+            },
+        )
+        .await
+        .unwrap();
+    let job = store
+        .transition(
+            &job,
+            JobState::Provisioning,
+            Change {
+                runner_id: Some("r".into()),
+                ..Change::default()
+            },
+        )
+        .await
+        .unwrap();
+    let requeued = store
+        .transition(
+            &job,
+            JobState::Queued,
+            Change {
+                next_attempt: true,
+                ..Change::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            requeued.attempt,
+            requeued.runner_id.as_str(),
+            requeued.pool.as_str()
+        ),
+        (2, "", "")
+    );
+}
+
+async fn unpublished_changes_are_found_until_marked(store: Store) {
+    let job = store.insert_job(new_job("u1")).await.unwrap();
+    let pending = store.unpublished_jobs(&[JobState::Queued]).await.unwrap();
+    assert_eq!(pending.len(), 1);
+    store.mark_published(&job.id, 1).await.unwrap();
+    assert!(
+        store
+            .unpublished_jobs(&[JobState::Queued])
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let scheduled = store
+        .transition(
+            &job,
+            JobState::Scheduled,
+            Change {
+                pool: Some("p".into()),
+                ..Change::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .unpublished_jobs(&[JobState::Scheduled])
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    // Marking an older version never moves the mark back.
+    store
+        .mark_published(&job.id, scheduled.version)
+        .await
+        .unwrap();
+    store.mark_published(&job.id, 1).await.unwrap();
+    assert_eq!(store.job(&job.id).await.unwrap().published_version, 2);
+}
+
+async fn stop_requests_keep_the_version(store: Store) {
+    let job = store.insert_job(new_job("u1")).await.unwrap();
+    let flagged = store.request_stop(&job.id).await.unwrap();
+    assert!(flagged.stop_requested);
+    assert_eq!(flagged.version, job.version);
+}
+
+async fn usage_is_summed_by_pool(store: Store) {
+    for pool in ["a", "a", "b"] {
+        let job = store.insert_job(new_job("u1")).await.unwrap();
+        store
+            .transition(
+                &job,
+                JobState::Scheduled,
+                Change {
+                    pool: Some(pool.into()),
+                    ..Change::default()
+                },
+            )
+            .await
+            .unwrap();
+    }
+    store.insert_job(new_job("u1")).await.unwrap();
+    let usage = store.active_usage_by_pool().await.unwrap();
+    assert_eq!(usage["a"], (3000, 2 << 30));
+    assert_eq!(usage["b"], (1500, 1 << 30));
+    assert_eq!(usage.len(), 2);
+}
+
+async fn tokens_are_hashed_and_checked(store: Store) {
+    let issued = store
+        .bootstrap_admin()
+        .await
+        .unwrap()
+        .expect("first start creates the admin");
+    assert!(
+        store.bootstrap_admin().await.unwrap().is_none(),
+        "only once"
+    );
+    let (id, secret) = kiln_core::auth::parse_token(&issued.token).unwrap();
+    let principal = store.verify_token(id, secret).await.unwrap().unwrap();
+    assert_eq!(
+        (
+            principal.user_name.as_str(),
+            principal.is_admin,
+            principal.scope.clone()
+        ),
+        ("admin", true, Scope::User)
+    );
+    let wrong = "0".repeat(64);
+    assert!(store.verify_token(id, &wrong).await.unwrap().is_none());
+    assert!(
+        store
+            .verify_token("ffffffffffffffff", secret)
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    let user = store.create_user("ada", false).await.unwrap();
+    let job_token = store
+        .create_token(&user.id, "job", Scope::Job("j1".into()))
+        .await
+        .unwrap();
+    let (id, secret) = kiln_core::auth::parse_token(&job_token.token).unwrap();
+    assert_eq!(
+        store.verify_token(id, secret).await.unwrap().unwrap().scope,
+        Scope::Job("j1".into())
+    );
+    store.revoke_tokens(&Scope::Job("j1".into())).await.unwrap();
+    assert!(store.verify_token(id, secret).await.unwrap().is_none());
+    // The secret itself is nowhere in the database.
+    let stored =
+        <kiln_core::store::entities::api_token::Entity as sea_orm::EntityTrait>::find_by_id(
+            id.to_string(),
+        )
+        .one(store.connection())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_ne!(stored.secret_sha256, secret);
+}
+
+async fn artifacts_are_recorded_once(store: Store) {
+    let digest = "a".repeat(64);
+    let new = || NewArtifact {
+        digest: digest.clone(),
+        size: 10,
+        created_by: "u1".into(),
+    };
+    assert!(store.insert_artifact(new()).await.unwrap());
+    assert!(!store.insert_artifact(new()).await.unwrap());
+    assert_eq!(store.artifact(&digest).await.unwrap().unwrap().size, 10);
+    assert!(store.artifact(&"b".repeat(64)).await.unwrap().is_none());
+}
+
+macro_rules! store_suite {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    let dir = tempfile::tempdir().unwrap();
+                    let store = kiln_core::store::Store::connect(&kiln_core::testing::sqlite_config(dir.path())).await.unwrap();
+                    store.migrate().await.unwrap();
+                    super::$name(store).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    let config = kiln_core::testing::postgres_config().await;
+                    let store = kiln_core::store::Store::connect(&config).await.unwrap();
+                    store.migrate().await.unwrap();
+                    super::$name(store).await;
+                }
+            )*
+        }
+    };
+}
+
+store_suite!(
+    migrations_apply_and_are_idempotent,
+    jobs_round_trip,
+    listing_filters_owner_and_state,
+    transitions_compare_and_set,
+    concurrent_transitions_have_one_winner,
+    requeue_starts_a_new_attempt,
+    unpublished_changes_are_found_until_marked,
+    stop_requests_keep_the_version,
+    usage_is_summed_by_pool,
+    tokens_are_hashed_and_checked,
+    artifacts_are_recorded_once,
+);

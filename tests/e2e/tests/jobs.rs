@@ -1,0 +1,219 @@
+//! Jobs end to end on the `process` provider: code, environment, logs, exit codes, stop.
+
+use kiln_e2e::{Stack, bundle, pid_of, process_alive, spec, upload};
+use kiln_proto::v1 as pb;
+
+fn texts(lines: &[pb::LogLine], stream: pb::LogStream) -> Vec<String> {
+    lines
+        .iter()
+        .filter(|l| l.stream == stream as i32)
+        .map(|l| l.text.clone())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_job_runs_its_code_and_its_logs_are_kept() {
+    let stack = Stack::start().await;
+    let (bytes, digest) = bundle(&[
+        ("data/hello.txt", "hello from the bundle\n"),
+        ("run.sh", "cat data/hello.txt\n"),
+    ]);
+    upload(&mut stack.artifacts().await, &bytes, &digest)
+        .await
+        .unwrap();
+    let mut job_spec = spec(&[
+        "sh",
+        "-c",
+        "sh run.sh; echo \"id=$KILN_JOB_ID seed=$SEED api=$KILN_API\"; echo oops >&2; exit 3",
+    ]);
+    job_spec.code_digest = digest;
+    job_spec.env.insert("SEED".into(), "42".into());
+    let job = stack.submit_spec(job_spec).await;
+
+    let lines = stack.log_lines(&job.id, true).await;
+    let done = stack.get(&job.id).await;
+    assert_eq!(done.state, pb::JobState::Failed as i32, "{done:?}");
+    assert_eq!(done.exit_code, Some(3));
+    assert_eq!(done.reason, "exited with code 3");
+    assert_eq!(
+        texts(&lines, pb::LogStream::Stdout),
+        [
+            "hello from the bundle".to_string(),
+            format!("id={} seed=42 api=http://{}", job.id, stack.api_addr)
+        ]
+    );
+    assert_eq!(texts(&lines, pb::LogStream::Stderr), ["oops"]);
+    // The work dir is cleaned up.
+    let left: Vec<_> = std::fs::read_dir(stack.dir.path().join("work"))
+        .unwrap()
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[tokio::test]
+async fn exit_zero_succeeds_and_missing_programs_fail_clearly() {
+    let stack = Stack::start().await;
+    let ok = stack.submit(&["true"]).await;
+    let missing = stack.submit(&["definitely-not-a-program"]).await;
+    let ok = stack
+        .wait_for(&ok.id, "the end", |j| j.finished_at_ms > 0)
+        .await;
+    assert_eq!(
+        (ok.state, ok.exit_code),
+        (pb::JobState::Succeeded as i32, Some(0))
+    );
+    let missing = stack
+        .wait_for(&missing.id, "the end", |j| j.finished_at_ms > 0)
+        .await;
+    assert_eq!(
+        (missing.state, missing.exit_code),
+        (pb::JobState::Failed as i32, Some(127))
+    );
+    assert!(
+        missing.reason.contains("definitely-not-a-program"),
+        "{missing:?}"
+    );
+    let lines = stack.log_lines(&missing.id, true).await;
+    assert!(
+        lines.iter().any(|l| l.text.contains("cannot start")),
+        "{lines:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_stopped_job_gets_sigterm_and_its_processes_are_gone() {
+    let stack = Stack::start().await;
+    // The job traps SIGTERM and says so, so we know it got SIGTERM before anything else.
+    let job = stack
+        .submit(&[
+            "sh",
+            "-c",
+            "trap 'echo got SIGTERM; exit 0' TERM; echo ready; sleep 600 & wait",
+        ])
+        .await;
+    let running = stack.wait_for_state(&job.id, pb::JobState::Running).await;
+    let pid = pid_of(&running);
+    assert!(process_alive(pid));
+    let started = std::time::Instant::now();
+    let stopping = stack
+        .jobs()
+        .await
+        .stop_job(pb::StopJobRequest {
+            job_id: job.id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(stopping.stop_requested);
+    let stopped = stack.wait_for_state(&job.id, pb::JobState::Stopped).await;
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "stopping took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(stopped.reason, "stopped by user");
+    assert!(
+        !process_alive(pid),
+        "the job's process {pid} is still there"
+    );
+    let lines = stack.log_lines(&job.id, true).await;
+    let texts: Vec<&str> = lines.iter().map(|l| l.text.as_str()).collect();
+    assert_eq!(texts, ["ready", "got SIGTERM"]);
+}
+
+#[tokio::test]
+async fn a_job_ignoring_sigterm_is_killed_after_the_grace_period() {
+    let stack = Stack::start().await;
+    let job = stack
+        .submit(&[
+            "sh",
+            "-c",
+            "trap '' TERM; echo ready; while true; do sleep 1; done",
+        ])
+        .await;
+    let running = stack.wait_for_state(&job.id, pb::JobState::Running).await;
+    stack
+        .jobs()
+        .await
+        .stop_job(pb::StopJobRequest {
+            job_id: job.id.clone(),
+        })
+        .await
+        .unwrap();
+    let stopped = stack.wait_for_state(&job.id, pb::JobState::Stopped).await;
+    assert_eq!(stopped.exit_code, Some(128 + 9), "{stopped:?}");
+    assert!(!process_alive(pid_of(&running)));
+}
+
+#[tokio::test]
+async fn a_queued_job_stops_at_once() {
+    let stack = Stack::start_without_runner().await;
+    let job = stack.submit(&["sleep", "600"]).await;
+    let stopped = stack
+        .jobs()
+        .await
+        .stop_job(pb::StopJobRequest {
+            job_id: job.id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(stopped.state, pb::JobState::Stopped as i32);
+    // Stopping again is harmless.
+    let again = stack
+        .jobs()
+        .await
+        .stop_job(pb::StopJobRequest {
+            job_id: job.id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again.version, stopped.version);
+}
+
+#[tokio::test]
+async fn following_logs_gets_every_line_once_in_order() {
+    let stack = Stack::start().await;
+    let job = stack
+        .submit(&[
+            "sh",
+            "-c",
+            "i=1; while [ $i -le 3000 ]; do echo line $i; i=$((i+1)); done",
+        ])
+        .await;
+    // Follow from the start, while the job runs.
+    let lines = stack.log_lines(&job.id, true).await;
+    let expected: Vec<String> = (1..=3000).map(|i| format!("line {i}")).collect();
+    let texts: Vec<String> = lines.iter().map(|l| l.text.clone()).collect();
+    assert_eq!(texts, expected);
+    let seqs: Vec<u64> = lines.iter().map(|l| l.seq).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]));
+    // Reading again without follow gives the same.
+    assert_eq!(stack.log_lines(&job.id, false).await, lines);
+}
+
+#[tokio::test]
+async fn watch_streams_state_changes_until_the_end() {
+    use futures::StreamExt;
+    let stack = Stack::start().await;
+    let job = stack.submit(&["sh", "-c", "sleep 0.3"]).await;
+    let mut stream = stack
+        .jobs()
+        .await
+        .watch_job(pb::WatchJobRequest {
+            job_id: job.id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut versions = Vec::new();
+    let mut last = None;
+    while let Some(update) = stream.next().await {
+        let update = update.unwrap();
+        versions.push(update.version);
+        last = Some(update.state);
+    }
+    assert_eq!(last, Some(pb::JobState::Succeeded as i32));
+    assert!(versions.windows(2).all(|w| w[0] < w[1]), "{versions:?}");
+}
