@@ -6,6 +6,7 @@ pub use sea_orm_migration::MigratorTrait;
 use sea_orm_migration::prelude::*;
 
 mod m0001_initial;
+mod m0002_images_and_datasets;
 
 /// Migrator lists every migration in order.
 pub struct Migrator;
@@ -13,6 +14,9 @@ pub struct Migrator;
 #[async_trait::async_trait]
 impl MigratorTrait for Migrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-        vec![Box::new(m0001_initial::Migration)]
+        vec![
+            Box::new(m0001_initial::Migration),
+            Box::new(m0002_images_and_datasets::Migration),
+        ]
     }
 }

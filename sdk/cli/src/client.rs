@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use kiln_core::auth::BearerInterceptor;
 use kiln_proto::v1::artifact_service_client::ArtifactServiceClient;
+use kiln_proto::v1::dataset_service_client::DatasetServiceClient;
 use kiln_proto::v1::job_service_client::JobServiceClient;
 use kiln_proto::v1::log_service_client::LogServiceClient;
 use serde::{Deserialize, Serialize};
@@ -96,6 +97,7 @@ type Authed = InterceptedService<Channel, BearerInterceptor>;
 pub struct Clients {
     pub jobs: JobServiceClient<Authed>,
     pub artifacts: ArtifactServiceClient<Authed>,
+    pub datasets: DatasetServiceClient<Authed>,
     pub logs: LogServiceClient<Authed>,
 }
 
@@ -118,6 +120,7 @@ pub async fn connect(credentials: &Credentials) -> Result<Clients> {
     let auth = BearerInterceptor::new(&credentials.token);
     Ok(Clients {
         jobs: JobServiceClient::with_interceptor(api.clone(), auth.clone()),
+        datasets: DatasetServiceClient::with_interceptor(api.clone(), auth.clone()),
         artifacts: ArtifactServiceClient::with_interceptor(api, auth.clone())
             .max_decoding_message_size(8 << 20)
             .max_encoding_message_size(8 << 20),

@@ -42,6 +42,18 @@ pub struct RunArgs {
     /// Do not pack and upload any code.
     #[arg(long, conflicts_with = "code")]
     pub no_code: bool,
+    /// Container image to run in (default: a local process, when kiln runs one).
+    #[arg(long)]
+    pub image: Option<String>,
+    /// GPUs the job needs.
+    #[arg(long, default_value_t = 0)]
+    pub gpus: u32,
+    /// Stop the job after this long (for example 90s, 30m, 2h).
+    #[arg(long, value_parser = format::parse_duration_secs)]
+    pub max_runtime: Option<u64>,
+    /// Dataset to mount read-only at /kiln/data/NAME (repeatable).
+    #[arg(long = "dataset")]
+    pub datasets: Vec<String>,
     /// Stream the logs and exit with the job's exit code.
     #[arg(short, long)]
     pub follow: bool,
@@ -60,7 +72,7 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
             None => std::env::current_dir()?,
         };
         let bundle = tokio::task::spawn_blocking(move || pack::pack(&root)).await??;
-        let uploaded = pack::upload(&mut clients, &bundle).await?;
+        let uploaded = pack::upload(&mut clients, &bundle, "uploading code").await?;
         tracing::debug!(digest = %bundle.digest, files = bundle.files, uploaded, "code bundle ready");
         code_digest = bundle.digest;
     }
@@ -74,6 +86,10 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
         }),
         code_digest,
         project: args.project.unwrap_or_default(),
+        image: args.image.unwrap_or_default(),
+        gpus: args.gpus,
+        max_runtime_secs: args.max_runtime.unwrap_or(0),
+        datasets: args.datasets,
     };
     let job = clients
         .jobs

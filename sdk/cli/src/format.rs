@@ -49,6 +49,26 @@ pub fn parse_cpu(text: &str) -> Result<u32, String> {
     Ok((cores * 1000.0).round() as u32)
 }
 
+/// Parses a duration (`90`, `90s`, `30m`, `2h`, `1d`) into seconds.
+pub fn parse_duration_secs(text: &str) -> Result<u64, String> {
+    let trimmed = text.trim();
+    let (number, unit) = trimmed.split_at(trimmed.find(|c: char| !c.is_ascii_digit()).unwrap_or(trimmed.len()));
+    let scale = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(format!("{text:?} is not a duration: use a number with s, m, h or d, such as 30m")),
+    };
+    let value: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration: use a number with s, m, h or d, such as 30m"))?;
+    if value == 0 {
+        return Err("a duration must be more than 0".into());
+    }
+    value.checked_mul(scale).ok_or_else(|| format!("{text:?} is too long"))
+}
+
 /// Parses `KEY=VALUE`.
 pub fn parse_env(text: &str) -> Result<(String, String), String> {
     text.split_once('=')
@@ -102,6 +122,10 @@ pub fn job_json(job: &pb::Job) -> serde_json::Value {
         "cpu": f64::from(resources.cpu_millis) / 1000.0,
         "memory_bytes": resources.memory_bytes,
         "code_digest": spec.code_digest,
+        "image": spec.image,
+        "gpus": spec.gpus,
+        "max_runtime_secs": (spec.max_runtime_secs > 0).then_some(spec.max_runtime_secs),
+        "datasets": spec.datasets,
         "attempt": job.attempt,
         "version": job.version,
         "pool": job.pool,
@@ -135,6 +159,15 @@ mod tests {
         assert_eq!(parse_cpu("0.5").unwrap(), 500);
         assert_eq!(parse_cpu("0").unwrap(), 0);
         assert!(parse_cpu("two").is_err());
+    }
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration_secs("90").unwrap(), 90);
+        assert_eq!(parse_duration_secs("30m").unwrap(), 1800);
+        assert_eq!(parse_duration_secs("2h").unwrap(), 7200);
+        assert!(parse_duration_secs("0s").is_err());
+        assert!(parse_duration_secs("soon").is_err());
     }
 
     #[test]

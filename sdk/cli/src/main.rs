@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 
 mod client;
 mod commands;
+mod data;
 mod format;
 mod pack;
 mod up;
@@ -50,6 +51,12 @@ enum Command {
     },
     /// Stop a job: SIGTERM, the grace period, then SIGKILL.
     Stop { job: String },
+    /// A job's outputs: the files it wrote to /kiln/outputs.
+    #[command(subcommand)]
+    Artifacts(data::ArtifactsCommand),
+    /// Datasets: named, immutable data that jobs mount read-only.
+    #[command(subcommand)]
+    Dataset(data::DatasetCommand),
 }
 
 fn main() -> ExitCode {
@@ -72,6 +79,8 @@ fn main() -> ExitCode {
             Command::Status { job, output } => commands::status(job, output).await,
             Command::Logs { job, follow } => commands::logs(job, follow).await,
             Command::Stop { job } => commands::stop(job).await,
+            Command::Artifacts(command) => data::artifacts(command).await,
+            Command::Dataset(command) => data::dataset(command).await,
         }
     });
     match result {

@@ -28,18 +28,36 @@ pub struct Bundle {
     pub files: usize,
 }
 
-/// Packs `root` into a bundle.
+/// A byte progress bar on stderr when it is a terminal; hidden otherwise.
+pub fn progress_bar(total: u64, what: &str) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total);
+    let template = format!("{what} {{bar:30}} {{bytes}}/{{total_bytes}} {{bytes_per_sec}}");
+    bar.set_style(ProgressStyle::with_template(&template).expect("valid template"));
+    bar
+}
+
+/// Packs `root` into a bundle, honouring the ignore files.
 pub fn pack(root: &Path) -> Result<Bundle> {
+    pack_with(root, true)
+}
+
+/// Packs `root` into a bundle; with `ignores`, what `.gitignore`, `.ignore` and `.kilnignore`
+/// exclude stays out (a dataset takes everything).
+pub fn pack_with(root: &Path, ignores: bool) -> Result<Bundle> {
     let mut paths = Vec::new();
     let walker = ignore::WalkBuilder::new(root)
         .hidden(false)
-        .git_ignore(true)
+        .ignore(ignores)
+        .git_ignore(ignores)
         .git_global(false)
-        .git_exclude(true)
+        .git_exclude(ignores)
         .require_git(false)
         .follow_links(false)
-        .add_custom_ignore_filename(".kilnignore")
-        .filter_entry(|entry| entry.file_name() != ".git")
+        .add_custom_ignore_filename(if ignores { ".kilnignore" } else { ".kiln-no-ignore-file" })
+        .filter_entry(move |entry| !ignores || entry.file_name() != ".git")
         .build();
     for entry in walker {
         let entry = entry.context("cannot list the working directory")?;
@@ -66,7 +84,7 @@ pub fn pack(root: &Path) -> Result<Bundle> {
         files += 1;
     }
     let bytes = builder.into_inner()?.finish()?;
-    if bytes.len() as u64 > MAX_BUNDLE_BYTES {
+    if ignores && bytes.len() as u64 > MAX_BUNDLE_BYTES {
         bail!(
             "the working directory packs to {} bytes (limit {MAX_BUNDLE_BYTES}); list data in .kilnignore",
             bytes.len()
@@ -81,7 +99,7 @@ pub fn pack(root: &Path) -> Result<Bundle> {
 }
 
 /// Uploads the bundle unless the server has it. Returns true when it was uploaded.
-pub async fn upload(clients: &mut Clients, bundle: &Bundle) -> Result<bool> {
+pub async fn upload(clients: &mut Clients, bundle: &Bundle, what: &str) -> Result<bool> {
     let stat = clients
         .artifacts
         .stat_artifact(pb::StatArtifactRequest {
@@ -93,18 +111,7 @@ pub async fn upload(clients: &mut Clients, bundle: &Bundle) -> Result<bool> {
         return Ok(false);
     }
     let size = bundle.bytes.len() as u64;
-    let progress = if std::io::stderr().is_terminal() {
-        let bar = ProgressBar::new(size);
-        bar.set_style(
-            ProgressStyle::with_template(
-                "uploading code {bar:30} {bytes}/{total_bytes} {bytes_per_sec}",
-            )
-            .expect("valid template"),
-        );
-        bar
-    } else {
-        ProgressBar::hidden()
-    };
+    let progress = progress_bar(size, what);
     let header = pb::UploadArtifactRequest {
         part: Some(Part::Header(pb::ArtifactHeader {
             digest: bundle.digest.clone(),

@@ -9,6 +9,8 @@ use kiln_core::store::{NewArtifact, Store};
 use kiln_proto::v1 as pb;
 use kiln_proto::v1::artifact_service_server::ArtifactService;
 use kiln_proto::v1::upload_artifact_request::Part;
+use futures::Stream;
+use kiln_core::objects::{join, outputs_prefix, relative_path};
 use object_store::{ObjectStore, ObjectStoreExt, WriteMultipart};
 use sha2::{Digest, Sha256};
 use tonic::{Request, Response, Status, Streaming};
@@ -137,8 +139,82 @@ impl ArtifactsApi {
     }
 }
 
+type ChunkStream = std::pin::Pin<Box<dyn Stream<Item = Result<pb::OutputChunk, Status>> + Send>>;
+
+/// Bytes per output chunk sent.
+const OUTPUT_CHUNK: usize = 1 << 20;
+
+impl ArtifactsApi {
+    async fn list_outputs(&self, principal: &kiln_core::auth::Principal, request: pb::ListOutputsRequest) -> Result<Vec<pb::OutputFile>> {
+        let job = crate::jobs::visible_job(&self.store, principal, &request.job_id).await?;
+        let root = outputs_prefix(&job.id);
+        let prefix = if request.prefix.is_empty() {
+            root.clone()
+        } else {
+            let relative = relative_path(&request.prefix)
+                .ok_or_else(|| Error::InvalidArgument(format!("prefix {:?} is not a relative path", request.prefix)))?;
+            join(&root, &relative)
+        };
+        let mut listing = self.objects.list(Some(&root));
+        let mut files = Vec::new();
+        while let Some(meta) = listing.next().await {
+            let meta = meta?;
+            let in_prefix = meta.location == prefix || meta.location.prefix_matches(&prefix);
+            if !in_prefix {
+                continue;
+            }
+            let Some(parts) = meta.location.prefix_match(&root) else { continue };
+            let path: Vec<String> = parts.map(|part| part.as_ref().to_string()).collect();
+            files.push(pb::OutputFile { path: path.join("/"), size: meta.size });
+        }
+        files.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(files)
+    }
+
+    async fn get_output(&self, principal: &kiln_core::auth::Principal, request: pb::GetOutputRequest) -> Result<ChunkStream> {
+        let job = crate::jobs::visible_job(&self.store, principal, &request.job_id).await?;
+        let relative = relative_path(&request.path)
+            .ok_or_else(|| Error::InvalidArgument(format!("path {:?} is not a relative path", request.path)))?;
+        let location = join(&outputs_prefix(&job.id), &relative);
+        let object = match self.objects.get(&location).await {
+            Ok(object) => object,
+            Err(object_store::Error::NotFound { .. }) => {
+                return Err(Error::OutputMissing { job_id: job.id, path: request.path });
+            }
+            Err(error) => return Err(error.into()),
+        };
+        let chunks = object.into_stream().flat_map(|bytes| {
+            let items: Vec<Result<pb::OutputChunk, Status>> = match bytes {
+                Ok(bytes) => bytes
+                    .chunks(OUTPUT_CHUNK)
+                    .map(|chunk| Ok(pb::OutputChunk { data: chunk.to_vec() }))
+                    .collect(),
+                Err(error) => vec![Err(Status::from(Error::from(error)))],
+            };
+            futures::stream::iter(items)
+        });
+        Ok(Box::pin(chunks))
+    }
+}
+
 #[tonic::async_trait]
 impl ArtifactService for ArtifactsApi {
+    #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
+    async fn list_outputs(&self, request: Request<pb::ListOutputsRequest>) -> Result<Response<pb::ListOutputsResponse>, Status> {
+        let principal = user_principal(&request)?;
+        let files = self.list_outputs(&principal, request.into_inner()).await?;
+        Ok(Response::new(pb::ListOutputsResponse { files }))
+    }
+
+    type GetOutputStream = ChunkStream;
+
+    #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
+    async fn get_output(&self, request: Request<pb::GetOutputRequest>) -> Result<Response<Self::GetOutputStream>, Status> {
+        let principal = user_principal(&request)?;
+        let stream = self.get_output(&principal, request.into_inner()).await?;
+        Ok(Response::new(stream))
+    }
+
     #[tracing::instrument(skip_all, fields(digest = %request.get_ref().digest))]
     async fn stat_artifact(
         &self,

@@ -12,6 +12,12 @@ pub enum Error {
     JobNotFound { job_id: String },
     #[error("code bundle {digest} is not uploaded; upload it with ArtifactService first")]
     ArtifactMissing { digest: String },
+    #[error("dataset {name} does not exist; create it with `kiln dataset create`")]
+    DatasetMissing { name: String },
+    #[error("dataset {name} exists already; datasets are immutable, pick another name")]
+    DatasetExists { name: String },
+    #[error("job {job_id} has no output {path}")]
+    OutputMissing { job_id: String, path: String },
     #[error("{0}")]
     TooLarge(String),
     #[error(transparent)]
@@ -38,8 +44,10 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::InvalidArgument(_) => ErrorKind::InvalidArgument,
-            Error::JobNotFound { .. } => ErrorKind::NotFound,
+            Error::JobNotFound { .. } | Error::OutputMissing { .. } => ErrorKind::NotFound,
             Error::ArtifactMissing { .. } => ErrorKind::FailedPrecondition,
+            Error::DatasetMissing { .. } => ErrorKind::FailedPrecondition,
+            Error::DatasetExists { .. } => ErrorKind::AlreadyExists,
             Error::TooLarge(_) => ErrorKind::ResourceExhausted,
             Error::Store(error) => error.kind(),
             Error::Nats(error) => error.kind(),

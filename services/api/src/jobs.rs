@@ -36,18 +36,8 @@ pub struct JobsApi {
 }
 
 impl JobsApi {
-    /// Reads a job the caller may see; others' jobs read as not found, so ids do not leak.
     async fn visible_job(&self, principal: &Principal, job_id: &str) -> Result<JobRecord> {
-        let job_id = parse_id("job", job_id).map_err(Error::InvalidArgument)?;
-        let job = match self.store.job(&job_id).await {
-            Ok(job) => job,
-            Err(StoreError::JobNotFound { job_id }) => return Err(Error::JobNotFound { job_id }),
-            Err(error) => return Err(error.into()),
-        };
-        if job.owner_id != principal.user_id && !principal.is_admin {
-            return Err(Error::JobNotFound { job_id });
-        }
-        Ok(job)
+        visible_job(&self.store, principal, job_id).await
     }
 
     async fn submit(&self, principal: &Principal, spec: Option<pb::JobSpec>) -> Result<JobRecord> {
@@ -56,6 +46,11 @@ impl JobsApi {
             return Err(Error::ArtifactMissing {
                 digest: new.code_digest,
             });
+        }
+        for name in &new.datasets {
+            if self.store.dataset(name).await?.is_none() {
+                return Err(Error::DatasetMissing { name: name.clone() });
+            }
         }
         let job = self.store.insert_job(new).await?;
         tracing::info!(job_id = %job.id, owner = %principal.user_name, "job submitted");
@@ -112,6 +107,20 @@ impl JobsApi {
             "job {job_id} keeps changing; try again"
         )))
     }
+}
+
+/// Reads a job the caller may see; others' jobs read as not found, so ids do not leak.
+pub(crate) async fn visible_job(store: &Store, principal: &Principal, job_id: &str) -> Result<JobRecord> {
+    let job_id = parse_id("job", job_id).map_err(Error::InvalidArgument)?;
+    let job = match store.job(&job_id).await {
+        Ok(job) => job,
+        Err(StoreError::JobNotFound { job_id }) => return Err(Error::JobNotFound { job_id }),
+        Err(error) => return Err(error.into()),
+    };
+    if job.owner_id != principal.user_id && !principal.is_admin {
+        return Err(Error::JobNotFound { job_id });
+    }
+    Ok(job)
 }
 
 /// Checks a submitted spec and turns it into a record, or says what is wrong.
@@ -191,6 +200,20 @@ fn validate_spec(principal: &Principal, spec: Option<pb::JobSpec>) -> Result<New
             spec.code_digest
         )));
     }
+    if !spec.image.is_empty() && !valid_image(&spec.image) {
+        return Err(Error::InvalidArgument(format!("image {:?} is not a valid image reference", spec.image)));
+    }
+    if spec.gpus > MAX_GPUS {
+        return Err(Error::InvalidArgument(format!("gpus is {}; at most {MAX_GPUS}", spec.gpus)));
+    }
+    if spec.gpus > 0 && spec.image.is_empty() {
+        return Err(Error::InvalidArgument("gpus need a container image (--image)".into()));
+    }
+    let max_runtime_secs = i64::try_from(spec.max_runtime_secs)
+        .map_err(|_| Error::InvalidArgument("max_runtime_secs is too large".into()))?;
+    for name in &spec.datasets {
+        validate_dataset_name(name)?;
+    }
     Ok(NewJob {
         owner_id: principal.user_id.clone(),
         project,
@@ -200,7 +223,30 @@ fn validate_spec(principal: &Principal, spec: Option<pb::JobSpec>) -> Result<New
         cpu_millis: i64::from(resources.cpu_millis),
         memory_bytes,
         code_digest: spec.code_digest,
+        image: spec.image,
+        gpus: i32::try_from(spec.gpus).unwrap_or(0),
+        max_runtime_secs,
+        datasets: spec.datasets,
     })
+}
+
+/// Most GPUs one job may ask for.
+const MAX_GPUS: u32 = 16;
+
+/// Tells whether `image` looks like an image reference (`name[:tag][@digest]`).
+fn valid_image(image: &str) -> bool {
+    image.len() <= 255
+        && !image.starts_with(['-', '/', ':', '@'])
+        && image.chars().all(|c| c.is_ascii_alphanumeric() || "._-/:@".contains(c))
+}
+
+/// Checks a dataset name: it becomes a directory name under /kiln/data.
+pub(crate) fn validate_dataset_name(name: &str) -> Result<()> {
+    subjects::validate_token("dataset", name).map_err(Error::InvalidArgument)?;
+    if name.starts_with(['-', '_']) {
+        return Err(Error::InvalidArgument(format!("dataset {name:?} must start with a letter or digit")));
+    }
+    Ok(())
 }
 
 type JobStream = Pin<Box<dyn Stream<Item = Result<pb::Job, Status>> + Send>>;

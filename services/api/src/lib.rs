@@ -2,7 +2,8 @@
 //! writer of user-facing state.
 //!
 //! - [`jobs`]: `JobService` (submit, get, list, stop, watch);
-//! - [`artifacts`]: `ArtifactService` (content-addressed code bundles);
+//! - [`artifacts`]: `ArtifactService` (content-addressed code bundles, job outputs);
+//! - [`datasets`]: `DatasetService` (named, immutable archives mounted read-only by jobs);
 //! - reconciler: at start and then periodically, publishes QUEUED and STOPPED changes that
 //!   were committed but not published (a crash or a NATS outage between the two);
 //! - [`config`], [`error`], [`grpc`]: configuration, the error type and its mapping to statuses.
@@ -18,6 +19,7 @@ use kiln_core::store::Store;
 use kiln_core::streams::Nats;
 use kiln_core::{JobState, objects, streams};
 use kiln_proto::v1::artifact_service_server::ArtifactServiceServer;
+use kiln_proto::v1::dataset_service_server::DatasetServiceServer;
 use kiln_proto::v1::job_service_server::JobServiceServer;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -25,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 pub mod artifacts;
 pub mod config;
+pub mod datasets;
 pub mod error;
 pub mod grpc;
 pub mod jobs;
@@ -100,6 +103,7 @@ impl Api {
             .add_service(health_service)
             .add_service(JobServiceServer::new(jobs))
             .add_service(ArtifactServiceServer::new(artifacts))
+            .add_service(DatasetServiceServer::new(datasets::DatasetsApi { store: self.store.clone() }))
             .serve_with_incoming_shutdown(
                 TcpListenerStream::new(self.listener),
                 shutdown.clone().cancelled_owned(),

@@ -26,3 +26,36 @@ pub fn artifact_path(digest: &str) -> ObjectPath {
 pub fn is_sha256_hex(text: &str) -> bool {
     text.len() == 64 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
+
+/// Where a job's synced outputs live: `outputs/<job>/<path>`.
+pub fn outputs_prefix(job_id: &str) -> ObjectPath {
+    ObjectPath::from(format!("outputs/{job_id}"))
+}
+
+/// Appends a relative path to a base path.
+pub fn join(base: &ObjectPath, relative: &ObjectPath) -> ObjectPath {
+    ObjectPath::from_iter(base.parts().chain(relative.parts()))
+}
+
+/// Checks a relative path given by a user or a job (`a/b.txt`): only normal components.
+pub fn relative_path(text: &str) -> Option<ObjectPath> {
+    let parts: Vec<&str> = text.split('/').filter(|part| !part.is_empty() && *part != ".").collect();
+    if parts.is_empty() || parts.iter().any(|part| *part == ".." || part.contains('\0')) {
+        return None;
+    }
+    ObjectPath::parse(parts.join("/")).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_paths_stay_relative() {
+        assert_eq!(relative_path("a/./b.txt").unwrap().as_ref(), "a/b.txt");
+        assert_eq!(relative_path("/model.txt").unwrap().as_ref(), "model.txt");
+        assert!(relative_path("../x").is_none());
+        assert!(relative_path("a/../../x").is_none());
+        assert!(relative_path("").is_none());
+    }
+}

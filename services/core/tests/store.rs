@@ -16,7 +16,7 @@ fn new_job(owner: &str) -> NewJob {
         env: BTreeMap::from([("SEED".into(), "1".into())]),
         cpu_millis: 1500,
         memory_bytes: 1 << 30,
-        code_digest: String::new(),
+        ..NewJob::default()
     }
 }
 

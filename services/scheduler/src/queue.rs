@@ -88,6 +88,10 @@ mod tests {
             updated_at_ms: 0,
             started_at_ms: None,
             finished_at_ms: None,
+            image: String::new(),
+            gpus: 0,
+            max_runtime_secs: 0,
+            datasets_json: "[]".into(),
         }
     }
 

@@ -71,6 +71,10 @@ pub mod job {
         pub updated_at_ms: i64,
         pub started_at_ms: Option<i64>,
         pub finished_at_ms: Option<i64>,
+        pub image: String,
+        pub gpus: i32,
+        pub max_runtime_secs: i64,
+        pub datasets_json: String,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
@@ -86,6 +90,26 @@ pub mod artifact {
     #[sea_orm(table_name = "artifacts")]
     pub struct Model {
         #[sea_orm(primary_key, auto_increment = false)]
+        pub digest: String,
+        pub size: i64,
+        pub created_by: String,
+        pub created_at_ms: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+pub mod dataset {
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "datasets")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub name: String,
         pub digest: String,
         pub size: i64,
         pub created_by: String,

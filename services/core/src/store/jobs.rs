@@ -21,6 +21,10 @@ pub struct NewJob {
     pub cpu_millis: i64,
     pub memory_bytes: i64,
     pub code_digest: String,
+    pub image: String,
+    pub gpus: i32,
+    pub max_runtime_secs: i64,
+    pub datasets: Vec<String>,
 }
 
 /// Fields a transition sets besides the state.
@@ -46,6 +50,10 @@ impl JobRecord {
 
     pub fn env(&self) -> StoreResult<BTreeMap<String, String>> {
         serde_json::from_str(&self.env_json).map_err(|e| StoreError::Corrupt(e.to_string()))
+    }
+
+    pub fn datasets(&self) -> StoreResult<Vec<String>> {
+        serde_json::from_str(&self.datasets_json).map_err(|e| StoreError::Corrupt(e.to_string()))
     }
 }
 
@@ -80,6 +88,10 @@ impl Store {
             updated_at_ms: Set(now),
             started_at_ms: Set(None),
             finished_at_ms: Set(None),
+            image: Set(new.image),
+            gpus: Set(new.gpus),
+            max_runtime_secs: Set(new.max_runtime_secs),
+            datasets_json: Set(serde_json::to_string(&new.datasets).map_err(|e| StoreError::Corrupt(e.to_string()))?),
         };
         let id = model.id.clone().unwrap();
         Jobs::insert(model).exec_without_returning(&self.db).await?;
@@ -262,6 +274,10 @@ impl JobRecord {
                 }),
                 code_digest: self.code_digest.clone(),
                 project: self.project.clone(),
+                image: self.image.clone(),
+                gpus: u32::try_from(self.gpus).unwrap_or(0),
+                max_runtime_secs: u64::try_from(self.max_runtime_secs).unwrap_or(0),
+                datasets: self.datasets().unwrap_or_default(),
             }),
             state: state as i32,
             version: self.version,

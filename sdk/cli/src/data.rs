@@ -1,0 +1,142 @@
+//! `kiln artifacts` (a job's synced outputs) and `kiln dataset` (named read-only data).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use futures::StreamExt;
+use kiln_proto::v1 as pb;
+use tabled::settings::Style;
+use tokio::io::AsyncWriteExt;
+
+use crate::client;
+use crate::format::{self, bytes};
+use crate::pack;
+
+#[derive(Debug, clap::Subcommand)]
+pub enum ArtifactsCommand {
+    /// List the files a job wrote to /kiln/outputs.
+    Ls {
+        job: String,
+        /// Only files under this path.
+        prefix: Option<String>,
+    },
+    /// Download a job's outputs (all, or the files under PATH).
+    Get {
+        job: String,
+        path: Option<String>,
+        /// Directory to write into (default: the current directory).
+        #[arg(long, default_value = ".")]
+        dest: PathBuf,
+    },
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum DatasetCommand {
+    /// Upload a directory as a dataset (immutable; jobs mount it with --dataset NAME).
+    Create {
+        name: String,
+        #[arg(long)]
+        from: PathBuf,
+    },
+    /// List datasets.
+    Ls,
+}
+
+pub async fn artifacts(command: ArtifactsCommand) -> Result<ExitCode> {
+    let mut clients = client::connect(&client::resolve()?).await?;
+    match command {
+        ArtifactsCommand::Ls { job, prefix } => {
+            let request = pb::ListOutputsRequest { job_id: job, prefix: prefix.unwrap_or_default() };
+            let files = clients.artifacts.list_outputs(request).await?.into_inner().files;
+            for file in files {
+                println!("{:>10}  {}", bytes(file.size), file.path);
+            }
+        }
+        ArtifactsCommand::Get { job, path, dest } => {
+            let request = pb::ListOutputsRequest { job_id: job.clone(), prefix: path.clone().unwrap_or_default() };
+            let files = clients.artifacts.list_outputs(request).await?.into_inner().files;
+            if files.is_empty() {
+                bail!("job {job} has no outputs{}", path.map(|p| format!(" under {p}")).unwrap_or_default());
+            }
+            let total: u64 = files.iter().map(|f| f.size).sum();
+            let progress = pack::progress_bar(total, "downloading");
+            for file in &files {
+                let target = safe_join(&dest, &file.path)?;
+                if let Some(parent) = target.parent() {
+                    tokio::fs::create_dir_all(parent).await?;
+                }
+                let mut out = tokio::fs::File::create(&target)
+                    .await
+                    .with_context(|| format!("cannot write {}", target.display()))?;
+                let request = pb::GetOutputRequest { job_id: job.clone(), path: file.path.clone() };
+                let mut chunks = clients.artifacts.get_output(request).await?.into_inner();
+                while let Some(chunk) = chunks.next().await {
+                    let chunk = chunk?;
+                    out.write_all(&chunk.data).await?;
+                    progress.inc(chunk.data.len() as u64);
+                }
+                out.flush().await?;
+            }
+            progress.finish_and_clear();
+            eprintln!("{} files, {} written to {}", files.len(), bytes(total), dest.display());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Joins a server-given relative path to `dest`, refusing anything that would leave it.
+fn safe_join(dest: &Path, relative: &str) -> Result<PathBuf> {
+    let mut path = dest.to_path_buf();
+    for part in relative.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => bail!("refusing output path {relative:?}"),
+            part => path.push(part),
+        }
+    }
+    Ok(path)
+}
+
+pub async fn dataset(command: DatasetCommand) -> Result<ExitCode> {
+    let mut clients = client::connect(&client::resolve()?).await?;
+    match command {
+        DatasetCommand::Create { name, from } => {
+            if !from.is_dir() {
+                bail!("{} is not a directory", from.display());
+            }
+            let bundle = tokio::task::spawn_blocking(move || pack::pack_with(&from, false)).await??;
+            pack::upload(&mut clients, &bundle, "uploading dataset").await?;
+            let request = pb::CreateDatasetRequest { name, digest: bundle.digest.clone() };
+            let dataset = clients.datasets.create_dataset(request).await?.into_inner();
+            println!("dataset {} created: {} files, {}", dataset.name, bundle.files, bytes(dataset.size));
+        }
+        DatasetCommand::Ls => {
+            let datasets = clients.datasets.list_datasets(pb::ListDatasetsRequest {}).await?.into_inner().datasets;
+            let mut builder = tabled::builder::Builder::default();
+            builder.push_record(["NAME", "SIZE", "CREATED BY", "AGE", "DIGEST"]);
+            for dataset in datasets {
+                builder.push_record([
+                    dataset.name,
+                    bytes(dataset.size),
+                    dataset.created_by,
+                    format::age(dataset.created_at_ms),
+                    dataset.digest[..12.min(dataset.digest.len())].to_string(),
+                ]);
+            }
+            println!("{}", builder.build().with(Style::blank()));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_paths_stay_in_dest() {
+        assert_eq!(safe_join(Path::new("/d"), "a/b.txt").unwrap(), Path::new("/d/a/b.txt"));
+        assert!(safe_join(Path::new("/d"), "../x").is_err());
+    }
+}
