@@ -2,11 +2,7 @@
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
-    let protos = [
-        "kiln/v1/job.proto",
-        "kiln/v1/artifact.proto",
-        "kiln/v1/log.proto",
-    ];
+    let protos = ["kiln/v1/job.proto", "kiln/v1/artifact.proto", "kiln/v1/log.proto"];
     for proto in &protos {
         println!("cargo:rerun-if-changed={proto}");
     }

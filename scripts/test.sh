@@ -3,6 +3,10 @@
 #   - scripts/setup.sh (packages, nats-server 2.15.1, build)
 #   - a throw-away Postgres 15 cluster in a temp dir (KILN_TEST_DATABASE_URL)
 #   - nats-server: the tests start their own, one per test, from KILN_TEST_NATS_SERVER
+#   - a Docker Engine: the one at DOCKER_HOST or /var/run/docker.sock when it answers, else a
+#     dockerd started here (KILN_TEST_DOCKER_HOST), and a test image built locally from
+#     busybox-static with `docker import` (no registry is needed), cached by content
+#     (KILN_TEST_IMAGE)
 # then cargo fmt --check, clippy -D warnings, and cargo test for the whole workspace.
 set -euo pipefail
 
@@ -28,9 +32,13 @@ if [ "$(id -u)" = 0 ]; then
   chown postgres "$pg_dir"
   as_pg=(runuser -u postgres --)
 fi
+docker_dir=""
 cleanup() {
   "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$pg_dir/data" -m immediate stop >/dev/null 2>&1 || true
   rm -rf "$pg_dir"
+  if [ -n "$docker_dir" ] && [ -f "$docker_dir/docker.pid" ]; then
+    kill "$(cat "$docker_dir/docker.pid")" 2>/dev/null || true
+  fi
 }
 trap cleanup EXIT
 log "starting Postgres on 127.0.0.1:$pg_port"
@@ -38,6 +46,28 @@ log "starting Postgres on 127.0.0.1:$pg_port"
 "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$pg_dir/data" -l "$pg_dir/postgres.log" -w -o \
   "-k $pg_dir -p $pg_port -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=300" start >/dev/null
 export KILN_TEST_DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/postgres"
+
+# --- Docker Engine ---------------------------------------------------------------------------
+docker_host=${DOCKER_HOST:-unix:///var/run/docker.sock}
+if ! DOCKER_HOST="$docker_host" docker info >/dev/null 2>&1; then
+  # Images persist across runs in the data root; the run-time state lives in a temp dir.
+  docker_root=${KILN_TEST_DOCKER_ROOT:-/var/lib/kiln-test-docker}
+  docker_dir=$(mktemp -d /tmp/kiln-test-docker.XXXXXX)
+  docker_host="unix://$docker_dir/docker.sock"
+  log "starting dockerd ($docker_host, data in $docker_root)"
+  mkdir -p "$docker_root"
+  dockerd --host "$docker_host" --data-root "$docker_root" --exec-root "$docker_dir/exec" \
+    --pidfile "$docker_dir/docker.pid" >"$docker_dir/dockerd.log" 2>&1 &
+  for _ in $(seq 1 100); do
+    DOCKER_HOST="$docker_host" docker info >/dev/null 2>&1 && break
+    sleep 0.2
+  done
+  DOCKER_HOST="$docker_host" docker info >/dev/null 2>&1 || { cat "$docker_dir/dockerd.log" >&2; echo "test: dockerd did not start" >&2; exit 1; }
+fi
+export KILN_TEST_DOCKER_HOST="$docker_host"
+export KILN_TEST_IMAGE
+KILN_TEST_IMAGE=$(DOCKER_HOST="$docker_host" "$repo/scripts/test-image.sh")
+log "docker engine $(DOCKER_HOST="$docker_host" docker version --format '{{.Server.Version}} (API {{.Server.APIVersion}})'), test image $KILN_TEST_IMAGE"
 
 # --- checks and tests ------------------------------------------------------------------------
 cd "$repo"

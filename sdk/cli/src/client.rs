@@ -58,9 +58,7 @@ pub fn resolve() -> Result<Credentials> {
     let home = kiln_home();
     let path = credentials_path(&home);
     let file: Option<Credentials> = match std::fs::read_to_string(&path) {
-        Ok(text) => Some(
-            toml::from_str(&text).with_context(|| format!("cannot parse {}", path.display()))?,
-        ),
+        Ok(text) => Some(toml::from_str(&text).with_context(|| format!("cannot parse {}", path.display()))?),
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => None,
         Err(error) => return Err(error).with_context(|| format!("cannot read {}", path.display())),
     };

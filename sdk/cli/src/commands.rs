@@ -106,9 +106,7 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
     print_logs(&mut clients, &job.id, true).await?;
     let job = clients
         .jobs
-        .get_job(pb::GetJobRequest {
-            job_id: job.id.clone(),
-        })
+        .get_job(pb::GetJobRequest { job_id: job.id.clone() })
         .await?
         .into_inner();
     let state = pb::JobState::try_from(job.state).unwrap_or(pb::JobState::Unspecified);
@@ -183,11 +181,7 @@ pub async fn ps(all: bool, output: Output) -> Result<ExitCode> {
 
 pub async fn status(job_id: String, output: Output) -> Result<ExitCode> {
     let mut clients = client::connect(&client::resolve()?).await?;
-    let job = clients
-        .jobs
-        .get_job(pb::GetJobRequest { job_id })
-        .await?
-        .into_inner();
+    let job = clients.jobs.get_job(pb::GetJobRequest { job_id }).await?.into_inner();
     let json = job_json(&job);
     if output == Output::Json {
         println!("{}", serde_json::to_string_pretty(&json)?);
@@ -214,18 +208,10 @@ pub async fn logs(job_id: String, follow: bool) -> Result<ExitCode> {
 
 pub async fn stop(job_id: String) -> Result<ExitCode> {
     let mut clients = client::connect(&client::resolve()?).await?;
-    let job = clients
-        .jobs
-        .stop_job(pb::StopJobRequest { job_id })
-        .await?
-        .into_inner();
+    let job = clients.jobs.stop_job(pb::StopJobRequest { job_id }).await?.into_inner();
     let state = state_name(job.state);
-    if job.stop_requested && !matches!(state.as_str(), "STOPPED" | "SUCCEEDED" | "FAILED" | "LOST")
-    {
-        println!(
-            "{} stopping (SIGTERM, then SIGKILL after the grace period)",
-            job.id
-        );
+    if job.stop_requested && !matches!(state.as_str(), "STOPPED" | "SUCCEEDED" | "FAILED" | "LOST") {
+        println!("{} stopping (SIGTERM, then SIGKILL after the grace period)", job.id);
     } else {
         println!("{} {state}", job.id);
     }

@@ -47,17 +47,26 @@ pub async fn artifacts(command: ArtifactsCommand) -> Result<ExitCode> {
     let mut clients = client::connect(&client::resolve()?).await?;
     match command {
         ArtifactsCommand::Ls { job, prefix } => {
-            let request = pb::ListOutputsRequest { job_id: job, prefix: prefix.unwrap_or_default() };
+            let request = pb::ListOutputsRequest {
+                job_id: job,
+                prefix: prefix.unwrap_or_default(),
+            };
             let files = clients.artifacts.list_outputs(request).await?.into_inner().files;
             for file in files {
                 println!("{:>10}  {}", bytes(file.size), file.path);
             }
         }
         ArtifactsCommand::Get { job, path, dest } => {
-            let request = pb::ListOutputsRequest { job_id: job.clone(), prefix: path.clone().unwrap_or_default() };
+            let request = pb::ListOutputsRequest {
+                job_id: job.clone(),
+                prefix: path.clone().unwrap_or_default(),
+            };
             let files = clients.artifacts.list_outputs(request).await?.into_inner().files;
             if files.is_empty() {
-                bail!("job {job} has no outputs{}", path.map(|p| format!(" under {p}")).unwrap_or_default());
+                bail!(
+                    "job {job} has no outputs{}",
+                    path.map(|p| format!(" under {p}")).unwrap_or_default()
+                );
             }
             let total: u64 = files.iter().map(|f| f.size).sum();
             let progress = pack::progress_bar(total, "downloading");
@@ -69,7 +78,10 @@ pub async fn artifacts(command: ArtifactsCommand) -> Result<ExitCode> {
                 let mut out = tokio::fs::File::create(&target)
                     .await
                     .with_context(|| format!("cannot write {}", target.display()))?;
-                let request = pb::GetOutputRequest { job_id: job.clone(), path: file.path.clone() };
+                let request = pb::GetOutputRequest {
+                    job_id: job.clone(),
+                    path: file.path.clone(),
+                };
                 let mut chunks = clients.artifacts.get_output(request).await?.into_inner();
                 while let Some(chunk) = chunks.next().await {
                     let chunk = chunk?;
@@ -107,12 +119,25 @@ pub async fn dataset(command: DatasetCommand) -> Result<ExitCode> {
             }
             let bundle = tokio::task::spawn_blocking(move || pack::pack_with(&from, false)).await??;
             pack::upload(&mut clients, &bundle, "uploading dataset").await?;
-            let request = pb::CreateDatasetRequest { name, digest: bundle.digest.clone() };
+            let request = pb::CreateDatasetRequest {
+                name,
+                digest: bundle.digest.clone(),
+            };
             let dataset = clients.datasets.create_dataset(request).await?.into_inner();
-            println!("dataset {} created: {} files, {}", dataset.name, bundle.files, bytes(dataset.size));
+            println!(
+                "dataset {} created: {} files, {}",
+                dataset.name,
+                bundle.files,
+                bytes(dataset.size)
+            );
         }
         DatasetCommand::Ls => {
-            let datasets = clients.datasets.list_datasets(pb::ListDatasetsRequest {}).await?.into_inner().datasets;
+            let datasets = clients
+                .datasets
+                .list_datasets(pb::ListDatasetsRequest {})
+                .await?
+                .into_inner()
+                .datasets;
             let mut builder = tabled::builder::Builder::default();
             builder.push_record(["NAME", "SIZE", "CREATED BY", "AGE", "DIGEST"]);
             for dataset in datasets {

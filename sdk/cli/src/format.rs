@@ -28,9 +28,9 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
             ));
         }
     };
-    let value: f64 = number.parse().map_err(|_| {
-        format!("{text:?} is not a size: use a number with K, M, G or T, such as 512M or 4G")
-    })?;
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size: use a number with K, M, G or T, such as 512M or 4G"))?;
     if !value.is_finite() || value < 0.0 {
         return Err(format!("{text:?} is not a size"));
     }
@@ -58,7 +58,11 @@ pub fn parse_duration_secs(text: &str) -> Result<u64, String> {
         "m" => 60,
         "h" => 3600,
         "d" => 86_400,
-        _ => return Err(format!("{text:?} is not a duration: use a number with s, m, h or d, such as 30m")),
+        _ => {
+            return Err(format!(
+                "{text:?} is not a duration: use a number with s, m, h or d, such as 30m"
+            ));
+        }
     };
     let value: u64 = number
         .parse()

@@ -14,11 +14,7 @@ mod up;
 use commands::Output;
 
 #[derive(Parser)]
-#[command(
-    name = "kiln",
-    version,
-    about = "Run machine-learning jobs on rented machines"
-)]
+#[command(name = "kiln", version, about = "Run machine-learning jobs on rented machines")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -61,10 +57,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("error: cannot start the runtime: {error}");

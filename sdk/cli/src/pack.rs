@@ -75,9 +75,7 @@ pub fn pack_with(root: &Path, ignores: bool) -> Result<Bundle> {
     builder.follow_symlinks(false);
     let mut files = 0;
     for path in &paths {
-        let relative = path
-            .strip_prefix(root)
-            .expect("walked paths are under the root");
+        let relative = path.strip_prefix(root).expect("walked paths are under the root");
         builder
             .append_path_with_name(path, relative)
             .with_context(|| format!("cannot pack {}", path.display()))?;
@@ -91,11 +89,7 @@ pub fn pack_with(root: &Path, ignores: bool) -> Result<Bundle> {
         );
     }
     let digest = hex::encode(Sha256::digest(&bytes));
-    Ok(Bundle {
-        bytes,
-        digest,
-        files,
-    })
+    Ok(Bundle { bytes, digest, files })
 }
 
 /// Uploads the bundle unless the server has it. Returns true when it was uploaded.
@@ -126,18 +120,12 @@ pub async fn upload(clients: &mut Clients, bundle: &Bundle, what: &str) -> Resul
         })
         .collect();
     let bar = progress.clone();
-    let messages = stream::iter(std::iter::once(header).chain(chunks.into_iter().inspect(
-        move |m| {
-            if let Some(Part::Chunk(chunk)) = &m.part {
-                bar.inc(chunk.len() as u64);
-            }
-        },
-    )));
-    let response = clients
-        .artifacts
-        .upload_artifact(messages)
-        .await?
-        .into_inner();
+    let messages = stream::iter(std::iter::once(header).chain(chunks.into_iter().inspect(move |m| {
+        if let Some(Part::Chunk(chunk)) = &m.part {
+            bar.inc(chunk.len() as u64);
+        }
+    })));
+    let response = clients.artifacts.upload_artifact(messages).await?.into_inner();
     progress.finish_and_clear();
     std::io::stderr().flush().ok();
     Ok(response.created)
@@ -179,10 +167,7 @@ mod tests {
         assert!(names.contains(&"src/train.py".to_string()), "{names:?}");
         assert!(names.contains(&".gitignore".to_string()), "{names:?}");
         for excluded in ["notes.log", "data/big.bin", ".git/HEAD"] {
-            assert!(
-                !names.iter().any(|n| n == excluded),
-                "{excluded} in {names:?}"
-            );
+            assert!(!names.iter().any(|n| n == excluded), "{excluded} in {names:?}");
         }
     }
 

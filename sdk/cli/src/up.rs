@@ -35,9 +35,22 @@ pub struct UpArgs {
     /// The nats-server binary to start (default: nats-server on PATH, else KILN_HOME/tools/bin).
     #[arg(long, env = "KILN_NATS_SERVER")]
     pub nats_server: Option<PathBuf>,
+    /// Where jobs run: docker when an engine answers (default), else local processes.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub provider: ProviderArg,
+    /// The Docker Engine to use (default: DOCKER_HOST, else the local socket).
+    #[arg(long, env = "DOCKER_HOST")]
+    pub docker_host: Option<String>,
     /// Time a stopped job gets between SIGTERM and SIGKILL, in seconds.
     #[arg(long, default_value_t = 10)]
     pub grace_period: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProviderArg {
+    Auto,
+    Docker,
+    Process,
 }
 
 /// A nats-server started by `kiln up`, stopped with it.
@@ -48,14 +61,11 @@ struct NatsChild {
 
 impl NatsChild {
     async fn start(binary: &Path, home: &Path) -> Result<NatsChild> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let store_dir = home.join("nats");
         std::fs::create_dir_all(&store_dir)?;
         let log_path = home.join("nats.log");
-        let log = File::create(&log_path)
-            .with_context(|| format!("cannot create {}", log_path.display()))?;
+        let log = File::create(&log_path).with_context(|| format!("cannot create {}", log_path.display()))?;
         let mut child = Command::new(binary)
             .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
             .arg(&store_dir)
@@ -67,20 +77,14 @@ impl NatsChild {
             .with_context(|| format!("cannot start {}", binary.display()))?;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
         loop {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .is_ok()
-            {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
                 break;
             }
             if let Some(status) = child.try_wait()? {
                 bail!("nats-server exited ({status}); see {}", log_path.display());
             }
             if tokio::time::Instant::now() > deadline {
-                bail!(
-                    "nats-server did not start within 15s; see {}",
-                    log_path.display()
-                );
+                bail!("nats-server did not start within 15s; see {}", log_path.display());
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -93,10 +97,7 @@ impl NatsChild {
     /// Stops the server gracefully (SIGTERM), killing it after 10 seconds.
     async fn stop(mut self) {
         if let Some(pid) = self.child.id().and_then(|pid| i32::try_from(pid).ok()) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGTERM,
-            );
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
         }
         if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
             .await
@@ -173,9 +174,7 @@ pub async fn up(args: UpArgs) -> Result<ExitCode> {
 
     let nats_child = match &args.nats_url {
         Some(_) => None,
-        None => Some(
-            NatsChild::start(&find_nats_server(args.nats_server.clone(), &home)?, &home).await?,
-        ),
+        None => Some(NatsChild::start(&find_nats_server(args.nats_server.clone(), &home)?, &home).await?),
     };
     let nats_url = args
         .nats_url
@@ -193,10 +192,7 @@ pub async fn up(args: UpArgs) -> Result<ExitCode> {
 
 async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str) -> Result<()> {
     let database = DatabaseConfig {
-        url: DatabaseUrl::new(format!(
-            "sqlite://{}?mode=rwc",
-            home.join("kiln.db").display()
-        )),
+        url: DatabaseUrl::new(format!("sqlite://{}?mode=rwc", home.join("kiln.db").display())),
         max_connections: 8,
     };
     let nats = NatsConfig {
@@ -212,9 +208,7 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str) -> Result<()> {
     let token_file = home.join("admin.token");
 
     let api = kiln_api::Api::bind(kiln_api::Config {
-        grpc: GrpcConfig {
-            listen: args.api_addr,
-        },
+        grpc: GrpcConfig { listen: args.api_addr },
         database: database.clone(),
         nats: nats.clone(),
         objects: objects.clone(),
@@ -224,9 +218,7 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str) -> Result<()> {
     .await?;
     let api_addr = api.local_addr();
     let logs = kiln_log_ingest::LogIngest::bind(kiln_log_ingest::Config {
-        grpc: GrpcConfig {
-            listen: args.logs_addr,
-        },
+        grpc: GrpcConfig { listen: args.logs_addr },
         database: database.clone(),
         nats: nats.clone(),
         log_store: kiln_log_ingest::config::LogStoreConfig {
@@ -251,11 +243,29 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str) -> Result<()> {
         work_dir: home.join("work"),
         stop_grace_period_ms: args.grace_period * 1000,
         api_url: format!("http://{api_addr}"),
+        provider: match args.provider {
+            ProviderArg::Auto => kiln_runner::ProviderKind::Auto,
+            ProviderArg::Docker => kiln_runner::ProviderKind::Docker,
+            ProviderArg::Process => kiln_runner::ProviderKind::Process,
+        },
+        docker: kiln_runner::provider::docker::DockerConfig {
+            host: args
+                .docker_host
+                .clone()
+                .unwrap_or_else(|| kiln_runner::provider::docker::DockerConfig::default().host),
+            ..Default::default()
+        },
         ..Default::default()
     })
     .await?;
-    let batches =
-        kiln_item_batch::ItemBatch::bind(kiln_item_batch::Config { grpc: ephemeral }).await?;
+    let provider = match runner.provider_name() {
+        "docker" => format!(
+            "docker (engine at {}; jobs need --image)",
+            args.docker_host.as_deref().unwrap_or("unix:///var/run/docker.sock")
+        ),
+        other => format!("{other} (jobs run as local processes; no Docker engine answered)"),
+    };
+    let batches = kiln_item_batch::ItemBatch::bind(kiln_item_batch::Config { grpc: ephemeral }).await?;
 
     let token = std::fs::read_to_string(&token_file)
         .with_context(|| format!("cannot read the admin token from {}", token_file.display()))?
@@ -272,7 +282,7 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str) -> Result<()> {
     println!("  logs:     {}", credentials.logs);
     println!("  nats:     {nats_url}");
     println!("  data:     {}", home.display());
-    println!("  provider: process (jobs run as local processes)");
+    println!("  provider: {provider}");
     println!(
         "the CLI reads {}; Ctrl-C stops everything",
         client::credentials_path(home).display()
@@ -286,12 +296,7 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str) -> Result<()> {
     let token = shutdown.clone();
     services.spawn(async move { ("log-ingest", logs.serve(token).await.map_err(Into::into)) });
     let token = shutdown.clone();
-    services.spawn(async move {
-        (
-            "scheduler",
-            scheduler.serve(token).await.map_err(Into::into),
-        )
-    });
+    services.spawn(async move { ("scheduler", scheduler.serve(token).await.map_err(Into::into)) });
     let token = shutdown.clone();
     services.spawn(async move { ("runner", runner.serve(token).await.map_err(Into::into)) });
     let token = shutdown.clone();

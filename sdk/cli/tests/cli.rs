@@ -12,18 +12,33 @@ struct Up {
     child: Child,
     home: tempfile::TempDir,
     project: tempfile::TempDir,
+    flags: Vec<String>,
 }
 
 impl Up {
+    /// Starts `kiln up` with the `process` provider.
     fn start() -> Up {
+        Up::start_with(&["--provider", "process"])
+    }
+
+    /// Starts `kiln up` with the `docker` provider on the test engine.
+    fn start_docker() -> Up {
+        let host = std::env::var("KILN_TEST_DOCKER_HOST")
+            .expect("KILN_TEST_DOCKER_HOST is not set: run the tests through scripts/test.sh, which starts dockerd");
+        Up::start_with(&["--provider", "docker", "--docker-host", &host])
+    }
+
+    fn start_with(flags: &[&str]) -> Up {
         let home = tempfile::tempdir().unwrap();
         let project = tempfile::tempdir().unwrap();
         std::fs::write(project.path().join("train.py"), "print('training')\n").unwrap();
-        let child = spawn_up(home.path());
+        let flags: Vec<String> = flags.iter().map(|f| f.to_string()).collect();
+        let child = spawn_up(home.path(), &flags);
         let up = Up {
             child,
             home,
             project,
+            flags,
         };
         up.wait_until_up();
         up
@@ -32,24 +47,14 @@ impl Up {
     /// Starts `kiln up` again on the same home, after [`Up::interrupt`].
     fn restart(&mut self) {
         std::fs::remove_file(self.home.path().join("credentials.toml")).unwrap();
-        self.child = spawn_up(self.home.path());
+        self.child = spawn_up(self.home.path(), &self.flags);
         self.wait_until_up();
     }
 
     fn wait_until_up(&self) {
         let deadline = Instant::now() + Duration::from_secs(60);
-        while !self
-            .home
-            .path()
-            .join("credentials.toml")
-            .try_exists()
-            .unwrap()
-        {
-            assert!(
-                Instant::now() < deadline,
-                "kiln up did not start:\n{}",
-                self.log()
-            );
+        while !self.home.path().join("credentials.toml").try_exists().unwrap() {
+            assert!(Instant::now() < deadline, "kiln up did not start:\n{}", self.log());
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -89,10 +94,7 @@ impl Up {
             if status["state"] == state {
                 return status;
             }
-            assert!(
-                Instant::now() < deadline,
-                "job never reached {state}: {status}"
-            );
+            assert!(Instant::now() < deadline, "job never reached {state}: {status}");
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -114,11 +116,7 @@ impl Up {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status;
             }
-            assert!(
-                Instant::now() < deadline,
-                "kiln up did not stop:\n{}",
-                self.log()
-            );
+            assert!(Instant::now() < deadline, "kiln up did not stop:\n{}", self.log());
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -132,7 +130,7 @@ impl Drop for Up {
     }
 }
 
-fn spawn_up(home: &Path) -> Child {
+fn spawn_up(home: &Path, flags: &[String]) -> Child {
     let log = std::fs::File::create(home.join("up.log")).unwrap();
     Command::new(KILN)
         .args([
@@ -144,6 +142,7 @@ fn spawn_up(home: &Path) -> Child {
             "--grace-period",
             "2",
         ])
+        .args(flags)
         .env("KILN_HOME", home)
         .env_remove("KILN_ADDR")
         .env_remove("KILN_TOKEN")
@@ -167,20 +166,8 @@ fn artifacts(home: &Path) -> Vec<PathBuf> {
 #[test]
 fn run_follow_prints_both_streams_and_exits_with_the_job_code() {
     let up = Up::start();
-    let output = up.kiln(&[
-        "run",
-        "-f",
-        "--",
-        "sh",
-        "-c",
-        "echo hi; echo err >&2; exit 3",
-    ]);
-    assert_eq!(
-        output.status.code(),
-        Some(3),
-        "stderr: {}",
-        text(&output.stderr)
-    );
+    let output = up.kiln(&["run", "-f", "--", "sh", "-c", "echo hi; echo err >&2; exit 3"]);
+    assert_eq!(output.status.code(), Some(3), "stderr: {}", text(&output.stderr));
     assert_eq!(text(&output.stdout), "hi\n");
     let stderr = text(&output.stderr);
     assert!(stderr.lines().any(|l| l == "err"), "{stderr}");
@@ -198,10 +185,7 @@ fn run_follow_prints_both_streams_and_exits_with_the_job_code() {
     assert_eq!(status["state"], "FAILED");
     assert_eq!(status["exit_code"], 3);
     let table = text(&up.kiln(&["status", &job_id]).stdout);
-    assert!(
-        table.contains("FAILED") && table.contains("exit_code: 3"),
-        "{table}"
-    );
+    assert!(table.contains("FAILED") && table.contains("exit_code: 3"), "{table}");
 
     // The logs can be read again, and the job is listed.
     let logs = up.kiln(&["logs", &job_id]);
@@ -222,10 +206,7 @@ fn the_job_gets_the_working_directory_and_the_same_code_is_stored_once() {
     for _ in 0..2 {
         let output = up.kiln(&["run", "-f", "--", "sh", "-c", "cat train.py; ls -A"]);
         assert!(output.status.success(), "{}", text(&output.stderr));
-        assert_eq!(
-            text(&output.stdout),
-            "print('training')\n.kilnignore\ntrain.py\n"
-        );
+        assert_eq!(text(&output.stdout), "print('training')\n.kilnignore\ntrain.py\n");
     }
     assert_eq!(artifacts(up.home.path()).len(), 1);
 }
@@ -272,18 +253,13 @@ fn bad_input_gets_clear_errors() {
     let output = up.kiln(&["run", "--cpu", "0", "--", "true"]);
     assert_eq!(output.status.code(), Some(1));
     assert!(
-        text(&output.stderr)
-            .contains("cpu_millis must be greater than 0 (1000 is one core) (InvalidArgument)"),
+        text(&output.stderr).contains("cpu_millis must be greater than 0 (1000 is one core) (InvalidArgument)"),
         "{}",
         text(&output.stderr)
     );
 
     let output = up.kiln(&["run", "--no-code", "--"]);
-    assert_eq!(
-        output.status.code(),
-        Some(2),
-        "an empty command is a usage error"
-    );
+    assert_eq!(output.status.code(), Some(2), "an empty command is a usage error");
 
     let unknown = "01a22826-4a16-7345-8170-afdecec4c749";
     let output = up.kiln(&["status", unknown]);
@@ -294,7 +270,13 @@ fn bad_input_gets_clear_errors() {
         text(&output.stderr)
     );
 
-    let output = up.kiln_env(&["ps"], &[("KILN_TOKEN", "kiln_0123456789abcdef_0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef")]);
+    let output = up.kiln_env(
+        &["ps"],
+        &[(
+            "KILN_TOKEN",
+            "kiln_0123456789abcdef_0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+        )],
+    );
     assert_eq!(output.status.code(), Some(1));
     assert!(
         text(&output.stderr).contains("invalid token (Unauthenticated)"),
@@ -307,13 +289,7 @@ fn bad_input_gets_clear_errors() {
 fn a_second_up_on_the_same_home_is_refused_and_ctrl_c_stops_everything() {
     let mut up = Up::start();
     let second = Command::new(KILN)
-        .args([
-            "up",
-            "--api-addr",
-            "127.0.0.1:0",
-            "--logs-addr",
-            "127.0.0.1:0",
-        ])
+        .args(["up", "--api-addr", "127.0.0.1:0", "--logs-addr", "127.0.0.1:0"])
         .env("KILN_HOME", up.home.path())
         .output()
         .unwrap();
@@ -330,11 +306,7 @@ fn a_second_up_on_the_same_home_is_refused_and_ctrl_c_stops_everything() {
     let port: u16 = nats.rsplit(':').next().unwrap().parse().unwrap();
     assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
     let status = up.interrupt();
-    assert!(
-        status.success(),
-        "kiln up exited with {status}:\n{}",
-        up.log()
-    );
+    assert!(status.success(), "kiln up exited with {status}:\n{}", up.log());
     assert!(up.log().contains("kiln stopped"));
     assert!(
         std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
@@ -354,5 +326,88 @@ fn a_second_up_on_the_same_home_is_refused_and_ctrl_c_stops_everything() {
             .unwrap()
             .len(),
         1
+    );
+}
+
+#[test]
+fn containers_datasets_and_artifacts_from_the_cli() {
+    let up = Up::start_docker();
+    assert!(up.log().contains("provider: docker"), "{}", up.log());
+    let image =
+        std::env::var("KILN_TEST_IMAGE").expect("KILN_TEST_IMAGE is not set: run the tests through scripts/test.sh");
+    let data = up.project.path().join("data");
+    std::fs::create_dir_all(data.join("split")).unwrap();
+    std::fs::write(data.join("split/train.csv"), "a,b\n").unwrap();
+    let data = data.display().to_string();
+    let output = up.kiln(&["dataset", "create", "tiny", "--from", &data]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stdout).contains("dataset tiny created: 2 files"),
+        "{}",
+        text(&output.stdout)
+    );
+    assert!(text(&up.kiln(&["dataset", "ls"]).stdout).contains("tiny"));
+
+    let script = "cat /kiln/data/tiny/split/train.csv; mkdir -p /kiln/outputs/ckpt; echo w > /kiln/outputs/model.txt; echo c > /kiln/outputs/ckpt/1.pt";
+    let output = up.kiln(&[
+        "run",
+        "-f",
+        "--image",
+        &image,
+        "--dataset",
+        "tiny",
+        "--cpu",
+        "0.5",
+        "--mem",
+        "64M",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert_eq!(text(&output.stdout), "a,b\n");
+    let job_id = text(&output.stderr)
+        .lines()
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .to_string();
+
+    let listed = text(&up.kiln(&["artifacts", "ls", &job_id]).stdout);
+    assert!(listed.contains("ckpt/1.pt") && listed.contains("model.txt"), "{listed}");
+    let dest = tempfile::tempdir().unwrap();
+    let dest_arg = dest.path().display().to_string();
+    let output = up.kiln(&["artifacts", "get", &job_id, "--dest", &dest_arg]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert_eq!(std::fs::read_to_string(dest.path().join("model.txt")).unwrap(), "w\n");
+    assert_eq!(std::fs::read_to_string(dest.path().join("ckpt/1.pt")).unwrap(), "c\n");
+    let only = tempfile::tempdir().unwrap();
+    let only_arg = only.path().display().to_string();
+    assert!(
+        up.kiln(&["artifacts", "get", &job_id, "ckpt", "--dest", &only_arg])
+            .status
+            .success()
+    );
+    assert!(!only.path().join("model.txt").try_exists().unwrap());
+    assert!(only.path().join("ckpt/1.pt").try_exists().unwrap());
+
+    let output = up.kiln(&[
+        "run",
+        "-f",
+        "--image",
+        &image,
+        "--max-runtime",
+        "1s",
+        "--",
+        "sleep",
+        "600",
+    ]);
+    assert!(
+        text(&output.stderr).contains("STOPPED: timeout"),
+        "{}",
+        text(&output.stderr)
     );
 }

@@ -2,15 +2,15 @@
 
 use std::sync::Arc;
 
+use futures::Stream;
 use futures::StreamExt;
 use kiln_core::auth::user_principal;
 use kiln_core::objects::{artifact_path, is_sha256_hex};
+use kiln_core::objects::{join, outputs_prefix, relative_path};
 use kiln_core::store::{NewArtifact, Store};
 use kiln_proto::v1 as pb;
 use kiln_proto::v1::artifact_service_server::ArtifactService;
 use kiln_proto::v1::upload_artifact_request::Part;
-use futures::Stream;
-use kiln_core::objects::{join, outputs_prefix, relative_path};
 use object_store::{ObjectStore, ObjectStoreExt, WriteMultipart};
 use sha2::{Digest, Sha256};
 use tonic::{Request, Response, Status, Streaming};
@@ -83,9 +83,8 @@ impl ArtifactsApi {
         let mut received: u64 = 0;
         let outcome: Result<()> = async {
             while let Some(part) = parts.next().await {
-                let part = part.map_err(|status| {
-                    Error::InvalidArgument(format!("upload interrupted: {}", status.message()))
-                })?;
+                let part =
+                    part.map_err(|status| Error::InvalidArgument(format!("upload interrupted: {}", status.message())))?;
                 let Some(Part::Chunk(chunk)) = part.part else {
                     return Err(Error::InvalidArgument(
                         "only the first message of an upload may be a header".into(),
@@ -145,7 +144,11 @@ type ChunkStream = std::pin::Pin<Box<dyn Stream<Item = Result<pb::OutputChunk, S
 const OUTPUT_CHUNK: usize = 1 << 20;
 
 impl ArtifactsApi {
-    async fn list_outputs(&self, principal: &kiln_core::auth::Principal, request: pb::ListOutputsRequest) -> Result<Vec<pb::OutputFile>> {
+    async fn list_outputs(
+        &self,
+        principal: &kiln_core::auth::Principal,
+        request: pb::ListOutputsRequest,
+    ) -> Result<Vec<pb::OutputFile>> {
         let job = crate::jobs::visible_job(&self.store, principal, &request.job_id).await?;
         let root = outputs_prefix(&job.id);
         let prefix = if request.prefix.is_empty() {
@@ -163,15 +166,24 @@ impl ArtifactsApi {
             if !in_prefix {
                 continue;
             }
-            let Some(parts) = meta.location.prefix_match(&root) else { continue };
+            let Some(parts) = meta.location.prefix_match(&root) else {
+                continue;
+            };
             let path: Vec<String> = parts.map(|part| part.as_ref().to_string()).collect();
-            files.push(pb::OutputFile { path: path.join("/"), size: meta.size });
+            files.push(pb::OutputFile {
+                path: path.join("/"),
+                size: meta.size,
+            });
         }
         files.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(files)
     }
 
-    async fn get_output(&self, principal: &kiln_core::auth::Principal, request: pb::GetOutputRequest) -> Result<ChunkStream> {
+    async fn get_output(
+        &self,
+        principal: &kiln_core::auth::Principal,
+        request: pb::GetOutputRequest,
+    ) -> Result<ChunkStream> {
         let job = crate::jobs::visible_job(&self.store, principal, &request.job_id).await?;
         let relative = relative_path(&request.path)
             .ok_or_else(|| Error::InvalidArgument(format!("path {:?} is not a relative path", request.path)))?;
@@ -179,7 +191,10 @@ impl ArtifactsApi {
         let object = match self.objects.get(&location).await {
             Ok(object) => object,
             Err(object_store::Error::NotFound { .. }) => {
-                return Err(Error::OutputMissing { job_id: job.id, path: request.path });
+                return Err(Error::OutputMissing {
+                    job_id: job.id,
+                    path: request.path,
+                });
             }
             Err(error) => return Err(error.into()),
         };
@@ -200,7 +215,10 @@ impl ArtifactsApi {
 #[tonic::async_trait]
 impl ArtifactService for ArtifactsApi {
     #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
-    async fn list_outputs(&self, request: Request<pb::ListOutputsRequest>) -> Result<Response<pb::ListOutputsResponse>, Status> {
+    async fn list_outputs(
+        &self,
+        request: Request<pb::ListOutputsRequest>,
+    ) -> Result<Response<pb::ListOutputsResponse>, Status> {
         let principal = user_principal(&request)?;
         let files = self.list_outputs(&principal, request.into_inner()).await?;
         Ok(Response::new(pb::ListOutputsResponse { files }))
@@ -209,7 +227,10 @@ impl ArtifactService for ArtifactsApi {
     type GetOutputStream = ChunkStream;
 
     #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
-    async fn get_output(&self, request: Request<pb::GetOutputRequest>) -> Result<Response<Self::GetOutputStream>, Status> {
+    async fn get_output(
+        &self,
+        request: Request<pb::GetOutputRequest>,
+    ) -> Result<Response<Self::GetOutputStream>, Status> {
         let principal = user_principal(&request)?;
         let stream = self.get_output(&principal, request.into_inner()).await?;
         Ok(Response::new(stream))
@@ -229,9 +250,7 @@ impl ArtifactService for ArtifactsApi {
             .map_err(Error::from)?;
         Ok(Response::new(pb::StatArtifactResponse {
             exists: found.is_some(),
-            size: found
-                .map(|a| u64::try_from(a.size).unwrap_or(0))
-                .unwrap_or(0),
+            size: found.map(|a| u64::try_from(a.size).unwrap_or(0)).unwrap_or(0),
         }))
     }
 
@@ -241,9 +260,7 @@ impl ArtifactService for ArtifactsApi {
         request: Request<Streaming<pb::UploadArtifactRequest>>,
     ) -> Result<Response<pb::UploadArtifactResponse>, Status> {
         let principal = user_principal(&request)?;
-        let response = self
-            .upload(&principal.user_id, request.into_inner())
-            .await?;
+        let response = self.upload(&principal.user_id, request.into_inner()).await?;
         Ok(Response::new(response))
     }
 }

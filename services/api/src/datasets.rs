@@ -35,8 +35,14 @@ impl DatasetsApi {
             .store
             .artifact(&request.digest)
             .await?
-            .ok_or_else(|| Error::ArtifactMissing { digest: request.digest.clone() })?;
-        if !self.store.insert_dataset(&request.name, &artifact.digest, artifact.size, user_name).await? {
+            .ok_or_else(|| Error::ArtifactMissing {
+                digest: request.digest.clone(),
+            })?;
+        if !self
+            .store
+            .insert_dataset(&request.name, &artifact.digest, artifact.size, user_name)
+            .await?
+        {
             return Err(Error::DatasetExists { name: request.name });
         }
         let dataset = self.store.dataset(&request.name).await?.expect("dataset just created");
@@ -48,15 +54,25 @@ impl DatasetsApi {
 #[tonic::async_trait]
 impl DatasetService for DatasetsApi {
     #[tracing::instrument(skip_all, fields(name = %request.get_ref().name))]
-    async fn create_dataset(&self, request: Request<pb::CreateDatasetRequest>) -> Result<Response<pb::Dataset>, Status> {
+    async fn create_dataset(
+        &self,
+        request: Request<pb::CreateDatasetRequest>,
+    ) -> Result<Response<pb::Dataset>, Status> {
         let principal = user_principal(&request)?;
-        Ok(Response::new(self.create(&principal.user_name, request.into_inner()).await?))
+        Ok(Response::new(
+            self.create(&principal.user_name, request.into_inner()).await?,
+        ))
     }
 
     #[tracing::instrument(skip_all)]
-    async fn list_datasets(&self, request: Request<pb::ListDatasetsRequest>) -> Result<Response<pb::ListDatasetsResponse>, Status> {
+    async fn list_datasets(
+        &self,
+        request: Request<pb::ListDatasetsRequest>,
+    ) -> Result<Response<pb::ListDatasetsResponse>, Status> {
         user_principal(&request)?;
         let datasets = self.store.list_datasets().await.map_err(Error::from)?;
-        Ok(Response::new(pb::ListDatasetsResponse { datasets: datasets.into_iter().map(to_proto).collect() }))
+        Ok(Response::new(pb::ListDatasetsResponse {
+            datasets: datasets.into_iter().map(to_proto).collect(),
+        }))
     }
 }

@@ -27,10 +27,7 @@ pub enum Error {
     #[error("object store: {0}")]
     Objects(#[from] object_store::Error),
     #[error("cannot write {path}: {source}")]
-    Io {
-        path: String,
-        source: std::io::Error,
-    },
+    Io { path: String, source: std::io::Error },
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: std::net::SocketAddr,
@@ -51,9 +48,7 @@ impl Error {
             Error::TooLarge(_) => ErrorKind::ResourceExhausted,
             Error::Store(error) => error.kind(),
             Error::Nats(error) => error.kind(),
-            Error::Objects(_) | Error::Io { .. } | Error::Bind { .. } | Error::Serve(_) => {
-                ErrorKind::Internal
-            }
+            Error::Objects(_) | Error::Io { .. } | Error::Bind { .. } | Error::Serve(_) => ErrorKind::Internal,
         }
     }
 }

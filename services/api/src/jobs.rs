@@ -76,9 +76,7 @@ impl JobsApi {
                 };
                 match self.store.transition(&job, JobState::Stopped, change).await {
                     Ok(stopped) => {
-                        if let Err(error) =
-                            publish_job_change(&self.nats, &self.store, &stopped).await
-                        {
+                        if let Err(error) = publish_job_change(&self.nats, &self.store, &stopped).await {
                             tracing::warn!(job_id = %stopped.id, error = %error, "publish failed; the reconciler will retry");
                         }
                         return Ok(stopped);
@@ -160,8 +158,7 @@ fn validate_spec(principal: &Principal, spec: Option<pb::JobSpec>) -> Result<New
         .map_err(|_| Error::InvalidArgument("resources.memory_bytes is too large".into()))?;
     let mut env = BTreeMap::new();
     for (key, value) in spec.env {
-        let valid =
-            !key.is_empty() && !key.contains('=') && !key.contains('\0') && !value.contains('\0');
+        let valid = !key.is_empty() && !key.contains('=') && !key.contains('\0') && !value.contains('\0');
         if !valid {
             return Err(Error::InvalidArgument(format!(
                 "env name {key:?} is not valid (no '=', no NUL, not empty)"
@@ -175,16 +172,10 @@ fn validate_spec(principal: &Principal, spec: Option<pb::JobSpec>) -> Result<New
         env.insert(key, value);
     }
     if spec.name.chars().count() > 128 {
-        return Err(Error::InvalidArgument(
-            "name is longer than 128 characters".into(),
-        ));
+        return Err(Error::InvalidArgument("name is longer than 128 characters".into()));
     }
     let name = if spec.name.is_empty() {
-        spec.command[0]
-            .rsplit('/')
-            .next()
-            .unwrap_or_default()
-            .to_string()
+        spec.command[0].rsplit('/').next().unwrap_or_default().to_string()
     } else {
         spec.name
     };
@@ -201,10 +192,16 @@ fn validate_spec(principal: &Principal, spec: Option<pb::JobSpec>) -> Result<New
         )));
     }
     if !spec.image.is_empty() && !valid_image(&spec.image) {
-        return Err(Error::InvalidArgument(format!("image {:?} is not a valid image reference", spec.image)));
+        return Err(Error::InvalidArgument(format!(
+            "image {:?} is not a valid image reference",
+            spec.image
+        )));
     }
     if spec.gpus > MAX_GPUS {
-        return Err(Error::InvalidArgument(format!("gpus is {}; at most {MAX_GPUS}", spec.gpus)));
+        return Err(Error::InvalidArgument(format!(
+            "gpus is {}; at most {MAX_GPUS}",
+            spec.gpus
+        )));
     }
     if spec.gpus > 0 && spec.image.is_empty() {
         return Err(Error::InvalidArgument("gpus need a container image (--image)".into()));
@@ -244,7 +241,9 @@ fn valid_image(image: &str) -> bool {
 pub(crate) fn validate_dataset_name(name: &str) -> Result<()> {
     subjects::validate_token("dataset", name).map_err(Error::InvalidArgument)?;
     if name.starts_with(['-', '_']) {
-        return Err(Error::InvalidArgument(format!("dataset {name:?} must start with a letter or digit")));
+        return Err(Error::InvalidArgument(format!(
+            "dataset {name:?} must start with a letter or digit"
+        )));
     }
     Ok(())
 }
@@ -266,22 +265,14 @@ impl JobService for JobsApi {
     }
 
     #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
-    async fn get_job(
-        &self,
-        request: Request<pb::GetJobRequest>,
-    ) -> Result<Response<pb::Job>, Status> {
+    async fn get_job(&self, request: Request<pb::GetJobRequest>) -> Result<Response<pb::Job>, Status> {
         let principal = user_principal(&request)?;
-        let job = self
-            .visible_job(&principal, &request.get_ref().job_id)
-            .await?;
+        let job = self.visible_job(&principal, &request.get_ref().job_id).await?;
         Ok(Response::new(job.to_proto()))
     }
 
     #[tracing::instrument(skip_all)]
-    async fn list_jobs(
-        &self,
-        request: Request<pb::ListJobsRequest>,
-    ) -> Result<Response<pb::ListJobsResponse>, Status> {
+    async fn list_jobs(&self, request: Request<pb::ListJobsRequest>) -> Result<Response<pb::ListJobsResponse>, Status> {
         let principal = user_principal(&request)?;
         let request = request.into_inner();
         let limit = match request.limit {
@@ -300,10 +291,7 @@ impl JobService for JobsApi {
     }
 
     #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
-    async fn stop_job(
-        &self,
-        request: Request<pb::StopJobRequest>,
-    ) -> Result<Response<pb::Job>, Status> {
+    async fn stop_job(&self, request: Request<pb::StopJobRequest>) -> Result<Response<pb::Job>, Status> {
         let principal = user_principal(&request)?;
         let job = self.stop(&principal, &request.get_ref().job_id).await?;
         Ok(Response::new(job.to_proto()))
@@ -312,14 +300,9 @@ impl JobService for JobsApi {
     type WatchJobStream = JobStream;
 
     #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
-    async fn watch_job(
-        &self,
-        request: Request<pb::WatchJobRequest>,
-    ) -> Result<Response<Self::WatchJobStream>, Status> {
+    async fn watch_job(&self, request: Request<pb::WatchJobRequest>) -> Result<Response<Self::WatchJobStream>, Status> {
         let principal = user_principal(&request)?;
-        let job = self
-            .visible_job(&principal, &request.get_ref().job_id)
-            .await?;
+        let job = self.visible_job(&principal, &request.get_ref().job_id).await?;
         let mut events = self
             .nats
             .client
@@ -389,8 +372,7 @@ mod tests {
 
     #[test]
     fn valid_specs_get_defaults() {
-        let job =
-            validate_spec(&principal(), Some(spec(&["/usr/bin/python3", "train.py"]))).unwrap();
+        let job = validate_spec(&principal(), Some(spec(&["/usr/bin/python3", "train.py"]))).unwrap();
         assert_eq!(job.name, "python3");
         assert_eq!(job.project, "default");
         assert_eq!(job.cpu_millis, 500);

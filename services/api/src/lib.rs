@@ -69,18 +69,14 @@ impl Api {
     }
 
     pub fn local_addr(&self) -> SocketAddr {
-        self.listener
-            .local_addr()
-            .expect("a bound listener has an address")
+        self.listener.local_addr().expect("a bound listener has an address")
     }
 
     /// Serves until `shutdown` is cancelled.
     pub async fn serve(self, shutdown: CancellationToken) -> Result<()> {
         let objects = objects::open(&self.config.objects)?;
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
-        health_reporter
-            .set_serving::<JobServiceServer<jobs::JobsApi>>()
-            .await;
+        health_reporter.set_serving::<JobServiceServer<jobs::JobsApi>>().await;
         let jobs = jobs::JobsApi {
             store: self.store.clone(),
             nats: self.nats.clone(),
@@ -103,7 +99,9 @@ impl Api {
             .add_service(health_service)
             .add_service(JobServiceServer::new(jobs))
             .add_service(ArtifactServiceServer::new(artifacts))
-            .add_service(DatasetServiceServer::new(datasets::DatasetsApi { store: self.store.clone() }))
+            .add_service(DatasetServiceServer::new(datasets::DatasetsApi {
+                store: self.store.clone(),
+            }))
             .serve_with_incoming_shutdown(
                 TcpListenerStream::new(self.listener),
                 shutdown.clone().cancelled_owned(),

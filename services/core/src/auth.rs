@@ -78,12 +78,8 @@ pub fn issue_token() -> IssuedToken {
 pub fn parse_token(token: &str) -> Option<(&str, &str)> {
     let rest = token.strip_prefix("kiln_")?;
     let (id, secret) = rest.split_once('_')?;
-    let well_formed = id.len() == 16
-        && secret.len() == 64
-        && id
-            .bytes()
-            .chain(secret.bytes())
-            .all(|b| b.is_ascii_hexdigit());
+    let well_formed =
+        id.len() == 16 && secret.len() == 64 && id.bytes().chain(secret.bytes()).all(|b| b.is_ascii_hexdigit());
     well_formed.then_some((id, secret))
 }
 
@@ -93,11 +89,7 @@ pub fn hash_secret(secret: &str) -> String {
 
 /// Compares two strings in time independent of where they differ.
 pub fn constant_time_eq(a: &str, b: &str) -> bool {
-    a.len() == b.len()
-        && a.bytes()
-            .zip(b.bytes())
-            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-            == 0
+    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// TokenVerifier looks a token up; the store implements it.
@@ -164,10 +156,7 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 impl<S> tower::Service<http::Request<Body>> for AuthService<S>
 where
-    S: tower::Service<http::Request<Body>, Response = http::Response<Body>>
-        + Clone
-        + Send
-        + 'static,
+    S: tower::Service<http::Request<Body>, Response = http::Response<Body>> + Clone + Send + 'static,
     S::Future: Send + 'static,
 {
     type Response = http::Response<Body>;
@@ -198,29 +187,23 @@ where
     }
 }
 
-async fn authenticate(
-    verifier: &dyn TokenVerifier,
-    headers: &http::HeaderMap,
-) -> Result<Principal, Status> {
+async fn authenticate(verifier: &dyn TokenVerifier, headers: &http::HeaderMap) -> Result<Principal, Status> {
     let header = headers
         .get(http::header::AUTHORIZATION)
         .ok_or_else(|| Status::unauthenticated("missing bearer token: pass `authorization: Bearer <token>` (the CLI reads KILN_TOKEN or ~/.kiln/credentials.toml)"))?;
     let value = header
         .to_str()
         .map_err(|_| Status::unauthenticated("authorization header is not valid text"))?;
-    let token = value.strip_prefix("Bearer ").ok_or_else(|| {
-        Status::unauthenticated("authorization header must read `Bearer <token>`")
-    })?;
-    let (id, secret) =
-        parse_token(token.trim()).ok_or_else(|| Status::unauthenticated("invalid token"))?;
+    let token = value
+        .strip_prefix("Bearer ")
+        .ok_or_else(|| Status::unauthenticated("authorization header must read `Bearer <token>`"))?;
+    let (id, secret) = parse_token(token.trim()).ok_or_else(|| Status::unauthenticated("invalid token"))?;
     match verifier.verify(id, secret).await {
         Ok(Some(principal)) => Ok(principal),
         Ok(None) => Err(Status::unauthenticated("invalid token")),
         Err(message) => {
             tracing::error!(error = %message, "token lookup failed");
-            Err(Status::unavailable(
-                "cannot check the token right now; retry",
-            ))
+            Err(Status::unavailable("cannot check the token right now; retry"))
         }
     }
 }
@@ -244,9 +227,7 @@ impl BearerInterceptor {
 impl tonic::service::Interceptor for BearerInterceptor {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
         if let Some(header) = &self.header {
-            request
-                .metadata_mut()
-                .insert("authorization", header.clone());
+            request.metadata_mut().insert("authorization", header.clone());
         }
         Ok(request)
     }
@@ -261,22 +242,13 @@ mod tests {
         let issued = issue_token();
         let (id, secret) = parse_token(&issued.token).unwrap();
         assert_eq!(id, issued.id);
-        assert!(constant_time_eq(
-            &hash_secret(secret),
-            &issued.secret_sha256
-        ));
+        assert!(constant_time_eq(&hash_secret(secret), &issued.secret_sha256));
         assert!(!issued.secret_sha256.contains(secret));
     }
 
     #[test]
     fn malformed_tokens_are_rejected() {
-        for bad in [
-            "",
-            "kiln_",
-            "kiln_abc_def",
-            "bearer",
-            "kiln_zzzzzzzzzzzzzzzz_00",
-        ] {
+        for bad in ["", "kiln_", "kiln_abc_def", "bearer", "kiln_zzzzzzzzzzzzzzzz_00"] {
             assert!(parse_token(bad).is_none(), "{bad}");
         }
         assert!(!constant_time_eq("abc", "abd"));

@@ -62,18 +62,11 @@ pub async fn pools(nats: &Nats) -> Result<BTreeMap<String, PoolCapacity>, NatsEr
         .get_key_value(BUCKET_CAPACITY)
         .await
         .map_err(|e| NatsError::Other(e.to_string()))?;
-    let mut keys = kv
-        .keys()
-        .await
-        .map_err(|e| NatsError::Other(e.to_string()))?;
+    let mut keys = kv.keys().await.map_err(|e| NatsError::Other(e.to_string()))?;
     let mut pools: BTreeMap<String, PoolCapacity> = BTreeMap::new();
     while let Some(key) = keys.next().await {
         let key = key.map_err(|e| NatsError::Other(e.to_string()))?;
-        let Some(value) = kv
-            .get(&key)
-            .await
-            .map_err(|e| NatsError::Other(e.to_string()))?
-        else {
+        let Some(value) = kv.get(&key).await.map_err(|e| NatsError::Other(e.to_string()))? else {
             continue;
         };
         let Ok(report) = serde_json::from_slice::<CapacityReport>(&value) else {

@@ -113,10 +113,7 @@ impl Default for DatabaseConfig {
 impl DatabaseConfig {
     pub fn validate(&self, problems: &mut Vec<String>) {
         let url = self.url.expose();
-        if !(url.starts_with("sqlite:")
-            || url.starts_with("postgres://")
-            || url.starts_with("postgresql://"))
-        {
+        if !(url.starts_with("sqlite:") || url.starts_with("postgres://") || url.starts_with("postgresql://")) {
             problems.push(format!(
                 "database.url {:?} must start with sqlite:, postgres:// or postgresql://",
                 self.url
@@ -149,16 +146,10 @@ impl Default for NatsConfig {
 impl NatsConfig {
     pub fn validate(&self, problems: &mut Vec<String>) {
         if !self.url.starts_with("nats://") && !self.url.starts_with("tls://") {
-            problems.push(format!(
-                "nats.url {:?} must start with nats:// or tls://",
-                self.url
-            ));
+            problems.push(format!("nats.url {:?} must start with nats:// or tls://", self.url));
         }
         if !(1..=5).contains(&self.replicas) {
-            problems.push(format!(
-                "nats.replicas {} must be between 1 and 5",
-                self.replicas
-            ));
+            problems.push(format!("nats.replicas {} must be between 1 and 5", self.replicas));
         }
     }
 }
@@ -256,9 +247,7 @@ fn insert_path(dict: &mut Dict, parts: &[String], value: Value) {
             dict.insert(last.clone(), value);
         }
         [first, rest @ ..] => {
-            let entry = dict
-                .entry(first.clone())
-                .or_insert_with(|| Value::from(Dict::new()));
+            let entry = dict.entry(first.clone()).or_insert_with(|| Value::from(Dict::new()));
             if let Value::Dict(_, inner) = entry {
                 insert_path(inner, rest, value);
             }
@@ -293,20 +282,13 @@ mod tests {
     }
 
     fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
     }
 
     #[test]
     fn layers_apply_in_order() {
         let mut file = tempfile::NamedTempFile::new().unwrap();
-        writeln!(
-            file,
-            "grace-period-secs = 5\n[nats]\nurl = \"nats://file:1\""
-        )
-        .unwrap();
+        writeln!(file, "grace-period-secs = 5\n[nats]\nurl = \"nats://file:1\"").unwrap();
         let env = env(&[
             ("KILN_SAMPLE__NATS__URL", "nats://env:2"),
             ("KILN_SAMPLE__DATABASE__MAX_CONNECTIONS", "3"),
@@ -320,13 +302,7 @@ mod tests {
         assert_eq!(config.database.max_connections, 3);
         assert_eq!(config.grace_period_secs, 9);
 
-        let config: Sample = load(
-            "sample",
-            Some(file.path()),
-            &HashMap::new(),
-            &Flags::default(),
-        )
-        .unwrap();
+        let config: Sample = load("sample", Some(file.path()), &HashMap::new(), &Flags::default()).unwrap();
         assert_eq!(config.nats.url, "nats://file:1");
         assert_eq!(config.grace_period_secs, 5);
     }
@@ -335,13 +311,7 @@ mod tests {
     fn unknown_keys_are_rejected() {
         let mut file = tempfile::NamedTempFile::new().unwrap();
         writeln!(file, "[nats]\nurll = \"nats://typo:1\"").unwrap();
-        let error = load::<Sample>(
-            "sample",
-            Some(file.path()),
-            &HashMap::new(),
-            &Flags::default(),
-        )
-        .unwrap_err();
+        let error = load::<Sample>("sample", Some(file.path()), &HashMap::new(), &Flags::default()).unwrap_err();
         assert!(error.to_string().contains("urll"), "{error}");
     }
 

@@ -31,13 +31,7 @@ pub async fn publish_job_change(nats: &Nats, store: &Store, job: &JobRecord) -> 
     } else {
         subjects::job_event(&job.id)
     };
-    publish(
-        &nats.jetstream,
-        subject,
-        &msg_id,
-        Bytes::from(event.encode_to_vec()),
-    )
-    .await?;
+    publish(&nats.jetstream, subject, &msg_id, Bytes::from(event.encode_to_vec())).await?;
     if state == JobState::Scheduled {
         let launch = pb::LaunchRequest {
             job_id: job.id.clone(),
@@ -58,11 +52,7 @@ pub async fn publish_job_change(nats: &Nats, store: &Store, job: &JobRecord) -> 
 
 /// Publishes every change of a job in `states` that is committed but not yet published; each
 /// service calls this at start for the states it owns.
-pub async fn republish_pending(
-    nats: &Nats,
-    store: &Store,
-    states: &[JobState],
-) -> Result<usize, Error> {
+pub async fn republish_pending(nats: &Nats, store: &Store, states: &[JobState]) -> Result<usize, Error> {
     let pending = store.unpublished_jobs(states).await?;
     for job in &pending {
         tracing::info!(job_id = %job.id, version = job.version, state = %job.state, "publishing a committed change");

@@ -13,9 +13,9 @@ pub fn parse_id(what: &str, text: &str) -> Result<String, String> {
     if text.is_empty() {
         return Err(format!("{what} id is empty"));
     }
-    Uuid::parse_str(text).map(|id| id.to_string()).map_err(|_| {
-        format!("{what} id {text:?} is not a valid id (expected a UUID such as 0193…)")
-    })
+    Uuid::parse_str(text)
+        .map(|id| id.to_string())
+        .map_err(|_| format!("{what} id {text:?} is not a valid id (expected a UUID such as 0193…)"))
 }
 
 /// Returns the current time in milliseconds since the Unix epoch.
@@ -41,10 +41,6 @@ mod tests {
     #[test]
     fn bad_ids_are_explained() {
         assert!(parse_id("job", "").unwrap_err().contains("empty"));
-        assert!(
-            parse_id("job", "nope")
-                .unwrap_err()
-                .contains("not a valid id")
-        );
+        assert!(parse_id("job", "nope").unwrap_err().contains("not a valid id"));
     }
 }

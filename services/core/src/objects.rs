@@ -39,7 +39,10 @@ pub fn join(base: &ObjectPath, relative: &ObjectPath) -> ObjectPath {
 
 /// Checks a relative path given by a user or a job (`a/b.txt`): only normal components.
 pub fn relative_path(text: &str) -> Option<ObjectPath> {
-    let parts: Vec<&str> = text.split('/').filter(|part| !part.is_empty() && *part != ".").collect();
+    let parts: Vec<&str> = text
+        .split('/')
+        .filter(|part| !part.is_empty() && *part != ".")
+        .collect();
     if parts.is_empty() || parts.iter().any(|part| *part == ".." || part.contains('\0')) {
         return None;
     }

@@ -46,23 +46,13 @@ pub fn load_config<C: ServiceConfig>(
     args: &CommonArgs,
     overrides: &impl Serialize,
 ) -> Result<C, ConfigError> {
-    let config: C = config::load(
-        service,
-        args.config.as_deref(),
-        &config::process_env(),
-        overrides,
-    )?;
+    let config: C = config::load(service, args.config.as_deref(), &config::process_env(), overrides)?;
     config.validate()?;
     Ok(config)
 }
 
 /// Runs a service binary: config → tracing → runtime → `run(config, shutdown)`.
-pub fn main<C, F, Fut, E>(
-    service: &str,
-    args: CommonArgs,
-    overrides: &impl Serialize,
-    run: F,
-) -> ExitCode
+pub fn main<C, F, Fut, E>(service: &str, args: CommonArgs, overrides: &impl Serialize, run: F) -> ExitCode
 where
     C: ServiceConfig,
     F: FnOnce(C, CancellationToken) -> Fut,
@@ -81,10 +71,7 @@ where
         return ExitCode::SUCCESS;
     }
     crate::telemetry::init(args.log_json);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("kiln-{service}: cannot start the runtime: {error}");
@@ -118,10 +105,7 @@ impl Serialize for ListenFlag {
         use serde::ser::SerializeMap;
         let mut map = serializer.serialize_map(None)?;
         if let Some(listen) = self.listen {
-            map.serialize_entry(
-                "grpc",
-                &std::collections::BTreeMap::from([("listen", listen)]),
-            )?;
+            map.serialize_entry("grpc", &std::collections::BTreeMap::from([("listen", listen)]))?;
         }
         map.end()
     }

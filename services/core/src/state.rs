@@ -67,11 +67,7 @@ impl JobState {
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
-            JobState::Succeeded
-                | JobState::Failed
-                | JobState::Stopped
-                | JobState::Lost
-                | JobState::Preempted
+            JobState::Succeeded | JobState::Failed | JobState::Stopped | JobState::Lost | JobState::Preempted
         )
     }
 
@@ -82,11 +78,8 @@ impl JobState {
             Queued => matches!(next, Scheduled | Stopped),
             Scheduled => matches!(next, Provisioning | Stopped | Queued | Lost),
             Provisioning => matches!(next, Running | Failed | Stopped | Lost | Queued),
-            Running => matches!(
-                next,
-                Syncing | Succeeded | Failed | Stopped | Preempted | Lost | Queued
-            ),
-            Syncing => matches!(next, Succeeded | Failed | Stopped | Lost),
+            Running => matches!(next, Syncing | Succeeded | Failed | Stopped | Preempted | Lost | Queued),
+            Syncing => matches!(next, Succeeded | Failed | Stopped | Lost | Preempted | Queued),
             Preempted => matches!(next, Queued),
             Succeeded | Failed | Stopped | Lost => false,
         }

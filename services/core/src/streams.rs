@@ -87,12 +87,10 @@ pub fn stream_configs(replicas: usize) -> Vec<stream::Config> {
 pub async fn ensure_streams(js: &jetstream::Context, replicas: usize) -> Result<(), NatsError> {
     for config in stream_configs(replicas) {
         let name = config.name.clone();
-        js.get_or_create_stream(config)
-            .await
-            .map_err(|e| NatsError::Setup {
-                name,
-                message: e.to_string(),
-            })?;
+        js.get_or_create_stream(config).await.map_err(|e| NatsError::Setup {
+            name,
+            message: e.to_string(),
+        })?;
     }
     for (bucket, ttl) in [
         (BUCKET_LEASES, Duration::from_secs(30)),
@@ -125,12 +123,7 @@ pub async fn ensure_streams(js: &jetstream::Context, replicas: usize) -> Result<
 
 /// Publishes a message with a JetStream message id and waits until the stream has stored it.
 /// Publishing the same id again within the duplicate window stores nothing new.
-pub async fn publish(
-    js: &jetstream::Context,
-    subject: String,
-    msg_id: &str,
-    payload: Bytes,
-) -> Result<(), NatsError> {
+pub async fn publish(js: &jetstream::Context, subject: String, msg_id: &str, payload: Bytes) -> Result<(), NatsError> {
     let publish = jetstream::message::PublishMessage::build()
         .payload(payload)
         .message_id(msg_id);

@@ -77,11 +77,8 @@ pub fn consumer_control(runner_id: &str) -> String {
 
 /// Checks that a pool or runner name can be used as a subject token and consumer name.
 pub fn validate_token(what: &str, name: &str) -> Result<(), String> {
-    let valid = !name.is_empty()
-        && name.len() <= 64
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    let valid =
+        !name.is_empty() && name.len() <= 64 && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
     if valid {
         Ok(())
     } else {

@@ -7,9 +7,7 @@ use tracing_subscriber::EnvFilter;
 pub fn init(json: bool) {
     let filter = std::env::var("KILN_LOG")
         .or_else(|_| std::env::var("RUST_LOG"))
-        .unwrap_or_else(|_| {
-            "info,sqlx=warn,sea_orm=warn,async_nats=warn,h2=warn,tower=warn".into()
-        });
+        .unwrap_or_else(|_| "info,sqlx=warn,sea_orm=warn,async_nats=warn,h2=warn,tower=warn".into());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::new(filter))
         .with_writer(std::io::stderr);

@@ -28,8 +28,7 @@ pub struct NatsServer {
 impl NatsServer {
     /// Starts a server and waits until it accepts connections.
     pub fn start() -> NatsServer {
-        let binary =
-            std::env::var("KILN_TEST_NATS_SERVER").unwrap_or_else(|_| "nats-server".into());
+        let binary = std::env::var("KILN_TEST_NATS_SERVER").unwrap_or_else(|_| "nats-server".into());
         let dir = tempfile::tempdir().expect("temp dir");
         let port = free_port();
         let child = Command::new(&binary)
@@ -43,10 +42,7 @@ impl NatsServer {
             });
         let deadline = Instant::now() + Duration::from_secs(10);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "nats-server did not start on port {port}"
-            );
+            assert!(Instant::now() < deadline, "nats-server did not start on port {port}");
             std::thread::sleep(Duration::from_millis(20));
         }
         NatsServer {
@@ -93,10 +89,7 @@ pub async fn postgres_config() -> DatabaseConfig {
         .execute_unprepared(&format!("CREATE DATABASE {name}"))
         .await
         .expect("create a test database");
-    let base = admin_url
-        .rsplit_once('/')
-        .map(|(base, _)| base)
-        .unwrap_or(&admin_url);
+    let base = admin_url.rsplit_once('/').map(|(base, _)| base).unwrap_or(&admin_url);
     DatabaseConfig {
         url: DatabaseUrl::new(format!("{base}/{name}")),
         max_connections: 4,

@@ -77,9 +77,7 @@ async fn transitions_compare_and_set(store: Store) {
     assert_eq!((scheduled.version, scheduled.pool.as_str()), (2, "gpu"));
 
     // The stale record loses.
-    let stale = store
-        .transition(&queued, JobState::Stopped, Change::default())
-        .await;
+    let stale = store.transition(&queued, JobState::Stopped, Change::default()).await;
     assert!(
         matches!(
             stale,
@@ -203,11 +201,7 @@ async fn requeue_starts_a_new_attempt(store: Store) {
         .await
         .unwrap();
     assert_eq!(
-        (
-            requeued.attempt,
-            requeued.runner_id.as_str(),
-            requeued.pool.as_str()
-        ),
+        (requeued.attempt, requeued.runner_id.as_str(), requeued.pool.as_str()),
         (2, "", "")
     );
 }
@@ -217,13 +211,7 @@ async fn unpublished_changes_are_found_until_marked(store: Store) {
     let pending = store.unpublished_jobs(&[JobState::Queued]).await.unwrap();
     assert_eq!(pending.len(), 1);
     store.mark_published(&job.id, 1).await.unwrap();
-    assert!(
-        store
-            .unpublished_jobs(&[JobState::Queued])
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(store.unpublished_jobs(&[JobState::Queued]).await.unwrap().is_empty());
     let scheduled = store
         .transition(
             &job,
@@ -235,19 +223,9 @@ async fn unpublished_changes_are_found_until_marked(store: Store) {
         )
         .await
         .unwrap();
-    assert_eq!(
-        store
-            .unpublished_jobs(&[JobState::Scheduled])
-            .await
-            .unwrap()
-            .len(),
-        1
-    );
+    assert_eq!(store.unpublished_jobs(&[JobState::Scheduled]).await.unwrap().len(), 1);
     // Marking an older version never moves the mark back.
-    store
-        .mark_published(&job.id, scheduled.version)
-        .await
-        .unwrap();
+    store.mark_published(&job.id, scheduled.version).await.unwrap();
     store.mark_published(&job.id, 1).await.unwrap();
     assert_eq!(store.job(&job.id).await.unwrap().published_version, 2);
 }
@@ -287,10 +265,7 @@ async fn tokens_are_hashed_and_checked(store: Store) {
         .await
         .unwrap()
         .expect("first start creates the admin");
-    assert!(
-        store.bootstrap_admin().await.unwrap().is_none(),
-        "only once"
-    );
+    assert!(store.bootstrap_admin().await.unwrap().is_none(), "only once");
     let (id, secret) = kiln_core::auth::parse_token(&issued.token).unwrap();
     let principal = store.verify_token(id, secret).await.unwrap().unwrap();
     assert_eq!(
@@ -303,13 +278,7 @@ async fn tokens_are_hashed_and_checked(store: Store) {
     );
     let wrong = "0".repeat(64);
     assert!(store.verify_token(id, &wrong).await.unwrap().is_none());
-    assert!(
-        store
-            .verify_token("ffffffffffffffff", secret)
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(store.verify_token("ffffffffffffffff", secret).await.unwrap().is_none());
 
     let user = store.create_user("ada", false).await.unwrap();
     let job_token = store
@@ -324,10 +293,7 @@ async fn tokens_are_hashed_and_checked(store: Store) {
     store.revoke_tokens(&Scope::Job("j1".into())).await.unwrap();
     assert!(store.verify_token(id, secret).await.unwrap().is_none());
     // The secret itself is nowhere in the database.
-    let stored =
-        <kiln_core::store::entities::api_token::Entity as sea_orm::EntityTrait>::find_by_id(
-            id.to_string(),
-        )
+    let stored = <kiln_core::store::entities::api_token::Entity as sea_orm::EntityTrait>::find_by_id(id.to_string())
         .one(store.connection())
         .await
         .unwrap()

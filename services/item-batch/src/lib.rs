@@ -37,10 +37,7 @@ impl ServiceConfig for Config {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
+    Bind { addr: SocketAddr, source: std::io::Error },
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
 }
@@ -70,9 +67,7 @@ impl ItemBatch {
     }
 
     pub fn local_addr(&self) -> SocketAddr {
-        self.listener
-            .local_addr()
-            .expect("a bound listener has an address")
+        self.listener.local_addr().expect("a bound listener has an address")
     }
 
     pub async fn serve(self, shutdown: CancellationToken) -> Result<()> {
@@ -82,10 +77,7 @@ impl ItemBatch {
             .await;
         tonic::transport::Server::builder()
             .add_service(health_service)
-            .serve_with_incoming_shutdown(
-                TcpListenerStream::new(self.listener),
-                shutdown.cancelled_owned(),
-            )
+            .serve_with_incoming_shutdown(TcpListenerStream::new(self.listener), shutdown.cancelled_owned())
             .await?;
         Ok(())
     }

@@ -54,10 +54,7 @@ impl ServiceConfig for Config {
         self.database.validate(&mut problems);
         self.nats.validate(&mut problems);
         if !(1..=10_000).contains(&self.batch_size) {
-            problems.push(format!(
-                "batch-size {} must be between 1 and 10000",
-                self.batch_size
-            ));
+            problems.push(format!("batch-size {} must be between 1 and 10000", self.batch_size));
         }
         problems_to_result(problems)
     }

@@ -46,10 +46,7 @@ impl LogService for LogsApi {
     type GetLogsStream = LineStream;
 
     #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
-    async fn get_logs(
-        &self,
-        request: Request<pb::GetLogsRequest>,
-    ) -> Result<Response<Self::GetLogsStream>, Status> {
+    async fn get_logs(&self, request: Request<pb::GetLogsRequest>) -> Result<Response<Self::GetLogsStream>, Status> {
         let principal = user_principal(&request)?;
         let request = request.into_inner();
         let job_id = parse_id("job", &request.job_id).map_err(Error::InvalidArgument)?;

@@ -61,9 +61,7 @@ impl LogIngest {
     }
 
     pub fn local_addr(&self) -> SocketAddr {
-        self.listener
-            .local_addr()
-            .expect("a bound listener has an address")
+        self.listener.local_addr().expect("a bound listener has an address")
     }
 
     pub async fn serve(self, shutdown: CancellationToken) -> Result<()> {
@@ -76,9 +74,7 @@ impl LogIngest {
             shutdown.clone(),
         ));
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
-        health_reporter
-            .set_serving::<LogServiceServer<grpc::LogsApi>>()
-            .await;
+        health_reporter.set_serving::<LogServiceServer<grpc::LogsApi>>().await;
         let api = grpc::LogsApi {
             store: self.store.clone(),
             logs: self.logs.clone(),

@@ -5,9 +5,7 @@
 
 use std::path::Path;
 
-use sea_orm::{
-    ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement, TransactionTrait, Value,
-};
+use sea_orm::{ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement, TransactionTrait, Value};
 
 use crate::error::Result;
 
@@ -50,9 +48,8 @@ pub struct SqliteLogStore {
 impl SqliteLogStore {
     pub async fn open(path: &Path) -> Result<SqliteLogStore> {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|e| {
-                crate::Error::LogStore(format!("cannot create {}: {e}", parent.display()))
-            })?;
+            std::fs::create_dir_all(parent)
+                .map_err(|e| crate::Error::LogStore(format!("cannot create {}: {e}", parent.display())))?;
         }
         let db = Database::connect(format!("sqlite://{}?mode=rwc", path.display())).await?;
         db.execute_unprepared("PRAGMA journal_mode=WAL").await?;
@@ -94,12 +91,8 @@ impl LogStore for SqliteLogStore {
                     line.end.into(),
                 ]);
             }
-            tx.execute_raw(Statement::from_sql_and_values(
-                DbBackend::Sqlite,
-                sql,
-                values,
-            ))
-            .await?;
+            tx.execute_raw(Statement::from_sql_and_values(DbBackend::Sqlite, sql, values))
+                .await?;
         }
         tx.commit().await?;
         Ok(())
@@ -155,9 +148,7 @@ mod tests {
     #[tokio::test]
     async fn lines_are_stored_once_and_read_in_order() {
         let dir = tempfile::tempdir().unwrap();
-        let store = SqliteLogStore::open(&dir.path().join("logs.db"))
-            .await
-            .unwrap();
+        let store = SqliteLogStore::open(&dir.path().join("logs.db")).await.unwrap();
         let batch: Vec<StoredLine> = (1..=1200)
             .map(|seq| line("j1", 1, seq, &format!("line {seq}")))
             .collect();
@@ -167,10 +158,7 @@ mod tests {
             .append(&[line("j1", 2, 1, "retry"), batch[5].clone()])
             .await
             .unwrap();
-        store
-            .append(&[line("j2", 1, 1, "other job")])
-            .await
-            .unwrap();
+        store.append(&[line("j2", 1, 1, "other job")]).await.unwrap();
 
         let all = store.read("j1", Cursor::default(), 5000).await.unwrap();
         assert_eq!(all.len(), 1201);
@@ -178,27 +166,11 @@ mod tests {
         assert_eq!(all[1199].text, "line 1200");
         assert_eq!(all[1200].text, "retry");
 
-        let after = store
-            .read(
-                "j1",
-                Cursor {
-                    attempt: 1,
-                    seq: 1199,
-                },
-                10,
-            )
-            .await
-            .unwrap();
+        let after = store.read("j1", Cursor { attempt: 1, seq: 1199 }, 10).await.unwrap();
         assert_eq!(
             after.iter().map(|l| l.text.as_str()).collect::<Vec<_>>(),
             ["line 1200", "retry"]
         );
-        assert!(
-            store
-                .read("nope", Cursor::default(), 10)
-                .await
-                .unwrap()
-                .is_empty()
-        );
+        assert!(store.read("nope", Cursor::default(), 10).await.unwrap().is_empty());
     }
 }

@@ -19,6 +19,33 @@ use crate::error::{Error, Result};
 /// Unpacks a gzip-compressed tar from `reader` into `dest` (which should be empty), refusing
 /// anything that could escape it. Returns the number of entries.
 pub fn unpack(reader: impl Read, dest: &Path, max_bytes: u64) -> Result<u64> {
+    walk(reader, max_bytes, move |entry, path| {
+        let unpacked = entry
+            .unpack_in(dest)
+            .map_err(|e| Error::BadBundle(format!("cannot unpack {}: {e}", path.display())))?;
+        if unpacked {
+            Ok(())
+        } else {
+            Err(Error::BadBundle(format!(
+                "entry {} was refused by the unpacker",
+                path.display()
+            )))
+        }
+    })
+}
+
+/// Checks a gzip-compressed tar as [`unpack`] would, without writing anything, so an archive
+/// can be handed to an engine that unpacks it itself. Returns the number of entries.
+pub fn check(reader: impl Read, max_bytes: u64) -> Result<u64> {
+    walk(reader, max_bytes, |_, _| Ok(()))
+}
+
+/// Checks every entry, then hands it to `each`.
+fn walk<R: Read>(
+    reader: R,
+    max_bytes: u64,
+    mut each: impl FnMut(&mut tar::Entry<'_, flate2::read::GzDecoder<R>>, &Path) -> Result<()>,
+) -> Result<u64> {
     let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(reader));
     archive.set_preserve_permissions(false);
     archive.set_preserve_ownerships(false);
@@ -36,12 +63,8 @@ pub fn unpack(reader: impl Read, dest: &Path, max_bytes: u64) -> Result<u64> {
             .path()
             .map_err(|e| Error::BadBundle(format!("entry with an unreadable path: {e}")))?
             .into_owned();
-        let relative = normal_path(&path).ok_or_else(|| {
-            Error::BadBundle(format!(
-                "entry {} leaves the work directory",
-                path.display()
-            ))
-        })?;
+        let relative = normal_path(&path)
+            .ok_or_else(|| Error::BadBundle(format!("entry {} leaves the work directory", path.display())))?;
         if through_symlink(&relative, &symlinks) {
             return Err(Error::BadBundle(format!(
                 "entry {} is placed through a symlink",
@@ -63,8 +86,7 @@ pub fn unpack(reader: impl Read, dest: &Path, max_bytes: u64) -> Result<u64> {
             }
             EntryType::Link => {
                 let target = link_target(&entry, &path)?;
-                let inside =
-                    normal_path(&target).is_some_and(|target| !through_symlink(&target, &symlinks));
+                let inside = normal_path(&target).is_some_and(|target| !through_symlink(&target, &symlinks));
                 if !inside {
                     return Err(Error::BadBundle(format!(
                         "hard link {} -> {} points outside the work directory",
@@ -82,19 +104,9 @@ pub fn unpack(reader: impl Read, dest: &Path, max_bytes: u64) -> Result<u64> {
         }
         total = total.saturating_add(entry.header().size().unwrap_or(0));
         if total > max_bytes {
-            return Err(Error::BadBundle(format!(
-                "unpacks to more than {max_bytes} bytes"
-            )));
+            return Err(Error::BadBundle(format!("unpacks to more than {max_bytes} bytes")));
         }
-        let unpacked = entry
-            .unpack_in(dest)
-            .map_err(|e| Error::BadBundle(format!("cannot unpack {}: {e}", path.display())))?;
-        if !unpacked {
-            return Err(Error::BadBundle(format!(
-                "entry {} was refused by the unpacker",
-                path.display()
-            )));
-        }
+        each(&mut entry, &path)?;
         count += 1;
     }
     Ok(count)
@@ -103,12 +115,7 @@ pub fn unpack(reader: impl Read, dest: &Path, max_bytes: u64) -> Result<u64> {
 fn link_target<R: Read>(entry: &tar::Entry<'_, R>, path: &Path) -> Result<PathBuf> {
     entry
         .link_name()
-        .map_err(|e| {
-            Error::BadBundle(format!(
-                "link {} has an unreadable target: {e}",
-                path.display()
-            ))
-        })?
+        .map_err(|e| Error::BadBundle(format!("link {} has an unreadable target: {e}", path.display())))?
         .map(|target| target.into_owned())
         .ok_or_else(|| Error::BadBundle(format!("link {} has no target", path.display())))
 }
@@ -128,9 +135,7 @@ fn normal_path(path: &Path) -> Option<PathBuf> {
 
 /// Tells whether any proper ancestor of `path` is a symlink the archive made.
 fn through_symlink(path: &Path, symlinks: &HashSet<PathBuf>) -> bool {
-    path.ancestors()
-        .skip(1)
-        .any(|ancestor| symlinks.contains(ancestor))
+    path.ancestors().skip(1).any(|ancestor| symlinks.contains(ancestor))
 }
 
 /// Tells whether a symlink at `link` (relative to the root) pointing at `target` stays inside:
@@ -160,10 +165,7 @@ mod tests {
     /// Builds a tar.gz from raw entries, bypassing the builder's own path checks, as an attacker
     /// would.
     fn archive(entries: &[RawEntry<'_>]) -> Vec<u8> {
-        let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(
-            Vec::new(),
-            flate2::Compression::fast(),
-        ));
+        let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast()));
         for (path, kind, link, data) in entries {
             let mut header = tar::Header::new_old();
             {
@@ -199,14 +201,8 @@ mod tests {
         ]);
         assert_eq!(result.unwrap(), 5);
         let code = dir.path().join("code");
-        assert_eq!(
-            std::fs::read_to_string(code.join("latest")).unwrap(),
-            "print('hi')\n"
-        );
-        assert_eq!(
-            std::fs::read_to_string(code.join("copy.py")).unwrap(),
-            "print('hi')\n"
-        );
+        assert_eq!(std::fs::read_to_string(code.join("latest")).unwrap(), "print('hi')\n");
+        assert_eq!(std::fs::read_to_string(code.join("copy.py")).unwrap(), "print('hi')\n");
     }
 
     #[test]
@@ -214,10 +210,7 @@ mod tests {
         for path in ["../escape.txt", "/etc/kiln-escape", "a/../../escape.txt"] {
             let (dir, result) = try_unpack(&[(path, EntryType::Regular, "", b"x")]);
             let error = result.unwrap_err().to_string();
-            assert!(
-                error.contains("leaves the work directory"),
-                "{path}: {error}"
-            );
+            assert!(error.contains("leaves the work directory"), "{path}: {error}");
             assert!(!dir.path().join("escape.txt").try_exists().unwrap());
         }
     }
@@ -256,6 +249,14 @@ mod tests {
         let big = vec![0u8; 2 << 20];
         let (_dir, result) = try_unpack(&[("big", EntryType::Regular, "", &big)]);
         assert!(result.unwrap_err().to_string().contains("more than"));
+    }
+
+    #[test]
+    fn check_agrees_with_unpack() {
+        let good = archive(&[("a/b.txt", EntryType::Regular, "", b"x")]);
+        assert_eq!(check(good.as_slice(), 1 << 20).unwrap(), 1);
+        let bad = archive(&[("../b.txt", EntryType::Regular, "", b"x")]);
+        assert!(check(bad.as_slice(), 1 << 20).is_err());
     }
 
     #[test]

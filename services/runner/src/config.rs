@@ -7,7 +7,19 @@ use kiln_core::service::{ServiceConfig, problems_to_result};
 use kiln_core::subjects::validate_token;
 use serde::{Deserialize, Serialize};
 
+use crate::provider::docker::DockerConfig;
+
 pub const DEFAULT_PORT: u16 = 7074;
+
+/// Which provider runs the instances.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProviderKind {
+    /// Docker when the engine answers, else local processes.
+    Auto,
+    Docker,
+    Process,
+}
 
 /// What happens to a job whose runner went away while it ran.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -41,6 +53,8 @@ pub struct Config {
     pub stop_grace_period_ms: u64,
     /// Address of the api, given to jobs as `KILN_API`.
     pub api_url: String,
+    pub provider: ProviderKind,
+    pub docker: DockerConfig,
     pub on_lost: OnLost,
     /// Attempts a job gets when `on-lost = "requeue"`.
     pub max_attempts: i32,
@@ -62,6 +76,8 @@ impl Default for Config {
             work_dir: PathBuf::from("./data/work"),
             stop_grace_period_ms: 10_000,
             api_url: "http://127.0.0.1:7070".into(),
+            provider: ProviderKind::Auto,
+            docker: DockerConfig::default(),
             on_lost: OnLost::Fail,
             max_attempts: 3,
             report_interval_ms: if cfg!(test) { 200 } else { 5_000 },
@@ -83,6 +99,7 @@ impl ServiceConfig for Config {
         if self.cpu_millis < 0 || self.memory_bytes < 0 {
             problems.push("cpu-millis and memory-bytes must not be negative".into());
         }
+        self.docker.validate(&mut problems);
         if self.max_attempts < 1 {
             problems.push("max-attempts must be at least 1".into());
         }
@@ -99,9 +116,7 @@ impl Config {
         if self.cpu_millis > 0 {
             return self.cpu_millis;
         }
-        let cores = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1);
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         i64::try_from(cores).unwrap_or(1) * 1000
     }
 

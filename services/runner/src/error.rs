@@ -9,15 +9,19 @@ pub enum Error {
     #[error("bad code bundle: {0}")]
     BadBundle(String),
     #[error("cannot start {program:?}: {source}")]
-    Spawn {
-        program: String,
-        source: std::io::Error,
-    },
+    Spawn { program: String, source: std::io::Error },
+    #[error("image not found: {image} ({message})")]
+    ImageNotFound { image: String, message: String },
+    #[error("this runner runs containers: the job must name an image (--image)")]
+    NoImage,
+    #[error(
+        "this runner runs local processes and cannot run image {image}; submit without --image or use a runner with Docker"
+    )]
+    ImageUnsupported { image: String },
+    #[error("docker: cannot {what}: {message}")]
+    Docker { what: String, message: String },
     #[error("{what}: {source}")]
-    Io {
-        what: String,
-        source: std::io::Error,
-    },
+    Io { what: String, source: std::io::Error },
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error(transparent)]
@@ -36,12 +40,15 @@ pub enum Error {
 impl Error {
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::BadBundle(_) | Error::Spawn { .. } => ErrorKind::InvalidArgument,
+            Error::BadBundle(_)
+            | Error::Spawn { .. }
+            | Error::ImageNotFound { .. }
+            | Error::NoImage
+            | Error::ImageUnsupported { .. } => ErrorKind::InvalidArgument,
+            Error::Docker { .. } => ErrorKind::Unavailable,
             Error::Store(error) => error.kind(),
             Error::Nats(error) => error.kind(),
-            Error::Io { .. } | Error::Objects(_) | Error::Bind { .. } | Error::Serve(_) => {
-                ErrorKind::Internal
-            }
+            Error::Io { .. } | Error::Objects(_) | Error::Bind { .. } | Error::Serve(_) => ErrorKind::Internal,
         }
     }
 

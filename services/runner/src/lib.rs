@@ -1,4 +1,5 @@
-//! kiln-runner: runs jobs on instances of its provider (the local `process` provider for now).
+//! kiln-runner: runs jobs on instances of its [`provider`] (`docker`, or `process` for machines
+//! without Docker).
 //!
 //! - launch consumer: pulls `kiln.launch.<pool>` (work queue, durable `runner-<pool>`) one at a
 //!   time, checks the request is current and fits, moves the job SCHEDULED → PROVISIONING by
@@ -7,8 +8,9 @@
 //!   this runner holds;
 //! - capacity reports to the `kiln_capacity` bucket, which the scheduler reads;
 //! - reconciler: at start, jobs this runner held when it went away are ended (LOST, or queued
-//!   again, as `on-lost` says) and their leftover processes killed; unpublished changes of its
-//!   jobs are published again.
+//!   again, as `on-lost` says): their instances are killed, their outputs synced and the
+//!   instances released; anything else labelled with this runner is released too; unpublished
+//!   changes of its jobs are published again.
 #![forbid(unsafe_code)]
 
 use std::collections::HashMap;
@@ -28,6 +30,9 @@ use kiln_core::{JobState, objects, streams, subjects};
 use kiln_proto::v1 as pb;
 use object_store::ObjectStore;
 use prost::Message;
+use provider::docker::DockerProvider;
+use provider::process::ProcessProvider;
+use provider::{Capacity, Provider};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -37,10 +42,11 @@ pub mod bundle;
 pub mod config;
 pub mod error;
 pub mod logs;
-pub mod process;
+pub mod outputs;
+pub mod provider;
 mod supervisor;
 
-pub use config::{Config, OnLost};
+pub use config::{Config, OnLost, ProviderKind};
 pub use error::{Error, Result};
 
 const SCHEMA_WAIT: Duration = Duration::from_secs(60);
@@ -59,6 +65,8 @@ pub(crate) struct Context {
     store: Store,
     nats: Nats,
     objects: Arc<dyn ObjectStore>,
+    provider: Arc<dyn Provider>,
+    capacity: Capacity,
     active: Arc<Mutex<HashMap<String, ActiveJob>>>,
 }
 
@@ -68,8 +76,7 @@ impl Context {
         let active = self.active.lock().expect("active jobs lock");
         let cpu: i64 = active.values().map(|a| a.cpu_millis).sum();
         let memory: i64 = active.values().map(|a| a.memory_bytes).sum();
-        cpu + job.cpu_millis <= self.config.offered_cpu_millis()
-            && memory + job.memory_bytes <= self.config.offered_memory_bytes()
+        cpu + job.cpu_millis <= self.capacity.cpu_millis && memory + job.memory_bytes <= self.capacity.memory_bytes
     }
 }
 
@@ -87,30 +94,40 @@ impl Runner {
         let objects = objects::open(&config.objects)?;
         tokio::fs::create_dir_all(&config.work_dir)
             .await
-            .map_err(Error::io(format!(
-                "cannot create {}",
-                config.work_dir.display()
-            )))?;
+            .map_err(Error::io(format!("cannot create {}", config.work_dir.display())))?;
         let listener = TcpListener::bind(config.grpc.listen)
             .await
             .map_err(|source| Error::Bind {
                 addr: config.grpc.listen,
                 source,
             })?;
+        let provider = connect_provider(&config).await?;
+        let capacity = provider.capacity().await?;
+        tracing::info!(
+            provider = provider.name(),
+            cpu_millis = capacity.cpu_millis,
+            memory_bytes = capacity.memory_bytes,
+            "provider ready"
+        );
         let ctx = Context {
             config: Arc::new(config),
             store,
             nats,
             objects,
+            provider,
+            capacity,
             active: Arc::default(),
         };
         Ok(Runner { ctx, listener })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
-        self.listener
-            .local_addr()
-            .expect("a bound listener has an address")
+        self.listener.local_addr().expect("a bound listener has an address")
+    }
+
+    /// The provider this runner runs its instances on.
+    pub fn provider_name(&self) -> &'static str {
+        self.ctx.provider.name()
     }
 
     /// Runs until `shutdown` is cancelled. Dropping the returned future aborts every job task
@@ -148,8 +165,7 @@ impl Runner {
             }
         }
         // Jobs stop on the shutdown token; give them the grace period and a margin.
-        let grace =
-            Duration::from_millis(ctx.config.stop_grace_period_ms) + Duration::from_secs(10);
+        let grace = Duration::from_millis(ctx.config.stop_grace_period_ms) + Duration::from_secs(10);
         if tokio::time::timeout(grace, async { while jobs.join_next().await.is_some() {} })
             .await
             .is_err()
@@ -164,6 +180,34 @@ impl Runner {
     }
 }
 
+/// Builds the provider the configuration asks for; `auto` takes Docker when the engine answers.
+async fn connect_provider(config: &Config) -> Result<Arc<dyn Provider>> {
+    let docker = || DockerProvider::connect(config.docker.clone(), config.cpu_millis, config.memory_bytes);
+    let process = || {
+        let capacity = Capacity {
+            cpu_millis: config.offered_cpu_millis(),
+            memory_bytes: config.offered_memory_bytes(),
+            gpus: 0,
+        };
+        Arc::new(ProcessProvider::new(capacity, config.work_dir.clone())) as Arc<dyn Provider>
+    };
+    Ok(match config.provider {
+        ProviderKind::Process => process(),
+        ProviderKind::Docker => Arc::new(docker().await?),
+        ProviderKind::Auto => match tokio::time::timeout(Duration::from_secs(5), docker()).await {
+            Ok(Ok(provider)) => Arc::new(provider),
+            Ok(Err(error)) => {
+                tracing::info!(host = %config.docker.host, error = %error, "no Docker engine; running jobs as local processes");
+                process()
+            }
+            Err(_) => {
+                tracing::info!(host = %config.docker.host, "the Docker engine did not answer; running jobs as local processes");
+                process()
+            }
+        },
+    })
+}
+
 /// Runs a runner until `shutdown` is cancelled.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     Runner::bind(config).await?.serve(shutdown).await
@@ -174,11 +218,7 @@ fn nats_error(error: impl std::fmt::Display) -> Error {
 }
 
 /// Pulls launch requests one at a time and starts the jobs that are current and fit.
-async fn take_launches(
-    ctx: &Context,
-    jobs: &mut JoinSet<()>,
-    shutdown: &CancellationToken,
-) -> Result<()> {
+async fn take_launches(ctx: &Context, jobs: &mut JoinSet<()>, shutdown: &CancellationToken) -> Result<()> {
     let stream = ctx
         .nats
         .jetstream
@@ -270,11 +310,7 @@ async fn accept_launch(
         runner_id: Some(ctx.config.runner_id.clone()),
         ..Change::default()
     };
-    let provisioning = match ctx
-        .store
-        .transition(&job, JobState::Provisioning, change)
-        .await
-    {
+    let provisioning = match ctx.store.transition(&job, JobState::Provisioning, change).await {
         Ok(provisioning) => provisioning,
         Err(error) => {
             ctx.active.lock().expect("active jobs lock").remove(&job.id);
@@ -285,12 +321,7 @@ async fn accept_launch(
         }
     };
     supervisor::publish(ctx, &provisioning).await;
-    jobs.spawn(supervisor::supervise(
-        ctx.clone(),
-        provisioning,
-        stop,
-        shutdown.clone(),
-    ));
+    jobs.spawn(supervisor::supervise(ctx.clone(), provisioning, stop, shutdown.clone()));
     Ok(Accepted::Started)
 }
 
@@ -341,11 +372,7 @@ async fn consume_controls(ctx: &Context, shutdown: &CancellationToken) -> Result
         let message = message.map_err(nats_error)?;
         if let Ok(request) = pb::ControlRequest::decode(message.payload.as_ref())
             && request.action == pb::control_request::Action::Stop as i32
-            && let Some(active) = ctx
-                .active
-                .lock()
-                .expect("active jobs lock")
-                .get(&request.job_id)
+            && let Some(active) = ctx.active.lock().expect("active jobs lock").get(&request.job_id)
         {
             tracing::info!(job_id = %request.job_id, "stop requested");
             active.stop.cancel();
@@ -361,9 +388,9 @@ async fn report_capacity(ctx: Context, shutdown: CancellationToken) {
         let report = CapacityReport {
             runner_id: ctx.config.runner_id.clone(),
             pool: ctx.config.pool.clone(),
-            provider: "process".into(),
-            cpu_millis: ctx.config.offered_cpu_millis(),
-            memory_bytes: ctx.config.offered_memory_bytes(),
+            provider: ctx.provider.name().into(),
+            cpu_millis: ctx.capacity.cpu_millis,
+            memory_bytes: ctx.capacity.memory_bytes,
             updated_at_ms: now_ms(),
         };
         if let Err(error) = capacity::report(&ctx.nats, &report).await {
@@ -385,27 +412,32 @@ async fn reconcile(ctx: &Context) -> Result<()> {
         .store
         .jobs_in_states(&[JobState::Provisioning, JobState::Running, JobState::Syncing])
         .await?;
-    for job in held
-        .into_iter()
-        .filter(|job| job.runner_id == ctx.config.runner_id)
-    {
-        if let Some(pid) = process::instance_pid(&job.instance_id)
-            && process::is_job_process(pid, &job.id)
+    for job in held.into_iter().filter(|job| job.runner_id == ctx.config.runner_id) {
+        let scratch_dir = ctx.config.work_dir.join(format!("{}-{}", job.id, job.attempt));
+        if let Some(instance) = ctx
+            .provider
+            .recover(&job.id, job.attempt, &job.instance_id, scratch_dir)
+            .await?
         {
-            tracing::warn!(job_id = %job.id, pid, "killing a process left by the previous runner");
-            process::signal_group(pid, nix::sys::signal::Signal::SIGKILL);
+            tracing::warn!(job_id = %job.id, instance = %instance.id, "killing an instance left by the previous runner");
+            ctx.provider
+                .signal(&instance, nix::sys::signal::Signal::SIGKILL)
+                .await?;
+            supervisor::sync_outputs(ctx, &instance).await;
+            ctx.provider.release(&instance).await?;
         }
         supervisor::lose(ctx, &job, "the runner restarted while the job ran").await?;
+    }
+    let released = ctx.provider.release_leftovers(&ctx.config.runner_id, &[]).await?;
+    if released > 0 {
+        tracing::warn!(released, "released instances left by the previous runner");
     }
     republish_own(ctx).await
 }
 
 async fn republish_own(ctx: &Context) -> Result<()> {
     let pending = ctx.store.unpublished_jobs(&JobState::ALL).await?;
-    for job in pending
-        .iter()
-        .filter(|job| job.runner_id == ctx.config.runner_id)
-    {
+    for job in pending.iter().filter(|job| job.runner_id == ctx.config.runner_id) {
         publish_job_change(&ctx.nats, &ctx.store, job).await?;
     }
     Ok(())

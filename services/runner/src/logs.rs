@@ -8,12 +8,14 @@
 use std::collections::VecDeque;
 
 use async_nats::jetstream::context::PublishAckFuture;
+use futures::StreamExt;
 use kiln_core::ids::now_ms;
 use kiln_core::streams::{Nats, NatsError};
 use kiln_core::subjects;
 use kiln_proto::v1::{LogRecord, LogStream};
 use prost::Message;
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+
+use crate::provider::OutputStream;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -35,35 +37,27 @@ impl LogShipper {
         LogShipper { tx, publisher }
     }
 
-    /// Reads lines from a pipe until it closes.
-    pub fn read(
-        &self,
-        stream: LogStream,
-        pipe: impl AsyncRead + Unpin + Send + 'static,
-    ) -> JoinHandle<()> {
+    /// Splits an instance's output into lines, per stream, until it ends.
+    pub fn ship(&self, mut output: OutputStream) -> JoinHandle<()> {
         let tx = self.tx.clone();
         tokio::spawn(async move {
-            let mut reader = BufReader::new(pipe);
-            let mut buffer = Vec::new();
-            loop {
-                buffer.clear();
-                match reader.read_until(b'\n', &mut buffer).await {
-                    Ok(0) => return,
-                    Ok(_) => {
-                        if buffer.last() == Some(&b'\n') {
-                            buffer.pop();
-                        }
-                        for piece in buffer.chunks(MAX_LINE_BYTES) {
-                            let text = String::from_utf8_lossy(piece).into_owned();
-                            if tx.send((stream, text)).await.is_err() {
-                                return;
-                            }
-                        }
-                    }
-                    Err(error) => {
-                        tracing::warn!(error = %error, "reading the job's output failed");
+            let mut stdout = LineSplitter::default();
+            let mut stderr = LineSplitter::default();
+            while let Some((stream, chunk)) = output.next().await {
+                let splitter = if stream == LogStream::Stderr {
+                    &mut stderr
+                } else {
+                    &mut stdout
+                };
+                for line in splitter.push(&chunk) {
+                    if tx.send((stream, line)).await.is_err() {
                         return;
                     }
+                }
+            }
+            for (stream, splitter) in [(LogStream::Stdout, stdout), (LogStream::Stderr, stderr)] {
+                if let Some(line) = splitter.finish() {
+                    let _ = tx.send((stream, line)).await;
                 }
             }
         })
@@ -78,9 +72,36 @@ impl LogShipper {
     /// lines shipped.
     pub async fn finish(self) -> Result<u64, NatsError> {
         drop(self.tx);
-        self.publisher
-            .await
-            .map_err(|e| NatsError::Other(e.to_string()))?
+        self.publisher.await.map_err(|e| NatsError::Other(e.to_string()))?
+    }
+}
+
+/// Cuts a byte stream into lines; a line longer than [`MAX_LINE_BYTES`] is cut into pieces.
+#[derive(Default)]
+struct LineSplitter {
+    partial: Vec<u8>,
+}
+
+impl LineSplitter {
+    fn push(&mut self, chunk: &[u8]) -> Vec<String> {
+        let mut lines = Vec::new();
+        for &byte in chunk {
+            if byte == b'\n' {
+                lines.push(String::from_utf8_lossy(&self.partial).into_owned());
+                self.partial.clear();
+            } else {
+                self.partial.push(byte);
+                if self.partial.len() == MAX_LINE_BYTES {
+                    lines.push(String::from_utf8_lossy(&self.partial).into_owned());
+                    self.partial.clear();
+                }
+            }
+        }
+        lines
+    }
+
+    fn finish(self) -> Option<String> {
+        (!self.partial.is_empty()).then(|| String::from_utf8_lossy(&self.partial).into_owned())
     }
 }
 
@@ -140,4 +161,21 @@ async fn publish_lines(
         })?;
     }
     Ok(seq - 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_become_lines() {
+        let mut splitter = LineSplitter::default();
+        assert_eq!(splitter.push(b"a\nb"), ["a"]);
+        assert_eq!(splitter.push(b"c\n\nd"), ["bc", ""]);
+        assert_eq!(splitter.finish().as_deref(), Some("d"));
+        let mut long = LineSplitter::default();
+        let lines = long.push(&vec![b'x'; MAX_LINE_BYTES + 5]);
+        assert_eq!(lines.len(), 1);
+        assert_eq!(long.finish().unwrap().len(), 5);
+    }
 }

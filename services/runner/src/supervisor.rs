@@ -1,14 +1,16 @@
 //! One job's life on this runner, from PROVISIONING to its end state.
 //!
-//! set up (work dir, code bundle) → start the process → RUNNING → watch (logs, stop requests,
-//! runner shutdown) → stop gracefully when asked (SIGTERM, grace period, SIGKILL) → kill what
-//! is left of the process group → ship the end of the logs → end state → clean up.
+//! fetch and check the code and datasets → provision an instance → start it → RUNNING → watch
+//! (logs, stop requests, the run-time limit, runner shutdown) → stop gracefully when asked
+//! (SIGTERM, grace period, SIGKILL) → SYNCING: outputs to object storage → release the instance
+//! → end state. The job runs with a token scoped to itself, revoked when it ends.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use bytes::Bytes;
 use kiln_core::JobState;
+use kiln_core::auth::Scope;
 use kiln_core::events::publish_job_change;
 use kiln_core::objects::artifact_path;
 use kiln_core::store::{Change, JobRecord, StoreError};
@@ -21,56 +23,56 @@ use crate::Context;
 use crate::config::OnLost;
 use crate::error::{Error, Result};
 use crate::logs::LogShipper;
-use crate::process;
+use crate::provider::{Exit, Instance, InstanceSpec};
 
-/// Largest size a code bundle may unpack to.
-const MAX_UNPACKED_BYTES: u64 = 16 << 30;
+/// Largest size a code bundle or dataset may unpack to.
+const MAX_UNPACKED_BYTES: u64 = 64 << 30;
 /// How often a running job's stop flag is read from the database, in case a control message
 /// was missed.
 const STOP_POLL: Duration = Duration::from_secs(2);
+/// How long the output readers may take to drain after the job ended.
+const DRAIN: Duration = Duration::from_secs(5);
+
+/// Why the runner stopped a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StopReason {
+    User,
+    Timeout,
+    Shutdown,
+}
 
 /// How an attempt ended, as far as the runner knows.
 #[derive(Debug, Clone)]
 enum Outcome {
-    /// The process exited; `stopped` when we stopped it on request.
-    Exited { exit_code: i32, stopped: bool },
+    /// The main process exited; `stopped` says why when we stopped it.
+    Exited { exit: Exit, stopped: Option<StopReason> },
     /// It never started; the reason says why.
     NotStarted {
         reason: String,
         exit_code: Option<i32>,
         stopped: bool,
     },
-    /// The runner is shutting down.
-    Interrupted,
 }
 
 /// Runs a job that this runner has moved to PROVISIONING, to its end.
-pub(crate) async fn supervise(
-    ctx: Context,
-    job: JobRecord,
-    stop: CancellationToken,
-    shutdown: CancellationToken,
-) {
+pub(crate) async fn supervise(ctx: Context, job: JobRecord, stop: CancellationToken, shutdown: CancellationToken) {
     let job_id = job.id.clone();
-    let dir = ctx
-        .config
-        .work_dir
-        .join(format!("{}-{}", job.id, job.attempt));
+    let scratch_dir = ctx.config.work_dir.join(format!("{}-{}", job.id, job.attempt));
     let shipper = LogShipper::start(ctx.nats.clone(), job.id.clone(), job.attempt);
-    let (outcome, current) = execute(&ctx, job, &dir, &shipper, &stop, &shutdown).await;
+    let (outcome, current, instance) = execute(&ctx, job, &scratch_dir, &shipper, &stop, &shutdown).await;
     if let Outcome::NotStarted { reason, .. } = &outcome {
-        shipper
-            .line(LogStream::Stderr, format!("kiln: {reason}"))
-            .await;
+        shipper.line(LogStream::Stderr, format!("kiln: {reason}")).await;
     }
     if let Err(error) = shipper.finish().await {
         tracing::warn!(job_id, error = %error, "shipping the job's logs failed");
     }
-    if let Err(error) = tokio::fs::remove_dir_all(&dir).await
-        && error.kind() != std::io::ErrorKind::NotFound
-    {
-        tracing::warn!(job_id, dir = %dir.display(), error = %error, "cannot remove the work dir");
-    }
+    let current = match &instance {
+        Some(instance) => finish_instance(&ctx, current, instance).await,
+        None => {
+            remove_scratch(&scratch_dir).await;
+            current
+        }
+    };
     // The instance is released: its capacity is free before the end is reported.
     ctx.active.lock().expect("active jobs lock").remove(&job_id);
     let mut delay = Duration::from_millis(200);
@@ -89,134 +91,224 @@ pub(crate) async fn supervise(
             }
         }
     }
+    if let Err(error) = ctx.store.revoke_tokens(&Scope::Job(job_id.clone())).await {
+        tracing::warn!(job_id, error = %error, "cannot revoke the job's token");
+    }
 }
 
-/// Sets up and runs the attempt. Returns how it ended, with the latest record of the job.
+/// SYNCING: copies the outputs to object storage, then releases the instance.
+async fn finish_instance(ctx: &Context, job: JobRecord, instance: &Instance) -> JobRecord {
+    let job = match job.state() {
+        Ok(JobState::Running) => match ctx.store.transition(&job, JobState::Syncing, Change::default()).await {
+            Ok(syncing) => {
+                publish(ctx, &syncing).await;
+                syncing
+            }
+            Err(error) => {
+                tracing::warn!(job_id = %job.id, error = %error, "cannot record SYNCING");
+                job
+            }
+        },
+        _ => job,
+    };
+    sync_outputs(ctx, instance).await;
+    if let Err(error) = ctx.provider.release(instance).await {
+        tracing::error!(job_id = %job.id, error = %error, "cannot release the instance; it is released at the next restart");
+    }
+    job
+}
+
+/// Copies an ended instance's outputs to object storage; a failure is logged, not fatal.
+pub(crate) async fn sync_outputs(ctx: &Context, instance: &Instance) {
+    let synced = match ctx.provider.outputs(instance).await {
+        Ok(outputs) => crate::outputs::sync(ctx.objects.clone(), &instance.job_id, outputs).await,
+        Err(error) => Err(error),
+    };
+    match synced {
+        Ok(synced) => {
+            tracing::info!(job_id = %instance.job_id, files = synced.files, bytes = synced.bytes, "outputs synced")
+        }
+        Err(error) => tracing::error!(job_id = %instance.job_id, error = %error, "cannot sync the outputs"),
+    }
+}
+
+async fn remove_scratch(dir: &std::path::Path) {
+    if let Err(error) = tokio::fs::remove_dir_all(dir).await
+        && error.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(dir = %dir.display(), error = %error, "cannot remove a scratch dir");
+    }
+}
+
+/// Reads an archive from object storage and checks it before any engine unpacks it.
+async fn fetch_archive(ctx: &Context, digest: &str, what: &str) -> Result<Bytes> {
+    let archive = ctx.objects.get(&artifact_path(digest)).await?.bytes().await?;
+    let checked = archive.clone();
+    let what = what.to_string();
+    tokio::task::spawn_blocking(move || crate::bundle::check(checked.as_ref(), MAX_UNPACKED_BYTES))
+        .await
+        .map_err(|e| Error::BadBundle(e.to_string()))?
+        .map_err(|error| Error::BadBundle(format!("{what}: {error}")))?;
+    Ok(archive)
+}
+
+/// Everything the instance needs: code, datasets, environment (with the job's token).
+async fn instance_spec(ctx: &Context, job: &JobRecord, scratch_dir: &std::path::Path) -> Result<InstanceSpec> {
+    let code = if job.code_digest.is_empty() {
+        None
+    } else {
+        Some(fetch_archive(ctx, &job.code_digest, "code bundle").await?)
+    };
+    let mut datasets = Vec::new();
+    for name in job.datasets()? {
+        let dataset = ctx
+            .store
+            .dataset(&name)
+            .await?
+            .ok_or_else(|| Error::BadBundle(format!("dataset {name} does not exist")))?;
+        datasets.push((
+            name.clone(),
+            fetch_archive(ctx, &dataset.digest, &format!("dataset {name}")).await?,
+        ));
+    }
+    let token = ctx
+        .store
+        .create_token(&job.owner_id, &format!("job {}", job.id), Scope::Job(job.id.clone()))
+        .await?;
+    let mut env = job.env()?;
+    env.insert("KILN_JOB_ID".into(), job.id.clone());
+    env.insert("KILN_ATTEMPT".into(), job.attempt.to_string());
+    env.insert("KILN_API".into(), ctx.config.api_url.clone());
+    env.insert("KILN_TOKEN".into(), token.token);
+    Ok(InstanceSpec {
+        job_id: job.id.clone(),
+        attempt: job.attempt,
+        runner_id: ctx.config.runner_id.clone(),
+        image: job.image.clone(),
+        command: job.command()?,
+        env,
+        cpu_millis: job.cpu_millis,
+        memory_bytes: job.memory_bytes,
+        gpus: u32::try_from(job.gpus).unwrap_or(0),
+        code,
+        datasets,
+        scratch_dir: PathBuf::from(scratch_dir),
+    })
+}
+
+/// Sets up and runs the attempt. Returns how it ended, the latest record of the job, and the
+/// instance to release.
 async fn execute(
     ctx: &Context,
     job: JobRecord,
-    dir: &std::path::Path,
+    scratch_dir: &std::path::Path,
     shipper: &LogShipper,
     stop: &CancellationToken,
     shutdown: &CancellationToken,
-) -> (Outcome, JobRecord) {
-    let code_dir = dir.join("code");
-    if let Err(error) = prepare(ctx, &job, &code_dir).await {
-        return (not_started(error), job);
-    }
-    let env = match job_env(ctx, &job) {
-        Ok(env) => env,
-        Err(error) => return (not_started(error), job),
+) -> (Outcome, JobRecord, Option<Instance>) {
+    let spec = match instance_spec(ctx, &job, scratch_dir).await {
+        Ok(spec) => spec,
+        Err(error) => return (not_started(error), job, None),
     };
-    if stop.is_cancelled()
-        || ctx
-            .store
-            .job(&job.id)
-            .await
-            .map(|j| j.stop_requested)
-            .unwrap_or(false)
-    {
-        return (
-            Outcome::NotStarted {
-                reason: "stopped before it started".into(),
-                exit_code: None,
-                stopped: true,
-            },
-            job,
-        );
-    }
-    let command = match job.command() {
-        Ok(command) => command,
-        Err(error) => return (not_started(error.into()), job),
-    };
-    let mut instance = match process::spawn(&command, &env, &code_dir) {
+    let mut instance = match ctx.provider.provision(&spec).await {
         Ok(instance) => instance,
-        Err(error) => return (not_started(error), job),
+        Err(error) => return (not_started(error), job, None),
+    };
+    drop(spec);
+    if stop.is_cancelled() || ctx.store.job(&job.id).await.map(|j| j.stop_requested).unwrap_or(false) {
+        let outcome = Outcome::NotStarted {
+            reason: "stopped before it started".into(),
+            exit_code: None,
+            stopped: true,
+        };
+        return (outcome, job, Some(instance));
+    }
+    let output = match ctx.provider.start(&mut instance).await {
+        Ok(output) => output,
+        Err(error) => return (not_started(error), job, Some(instance)),
     };
     let change = Change {
-        instance_id: Some(format!("pid:{}", instance.pid)),
+        instance_id: Some(instance.id.clone()),
         ..Change::default()
     };
     let job = match ctx.store.transition(&job, JobState::Running, change).await {
         Ok(running) => running,
         Err(error) => {
-            process::signal_group(instance.pid, Signal::SIGKILL);
-            let _ = instance.child.wait().await;
-            return (not_started(error.into()), job);
+            let _ = ctx.provider.signal(&instance, Signal::SIGKILL).await;
+            return (not_started(error.into()), job, Some(instance));
         }
     };
-    tracing::info!(job_id = %job.id, pid = instance.pid, "job running");
+    tracing::info!(job_id = %job.id, instance = %instance.id, "job running");
     publish(ctx, &job).await;
-    let readers = [
-        instance
-            .child
-            .stdout
-            .take()
-            .map(|pipe| shipper.read(LogStream::Stdout, pipe)),
-        instance
-            .child
-            .stderr
-            .take()
-            .map(|pipe| shipper.read(LogStream::Stderr, pipe)),
-    ];
-    let grace = Duration::from_millis(ctx.config.stop_grace_period_ms);
-    let mut stopping: Option<bool> = None; // Some(true): stop request; Some(false): shutdown.
-    let status = loop {
-        tokio::select! {
-            status = instance.child.wait() => break status,
-            _ = stop.cancelled(), if stopping.is_none() => stopping = Some(true),
-            _ = shutdown.cancelled(), if stopping.is_none() => stopping = Some(false),
-            _ = tokio::time::sleep(STOP_POLL), if stopping.is_none() => {
-                if ctx.store.job(&job.id).await.map(|j| j.stop_requested).unwrap_or(false) {
-                    stopping = Some(true);
-                }
-            }
-        }
-        if stopping.is_some() {
-            tracing::info!(job_id = %job.id, grace_ms = ctx.config.stop_grace_period_ms, "stopping job: SIGTERM");
-            process::signal_group(instance.pid, Signal::SIGTERM);
-            match tokio::time::timeout(grace, instance.child.wait()).await {
-                Ok(status) => break status,
-                Err(_) => {
-                    tracing::info!(job_id = %job.id, "grace period over: SIGKILL");
-                    process::signal_group(instance.pid, Signal::SIGKILL);
-                    break instance.child.wait().await;
-                }
-            }
-        }
-    };
-    // Whatever the job left behind in its group goes too.
-    process::signal_group(instance.pid, Signal::SIGKILL);
-    for reader in readers.into_iter().flatten() {
-        let abort = reader.abort_handle();
-        if tokio::time::timeout(Duration::from_secs(5), reader)
-            .await
-            .is_err()
-        {
-            abort.abort();
-        }
+    let reader = shipper.ship(output);
+    let (exit, stopped) = watch(ctx, &job, &instance, stop, shutdown).await;
+    // Whatever the job left behind goes too, so its output streams end.
+    let _ = ctx.provider.signal(&instance, Signal::SIGKILL).await;
+    let abort = reader.abort_handle();
+    if tokio::time::timeout(DRAIN, reader).await.is_err() {
+        abort.abort();
     }
-    let outcome = match (status, stopping) {
-        (_, Some(false)) => Outcome::Interrupted,
-        (Ok(status), stopped) => Outcome::Exited {
-            exit_code: process::exit_code(status),
-            stopped: stopped.is_some(),
-        },
-        (Err(error), _) => Outcome::NotStarted {
-            reason: format!("lost track of the process: {error}"),
+    let outcome = match exit {
+        Ok(exit) => Outcome::Exited { exit, stopped },
+        Err(error) => Outcome::NotStarted {
+            reason: format!("lost track of the instance: {error}"),
             exit_code: None,
             stopped: false,
         },
     };
-    (outcome, job)
+    (outcome, job, Some(instance))
+}
+
+/// Waits for the job to end, stopping it on request, on timeout or at shutdown.
+async fn watch(
+    ctx: &Context,
+    job: &JobRecord,
+    instance: &Instance,
+    stop: &CancellationToken,
+    shutdown: &CancellationToken,
+) -> (Result<Exit>, Option<StopReason>) {
+    let deadline = (job.max_runtime_secs > 0).then(|| {
+        tokio::time::Instant::now() + Duration::from_secs(u64::try_from(job.max_runtime_secs).unwrap_or(u64::MAX / 2))
+    });
+    let wait = ctx.provider.wait(instance);
+    tokio::pin!(wait);
+    let mut stopping: Option<StopReason> = None;
+    loop {
+        tokio::select! {
+            exit = &mut wait => return (exit, stopping),
+            _ = stop.cancelled(), if stopping.is_none() => stopping = Some(StopReason::User),
+            _ = shutdown.cancelled(), if stopping.is_none() => stopping = Some(StopReason::Shutdown),
+            _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if stopping.is_none() && deadline.is_some() => {
+                stopping = Some(StopReason::Timeout);
+            }
+            _ = tokio::time::sleep(STOP_POLL), if stopping.is_none() => {
+                if ctx.store.job(&job.id).await.map(|j| j.stop_requested).unwrap_or(false) {
+                    stopping = Some(StopReason::User);
+                }
+            }
+        }
+        if let Some(reason) = stopping {
+            tracing::info!(job_id = %job.id, ?reason, grace_ms = ctx.config.stop_grace_period_ms, "stopping job: SIGTERM");
+            if let Err(error) = ctx.provider.signal(instance, Signal::SIGTERM).await {
+                tracing::warn!(job_id = %job.id, error = %error, "SIGTERM failed");
+            }
+            let grace = Duration::from_millis(ctx.config.stop_grace_period_ms);
+            if let Ok(exit) = tokio::time::timeout(grace, &mut wait).await {
+                return (exit, stopping);
+            }
+            tracing::info!(job_id = %job.id, "grace period over: SIGKILL");
+            if let Err(error) = ctx.provider.signal(instance, Signal::SIGKILL).await {
+                tracing::warn!(job_id = %job.id, error = %error, "SIGKILL failed");
+            }
+            return (wait.await, stopping);
+        }
+    }
 }
 
 fn not_started(error: Error) -> Outcome {
     let exit_code = match &error {
         Error::Spawn { source, .. } if source.kind() == std::io::ErrorKind::NotFound => Some(127),
-        Error::Spawn { source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied => {
-            Some(126)
-        }
+        Error::Spawn { source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied => Some(126),
         _ => None,
     };
     Outcome::NotStarted {
@@ -226,106 +318,52 @@ fn not_started(error: Error) -> Outcome {
     }
 }
 
-/// Creates the work dir and unpacks the code bundle into it.
-async fn prepare(ctx: &Context, job: &JobRecord, code_dir: &std::path::Path) -> Result<()> {
-    tokio::fs::create_dir_all(code_dir)
-        .await
-        .map_err(Error::io(format!("cannot create {}", code_dir.display())))?;
-    if job.code_digest.is_empty() {
-        return Ok(());
-    }
-    let bundle = ctx
-        .objects
-        .get(&artifact_path(&job.code_digest))
-        .await?
-        .bytes()
-        .await?;
-    let dest: PathBuf = code_dir.to_path_buf();
-    let entries = tokio::task::spawn_blocking(move || {
-        crate::bundle::unpack(bundle.as_ref(), &dest, MAX_UNPACKED_BYTES)
-    })
-    .await
-    .map_err(|e| Error::BadBundle(e.to_string()))??;
-    tracing::debug!(job_id = %job.id, entries, "code bundle unpacked");
-    Ok(())
-}
-
-/// The job's environment: its own variables, then kiln's.
-fn job_env(ctx: &Context, job: &JobRecord) -> Result<BTreeMap<String, String>> {
-    let mut env = job.env()?;
-    env.insert("KILN_JOB_ID".into(), job.id.clone());
-    env.insert("KILN_ATTEMPT".into(), job.attempt.to_string());
-    env.insert("KILN_API".into(), ctx.config.api_url.clone());
-    Ok(env)
-}
-
 /// Records the end of the attempt.
 async fn conclude(ctx: &Context, job: JobRecord, outcome: &Outcome) -> Result<()> {
+    let change = |exit_code: Option<i32>, reason: &str| Change {
+        exit_code,
+        reason: Some(reason.to_string()),
+        ..Change::default()
+    };
     let (state, change) = match outcome.clone() {
         Outcome::Exited {
-            exit_code,
-            stopped: true,
-        } => (
-            JobState::Stopped,
-            Change {
-                exit_code: Some(exit_code),
-                reason: Some("stopped by user".into()),
-                ..Change::default()
-            },
-        ),
-        Outcome::Exited {
-            exit_code: 0,
-            stopped: false,
-        } => (
-            JobState::Succeeded,
-            Change {
-                exit_code: Some(0),
-                ..Change::default()
-            },
-        ),
-        Outcome::Exited {
-            exit_code,
-            stopped: false,
+            stopped: Some(StopReason::Shutdown),
+            ..
         } => {
-            let reason = if exit_code > 128 {
-                format!("killed by signal {}", exit_code - 128)
+            return lose(ctx, &job, "the runner shut down while the job ran").await;
+        }
+        Outcome::Exited {
+            exit,
+            stopped: Some(StopReason::User),
+        } => (JobState::Stopped, change(Some(exit.code), "stopped by user")),
+        Outcome::Exited {
+            exit,
+            stopped: Some(StopReason::Timeout),
+        } => (JobState::Stopped, change(Some(exit.code), "timeout")),
+        Outcome::Exited { exit, stopped: None } if exit.code == 0 => (JobState::Succeeded, change(Some(0), "")),
+        Outcome::Exited { exit, stopped: None } if exit.oom_killed => {
+            let reason = format!("out of memory: the limit is {} bytes", job.memory_bytes);
+            (JobState::Failed, change(Some(exit.code), &reason))
+        }
+        Outcome::Exited { exit, stopped: None } => {
+            let reason = if exit.code > 128 {
+                format!("killed by signal {}", exit.code - 128)
             } else {
-                format!("exited with code {exit_code}")
+                format!("exited with code {}", exit.code)
             };
-            (
-                JobState::Failed,
-                Change {
-                    exit_code: Some(exit_code),
-                    reason: Some(reason),
-                    ..Change::default()
-                },
-            )
+            (JobState::Failed, change(Some(exit.code), &reason))
         }
         Outcome::NotStarted {
             reason,
             exit_code,
             stopped,
         } => {
-            let state = if stopped {
-                JobState::Stopped
-            } else {
-                JobState::Failed
-            };
-            (
-                state,
-                Change {
-                    exit_code,
-                    reason: Some(reason),
-                    ..Change::default()
-                },
-            )
-        }
-        Outcome::Interrupted => {
-            return lose(ctx, &job, "the runner shut down while the job ran").await;
+            let state = if stopped { JobState::Stopped } else { JobState::Failed };
+            (state, change(exit_code, &reason))
         }
     };
     let ended = ctx.store.transition(&job, state, change).await?;
-    tracing::info!(job_id = %ended.id, state = %ended.state, exit_code = ?ended.exit_code, "job ended");
+    tracing::info!(job_id = %ended.id, state = %ended.state, exit_code = ?ended.exit_code, reason = %ended.reason, "job ended");
     publish(ctx, &ended).await;
     Ok(())
 }

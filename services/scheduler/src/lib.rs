@@ -61,19 +61,13 @@ impl Scheduler {
     }
 
     pub fn local_addr(&self) -> SocketAddr {
-        self.listener
-            .local_addr()
-            .expect("a bound listener has an address")
+        self.listener.local_addr().expect("a bound listener has an address")
     }
 
     pub async fn serve(self, shutdown: CancellationToken) -> Result<()> {
         republish_pending(&self.nats, &self.store, &[JobState::Scheduled]).await?;
         let wake = Arc::new(Notify::new());
-        let events = tokio::spawn(watch_job_events(
-            self.nats.clone(),
-            wake.clone(),
-            shutdown.clone(),
-        ));
+        let events = tokio::spawn(watch_job_events(self.nats.clone(), wake.clone(), shutdown.clone()));
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
         health_reporter
             .set_service_status("", tonic_health::ServingStatus::Serving)
@@ -161,11 +155,7 @@ async fn watch_job_events(nats: Nats, wake: Arc<Notify>, shutdown: CancellationT
     }
 }
 
-async fn consume_job_events(
-    nats: &Nats,
-    wake: &Notify,
-    shutdown: &CancellationToken,
-) -> Result<(), NatsError> {
+async fn consume_job_events(nats: &Nats, wake: &Notify, shutdown: &CancellationToken) -> Result<(), NatsError> {
     let other = |e: &dyn std::fmt::Display| NatsError::Other(e.to_string());
     let stream = nats
         .jetstream

@@ -37,15 +37,15 @@ pub fn plan(
         .collect();
     let mut placements = Vec::new();
     for (index, job) in queued.iter().enumerate() {
-        let fits_ever = pools.values().any(|capacity| {
-            job.cpu_millis <= capacity.cpu_millis && job.memory_bytes <= capacity.memory_bytes
-        });
+        let fits_ever = pools
+            .values()
+            .any(|capacity| job.cpu_millis <= capacity.cpu_millis && job.memory_bytes <= capacity.memory_bytes);
         if !fits_ever {
             continue;
         }
-        let chosen = free.iter_mut().find(|(_, free)| {
-            job.cpu_millis <= free.cpu_millis && job.memory_bytes <= free.memory_bytes
-        });
+        let chosen = free
+            .iter_mut()
+            .find(|(_, free)| job.cpu_millis <= free.cpu_millis && job.memory_bytes <= free.memory_bytes);
         match chosen {
             Some((pool, free)) => {
                 free.cpu_millis -= job.cpu_millis;
@@ -108,10 +108,7 @@ mod tests {
         let pools = BTreeMap::from([("local".to_string(), pool(2000, 4096))]);
         let queued = [job(1000, 1024), job(1000, 1024), job(1000, 1024)];
         let placed = plan(&queued, &pools, &BTreeMap::new());
-        assert_eq!(
-            placed,
-            vec![(0, "local".to_string()), (1, "local".to_string())]
-        );
+        assert_eq!(placed, vec![(0, "local".to_string()), (1, "local".to_string())]);
     }
 
     #[test]
@@ -130,10 +127,7 @@ mod tests {
         let queued = [job(64_000, 1), job(2000, 1), job(100, 1)];
         assert!(plan(&queued, &pools, &usage).is_empty());
         let queued = [job(64_000, 1), job(100, 1)];
-        assert_eq!(
-            plan(&queued, &pools, &usage),
-            vec![(1, "local".to_string())]
-        );
+        assert_eq!(plan(&queued, &pools, &usage), vec![(1, "local".to_string())]);
     }
 
     #[test]

@@ -153,13 +153,7 @@ impl Stack {
     }
 
     fn api_config(&self, listen: SocketAddr) -> kiln_api::Config {
-        api_config(
-            &self.nats,
-            &self.database,
-            &self.objects,
-            self.dir.path(),
-            listen,
-        )
+        api_config(&self.nats, &self.database, &self.objects, self.dir.path(), listen)
     }
 
     /// A runner configuration for this stack: pool `local`, 2 cores, 2 s grace period.
@@ -177,14 +171,43 @@ impl Stack {
             stop_grace_period_ms: 2000,
             api_url: format!("http://{}", self.api_addr),
             report_interval_ms: 200,
+            provider: kiln_runner::ProviderKind::Process,
             ..Default::default()
         }
     }
 
+    /// A runner configuration on the test Docker Engine (`KILN_TEST_DOCKER_HOST`).
+    pub fn docker_runner_config(&self, runner_id: &str) -> kiln_runner::Config {
+        kiln_runner::Config {
+            provider: kiln_runner::ProviderKind::Docker,
+            docker: kiln_runner::provider::docker::DockerConfig {
+                host: docker_host(),
+                network: "none".into(),
+                ..Default::default()
+            },
+            ..self.runner_config(runner_id)
+        }
+    }
+
+    /// Starts api, log-ingest, the scheduler and a docker runner ([`Stack::docker_runner_id`]).
+    pub async fn start_docker() -> Stack {
+        let mut stack = Stack::start_without_runner().await;
+        stack.runner = Some(
+            stack
+                .spawn_runner(stack.docker_runner_config(&stack.docker_runner_id()))
+                .await,
+        );
+        stack
+    }
+
+    /// The id of this stack's docker runner, unique on the engine that tests share.
+    pub fn docker_runner_id(&self) -> String {
+        let unique = self.dir.path().file_name().unwrap().to_string_lossy().replace('.', "");
+        format!("docker-{unique}")
+    }
+
     pub async fn spawn_runner(&self, config: kiln_runner::Config) -> ServiceHandle {
-        let runner = kiln_runner::Runner::bind(config)
-            .await
-            .expect("runner binds");
+        let runner = kiln_runner::Runner::bind(config).await.expect("runner binds");
         ServiceHandle::spawn(|token| runner.serve(token))
     }
 
@@ -201,17 +224,11 @@ impl Stack {
     }
 
     pub async fn jobs_as(&self, token: &str) -> JobServiceClient<Authed> {
-        JobServiceClient::with_interceptor(
-            Self::channel(self.api_addr).await,
-            BearerInterceptor::new(token),
-        )
+        JobServiceClient::with_interceptor(Self::channel(self.api_addr).await, BearerInterceptor::new(token))
     }
 
     pub async fn artifacts(&self) -> ArtifactServiceClient<Authed> {
-        ArtifactServiceClient::with_interceptor(
-            Self::channel(self.api_addr).await,
-            BearerInterceptor::new(&self.token),
-        )
+        ArtifactServiceClient::with_interceptor(Self::channel(self.api_addr).await, BearerInterceptor::new(&self.token))
     }
 
     pub async fn logs_client(&self) -> LogServiceClient<Authed> {
@@ -219,10 +236,7 @@ impl Stack {
     }
 
     pub async fn logs_as(&self, token: &str) -> LogServiceClient<Authed> {
-        LogServiceClient::with_interceptor(
-            Self::channel(self.logs_addr).await,
-            BearerInterceptor::new(token),
-        )
+        LogServiceClient::with_interceptor(Self::channel(self.logs_addr).await, BearerInterceptor::new(token))
     }
 
     /// Submits a job without code.
@@ -242,21 +256,14 @@ impl Stack {
     pub async fn get(&self, job_id: &str) -> pb::Job {
         self.jobs()
             .await
-            .get_job(pb::GetJobRequest {
-                job_id: job_id.into(),
-            })
+            .get_job(pb::GetJobRequest { job_id: job_id.into() })
             .await
             .expect("get")
             .into_inner()
     }
 
     /// Waits until the job satisfies `done`, panicking with the job after [`PATIENCE`].
-    pub async fn wait_for(
-        &self,
-        job_id: &str,
-        what: &str,
-        done: impl Fn(&pb::Job) -> bool,
-    ) -> pb::Job {
+    pub async fn wait_for(&self, job_id: &str, what: &str, done: impl Fn(&pb::Job) -> bool) -> pb::Job {
         let deadline = tokio::time::Instant::now() + PATIENCE;
         loop {
             let job = self.get(job_id).await;
@@ -346,10 +353,7 @@ pub fn spec(command: &[&str]) -> pb::JobSpec {
 /// Builds a tar.gz code bundle from (path, content) pairs and returns it with its sha256.
 pub fn bundle(files: &[(&str, &str)]) -> (Vec<u8>, String) {
     use sha2::Digest;
-    let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(
-        Vec::new(),
-        flate2::Compression::fast(),
-    ));
+    let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast()));
     for (path, content) in files {
         let mut header = tar::Header::new_gnu();
         header.set_size(content.len() as u64);
@@ -389,12 +393,7 @@ pub async fn upload(
 /// Tells whether a process with this pid exists (zombies count as gone).
 pub fn process_alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .trim_start()
-            .starts_with('Z'),
+        Ok(stat) => !stat.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'),
         Err(_) => false,
     }
 }
@@ -405,4 +404,74 @@ pub fn pid_of(job: &pb::Job) -> i32 {
         .strip_prefix("pid:")
         .and_then(|p| p.parse().ok())
         .expect("a process instance id")
+}
+
+/// The Docker Engine of the tests; scripts/test.sh starts one when none runs.
+pub fn docker_host() -> String {
+    std::env::var("KILN_TEST_DOCKER_HOST")
+        .expect("KILN_TEST_DOCKER_HOST is not set: run the tests through scripts/test.sh, which starts dockerd")
+}
+
+/// The image the docker tests run (busybox, built locally by scripts/test-image.sh).
+pub fn test_image() -> String {
+    std::env::var("KILN_TEST_IMAGE")
+        .expect("KILN_TEST_IMAGE is not set: run the tests through scripts/test.sh, which builds it")
+}
+
+/// A client of the test Docker Engine, for checking what kiln left on it.
+pub async fn docker() -> bollard::Docker {
+    let host = docker_host();
+    let path = host.strip_prefix("unix://").expect("a unix socket");
+    bollard::Docker::connect_with_socket(path, 60, bollard::API_DEFAULT_VERSION)
+        .expect("connect to the engine")
+        .negotiate_version()
+        .await
+        .expect("negotiate")
+}
+
+/// Containers and volumes on the engine labelled with `label=value`.
+pub async fn labelled(docker: &bollard::Docker, label: &str, value: &str) -> (Vec<String>, Vec<String>) {
+    use std::collections::HashMap;
+    let filters = HashMap::from([("label", vec![format!("{label}={value}")])]);
+    let containers = docker
+        .list_containers(Some(
+            bollard::query_parameters::ListContainersOptionsBuilder::new()
+                .all(true)
+                .filters(&filters)
+                .build(),
+        ))
+        .await
+        .expect("list containers")
+        .into_iter()
+        .filter_map(|c| c.id)
+        .collect();
+    let volumes = docker
+        .list_volumes(Some(
+            bollard::query_parameters::ListVolumesOptionsBuilder::new()
+                .filters(&filters)
+                .build(),
+        ))
+        .await
+        .expect("list volumes")
+        .volumes
+        .unwrap_or_default()
+        .into_iter()
+        .map(|v| v.name)
+        .collect();
+    (containers, volumes)
+}
+
+/// Reads a job's synced output file.
+pub async fn output(stack: &Stack, job_id: &str, path: &str) -> Result<String, tonic::Status> {
+    use futures::StreamExt;
+    let request = pb::GetOutputRequest {
+        job_id: job_id.into(),
+        path: path.into(),
+    };
+    let mut chunks = stack.artifacts().await.get_output(request).await?.into_inner();
+    let mut data = Vec::new();
+    while let Some(chunk) = chunks.next().await {
+        data.extend(chunk?.data);
+    }
+    Ok(String::from_utf8_lossy(&data).into_owned())
 }

@@ -18,15 +18,9 @@ async fn calls_without_a_valid_token_are_unauthenticated() {
         .await
         .unwrap();
     let mut anonymous = JobServiceClient::new(channel);
-    let status = anonymous
-        .list_jobs(pb::ListJobsRequest::default())
-        .await
-        .unwrap_err();
+    let status = anonymous.list_jobs(pb::ListJobsRequest::default()).await.unwrap_err();
     assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
-    assert!(
-        status.message().contains("missing bearer token"),
-        "{status:?}"
-    );
+    assert!(status.message().contains("missing bearer token"), "{status:?}");
 
     let forged = format!("kiln_{}_{}", "0".repeat(16), "1".repeat(64));
     for token in ["garbage", forged.as_str(), &stack.token.replace('a', "b")] {
@@ -36,11 +30,7 @@ async fn calls_without_a_valid_token_are_unauthenticated() {
             .list_jobs(pb::ListJobsRequest::default())
             .await
             .unwrap_err();
-        assert_eq!(
-            status.code(),
-            Code::Unauthenticated,
-            "token {token}: {status:?}"
-        );
+        assert_eq!(status.code(), Code::Unauthenticated, "token {token}: {status:?}");
     }
     let channel = Channel::from_shared(format!("http://{}", stack.logs_addr))
         .unwrap()
@@ -51,10 +41,7 @@ async fn calls_without_a_valid_token_are_unauthenticated() {
         job_id: kiln_core::ids::new_id(),
         follow: false,
     };
-    let status = LogServiceClient::new(channel)
-        .get_logs(request)
-        .await
-        .unwrap_err();
+    let status = LogServiceClient::new(channel).get_logs(request).await.unwrap_err();
     assert_eq!(status.code(), Code::Unauthenticated);
 
     // The right token works on both.
@@ -115,10 +102,7 @@ async fn bad_input_is_refused_with_a_useful_message() {
         .unwrap_err();
     assert_eq!(status.code(), Code::NotFound);
     assert!(status.message().contains(&unknown));
-    let status = jobs
-        .stop_job(pb::StopJobRequest { job_id: unknown })
-        .await
-        .unwrap_err();
+    let status = jobs.stop_job(pb::StopJobRequest { job_id: unknown }).await.unwrap_err();
     assert_eq!(status.code(), Code::NotFound);
     let status = jobs
         .get_job(pb::GetJobRequest {
@@ -130,14 +114,7 @@ async fn bad_input_is_refused_with_a_useful_message() {
     assert!(status.message().contains("not a valid id"));
 
     // Nothing of that reached the database.
-    assert!(
-        stack
-            .store
-            .list_jobs(None, true, 100)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(stack.store.list_jobs(None, true, 100).await.unwrap().is_empty());
 }
 
 #[tokio::test]
@@ -171,12 +148,7 @@ async fn users_see_only_their_jobs() {
         job_id: admin_job.id.clone(),
         follow: false,
     };
-    let status = stack
-        .logs_as(&ada_token)
-        .await
-        .get_logs(request)
-        .await
-        .unwrap_err();
+    let status = stack.logs_as(&ada_token).await.get_logs(request).await.unwrap_err();
     assert_eq!(status.code(), Code::NotFound);
 
     let ada_job = ada_jobs
@@ -189,10 +161,7 @@ async fn users_see_only_their_jobs() {
         .job
         .unwrap();
     let listed = ada_jobs
-        .list_jobs(pb::ListJobsRequest {
-            all: true,
-            limit: 0,
-        })
+        .list_jobs(pb::ListJobsRequest { all: true, limit: 0 })
         .await
         .unwrap()
         .into_inner()
@@ -205,10 +174,7 @@ async fn users_see_only_their_jobs() {
     let listed = stack
         .jobs()
         .await
-        .list_jobs(pb::ListJobsRequest {
-            all: true,
-            limit: 0,
-        })
+        .list_jobs(pb::ListJobsRequest { all: true, limit: 0 })
         .await
         .unwrap()
         .into_inner()
@@ -238,9 +204,7 @@ async fn the_same_bundle_is_stored_once() {
     let (bytes, digest) = bundle(&[("train.py", "print('hi')\n")]);
 
     let stat = artifacts
-        .stat_artifact(pb::StatArtifactRequest {
-            digest: digest.clone(),
-        })
+        .stat_artifact(pb::StatArtifactRequest { digest: digest.clone() })
         .await
         .unwrap()
         .into_inner();
@@ -250,9 +214,7 @@ async fn the_same_bundle_is_stored_once() {
     let second = upload(&mut artifacts, &bytes, &digest).await.unwrap();
     assert!(!second.created);
     let stat = artifacts
-        .stat_artifact(pb::StatArtifactRequest {
-            digest: digest.clone(),
-        })
+        .stat_artifact(pb::StatArtifactRequest { digest: digest.clone() })
         .await
         .unwrap()
         .into_inner();
@@ -282,16 +244,12 @@ async fn corrupt_uploads_store_nothing() {
     let status = upload(&mut artifacts, &bytes, "XYZ").await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument);
     let stat = artifacts
-        .stat_artifact(pb::StatArtifactRequest {
-            digest: wrong.clone(),
-        })
+        .stat_artifact(pb::StatArtifactRequest { digest: wrong.clone() })
         .await
         .unwrap()
         .into_inner();
     assert!(!stat.exists);
     let dir = stack.objects.root.join("artifacts/sha256");
-    let stored = std::fs::read_dir(&dir)
-        .map(|entries| entries.count())
-        .unwrap_or(0);
+    let stored = std::fs::read_dir(&dir).map(|entries| entries.count()).unwrap_or(0);
     assert_eq!(stored, 0);
 }

@@ -36,10 +36,7 @@ async fn with_requeue_a_job_whose_runner_crashed_runs_again() {
     config.on_lost = kiln_runner::OnLost::Requeue;
     stack.runner = Some(stack.spawn_runner(config.clone()).await);
     let marker = stack.dir.path().join("attempts.txt");
-    let script = format!(
-        "echo attempt $KILN_ATTEMPT >> {}; sleep 600",
-        marker.display()
-    );
+    let script = format!("echo attempt $KILN_ATTEMPT >> {}; sleep 600", marker.display());
     let job = stack.submit(&["sh", "-c", &script]).await;
     let first = stack.wait_for_state(&job.id, pb::JobState::Running).await;
 
@@ -55,9 +52,7 @@ async fn with_requeue_a_job_whose_runner_crashed_runs_again() {
     stack
         .jobs()
         .await
-        .stop_job(pb::StopJobRequest {
-            job_id: job.id.clone(),
-        })
+        .stop_job(pb::StopJobRequest { job_id: job.id.clone() })
         .await
         .unwrap();
     stack.wait_for_state(&job.id, pb::JobState::Stopped).await;
@@ -73,12 +68,7 @@ async fn a_change_committed_before_an_api_crash_is_published_on_restart() {
     stack.api.take().unwrap().crash().await;
     // The api committed the job and died before publishing it: the database has it, NATS not.
     let (token_id, secret) = kiln_core::auth::parse_token(&stack.token).unwrap();
-    let owner = stack
-        .store
-        .verify_token(token_id, secret)
-        .await
-        .unwrap()
-        .unwrap();
+    let owner = stack.store.verify_token(token_id, secret).await.unwrap().unwrap();
     let job = stack
         .store
         .insert_job(NewJob {
@@ -97,10 +87,7 @@ async fn a_change_committed_before_an_api_crash_is_published_on_restart() {
     stack.restart_api().await;
     let deadline = tokio::time::Instant::now() + kiln_e2e::PATIENCE;
     while stack.store.job(&job.id).await.unwrap().published_version < job.version {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the reconciler did not publish"
-        );
+        assert!(tokio::time::Instant::now() < deadline, "the reconciler did not publish");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     let js = jetstream::new(async_nats::connect(&stack.nats.url).await.unwrap());
@@ -129,15 +116,9 @@ async fn republishing_a_change_stores_it_once() {
     let mut stream = js.get_stream(subjects::STREAM_JOBS).await.unwrap();
     let before = stream.info().await.unwrap().state.messages;
     // The reconciler publishing the same version again (a crash before the mark).
-    let nats = kiln_core::streams::connect(&stack.nats.config())
-        .await
-        .unwrap();
-    publish_job_change(&nats, &stack.store, &record)
-        .await
-        .unwrap();
-    publish_job_change(&nats, &stack.store, &record)
-        .await
-        .unwrap();
+    let nats = kiln_core::streams::connect(&stack.nats.config()).await.unwrap();
+    publish_job_change(&nats, &stack.store, &record).await.unwrap();
+    publish_job_change(&nats, &stack.store, &record).await.unwrap();
     let after = stream.info().await.unwrap().state.messages;
     assert_eq!(before, after, "duplicates were stored");
 }
@@ -151,9 +132,7 @@ async fn a_duplicate_launch_runs_nothing_twice() {
     let done = stack.wait_for_state(&job.id, pb::JobState::Succeeded).await;
 
     // Redeliver its launch request with another message id, past JetStream's de-duplication.
-    let nats = kiln_core::streams::connect(&stack.nats.config())
-        .await
-        .unwrap();
+    let nats = kiln_core::streams::connect(&stack.nats.config()).await.unwrap();
     let scheduled_version = 2;
     let launch = pb::LaunchRequest {
         job_id: job.id.clone(),
@@ -176,10 +155,7 @@ async fn a_duplicate_launch_runs_nothing_twice() {
     let mut stream = js.get_stream(subjects::STREAM_LAUNCH).await.unwrap();
     let deadline = tokio::time::Instant::now() + kiln_e2e::PATIENCE;
     while stream.info().await.unwrap().state.messages > 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "launches not consumed"
-        );
+        assert!(tokio::time::Instant::now() < deadline, "launches not consumed");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     let after = stack.get(&job.id).await;

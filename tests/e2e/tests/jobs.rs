@@ -18,9 +18,7 @@ async fn a_job_runs_its_code_and_its_logs_are_kept() {
         ("data/hello.txt", "hello from the bundle\n"),
         ("run.sh", "cat data/hello.txt\n"),
     ]);
-    upload(&mut stack.artifacts().await, &bytes, &digest)
-        .await
-        .unwrap();
+    upload(&mut stack.artifacts().await, &bytes, &digest).await.unwrap();
     let mut job_spec = spec(&[
         "sh",
         "-c",
@@ -44,9 +42,7 @@ async fn a_job_runs_its_code_and_its_logs_are_kept() {
     );
     assert_eq!(texts(&lines, pb::LogStream::Stderr), ["oops"]);
     // The work dir is cleaned up.
-    let left: Vec<_> = std::fs::read_dir(stack.dir.path().join("work"))
-        .unwrap()
-        .collect();
+    let left: Vec<_> = std::fs::read_dir(stack.dir.path().join("work")).unwrap().collect();
     assert!(left.is_empty(), "{left:?}");
 }
 
@@ -55,29 +51,16 @@ async fn exit_zero_succeeds_and_missing_programs_fail_clearly() {
     let stack = Stack::start().await;
     let ok = stack.submit(&["true"]).await;
     let missing = stack.submit(&["definitely-not-a-program"]).await;
-    let ok = stack
-        .wait_for(&ok.id, "the end", |j| j.finished_at_ms > 0)
-        .await;
-    assert_eq!(
-        (ok.state, ok.exit_code),
-        (pb::JobState::Succeeded as i32, Some(0))
-    );
-    let missing = stack
-        .wait_for(&missing.id, "the end", |j| j.finished_at_ms > 0)
-        .await;
+    let ok = stack.wait_for(&ok.id, "the end", |j| j.finished_at_ms > 0).await;
+    assert_eq!((ok.state, ok.exit_code), (pb::JobState::Succeeded as i32, Some(0)));
+    let missing = stack.wait_for(&missing.id, "the end", |j| j.finished_at_ms > 0).await;
     assert_eq!(
         (missing.state, missing.exit_code),
         (pb::JobState::Failed as i32, Some(127))
     );
-    assert!(
-        missing.reason.contains("definitely-not-a-program"),
-        "{missing:?}"
-    );
+    assert!(missing.reason.contains("definitely-not-a-program"), "{missing:?}");
     let lines = stack.log_lines(&missing.id, true).await;
-    assert!(
-        lines.iter().any(|l| l.text.contains("cannot start")),
-        "{lines:?}"
-    );
+    assert!(lines.iter().any(|l| l.text.contains("cannot start")), "{lines:?}");
 }
 
 #[tokio::test]
@@ -98,9 +81,7 @@ async fn a_stopped_job_gets_sigterm_and_its_processes_are_gone() {
     let stopping = stack
         .jobs()
         .await
-        .stop_job(pb::StopJobRequest {
-            job_id: job.id.clone(),
-        })
+        .stop_job(pb::StopJobRequest { job_id: job.id.clone() })
         .await
         .unwrap()
         .into_inner();
@@ -112,10 +93,7 @@ async fn a_stopped_job_gets_sigterm_and_its_processes_are_gone() {
         started.elapsed()
     );
     assert_eq!(stopped.reason, "stopped by user");
-    assert!(
-        !process_alive(pid),
-        "the job's process {pid} is still there"
-    );
+    assert!(!process_alive(pid), "the job's process {pid} is still there");
     let lines = stack.log_lines(&job.id, true).await;
     let texts: Vec<&str> = lines.iter().map(|l| l.text.as_str()).collect();
     assert_eq!(texts, ["ready", "got SIGTERM"]);
@@ -125,19 +103,13 @@ async fn a_stopped_job_gets_sigterm_and_its_processes_are_gone() {
 async fn a_job_ignoring_sigterm_is_killed_after_the_grace_period() {
     let stack = Stack::start().await;
     let job = stack
-        .submit(&[
-            "sh",
-            "-c",
-            "trap '' TERM; echo ready; while true; do sleep 1; done",
-        ])
+        .submit(&["sh", "-c", "trap '' TERM; echo ready; while true; do sleep 1; done"])
         .await;
     let running = stack.wait_for_state(&job.id, pb::JobState::Running).await;
     stack
         .jobs()
         .await
-        .stop_job(pb::StopJobRequest {
-            job_id: job.id.clone(),
-        })
+        .stop_job(pb::StopJobRequest { job_id: job.id.clone() })
         .await
         .unwrap();
     let stopped = stack.wait_for_state(&job.id, pb::JobState::Stopped).await;
@@ -152,9 +124,7 @@ async fn a_queued_job_stops_at_once() {
     let stopped = stack
         .jobs()
         .await
-        .stop_job(pb::StopJobRequest {
-            job_id: job.id.clone(),
-        })
+        .stop_job(pb::StopJobRequest { job_id: job.id.clone() })
         .await
         .unwrap()
         .into_inner();
@@ -163,9 +133,7 @@ async fn a_queued_job_stops_at_once() {
     let again = stack
         .jobs()
         .await
-        .stop_job(pb::StopJobRequest {
-            job_id: job.id.clone(),
-        })
+        .stop_job(pb::StopJobRequest { job_id: job.id.clone() })
         .await
         .unwrap()
         .into_inner();
@@ -201,9 +169,7 @@ async fn watch_streams_state_changes_until_the_end() {
     let mut stream = stack
         .jobs()
         .await
-        .watch_job(pb::WatchJobRequest {
-            job_id: job.id.clone(),
-        })
+        .watch_job(pb::WatchJobRequest { job_id: job.id.clone() })
         .await
         .unwrap()
         .into_inner();

@@ -16,9 +16,7 @@ pub struct NewArtifact {
 
 impl Store {
     pub async fn artifact(&self, digest: &str) -> StoreResult<Option<artifact::Model>> {
-        Ok(artifact::Entity::find_by_id(digest.to_string())
-            .one(&self.db)
-            .await?)
+        Ok(artifact::Entity::find_by_id(digest.to_string()).one(&self.db).await?)
     }
 
     /// Records a blob; returns false when it was recorded already.
@@ -46,7 +44,11 @@ impl Store {
 impl Store {
     /// Names an artifact as a dataset; returns false when the name is taken.
     pub async fn insert_dataset(&self, name: &str, digest: &str, size: i64, created_by: &str) -> StoreResult<bool> {
-        if dataset::Entity::find_by_id(name.to_string()).one(&self.db).await?.is_some() {
+        if dataset::Entity::find_by_id(name.to_string())
+            .one(&self.db)
+            .await?
+            .is_some()
+        {
             return Ok(false);
         }
         let inserted = dataset::Entity::insert(dataset::ActiveModel {
@@ -70,6 +72,9 @@ impl Store {
     }
 
     pub async fn list_datasets(&self) -> StoreResult<Vec<dataset::Model>> {
-        Ok(dataset::Entity::find().order_by_asc(dataset::Column::Name).all(&self.db).await?)
+        Ok(dataset::Entity::find()
+            .order_by_asc(dataset::Column::Name)
+            .all(&self.db)
+            .await?)
     }
 }

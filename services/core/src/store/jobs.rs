@@ -66,11 +66,8 @@ impl Store {
             owner_id: Set(new.owner_id),
             project: Set(new.project),
             name: Set(new.name),
-            command_json: Set(serde_json::to_string(&new.command)
-                .map_err(|e| StoreError::Corrupt(e.to_string()))?),
-            env_json: Set(
-                serde_json::to_string(&new.env).map_err(|e| StoreError::Corrupt(e.to_string()))?
-            ),
+            command_json: Set(serde_json::to_string(&new.command).map_err(|e| StoreError::Corrupt(e.to_string()))?),
+            env_json: Set(serde_json::to_string(&new.env).map_err(|e| StoreError::Corrupt(e.to_string()))?),
             cpu_millis: Set(new.cpu_millis),
             memory_bytes: Set(new.memory_bytes),
             code_digest: Set(new.code_digest),
@@ -110,12 +107,7 @@ impl Store {
 
     /// Lists jobs, newest first: one owner's (or everyone's for `None`), active ones only unless
     /// `all`.
-    pub async fn list_jobs(
-        &self,
-        owner_id: Option<&str>,
-        all: bool,
-        limit: u64,
-    ) -> StoreResult<Vec<JobRecord>> {
+    pub async fn list_jobs(&self, owner_id: Option<&str>, all: bool, limit: u64) -> StoreResult<Vec<JobRecord>> {
         let mut query = Jobs::find();
         if let Some(owner_id) = owner_id {
             query = query.filter(Column::OwnerId.eq(owner_id));
@@ -127,11 +119,7 @@ impl Store {
                 .map(JobState::as_str);
             query = query.filter(Column::State.is_in(live));
         }
-        Ok(query
-            .order_by_desc(Column::Id)
-            .limit(limit)
-            .all(&self.db)
-            .await?)
+        Ok(query.order_by_desc(Column::Id).limit(limit).all(&self.db).await?)
     }
 
     /// Returns the jobs in any of `states`, oldest first.
@@ -156,12 +144,7 @@ impl Store {
 
     /// Moves a job from the state and version in `job` to `to`: a compare-and-set that fails
     /// with `Conflict` when anyone changed the job since `job` was read. Returns the new record.
-    pub async fn transition(
-        &self,
-        job: &JobRecord,
-        to: JobState,
-        change: Change,
-    ) -> StoreResult<JobRecord> {
+    pub async fn transition(&self, job: &JobRecord, to: JobState, change: Change) -> StoreResult<JobRecord> {
         let from = job.state()?;
         if !from.can_move_to(to) {
             return Err(StoreError::IllegalTransition {

@@ -26,9 +26,7 @@ pub use jobs::{Change, NewJob};
 pub enum StoreError {
     #[error("job {job_id} not found")]
     JobNotFound { job_id: String },
-    #[error(
-        "job {job_id} changed concurrently: expected version {expected}, now {actual} in state {state}"
-    )]
+    #[error("job {job_id} changed concurrently: expected version {expected}, now {actual} in state {state}")]
     Conflict {
         job_id: String,
         expected: i64,
@@ -36,14 +34,8 @@ pub enum StoreError {
         state: String,
     },
     #[error("job {job_id} cannot go from {from} to {to}")]
-    IllegalTransition {
-        job_id: String,
-        from: String,
-        to: String,
-    },
-    #[error(
-        "the database schema is not current: {pending} migrations pending (start `api`, which applies them)"
-    )]
+    IllegalTransition { job_id: String, from: String, to: String },
+    #[error("the database schema is not current: {pending} migrations pending (start `api`, which applies them)")]
     SchemaNotCurrent { pending: usize },
     #[error("stored record is corrupt: {0}")]
     Corrupt(String),
@@ -55,9 +47,7 @@ impl StoreError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             StoreError::JobNotFound { .. } => ErrorKind::NotFound,
-            StoreError::Conflict { .. } | StoreError::IllegalTransition { .. } => {
-                ErrorKind::FailedPrecondition
-            }
+            StoreError::Conflict { .. } | StoreError::IllegalTransition { .. } => ErrorKind::FailedPrecondition,
             StoreError::SchemaNotCurrent { .. } => ErrorKind::Unavailable,
             StoreError::Corrupt(_) => ErrorKind::Internal,
             StoreError::Db(DbErr::ConnectionAcquire(_) | DbErr::Conn(_)) => ErrorKind::Unavailable,
@@ -138,9 +128,7 @@ impl Store {
 }
 
 fn sqlite_path(url: &str) -> Option<&str> {
-    let rest = url
-        .strip_prefix("sqlite://")
-        .or_else(|| url.strip_prefix("sqlite:"))?;
+    let rest = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:"))?;
     let path = rest.split('?').next()?;
     (!path.is_empty() && path != ":memory:").then_some(path)
 }
@@ -151,10 +139,7 @@ mod tests {
 
     #[test]
     fn sqlite_paths_are_found() {
-        assert_eq!(
-            sqlite_path("sqlite://./data/kiln.db?mode=rwc"),
-            Some("./data/kiln.db")
-        );
+        assert_eq!(sqlite_path("sqlite://./data/kiln.db?mode=rwc"), Some("./data/kiln.db"));
         assert_eq!(sqlite_path("sqlite:///tmp/x.db"), Some("/tmp/x.db"));
         assert_eq!(sqlite_path("sqlite::memory:"), None);
     }

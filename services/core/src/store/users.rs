@@ -4,9 +4,7 @@ use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, PaginatorTrait, QueryF
 
 use super::entities::{api_token, user};
 use super::{Store, StoreResult};
-use crate::auth::{
-    IssuedToken, Principal, Scope, TokenVerifier, constant_time_eq, hash_secret, issue_token,
-};
+use crate::auth::{IssuedToken, Principal, Scope, TokenVerifier, constant_time_eq, hash_secret, issue_token};
 use crate::ids::{new_id, now_ms};
 
 impl Store {
@@ -17,10 +15,7 @@ impl Store {
             return Ok(None);
         }
         let admin = self.create_user("admin", true).await?;
-        Ok(Some(
-            self.create_token(&admin.id, "bootstrap", Scope::User)
-                .await?,
-        ))
+        Ok(Some(self.create_token(&admin.id, "bootstrap", Scope::User).await?))
     }
 
     pub async fn create_user(&self, name: &str, is_admin: bool) -> StoreResult<user::Model> {
@@ -31,9 +26,7 @@ impl Store {
             created_at_ms: Set(now_ms()),
         };
         let id = model.id.clone().unwrap();
-        user::Entity::insert(model)
-            .exec_without_returning(&self.db)
-            .await?;
+        user::Entity::insert(model).exec_without_returning(&self.db).await?;
         Ok(user::Entity::find_by_id(id)
             .one(&self.db)
             .await?
@@ -41,12 +34,7 @@ impl Store {
     }
 
     /// Issues a token for a user; the returned text is the only copy of the secret.
-    pub async fn create_token(
-        &self,
-        user_id: &str,
-        name: &str,
-        scope: Scope,
-    ) -> StoreResult<IssuedToken> {
+    pub async fn create_token(&self, user_id: &str, name: &str, scope: Scope) -> StoreResult<IssuedToken> {
         let issued = issue_token();
         api_token::Entity::insert(api_token::ActiveModel {
             id: Set(issued.id.clone()),
@@ -65,10 +53,7 @@ impl Store {
     /// Revokes every token of a scope (a job's tokens when it ends).
     pub async fn revoke_tokens(&self, scope: &Scope) -> StoreResult<()> {
         api_token::Entity::update_many()
-            .col_expr(
-                api_token::Column::Revoked,
-                sea_orm::sea_query::Expr::value(true),
-            )
+            .col_expr(api_token::Column::Revoked, sea_orm::sea_query::Expr::value(true))
             .filter(api_token::Column::Scope.eq(scope.as_db()))
             .exec(&self.db)
             .await?;
@@ -76,11 +61,7 @@ impl Store {
     }
 
     /// Looks a token up; `None` when unknown, revoked or not matching.
-    pub async fn verify_token(
-        &self,
-        token_id: &str,
-        secret: &str,
-    ) -> StoreResult<Option<Principal>> {
+    pub async fn verify_token(&self, token_id: &str, secret: &str) -> StoreResult<Option<Principal>> {
         let Some(token) = api_token::Entity::find_by_id(token_id.to_string())
             .one(&self.db)
             .await?
@@ -90,10 +71,7 @@ impl Store {
         if token.revoked || !constant_time_eq(&hash_secret(secret), &token.secret_sha256) {
             return Ok(None);
         }
-        let Some(user) = user::Entity::find_by_id(token.user_id.clone())
-            .one(&self.db)
-            .await?
-        else {
+        let Some(user) = user::Entity::find_by_id(token.user_id.clone()).one(&self.db).await? else {
             return Ok(None);
         };
         Ok(Some(Principal {
@@ -108,8 +86,6 @@ impl Store {
 #[async_trait::async_trait]
 impl TokenVerifier for Store {
     async fn verify(&self, token_id: &str, secret: &str) -> Result<Option<Principal>, String> {
-        self.verify_token(token_id, secret)
-            .await
-            .map_err(|e| e.to_string())
+        self.verify_token(token_id, secret).await.map_err(|e| e.to_string())
     }
 }

@@ -1,0 +1,142 @@
+//! Providers: where a job's instance comes from. One trait, [`Provider`]; implementations:
+//! [`process`] (a local child process, for machines without Docker) and [`docker`] (a container
+//! on a local or remote Docker Engine). A cloud provider plugs in the same way.
+//!
+//! The runner drives an instance through `provision` (image, volumes, code, datasets) →
+//! `start` (output streams) → `signal`/`wait` → `outputs` (synced to object storage by the
+//! runner) → `release` (nothing left behind).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::pin::Pin;
+
+use bytes::Bytes;
+use futures::Stream;
+use kiln_proto::v1::LogStream;
+use nix::sys::signal::Signal;
+
+use crate::error::Result;
+
+pub mod docker;
+pub mod process;
+
+/// Where in the instance the job finds its code, writes its outputs and reads its datasets
+/// (the docker provider mounts volumes there; the process provider sets these variables to
+/// host directories).
+pub const CODE_DIR: &str = "/kiln/code";
+pub const OUTPUTS_DIR: &str = "/kiln/outputs";
+pub const DATA_DIR: &str = "/kiln/data";
+
+/// What a job needs from its instance.
+#[derive(Debug, Clone)]
+pub struct InstanceSpec {
+    pub job_id: String,
+    pub attempt: i32,
+    pub runner_id: String,
+    /// Container image; empty for none.
+    pub image: String,
+    pub command: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub cpu_millis: i64,
+    pub memory_bytes: i64,
+    pub gpus: u32,
+    /// The code bundle (tar.gz, already checked by [`crate::bundle::check`]).
+    pub code: Option<Bytes>,
+    /// Datasets by name (tar.gz archives, already checked).
+    pub datasets: Vec<(String, Bytes)>,
+    /// A directory on the runner's host the instance may use for its files.
+    pub scratch_dir: PathBuf,
+}
+
+/// A provisioned instance.
+#[derive(Debug, Clone)]
+pub struct Instance {
+    pub job_id: String,
+    pub attempt: i32,
+    /// The id recorded on the job (`pid:<n>`, `docker:<container>`); set once started for the
+    /// process provider.
+    pub id: String,
+    pub(crate) scratch_dir: PathBuf,
+}
+
+/// Lines of output as they come: (stream, bytes), not split into lines.
+pub type OutputStream = Pin<Box<dyn Stream<Item = (LogStream, Bytes)> + Send>>;
+
+/// How an instance's main process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Exit {
+    /// The exit code, or 128 + the signal that killed it.
+    pub code: i32,
+    /// The kernel killed it for going over its memory limit.
+    pub oom_killed: bool,
+}
+
+/// Where an ended instance's outputs can be read.
+#[derive(Debug)]
+pub enum Outputs {
+    /// A directory on the runner's host.
+    Dir(PathBuf),
+    /// A tar archive (on the runner's host) whose entries sit under one top directory.
+    Tar(PathBuf),
+    /// The instance has no outputs.
+    None,
+}
+
+/// What a provider offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capacity {
+    pub cpu_millis: i64,
+    pub memory_bytes: i64,
+    pub gpus: u32,
+}
+
+/// A spot instance about to be taken back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Preemption {
+    pub job_id: String,
+    pub notice: std::time::Duration,
+}
+
+#[async_trait::async_trait]
+pub trait Provider: Send + Sync + 'static {
+    /// The provider's name, as reported with the runner's capacity.
+    fn name(&self) -> &'static str;
+
+    /// Prepares an instance: image, volumes, code and datasets. Nothing runs yet.
+    async fn provision(&self, spec: &InstanceSpec) -> Result<Instance>;
+
+    /// Starts the job's command; returns its output.
+    async fn start(&self, instance: &mut Instance) -> Result<OutputStream>;
+
+    /// Sends a signal to the job's processes.
+    async fn signal(&self, instance: &Instance, signal: Signal) -> Result<()>;
+
+    /// Waits until the job's main process ends. Dropping the future and calling again is fine.
+    async fn wait(&self, instance: &Instance) -> Result<Exit>;
+
+    /// Where the outputs of an ended instance can be read.
+    async fn outputs(&self, instance: &Instance) -> Result<Outputs>;
+
+    /// Kills whatever is left and removes everything the instance held.
+    async fn release(&self, instance: &Instance) -> Result<()>;
+
+    /// What the provider offers in all.
+    async fn capacity(&self) -> Result<Capacity>;
+
+    /// Spot preemption notices; `None` for providers without spot instances. Called once.
+    fn preemptions(&self) -> Option<tokio::sync::mpsc::Receiver<Preemption>> {
+        None
+    }
+
+    /// Finds the instance a job had on this runner before it restarted, if it still exists.
+    async fn recover(
+        &self,
+        job_id: &str,
+        attempt: i32,
+        instance_id: &str,
+        scratch_dir: PathBuf,
+    ) -> Result<Option<Instance>>;
+
+    /// Releases every instance this runner left behind whose job is not in `keep`.
+    async fn release_leftovers(&self, runner_id: &str, keep: &[String]) -> Result<usize>;
+}

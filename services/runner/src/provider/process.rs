@@ -1,0 +1,441 @@
+//! The `process` provider: a job is a local child process in its own process group.
+//!
+//! The child starts with a clean environment (PATH, HOME, LANG, the job's env and the `KILN_*`
+//! variables), so nothing of the runner's environment, credentials included, leaks into it.
+//! Code, outputs and datasets are directories under the instance's scratch directory, named by
+//! `KILN_CODE`, `KILN_OUTPUTS` and `KILN_DATA`; datasets are made read-only by their modes, which
+//! a job running as root can override. Stopping signals the whole group. This provider does not
+//! enforce CPU or memory limits; the docker provider does.
+
+use std::collections::{BTreeMap, HashMap};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::sync::Mutex;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use kiln_proto::v1::LogStream;
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::process::Command;
+use tokio::sync::watch;
+use tokio_util::io::ReaderStream;
+
+use super::{Capacity, Exit, Instance, InstanceSpec, OutputStream, Outputs, Provider};
+use crate::error::{Error, Result};
+
+/// Largest size a code bundle or dataset may unpack to.
+const MAX_UNPACKED_BYTES: u64 = 64 << 30;
+
+/// The command and environment of a provisioned, not yet started instance.
+type Launch = (Vec<String>, BTreeMap<String, String>);
+
+/// Runs jobs as local processes.
+pub struct ProcessProvider {
+    capacity: Capacity,
+    work_dir: PathBuf,
+    /// Exit of each started instance, by instance id, set by its waiter task.
+    exits: Mutex<HashMap<String, watch::Receiver<Option<Exit>>>>,
+    /// Command and environment of each provisioned instance, by scratch dir, until started.
+    pending: Mutex<HashMap<PathBuf, Launch>>,
+}
+
+impl ProcessProvider {
+    pub fn new(capacity: Capacity, work_dir: PathBuf) -> ProcessProvider {
+        ProcessProvider {
+            capacity,
+            work_dir,
+            exits: Mutex::default(),
+            pending: Mutex::default(),
+        }
+    }
+}
+
+fn io(what: String) -> impl FnOnce(std::io::Error) -> Error {
+    Error::io(what)
+}
+
+/// Unpacks an archive into `dir` on a blocking thread.
+async fn unpack_into(archive: Bytes, dir: PathBuf) -> Result<()> {
+    tokio::task::spawn_blocking(move || crate::bundle::unpack(archive.as_ref(), &dir, MAX_UNPACKED_BYTES).map(|_| ()))
+        .await
+        .map_err(|e| Error::BadBundle(e.to_string()))?
+}
+
+/// Sets the write bits of everything under `dir` (off for datasets, on again to remove them).
+fn set_writable(dir: &Path, writable: bool) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let metadata = std::fs::symlink_metadata(dir)?;
+    if metadata.file_type().is_symlink() {
+        return Ok(());
+    }
+    if metadata.is_dir() && writable {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+    }
+    if metadata.is_dir() {
+        for entry in std::fs::read_dir(dir)? {
+            set_writable(&entry?.path(), writable)?;
+        }
+    }
+    let mode = match (metadata.is_dir(), writable) {
+        (true, true) => 0o755,
+        (true, false) => 0o555,
+        (false, true) => metadata.permissions().mode() | 0o200,
+        (false, false) => metadata.permissions().mode() & !0o222,
+    };
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
+}
+
+/// Removes a scratch directory, read-only datasets included.
+async fn remove_scratch(dir: PathBuf) -> Result<()> {
+    tokio::task::spawn_blocking(move || {
+        if !dir.try_exists()? {
+            return Ok(());
+        }
+        set_writable(&dir, true)?;
+        std::fs::remove_dir_all(&dir)
+    })
+    .await
+    .map_err(|e| Error::io("cannot remove a scratch directory")(std::io::Error::other(e)))?
+    .map_err(io("cannot remove a scratch directory".into()))
+}
+
+#[async_trait::async_trait]
+impl Provider for ProcessProvider {
+    fn name(&self) -> &'static str {
+        "process"
+    }
+
+    async fn provision(&self, spec: &InstanceSpec) -> Result<Instance> {
+        if !spec.image.is_empty() {
+            return Err(Error::ImageUnsupported {
+                image: spec.image.clone(),
+            });
+        }
+        let dir = spec.scratch_dir.clone();
+        for sub in ["code", "outputs", "data"] {
+            let path = dir.join(sub);
+            tokio::fs::create_dir_all(&path)
+                .await
+                .map_err(io(format!("cannot create {}", path.display())))?;
+        }
+        if let Some(code) = &spec.code {
+            unpack_into(code.clone(), dir.join("code")).await?;
+        }
+        for (name, archive) in &spec.datasets {
+            let path = dir.join("data").join(name);
+            tokio::fs::create_dir_all(&path)
+                .await
+                .map_err(io(format!("cannot create {}", path.display())))?;
+            unpack_into(archive.clone(), path.clone()).await?;
+            let read_only = path.clone();
+            tokio::task::spawn_blocking(move || set_writable(&read_only, false))
+                .await
+                .map_err(|e| Error::BadBundle(e.to_string()))?
+                .map_err(io(format!("cannot make {} read-only", path.display())))?;
+        }
+        let mut env = spec.env.clone();
+        env.insert("KILN_CODE".into(), dir.join("code").display().to_string());
+        env.insert("KILN_OUTPUTS".into(), dir.join("outputs").display().to_string());
+        env.insert("KILN_DATA".into(), dir.join("data").display().to_string());
+        self.pending
+            .lock()
+            .expect("pending lock")
+            .insert(dir.clone(), (spec.command.clone(), env));
+        Ok(Instance {
+            job_id: spec.job_id.clone(),
+            attempt: spec.attempt,
+            id: String::new(),
+            scratch_dir: dir,
+        })
+    }
+
+    async fn start(&self, instance: &mut Instance) -> Result<OutputStream> {
+        let (command, env) = self
+            .pending
+            .lock()
+            .expect("pending lock")
+            .remove(&instance.scratch_dir)
+            .ok_or_else(|| Error::io("start")(std::io::Error::other("the instance was not provisioned")))?;
+        let (mut child, pid) = spawn(&command, &env, &instance.scratch_dir.join("code"))?;
+        instance.id = format!("pid:{pid}");
+        let stdout = child
+            .stdout
+            .take()
+            .map(|pipe| ReaderStream::new(pipe).map(|chunk| (LogStream::Stdout, chunk)));
+        let stderr = child
+            .stderr
+            .take()
+            .map(|pipe| ReaderStream::new(pipe).map(|chunk| (LogStream::Stderr, chunk)));
+        let (tx, rx) = watch::channel(None);
+        self.exits.lock().expect("exits lock").insert(instance.id.clone(), rx);
+        tokio::spawn(async move {
+            let exit = match child.wait().await {
+                Ok(status) => Exit {
+                    code: exit_code(status),
+                    oom_killed: false,
+                },
+                Err(_) => Exit {
+                    code: -1,
+                    oom_killed: false,
+                },
+            };
+            let _ = tx.send(Some(exit));
+        });
+        let streams = futures::stream::select(
+            futures::stream::iter(stdout).flatten(),
+            futures::stream::iter(stderr).flatten(),
+        );
+        Ok(Box::pin(streams.filter_map(|(stream, chunk)| async move {
+            chunk.ok().map(|bytes| (stream, bytes))
+        })))
+    }
+
+    async fn signal(&self, instance: &Instance, signal: Signal) -> Result<()> {
+        if let Some(pid) = instance_pid(&instance.id) {
+            signal_group(pid, signal);
+        }
+        Ok(())
+    }
+
+    async fn wait(&self, instance: &Instance) -> Result<Exit> {
+        let exit = self.exits.lock().expect("exits lock").get(&instance.id).cloned();
+        match exit {
+            Some(mut rx) => {
+                let exit = rx
+                    .wait_for(Option::is_some)
+                    .await
+                    .map_err(|e| Error::io("wait")(std::io::Error::other(e)))?;
+                Ok(exit.expect("waited for some"))
+            }
+            // Not our child (an instance recovered after a restart): wait for it to go.
+            None => {
+                let Some(pid) = instance_pid(&instance.id) else {
+                    return Ok(Exit {
+                        code: -1,
+                        oom_killed: false,
+                    });
+                };
+                while is_job_process(pid, &instance.job_id) {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                Ok(Exit {
+                    code: -1,
+                    oom_killed: false,
+                })
+            }
+        }
+    }
+
+    async fn outputs(&self, instance: &Instance) -> Result<Outputs> {
+        Ok(Outputs::Dir(instance.scratch_dir.join("outputs")))
+    }
+
+    async fn release(&self, instance: &Instance) -> Result<()> {
+        if let Some(pid) = instance_pid(&instance.id) {
+            signal_group(pid, Signal::SIGKILL);
+        }
+        self.exits.lock().expect("exits lock").remove(&instance.id);
+        self.pending.lock().expect("pending lock").remove(&instance.scratch_dir);
+        remove_scratch(instance.scratch_dir.clone()).await
+    }
+
+    async fn capacity(&self) -> Result<Capacity> {
+        Ok(self.capacity)
+    }
+
+    async fn recover(
+        &self,
+        job_id: &str,
+        attempt: i32,
+        instance_id: &str,
+        scratch_dir: PathBuf,
+    ) -> Result<Option<Instance>> {
+        let alive = instance_pid(instance_id).is_some_and(|pid| is_job_process(pid, job_id));
+        let exists = alive || scratch_dir.try_exists().unwrap_or(false);
+        Ok(exists.then(|| Instance {
+            job_id: job_id.to_string(),
+            attempt,
+            id: instance_id.to_string(),
+            scratch_dir,
+        }))
+    }
+
+    async fn release_leftovers(&self, _runner_id: &str, keep: &[String]) -> Result<usize> {
+        let mut released = 0;
+        let Ok(mut entries) = tokio::fs::read_dir(&self.work_dir).await else {
+            return Ok(0);
+        };
+        while let Some(entry) = entries
+            .next_entry()
+            .await
+            .map_err(io("cannot list the work dir".into()))?
+        {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let job_id = name.rsplit_once('-').map(|(job, _)| job).unwrap_or(&name);
+            if !keep.iter().any(|kept| kept == job_id) {
+                remove_scratch(entry.path()).await?;
+                released += 1;
+            }
+        }
+        Ok(released)
+    }
+}
+
+/// Starts `command` in `workdir` with exactly `env` (plus PATH, HOME and LANG).
+fn spawn(command: &[String], env: &BTreeMap<String, String>, workdir: &Path) -> Result<(tokio::process::Child, i32)> {
+    let (program, args) = command.split_first().ok_or_else(|| Error::Spawn {
+        program: String::new(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty command"),
+    })?;
+    let mut builder = Command::new(program);
+    builder
+        .args(args)
+        .current_dir(workdir)
+        .env_clear()
+        .env(
+            "PATH",
+            std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into()),
+        )
+        .env("HOME", workdir)
+        .env("LANG", "C.UTF-8")
+        .envs(env)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    let child = builder.spawn().map_err(|source| Error::Spawn {
+        program: program.clone(),
+        source,
+    })?;
+    let pid = child
+        .id()
+        .and_then(|pid| i32::try_from(pid).ok())
+        .ok_or_else(|| Error::Spawn {
+            program: program.clone(),
+            source: std::io::Error::other("the process exited before it could be tracked"),
+        })?;
+    Ok((child, pid))
+}
+
+/// Signals every process of the job's group; a group that is gone already is fine.
+pub fn signal_group(pid: i32, signal: Signal) {
+    match killpg(Pid::from_raw(pid), signal) {
+        Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+        Err(error) => {
+            tracing::warn!(pid, %signal, error = %error, "cannot signal the job's processes")
+        }
+    }
+}
+
+/// Tells whether `pid` is still a process of job `job_id` (a process started by an earlier runner,
+/// found at restart): it must carry `KILN_JOB_ID=<job_id>` in its environment, so a reused pid is
+/// never mistaken for the job.
+pub fn is_job_process(pid: i32, job_id: &str) -> bool {
+    let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
+        return false;
+    };
+    let wanted = format!("KILN_JOB_ID={job_id}");
+    environ.split(|&b| b == 0).any(|var| var == wanted.as_bytes())
+}
+
+/// The exit code kept for a job: the process's code, or 128 + the signal that killed it.
+pub fn exit_code(status: ExitStatus) -> i32 {
+    status
+        .code()
+        .or_else(|| status.signal().map(|signal| 128 + signal))
+        .unwrap_or(-1)
+}
+
+/// Parses the pid out of an instance id (`pid:<n>`).
+pub fn instance_pid(instance_id: &str) -> Option<i32> {
+    instance_id.strip_prefix("pid:")?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(dir: &Path, command: &[&str]) -> InstanceSpec {
+        InstanceSpec {
+            job_id: "j1".into(),
+            attempt: 1,
+            runner_id: "r".into(),
+            image: String::new(),
+            command: command.iter().map(|s| s.to_string()).collect(),
+            env: BTreeMap::from([("KILN_JOB_ID".to_string(), "j1".to_string())]),
+            cpu_millis: 1000,
+            memory_bytes: 1 << 30,
+            gpus: 0,
+            code: None,
+            datasets: Vec::new(),
+            scratch_dir: dir.join("j1-1"),
+        }
+    }
+
+    fn provider(dir: &Path) -> ProcessProvider {
+        ProcessProvider::new(
+            Capacity {
+                cpu_millis: 1000,
+                memory_bytes: 1 << 30,
+                gpus: 0,
+            },
+            dir.to_path_buf(),
+        )
+    }
+
+    #[tokio::test]
+    async fn children_get_only_the_env_they_are_given_and_die_with_their_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let provider = provider(dir.path());
+        let spec = spec(dir.path(), &["sh", "-c", "echo $KILN_JOB_ID $HOME; sleep 5 & wait"]);
+        let mut instance = provider.provision(&spec).await.unwrap();
+        let mut output = provider.start(&mut instance).await.unwrap();
+        let pid = instance_pid(&instance.id).unwrap();
+        let (stream, first) = output.next().await.unwrap();
+        assert_eq!(stream, LogStream::Stdout);
+        assert!(String::from_utf8_lossy(&first).starts_with("j1 "), "{first:?}");
+        assert!(is_job_process(pid, "j1"));
+        assert!(!is_job_process(pid, "j2"));
+        provider.signal(&instance, Signal::SIGTERM).await.unwrap();
+        assert_eq!(provider.wait(&instance).await.unwrap().code, 128 + 15);
+        provider.release(&instance).await.unwrap();
+        assert!(!instance.scratch_dir.try_exists().unwrap());
+    }
+
+    #[tokio::test]
+    async fn missing_programs_are_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let provider = provider(dir.path());
+        let mut instance = provider
+            .provision(&spec(dir.path(), &["/definitely/not/here"]))
+            .await
+            .unwrap();
+        let error = provider.start(&mut instance).await.err().unwrap();
+        assert!(error.to_string().contains("/definitely/not/here"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn leftovers_of_other_jobs_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["keep-1", "gone-1"] {
+            std::fs::create_dir_all(dir.path().join(name).join("data/ro")).unwrap();
+            set_writable(&dir.path().join(name).join("data"), false).unwrap();
+        }
+        let released = provider(dir.path())
+            .release_leftovers("r", &["keep".to_string()])
+            .await
+            .unwrap();
+        assert_eq!(released, 1);
+        assert!(dir.path().join("keep-1").try_exists().unwrap());
+        assert!(!dir.path().join("gone-1").try_exists().unwrap());
+    }
+
+    #[test]
+    fn instance_ids_hold_pids() {
+        assert_eq!(instance_pid("pid:42"), Some(42));
+        assert_eq!(instance_pid("docker:abc"), None);
+    }
+}

@@ -1,0 +1,263 @@
+//! Jobs in containers on a real Docker Engine (the one scripts/test.sh starts), with the test
+//! image built locally from busybox.
+
+use std::time::Duration;
+
+use kiln_e2e::{Stack, bundle, docker, labelled, output, spec, test_image, upload};
+use kiln_proto::v1 as pb;
+use kiln_runner::provider::docker::{LABEL_JOB, LABEL_RUNNER};
+
+fn image_spec(command: &[&str]) -> pb::JobSpec {
+    let mut spec = spec(command);
+    spec.image = test_image();
+    spec.resources = Some(pb::Resources {
+        cpu_millis: 500,
+        memory_bytes: 96 << 20,
+    });
+    spec
+}
+
+async fn assert_nothing_left(runner_id: &str) {
+    let (containers, volumes) = labelled(&docker().await, LABEL_RUNNER, runner_id).await;
+    assert!(
+        containers.is_empty() && volumes.is_empty(),
+        "left on the engine: {containers:?} {volumes:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_container_job_runs_with_its_limits_and_its_outputs_are_synced() {
+    let stack = Stack::start_docker().await;
+    let (bytes, digest) = bundle(&[
+        ("train.sh", "echo training on $(cat /kiln/code/data.txt)\n"),
+        ("data.txt", "mnist\n"),
+    ]);
+    upload(&mut stack.artifacts().await, &bytes, &digest).await.unwrap();
+    let script = "sh train.sh; echo oops >&2; mkdir -p /kiln/outputs/ckpt; echo weights > /kiln/outputs/model.txt; \
+                  echo step > /kiln/outputs/ckpt/1.txt; pwd; id -u; test -S /var/run/docker.sock || echo no-socket; sleep 2";
+    let mut job_spec = image_spec(&["sh", "-c", script]);
+    job_spec.code_digest = digest;
+    let job = stack.submit_spec(job_spec).await;
+    let running = stack.wait_for_state(&job.id, pb::JobState::Running).await;
+    assert!(running.instance_id.starts_with("docker:"), "{running:?}");
+
+    // The engine holds the limits asked for, and none of the privileges.
+    let container = running.instance_id.trim_start_matches("docker:");
+    let inspected = docker().await.inspect_container(container, None).await.unwrap();
+    let host = inspected.host_config.unwrap();
+    assert_eq!(host.nano_cpus, Some(500_000_000));
+    assert_eq!(host.memory, Some(96 << 20));
+    assert_eq!(host.privileged, Some(false));
+    assert_eq!(host.cap_drop, Some(vec!["ALL".to_string()]));
+    assert_eq!(host.network_mode.as_deref(), Some("none"));
+    let labels = inspected.config.unwrap().labels.unwrap();
+    assert_eq!(labels.get(LABEL_JOB), Some(&job.id));
+
+    let lines = stack.log_lines(&job.id, true).await;
+    let done = stack.get(&job.id).await;
+    assert_eq!(
+        (done.state, done.exit_code),
+        (pb::JobState::Succeeded as i32, Some(0)),
+        "{done:?}"
+    );
+    // stdout and stderr are ordered each, not against each other.
+    let stream = |which: pb::LogStream| -> Vec<&str> {
+        lines
+            .iter()
+            .filter(|l| l.stream == which as i32)
+            .map(|l| l.text.as_str())
+            .collect()
+    };
+    assert_eq!(
+        stream(pb::LogStream::Stdout),
+        ["training on mnist", "/kiln/code", "0", "no-socket"]
+    );
+    assert_eq!(stream(pb::LogStream::Stderr), ["oops"]);
+    let files = stack
+        .artifacts()
+        .await
+        .list_outputs(pb::ListOutputsRequest {
+            job_id: job.id.clone(),
+            prefix: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .files;
+    let paths: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
+    assert_eq!(paths, ["ckpt/1.txt", "model.txt"]);
+    assert_eq!(output(&stack, &job.id, "model.txt").await.unwrap(), "weights\n");
+    assert_eq!(
+        output(&stack, &job.id, "nope.txt").await.unwrap_err().code(),
+        tonic::Code::NotFound
+    );
+    assert_nothing_left(&stack.docker_runner_id()).await;
+}
+
+#[tokio::test]
+async fn a_stopped_container_gets_sigterm_and_its_outputs_are_synced() {
+    let stack = Stack::start_docker().await;
+    let script =
+        "trap 'echo stopped > /kiln/outputs/marker.txt; exit 0' TERM; echo ready; while true; do sleep 0.2; done";
+    let job = stack.submit_spec(image_spec(&["sh", "-c", script])).await;
+    stack.wait_for_state(&job.id, pb::JobState::Running).await;
+    stack.wait_for(&job.id, "the job's first line", |_| true).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stack
+        .jobs()
+        .await
+        .stop_job(pb::StopJobRequest { job_id: job.id.clone() })
+        .await
+        .unwrap();
+    let stopped = stack.wait_for_state(&job.id, pb::JobState::Stopped).await;
+    assert_eq!(stopped.reason, "stopped by user");
+    assert_eq!(stopped.exit_code, Some(0), "the job exited from its trap: {stopped:?}");
+    assert_eq!(output(&stack, &job.id, "marker.txt").await.unwrap(), "stopped\n");
+    assert_nothing_left(&stack.docker_runner_id()).await;
+}
+
+#[tokio::test]
+async fn a_job_past_its_max_runtime_ends_stopped_with_reason_timeout() {
+    let stack = Stack::start_docker().await;
+    let mut job_spec = image_spec(&["sleep", "600"]);
+    job_spec.max_runtime_secs = 1;
+    let job = stack.submit_spec(job_spec).await;
+    let stopped = stack.wait_for_state(&job.id, pb::JobState::Stopped).await;
+    assert_eq!(stopped.reason, "timeout");
+    assert_nothing_left(&stack.docker_runner_id()).await;
+}
+
+#[tokio::test]
+async fn a_dataset_is_mounted_read_only() {
+    let stack = Stack::start_docker().await;
+    let (bytes, digest) = bundle(&[("train/x.txt", "1,2,3\n")]);
+    upload(&mut stack.artifacts().await, &bytes, &digest).await.unwrap();
+    let mut datasets = kiln_proto::v1::dataset_service_client::DatasetServiceClient::with_interceptor(
+        tonic::transport::Channel::from_shared(format!("http://{}", stack.api_addr))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+        kiln_core::auth::BearerInterceptor::new(&stack.token),
+    );
+    datasets
+        .create_dataset(pb::CreateDatasetRequest {
+            name: "numbers".into(),
+            digest: digest.clone(),
+        })
+        .await
+        .unwrap();
+    let again = datasets
+        .create_dataset(pb::CreateDatasetRequest {
+            name: "numbers".into(),
+            digest,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(again.code(), tonic::Code::AlreadyExists);
+
+    let mut job_spec = image_spec(&[
+        "sh",
+        "-c",
+        "cat /kiln/data/numbers/train/x.txt; echo more >> /kiln/data/numbers/train/x.txt",
+    ]);
+    job_spec.datasets = vec!["numbers".into()];
+    let job = stack.submit_spec(job_spec).await;
+    let lines = stack.log_lines(&job.id, true).await;
+    let done = stack.get(&job.id).await;
+    assert_eq!(done.state, pb::JobState::Failed as i32, "{done:?}");
+    let stdout: Vec<&str> = lines
+        .iter()
+        .filter(|l| l.stream == pb::LogStream::Stdout as i32)
+        .map(|l| l.text.as_str())
+        .collect();
+    assert_eq!(stdout, ["1,2,3"]);
+    assert!(
+        lines.iter().any(|l| l.text.contains("Read-only file system")),
+        "{lines:?}"
+    );
+
+    let mut missing = image_spec(&["true"]);
+    missing.datasets = vec!["nope".into()];
+    let status = stack
+        .jobs()
+        .await
+        .submit_job(pb::SubmitJobRequest { spec: Some(missing) })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+    assert_nothing_left(&stack.docker_runner_id()).await;
+}
+
+#[tokio::test]
+async fn an_escaping_code_bundle_is_rejected_before_anything_runs() {
+    let stack = Stack::start_docker().await;
+    let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast()));
+    let mut header = tar::Header::new_gnu();
+    header.set_entry_type(tar::EntryType::Symlink);
+    header.set_size(0);
+    header.set_mode(0o777);
+    header.set_link_name("../../../etc").unwrap();
+    header.set_cksum();
+    builder.append_data(&mut header, "escape", std::io::empty()).unwrap();
+    let bytes = builder.into_inner().unwrap().finish().unwrap();
+    let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+    upload(&mut stack.artifacts().await, &bytes, &digest).await.unwrap();
+    let mut job_spec = image_spec(&["true"]);
+    job_spec.code_digest = digest;
+    let job = stack.submit_spec(job_spec).await;
+    let failed = stack.wait_for_state(&job.id, pb::JobState::Failed).await;
+    assert!(
+        failed.reason.contains("bad code bundle") && failed.reason.contains("points outside"),
+        "{failed:?}"
+    );
+    assert!(failed.started_at_ms == 0, "it never ran: {failed:?}");
+    assert_nothing_left(&stack.docker_runner_id()).await;
+}
+
+#[tokio::test]
+async fn a_missing_image_fails_with_a_clear_reason() {
+    let stack = Stack::start_docker().await;
+    let mut job_spec = image_spec(&["true"]);
+    job_spec.image = "kiln-test/does-not-exist:1".into();
+    let job = stack.submit_spec(job_spec).await;
+    let failed = stack.wait_for_state(&job.id, pb::JobState::Failed).await;
+    assert!(
+        failed.reason.starts_with("image not found: kiln-test/does-not-exist:1"),
+        "{failed:?}"
+    );
+    let lines = stack.log_lines(&job.id, true).await;
+    assert!(lines.iter().any(|l| l.text.contains("image not found")), "{lines:?}");
+    assert_nothing_left(&stack.docker_runner_id()).await;
+}
+
+#[tokio::test]
+async fn a_runner_killed_mid_job_ends_it_lost_and_leaves_nothing_on_the_engine() {
+    let mut stack = Stack::start_docker().await;
+    let script = "echo step1 > /kiln/outputs/progress.txt; echo started; sleep 600";
+    let job = stack.submit_spec(image_spec(&["sh", "-c", script])).await;
+    let running = stack.wait_for_state(&job.id, pb::JobState::Running).await;
+    stack.runner.take().unwrap().crash().await;
+    let (containers, _) = labelled(&docker().await, LABEL_JOB, &job.id).await;
+    assert_eq!(containers.len(), 1, "the container outlives the crashed runner");
+
+    stack.runner = Some(
+        stack
+            .spawn_runner(stack.docker_runner_config(&stack.docker_runner_id()))
+            .await,
+    );
+    let lost = stack.wait_for_state(&job.id, pb::JobState::Lost).await;
+    assert_eq!(lost.reason, "the runner restarted while the job ran");
+    assert_eq!(lost.instance_id, running.instance_id);
+    // What it wrote before is kept.
+    assert_eq!(output(&stack, &job.id, "progress.txt").await.unwrap(), "step1\n");
+    assert_nothing_left(&stack.docker_runner_id()).await;
+}
+
+#[tokio::test]
+async fn a_job_without_an_image_fails_on_a_docker_runner() {
+    let stack = Stack::start_docker().await;
+    let job = stack.submit(&["true"]).await;
+    let failed = stack.wait_for_state(&job.id, pb::JobState::Failed).await;
+    assert!(failed.reason.contains("must name an image"), "{failed:?}");
+}
