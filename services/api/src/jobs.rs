@@ -203,9 +203,6 @@ fn validate_spec(principal: &Principal, spec: Option<pb::JobSpec>) -> Result<New
             spec.gpus
         )));
     }
-    if spec.gpus > 0 && spec.image.is_empty() {
-        return Err(Error::InvalidArgument("gpus need a container image (--image)".into()));
-    }
     let max_runtime_secs = i64::try_from(spec.max_runtime_secs)
         .map_err(|_| Error::InvalidArgument("max_runtime_secs is too large".into()))?;
     for name in &spec.datasets {

@@ -17,6 +17,8 @@ pub struct CapacityReport {
     pub provider: String,
     pub cpu_millis: i64,
     pub memory_bytes: i64,
+    #[serde(default)]
+    pub gpus: i64,
     pub updated_at_ms: i64,
 }
 
@@ -25,6 +27,7 @@ pub struct CapacityReport {
 pub struct PoolCapacity {
     pub cpu_millis: i64,
     pub memory_bytes: i64,
+    pub gpus: i64,
     pub runners: usize,
 }
 
@@ -76,6 +79,7 @@ pub async fn pools(nats: &Nats) -> Result<BTreeMap<String, PoolCapacity>, NatsEr
         let pool = pools.entry(report.pool).or_default();
         pool.cpu_millis += report.cpu_millis;
         pool.memory_bytes += report.memory_bytes;
+        pool.gpus += report.gpus;
         pool.runners += 1;
     }
     Ok(pools)

@@ -254,8 +254,11 @@ async fn usage_is_summed_by_pool(store: Store) {
     }
     store.insert_job(new_job("u1")).await.unwrap();
     let usage = store.active_usage_by_pool().await.unwrap();
-    assert_eq!(usage["a"], (3000, 2 << 30));
-    assert_eq!(usage["b"], (1500, 1 << 30));
+    assert_eq!(
+        (usage["a"].cpu_millis, usage["a"].memory_bytes, usage["a"].gpus),
+        (3000, 2 << 30, 0)
+    );
+    assert_eq!((usage["b"].cpu_millis, usage["b"].memory_bytes), (1500, 1 << 30));
     assert_eq!(usage.len(), 2);
 }
 

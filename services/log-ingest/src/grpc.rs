@@ -37,6 +37,7 @@ pub struct LogsApi {
     pub(crate) store: Store,
     pub(crate) logs: Arc<dyn LogStore>,
     pub(crate) written: broadcast::Sender<String>,
+    pub(crate) nats: kiln_core::streams::Nats,
 }
 
 type LineStream = Pin<Box<dyn Stream<Item = Result<pb::LogLine, Status>> + Send>>;
@@ -84,6 +85,16 @@ impl LogsApi {
     ) -> Result<(), Status> {
         let mut cursor = Cursor::default();
         let mut ended_attempt = 0;
+        // The job's state changes wake a follower too: its end comes after its last line.
+        let mut job_events = match follow {
+            true => self
+                .nats
+                .client
+                .subscribe(kiln_core::subjects::job_event(job_id))
+                .await
+                .ok(),
+            false => None,
+        };
         loop {
             let lines = self.logs.read(job_id, cursor, PAGE).await?;
             let full_page = lines.len() == PAGE as usize;
@@ -124,10 +135,20 @@ impl LogsApi {
             }
             tokio::select! {
                 _ = wait_for(&mut woken, job_id) => {}
+                Some(_) = next_event(&mut job_events) => {}
                 _ = tokio::time::sleep(FOLLOW_POLL) => {}
                 _ = tx.closed() => return Ok(()),
             }
         }
+    }
+}
+
+/// Returns the next job event, or never when there is no subscription.
+async fn next_event(events: &mut Option<async_nats::Subscriber>) -> Option<async_nats::Message> {
+    use futures::StreamExt;
+    match events {
+        Some(events) => events.next().await,
+        None => std::future::pending().await,
     }
 }
 

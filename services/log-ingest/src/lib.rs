@@ -79,6 +79,7 @@ impl LogIngest {
             store: self.store.clone(),
             logs: self.logs.clone(),
             written,
+            nats: self.nats.clone(),
         };
         tracing::info!(addr = %self.local_addr(), "log-ingest serving");
         let served = tonic::transport::Server::builder()

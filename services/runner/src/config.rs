@@ -21,6 +21,27 @@ pub enum ProviderKind {
     Process,
 }
 
+/// The idle-GPU watchdog: a job whose GPUs' mean utilisation over `window-secs` stays under
+/// `threshold-percent` is stopped (STOPPED, reason "idle GPU").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct IdleGpuConfig {
+    pub threshold_percent: f64,
+    /// 0 turns the watchdog off.
+    pub window_secs: u64,
+    pub sample_interval_ms: u64,
+}
+
+impl Default for IdleGpuConfig {
+    fn default() -> Self {
+        IdleGpuConfig {
+            threshold_percent: 5.0,
+            window_secs: 1800,
+            sample_interval_ms: 10_000,
+        }
+    }
+}
+
 /// What happens to a job whose runner went away while it ran.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -47,6 +68,10 @@ pub struct Config {
     pub cpu_millis: i64,
     /// Memory this runner offers, in bytes; 0 means the machine's memory.
     pub memory_bytes: i64,
+    /// GPUs this runner offers; 0 means every GPU NVML finds (none without NVML).
+    pub gpus: i64,
+    /// Stops jobs whose GPUs stay idle.
+    pub idle_gpu: IdleGpuConfig,
     /// Where jobs' code is unpacked and run.
     pub work_dir: PathBuf,
     /// Time between SIGTERM and SIGKILL when a job is stopped, in milliseconds.
@@ -73,6 +98,8 @@ impl Default for Config {
             pool: "local".into(),
             cpu_millis: 0,
             memory_bytes: 0,
+            gpus: 0,
+            idle_gpu: IdleGpuConfig::default(),
             work_dir: PathBuf::from("./data/work"),
             stop_grace_period_ms: 10_000,
             api_url: "http://127.0.0.1:7070".into(),
@@ -100,6 +127,15 @@ impl ServiceConfig for Config {
             problems.push("cpu-millis and memory-bytes must not be negative".into());
         }
         self.docker.validate(&mut problems);
+        if !(0.0..=100.0).contains(&self.idle_gpu.threshold_percent) {
+            problems.push("idle-gpu.threshold-percent must be between 0 and 100".into());
+        }
+        if self.idle_gpu.sample_interval_ms == 0 {
+            problems.push("idle-gpu.sample-interval-ms must be at least 1".into());
+        }
+        if self.gpus < 0 {
+            problems.push("gpus must not be negative".into());
+        }
         if self.max_attempts < 1 {
             problems.push("max-attempts must be at least 1".into());
         }

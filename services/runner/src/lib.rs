@@ -21,6 +21,7 @@ use std::time::Duration;
 use async_nats::jetstream::AckKind;
 use async_nats::jetstream::consumer::{self, pull};
 use futures::StreamExt;
+use gpu::{GpuPool, GpuSampler};
 use kiln_core::capacity::{self, CapacityReport};
 use kiln_core::events::publish_job_change;
 use kiln_core::ids::now_ms;
@@ -41,6 +42,7 @@ use tokio_util::sync::CancellationToken;
 pub mod bundle;
 pub mod config;
 pub mod error;
+pub mod gpu;
 pub mod logs;
 pub mod outputs;
 pub mod provider;
@@ -56,6 +58,7 @@ struct ActiveJob {
     stop: CancellationToken,
     cpu_millis: i64,
     memory_bytes: i64,
+    gpu_devices: Vec<u32>,
 }
 
 /// What the runner's tasks share.
@@ -68,9 +71,19 @@ pub(crate) struct Context {
     provider: Arc<dyn Provider>,
     capacity: Capacity,
     active: Arc<Mutex<HashMap<String, ActiveJob>>>,
+    gpus: Arc<Mutex<GpuPool>>,
+    sampler: Option<Arc<dyn GpuSampler>>,
 }
 
 impl Context {
+    /// Forgets a job this runner held, giving its GPUs back.
+    fn release_active(&self, job_id: &str) {
+        let released = self.active.lock().expect("active jobs lock").remove(job_id);
+        if let Some(active) = released {
+            self.gpus.lock().expect("gpu pool lock").give_back(&active.gpu_devices);
+        }
+    }
+
     /// Tells whether a job of this size fits next to the jobs running now.
     fn fits(&self, job: &JobRecord) -> bool {
         let active = self.active.lock().expect("active jobs lock");
@@ -87,7 +100,14 @@ pub struct Runner {
 }
 
 impl Runner {
+    /// Binds a runner that reads GPU utilisation through NVML where it loads.
     pub async fn bind(config: Config) -> Result<Runner> {
+        let sampler = gpu::NvmlSampler::load();
+        Runner::bind_with_sampler(config, sampler).await
+    }
+
+    /// Binds a runner with the given GPU sampler (`None`: no GPUs can be watched).
+    pub async fn bind_with_sampler(config: Config, sampler: Option<Arc<dyn GpuSampler>>) -> Result<Runner> {
         let store = Store::connect(&config.database).await?;
         store.wait_for_schema(SCHEMA_WAIT).await?;
         let nats = streams::connect(&config.nats).await?;
@@ -102,7 +122,11 @@ impl Runner {
                 source,
             })?;
         let provider = connect_provider(&config).await?;
-        let capacity = provider.capacity().await?;
+        let mut capacity = provider.capacity().await?;
+        capacity.gpus = match config.gpus {
+            0 => sampler.as_ref().map(|s| s.count()).unwrap_or(0),
+            n => u32::try_from(n).unwrap_or(0),
+        };
         tracing::info!(
             provider = provider.name(),
             cpu_millis = capacity.cpu_millis,
@@ -117,6 +141,8 @@ impl Runner {
             provider,
             capacity,
             active: Arc::default(),
+            gpus: Arc::new(Mutex::new(GpuPool::new(capacity.gpus))),
+            sampler,
         };
         Ok(Runner { ctx, listener })
     }
@@ -296,11 +322,16 @@ async fn accept_launch(
     if !ctx.fits(&job) {
         return Ok(Accepted::NoRoom);
     }
+    let wanted = u32::try_from(job.gpus).unwrap_or(u32::MAX);
+    let Some(gpu_devices) = ctx.gpus.lock().expect("gpu pool lock").take(wanted) else {
+        return Ok(Accepted::NoRoom);
+    };
     let stop = CancellationToken::new();
     let active = ActiveJob {
         stop: stop.clone(),
         cpu_millis: job.cpu_millis,
         memory_bytes: job.memory_bytes,
+        gpu_devices: gpu_devices.clone(),
     };
     ctx.active
         .lock()
@@ -313,7 +344,7 @@ async fn accept_launch(
     let provisioning = match ctx.store.transition(&job, JobState::Provisioning, change).await {
         Ok(provisioning) => provisioning,
         Err(error) => {
-            ctx.active.lock().expect("active jobs lock").remove(&job.id);
+            ctx.release_active(&job.id);
             return match error {
                 StoreError::Conflict { .. } => Ok(Accepted::Stale),
                 error => Err(error.into()),
@@ -321,7 +352,13 @@ async fn accept_launch(
         }
     };
     supervisor::publish(ctx, &provisioning).await;
-    jobs.spawn(supervisor::supervise(ctx.clone(), provisioning, stop, shutdown.clone()));
+    jobs.spawn(supervisor::supervise(
+        ctx.clone(),
+        provisioning,
+        gpu_devices,
+        stop,
+        shutdown.clone(),
+    ));
     Ok(Accepted::Started)
 }
 
@@ -391,6 +428,7 @@ async fn report_capacity(ctx: Context, shutdown: CancellationToken) {
             provider: ctx.provider.name().into(),
             cpu_millis: ctx.capacity.cpu_millis,
             memory_bytes: ctx.capacity.memory_bytes,
+            gpus: i64::from(ctx.capacity.gpus),
             updated_at_ms: now_ms(),
         };
         if let Err(error) = capacity::report(&ctx.nats, &report).await {

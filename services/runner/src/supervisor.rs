@@ -38,6 +38,7 @@ const DRAIN: Duration = Duration::from_secs(5);
 enum StopReason {
     User,
     Timeout,
+    IdleGpu,
     Shutdown,
 }
 
@@ -55,11 +56,17 @@ enum Outcome {
 }
 
 /// Runs a job that this runner has moved to PROVISIONING, to its end.
-pub(crate) async fn supervise(ctx: Context, job: JobRecord, stop: CancellationToken, shutdown: CancellationToken) {
+pub(crate) async fn supervise(
+    ctx: Context,
+    job: JobRecord,
+    gpu_devices: Vec<u32>,
+    stop: CancellationToken,
+    shutdown: CancellationToken,
+) {
     let job_id = job.id.clone();
     let scratch_dir = ctx.config.work_dir.join(format!("{}-{}", job.id, job.attempt));
     let shipper = LogShipper::start(ctx.nats.clone(), job.id.clone(), job.attempt);
-    let (outcome, current, instance) = execute(&ctx, job, &scratch_dir, &shipper, &stop, &shutdown).await;
+    let (outcome, current, instance) = execute(&ctx, job, gpu_devices, &scratch_dir, &shipper, &stop, &shutdown).await;
     if let Outcome::NotStarted { reason, .. } = &outcome {
         shipper.line(LogStream::Stderr, format!("kiln: {reason}")).await;
     }
@@ -74,7 +81,7 @@ pub(crate) async fn supervise(ctx: Context, job: JobRecord, stop: CancellationTo
         }
     };
     // The instance is released: its capacity is free before the end is reported.
-    ctx.active.lock().expect("active jobs lock").remove(&job_id);
+    ctx.release_active(&job_id);
     let mut delay = Duration::from_millis(200);
     for attempt in 1.. {
         match conclude(&ctx, current.clone(), &outcome).await {
@@ -153,7 +160,12 @@ async fn fetch_archive(ctx: &Context, digest: &str, what: &str) -> Result<Bytes>
 }
 
 /// Everything the instance needs: code, datasets, environment (with the job's token).
-async fn instance_spec(ctx: &Context, job: &JobRecord, scratch_dir: &std::path::Path) -> Result<InstanceSpec> {
+async fn instance_spec(
+    ctx: &Context,
+    job: &JobRecord,
+    gpu_devices: &[u32],
+    scratch_dir: &std::path::Path,
+) -> Result<InstanceSpec> {
     let code = if job.code_digest.is_empty() {
         None
     } else {
@@ -190,6 +202,7 @@ async fn instance_spec(ctx: &Context, job: &JobRecord, scratch_dir: &std::path::
         cpu_millis: job.cpu_millis,
         memory_bytes: job.memory_bytes,
         gpus: u32::try_from(job.gpus).unwrap_or(0),
+        gpu_devices: gpu_devices.to_vec(),
         code,
         datasets,
         scratch_dir: PathBuf::from(scratch_dir),
@@ -201,12 +214,13 @@ async fn instance_spec(ctx: &Context, job: &JobRecord, scratch_dir: &std::path::
 async fn execute(
     ctx: &Context,
     job: JobRecord,
+    gpu_devices: Vec<u32>,
     scratch_dir: &std::path::Path,
     shipper: &LogShipper,
     stop: &CancellationToken,
     shutdown: &CancellationToken,
 ) -> (Outcome, JobRecord, Option<Instance>) {
-    let spec = match instance_spec(ctx, &job, scratch_dir).await {
+    let spec = match instance_spec(ctx, &job, &gpu_devices, scratch_dir).await {
         Ok(spec) => spec,
         Err(error) => return (not_started(error), job, None),
     };
@@ -241,7 +255,7 @@ async fn execute(
     tracing::info!(job_id = %job.id, instance = %instance.id, "job running");
     publish(ctx, &job).await;
     let reader = shipper.ship(output);
-    let (exit, stopped) = watch(ctx, &job, &instance, stop, shutdown).await;
+    let (exit, stopped) = watch(ctx, &job, &instance, gpu_devices, stop, shutdown).await;
     // Whatever the job left behind goes too, so its output streams end.
     let _ = ctx.provider.signal(&instance, Signal::SIGKILL).await;
     let abort = reader.abort_handle();
@@ -259,11 +273,13 @@ async fn execute(
     (outcome, job, Some(instance))
 }
 
-/// Waits for the job to end, stopping it on request, on timeout or at shutdown.
+/// Waits for the job to end, stopping it on request, on timeout, when its GPUs stay idle, or
+/// at shutdown.
 async fn watch(
     ctx: &Context,
     job: &JobRecord,
     instance: &Instance,
+    gpu_devices: Vec<u32>,
     stop: &CancellationToken,
     shutdown: &CancellationToken,
 ) -> (Result<Exit>, Option<StopReason>) {
@@ -272,6 +288,13 @@ async fn watch(
     });
     let wait = ctx.provider.wait(instance);
     tokio::pin!(wait);
+    let idle_gpu = async {
+        match &ctx.sampler {
+            Some(sampler) => crate::gpu::idle(sampler.clone(), gpu_devices, ctx.config.idle_gpu.clone()).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(idle_gpu);
     let mut stopping: Option<StopReason> = None;
     loop {
         tokio::select! {
@@ -281,6 +304,7 @@ async fn watch(
             _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if stopping.is_none() && deadline.is_some() => {
                 stopping = Some(StopReason::Timeout);
             }
+            _ = &mut idle_gpu, if stopping.is_none() => stopping = Some(StopReason::IdleGpu),
             _ = tokio::time::sleep(STOP_POLL), if stopping.is_none() => {
                 if ctx.store.job(&job.id).await.map(|j| j.stop_requested).unwrap_or(false) {
                     stopping = Some(StopReason::User);
@@ -340,6 +364,10 @@ async fn conclude(ctx: &Context, job: JobRecord, outcome: &Outcome) -> Result<()
             exit,
             stopped: Some(StopReason::Timeout),
         } => (JobState::Stopped, change(Some(exit.code), "timeout")),
+        Outcome::Exited {
+            exit,
+            stopped: Some(StopReason::IdleGpu),
+        } => (JobState::Stopped, change(Some(exit.code), "idle GPU")),
         Outcome::Exited { exit, stopped: None } if exit.code == 0 => (JobState::Succeeded, change(Some(0), "")),
         Outcome::Exited { exit, stopped: None } if exit.oom_killed => {
             let reason = format!("out of memory: the limit is {} bytes", job.memory_bytes);

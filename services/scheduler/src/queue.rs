@@ -6,13 +6,11 @@
 use std::collections::BTreeMap;
 
 use kiln_core::capacity::PoolCapacity;
-use kiln_core::store::JobRecord;
+use kiln_core::store::{JobRecord, Usage};
 
-/// Free CPU and memory of a pool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Free {
-    cpu_millis: i64,
-    memory_bytes: i64,
+/// Tells whether `room` (free or total CPU, memory and GPUs of a pool) holds the job.
+fn holds(room: &Usage, job: &JobRecord) -> bool {
+    job.cpu_millis <= room.cpu_millis && job.memory_bytes <= room.memory_bytes && i64::from(job.gpus) <= room.gpus
 }
 
 /// Decides which queued jobs start now and on which pool.
@@ -22,34 +20,36 @@ struct Free {
 pub fn plan(
     queued: &[JobRecord],
     pools: &BTreeMap<String, PoolCapacity>,
-    usage: &BTreeMap<String, (i64, i64)>,
+    usage: &BTreeMap<String, Usage>,
 ) -> Vec<(usize, String)> {
-    let mut free: BTreeMap<&str, Free> = pools
+    let total = |capacity: &PoolCapacity| Usage {
+        cpu_millis: capacity.cpu_millis,
+        memory_bytes: capacity.memory_bytes,
+        gpus: capacity.gpus,
+    };
+    let mut free: BTreeMap<&str, Usage> = pools
         .iter()
         .map(|(name, capacity)| {
-            let (cpu_used, memory_used) = usage.get(name).copied().unwrap_or_default();
-            let free = Free {
-                cpu_millis: capacity.cpu_millis - cpu_used,
-                memory_bytes: capacity.memory_bytes - memory_used,
+            let used = usage.get(name).copied().unwrap_or_default();
+            let total = total(capacity);
+            let free = Usage {
+                cpu_millis: total.cpu_millis - used.cpu_millis,
+                memory_bytes: total.memory_bytes - used.memory_bytes,
+                gpus: total.gpus - used.gpus,
             };
             (name.as_str(), free)
         })
         .collect();
     let mut placements = Vec::new();
     for (index, job) in queued.iter().enumerate() {
-        let fits_ever = pools
-            .values()
-            .any(|capacity| job.cpu_millis <= capacity.cpu_millis && job.memory_bytes <= capacity.memory_bytes);
-        if !fits_ever {
+        if !pools.values().any(|capacity| holds(&total(capacity), job)) {
             continue;
         }
-        let chosen = free
-            .iter_mut()
-            .find(|(_, free)| job.cpu_millis <= free.cpu_millis && job.memory_bytes <= free.memory_bytes);
-        match chosen {
+        match free.iter_mut().find(|(_, free)| holds(free, job)) {
             Some((pool, free)) => {
                 free.cpu_millis -= job.cpu_millis;
                 free.memory_bytes -= job.memory_bytes;
+                free.gpus -= i64::from(job.gpus);
                 placements.push((index, pool.to_string()));
             }
             // The head of the line waits for capacity, and so does everyone behind it.
@@ -99,7 +99,15 @@ mod tests {
         PoolCapacity {
             cpu_millis,
             memory_bytes,
+            gpus: 0,
             runners: 1,
+        }
+    }
+
+    fn used(cpu_millis: i64) -> Usage {
+        Usage {
+            cpu_millis,
+            ..Usage::default()
         }
     }
 
@@ -114,7 +122,7 @@ mod tests {
     #[test]
     fn active_jobs_hold_capacity() {
         let pools = BTreeMap::from([("local".to_string(), pool(2000, 4096))]);
-        let usage = BTreeMap::from([("local".to_string(), (1500, 0))]);
+        let usage = BTreeMap::from([("local".to_string(), used(1500))]);
         assert!(plan(&[job(1000, 1)], &pools, &usage).is_empty());
         assert_eq!(plan(&[job(500, 1)], &pools, &usage).len(), 1);
     }
@@ -122,12 +130,34 @@ mod tests {
     #[test]
     fn head_of_line_blocks_but_impossible_jobs_do_not() {
         let pools = BTreeMap::from([("local".to_string(), pool(2000, 4096))]);
-        let usage = BTreeMap::from([("local".to_string(), (1000, 0))]);
+        let usage = BTreeMap::from([("local".to_string(), used(1000))]);
         // Too big for the pool at all: skipped. Fits later: blocks the small one behind it.
         let queued = [job(64_000, 1), job(2000, 1), job(100, 1)];
         assert!(plan(&queued, &pools, &usage).is_empty());
         let queued = [job(64_000, 1), job(100, 1)];
         assert_eq!(plan(&queued, &pools, &usage), vec![(1, "local".to_string())]);
+    }
+
+    #[test]
+    fn gpu_jobs_go_where_gpus_are() {
+        let mut gpu_job = job(100, 1);
+        gpu_job.gpus = 2;
+        let pools = BTreeMap::from([
+            ("cpu".to_string(), pool(8000, 1 << 30)),
+            (
+                "gpu".to_string(),
+                PoolCapacity {
+                    gpus: 2,
+                    ..pool(8000, 1 << 30)
+                },
+            ),
+        ]);
+        assert_eq!(
+            plan(&[gpu_job.clone(), gpu_job.clone()], &pools, &BTreeMap::new()),
+            vec![(0, "gpu".to_string())]
+        );
+        let no_gpus = BTreeMap::from([("cpu".to_string(), pool(8000, 1 << 30))]);
+        assert!(plan(&[gpu_job], &no_gpus, &BTreeMap::new()).is_empty());
     }
 
     #[test]

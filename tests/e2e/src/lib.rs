@@ -211,6 +211,18 @@ impl Stack {
         ServiceHandle::spawn(|token| runner.serve(token))
     }
 
+    /// Starts a runner whose GPU utilisation comes from `sampler`.
+    pub async fn spawn_runner_with_sampler(
+        &self,
+        config: kiln_runner::Config,
+        sampler: std::sync::Arc<dyn kiln_runner::gpu::GpuSampler>,
+    ) -> ServiceHandle {
+        let runner = kiln_runner::Runner::bind_with_sampler(config, Some(sampler))
+            .await
+            .expect("runner binds");
+        ServiceHandle::spawn(|token| runner.serve(token))
+    }
+
     async fn channel(addr: SocketAddr) -> Channel {
         Channel::from_shared(format!("http://{addr}"))
             .expect("uri")

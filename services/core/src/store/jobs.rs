@@ -27,6 +27,14 @@ pub struct NewJob {
     pub datasets: Vec<String>,
 }
 
+/// What active jobs hold of a pool.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub cpu_millis: i64,
+    pub memory_bytes: i64,
+    pub gpus: i64,
+}
+
 /// Fields a transition sets besides the state.
 #[derive(Debug, Clone, Default)]
 pub struct Change {
@@ -225,13 +233,14 @@ impl Store {
         self.job(job_id).await
     }
 
-    /// Sums the CPU and memory held by active jobs of each pool.
-    pub async fn active_usage_by_pool(&self) -> StoreResult<BTreeMap<String, (i64, i64)>> {
-        let mut usage: BTreeMap<String, (i64, i64)> = BTreeMap::new();
+    /// Sums the CPU, memory and GPUs held by active jobs of each pool.
+    pub async fn active_usage_by_pool(&self) -> StoreResult<BTreeMap<String, Usage>> {
+        let mut usage: BTreeMap<String, Usage> = BTreeMap::new();
         for job in self.jobs_in_states(&JobState::ACTIVE).await? {
             let entry = usage.entry(job.pool.clone()).or_default();
-            entry.0 += job.cpu_millis;
-            entry.1 += job.memory_bytes;
+            entry.cpu_millis += job.cpu_millis;
+            entry.memory_bytes += job.memory_bytes;
+            entry.gpus += i64::from(job.gpus);
         }
         Ok(usage)
     }

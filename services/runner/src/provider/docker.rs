@@ -331,10 +331,10 @@ impl DockerProvider {
         env.push(format!("KILN_CODE={CODE_DIR}"));
         env.push(format!("KILN_OUTPUTS={OUTPUTS_DIR}"));
         env.push(format!("KILN_DATA={DATA_DIR}"));
-        let device_requests = (spec.gpus > 0).then(|| {
+        let device_requests = (!spec.gpu_devices.is_empty()).then(|| {
             vec![DeviceRequest {
                 driver: Some("nvidia".into()),
-                count: Some(i64::from(spec.gpus)),
+                device_ids: Some(spec.gpu_devices.iter().map(u32::to_string).collect()),
                 capabilities: Some(vec![vec!["gpu".into()]]),
                 ..Default::default()
             }]

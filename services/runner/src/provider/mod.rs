@@ -40,6 +40,8 @@ pub struct InstanceSpec {
     pub cpu_millis: i64,
     pub memory_bytes: i64,
     pub gpus: u32,
+    /// The GPU indices the runner gave the job (`gpus` of them).
+    pub gpu_devices: Vec<u32>,
     /// The code bundle (tar.gz, already checked by [`crate::bundle::check`]).
     pub code: Option<Bytes>,
     /// Datasets by name (tar.gz archives, already checked).

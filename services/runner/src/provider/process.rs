@@ -139,6 +139,10 @@ impl Provider for ProcessProvider {
         env.insert("KILN_CODE".into(), dir.join("code").display().to_string());
         env.insert("KILN_OUTPUTS".into(), dir.join("outputs").display().to_string());
         env.insert("KILN_DATA".into(), dir.join("data").display().to_string());
+        if !spec.gpu_devices.is_empty() {
+            let devices: Vec<String> = spec.gpu_devices.iter().map(u32::to_string).collect();
+            env.insert("CUDA_VISIBLE_DEVICES".into(), devices.join(","));
+        }
         self.pending
             .lock()
             .expect("pending lock")
@@ -369,6 +373,7 @@ mod tests {
             cpu_millis: 1000,
             memory_bytes: 1 << 30,
             gpus: 0,
+            gpu_devices: Vec::new(),
             code: None,
             datasets: Vec::new(),
             scratch_dir: dir.join("j1-1"),
