@@ -83,6 +83,8 @@ pub struct Config {
     pub on_lost: OnLost,
     /// Attempts a job gets when `on-lost = "requeue"`.
     pub max_attempts: i32,
+    /// How often system metrics of running jobs are sampled, in milliseconds.
+    pub metrics_interval_ms: u64,
     /// How often capacity is reported, in milliseconds.
     pub report_interval_ms: u64,
 }
@@ -108,6 +110,7 @@ impl Default for Config {
             on_lost: OnLost::Fail,
             max_attempts: 3,
             report_interval_ms: if cfg!(test) { 200 } else { 5_000 },
+            metrics_interval_ms: 5_000,
         }
     }
 }
@@ -138,6 +141,9 @@ impl ServiceConfig for Config {
         }
         if self.max_attempts < 1 {
             problems.push("max-attempts must be at least 1".into());
+        }
+        if self.metrics_interval_ms == 0 {
+            problems.push("metrics-interval-ms must be at least 1".into());
         }
         if self.report_interval_ms == 0 {
             problems.push("report-interval-ms must be at least 1".into());

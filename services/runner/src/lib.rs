@@ -40,6 +40,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 pub mod bundle;
+pub mod collector;
 pub mod config;
 pub mod error;
 pub mod gpu;

@@ -255,7 +255,13 @@ async fn execute(
     tracing::info!(job_id = %job.id, instance = %instance.id, "job running");
     publish(ctx, &job).await;
     let reader = shipper.ship(output);
+    let collector = tokio::spawn(crate::collector::collect(
+        ctx.clone(),
+        instance.clone(),
+        gpu_devices.clone(),
+    ));
     let (exit, stopped) = watch(ctx, &job, &instance, gpu_devices, stop, shutdown).await;
+    collector.abort();
     // Whatever the job left behind goes too, so its output streams end.
     let _ = ctx.provider.signal(&instance, Signal::SIGKILL).await;
     let abort = reader.abort_handle();

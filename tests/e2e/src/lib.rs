@@ -171,6 +171,7 @@ impl Stack {
             stop_grace_period_ms: 2000,
             api_url: format!("http://{}", self.api_addr),
             report_interval_ms: 200,
+            metrics_interval_ms: 200,
             provider: kiln_runner::ProviderKind::Process,
             ..Default::default()
         }
@@ -486,4 +487,36 @@ pub async fn output(stack: &Stack, job_id: &str, path: &str) -> Result<String, t
         data.extend(chunk?.data);
     }
     Ok(String::from_utf8_lossy(&data).into_owned())
+}
+
+/// The metric batches published for a job so far (read back from `KILN_METRICS`).
+pub async fn metric_batches(stack: &Stack, job_id: &str) -> Vec<pb::MetricBatch> {
+    use async_nats::jetstream::consumer::pull;
+    use futures::StreamExt;
+    use prost::Message;
+    let js = async_nats::jetstream::new(async_nats::connect(&stack.nats.url).await.expect("connect"));
+    let stream = js
+        .get_stream(kiln_core::subjects::STREAM_METRICS)
+        .await
+        .expect("metrics stream");
+    let consumer = stream
+        .create_consumer(pull::Config {
+            filter_subject: kiln_core::subjects::metrics(job_id),
+            ack_policy: async_nats::jetstream::consumer::AckPolicy::None,
+            ..Default::default()
+        })
+        .await
+        .expect("consumer");
+    let mut messages = consumer
+        .fetch()
+        .max_messages(10_000)
+        .expires(Duration::from_millis(500))
+        .messages()
+        .await
+        .expect("fetch");
+    let mut batches = Vec::new();
+    while let Some(message) = messages.next().await {
+        batches.push(pb::MetricBatch::decode(message.expect("message").payload.as_ref()).expect("a metric batch"));
+    }
+    batches
 }

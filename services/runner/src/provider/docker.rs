@@ -21,7 +21,7 @@ use bollard::models::{ContainerCreateBody, DeviceRequest, HostConfig, Mount, Mou
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, CreateImageOptionsBuilder, DownloadFromContainerOptionsBuilder,
     KillContainerOptionsBuilder, ListContainersOptionsBuilder, ListVolumesOptionsBuilder, LogsOptionsBuilder,
-    RemoveContainerOptionsBuilder, RemoveVolumeOptionsBuilder, UploadToContainerOptionsBuilder,
+    RemoveContainerOptionsBuilder, RemoveVolumeOptionsBuilder, StatsOptionsBuilder, UploadToContainerOptionsBuilder,
 };
 use futures::StreamExt;
 use kiln_proto::v1::LogStream;
@@ -29,7 +29,10 @@ use nix::sys::signal::Signal;
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
 
-use super::{CODE_DIR, Capacity, DATA_DIR, Exit, Instance, InstanceSpec, OUTPUTS_DIR, OutputStream, Outputs, Provider};
+use super::{
+    CODE_DIR, Capacity, DATA_DIR, Exit, Instance, InstanceSpec, InstanceStats, OUTPUTS_DIR, OutputStream, Outputs,
+    Provider,
+};
 use crate::error::{Error, Result};
 
 pub const LABEL_JOB: &str = "kiln.job";
@@ -517,6 +520,41 @@ impl Provider for DockerProvider {
         }
         file.flush().await.map_err(Error::io("cannot spool the outputs"))?;
         Ok(Outputs::Tar(path))
+    }
+
+    async fn stats(&self, instance: &Instance) -> Result<Option<InstanceStats>> {
+        // One sample; the engine fills the previous one a second earlier, for the CPU delta.
+        let options = StatsOptionsBuilder::new().stream(false).build();
+        let Some(stats) = self.docker.stats(container_id(instance), Some(options)).next().await else {
+            return Ok(None);
+        };
+        let stats = match stats {
+            Ok(stats) => stats,
+            Err(error) if not_found(&error) => return Ok(None),
+            Err(error) => return Err(docker_error("read the container's stats")(error)),
+        };
+        let total = |cpu: &Option<bollard::models::ContainerCpuStats>| {
+            let cpu = cpu.as_ref();
+            let used = cpu
+                .and_then(|c| c.cpu_usage.as_ref())
+                .and_then(|u| u.total_usage)
+                .unwrap_or(0);
+            (used, cpu.and_then(|c| c.system_cpu_usage).unwrap_or(0))
+        };
+        let (used, system) = total(&stats.cpu_stats);
+        let (used_before, system_before) = total(&stats.precpu_stats);
+        let cpus = stats.cpu_stats.as_ref().and_then(|c| c.online_cpus).unwrap_or(1);
+        let system_delta = system.saturating_sub(system_before);
+        let cpu_percent = if system_delta > 0 {
+            used.saturating_sub(used_before) as f64 / system_delta as f64 * f64::from(cpus) * 100.0
+        } else {
+            0.0
+        };
+        let memory_bytes = stats.memory_stats.and_then(|m| m.usage).unwrap_or(0);
+        Ok(Some(InstanceStats {
+            cpu_percent,
+            memory_bytes,
+        }))
     }
 
     async fn release(&self, instance: &Instance) -> Result<()> {

@@ -84,6 +84,14 @@ pub enum Outputs {
     None,
 }
 
+/// Resource use of an instance, as its provider sees it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct InstanceStats {
+    /// CPU use in percent of one core (200 = two cores busy).
+    pub cpu_percent: f64,
+    pub memory_bytes: u64,
+}
+
 /// What a provider offers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Capacity {
@@ -118,6 +126,9 @@ pub trait Provider: Send + Sync + 'static {
 
     /// Where the outputs of an ended instance can be read.
     async fn outputs(&self, instance: &Instance) -> Result<Outputs>;
+
+    /// Reads the instance's CPU and memory use; `None` when it is not running.
+    async fn stats(&self, instance: &Instance) -> Result<Option<InstanceStats>>;
 
     /// Kills whatever is left and removes everything the instance held.
     async fn release(&self, instance: &Instance) -> Result<()>;

@@ -22,7 +22,7 @@ use tokio::process::Command;
 use tokio::sync::watch;
 use tokio_util::io::ReaderStream;
 
-use super::{Capacity, Exit, Instance, InstanceSpec, OutputStream, Outputs, Provider};
+use super::{Capacity, Exit, Instance, InstanceSpec, InstanceStats, OutputStream, Outputs, Provider};
 use crate::error::{Error, Result};
 
 /// Largest size a code bundle or dataset may unpack to.
@@ -37,6 +37,8 @@ pub struct ProcessProvider {
     work_dir: PathBuf,
     /// Exit of each started instance, by instance id, set by its waiter task.
     exits: Mutex<HashMap<String, watch::Receiver<Option<Exit>>>>,
+    /// The last CPU reading of each instance (when, clock ticks), for the rate.
+    cpu_readings: Mutex<HashMap<String, (std::time::Instant, u64)>>,
     /// Command and environment of each provisioned instance, by scratch dir, until started.
     pending: Mutex<HashMap<PathBuf, Launch>>,
 }
@@ -47,6 +49,7 @@ impl ProcessProvider {
             capacity,
             work_dir,
             exits: Mutex::default(),
+            cpu_readings: Mutex::default(),
             pending: Mutex::default(),
         }
     }
@@ -236,7 +239,41 @@ impl Provider for ProcessProvider {
         Ok(Outputs::Dir(instance.scratch_dir.join("outputs")))
     }
 
+    async fn stats(&self, instance: &Instance) -> Result<Option<InstanceStats>> {
+        let Some(pid) = instance_pid(&instance.id) else {
+            return Ok(None);
+        };
+        let Some((ticks, rss_bytes)) = tokio::task::spawn_blocking(move || group_usage(pid))
+            .await
+            .ok()
+            .flatten()
+        else {
+            return Ok(None);
+        };
+        let now = std::time::Instant::now();
+        let previous = self
+            .cpu_readings
+            .lock()
+            .expect("cpu readings lock")
+            .insert(instance.id.clone(), (now, ticks));
+        let cpu_percent = match previous {
+            Some((at, before)) if now > at => {
+                let seconds = ticks.saturating_sub(before) as f64 / clock_ticks_per_second();
+                seconds / now.duration_since(at).as_secs_f64() * 100.0
+            }
+            _ => 0.0,
+        };
+        Ok(Some(InstanceStats {
+            cpu_percent,
+            memory_bytes: rss_bytes,
+        }))
+    }
+
     async fn release(&self, instance: &Instance) -> Result<()> {
+        self.cpu_readings
+            .lock()
+            .expect("cpu readings lock")
+            .remove(&instance.id);
         if let Some(pid) = instance_pid(&instance.id) {
             signal_group(pid, Signal::SIGKILL);
         }
@@ -322,6 +359,45 @@ fn spawn(command: &[String], env: &BTreeMap<String, String>, workdir: &Path) -> 
             source: std::io::Error::other("the process exited before it could be tracked"),
         })?;
     Ok((child, pid))
+}
+
+fn clock_ticks_per_second() -> f64 {
+    match nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK) {
+        Ok(Some(ticks)) if ticks > 0 => ticks as f64,
+        _ => 100.0,
+    }
+}
+
+/// Sums CPU time (clock ticks) and resident memory (bytes) over the processes of a group, from
+/// /proc; `None` when the group has no process left.
+fn group_usage(pgid: i32) -> Option<(u64, u64)> {
+    let page = match nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE) {
+        Ok(Some(size)) if size > 0 => size as u64,
+        _ => 4096,
+    };
+    let mut found = false;
+    let (mut ticks, mut rss) = (0u64, 0u64);
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let name = entry.file_name();
+        if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // Fields after the command, which may hold spaces: state ppid pgrp … utime(11) stime(12) … rss(21).
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.len() < 22 || fields[2].parse::<i32>().ok() != Some(pgid) {
+            continue;
+        }
+        found = true;
+        ticks += fields[11].parse::<u64>().unwrap_or(0) + fields[12].parse::<u64>().unwrap_or(0);
+        rss += fields[21].parse::<u64>().unwrap_or(0) * page;
+    }
+    found.then_some((ticks, rss))
 }
 
 /// Signals every process of the job's group; a group that is gone already is fine.

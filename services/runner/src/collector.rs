@@ -1,0 +1,82 @@
+//! System metrics of a running job, every `metrics-interval-ms`, on `kiln.metrics.<job>` under
+//! `sys/...` keys: the instance's CPU and memory (from the engine's stats, or /proc for a
+//! process), the host's CPU and memory (sysinfo), and its GPUs' utilisation (NVML) when it has
+//! any. Each batch's message id is `<job>:<attempt>:sys:<step>`, so a retried publish is kept
+//! once.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use kiln_core::ids::now_ms;
+use kiln_core::streams::publish;
+use kiln_core::subjects;
+use kiln_proto::v1::{MetricBatch, MetricPoint};
+use prost::Message;
+
+use crate::Context;
+use crate::provider::Instance;
+
+pub const CPU_PERCENT: &str = "sys/cpu_percent";
+pub const MEMORY_BYTES: &str = "sys/memory_bytes";
+pub const HOST_CPU_PERCENT: &str = "sys/host_cpu_percent";
+pub const HOST_MEMORY_USED_BYTES: &str = "sys/host_memory_used_bytes";
+pub const GPU_PERCENT: &str = "sys/gpu_percent";
+
+/// Samples and publishes until the task is aborted (when the job ends).
+pub(crate) async fn collect(ctx: Context, instance: Instance, gpu_devices: Vec<u32>) {
+    let interval = Duration::from_millis(ctx.config.metrics_interval_ms);
+    // Host figures are skipped where sysinfo cannot read the system.
+    let mut system = sysinfo::System::new().ok();
+    let mut step: i64 = 0;
+    loop {
+        tokio::time::sleep(interval).await;
+        step += 1;
+        let at = now_ms();
+        let point = |key: &str, value: f64| MetricPoint {
+            key: key.into(),
+            step,
+            value,
+            timestamp_ms: at,
+        };
+        let mut points = Vec::with_capacity(5);
+        match ctx.provider.stats(&instance).await {
+            Ok(Some(stats)) => {
+                points.push(point(CPU_PERCENT, stats.cpu_percent));
+                points.push(point(MEMORY_BYTES, stats.memory_bytes as f64));
+            }
+            Ok(None) => {}
+            Err(error) => {
+                tracing::debug!(job_id = %instance.job_id, error = %error, "cannot read the instance's stats")
+            }
+        }
+        if let Some(system) = system.as_mut() {
+            system.refresh_cpu_usage();
+            system.refresh_memory();
+            points.push(point(HOST_CPU_PERCENT, f64::from(system.global_cpu_usage())));
+            points.push(point(HOST_MEMORY_USED_BYTES, system.used_memory() as f64));
+        }
+        if let Some(sampler) = &ctx.sampler
+            && !gpu_devices.is_empty()
+            && let Some(utilization) = sampler.utilization(&gpu_devices).await
+        {
+            points.push(point(GPU_PERCENT, utilization));
+        }
+        let batch = MetricBatch {
+            job_id: instance.job_id.clone(),
+            attempt: instance.attempt,
+            points,
+        };
+        let msg_id = format!("{}:{}:sys:{step}", instance.job_id, instance.attempt);
+        let payload = Bytes::from(batch.encode_to_vec());
+        if let Err(error) = publish(
+            &ctx.nats.jetstream,
+            subjects::metrics(&instance.job_id),
+            &msg_id,
+            payload,
+        )
+        .await
+        {
+            tracing::warn!(job_id = %instance.job_id, error = %error, "cannot publish system metrics");
+        }
+    }
+}
