@@ -66,10 +66,11 @@ impl JobsApi {
         for _ in 0..5 {
             let job = self.visible_job(principal, job_id).await?;
             let state = job.state()?;
-            if state.is_terminal() {
+            // A preempted job is about to be queued again: stopping it now ends it.
+            if state.is_terminal() && state != JobState::Preempted {
                 return Ok(job);
             }
-            if matches!(state, JobState::Queued | JobState::Scheduled) {
+            if matches!(state, JobState::Queued | JobState::Scheduled | JobState::Preempted) {
                 let change = Change {
                     reason: Some("stopped by user".into()),
                     ..Change::default()

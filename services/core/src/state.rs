@@ -62,8 +62,8 @@ impl JobState {
         }
     }
 
-    /// Tells whether the job is over: nothing will change it again, but a re-queue of a
-    /// preempted job.
+    /// Tells whether the job's attempt is over: nothing will change it again, but a re-queue
+    /// (or a stop) of a preempted job.
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
@@ -80,7 +80,7 @@ impl JobState {
             Provisioning => matches!(next, Running | Failed | Stopped | Lost | Queued),
             Running => matches!(next, Syncing | Succeeded | Failed | Stopped | Preempted | Lost | Queued),
             Syncing => matches!(next, Succeeded | Failed | Stopped | Lost | Preempted | Queued),
-            Preempted => matches!(next, Queued),
+            Preempted => matches!(next, Queued | Stopped),
             Succeeded | Failed | Stopped | Lost => false,
         }
     }
@@ -134,11 +134,8 @@ mod tests {
         for state in JobState::ALL.into_iter().filter(|s| s.is_terminal()) {
             for next in JobState::ALL {
                 let allowed = state.can_move_to(next);
-                assert_eq!(
-                    allowed,
-                    state == JobState::Preempted && next == JobState::Queued,
-                    "{state} → {next}"
-                );
+                let expected = state == JobState::Preempted && matches!(next, JobState::Queued | JobState::Stopped);
+                assert_eq!(allowed, expected, "{state} → {next}");
             }
         }
         assert!(JobState::Queued.can_move_to(JobState::Scheduled));

@@ -8,6 +8,7 @@ use kiln_core::subjects::validate_token;
 use serde::{Deserialize, Serialize};
 
 use crate::provider::docker::DockerConfig;
+use crate::provider::sim::SimConfig;
 
 pub const DEFAULT_PORT: u16 = 7074;
 
@@ -19,6 +20,8 @@ pub enum ProviderKind {
     Auto,
     Docker,
     Process,
+    /// A simulated cloud (see `sim`), for scale tests and scheduling studies.
+    Sim,
 }
 
 /// The idle-GPU watchdog: a job whose GPUs' mean utilisation over `window-secs` stays under
@@ -80,6 +83,7 @@ pub struct Config {
     pub api_url: String,
     pub provider: ProviderKind,
     pub docker: DockerConfig,
+    pub sim: SimConfig,
     pub on_lost: OnLost,
     /// Attempts a job gets when `on-lost = "requeue"`.
     pub max_attempts: i32,
@@ -107,6 +111,7 @@ impl Default for Config {
             api_url: "http://127.0.0.1:7070".into(),
             provider: ProviderKind::Auto,
             docker: DockerConfig::default(),
+            sim: SimConfig::default(),
             on_lost: OnLost::Fail,
             max_attempts: 3,
             report_interval_ms: if cfg!(test) { 200 } else { 5_000 },
@@ -130,6 +135,7 @@ impl ServiceConfig for Config {
             problems.push("cpu-millis and memory-bytes must not be negative".into());
         }
         self.docker.validate(&mut problems);
+        self.sim.validate(&mut problems);
         if !(0.0..=100.0).contains(&self.idle_gpu.threshold_percent) {
             problems.push("idle-gpu.threshold-percent must be between 0 and 100".into());
         }

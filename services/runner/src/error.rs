@@ -18,6 +18,8 @@ pub enum Error {
         "this runner runs local processes and cannot run image {image}; submit without --image or use a runner with Docker"
     )]
     ImageUnsupported { image: String },
+    #[error("no capacity: {0}")]
+    Capacity(String),
     #[error("docker: cannot {what}: {message}")]
     Docker { what: String, message: String },
     #[error("{what}: {source}")]
@@ -46,6 +48,7 @@ impl Error {
             | Error::NoImage
             | Error::ImageUnsupported { .. } => ErrorKind::InvalidArgument,
             Error::Docker { .. } => ErrorKind::Unavailable,
+            Error::Capacity(_) => ErrorKind::ResourceExhausted,
             Error::Store(error) => error.kind(),
             Error::Nats(error) => error.kind(),
             Error::Io { .. } | Error::Objects(_) | Error::Bind { .. } | Error::Serve(_) => ErrorKind::Internal,

@@ -56,7 +56,7 @@ const SCHEMA_WAIT: Duration = Duration::from_secs(60);
 
 /// A job this runner holds, with what it takes and how to stop it.
 struct ActiveJob {
-    stop: CancellationToken,
+    controls: supervisor::Controls,
     cpu_millis: i64,
     memory_bytes: i64,
     gpu_devices: Vec<u32>,
@@ -165,6 +165,9 @@ impl Runner {
         let mut tasks = JoinSet::new();
         tasks.spawn(report_capacity(ctx.clone(), shutdown.clone()));
         tasks.spawn(watch_controls(ctx.clone(), shutdown.clone()));
+        if let Some(notices) = ctx.provider.preemptions() {
+            tasks.spawn(watch_preemptions(ctx.clone(), notices, shutdown.clone()));
+        }
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
         health_reporter
             .set_service_status("", tonic_health::ServingStatus::Serving)
@@ -220,6 +223,7 @@ async fn connect_provider(config: &Config) -> Result<Arc<dyn Provider>> {
     };
     Ok(match config.provider {
         ProviderKind::Process => process(),
+        ProviderKind::Sim => Arc::new(provider::sim::SimProvider::new(config.sim.clone())),
         ProviderKind::Docker => Arc::new(docker().await?),
         ProviderKind::Auto => match tokio::time::timeout(Duration::from_secs(5), docker()).await {
             Ok(Ok(provider)) => Arc::new(provider),
@@ -327,9 +331,9 @@ async fn accept_launch(
     let Some(gpu_devices) = ctx.gpus.lock().expect("gpu pool lock").take(wanted) else {
         return Ok(Accepted::NoRoom);
     };
-    let stop = CancellationToken::new();
+    let controls = supervisor::Controls::default();
     let active = ActiveJob {
-        stop: stop.clone(),
+        controls: controls.clone(),
         cpu_millis: job.cpu_millis,
         memory_bytes: job.memory_bytes,
         gpu_devices: gpu_devices.clone(),
@@ -357,10 +361,29 @@ async fn accept_launch(
         ctx.clone(),
         provisioning,
         gpu_devices,
-        stop,
+        controls,
         shutdown.clone(),
     ));
     Ok(Accepted::Started)
+}
+
+/// Spot preemption notices from the provider, passed to the jobs they concern.
+async fn watch_preemptions(
+    ctx: Context,
+    mut notices: tokio::sync::mpsc::Receiver<provider::Preemption>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let notice = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            notice = notices.recv() => notice,
+        };
+        let Some(notice) = notice else { return };
+        if let Some(active) = ctx.active.lock().expect("active jobs lock").get(&notice.job_id) {
+            tracing::warn!(job_id = %notice.job_id, notice_ms = notice.notice.as_millis() as u64, "spot preemption notice");
+            active.controls.preempt(notice.notice);
+        }
+    }
 }
 
 /// Stop requests for jobs of this runner.
@@ -413,7 +436,7 @@ async fn consume_controls(ctx: &Context, shutdown: &CancellationToken) -> Result
             && let Some(active) = ctx.active.lock().expect("active jobs lock").get(&request.job_id)
         {
             tracing::info!(job_id = %request.job_id, "stop requested");
-            active.stop.cancel();
+            active.controls.stop.cancel();
         }
         message.ack().await.map_err(nats_error)?;
     }

@@ -6,6 +6,8 @@
 //! → end state. The job runs with a token scoped to itself, revoked when it ends.
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -33,12 +35,31 @@ const STOP_POLL: Duration = Duration::from_secs(2);
 /// How long the output readers may take to drain after the job ended.
 const DRAIN: Duration = Duration::from_secs(5);
 
+/// How the runner's other tasks act on a running job.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Controls {
+    /// Cancelled on a user's stop request.
+    pub stop: CancellationToken,
+    /// Cancelled on a spot preemption notice; the notice period is in `notice_ms`.
+    pub preempted: CancellationToken,
+    pub notice_ms: Arc<AtomicU64>,
+}
+
+impl Controls {
+    pub fn preempt(&self, notice: Duration) {
+        self.notice_ms
+            .store(u64::try_from(notice.as_millis()).unwrap_or(u64::MAX), Ordering::SeqCst);
+        self.preempted.cancel();
+    }
+}
+
 /// Why the runner stopped a job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum StopReason {
     User,
     Timeout,
     IdleGpu,
+    Preempted,
     Shutdown,
 }
 
@@ -60,13 +81,14 @@ pub(crate) async fn supervise(
     ctx: Context,
     job: JobRecord,
     gpu_devices: Vec<u32>,
-    stop: CancellationToken,
+    controls: Controls,
     shutdown: CancellationToken,
 ) {
     let job_id = job.id.clone();
     let scratch_dir = ctx.config.work_dir.join(format!("{}-{}", job.id, job.attempt));
     let shipper = LogShipper::start(ctx.nats.clone(), job.id.clone(), job.attempt);
-    let (outcome, current, instance) = execute(&ctx, job, gpu_devices, &scratch_dir, &shipper, &stop, &shutdown).await;
+    let (outcome, current, instance) =
+        execute(&ctx, job, gpu_devices, &scratch_dir, &shipper, &controls, &shutdown).await;
     if let Outcome::NotStarted { reason, .. } = &outcome {
         shipper.line(LogStream::Stderr, format!("kiln: {reason}")).await;
     }
@@ -217,7 +239,7 @@ async fn execute(
     gpu_devices: Vec<u32>,
     scratch_dir: &std::path::Path,
     shipper: &LogShipper,
-    stop: &CancellationToken,
+    controls: &Controls,
     shutdown: &CancellationToken,
 ) -> (Outcome, JobRecord, Option<Instance>) {
     let spec = match instance_spec(ctx, &job, &gpu_devices, scratch_dir).await {
@@ -229,7 +251,7 @@ async fn execute(
         Err(error) => return (not_started(error), job, None),
     };
     drop(spec);
-    if stop.is_cancelled() || ctx.store.job(&job.id).await.map(|j| j.stop_requested).unwrap_or(false) {
+    if controls.stop.is_cancelled() || ctx.store.job(&job.id).await.map(|j| j.stop_requested).unwrap_or(false) {
         let outcome = Outcome::NotStarted {
             reason: "stopped before it started".into(),
             exit_code: None,
@@ -260,7 +282,7 @@ async fn execute(
         instance.clone(),
         gpu_devices.clone(),
     ));
-    let (exit, stopped) = watch(ctx, &job, &instance, gpu_devices, stop, shutdown).await;
+    let (exit, stopped) = watch(ctx, &job, &instance, gpu_devices, controls, shutdown).await;
     collector.abort();
     // Whatever the job left behind goes too, so its output streams end.
     let _ = ctx.provider.signal(&instance, Signal::SIGKILL).await;
@@ -286,7 +308,7 @@ async fn watch(
     job: &JobRecord,
     instance: &Instance,
     gpu_devices: Vec<u32>,
-    stop: &CancellationToken,
+    controls: &Controls,
     shutdown: &CancellationToken,
 ) -> (Result<Exit>, Option<StopReason>) {
     let deadline = (job.max_runtime_secs > 0).then(|| {
@@ -305,7 +327,8 @@ async fn watch(
     loop {
         tokio::select! {
             exit = &mut wait => return (exit, stopping),
-            _ = stop.cancelled(), if stopping.is_none() => stopping = Some(StopReason::User),
+            _ = controls.stop.cancelled(), if stopping.is_none() => stopping = Some(StopReason::User),
+            _ = controls.preempted.cancelled(), if stopping.is_none() => stopping = Some(StopReason::Preempted),
             _ = shutdown.cancelled(), if stopping.is_none() => stopping = Some(StopReason::Shutdown),
             _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if stopping.is_none() && deadline.is_some() => {
                 stopping = Some(StopReason::Timeout);
@@ -322,7 +345,11 @@ async fn watch(
             if let Err(error) = ctx.provider.signal(instance, Signal::SIGTERM).await {
                 tracing::warn!(job_id = %job.id, error = %error, "SIGTERM failed");
             }
-            let grace = Duration::from_millis(ctx.config.stop_grace_period_ms);
+            // A preempted job has the notice period to checkpoint; the cloud ends it after.
+            let grace = match reason {
+                StopReason::Preempted => Duration::from_millis(controls.notice_ms.load(Ordering::SeqCst)),
+                _ => Duration::from_millis(ctx.config.stop_grace_period_ms),
+            };
             if let Ok(exit) = tokio::time::timeout(grace, &mut wait).await {
                 return (exit, stopping);
             }
@@ -364,6 +391,12 @@ async fn conclude(ctx: &Context, job: JobRecord, outcome: &Outcome) -> Result<()
         }
         Outcome::Exited {
             exit,
+            stopped: Some(StopReason::Preempted),
+        } => {
+            return requeue_preempted(ctx, job, exit.code).await;
+        }
+        Outcome::Exited {
+            exit,
             stopped: Some(StopReason::User),
         } => (JobState::Stopped, change(Some(exit.code), "stopped by user")),
         Outcome::Exited {
@@ -399,6 +432,32 @@ async fn conclude(ctx: &Context, job: JobRecord, outcome: &Outcome) -> Result<()
     let ended = ctx.store.transition(&job, state, change).await?;
     tracing::info!(job_id = %ended.id, state = %ended.state, exit_code = ?ended.exit_code, reason = %ended.reason, "job ended");
     publish(ctx, &ended).await;
+    Ok(())
+}
+
+/// A spot instance was taken back: the job ends PREEMPTED and is queued again as a new attempt
+/// (its outputs, checkpoints included, were synced first).
+async fn requeue_preempted(ctx: &Context, job: JobRecord, exit_code: i32) -> Result<()> {
+    let change = Change {
+        exit_code: Some(exit_code),
+        reason: Some("spot preemption".into()),
+        ..Change::default()
+    };
+    let preempted = ctx.store.transition(&job, JobState::Preempted, change).await?;
+    publish(ctx, &preempted).await;
+    let change = Change {
+        reason: Some("preempted; queued again".into()),
+        next_attempt: true,
+        ..Change::default()
+    };
+    let queued = match ctx.store.transition(&preempted, JobState::Queued, change).await {
+        Ok(queued) => queued,
+        // Stopped by its user in the meantime: it stays stopped.
+        Err(StoreError::Conflict { .. }) => return Ok(()),
+        Err(error) => return Err(error.into()),
+    };
+    tracing::warn!(job_id = %queued.id, attempt = queued.attempt, "job preempted; queued again");
+    publish(ctx, &queued).await;
     Ok(())
 }
 

@@ -489,19 +489,15 @@ pub async fn output(stack: &Stack, job_id: &str, path: &str) -> Result<String, t
     Ok(String::from_utf8_lossy(&data).into_owned())
 }
 
-/// The metric batches published for a job so far (read back from `KILN_METRICS`).
-pub async fn metric_batches(stack: &Stack, job_id: &str) -> Vec<pb::MetricBatch> {
+/// Every message stored so far on `subject` of `stream`, in order.
+pub async fn stored_messages(stack: &Stack, stream: &str, subject: String) -> Vec<bytes::Bytes> {
     use async_nats::jetstream::consumer::pull;
     use futures::StreamExt;
-    use prost::Message;
     let js = async_nats::jetstream::new(async_nats::connect(&stack.nats.url).await.expect("connect"));
-    let stream = js
-        .get_stream(kiln_core::subjects::STREAM_METRICS)
-        .await
-        .expect("metrics stream");
+    let stream = js.get_stream(stream).await.expect("stream");
     let consumer = stream
         .create_consumer(pull::Config {
-            filter_subject: kiln_core::subjects::metrics(job_id),
+            filter_subject: subject,
             ack_policy: async_nats::jetstream::consumer::AckPolicy::None,
             ..Default::default()
         })
@@ -514,9 +510,37 @@ pub async fn metric_batches(stack: &Stack, job_id: &str) -> Vec<pb::MetricBatch>
         .messages()
         .await
         .expect("fetch");
-    let mut batches = Vec::new();
+    let mut payloads = Vec::new();
     while let Some(message) = messages.next().await {
-        batches.push(pb::MetricBatch::decode(message.expect("message").payload.as_ref()).expect("a metric batch"));
+        payloads.push(message.expect("message").payload.clone());
     }
-    batches
+    payloads
+}
+
+/// The metric batches published for a job so far (read back from `KILN_METRICS`).
+pub async fn metric_batches(stack: &Stack, job_id: &str) -> Vec<pb::MetricBatch> {
+    use prost::Message;
+    stored_messages(
+        stack,
+        kiln_core::subjects::STREAM_METRICS,
+        kiln_core::subjects::metrics(job_id),
+    )
+    .await
+    .iter()
+    .map(|payload| pb::MetricBatch::decode(payload.as_ref()).expect("a metric batch"))
+    .collect()
+}
+
+/// The state changes published for a job (all but QUEUED), in order.
+pub async fn job_events(stack: &Stack, job_id: &str) -> Vec<pb::JobEvent> {
+    use prost::Message;
+    stored_messages(
+        stack,
+        kiln_core::subjects::STREAM_JOBS,
+        kiln_core::subjects::job_event(job_id),
+    )
+    .await
+    .iter()
+    .map(|payload| pb::JobEvent::decode(payload.as_ref()).expect("a job event"))
+    .collect()
 }

@@ -19,6 +19,7 @@ use crate::error::Result;
 
 pub mod docker;
 pub mod process;
+pub mod sim;
 
 /// Where in the instance the job finds its code, writes its outputs and reads its datasets
 /// (the docker provider mounts volumes there; the process provider sets these variables to
