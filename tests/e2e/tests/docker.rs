@@ -192,26 +192,48 @@ async fn a_dataset_is_mounted_read_only() {
 #[tokio::test]
 async fn an_escaping_code_bundle_is_rejected_before_anything_runs() {
     let stack = Stack::start_docker().await;
-    let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast()));
-    let mut header = tar::Header::new_gnu();
-    header.set_entry_type(tar::EntryType::Symlink);
-    header.set_size(0);
-    header.set_mode(0o777);
-    header.set_link_name("../../../etc").unwrap();
-    header.set_cksum();
-    builder.append_data(&mut header, "escape", std::io::empty()).unwrap();
-    let bytes = builder.into_inner().unwrap().finish().unwrap();
-    let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
-    upload(&mut stack.artifacts().await, &bytes, &digest).await.unwrap();
-    let mut job_spec = image_spec(&["true"]);
-    job_spec.code_digest = digest;
-    let job = stack.submit_spec(job_spec).await;
-    let failed = stack.wait_for_state(&job.id, pb::JobState::Failed).await;
-    assert!(
-        failed.reason.contains("bad code bundle") && failed.reason.contains("points outside"),
-        "{failed:?}"
-    );
-    assert!(failed.started_at_ms == 0, "it never ran: {failed:?}");
+    // One bundle with an escaping symlink, one with a `../` entry (written raw, as an attacker
+    // would: the tar builder refuses such paths).
+    let mut symlink = tar::Header::new_gnu();
+    symlink.set_entry_type(tar::EntryType::Symlink);
+    symlink.set_size(0);
+    symlink.set_mode(0o777);
+    symlink.set_link_name("../../../etc").unwrap();
+    let mut dotdot = tar::Header::new_old();
+    dotdot.as_old_mut().name[..13].copy_from_slice(b"../escape.txt");
+    dotdot.set_entry_type(tar::EntryType::Regular);
+    dotdot.set_size(1);
+    dotdot.set_mode(0o644);
+    for (header, name, data, expected) in [
+        (symlink, "escape", &b""[..], "points outside"),
+        (dotdot, "", &b"x"[..], "leaves the work directory"),
+    ] {
+        let mut header = header;
+        header.set_cksum();
+        let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast()));
+        if name.is_empty() {
+            builder.append(&header, data).unwrap();
+        } else {
+            builder.append_data(&mut header, name, data).unwrap();
+        }
+        let bytes = builder.into_inner().unwrap().finish().unwrap();
+        let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+        upload(&mut stack.artifacts().await, &bytes, &digest).await.unwrap();
+        let mut job_spec = image_spec(&["true"]);
+        job_spec.code_digest = digest;
+        let job = stack.submit_spec(job_spec).await;
+        let failed = stack.wait_for_state(&job.id, pb::JobState::Failed).await;
+        assert!(
+            failed.reason.contains("bad code bundle") && failed.reason.contains(expected),
+            "{failed:?}"
+        );
+        assert!(failed.started_at_ms == 0, "it never ran: {failed:?}");
+        let (containers, volumes) = labelled(&docker().await, LABEL_JOB, &job.id).await;
+        assert!(
+            containers.is_empty() && volumes.is_empty(),
+            "nothing was created: {containers:?} {volumes:?}"
+        );
+    }
     assert_nothing_left(&stack.docker_runner_id()).await;
 }
 
