@@ -5,7 +5,7 @@
 set -euo pipefail
 
 busybox=$(command -v busybox)
-script_hash=$(sha256sum "${BASH_SOURCE[0]}" "$busybox" | sha256sum | cut -c1-12)
+script_hash=$(cat "${BASH_SOURCE[0]}" "$busybox" | sha256sum | cut -c1-12)
 image="kiln-test/busybox:$script_hash"
 if docker image inspect "$image" >/dev/null 2>&1; then
   echo "$image"
