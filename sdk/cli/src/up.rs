@@ -258,11 +258,12 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str) -> Result<()> {
         ..Default::default()
     })
     .await?;
+    let engine = args.docker_host.as_deref().unwrap_or("unix:///var/run/docker.sock");
     let provider = match runner.provider_name() {
-        "docker" => format!(
-            "docker (engine at {}; jobs need --image)",
-            args.docker_host.as_deref().unwrap_or("unix:///var/run/docker.sock")
-        ),
+        "docker+process" => {
+            format!("docker (engine at {engine}) for jobs with --image, local processes for the others")
+        }
+        "docker" => format!("docker (engine at {engine}; jobs need --image)"),
         other => format!("{other} (jobs run as local processes; no Docker engine answered)"),
     };
     let batches = kiln_item_batch::ItemBatch::bind(kiln_item_batch::Config { grpc: ephemeral }).await?;

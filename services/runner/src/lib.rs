@@ -210,7 +210,8 @@ impl Runner {
     }
 }
 
-/// Builds the provider the configuration asks for; `auto` takes Docker when the engine answers.
+/// Builds the provider the configuration asks for; `auto` runs image jobs in containers when
+/// the engine answers, and the rest as processes.
 async fn connect_provider(config: &Config) -> Result<Arc<dyn Provider>> {
     let docker = || DockerProvider::connect(config.docker.clone(), config.cpu_millis, config.memory_bytes);
     let process = || {
@@ -219,21 +220,22 @@ async fn connect_provider(config: &Config) -> Result<Arc<dyn Provider>> {
             memory_bytes: config.offered_memory_bytes(),
             gpus: 0,
         };
-        Arc::new(ProcessProvider::new(capacity, config.work_dir.clone())) as Arc<dyn Provider>
+        ProcessProvider::new(capacity, config.work_dir.clone())
     };
     Ok(match config.provider {
-        ProviderKind::Process => process(),
+        ProviderKind::Process => Arc::new(process()),
         ProviderKind::Sim => Arc::new(provider::sim::SimProvider::new(config.sim.clone())),
         ProviderKind::Docker => Arc::new(docker().await?),
+        // Containers for jobs with an image, processes for the others.
         ProviderKind::Auto => match tokio::time::timeout(Duration::from_secs(5), docker()).await {
-            Ok(Ok(provider)) => Arc::new(provider),
+            Ok(Ok(docker)) => Arc::new(provider::auto::AutoProvider::new(docker, process())),
             Ok(Err(error)) => {
                 tracing::info!(host = %config.docker.host, error = %error, "no Docker engine; running jobs as local processes");
-                process()
+                Arc::new(process())
             }
             Err(_) => {
                 tracing::info!(host = %config.docker.host, "the Docker engine did not answer; running jobs as local processes");
-                process()
+                Arc::new(process())
             }
         },
     })

@@ -283,3 +283,19 @@ async fn a_job_without_an_image_fails_on_a_docker_runner() {
     let failed = stack.wait_for_state(&job.id, pb::JobState::Failed).await;
     assert!(failed.reason.contains("must name an image"), "{failed:?}");
 }
+
+#[tokio::test]
+async fn an_auto_runner_runs_image_jobs_in_containers_and_the_rest_as_processes() {
+    let mut stack = Stack::start_without_runner().await;
+    let runner_id = stack.docker_runner_id();
+    let mut config = stack.docker_runner_config(&runner_id);
+    config.provider = kiln_runner::ProviderKind::Auto;
+    stack.runner = Some(stack.spawn_runner(config).await);
+    let container = stack.submit_spec(image_spec(&["sh", "-c", "sleep 1"])).await;
+    let process = stack.submit(&["sh", "-c", "sleep 1"]).await;
+    let container = stack.wait_for_state(&container.id, pb::JobState::Succeeded).await;
+    let process = stack.wait_for_state(&process.id, pb::JobState::Succeeded).await;
+    assert!(container.instance_id.starts_with("docker:"), "{container:?}");
+    assert!(process.instance_id.starts_with("pid:"), "{process:?}");
+    assert_nothing_left(&runner_id).await;
+}

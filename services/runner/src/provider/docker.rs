@@ -373,6 +373,7 @@ impl DockerProvider {
             .await
             .map_err(docker_error("create the container"))?;
         let instance = Instance {
+            provider: "docker",
             job_id: spec.job_id.clone(),
             attempt: spec.attempt,
             id: format!("docker:{}", created.id),
@@ -587,6 +588,7 @@ impl Provider for DockerProvider {
             .into_iter()
             .find(|(_, labels)| labels.get(LABEL_ATTEMPT) == Some(&wanted));
         Ok(found.map(|(id, _)| Instance {
+            provider: "docker",
             job_id: job_id.to_string(),
             attempt,
             id: format!("docker:{id}"),

@@ -17,6 +17,7 @@ use nix::sys::signal::Signal;
 
 use crate::error::Result;
 
+pub mod auto;
 pub mod docker;
 pub mod process;
 pub mod sim;
@@ -54,6 +55,8 @@ pub struct InstanceSpec {
 /// A provisioned instance.
 #[derive(Debug, Clone)]
 pub struct Instance {
+    /// The provider that made it (`process`, `docker`, `sim`).
+    pub provider: &'static str,
     pub job_id: String,
     pub attempt: i32,
     /// The id recorded on the job (`pid:<n>`, `docker:<container>`); set once started for the

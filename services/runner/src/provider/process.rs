@@ -151,6 +151,7 @@ impl Provider for ProcessProvider {
             .expect("pending lock")
             .insert(dir.clone(), (spec.command.clone(), env));
         Ok(Instance {
+            provider: "process",
             job_id: spec.job_id.clone(),
             attempt: spec.attempt,
             id: String::new(),
@@ -296,6 +297,7 @@ impl Provider for ProcessProvider {
         let alive = instance_pid(instance_id).is_some_and(|pid| is_job_process(pid, job_id));
         let exists = alive || scratch_dir.try_exists().unwrap_or(false);
         Ok(exists.then(|| Instance {
+            provider: "process",
             job_id: job_id.to_string(),
             attempt,
             id: instance_id.to_string(),

@@ -268,6 +268,7 @@ impl Provider for SimProvider {
         }
         tokio::time::sleep(self.wall(boot_ms)).await;
         Ok(Instance {
+            provider: "sim",
             job_id: spec.job_id.clone(),
             attempt: spec.attempt,
             id,
