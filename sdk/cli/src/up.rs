@@ -223,6 +223,7 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str) -> Result<()> {
         nats: nats.clone(),
         log_store: kiln_log_ingest::config::LogStoreConfig {
             sqlite_path: home.join("logs.db"),
+            metrics_sqlite_path: home.join("metrics.db"),
         },
         ..Default::default()
     })

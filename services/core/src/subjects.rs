@@ -35,6 +35,9 @@ pub const CONSUMER_SCHEDULER: &str = "scheduler";
 /// Durable consumer of the log writers on `KILN_LOGS`, shared by all log-ingest replicas.
 pub const CONSUMER_LOG_INGEST: &str = "log-ingest";
 
+/// Durable consumer of the metric writers on `KILN_METRICS`, shared by all log-ingest replicas.
+pub const CONSUMER_METRICS: &str = "log-ingest-metrics";
+
 /// KV bucket holding the leader leases.
 pub const BUCKET_LEASES: &str = "kiln_leases";
 /// KV bucket holding each runner's capacity report, keyed by runner id.

@@ -26,12 +26,15 @@ pub struct Config {
 pub struct LogStoreConfig {
     /// SQLite file of the embedded log store.
     pub sqlite_path: PathBuf,
+    /// SQLite file of the embedded metric store.
+    pub metrics_sqlite_path: PathBuf,
 }
 
 impl Default for LogStoreConfig {
     fn default() -> Self {
         LogStoreConfig {
             sqlite_path: PathBuf::from("./data/logs.db"),
+            metrics_sqlite_path: PathBuf::from("./data/metrics.db"),
         }
     }
 }

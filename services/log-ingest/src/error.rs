@@ -10,6 +10,10 @@ pub enum Error {
     InvalidArgument(String),
     #[error("job {job_id} not found")]
     JobNotFound { job_id: String },
+    #[error("{0}")]
+    PermissionDenied(String),
+    #[error("{0}")]
+    TooLarge(String),
     #[error("log store: {0}")]
     LogStore(String),
     #[error(transparent)]
@@ -30,6 +34,8 @@ impl Error {
         match self {
             Error::InvalidArgument(_) => ErrorKind::InvalidArgument,
             Error::JobNotFound { .. } => ErrorKind::NotFound,
+            Error::PermissionDenied(_) => ErrorKind::PermissionDenied,
+            Error::TooLarge(_) => ErrorKind::ResourceExhausted,
             Error::Store(error) => error.kind(),
             Error::Nats(error) => error.kind(),
             Error::LogStore(_) | Error::Bind { .. } | Error::Serve(_) => ErrorKind::Internal,

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::Stream;
-use kiln_core::auth::user_principal;
+use kiln_core::auth::{Principal, Scope, principal, user_principal};
 use kiln_core::ids::{now_ms, parse_id};
 use kiln_core::store::{Store, StoreError};
 use kiln_proto::v1 as pb;
@@ -15,6 +15,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use crate::error::Error;
+use crate::points::MetricStore;
 use crate::store::{Cursor, LogStore};
 
 impl From<Error> for Status {
@@ -38,7 +39,20 @@ pub struct LogsApi {
     pub(crate) logs: Arc<dyn LogStore>,
     pub(crate) written: broadcast::Sender<String>,
     pub(crate) nats: kiln_core::streams::Nats,
+    pub(crate) points: Arc<dyn MetricStore>,
 }
+
+/// Largest WriteMetrics request, in bytes.
+pub const MAX_REQUEST_BYTES: usize = 4 << 20;
+/// Longest metric key, in bytes.
+pub const MAX_KEY_BYTES: usize = 250;
+/// Most distinct keys one job may write.
+pub const MAX_KEYS_PER_JOB: usize = 10_000;
+/// Points per message published (NATS' default payload limit is 1 MiB).
+const POINTS_PER_MESSAGE: usize = 4096;
+/// Default and largest `max_points` of a query.
+const DEFAULT_MAX_POINTS: usize = 1000;
+const LARGEST_MAX_POINTS: usize = 100_000;
 
 type LineStream = Pin<Box<dyn Stream<Item = Result<pb::LogLine, Status>> + Send>>;
 
@@ -47,20 +61,51 @@ impl LogService for LogsApi {
     type GetLogsStream = LineStream;
 
     #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
+    async fn write_metrics(
+        &self,
+        request: Request<pb::WriteMetricsRequest>,
+    ) -> Result<Response<pb::WriteMetricsResponse>, Status> {
+        let principal = principal(&request)?;
+        let accepted = self.write_metrics(&principal, request.into_inner()).await?;
+        Ok(Response::new(pb::WriteMetricsResponse { accepted }))
+    }
+
+    #[tracing::instrument(skip_all)]
+    async fn query_metrics(
+        &self,
+        request: Request<pb::QueryMetricsRequest>,
+    ) -> Result<Response<pb::QueryMetricsResponse>, Status> {
+        let principal = user_principal(&request)?;
+        let series = self.query_metrics(&principal, request.into_inner()).await?;
+        Ok(Response::new(pb::QueryMetricsResponse { series }))
+    }
+
+    #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
+    async fn list_metric_keys(
+        &self,
+        request: Request<pb::ListMetricKeysRequest>,
+    ) -> Result<Response<pb::ListMetricKeysResponse>, Status> {
+        let principal = user_principal(&request)?;
+        let job = self.visible_job(&principal, &request.get_ref().job_id).await?;
+        let keys = self.points.keys(&job.id).await.map_err(Status::from)?;
+        Ok(Response::new(pb::ListMetricKeysResponse { keys }))
+    }
+
+    #[tracing::instrument(skip_all)]
+    async fn latest_metrics(
+        &self,
+        request: Request<pb::LatestMetricsRequest>,
+    ) -> Result<Response<pb::LatestMetricsResponse>, Status> {
+        let principal = user_principal(&request)?;
+        let series = self.latest_metrics(&principal, request.into_inner()).await?;
+        Ok(Response::new(pb::LatestMetricsResponse { series }))
+    }
+
+    #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
     async fn get_logs(&self, request: Request<pb::GetLogsRequest>) -> Result<Response<Self::GetLogsStream>, Status> {
         let principal = user_principal(&request)?;
         let request = request.into_inner();
-        let job_id = parse_id("job", &request.job_id).map_err(Error::InvalidArgument)?;
-        let job = match self.store.job(&job_id).await {
-            Ok(job) => job,
-            Err(StoreError::JobNotFound { job_id }) => {
-                return Err(Error::JobNotFound { job_id }.into());
-            }
-            Err(error) => return Err(Error::from(error).into()),
-        };
-        if job.owner_id != principal.user_id && !principal.is_admin {
-            return Err(Error::JobNotFound { job_id }.into());
-        }
+        let job_id = self.visible_job(&principal, &request.job_id).await?.id;
         let (tx, rx) = mpsc::channel(256);
         let api = self.clone();
         let woken = self.written.subscribe();
@@ -74,6 +119,155 @@ impl LogService for LogsApi {
 }
 
 impl LogsApi {
+    /// Reads a job the caller may see (owner or admin); others' jobs read as not found.
+    async fn visible_job(&self, principal: &Principal, job_id: &str) -> Result<kiln_core::store::JobRecord, Error> {
+        let job_id = parse_id("job", job_id).map_err(Error::InvalidArgument)?;
+        let job = match self.store.job(&job_id).await {
+            Ok(job) => job,
+            Err(StoreError::JobNotFound { job_id }) => return Err(Error::JobNotFound { job_id }),
+            Err(error) => return Err(error.into()),
+        };
+        let allowed = match &principal.scope {
+            Scope::User => job.owner_id == principal.user_id || principal.is_admin,
+            Scope::Job(own) => {
+                if *own != job.id {
+                    return Err(Error::PermissionDenied(format!(
+                        "this token belongs to job {own}; it cannot write job {}",
+                        job.id
+                    )));
+                }
+                true
+            }
+        };
+        if !allowed {
+            return Err(Error::JobNotFound { job_id });
+        }
+        Ok(job)
+    }
+
+    async fn write_metrics(&self, principal: &Principal, request: pb::WriteMetricsRequest) -> Result<u32, Error> {
+        use prost::Message;
+        let size = request.encoded_len();
+        if size > MAX_REQUEST_BYTES {
+            return Err(Error::TooLarge(format!(
+                "the batch is {size} bytes; the limit is {MAX_REQUEST_BYTES} bytes (4 MiB): send smaller batches"
+            )));
+        }
+        let job = self.visible_job(principal, &request.job_id).await?;
+        for point in &request.points {
+            if point.key.is_empty() || point.key.len() > MAX_KEY_BYTES || point.key.chars().any(char::is_control) {
+                return Err(Error::InvalidArgument(format!(
+                    "metric key {:?} is {} bytes; keys are 1 to {MAX_KEY_BYTES} bytes without control characters",
+                    point.key.chars().take(40).collect::<String>(),
+                    point.key.len()
+                )));
+            }
+        }
+        let known = self.points.keys(&job.id).await?;
+        let mut new_keys: Vec<&str> = request
+            .points
+            .iter()
+            .map(|p| p.key.as_str())
+            .filter(|key| known.binary_search_by(|k| k.as_str().cmp(key)).is_err())
+            .collect();
+        new_keys.sort_unstable();
+        new_keys.dedup();
+        if known.len() + new_keys.len() > MAX_KEYS_PER_JOB {
+            return Err(Error::TooLarge(format!(
+                "job {} would have {} metric keys; the limit is {MAX_KEYS_PER_JOB} keys per job",
+                job.id,
+                known.len() + new_keys.len()
+            )));
+        }
+        let now = kiln_core::ids::now_ms();
+        let mut points = request.points;
+        for point in &mut points {
+            if point.timestamp_ms == 0 {
+                point.timestamp_ms = now;
+            }
+        }
+        let accepted = u32::try_from(points.len()).unwrap_or(u32::MAX);
+        // Answered once durable: every part is acknowledged by JetStream. Points are keyed by
+        // (job, key, step), so a retried request stores nothing twice.
+        for chunk in points.chunks(POINTS_PER_MESSAGE) {
+            let batch = pb::MetricBatch {
+                job_id: job.id.clone(),
+                attempt: job.attempt,
+                points: chunk.to_vec(),
+            };
+            let msg_id = kiln_core::ids::new_id();
+            kiln_core::streams::publish(
+                &self.nats.jetstream,
+                kiln_core::subjects::metrics(&job.id),
+                &msg_id,
+                batch.encode_to_vec().into(),
+            )
+            .await?;
+        }
+        Ok(accepted)
+    }
+
+    /// The keys to read of a job: those asked for, or all it has.
+    async fn keys_of(&self, job_id: &str, keys: &[String]) -> Result<Vec<String>, Error> {
+        if keys.is_empty() {
+            self.points.keys(job_id).await
+        } else {
+            Ok(keys.to_vec())
+        }
+    }
+
+    async fn query_metrics(
+        &self,
+        principal: &Principal,
+        request: pb::QueryMetricsRequest,
+    ) -> Result<Vec<pb::MetricSeries>, Error> {
+        let max_points = match request.max_points {
+            0 => DEFAULT_MAX_POINTS,
+            n => (n as usize).min(LARGEST_MAX_POINTS),
+        };
+        let min_step = request.min_step.unwrap_or(i64::MIN);
+        let max_step = request.max_step.unwrap_or(i64::MAX);
+        let mut out = Vec::new();
+        for job_id in &request.job_ids {
+            let job = self.visible_job(principal, job_id).await?;
+            for key in self.keys_of(&job.id, &request.keys).await? {
+                let series = self
+                    .points
+                    .series(&job.id, &key, min_step, max_step, max_points)
+                    .await?;
+                out.push(pb::MetricSeries {
+                    job_id: job.id.clone(),
+                    points: series.points.into_iter().map(to_proto).collect(),
+                    key,
+                    total_points: series.total,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    async fn latest_metrics(
+        &self,
+        principal: &Principal,
+        request: pb::LatestMetricsRequest,
+    ) -> Result<Vec<pb::MetricSeries>, Error> {
+        let mut out = Vec::new();
+        for job_id in &request.job_ids {
+            let job = self.visible_job(principal, job_id).await?;
+            for key in self.keys_of(&job.id, &request.keys).await? {
+                if let Some(point) = self.points.latest(&job.id, &key).await? {
+                    out.push(pb::MetricSeries {
+                        job_id: job.id.clone(),
+                        key,
+                        points: vec![to_proto(point)],
+                        total_points: 1,
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Sends the stored lines, then (with `follow`) new ones until the job has ended and its
     /// last line is out.
     async fn stream_lines(
@@ -149,6 +343,15 @@ async fn next_event(events: &mut Option<async_nats::Subscriber>) -> Option<async
     match events {
         Some(events) => events.next().await,
         None => std::future::pending().await,
+    }
+}
+
+fn to_proto(point: crate::points::Point) -> pb::MetricPoint {
+    pb::MetricPoint {
+        key: point.key,
+        step: point.step,
+        value: point.value,
+        timestamp_ms: point.timestamp_ms,
     }
 }
 

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 pub mod config;
 pub mod error;
 pub mod grpc;
+pub mod points;
 pub mod store;
 pub mod writer;
 
@@ -36,6 +37,7 @@ pub struct LogIngest {
     store: Store,
     nats: Nats,
     logs: Arc<dyn store::LogStore>,
+    points: Arc<dyn points::MetricStore>,
 }
 
 impl LogIngest {
@@ -45,6 +47,8 @@ impl LogIngest {
         let nats = streams::connect(&config.nats).await?;
         let logs: Arc<dyn store::LogStore> =
             Arc::new(store::SqliteLogStore::open(&config.log_store.sqlite_path).await?);
+        let points: Arc<dyn points::MetricStore> =
+            Arc::new(points::SqliteMetricStore::open(&config.log_store.metrics_sqlite_path).await?);
         let listener = TcpListener::bind(config.grpc.listen)
             .await
             .map_err(|source| Error::Bind {
@@ -57,6 +61,7 @@ impl LogIngest {
             store,
             nats,
             logs,
+            points,
         })
     }
 
@@ -66,13 +71,30 @@ impl LogIngest {
 
     pub async fn serve(self, shutdown: CancellationToken) -> Result<()> {
         let (written, _) = broadcast::channel(1024);
-        let writer = tokio::spawn(writer::run(
-            self.nats.clone(),
-            self.logs.clone(),
-            self.config.batch_size,
-            written.clone(),
-            shutdown.clone(),
-        ));
+        let log_writer = Arc::new(writer::LogWriter {
+            store: self.logs.clone(),
+            written: written.clone(),
+        });
+        let metric_writer = Arc::new(writer::MetricWriter {
+            store: self.points.clone(),
+        });
+        let batch_size = self.config.batch_size;
+        let writers = [
+            tokio::spawn(writer::run(
+                self.nats.clone(),
+                writer::LOGS,
+                batch_size,
+                log_writer,
+                shutdown.clone(),
+            )),
+            tokio::spawn(writer::run(
+                self.nats.clone(),
+                writer::METRICS,
+                batch_size,
+                metric_writer,
+                shutdown.clone(),
+            )),
+        ];
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
         health_reporter.set_serving::<LogServiceServer<grpc::LogsApi>>().await;
         let api = grpc::LogsApi {
@@ -80,19 +102,22 @@ impl LogIngest {
             logs: self.logs.clone(),
             written,
             nats: self.nats.clone(),
+            points: self.points.clone(),
         };
         tracing::info!(addr = %self.local_addr(), "log-ingest serving");
         let served = tonic::transport::Server::builder()
             .layer(AuthLayer::new(Arc::new(self.store.clone())))
             .add_service(health_service)
-            .add_service(LogServiceServer::new(api))
+            .add_service(LogServiceServer::new(api).max_decoding_message_size(grpc::MAX_REQUEST_BYTES * 2))
             .serve_with_incoming_shutdown(
                 TcpListenerStream::new(self.listener),
                 shutdown.clone().cancelled_owned(),
             )
             .await;
         shutdown.cancel();
-        let _ = writer.await;
+        for writer in writers {
+            let _ = writer.await;
+        }
         served?;
         Ok(())
     }

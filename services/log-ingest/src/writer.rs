@@ -1,37 +1,67 @@
-//! The durable intake: takes log records from `KILN_LOGS` in batches (durable consumer
-//! `log-ingest`, shared by every replica), stores each batch in one write, then acks it. A crash
-//! before the ack means redelivery, and the store's key makes that harmless.
+//! The durable intake: takes records from a JetStream stream in batches (one durable consumer
+//! per stream, shared by every replica), writes each batch in one store write, then acks it. A
+//! crash before the ack means redelivery, and the stores' keys make that harmless.
+//!
+//! [`LogWriter`] takes `KILN_LOGS` into the log store and wakes the followers of the jobs it
+//! wrote; [`MetricWriter`] takes `KILN_METRICS` into the metric store.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{self, pull};
+use bytes::Bytes;
 use futures::StreamExt;
 use kiln_core::streams::{Nats, NatsError};
 use kiln_core::subjects;
-use kiln_proto::v1::LogRecord;
+use kiln_proto::v1::{LogRecord, MetricBatch};
 use prost::Message;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
+use crate::points::{MetricStore, Point};
 use crate::store::{LogStore, StoredLine};
 
 fn nats_error(error: impl std::fmt::Display) -> Error {
     Error::Nats(NatsError::Other(error.to_string()))
 }
 
-/// Consumes log records until shutdown; `written` gets the id of each job with new lines.
+/// Which stream a writer consumes, under which durable consumer.
+#[derive(Debug, Clone, Copy)]
+pub struct Intake {
+    pub stream: &'static str,
+    pub consumer: &'static str,
+    pub filter: &'static str,
+}
+
+pub const LOGS: Intake = Intake {
+    stream: subjects::STREAM_LOGS,
+    consumer: subjects::CONSUMER_LOG_INGEST,
+    filter: subjects::LOGS_ALL,
+};
+pub const METRICS: Intake = Intake {
+    stream: subjects::STREAM_METRICS,
+    consumer: subjects::CONSUMER_METRICS,
+    filter: subjects::METRICS_ALL,
+};
+
+/// Writes one batch of payloads to a store.
+#[async_trait::async_trait]
+pub trait BatchWriter: Send + Sync + 'static {
+    async fn write(&self, payloads: &[Bytes]) -> Result<()>;
+}
+
+/// Consumes `intake` until shutdown, restarting the consumer after failures.
 pub async fn run(
     nats: Nats,
-    store: Arc<dyn LogStore>,
+    intake: Intake,
     batch_size: usize,
-    written: broadcast::Sender<String>,
+    writer: Arc<dyn BatchWriter>,
     shutdown: CancellationToken,
 ) {
     while !shutdown.is_cancelled() {
-        if let Err(error) = consume(&nats, store.as_ref(), batch_size, &written, &shutdown).await {
-            tracing::warn!(error = %error, "log consumer failed; restarting");
+        if let Err(error) = consume(&nats, intake, batch_size, writer.as_ref(), &shutdown).await {
+            tracing::warn!(stream = intake.stream, error = %error, "consumer failed; restarting");
             tokio::select! {
                 _ = shutdown.cancelled() => {}
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
@@ -42,22 +72,18 @@ pub async fn run(
 
 async fn consume(
     nats: &Nats,
-    store: &dyn LogStore,
+    intake: Intake,
     batch_size: usize,
-    written: &broadcast::Sender<String>,
+    writer: &dyn BatchWriter,
     shutdown: &CancellationToken,
 ) -> Result<()> {
-    let stream = nats
-        .jetstream
-        .get_stream(subjects::STREAM_LOGS)
-        .await
-        .map_err(nats_error)?;
+    let stream = nats.jetstream.get_stream(intake.stream).await.map_err(nats_error)?;
     let consumer: consumer::PullConsumer = stream
         .get_or_create_consumer(
-            subjects::CONSUMER_LOG_INGEST,
+            intake.consumer,
             pull::Config {
-                durable_name: Some(subjects::CONSUMER_LOG_INGEST.to_string()),
-                filter_subject: subjects::LOGS_ALL.to_string(),
+                durable_name: Some(intake.consumer.to_string()),
+                filter_subject: intake.filter.to_string(),
                 ack_policy: consumer::AckPolicy::Explicit,
                 ack_wait: Duration::from_secs(30),
                 max_ack_pending: 20_000,
@@ -81,9 +107,27 @@ async fn consume(
         if messages.is_empty() {
             continue;
         }
-        let mut lines = Vec::with_capacity(messages.len());
+        let payloads: Vec<Bytes> = messages.iter().map(|m| m.payload.clone()).collect();
+        writer.write(&payloads).await?;
         for message in &messages {
-            match LogRecord::decode(message.payload.as_ref()) {
+            message.ack().await.map_err(nats_error)?;
+        }
+    }
+    Ok(())
+}
+
+/// Log records into the log store.
+pub struct LogWriter {
+    pub store: Arc<dyn LogStore>,
+    pub written: broadcast::Sender<String>,
+}
+
+#[async_trait::async_trait]
+impl BatchWriter for LogWriter {
+    async fn write(&self, payloads: &[Bytes]) -> Result<()> {
+        let mut lines = Vec::with_capacity(payloads.len());
+        for payload in payloads {
+            match LogRecord::decode(payload.as_ref()) {
                 Ok(record) => lines.push(StoredLine {
                     job_id: record.job_id,
                     attempt: record.attempt,
@@ -93,22 +137,42 @@ async fn consume(
                     text: record.text,
                     end: record.end,
                 }),
-                Err(error) => {
-                    tracing::warn!(subject = %message.subject, error = %error, "dropping a malformed log record")
-                }
+                Err(error) => tracing::warn!(error = %error, "dropping a malformed log record"),
             }
         }
-        store.append(&lines).await?;
-        for message in &messages {
-            message.ack().await.map_err(nats_error)?;
-        }
+        self.store.append(&lines).await?;
         let mut jobs: Vec<&str> = lines.iter().map(|line| line.job_id.as_str()).collect();
         jobs.sort_unstable();
         jobs.dedup();
         for job_id in jobs {
             // No receiver is fine: nobody follows this job.
-            let _ = written.send(job_id.to_string());
+            let _ = self.written.send(job_id.to_string());
         }
+        Ok(())
     }
-    Ok(())
+}
+
+/// Metric batches into the metric store.
+pub struct MetricWriter {
+    pub store: Arc<dyn MetricStore>,
+}
+
+#[async_trait::async_trait]
+impl BatchWriter for MetricWriter {
+    async fn write(&self, payloads: &[Bytes]) -> Result<()> {
+        let mut points = Vec::new();
+        for payload in payloads {
+            match MetricBatch::decode(payload.as_ref()) {
+                Ok(batch) => points.extend(batch.points.into_iter().map(|p| Point {
+                    job_id: batch.job_id.clone(),
+                    key: p.key,
+                    step: p.step,
+                    value: p.value,
+                    timestamp_ms: p.timestamp_ms,
+                })),
+                Err(error) => tracing::warn!(error = %error, "dropping a malformed metric batch"),
+            }
+        }
+        self.store.append(&points).await
+    }
 }

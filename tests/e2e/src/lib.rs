@@ -113,6 +113,7 @@ impl Stack {
             nats: nats.config(),
             log_store: kiln_log_ingest::config::LogStoreConfig {
                 sqlite_path: dir.path().join("logs.db"),
+                metrics_sqlite_path: dir.path().join("metrics.db"),
             },
             ..Default::default()
         })

@@ -47,3 +47,226 @@ async fn a_container_job_reports_the_engines_stats() {
     stack.wait_for_state(&job.id, pb::JobState::Succeeded).await;
     assert_sane(&metric_batches(&stack, &job.id).await, &job.id);
 }
+
+mod write_and_query {
+    use kiln_core::auth::Scope;
+    use kiln_e2e::Stack;
+    use kiln_proto::v1 as pb;
+    use tonic::Code;
+
+    fn points(key: &str, steps: std::ops::Range<i64>, value: impl Fn(i64) -> f64) -> Vec<pb::MetricPoint> {
+        steps
+            .map(|step| pb::MetricPoint {
+                key: key.into(),
+                step,
+                value: value(step),
+                timestamp_ms: 0,
+            })
+            .collect()
+    }
+
+    async fn write(
+        stack: &Stack,
+        token: &str,
+        job_id: &str,
+        points: Vec<pb::MetricPoint>,
+    ) -> Result<u32, tonic::Status> {
+        let request = pb::WriteMetricsRequest {
+            job_id: job_id.into(),
+            points,
+        };
+        Ok(stack
+            .logs_as(token)
+            .await
+            .write_metrics(request)
+            .await?
+            .into_inner()
+            .accepted)
+    }
+
+    /// Queries until the series holds `total` points (the writers store what was accepted).
+    async fn query(stack: &Stack, job_id: &str, key: &str, max_points: u32, total: u64) -> pb::MetricSeries {
+        let deadline = tokio::time::Instant::now() + kiln_e2e::PATIENCE;
+        loop {
+            let request = pb::QueryMetricsRequest {
+                job_ids: vec![job_id.into()],
+                keys: vec![key.into()],
+                max_points,
+                ..Default::default()
+            };
+            let response = stack
+                .logs_client()
+                .await
+                .query_metrics(request)
+                .await
+                .unwrap()
+                .into_inner();
+            if let Some(series) = response.series.into_iter().next()
+                && series.total_points >= total
+            {
+                assert_eq!(series.total_points, total, "more points than were written");
+                return series;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the points never became queryable"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn points_are_stored_exactly_once_and_come_back_faithfully() {
+        let stack = Stack::start_without_runner().await;
+        let job = stack.submit(&["true"]).await;
+        let mut batch = points("train/loss", 0..20_000, |s| 1.0 / (s as f64 + 1.0));
+        batch[7].value = f64::NAN;
+        batch[8].value = f64::INFINITY;
+        batch[9].value = f64::NEG_INFINITY;
+        assert_eq!(
+            write(&stack, &stack.token, &job.id, batch.clone()).await.unwrap(),
+            20_000
+        );
+        // A retried request adds nothing.
+        write(&stack, &stack.token, &job.id, batch[..500].to_vec())
+            .await
+            .unwrap();
+        write(&stack, &stack.token, &job.id, points("train/acc", 0..10, |s| s as f64))
+            .await
+            .unwrap();
+
+        let series = query(&stack, &job.id, "train/loss", 100_000, 20_000).await;
+        assert_eq!(series.points.len(), 20_000);
+        assert!(series.points[7].value.is_nan());
+        assert_eq!(
+            (series.points[8].value, series.points[9].value),
+            (f64::INFINITY, f64::NEG_INFINITY)
+        );
+        assert_eq!(series.points[10].value, 1.0 / 11.0);
+
+        let downsampled = query(&stack, &job.id, "train/loss", 500, 20_000).await;
+        assert!(downsampled.points.len() <= 500, "{}", downsampled.points.len());
+        let values: Vec<f64> = downsampled.points.iter().map(|p| p.value).collect();
+        assert!(
+            values.contains(&f64::INFINITY) && values.contains(&f64::NEG_INFINITY),
+            "the extremes survive"
+        );
+
+        query(&stack, &job.id, "train/acc", 10, 10).await;
+        let keys = stack
+            .logs_client()
+            .await
+            .list_metric_keys(pb::ListMetricKeysRequest { job_id: job.id.clone() })
+            .await;
+        assert_eq!(keys.unwrap().into_inner().keys, ["train/acc", "train/loss"]);
+        let latest = stack
+            .logs_client()
+            .await
+            .latest_metrics(pb::LatestMetricsRequest {
+                job_ids: vec![job.id.clone()],
+                keys: vec![],
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .series;
+        let latest: Vec<(String, i64)> = latest.iter().map(|s| (s.key.clone(), s.points[0].step)).collect();
+        assert_eq!(
+            latest,
+            [("train/acc".to_string(), 9), ("train/loss".to_string(), 19_999)]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_job_token_writes_its_own_job_only() {
+        let stack = Stack::start_without_runner().await;
+        let job = stack.submit(&["true"]).await;
+        let other = stack.submit(&["true"]).await;
+        let owner = stack.store.job(&job.id).await.unwrap().owner_id;
+        let token = stack
+            .store
+            .create_token(&owner, "job", Scope::Job(job.id.clone()))
+            .await
+            .unwrap()
+            .token;
+        assert_eq!(
+            write(&stack, &token, &job.id, points("x", 0..3, |_| 1.0))
+                .await
+                .unwrap(),
+            3
+        );
+        let status = write(&stack, &token, &other.id, points("x", 0..3, |_| 1.0))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+        let request = pb::QueryMetricsRequest {
+            job_ids: vec![job.id.clone()],
+            ..Default::default()
+        };
+        let status = stack.logs_as(&token).await.query_metrics(request).await.unwrap_err();
+        assert_eq!(status.code(), Code::PermissionDenied);
+    }
+
+    #[tokio::test]
+    async fn limits_are_named() {
+        let stack = Stack::start_without_runner().await;
+        let job = stack.submit(&["true"]).await;
+        let long_key = "k".repeat(251);
+        let status = write(&stack, &stack.token, &job.id, points(&long_key, 0..1, |_| 1.0))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert!(status.message().contains("250"), "{status:?}");
+
+        let big: Vec<pb::MetricPoint> = points(&"k".repeat(200), 0..25_000, |_| 1.0);
+        let status = write(&stack, &stack.token, &job.id, big).await.unwrap_err();
+        assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+        assert!(status.message().contains("4 MiB"), "{status:?}");
+
+        let many: Vec<pb::MetricPoint> = (0..10_001)
+            .map(|n| pb::MetricPoint {
+                key: format!("k{n}"),
+                step: 0,
+                value: 1.0,
+                timestamp_ms: 0,
+            })
+            .collect();
+        let status = write(&stack, &stack.token, &job.id, many).await.unwrap_err();
+        assert_eq!(status.code(), Code::ResourceExhausted);
+        assert!(status.message().contains("10000 keys per job"), "{status:?}");
+
+        let status = write(
+            &stack,
+            &stack.token,
+            &kiln_core::ids::new_id(),
+            points("x", 0..1, |_| 1.0),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(status.code(), Code::NotFound);
+    }
+
+    #[tokio::test]
+    async fn a_running_job_s_system_metrics_are_queryable() {
+        let stack = Stack::start().await;
+        let job = stack.submit(&["sleep", "1"]).await;
+        stack.wait_for_state(&job.id, pb::JobState::Succeeded).await;
+        let deadline = tokio::time::Instant::now() + kiln_e2e::PATIENCE;
+        loop {
+            let keys = stack
+                .logs_client()
+                .await
+                .list_metric_keys(pb::ListMetricKeysRequest { job_id: job.id.clone() })
+                .await;
+            let keys = keys.unwrap().into_inner().keys;
+            if keys.iter().any(|k| k == "sys/memory_bytes") {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no sys metrics stored: {keys:?}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+}
