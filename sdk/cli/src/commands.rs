@@ -206,6 +206,29 @@ pub async fn logs(job_id: String, follow: bool) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+pub async fn grep(job_id: String, pattern: String, regex: bool) -> Result<ExitCode> {
+    let mut clients = client::connect(&client::resolve()?).await?;
+    let request = pb::SearchLogsRequest {
+        job_id,
+        pattern,
+        regex,
+        ..Default::default()
+    };
+    let found = clients.logs.search_logs(request).await?.into_inner();
+    let stdout = std::io::stdout();
+    for line in &found.lines {
+        writeln!(stdout.lock(), "{}", line.text)?;
+    }
+    if found.truncated {
+        eprintln!("(more lines match; showing the first {})", found.lines.len());
+    }
+    Ok(if found.lines.is_empty() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
 pub async fn stop(job_id: String) -> Result<ExitCode> {
     let mut clients = client::connect(&client::resolve()?).await?;
     let job = clients.jobs.stop_job(pb::StopJobRequest { job_id }).await?.into_inner();

@@ -8,6 +8,7 @@ mod client;
 mod commands;
 mod data;
 mod format;
+mod metrics;
 mod pack;
 mod up;
 
@@ -39,12 +40,20 @@ enum Command {
         #[arg(short, long, value_enum, default_value = "table")]
         output: Output,
     },
-    /// Print a job's logs (-f to follow until it ends).
+    /// Print a job's logs (-f to follow until it ends, --grep to search them).
     Logs {
         job: String,
         #[arg(short, long)]
         follow: bool,
+        /// Only lines containing PATTERN.
+        #[arg(long, conflicts_with = "follow")]
+        grep: Option<String>,
+        /// Read --grep as a regular expression.
+        #[arg(long, requires = "grep")]
+        regex: bool,
     },
+    /// A job's metrics: the latest value of each key, or --series.
+    Metrics(metrics::MetricsArgs),
     /// Stop a job: SIGTERM, the grace period, then SIGKILL.
     Stop { job: String },
     /// A job's outputs: the files it wrote to /kiln/outputs.
@@ -70,7 +79,19 @@ fn main() -> ExitCode {
             Command::Run(args) => commands::run(args).await,
             Command::Ps { all, output } => commands::ps(all, output).await,
             Command::Status { job, output } => commands::status(job, output).await,
-            Command::Logs { job, follow } => commands::logs(job, follow).await,
+            Command::Logs {
+                job,
+                grep: Some(pattern),
+                regex,
+                ..
+            } => commands::grep(job, pattern, regex).await,
+            Command::Logs {
+                job,
+                follow,
+                grep: None,
+                ..
+            } => commands::logs(job, follow).await,
+            Command::Metrics(args) => metrics::metrics(args).await,
             Command::Stop { job } => commands::stop(job).await,
             Command::Artifacts(command) => data::artifacts(command).await,
             Command::Dataset(command) => data::dataset(command).await,

@@ -191,6 +191,12 @@ fn run_follow_prints_both_streams_and_exits_with_the_job_code() {
     let logs = up.kiln(&["logs", &job_id]);
     assert_eq!(text(&logs.stdout), "hi\n");
     assert_eq!(text(&logs.stderr), "err\n");
+    assert_eq!(text(&up.kiln(&["logs", &job_id, "--grep", "er"]).stdout), "err\n");
+    assert_eq!(
+        text(&up.kiln(&["logs", &job_id, "--grep", "^h.$", "--regex"]).stdout),
+        "hi\n"
+    );
+    assert_eq!(up.kiln(&["logs", &job_id, "--grep", "nothing"]).status.code(), Some(1));
     assert!(text(&up.kiln(&["ps", "--all"]).stdout).contains(&job_id));
     assert!(
         !text(&up.kiln(&["ps"]).stdout).contains(&job_id),
@@ -410,4 +416,44 @@ fn containers_datasets_and_artifacts_from_the_cli() {
         "{}",
         text(&output.stderr)
     );
+}
+
+#[test]
+fn a_job_s_system_metrics_from_the_cli() {
+    let up = Up::start();
+    // The runner samples every 5 s by default: a job of 6 s has at least one sample.
+    let output = up.kiln(&["run", "-f", "--no-code", "--", "sleep", "6"]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let job_id = text(&output.stderr)
+        .lines()
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .to_string();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let csv = text(&up.kiln(&["metrics", &job_id, "-o", "csv"]).stdout);
+        if csv.contains("sys/memory_bytes,") {
+            assert!(csv.starts_with("key,step,value,timestamp_ms\n"), "{csv}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no metrics: {csv}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let series = text(
+        &up.kiln(&[
+            "metrics",
+            &job_id,
+            "--series",
+            "--key",
+            "sys/memory_bytes",
+            "-o",
+            "json",
+        ])
+        .stdout,
+    );
+    let points: serde_json::Value = serde_json::from_str(&series).unwrap();
+    assert!(!points.as_array().unwrap().is_empty(), "{series}");
 }

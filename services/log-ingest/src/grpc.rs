@@ -61,6 +61,15 @@ impl LogService for LogsApi {
     type GetLogsStream = LineStream;
 
     #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
+    async fn search_logs(
+        &self,
+        request: Request<pb::SearchLogsRequest>,
+    ) -> Result<Response<pb::SearchLogsResponse>, Status> {
+        let principal = user_principal(&request)?;
+        Ok(Response::new(self.search_logs(&principal, request.into_inner()).await?))
+    }
+
+    #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
     async fn write_metrics(
         &self,
         request: Request<pb::WriteMetricsRequest>,
@@ -143,6 +152,68 @@ impl LogsApi {
             return Err(Error::JobNotFound { job_id });
         }
         Ok(job)
+    }
+
+    async fn search_logs(
+        &self,
+        principal: &Principal,
+        request: pb::SearchLogsRequest,
+    ) -> Result<pb::SearchLogsResponse, Error> {
+        let job = self.visible_job(principal, &request.job_id).await?;
+        if request.pattern.is_empty() {
+            return Err(Error::InvalidArgument("pattern is empty".into()));
+        }
+        let matcher: Box<dyn Fn(&str) -> bool + Send> = if request.regex {
+            let regex = regex::RegexBuilder::new(&request.pattern)
+                .size_limit(1 << 20)
+                .build()
+                .map_err(|e| Error::InvalidArgument(format!("pattern is not a valid regular expression: {e}")))?;
+            Box::new(move |text| regex.is_match(text))
+        } else {
+            let pattern = request.pattern.clone();
+            Box::new(move |text| text.contains(&pattern))
+        };
+        let limit = match request.limit {
+            0 => 1000,
+            n => (n as usize).min(100_000),
+        };
+        let until = if request.until_ms == 0 {
+            i64::MAX
+        } else {
+            request.until_ms
+        };
+        let mut cursor = Cursor::default();
+        let mut lines = Vec::new();
+        loop {
+            let page = self.logs.read(&job.id, cursor, PAGE).await?;
+            let full = page.len() == PAGE as usize;
+            for line in page {
+                cursor = Cursor {
+                    attempt: line.attempt,
+                    seq: line.seq,
+                };
+                let in_time = line.timestamp_ms >= request.since_ms && line.timestamp_ms < until;
+                if line.end || !in_time || !matcher(&line.text) {
+                    continue;
+                }
+                if lines.len() == limit {
+                    return Ok(pb::SearchLogsResponse { lines, truncated: true });
+                }
+                lines.push(pb::LogLine {
+                    attempt: line.attempt,
+                    seq: u64::try_from(line.seq).unwrap_or(0),
+                    stream: line.stream,
+                    timestamp_ms: line.timestamp_ms,
+                    text: line.text,
+                });
+            }
+            if !full {
+                return Ok(pb::SearchLogsResponse {
+                    lines,
+                    truncated: false,
+                });
+            }
+        }
     }
 
     async fn write_metrics(&self, principal: &Principal, request: pb::WriteMetricsRequest) -> Result<u32, Error> {

@@ -183,3 +183,47 @@ async fn watch_streams_state_changes_until_the_end() {
     assert_eq!(last, Some(pb::JobState::Succeeded as i32));
     assert!(versions.windows(2).all(|w| w[0] < w[1]), "{versions:?}");
 }
+
+#[tokio::test]
+async fn logs_can_be_searched() {
+    let stack = Stack::start().await;
+    let job = stack
+        .submit(&[
+            "sh",
+            "-c",
+            "for i in 1 2 3 4 5; do echo step $i loss 0.$i; done; echo oops >&2",
+        ])
+        .await;
+    let lines = stack.log_lines(&job.id, true).await;
+    let search = |pattern: &str, regex: bool, limit: u32| pb::SearchLogsRequest {
+        job_id: job.id.clone(),
+        pattern: pattern.into(),
+        regex,
+        limit,
+        ..Default::default()
+    };
+    let mut logs = stack.logs_client().await;
+    let found = logs
+        .search_logs(search("loss 0.3", false, 0))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        found.lines.iter().map(|l| l.text.as_str()).collect::<Vec<_>>(),
+        ["step 3 loss 0.3"]
+    );
+    let found = logs
+        .search_logs(search(r"^step [24] ", true, 0))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(found.lines.len(), 2);
+    let found = logs.search_logs(search("step", false, 2)).await.unwrap().into_inner();
+    assert_eq!((found.lines.len(), found.truncated), (2, true));
+    let status = logs.search_logs(search("(unclosed", true, 0)).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    // A time range that ends before the job began finds nothing.
+    let mut before = search("step", false, 0);
+    before.until_ms = lines[0].timestamp_ms;
+    assert!(logs.search_logs(before).await.unwrap().into_inner().lines.is_empty());
+}
