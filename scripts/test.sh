@@ -3,6 +3,8 @@
 #   - scripts/setup.sh (packages, nats-server 2.15.1, build)
 #   - a throw-away Postgres 15 cluster in a temp dir (KILN_TEST_DATABASE_URL)
 #   - nats-server: the tests start their own, one per test, from KILN_TEST_NATS_SERVER
+#   - Apache Cassandra 5.0 (scripts/cassandra: jars from Maven Central, run on the JDK) on free
+#     ports, standing in for ScyllaDB (KILN_TEST_SCYLLA_NODES)
 #   - a Docker Engine: the one at DOCKER_HOST or /var/run/docker.sock when it answers, else a
 #     dockerd started here (KILN_TEST_DOCKER_HOST), and a test image built locally from
 #     busybox-static with `docker import` (no registry is needed), cached by content
@@ -33,7 +35,11 @@ if [ "$(id -u)" = 0 ]; then
   as_pg=(runuser -u postgres --)
 fi
 docker_dir=""
+cass_dir=""
 cleanup() {
+  if [ -n "$cass_dir" ]; then
+    CASSANDRA_RUN_DIR="$cass_dir" "$repo/scripts/cassandra/stop.sh" --kill --clean >/dev/null 2>&1 || true
+  fi
   "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$pg_dir/data" -m immediate stop >/dev/null 2>&1 || true
   rm -rf "$pg_dir"
   if [ -n "$docker_dir" ] && [ -f "$docker_dir/docker.pid" ]; then
@@ -46,6 +52,18 @@ log "starting Postgres on 127.0.0.1:$pg_port"
 "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$pg_dir/data" -l "$pg_dir/postgres.log" -w -o \
   "-k $pg_dir -p $pg_port -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=300" start >/dev/null
 export KILN_TEST_DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/postgres"
+
+# --- Cassandra (for the ScyllaDB store) ------------------------------------------------------
+if ! compgen -G "$repo/scripts/cassandra/lib/cassandra-all-*.jar" >/dev/null; then
+  log "fetching Apache Cassandra from Maven Central"
+  mvn -B -q -f "$repo/scripts/cassandra/pom.xml" package
+fi
+cass_dir=$(mktemp -d /tmp/kiln-test-cassandra.XXXXXX)
+cass_port=$(free_port)
+log "starting Cassandra on 127.0.0.1:$cass_port"
+CASSANDRA_RUN_DIR="$cass_dir" CASSANDRA_NATIVE_PORT="$cass_port" CASSANDRA_STORAGE_PORT="$(free_port)" \
+  CASSANDRA_CLEAN=1 "$repo/scripts/cassandra/start.sh" >/dev/null
+export KILN_TEST_SCYLLA_NODES="127.0.0.1:$cass_port"
 
 # --- Docker Engine ---------------------------------------------------------------------------
 docker_host=${DOCKER_HOST:-unix:///var/run/docker.sock}

@@ -6,6 +6,8 @@ use kiln_core::config::{ConfigError, DatabaseConfig, GrpcConfig, NatsConfig};
 use kiln_core::service::{ServiceConfig, problems_to_result};
 use serde::{Deserialize, Serialize};
 
+use crate::scylla_store::ScyllaConfig;
+
 pub const DEFAULT_PORT: u16 = 7071;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -16,8 +18,19 @@ pub struct Config {
     pub database: DatabaseConfig,
     pub nats: NatsConfig,
     pub log_store: LogStoreConfig,
+    /// Where metric points are kept: `sqlite` (embedded) or `scylla`.
+    pub metric_store: MetricStoreKind,
+    pub scylla: ScyllaConfig,
     /// Messages taken from JetStream and written in one batch, at most.
     pub batch_size: usize,
+}
+
+/// The metric store to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MetricStoreKind {
+    Sqlite,
+    Scylla,
 }
 
 /// Where log lines are stored.
@@ -46,6 +59,8 @@ impl Default for Config {
             database: DatabaseConfig::default(),
             nats: NatsConfig::default(),
             log_store: LogStoreConfig::default(),
+            metric_store: MetricStoreKind::Sqlite,
+            scylla: ScyllaConfig::default(),
             batch_size: 500,
         }
     }
@@ -56,6 +71,9 @@ impl ServiceConfig for Config {
         let mut problems = Vec::new();
         self.database.validate(&mut problems);
         self.nats.validate(&mut problems);
+        if self.metric_store == MetricStoreKind::Scylla {
+            self.scylla.validate(&mut problems);
+        }
         if !(1..=10_000).contains(&self.batch_size) {
             problems.push(format!("batch-size {} must be between 1 and 10000", self.batch_size));
         }

@@ -22,6 +22,7 @@ pub mod config;
 pub mod error;
 pub mod grpc;
 pub mod points;
+pub mod scylla_store;
 pub mod store;
 pub mod writer;
 
@@ -47,8 +48,12 @@ impl LogIngest {
         let nats = streams::connect(&config.nats).await?;
         let logs: Arc<dyn store::LogStore> =
             Arc::new(store::SqliteLogStore::open(&config.log_store.sqlite_path).await?);
-        let points: Arc<dyn points::MetricStore> =
-            Arc::new(points::SqliteMetricStore::open(&config.log_store.metrics_sqlite_path).await?);
+        let points: Arc<dyn points::MetricStore> = match config.metric_store {
+            config::MetricStoreKind::Sqlite => {
+                Arc::new(points::SqliteMetricStore::open(&config.log_store.metrics_sqlite_path).await?)
+            }
+            config::MetricStoreKind::Scylla => Arc::new(scylla_store::ScyllaMetricStore::open(&config.scylla).await?),
+        };
         let listener = TcpListener::bind(config.grpc.listen)
             .await
             .map_err(|source| Error::Bind {
