@@ -9,7 +9,8 @@
 #     dockerd started here (KILN_TEST_DOCKER_HOST), and a test image built locally from
 #     busybox-static with `docker import` (no registry is needed), cached by content
 #     (KILN_TEST_IMAGE)
-# then cargo fmt --check, clippy -D warnings, and cargo test for the whole workspace.
+# then cargo fmt --check, clippy -D warnings, cargo test for the whole workspace, and the Python
+# SDK's pytest suite against a real `kiln up`.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -95,3 +96,10 @@ log "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 log "cargo test"
 cargo test --workspace --locked
+
+# --- the Python SDK, against a real `kiln up` ---------------------------------------------------
+log "python SDK: pip install ./sdk/python, pytest"
+sdk_venv="$repo/target/sdk-venv"
+[ -x "$sdk_venv/bin/python" ] || python3 -m venv "$sdk_venv"
+"$sdk_venv/bin/pip" install -q --disable-pip-version-check "$repo/sdk/python[test]"
+KILN_BIN="$repo/target/debug/kiln" "$sdk_venv/bin/pytest" -q "$repo/sdk/python/tests"

@@ -244,6 +244,7 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str) -> Result<()> {
         work_dir: home.join("work"),
         stop_grace_period_ms: args.grace_period * 1000,
         api_url: format!("http://{api_addr}"),
+        logs_url: format!("http://{logs_addr}"),
         provider: match args.provider {
             ProviderArg::Auto => kiln_runner::ProviderKind::Auto,
             ProviderArg::Docker => kiln_runner::ProviderKind::Docker,

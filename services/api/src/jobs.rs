@@ -295,6 +295,62 @@ impl JobService for JobsApi {
         Ok(Response::new(job.to_proto()))
     }
 
+    #[tracing::instrument(skip_all)]
+    async fn create_run(&self, request: Request<pb::CreateRunRequest>) -> Result<Response<pb::Job>, Status> {
+        let principal = user_principal(&request)?;
+        let request = request.into_inner();
+        let project = if request.project.is_empty() {
+            "default".to_string()
+        } else {
+            request.project
+        };
+        subjects::validate_token("project", &project).map_err(Error::InvalidArgument)?;
+        if request.name.chars().count() > 128 {
+            return Err(Error::InvalidArgument("name is longer than 128 characters".into()).into());
+        }
+        let name = if request.name.is_empty() {
+            "run".to_string()
+        } else {
+            request.name
+        };
+        let run = self
+            .store
+            .insert_external_run(&principal.user_id, &project, &name)
+            .await
+            .map_err(Error::from)?;
+        if let Err(error) = publish_job_change(&self.nats, &self.store, &run).await {
+            tracing::warn!(job_id = %run.id, error = %error, "publish failed");
+        }
+        Ok(Response::new(run.to_proto()))
+    }
+
+    #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
+    async fn finish_run(&self, request: Request<pb::FinishRunRequest>) -> Result<Response<pb::Job>, Status> {
+        let principal = user_principal(&request)?;
+        let request = request.into_inner();
+        let run = self.visible_job(&principal, &request.job_id).await?;
+        if run.pool != kiln_core::store::EXTERNAL_POOL {
+            return Err(Error::InvalidArgument(format!("job {} runs in kiln; it ends by itself", run.id)).into());
+        }
+        if run.state().map_err(Error::from)?.is_terminal() {
+            return Ok(Response::new(run.to_proto()));
+        }
+        let (state, reason) = match request.exit_code {
+            0 => (JobState::Succeeded, String::new()),
+            code => (JobState::Failed, format!("exited with code {code}")),
+        };
+        let change = Change {
+            exit_code: Some(request.exit_code),
+            reason: Some(reason),
+            ..Change::default()
+        };
+        let ended = self.store.transition(&run, state, change).await.map_err(Error::from)?;
+        if let Err(error) = publish_job_change(&self.nats, &self.store, &ended).await {
+            tracing::warn!(job_id = %ended.id, error = %error, "publish failed");
+        }
+        Ok(Response::new(ended.to_proto()))
+    }
+
     type WatchJobStream = JobStream;
 
     #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]

@@ -81,6 +81,8 @@ pub struct Config {
     pub stop_grace_period_ms: u64,
     /// Address of the api, given to jobs as `KILN_API`.
     pub api_url: String,
+    /// Address of log-ingest, given to jobs as `KILN_LOGS` (where they write their metrics).
+    pub logs_url: String,
     pub provider: ProviderKind,
     pub docker: DockerConfig,
     pub sim: SimConfig,
@@ -109,6 +111,7 @@ impl Default for Config {
             work_dir: PathBuf::from("./data/work"),
             stop_grace_period_ms: 10_000,
             api_url: "http://127.0.0.1:7070".into(),
+            logs_url: "http://127.0.0.1:7071".into(),
             provider: ProviderKind::Auto,
             docker: DockerConfig::default(),
             sim: SimConfig::default(),

@@ -213,6 +213,7 @@ async fn instance_spec(
     env.insert("KILN_JOB_ID".into(), job.id.clone());
     env.insert("KILN_ATTEMPT".into(), job.attempt.to_string());
     env.insert("KILN_API".into(), ctx.config.api_url.clone());
+    env.insert("KILN_LOGS".into(), ctx.config.logs_url.clone());
     env.insert("KILN_TOKEN".into(), token.token);
     Ok(InstanceSpec {
         job_id: job.id.clone(),

@@ -171,6 +171,7 @@ impl Stack {
             work_dir: self.dir.path().join("work"),
             stop_grace_period_ms: 2000,
             api_url: format!("http://{}", self.api_addr),
+            logs_url: format!("http://{}", self.logs_addr),
             report_interval_ms: 200,
             metrics_interval_ms: 200,
             provider: kiln_runner::ProviderKind::Process,

@@ -27,6 +27,9 @@ pub struct NewJob {
     pub datasets: Vec<String>,
 }
 
+/// The pool of runs that execute outside kiln (they hold no capacity of any pool).
+pub const EXTERNAL_POOL: &str = "external";
+
 /// What active jobs hold of a pool.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
@@ -101,6 +104,29 @@ impl Store {
         let id = model.id.clone().unwrap();
         Jobs::insert(model).exec_without_returning(&self.db).await?;
         self.job(&id).await
+    }
+
+    /// Records a run that executes outside kiln: RUNNING from the start, in no pool, never
+    /// scheduled.
+    pub async fn insert_external_run(&self, owner_id: &str, project: &str, name: &str) -> StoreResult<JobRecord> {
+        let now = now_ms();
+        let job = self
+            .insert_job(NewJob {
+                owner_id: owner_id.to_string(),
+                project: project.to_string(),
+                name: name.to_string(),
+                ..NewJob::default()
+            })
+            .await?;
+        Jobs::update_many()
+            .col_expr(Column::State, Expr::value(JobState::Running.as_str()))
+            .col_expr(Column::Pool, Expr::value(EXTERNAL_POOL))
+            .col_expr(Column::InstanceId, Expr::value("external"))
+            .col_expr(Column::StartedAtMs, Expr::value(now))
+            .filter(Column::Id.eq(job.id.as_str()))
+            .exec(&self.db)
+            .await?;
+        self.job(&job.id).await
     }
 
     /// Returns a job, or `JobNotFound`.

@@ -19,7 +19,7 @@ mod users;
 
 pub use artifacts::NewArtifact;
 pub use entities::job::Model as JobRecord;
-pub use jobs::{Change, NewJob, Usage};
+pub use jobs::{Change, EXTERNAL_POOL, NewJob, Usage};
 
 /// StoreError is a failure of the metadata store.
 #[derive(Debug, thiserror::Error)]

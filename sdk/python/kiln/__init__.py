@@ -1,0 +1,20 @@
+"""kiln's Python SDK.
+
+    import kiln
+    kiln.init(config={"lr": 3e-4})          # in a kiln job: that job; elsewhere: a new run
+    for step in range(steps):
+        kiln.log({"train/loss": loss}, step=step)
+    kiln.finish()                           # also done at exit
+
+`kiln.log` does not wait for the network: points go to a bounded buffer that a background
+thread sends in batches (by size and by interval). When the buffer is full, `log` waits for
+room rather than dropping points. Each point is keyed by (job, key, step), so a batch sent twice
+stores nothing twice.
+"""
+
+from ._run import Run, finish, init, log
+
+config: dict = {}
+"""The configuration given to `init` (a plain dict)."""
+
+__all__ = ["Run", "config", "finish", "init", "log"]

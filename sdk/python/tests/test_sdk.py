@@ -1,0 +1,143 @@
+"""The SDK against a real `kiln up` (its own nats-server, SQLite, local processes)."""
+
+import math
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import grpc
+import pytest
+
+import kiln
+from kiln._run import Run, _endpoints, _target
+from kiln.v1 import job_pb2, job_pb2_grpc, log_pb2, log_pb2_grpc
+
+REPO = pathlib.Path(__file__).resolve().parents[3]
+KILN = os.environ.get("KILN_BIN", str(REPO / "target" / "debug" / "kiln"))
+
+
+@pytest.fixture(scope="module")
+def up():
+    """A `kiln up` on a temp KILN_HOME; the SDK finds it through KILN_HOME."""
+    if not pathlib.Path(KILN).exists():
+        pytest.fail(f"{KILN} does not exist: run the tests through scripts/test.sh, which builds it")
+    home = tempfile.mkdtemp(prefix="kiln-sdk-test-")
+    log = open(pathlib.Path(home) / "up.log", "w")
+    process = subprocess.Popen(
+        [KILN, "up", "--provider", "process", "--api-addr", "127.0.0.1:0", "--logs-addr", "127.0.0.1:0"],
+        env={**os.environ, "KILN_HOME": home, "KILN_LOG": "warn"},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    credentials = pathlib.Path(home) / "credentials.toml"
+    deadline = time.monotonic() + 60
+    while not credentials.exists():
+        assert process.poll() is None, (pathlib.Path(home) / "up.log").read_text()
+        assert time.monotonic() < deadline, "kiln up did not start"
+        time.sleep(0.05)
+    previous = os.environ.get("KILN_HOME")
+    os.environ["KILN_HOME"] = home
+    for name in ("KILN_ADDR", "KILN_TOKEN", "KILN_LOGS_ADDR", "KILN_JOB_ID"):
+        os.environ.pop(name, None)
+    yield home
+    process.send_signal(signal.SIGINT)
+    process.wait(timeout=30)
+    if previous is None:
+        os.environ.pop("KILN_HOME", None)
+    else:
+        os.environ["KILN_HOME"] = previous
+
+
+def stubs():
+    api, logs, token = _endpoints()
+    metadata = (("authorization", f"Bearer {token}"),)
+    jobs = job_pb2_grpc.JobServiceStub(grpc.insecure_channel(_target(api)))
+    points = log_pb2_grpc.LogServiceStub(grpc.insecure_channel(_target(logs)))
+    return jobs, points, metadata
+
+
+def series(job_id, key, total, max_points=100_000):
+    """Waits until `total` points of the series are stored, then returns it."""
+    _, points, metadata = stubs()
+    deadline = time.monotonic() + 30
+    while True:
+        request = log_pb2.QueryMetricsRequest(job_ids=[job_id], keys=[key], max_points=max_points)
+        found = points.QueryMetrics(request, metadata=metadata).series
+        if found and found[0].total_points >= total:
+            assert found[0].total_points == total
+            return found[0]
+        assert time.monotonic() < deadline, f"only {found[0].total_points if found else 0} of {total} points stored"
+        time.sleep(0.05)
+
+
+def test_a_run_outside_kiln_logs_every_point_once(up):
+    run = kiln.init(config={"lr": 0.001}, name="notebook")
+    assert kiln.config == {"lr": 0.001}
+    for step in range(20_000):
+        kiln.log({"train/loss": 1.0 / (step + 1), "train/acc": step / 20_000})
+    kiln.log({"special": math.nan}, step=0)
+    kiln.log({"special": math.inf}, step=1)
+    kiln.log({"special": -math.inf}, step=2)
+    job_id = run.job_id
+    kiln.finish()
+
+    loss = series(job_id, "train/loss", 20_000)
+    assert [p.step for p in loss.points[:3]] == [0, 1, 2]
+    assert loss.points[9].value == pytest.approx(0.1)
+    special = series(job_id, "special", 3)
+    assert math.isnan(special.points[0].value)
+    assert [p.value for p in special.points[1:]] == [math.inf, -math.inf]
+    jobs, _, metadata = stubs()
+    job = jobs.GetJob(job_pb2.GetJobRequest(job_id=job_id), metadata=metadata)
+    assert job.state == job_pb2.JOB_STATE_SUCCEEDED
+    assert job.spec.name == "notebook"
+
+
+def test_a_full_buffer_waits_rather_than_drops(up):
+    api, logs, token = _endpoints()
+    jobs, _, metadata = stubs()
+    created = jobs.CreateRun(job_pb2.CreateRunRequest(name="tiny-buffer"), metadata=metadata)
+    run = Run(job_id=created.id, logs_address=logs, token=token, api_address=api, external=True,
+              batch_points=50, buffer_points=10, interval=0.01)
+    for step in range(2_000):
+        run.log({"x": float(step)}, step=step)
+    run.finish()
+    assert series(created.id, "x", 2_000).total_points == 2_000
+
+
+def test_a_job_logs_with_its_own_token(up):
+    script = (
+        "import kiln\n"
+        "kiln.init()\n"
+        "for step in range(100):\n"
+        "    kiln.log({'inside/loss': step * 0.5}, step=step)\n"
+        "kiln.finish()\n"
+        "print('logged')\n"
+    )
+    done = subprocess.run(
+        [KILN, "run", "-f", "--no-code", "--", sys.executable, "-c", script],
+        env={**os.environ, "KILN_HOME": up}, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "logged\n"
+    job_id = done.stderr.splitlines()[0].split()[1]
+    inside = series(job_id, "inside/loss", 100)
+    assert inside.points[-1].value == 49.5
+
+
+def test_bad_input_is_refused(up):
+    api, logs, token = _endpoints()
+    _, points, metadata = stubs()
+    jobs, _, _ = stubs()
+    created = jobs.CreateRun(job_pb2.CreateRunRequest(name="bad"), metadata=metadata)
+    with pytest.raises(grpc.RpcError) as error:
+        points.WriteMetrics(
+            log_pb2.WriteMetricsRequest(job_id=created.id, points=[log_pb2.MetricPoint(key="k" * 251, step=0, value=1.0)]),
+            metadata=metadata,
+        )
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "250" in error.value.details()
