@@ -253,3 +253,61 @@ async fn corrupt_uploads_store_nothing() {
     let stored = std::fs::read_dir(&dir).map(|entries| entries.count()).unwrap_or(0);
     assert_eq!(stored, 0);
 }
+
+#[tokio::test]
+async fn runs_outside_kiln_are_created_and_finished() {
+    let stack = Stack::start().await;
+    let mut jobs = stack.jobs().await;
+    let run = jobs
+        .create_run(pb::CreateRunRequest {
+            name: "notebook".into(),
+            project: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (run.state, run.pool.as_str()),
+        (pb::JobState::Running as i32, "external")
+    );
+    assert!(run.started_at_ms > 0);
+    // The scheduler and the runner leave it alone.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(stack.get(&run.id).await.version, run.version);
+    let ended = jobs
+        .finish_run(pb::FinishRunRequest {
+            job_id: run.id.clone(),
+            exit_code: 2,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (ended.state, ended.reason.as_str()),
+        (pb::JobState::Failed as i32, "exited with code 2")
+    );
+    // Finishing twice is harmless; a kiln job cannot be finished from outside.
+    jobs.finish_run(pb::FinishRunRequest {
+        job_id: run.id.clone(),
+        exit_code: 0,
+    })
+    .await
+    .unwrap();
+    let job = stack.submit(&["sleep", "5"]).await;
+    let status = jobs
+        .finish_run(pb::FinishRunRequest {
+            job_id: job.id,
+            exit_code: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    let status = jobs
+        .create_run(pb::CreateRunRequest {
+            name: String::new(),
+            project: "bad project".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+}
