@@ -80,6 +80,21 @@ impl LogService for LogsApi {
     }
 
     #[tracing::instrument(skip_all)]
+    async fn write_metrics_stream(
+        &self,
+        request: Request<tonic::Streaming<pb::WriteMetricsRequest>>,
+    ) -> Result<Response<pb::WriteMetricsResponse>, Status> {
+        use futures::StreamExt;
+        let principal = principal(&request)?;
+        let mut batches = request.into_inner();
+        let mut accepted: u32 = 0;
+        while let Some(batch) = batches.next().await {
+            accepted = accepted.saturating_add(self.write_metrics(&principal, batch?).await?);
+        }
+        Ok(Response::new(pb::WriteMetricsResponse { accepted }))
+    }
+
+    #[tracing::instrument(skip_all)]
     async fn query_metrics(
         &self,
         request: Request<pb::QueryMetricsRequest>,

@@ -270,3 +270,56 @@ mod write_and_query {
         }
     }
 }
+
+mod streaming {
+    use kiln_e2e::Stack;
+    use kiln_proto::v1 as pb;
+
+    #[tokio::test]
+    async fn a_stream_of_batches_is_stored_whole() {
+        let stack = Stack::start_without_runner().await;
+        let job = stack.submit(&["true"]).await;
+        let batches: Vec<pb::WriteMetricsRequest> = (0..10)
+            .map(|b| pb::WriteMetricsRequest {
+                job_id: job.id.clone(),
+                points: (0..1000)
+                    .map(|i| pb::MetricPoint {
+                        key: "s".into(),
+                        step: b * 1000 + i,
+                        value: 1.0,
+                        timestamp_ms: 0,
+                    })
+                    .collect(),
+            })
+            .collect();
+        let response = stack
+            .logs_client()
+            .await
+            .write_metrics_stream(futures::stream::iter(batches))
+            .await
+            .unwrap();
+        assert_eq!(response.into_inner().accepted, 10_000);
+        let deadline = tokio::time::Instant::now() + kiln_e2e::PATIENCE;
+        loop {
+            let request = pb::QueryMetricsRequest {
+                job_ids: vec![job.id.clone()],
+                max_points: 10,
+                ..Default::default()
+            };
+            let series = stack
+                .logs_client()
+                .await
+                .query_metrics(request)
+                .await
+                .unwrap()
+                .into_inner()
+                .series;
+            if series.first().is_some_and(|s| s.total_points == 10_000) {
+                assert!(series[0].points.len() <= 10);
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{series:?}");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+}
