@@ -141,3 +141,112 @@ def test_bad_input_is_refused(up):
         )
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "250" in error.value.details()
+
+
+WRITER = """
+import kiln, sys
+n, name = int(sys.argv[1]), sys.argv[2]
+run = kiln.init(name=name)
+for step in range(n // 4):
+    kiln.log({"a": float(step), "b": 1.0, "c": 2.0, "d": 3.0}, step=step)
+kiln.finish()
+print(run.job_id)
+"""
+
+
+def total_points(job_ids):
+    _, points, metadata = stubs()
+    request = log_pb2.QueryMetricsRequest(job_ids=job_ids, max_points=10)
+    return sum(s.total_points for s in points.QueryMetrics(request, metadata=metadata).series)
+
+
+def wait_for_total(job_ids, expected, seconds=180):
+    deadline = time.monotonic() + seconds
+    while True:
+        total = total_points(job_ids)
+        if total >= expected:
+            return total
+        assert time.monotonic() < deadline, f"{total} of {expected} points stored"
+        time.sleep(0.5)
+
+
+def run_writers(count, points_each, env):
+    writers = [
+        subprocess.Popen([sys.executable, "-c", WRITER, str(points_each), f"writer-{n}"], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for n in range(count)
+    ]
+    return writers
+
+
+def job_ids_of(writers):
+    ids = []
+    for writer in writers:
+        out, err = writer.communicate(timeout=300)
+        assert writer.returncode == 0, err
+        ids.append(out.strip())
+    return ids
+
+
+def test_a_million_points_from_eight_processes_are_stored_exactly_once(up):
+    writers = run_writers(8, 125_000, {**os.environ, "KILN_HOME": up})
+    job_ids = job_ids_of(writers)
+    assert wait_for_total(job_ids, 1_000_000) == 1_000_000
+    time.sleep(1)
+    assert total_points(job_ids) == 1_000_000, "nothing arrives twice"
+
+
+def test_killing_log_ingest_mid_load_loses_nothing_and_duplicates_nothing(up):
+    """A second log-ingest replica (the standalone binary) takes the writes and shares the
+    durable consumers; SIGKILL it mid-load, start it again: every point is stored once."""
+    home = pathlib.Path(up)
+    nats = next(line.split()[1] for line in (home / "up.log").read_text().splitlines() if line.strip().startswith("nats:"))
+    port = free_port()
+    env = {
+        **os.environ,
+        "KILN_LOG": "warn",
+        "KILN_LOG_INGEST__DATABASE__URL": f"sqlite://{home / 'kiln.db'}?mode=rwc",
+        "KILN_LOG_INGEST__NATS__URL": nats,
+        "KILN_LOG_INGEST__LOG_STORE__SQLITE_PATH": str(home / "logs.db"),
+        "KILN_LOG_INGEST__LOG_STORE__METRICS_SQLITE_PATH": str(home / "metrics.db"),
+    }
+    binary = str(pathlib.Path(KILN).with_name("kiln-log-ingest"))
+
+    def start_replica():
+        replica = subprocess.Popen([binary, "--listen", f"127.0.0.1:{port}"], env=env,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while not port_open(port):
+            assert replica.poll() is None, "the replica exited"
+            assert time.monotonic() < deadline, "the replica did not start"
+            time.sleep(0.05)
+        return replica
+
+    replica = start_replica()
+    writers = run_writers(4, 150_000, {**os.environ, "KILN_HOME": up, "KILN_LOGS_ADDR": f"http://127.0.0.1:{port}"})
+    time.sleep(2)
+    replica.send_signal(signal.SIGKILL)
+    replica.wait()
+    time.sleep(1)
+    replica = start_replica()
+    try:
+        job_ids = job_ids_of(writers)
+        assert wait_for_total(job_ids, 600_000) == 600_000
+        time.sleep(1)
+        assert total_points(job_ids) == 600_000
+    finally:
+        replica.send_signal(signal.SIGTERM)
+        replica.wait(timeout=30)
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_open(port):
+    import socket
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0

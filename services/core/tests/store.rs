@@ -317,6 +317,21 @@ async fn artifacts_are_recorded_once(store: Store) {
     assert!(store.artifact(&"b".repeat(64)).await.unwrap().is_none());
 }
 
+async fn external_runs_start_running_and_are_never_queued(store: Store) {
+    let run = store.insert_external_run("u1", "default", "notebook").await.unwrap();
+    assert_eq!(
+        (run.state().unwrap(), run.pool.as_str(), run.version),
+        (JobState::Running, "external", 1)
+    );
+    assert!(run.started_at_ms.is_some());
+    assert!(store.jobs_in_states(&[JobState::Queued]).await.unwrap().is_empty());
+    let done = store
+        .transition(&run, JobState::Succeeded, Change::default())
+        .await
+        .unwrap();
+    assert_eq!(done.version, 2);
+}
+
 macro_rules! store_suite {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
@@ -356,4 +371,5 @@ store_suite!(
     usage_is_summed_by_pool,
     tokens_are_hashed_and_checked,
     artifacts_are_recorded_once,
+    external_runs_start_running_and_are_never_queued,
 );

@@ -71,6 +71,16 @@ impl JobRecord {
 impl Store {
     /// Records a new QUEUED job at version 1, not yet published.
     pub async fn insert_job(&self, new: NewJob) -> StoreResult<JobRecord> {
+        self.insert_record(new, JobState::Queued, "", "").await
+    }
+
+    async fn insert_record(
+        &self,
+        new: NewJob,
+        state: JobState,
+        pool: &str,
+        instance_id: &str,
+    ) -> StoreResult<JobRecord> {
         let now = now_ms();
         let model = job::ActiveModel {
             id: Set(new_id()),
@@ -82,19 +92,19 @@ impl Store {
             cpu_millis: Set(new.cpu_millis),
             memory_bytes: Set(new.memory_bytes),
             code_digest: Set(new.code_digest),
-            state: Set(JobState::Queued.as_str().to_string()),
+            state: Set(state.as_str().to_string()),
             version: Set(1),
             published_version: Set(0),
             attempt: Set(1),
-            pool: Set(String::new()),
+            pool: Set(pool.to_string()),
             runner_id: Set(String::new()),
-            instance_id: Set(String::new()),
+            instance_id: Set(instance_id.to_string()),
             exit_code: Set(None),
             reason: Set(String::new()),
             stop_requested: Set(false),
             created_at_ms: Set(now),
             updated_at_ms: Set(now),
-            started_at_ms: Set(None),
+            started_at_ms: Set((state == JobState::Running).then_some(now)),
             finished_at_ms: Set(None),
             image: Set(new.image),
             gpus: Set(new.gpus),
@@ -106,27 +116,17 @@ impl Store {
         self.job(&id).await
     }
 
-    /// Records a run that executes outside kiln: RUNNING from the start, in no pool, never
-    /// scheduled.
+    /// Records a run that executes outside kiln: RUNNING from the start (one insert, so no
+    /// scheduler ever sees it queued), in no pool, never scheduled.
     pub async fn insert_external_run(&self, owner_id: &str, project: &str, name: &str) -> StoreResult<JobRecord> {
-        let now = now_ms();
-        let job = self
-            .insert_job(NewJob {
-                owner_id: owner_id.to_string(),
-                project: project.to_string(),
-                name: name.to_string(),
-                ..NewJob::default()
-            })
-            .await?;
-        Jobs::update_many()
-            .col_expr(Column::State, Expr::value(JobState::Running.as_str()))
-            .col_expr(Column::Pool, Expr::value(EXTERNAL_POOL))
-            .col_expr(Column::InstanceId, Expr::value("external"))
-            .col_expr(Column::StartedAtMs, Expr::value(now))
-            .filter(Column::Id.eq(job.id.as_str()))
-            .exec(&self.db)
-            .await?;
-        self.job(&job.id).await
+        let new = NewJob {
+            owner_id: owner_id.to_string(),
+            project: project.to_string(),
+            name: name.to_string(),
+            ..NewJob::default()
+        };
+        self.insert_record(new, JobState::Running, EXTERNAL_POOL, "external")
+            .await
     }
 
     /// Returns a job, or `JobNotFound`.
