@@ -250,3 +250,23 @@ def port_open(port):
     import socket
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_a_million_steps_come_back_as_at_most_500_points_with_the_extremes(up):
+    script = """
+import kiln
+run = kiln.init(name="long")
+for step in range(1_000_000):
+    value = 1000.0 if step == 424_242 else -1000.0 if step == 777_777 else (step % 1000) / 1000.0
+    kiln.log({"loss": value}, step=step)
+kiln.finish()
+print(run.job_id)
+"""
+    done = subprocess.run([sys.executable, "-c", script], env={**os.environ, "KILN_HOME": up},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip()
+    downsampled = series(job_id, "loss", 1_000_000, max_points=500)
+    assert len(downsampled.points) <= 500
+    values = {(p.step, p.value) for p in downsampled.points}
+    assert (424_242, 1000.0) in values and (777_777, -1000.0) in values
