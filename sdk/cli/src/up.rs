@@ -41,9 +41,21 @@ pub struct UpArgs {
     /// The Docker Engine to use (default: DOCKER_HOST, else the local socket).
     #[arg(long, env = "DOCKER_HOST")]
     pub docker_host: Option<String>,
+    /// Where metric points are kept: sqlite (under KILN_HOME) or scylla.
+    #[arg(long, value_enum, default_value = "sqlite")]
+    pub metric_store: MetricStoreArg,
+    /// ScyllaDB (or Cassandra) contact points for --metric-store scylla, host:port, comma-separated.
+    #[arg(long, default_value = "127.0.0.1:9042")]
+    pub scylla_nodes: String,
     /// Time a stopped job gets between SIGTERM and SIGKILL, in seconds.
     #[arg(long, default_value_t = 10)]
     pub grace_period: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum MetricStoreArg {
+    Sqlite,
+    Scylla,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -224,6 +236,14 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str) -> Result<()> {
         log_store: kiln_log_ingest::config::LogStoreConfig {
             sqlite_path: home.join("logs.db"),
             metrics_sqlite_path: home.join("metrics.db"),
+        },
+        metric_store: match args.metric_store {
+            MetricStoreArg::Sqlite => kiln_log_ingest::config::MetricStoreKind::Sqlite,
+            MetricStoreArg::Scylla => kiln_log_ingest::config::MetricStoreKind::Scylla,
+        },
+        scylla: kiln_log_ingest::scylla_store::ScyllaConfig {
+            nodes: args.scylla_nodes.split(',').map(str::to_string).collect(),
+            ..Default::default()
         },
         ..Default::default()
     })

@@ -1,0 +1,182 @@
+"""Metric points per second, end to end (client -> durable -> queryable): kiln against the
+MLflow tracking server, on this machine, in one run, with 1 and 4 client processes.
+
+    python bench/metrics_throughput.py --kiln target/release/kiln [--points 100000] [--cassandra HOST:PORT]
+
+- kiln: `kiln up --provider process` on a temp KILN_HOME (SQLite metric store; with
+  --cassandra, a second run with `--metric-store scylla`). Each client process creates a run
+  and writes its points in requests of 1,000 points (the SDK's `Run` with batch_points=1000);
+  the clock stops when QueryMetrics counts every point.
+- MLflow: `mlflow server` with its SQLite backend on 127.0.0.1; each client creates a run and
+  sends `log_batch` requests of 1,000 points; the clock stops when every client is done
+  (log_batch commits before it answers) and a count of the stored points agrees.
+- Memory: the peak resident size (VmHWM) of the `kiln up` process, which holds log-ingest and
+  every other service, so it bounds log-ingest's own.
+"""
+
+import argparse
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+KILN_CLIENT = """
+import sys, time
+from kiln._run import Run, _endpoints, _target
+import grpc
+from kiln.v1 import job_pb2, job_pb2_grpc
+n = int(sys.argv[1])
+api, logs, token = _endpoints()
+md = (("authorization", f"Bearer {token}"),)
+with grpc.insecure_channel(_target(api)) as channel:
+    job = job_pb2_grpc.JobServiceStub(channel).CreateRun(job_pb2.CreateRunRequest(name="bench"), metadata=md)
+run = Run(job_id=job.id, logs_address=logs, token=token, api_address=api, external=True, batch_points=1000)
+for step in range(n):
+    run.log({"loss": step * 0.001}, step=step)
+run.finish()
+print(job.id)
+"""
+
+MLFLOW_CLIENT = """
+import sys, time
+from mlflow.tracking import MlflowClient
+from mlflow.entities import Metric
+n, uri = int(sys.argv[1]), sys.argv[2]
+client = MlflowClient(uri)
+experiment = client.get_experiment_by_name("bench") or client.get_experiment(client.create_experiment("bench"))
+run = client.create_run(experiment.experiment_id)
+now = int(time.time() * 1000)
+for start in range(0, n, 1000):
+    client.log_batch(run.info.run_id, metrics=[Metric("loss", step * 0.001, now, step) for step in range(start, min(n, start + 1000))])
+print(run.info.run_id)
+"""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, seconds=120):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise SystemExit(f"port {port} did not open")
+
+
+def peak_rss_mb(pid):
+    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def run_clients(python, script, count, points, extra_args, env):
+    started = time.monotonic()
+    clients = [subprocess.Popen([python, "-c", script, str(points), *extra_args], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for _ in range(count)]
+    ids = []
+    for client in clients:
+        out, err = client.communicate()
+        if client.returncode != 0:
+            raise SystemExit(err)
+        ids.append(out.strip())
+    return started, ids
+
+
+def kiln_rate(args, count, extra_flags, label):
+    home = tempfile.mkdtemp(prefix="kiln-bench-")
+    env = {**os.environ, "KILN_HOME": home, "KILN_LOG": "warn"}
+    up = subprocess.Popen([args.kiln, "up", "--provider", "process", "--api-addr", "127.0.0.1:0",
+                           "--logs-addr", "127.0.0.1:0", *extra_flags], env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    credentials = pathlib.Path(home) / "credentials.toml"
+    while not credentials.exists():
+        if up.poll() is not None:
+            raise SystemExit("kiln up exited")
+        time.sleep(0.05)
+    try:
+        started, ids = run_clients(sys.executable, KILN_CLIENT, count, args.points, [], env)
+        sys.path.insert(0, "")
+        os.environ["KILN_HOME"] = home
+        import grpc
+        from kiln._run import _endpoints, _target
+        from kiln.v1 import log_pb2, log_pb2_grpc
+        _, logs, token = _endpoints()
+        stub = log_pb2_grpc.LogServiceStub(grpc.insecure_channel(_target(logs)))
+        md = (("authorization", f"Bearer {token}"),)
+        expected = count * args.points
+        while True:
+            series = stub.QueryMetrics(log_pb2.QueryMetricsRequest(job_ids=ids, max_points=10), metadata=md).series
+            total = sum(s.total_points for s in series)
+            if total >= expected:
+                break
+            time.sleep(0.05)
+        elapsed = time.monotonic() - started
+        assert total == expected, (total, expected)
+        return label, count, expected / elapsed, peak_rss_mb(up.pid)
+    finally:
+        up.send_signal(signal.SIGINT)
+        up.wait(timeout=60)
+
+
+def mlflow_rate(args, count):
+    workdir = tempfile.mkdtemp(prefix="mlflow-bench-")
+    port = free_port()
+    server = subprocess.Popen([args.mlflow, "server", "--backend-store-uri", f"sqlite:///{workdir}/mlflow.db",
+                               "--default-artifact-root", f"{workdir}/artifacts", "--host", "127.0.0.1",
+                               "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    try:
+        wait_port(port)
+        uri = f"http://127.0.0.1:{port}"
+        started, ids = run_clients(args.mlflow_python, MLFLOW_CLIENT, count, args.points, [uri], os.environ)
+        elapsed = time.monotonic() - started
+        check = subprocess.run([args.mlflow_python, "-c",
+                                "import sys; from mlflow.tracking import MlflowClient; c = MlflowClient(sys.argv[1]); "
+                                "print(sum(len(c.get_metric_history(r, 'loss')) for r in sys.argv[2:]))", uri, *ids],
+                               capture_output=True, text=True, check=True)
+        stored = int(check.stdout.strip())
+        assert stored == count * args.points, (stored, count * args.points)
+        return "mlflow (sqlite backend)", count, stored / elapsed, float("nan")
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--kiln", required=True)
+    parser.add_argument("--mlflow", default="mlflow")
+    parser.add_argument("--mlflow-python", default=sys.executable)
+    parser.add_argument("--points", type=int, default=100_000, help="points per client process")
+    parser.add_argument("--cassandra", help="host:port of a CQL node, to also measure the ScyllaDB store")
+    args = parser.parse_args()
+    rows = []
+    for count in (1, 4):
+        rows.append(kiln_rate(args, count, [], "kiln (sqlite store)"))
+        if args.cassandra:
+            flags = ["--metric-store", "scylla", "--scylla-nodes", args.cassandra]
+            rows.append(kiln_rate(args, count, flags, "kiln (scylla store on cassandra 5)"))
+        rows.append(mlflow_rate(args, count))
+    print(f"metric points per second, end to end, {args.points} points per client, batches of 1,000")
+    print(f"{'':38} {'clients':>7} {'points/s':>12} {'peak RSS':>10}")
+    for label, count, rate, rss in rows:
+        memory = "" if rss != rss else f"{rss:.0f} MB"
+        print(f"{label:38} {count:>7} {rate:>12,.0f} {memory:>10}")
+    for count in (1, 4):
+        kiln = next(r for r in rows if r[1] == count and r[0] == "kiln (sqlite store)")[2]
+        mlflow = next(r for r in rows if r[1] == count and r[0].startswith("mlflow"))[2]
+        print(f"{count} client(s): kiln (sqlite) / mlflow = {kiln / mlflow:,.0f}x (goal: >= 100x)")
+
+
+if __name__ == "__main__":
+    main()
