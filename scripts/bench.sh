@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs the benchmarks in release builds and prints their figures side by side with the peer's:
 #   submit-latency — submit-to-running of a container job, kiln against the raw Docker Engine
+#   metrics_throughput.py — metric points per second, kiln (SQLite and ScyllaDB stores) against
+#     the MLflow tracking server (mlflow==3.17.2 from PyPI, SQLite backend), 1 and 4 clients
 # Uses the Docker Engine at DOCKER_HOST (or the local socket) when it answers, else starts one
 # like scripts/test.sh does, and the locally built busybox test image.
 set -euo pipefail
@@ -12,7 +14,9 @@ export PATH="$KILN_TOOLS/bin:$HOME/.cargo/bin:$PATH"
 
 docker_host=${DOCKER_HOST:-unix:///var/run/docker.sock}
 docker_dir=""
+cass_dir=""
 cleanup() {
+  if [ -n "$cass_dir" ]; then CASSANDRA_RUN_DIR="$cass_dir" "$repo/scripts/cassandra/stop.sh" --kill --clean >/dev/null 2>&1 || true; fi
   if [ -n "$docker_dir" ] && [ -f "$docker_dir/docker.pid" ]; then kill "$(cat "$docker_dir/docker.pid")" 2>/dev/null || true; fi
 }
 trap cleanup EXIT
@@ -30,3 +34,15 @@ image=$(DOCKER_HOST="$docker_host" "$repo/scripts/test-image.sh")
 cd "$repo"
 cargo build --release --locked -p kiln-cli -p kiln-bench
 ./target/release/submit-latency --kiln ./target/release/kiln --docker-host "$docker_host" --image "$image" --runs "${RUNS:-20}"
+
+# --- metric throughput against MLflow ------------------------------------------------------------
+venv="$repo/target/bench-venv"
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/pip" install -q --disable-pip-version-check "$repo/sdk/python" "mlflow==3.17.2"
+compgen -G "$repo/scripts/cassandra/lib/cassandra-all-*.jar" >/dev/null || mvn -B -q -f "$repo/scripts/cassandra/pom.xml" package
+cass_dir=$(mktemp -d /tmp/kiln-bench-cassandra.XXXXXX)
+cass_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+CASSANDRA_RUN_DIR="$cass_dir" CASSANDRA_NATIVE_PORT="$cass_port" CASSANDRA_STORAGE_PORT=$((cass_port + 1)) \
+  CASSANDRA_CLEAN=1 "$repo/scripts/cassandra/start.sh" >/dev/null
+(cd "$repo/bench" && "$venv/bin/python" metrics_throughput.py --kiln "$repo/target/release/kiln" \
+  --mlflow "$venv/bin/mlflow" --mlflow-python "$venv/bin/python" --cassandra "127.0.0.1:$cass_port")

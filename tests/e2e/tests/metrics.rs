@@ -28,9 +28,9 @@ fn assert_sane(batches: &[pb::MetricBatch], job_id: &str) {
 #[tokio::test]
 async fn a_process_job_reports_its_cpu_and_memory() {
     let stack = Stack::start().await;
-    let job = stack
-        .submit(&["sh", "-c", "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; sleep 1"])
-        .await;
+    // Busy for three seconds of wall clock, however loaded the machine is.
+    let script = "end=$(($(date +%s) + 3)); while [ $(date +%s) -lt $end ]; do i=0; while [ $i -lt 2000 ]; do i=$((i+1)); done; done";
+    let job = stack.submit(&["sh", "-c", script]).await;
     stack.wait_for_state(&job.id, pb::JobState::Succeeded).await;
     let batches = metric_batches(&stack, &job.id).await;
     assert_sane(&batches, &job.id);
