@@ -421,8 +421,8 @@ fn containers_datasets_and_artifacts_from_the_cli() {
 #[test]
 fn a_job_s_system_metrics_from_the_cli() {
     let up = Up::start();
-    // The runner samples every 5 s by default: a job of 6 s has at least one sample.
-    let output = up.kiln(&["run", "-f", "--no-code", "--", "sleep", "6"]);
+    // The runner samples every 5 s by default: a job of 8 s has at least one sample.
+    let output = up.kiln(&["run", "-f", "--no-code", "--", "sleep", "8"]);
     assert!(output.status.success(), "{}", text(&output.stderr));
     let job_id = text(&output.stderr)
         .lines()
@@ -435,7 +435,7 @@ fn a_job_s_system_metrics_from_the_cli() {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let csv = text(&up.kiln(&["metrics", &job_id, "-o", "csv"]).stdout);
-        if csv.contains("sys/memory_bytes,") {
+        if csv.contains("sys/host_memory_used_bytes,") {
             assert!(csv.starts_with("key,step,value,timestamp_ms\n"), "{csv}");
             break;
         }
@@ -448,7 +448,7 @@ fn a_job_s_system_metrics_from_the_cli() {
             &job_id,
             "--series",
             "--key",
-            "sys/memory_bytes",
+            "sys/host_memory_used_bytes",
             "-o",
             "json",
         ])
