@@ -232,12 +232,10 @@ fn a_stopped_job_reaches_stopped_and_its_process_is_gone() {
         .unwrap();
     assert!(Path::new(&format!("/proc/{pid}")).try_exists().unwrap());
 
-    let started = Instant::now();
     let output = up.kiln(&["stop", &job_id]);
     assert!(output.status.success(), "{}", text(&output.stderr));
     let stopped = up.wait_for_state(&job_id, "STOPPED");
-    // sleep dies on SIGTERM, well within the 2 s grace period.
-    assert!(started.elapsed() < Duration::from_secs(10));
+    // sleep died of SIGTERM (143), within the grace period: SIGKILL would read 137.
     assert_eq!(stopped["exit_code"], 143);
     assert!(
         !Path::new(&format!("/proc/{pid}")).try_exists().unwrap(),

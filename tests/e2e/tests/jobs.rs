@@ -77,7 +77,6 @@ async fn a_stopped_job_gets_sigterm_and_its_processes_are_gone() {
     let running = stack.wait_for_state(&job.id, pb::JobState::Running).await;
     let pid = pid_of(&running);
     assert!(process_alive(pid));
-    let started = std::time::Instant::now();
     let stopping = stack
         .jobs()
         .await
@@ -87,12 +86,9 @@ async fn a_stopped_job_gets_sigterm_and_its_processes_are_gone() {
         .into_inner();
     assert!(stopping.stop_requested);
     let stopped = stack.wait_for_state(&job.id, pb::JobState::Stopped).await;
-    assert!(
-        started.elapsed() < std::time::Duration::from_secs(10),
-        "stopping took {:?}",
-        started.elapsed()
-    );
     assert_eq!(stopped.reason, "stopped by user");
+    // It ended from its own trap (0), inside the grace period, not by SIGKILL (137).
+    assert_eq!(stopped.exit_code, Some(0), "{stopped:?}");
     assert!(!process_alive(pid), "the job's process {pid} is still there");
     let lines = stack.log_lines(&job.id, true).await;
     let texts: Vec<&str> = lines.iter().map(|l| l.text.as_str()).collect();
