@@ -22,6 +22,9 @@ pub enum Error {
     TooLarge(String),
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// An operation of kiln-core that spans the store and NATS.
+    #[error(transparent)]
+    Core(#[from] kiln_core::Error),
     #[error(transparent)]
     Nats(#[from] NatsError),
     #[error("object store: {0}")]
@@ -47,17 +50,9 @@ impl Error {
             Error::DatasetExists { .. } => ErrorKind::AlreadyExists,
             Error::TooLarge(_) => ErrorKind::ResourceExhausted,
             Error::Store(error) => error.kind(),
+            Error::Core(error) => error.kind(),
             Error::Nats(error) => error.kind(),
             Error::Objects(_) | Error::Io { .. } | Error::Bind { .. } | Error::Serve(_) => ErrorKind::Internal,
-        }
-    }
-}
-
-impl From<kiln_core::Error> for Error {
-    fn from(error: kiln_core::Error) -> Self {
-        match error {
-            kiln_core::Error::Store(error) => Error::Store(error),
-            kiln_core::Error::Nats(error) => Error::Nats(error),
         }
     }
 }

@@ -7,9 +7,7 @@
 
 use std::path::Path;
 
-use sea_orm::{
-    ConnectionTrait, Database, DatabaseConnection, DbBackend, QueryResult, Statement, TransactionTrait, Value,
-};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, QueryResult, Statement, TransactionTrait, Value};
 
 use crate::error::Result;
 
@@ -53,12 +51,7 @@ pub struct SqliteMetricStore {
 
 impl SqliteMetricStore {
     pub async fn open(path: &Path) -> Result<SqliteMetricStore> {
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent)
-                .map_err(|e| crate::Error::LogStore(format!("cannot create {}: {e}", parent.display())))?;
-        }
-        let db = Database::connect(format!("sqlite://{}?mode=rwc", path.display())).await?;
-        db.execute_unprepared("PRAGMA journal_mode=WAL").await?;
+        let db = crate::store::open_sqlite(path).await?;
         db.execute_unprepared(
             "CREATE TABLE IF NOT EXISTS metric_points (
                 job_id TEXT NOT NULL, key TEXT NOT NULL, step INTEGER NOT NULL,

@@ -5,7 +5,9 @@
 
 use std::path::Path;
 
-use sea_orm::{ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement, TransactionTrait, Value};
+use kiln_core::config::{DatabaseConfig, DatabaseUrl};
+use kiln_core::store::Store;
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, TransactionTrait, Value};
 
 use crate::error::Result;
 
@@ -45,14 +47,19 @@ pub struct SqliteLogStore {
     db: DatabaseConnection,
 }
 
+/// Opens (creating it and its directory) an embedded SQLite store file in WAL mode, the way the
+/// metadata store opens its own.
+pub(crate) async fn open_sqlite(path: &Path) -> Result<DatabaseConnection> {
+    let config = DatabaseConfig {
+        url: DatabaseUrl::new(format!("sqlite://{}?mode=rwc", path.display())),
+        max_connections: 8,
+    };
+    Ok(Store::connect(&config).await?.connection().clone())
+}
+
 impl SqliteLogStore {
     pub async fn open(path: &Path) -> Result<SqliteLogStore> {
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent)
-                .map_err(|e| crate::Error::LogStore(format!("cannot create {}: {e}", parent.display())))?;
-        }
-        let db = Database::connect(format!("sqlite://{}?mode=rwc", path.display())).await?;
-        db.execute_unprepared("PRAGMA journal_mode=WAL").await?;
+        let db = open_sqlite(path).await?;
         db.execute_unprepared(
             "CREATE TABLE IF NOT EXISTS log_lines (
                 job_id TEXT NOT NULL,

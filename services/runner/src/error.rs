@@ -26,6 +26,9 @@ pub enum Error {
     Io { what: String, source: std::io::Error },
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// An operation of kiln-core that spans the store and NATS.
+    #[error(transparent)]
+    Core(#[from] kiln_core::Error),
     #[error(transparent)]
     Nats(#[from] NatsError),
     #[error("object store: {0}")]
@@ -50,6 +53,7 @@ impl Error {
             Error::Docker { .. } => ErrorKind::Unavailable,
             Error::Capacity(_) => ErrorKind::ResourceExhausted,
             Error::Store(error) => error.kind(),
+            Error::Core(error) => error.kind(),
             Error::Nats(error) => error.kind(),
             Error::Io { .. } | Error::Objects(_) | Error::Bind { .. } | Error::Serve(_) => ErrorKind::Internal,
         }
@@ -58,15 +62,6 @@ impl Error {
     pub fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
         let what = what.into();
         move |source| Error::Io { what, source }
-    }
-}
-
-impl From<kiln_core::Error> for Error {
-    fn from(error: kiln_core::Error) -> Self {
-        match error {
-            kiln_core::Error::Store(error) => Error::Store(error),
-            kiln_core::Error::Nats(error) => Error::Nats(error),
-        }
     }
 }
 

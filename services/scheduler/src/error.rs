@@ -8,6 +8,9 @@ use kiln_core::streams::NatsError;
 pub enum Error {
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// An operation of kiln-core that spans the store and NATS.
+    #[error(transparent)]
+    Core(#[from] kiln_core::Error),
     #[error(transparent)]
     Nats(#[from] NatsError),
     #[error("cannot listen on {addr}: {source}")]
@@ -23,17 +26,9 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::Store(error) => error.kind(),
+            Error::Core(error) => error.kind(),
             Error::Nats(error) => error.kind(),
             Error::Bind { .. } | Error::Serve(_) => ErrorKind::Internal,
-        }
-    }
-}
-
-impl From<kiln_core::Error> for Error {
-    fn from(error: kiln_core::Error) -> Self {
-        match error {
-            kiln_core::Error::Store(error) => Error::Store(error),
-            kiln_core::Error::Nats(error) => Error::Nats(error),
         }
     }
 }

@@ -155,14 +155,6 @@ impl DockerProvider {
         })
     }
 
-    /// Tells whether an engine answers at this address.
-    pub async fn reachable(config: &DockerConfig) -> bool {
-        match DockerProvider::connect(config.clone(), 1000, 1 << 30).await {
-            Ok(provider) => provider.docker.ping().await.is_ok(),
-            Err(_) => false,
-        }
-    }
-
     fn labels(spec_job: &str, attempt: i32, runner_id: &str) -> HashMap<String, String> {
         HashMap::from([
             (LABEL_JOB.to_string(), spec_job.to_string()),
