@@ -103,7 +103,7 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     eprintln!("job {} submitted", job.id);
-    print_logs(&mut clients, &job.id, true).await?;
+    print_logs(&mut clients, &job.id, true, None).await?;
     let job = clients
         .jobs
         .get_job(pb::GetJobRequest { job_id: job.id.clone() })
@@ -125,15 +125,19 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
 }
 
 /// Prints a job's logs: its stdout lines to stdout, its stderr lines to stderr.
-async fn print_logs(clients: &mut Clients, job_id: &str, follow: bool) -> Result<()> {
-    let mut lines = clients
-        .logs
-        .get_logs(pb::GetLogsRequest {
-            job_id: job_id.to_string(),
-            follow,
-        })
-        .await?
-        .into_inner();
+/// Prints a job's lines (its last `tail` lines when given), following it with `follow`.
+async fn print_logs(clients: &mut Clients, job_id: &str, follow: bool, tail: Option<u32>) -> Result<()> {
+    let job_id = job_id.to_string();
+    let mut lines = match tail {
+        None => clients.logs.get_logs(pb::GetLogsRequest { job_id, follow }).await?,
+        Some(lines) => {
+            clients
+                .logs
+                .tail_logs(pb::TailLogsRequest { job_id, lines, follow })
+                .await?
+        }
+    }
+    .into_inner();
     let stdout = std::io::stdout();
     let stderr = std::io::stderr();
     while let Some(line) = lines.next().await {
@@ -200,9 +204,9 @@ pub async fn status(job_id: String, output: Output) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn logs(job_id: String, follow: bool) -> Result<ExitCode> {
+pub async fn logs(job_id: String, follow: bool, tail: Option<u32>) -> Result<ExitCode> {
     let mut clients = client::connect(&client::resolve()?).await?;
-    print_logs(&mut clients, &job_id, follow).await?;
+    print_logs(&mut clients, &job_id, follow, tail).await?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -40,11 +40,15 @@ enum Command {
         #[arg(short, long, value_enum, default_value = "table")]
         output: Output,
     },
-    /// Print a job's logs (-f to follow until it ends, --grep to search them).
+    /// Print a job's logs (-f to follow until it ends, --tail N for the last lines, --grep to
+    /// search them).
     Logs {
         job: String,
         #[arg(short, long)]
         follow: bool,
+        /// Only the last N lines (then new ones, with -f).
+        #[arg(short = 'n', long, value_name = "N", conflicts_with = "grep", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+        tail: Option<u32>,
         /// Only lines containing PATTERN.
         #[arg(long, conflicts_with = "follow")]
         grep: Option<String>,
@@ -88,9 +92,10 @@ fn main() -> ExitCode {
             Command::Logs {
                 job,
                 follow,
+                tail,
                 grep: None,
                 ..
-            } => commands::logs(job, follow).await,
+            } => commands::logs(job, follow, tail).await,
             Command::Metrics(args) => metrics::metrics(args).await,
             Command::Stop { job } => commands::stop(job).await,
             Command::Artifacts(command) => data::artifacts(command).await,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import atexit
 import os
 import pathlib
-import queue
 import threading
 import time
 import tomllib
@@ -38,7 +37,13 @@ def _target(address: str) -> str:
 
 
 class Run:
-    """A run whose metrics are being logged: a kiln job, or a run created for this process."""
+    """A run whose metrics are being logged: a kiln job, or a run created for this process.
+
+    `log` appends (key, step, value, time) rows to a list under a lock and returns; a sender
+    thread takes up to `batch_points` rows at a time (or what came within `interval` seconds),
+    turns them into columns and sends them in one WriteMetrics request, which log-ingest answers
+    once they are durable. At most `buffer_points` points wait: beyond that `log` blocks until
+    the sender catches up (back-pressure, never a silent drop)."""
 
     def __init__(
         self,
@@ -52,6 +57,8 @@ class Run:
         interval: float = 1.0,
         buffer_points: int = 100_000,
     ):
+        if batch_points < 1 or buffer_points < batch_points:
+            raise ValueError("batch_points must be at least 1 and buffer_points at least batch_points")
         self.job_id = job_id
         self._metadata = (("authorization", f"Bearer {token}"),)
         self._channel = grpc.insecure_channel(_target(logs_address))
@@ -60,9 +67,14 @@ class Run:
         self._external = external
         self._batch_points = batch_points
         self._interval = interval
-        self._buffer: queue.Queue = queue.Queue(maxsize=buffer_points)
+        self._capacity = buffer_points
+        self._cond = threading.Condition()
+        self._rows: list = []  # (key, step, value, timestamp_ms), oldest first
+        self._logged = 0  # points taken by `log`
+        self._settled = 0  # points sent (durable) or given up on
+        self._flushing = 0
+        self._stopping = False
         self._step = 0
-        self._lock = threading.Lock()
         self._error: BaseException | None = None
         self._finished = False
         self._sender = threading.Thread(target=self._send_loop, name="kiln-metrics", daemon=True)
@@ -70,33 +82,51 @@ class Run:
 
     def log(self, data: Mapping[str, float], step: int | None = None) -> None:
         """Queues the values of `data` at `step` (the previous step + 1 when omitted)."""
-        if self._error is not None:
-            raise RuntimeError("kiln: sending metrics failed") from self._error
-        with self._lock:
-            if step is None:
-                step = self._step
+        now = time.time_ns() // 1_000_000
+        values = [(str(key), float(value)) for key, value in data.items()]
+        with self._cond:
+            if self._error is not None:
+                raise RuntimeError("kiln: sending metrics failed") from self._error
+            if self._stopping:
+                raise RuntimeError("kiln: the run is finished")
+            step = self._step if step is None else int(step)
             self._step = max(self._step, step + 1)
-        now = int(time.time() * 1000)
-        for key, value in data.items():
-            point = log_pb2.MetricPoint(key=str(key), step=int(step), value=float(value), timestamp_ms=now)
-            self._buffer.put(point)  # blocks while the buffer is full: back-pressure, not loss
+            # Back-pressure, not loss: wait while the buffer is full.
+            while self._logged - self._settled >= self._capacity and self._error is None:
+                self._cond.wait()
+            first = not self._rows
+            self._rows.extend([(key, step, value, now) for key, value in values])
+            self._logged += len(values)
+            if first or len(self._rows) >= self._batch_points:
+                self._cond.notify_all()
 
     def flush(self) -> None:
-        """Waits until every queued point is durable."""
-        self._buffer.join()
-        if self._error is not None:
-            raise RuntimeError("kiln: sending metrics failed") from self._error
+        """Waits until every point logged so far is durable."""
+        with self._cond:
+            target = self._logged
+            self._flushing += 1
+            self._cond.notify_all()
+            try:
+                while self._settled < target and self._error is None:
+                    self._cond.wait()
+            finally:
+                self._flushing -= 1
+            if self._error is not None:
+                raise RuntimeError("kiln: sending metrics failed") from self._error
 
     def finish(self, exit_code: int = 0) -> None:
         """Flushes, stops the sender, and ends a run created by `init`."""
         if self._finished:
             return
         self._finished = True
-        self.flush()
-        self._buffer.put(_STOP)
-        self._sender.join()
+        try:
+            self.flush()
+        finally:
+            with self._cond:
+                self._stopping = True
+                self._cond.notify_all()
+            self._sender.join()
         if self._external and self._api_address:
-            _, _, token = _endpoints()
             with grpc.insecure_channel(_target(self._api_address)) as channel:
                 jobs = job_pb2_grpc.JobServiceStub(channel)
                 jobs.FinishRun(job_pb2.FinishRunRequest(job_id=self.job_id, exit_code=exit_code), metadata=self._metadata)
@@ -104,34 +134,50 @@ class Run:
 
     def _send_loop(self) -> None:
         while True:
-            batch, stop = self._take_batch()
-            if batch:
-                try:
-                    self._send(batch)
-                except BaseException as error:  # reported by the next log/flush
-                    self._error = error
-                for _ in batch:
-                    self._buffer.task_done()
-            if stop:
-                self._buffer.task_done()
+            rows = self._take_rows()
+            if rows is None:
                 return
-
-    def _take_batch(self) -> tuple[list, bool]:
-        batch: list = []
-        deadline = time.monotonic() + self._interval
-        while len(batch) < self._batch_points:
-            timeout = deadline - time.monotonic()
             try:
-                item = self._buffer.get(timeout=max(timeout, 0.0)) if batch else self._buffer.get()
-            except queue.Empty:
-                break
-            if item is _STOP:
-                return batch, True
-            batch.append(item)
-        return batch, False
+                self._send(rows)
+            except BaseException as error:  # reported by the next log/flush
+                with self._cond:
+                    self._error = error
+            with self._cond:
+                self._settled += len(rows)
+                self._cond.notify_all()
 
-    def _send(self, points: list) -> None:
-        request = log_pb2.WriteMetricsRequest(job_id=self.job_id, points=points)
+    def _take_rows(self) -> list | None:
+        """The next rows to send: a full batch, or what came within `interval` of its first row,
+        or what there is when someone flushes; None to stop."""
+        with self._cond:
+            deadline = None
+            while not self._stopping:
+                if len(self._rows) >= self._batch_points or (self._rows and self._flushing):
+                    break
+                if not self._rows:
+                    deadline = None
+                    self._cond.wait()
+                    continue
+                if deadline is None:
+                    deadline = time.monotonic() + self._interval
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            if not self._rows or self._error is not None:
+                return None
+            rows = self._rows[: self._batch_points]
+            del self._rows[: self._batch_points]
+            return rows
+
+    def _send(self, rows: list) -> None:
+        keys, steps, values, times = zip(*rows)
+        index: dict = {}
+        key_index = [index.setdefault(key, len(index)) for key in keys]
+        columns = log_pb2.MetricColumns(
+            keys=list(index), key_index=key_index, steps=steps, values=values, timestamps_ms=times
+        )
+        request = log_pb2.WriteMetricsRequest(job_id=self.job_id, columns=columns)
         delay = 0.1
         for attempt in range(8):
             try:

@@ -102,9 +102,10 @@ def test_a_full_buffer_waits_rather_than_drops(up):
     jobs, _, metadata = stubs()
     created = jobs.CreateRun(job_pb2.CreateRunRequest(name="tiny-buffer"), metadata=metadata)
     run = Run(job_id=created.id, logs_address=logs, token=token, api_address=api, external=True,
-              batch_points=50, buffer_points=10, interval=0.01)
+              batch_points=5, buffer_points=10, interval=0.01)
     for step in range(2_000):
         run.log({"x": float(step)}, step=step)
+        assert run._logged - run._settled <= 10, "the buffer holds at most buffer_points points"
     run.finish()
     assert series(created.id, "x", 2_000).total_points == 2_000
 

@@ -121,6 +121,10 @@ pub async fn ensure_streams(js: &jetstream::Context, replicas: usize) -> Result<
     Ok(())
 }
 
+/// The longest log line on `KILN_LOGS`, in bytes: runners cut longer output into pieces of this
+/// size, and WriteLogs refuses longer lines.
+pub const MAX_LOG_LINE_BYTES: usize = 16 * 1024;
+
 /// Publishes a message with a JetStream message id and waits until the stream has stored it.
 /// Publishing the same id again within the duplicate window stores nothing new.
 pub async fn publish(js: &jetstream::Context, subject: String, msg_id: &str, payload: Bytes) -> Result<(), NatsError> {

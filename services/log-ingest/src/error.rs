@@ -14,6 +14,8 @@ pub enum Error {
     PermissionDenied(String),
     #[error("{0}")]
     TooLarge(String),
+    #[error("{0}")]
+    FailedPrecondition(String),
     #[error("log store: {0}")]
     LogStore(String),
     #[error(transparent)]
@@ -36,6 +38,7 @@ impl Error {
             Error::JobNotFound { .. } => ErrorKind::NotFound,
             Error::PermissionDenied(_) => ErrorKind::PermissionDenied,
             Error::TooLarge(_) => ErrorKind::ResourceExhausted,
+            Error::FailedPrecondition(_) => ErrorKind::FailedPrecondition,
             Error::Store(error) => error.kind(),
             Error::Nats(error) => error.kind(),
             Error::LogStore(_) | Error::Bind { .. } | Error::Serve(_) => ErrorKind::Internal,

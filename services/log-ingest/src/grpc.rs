@@ -1,13 +1,15 @@
 //! `LogService`: reading and following a job's lines. Errors become statuses here only.
 
+use std::collections::{HashMap, HashSet};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::Stream;
 use kiln_core::auth::{Principal, Scope, principal, user_principal};
 use kiln_core::ids::{now_ms, parse_id};
 use kiln_core::store::{Store, StoreError};
+use kiln_core::streams::MAX_LOG_LINE_BYTES;
 use kiln_proto::v1 as pb;
 use kiln_proto::v1::log_service_server::LogService;
 use tokio::sync::{broadcast, mpsc};
@@ -15,7 +17,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use crate::error::Error;
-use crate::points::MetricStore;
+use crate::points::{MetricStore, append_columns, check_columns, split_columns};
 use crate::store::{Cursor, LogStore};
 
 impl From<Error> for Status {
@@ -40,6 +42,8 @@ pub struct LogsApi {
     pub(crate) written: broadcast::Sender<String>,
     pub(crate) nats: kiln_core::streams::Nats,
     pub(crate) points: Arc<dyn MetricStore>,
+    /// The metric keys of recently written jobs (see `admit_keys`).
+    pub(crate) known_keys: Arc<Mutex<HashMap<String, HashSet<String>>>>,
 }
 
 /// Largest WriteMetrics request, in bytes.
@@ -48,8 +52,16 @@ pub const MAX_REQUEST_BYTES: usize = 4 << 20;
 pub const MAX_KEY_BYTES: usize = 250;
 /// Most distinct keys one job may write.
 pub const MAX_KEYS_PER_JOB: usize = 10_000;
-/// Points per message published (NATS' default payload limit is 1 MiB).
-const POINTS_PER_MESSAGE: usize = 4096;
+/// Points per message published: about 25 bytes each in columns, well under NATS' default
+/// payload limit of 1 MiB.
+const POINTS_PER_MESSAGE: usize = 16_384;
+/// Jobs whose metric keys are kept in memory, at most (then the cache starts over).
+const KEY_CACHE_JOBS: usize = 1024;
+/// Most lines of one WriteLogs request.
+const MAX_LINES_PER_REQUEST: usize = 10_000;
+/// Default and largest `lines` of TailLogs.
+const DEFAULT_TAIL_LINES: u32 = 10;
+const LARGEST_TAIL_LINES: u32 = 100_000;
 /// Default and largest `max_points` of a query.
 const DEFAULT_MAX_POINTS: usize = 1000;
 const LARGEST_MAX_POINTS: usize = 100_000;
@@ -59,6 +71,7 @@ type LineStream = Pin<Box<dyn Stream<Item = Result<pb::LogLine, Status>> + Send>
 #[tonic::async_trait]
 impl LogService for LogsApi {
     type GetLogsStream = LineStream;
+    type TailLogsStream = LineStream;
 
     #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
     async fn search_logs(
@@ -130,19 +143,130 @@ impl LogService for LogsApi {
         let principal = user_principal(&request)?;
         let request = request.into_inner();
         let job_id = self.visible_job(&principal, &request.job_id).await?.id;
-        let (tx, rx) = mpsc::channel(256);
-        let api = self.clone();
-        let woken = self.written.subscribe();
-        tokio::spawn(async move {
-            if let Err(status) = api.stream_lines(&job_id, request.follow, woken, &tx).await {
-                let _ = tx.send(Err(status)).await;
-            }
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Response::new(self.spawn_lines(
+            job_id,
+            Cursor::default(),
+            request.follow,
+        )))
+    }
+
+    #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
+    async fn tail_logs(&self, request: Request<pb::TailLogsRequest>) -> Result<Response<Self::TailLogsStream>, Status> {
+        let principal = user_principal(&request)?;
+        let request = request.into_inner();
+        let job_id = self.visible_job(&principal, &request.job_id).await?.id;
+        let lines = match request.lines {
+            0 => DEFAULT_TAIL_LINES,
+            n => n.min(LARGEST_TAIL_LINES),
+        };
+        let from = self.logs.tail_cursor(&job_id, lines).await.map_err(Status::from)?;
+        Ok(Response::new(self.spawn_lines(job_id, from, request.follow)))
+    }
+
+    #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
+    async fn write_logs(
+        &self,
+        request: Request<pb::WriteLogsRequest>,
+    ) -> Result<Response<pb::WriteLogsResponse>, Status> {
+        let principal = principal(&request)?;
+        let accepted = self.write_logs(&principal, request.into_inner()).await?;
+        Ok(Response::new(pb::WriteLogsResponse { accepted }))
     }
 }
 
 impl LogsApi {
+    /// Streams a job's lines after `from` from a task of their own.
+    fn spawn_lines(&self, job_id: String, from: Cursor, follow: bool) -> LineStream {
+        let (tx, rx) = mpsc::channel(256);
+        let api = self.clone();
+        let woken = self.written.subscribe();
+        tokio::spawn(async move {
+            if let Err(status) = api.stream_lines(&job_id, from, follow, woken, &tx).await {
+                let _ = tx.send(Err(status)).await;
+            }
+        });
+        Box::pin(ReceiverStream::new(rx))
+    }
+
+    /// Publishes lines for a job that has not ended, one record each, under message ids made of
+    /// the writer's name and line numbers (so a retried request is stored once).
+    async fn write_logs(&self, principal: &Principal, request: pb::WriteLogsRequest) -> Result<u32, Error> {
+        use prost::Message;
+        let size = request.encoded_len();
+        if size > MAX_REQUEST_BYTES {
+            return Err(Error::TooLarge(format!(
+                "the request is {size} bytes; the limit is {MAX_REQUEST_BYTES} bytes (4 MiB): send fewer lines at a time"
+            )));
+        }
+        if request.lines.len() > MAX_LINES_PER_REQUEST {
+            return Err(Error::TooLarge(format!(
+                "{} lines in one request; the limit is {MAX_LINES_PER_REQUEST}",
+                request.lines.len()
+            )));
+        }
+        if request.writer.len() > MAX_KEY_BYTES || request.writer.contains(['.', '*', '>', ' ']) {
+            return Err(Error::InvalidArgument(format!(
+                "writer {:?} must be at most {MAX_KEY_BYTES} bytes without '.', '*', '>' or spaces",
+                request.writer.chars().take(40).collect::<String>()
+            )));
+        }
+        if let Some((n, line)) = request
+            .lines
+            .iter()
+            .enumerate()
+            .find(|(_, line)| line.text.len() > MAX_LOG_LINE_BYTES)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "line {n} is {} bytes; the limit is {MAX_LOG_LINE_BYTES} bytes (16 KiB): split it",
+                line.text.len()
+            )));
+        }
+        let job = self.visible_job(principal, &request.job_id).await?;
+        let state = job.state()?;
+        if state.is_terminal() {
+            return Err(Error::FailedPrecondition(format!(
+                "job {} has ended ({state}); its log takes no more lines",
+                job.id
+            )));
+        }
+        let subject = kiln_core::subjects::logs(&job.id);
+        let now = now_ms();
+        let accepted = u32::try_from(request.lines.len()).unwrap_or(u32::MAX);
+        let mut acks = Vec::with_capacity(request.lines.len());
+        for (n, line) in request.lines.into_iter().enumerate() {
+            let record = pb::LogRecord {
+                job_id: job.id.clone(),
+                attempt: job.attempt,
+                seq: 0,
+                stream: match line.stream {
+                    0 => pb::LogStream::Stdout as i32,
+                    stream => stream,
+                },
+                timestamp_ms: if line.timestamp_ms == 0 { now } else { line.timestamp_ms },
+                text: line.text,
+                end: false,
+            };
+            let msg_id = match request.writer.as_str() {
+                "" => kiln_core::ids::new_id(),
+                writer => format!("{}:w:{writer}:{}", job.id, request.first_index + n as u64),
+            };
+            let publish = async_nats::jetstream::message::PublishMessage::build()
+                .payload(record.encode_to_vec().into())
+                .message_id(msg_id);
+            acks.push(
+                self.nats
+                    .jetstream
+                    .send_publish(subject.clone(), publish)
+                    .await
+                    .map_err(publish_error(&subject))?,
+            );
+        }
+        for ack in acks {
+            ack.await.map_err(publish_error(&subject))?;
+        }
+        Ok(accepted)
+    }
+
     /// Reads a job the caller may see (owner or admin); others' jobs read as not found.
     async fn visible_job(&self, principal: &Principal, job_id: &str) -> Result<kiln_core::store::JobRecord, Error> {
         let job_id = parse_id("job", job_id).map_err(Error::InvalidArgument)?;
@@ -240,46 +364,37 @@ impl LogsApi {
             )));
         }
         let job = self.visible_job(principal, &request.job_id).await?;
-        for point in &request.points {
-            if point.key.is_empty() || point.key.len() > MAX_KEY_BYTES || point.key.chars().any(char::is_control) {
-                return Err(Error::InvalidArgument(format!(
-                    "metric key {:?} is {} bytes; keys are 1 to {MAX_KEY_BYTES} bytes without control characters",
-                    point.key.chars().take(40).collect::<String>(),
-                    point.key.len()
-                )));
-            }
-        }
-        let known = self.points.keys(&job.id).await?;
-        let mut new_keys: Vec<&str> = request
+        let columns = request.columns.unwrap_or_default();
+        check_columns(&columns).map_err(Error::InvalidArgument)?;
+        let mut keys: Vec<&str> = request
             .points
             .iter()
             .map(|p| p.key.as_str())
-            .filter(|key| known.binary_search_by(|k| k.as_str().cmp(key)).is_err())
+            .chain(columns.keys.iter().map(String::as_str))
             .collect();
-        new_keys.sort_unstable();
-        new_keys.dedup();
-        if known.len() + new_keys.len() > MAX_KEYS_PER_JOB {
-            return Err(Error::TooLarge(format!(
-                "job {} would have {} metric keys; the limit is {MAX_KEYS_PER_JOB} keys per job",
-                job.id,
-                known.len() + new_keys.len()
-            )));
-        }
-        let now = kiln_core::ids::now_ms();
-        let mut points = request.points;
-        for point in &mut points {
-            if point.timestamp_ms == 0 {
-                point.timestamp_ms = now;
+        keys.sort_unstable();
+        keys.dedup();
+        for key in &keys {
+            if key.is_empty() || key.len() > MAX_KEY_BYTES || key.chars().any(char::is_control) {
+                return Err(Error::InvalidArgument(format!(
+                    "metric key {:?} is {} bytes; keys are 1 to {MAX_KEY_BYTES} bytes without control characters",
+                    key.chars().take(40).collect::<String>(),
+                    key.len()
+                )));
             }
         }
-        let accepted = u32::try_from(points.len()).unwrap_or(u32::MAX);
+        self.admit_keys(&job.id, &keys).await?;
+        let mut all = pb::MetricColumns::default();
+        append_columns(&mut all, request.points, columns, kiln_core::ids::now_ms());
+        let accepted = u32::try_from(all.steps.len()).unwrap_or(u32::MAX);
         // Answered once durable: every part is acknowledged by JetStream. Points are keyed by
         // (job, key, step), so a retried request stores nothing twice.
-        for chunk in points.chunks(POINTS_PER_MESSAGE) {
+        for part in split_columns(&all, POINTS_PER_MESSAGE) {
             let batch = pb::MetricBatch {
                 job_id: job.id.clone(),
                 attempt: job.attempt,
-                points: chunk.to_vec(),
+                points: Vec::new(),
+                columns: Some(part),
             };
             let msg_id = kiln_core::ids::new_id();
             kiln_core::streams::publish(
@@ -291,6 +406,38 @@ impl LogsApi {
             .await?;
         }
         Ok(accepted)
+    }
+
+    /// Refuses keys that would take a job over [`MAX_KEYS_PER_JOB`]. The keys a job has are read
+    /// from the store once, then kept in memory (for a bounded number of jobs): another replica's
+    /// new keys are seen when this one reads the job again.
+    async fn admit_keys(&self, job_id: &str, keys: &[&str]) -> Result<(), Error> {
+        let cached = {
+            let known = self.known_keys.lock().expect("the key cache is never poisoned");
+            known.get(job_id).map(|set| keys.iter().all(|key| set.contains(*key)))
+        };
+        if cached == Some(true) {
+            return Ok(());
+        }
+        if cached.is_none() {
+            let stored: HashSet<String> = self.points.keys(job_id).await?.into_iter().collect();
+            let mut known = self.known_keys.lock().expect("the key cache is never poisoned");
+            if known.len() >= KEY_CACHE_JOBS {
+                known.clear();
+            }
+            known.entry(job_id.to_string()).or_default().extend(stored);
+        }
+        let mut known = self.known_keys.lock().expect("the key cache is never poisoned");
+        let set = known.entry(job_id.to_string()).or_default();
+        let new = keys.iter().filter(|key| !set.contains(**key)).count();
+        if set.len() + new > MAX_KEYS_PER_JOB {
+            return Err(Error::TooLarge(format!(
+                "job {job_id} would have {} metric keys; the limit is {MAX_KEYS_PER_JOB} keys per job",
+                set.len() + new
+            )));
+        }
+        set.extend(keys.iter().map(|key| (*key).to_string()));
+        Ok(())
     }
 
     /// The keys to read of a job: those asked for, or all it has.
@@ -359,11 +506,12 @@ impl LogsApi {
     async fn stream_lines(
         &self,
         job_id: &str,
+        from: Cursor,
         follow: bool,
         mut woken: broadcast::Receiver<String>,
         tx: &mpsc::Sender<Result<pb::LogLine, Status>>,
     ) -> Result<(), Status> {
-        let mut cursor = Cursor::default();
+        let mut cursor = from;
         let mut ended_attempt = 0;
         // The job's state changes wake a follower too: its end comes after its last line.
         let mut job_events = match follow {
@@ -429,6 +577,17 @@ async fn next_event(events: &mut Option<async_nats::Subscriber>) -> Option<async
     match events {
         Some(events) => events.next().await,
         None => std::future::pending().await,
+    }
+}
+
+fn publish_error(
+    subject: &str,
+) -> impl Fn(async_nats::error::Error<async_nats::jetstream::context::PublishErrorKind>) -> Error + '_ {
+    move |error| {
+        Error::Nats(kiln_core::streams::NatsError::Publish {
+            subject: subject.to_string(),
+            message: error.to_string(),
+        })
     }
 }
 

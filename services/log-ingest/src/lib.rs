@@ -108,6 +108,7 @@ impl LogIngest {
             written,
             nats: self.nats.clone(),
             points: self.points.clone(),
+            known_keys: Default::default(),
         };
         tracing::info!(addr = %self.local_addr(), "log-ingest serving");
         let served = tonic::transport::Server::builder()

@@ -1,7 +1,8 @@
 //! Where log lines are kept: [`LogStore`], and its embedded SQLite implementation.
 //!
-//! Lines are keyed by (job, attempt, seq): writing a line again changes nothing, so JetStream
-//! redelivery never duplicates a line.
+//! Lines are keyed by (job, attempt, seq), where seq is the line's sequence in the `KILN_LOGS`
+//! stream: writing a line again changes nothing, so JetStream redelivery never duplicates a line,
+//! and lines of several writers (the runner, WriteLogs) interleave in arrival order.
 
 use std::path::Path;
 
@@ -37,6 +38,8 @@ pub trait LogStore: Send + Sync + 'static {
     async fn append(&self, lines: &[StoredLine]) -> Result<()>;
     /// Returns up to `limit` lines of a job after `after`, in (attempt, seq) order.
     async fn read(&self, job_id: &str, after: Cursor, limit: u32) -> Result<Vec<StoredLine>>;
+    /// The cursor to read a job's last `lines` lines from (end markers do not count).
+    async fn tail_cursor(&self, job_id: &str, lines: u32) -> Result<Cursor>;
 }
 
 /// Rows per INSERT statement (7 parameters each, well under SQLite's limit).
@@ -134,6 +137,22 @@ impl LogStore for SqliteLogStore {
             })
             .collect()
     }
+
+    async fn tail_cursor(&self, job_id: &str, lines: u32) -> Result<Cursor> {
+        let statement = Statement::from_sql_and_values(
+            DbBackend::Sqlite,
+            "SELECT attempt, seq FROM log_lines WHERE job_id = ? AND is_end = 0
+             ORDER BY attempt DESC, seq DESC LIMIT 1 OFFSET ?",
+            [job_id.into(), i64::from(lines).into()],
+        );
+        match self.db.query_one_raw(statement).await? {
+            Some(row) => Ok(Cursor {
+                attempt: row.try_get("", "attempt")?,
+                seq: row.try_get("", "seq")?,
+            }),
+            None => Ok(Cursor::default()),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -179,5 +198,17 @@ mod tests {
             ["line 1200", "retry"]
         );
         assert!(store.read("nope", Cursor::default(), 10).await.unwrap().is_empty());
+
+        let tail = store.tail_cursor("j1", 2).await.unwrap();
+        let last: Vec<String> = store
+            .read("j1", tail, 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|l| l.text)
+            .collect();
+        assert_eq!(last, ["line 1200", "retry"]);
+        assert_eq!(store.tail_cursor("j1", 5000).await.unwrap(), Cursor::default());
+        assert_eq!(store.tail_cursor("nope", 3).await.unwrap(), Cursor::default());
     }
 }

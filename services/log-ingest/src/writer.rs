@@ -1,6 +1,7 @@
 //! The durable intake: takes records from a JetStream stream in batches (one durable consumer
 //! per stream, shared by every replica), writes each batch in one store write, then acks it. A
-//! crash before the ack means redelivery, and the stores' keys make that harmless.
+//! crash before the ack means redelivery, and the stores' keys make that harmless: a point is
+//! keyed by (job, key, step), a line by (job, attempt, stream sequence).
 //!
 //! [`LogWriter`] takes `KILN_LOGS` into the log store and wakes the followers of the jobs it
 //! wrote; [`MetricWriter`] takes `KILN_METRICS` into the metric store.
@@ -19,7 +20,7 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
-use crate::points::{MetricStore, Point};
+use crate::points::MetricStore;
 use crate::store::{LogStore, StoredLine};
 
 fn nats_error(error: impl std::fmt::Display) -> Error {
@@ -45,10 +46,18 @@ pub const METRICS: Intake = Intake {
     filter: subjects::METRICS_ALL,
 };
 
-/// Writes one batch of payloads to a store.
+/// A message taken from the stream: its stream sequence (the same on every redelivery) and
+/// payload.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub stream_seq: u64,
+    pub payload: Bytes,
+}
+
+/// Writes one batch of messages to a store.
 #[async_trait::async_trait]
 pub trait BatchWriter: Send + Sync + 'static {
-    async fn write(&self, payloads: &[Bytes]) -> Result<()>;
+    async fn write(&self, messages: &[Received]) -> Result<()>;
 }
 
 /// Consumes `intake` until shutdown, restarting the consumer after failures.
@@ -107,8 +116,17 @@ async fn consume(
         if messages.is_empty() {
             continue;
         }
-        let payloads: Vec<Bytes> = messages.iter().map(|m| m.payload.clone()).collect();
-        writer.write(&payloads).await?;
+        let received = messages
+            .iter()
+            .map(|m| {
+                let info = m.info().map_err(nats_error)?;
+                Ok(Received {
+                    stream_seq: info.stream_sequence,
+                    payload: m.payload.clone(),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        writer.write(&received).await?;
         for message in &messages {
             message.ack().await.map_err(nats_error)?;
         }
@@ -124,14 +142,14 @@ pub struct LogWriter {
 
 #[async_trait::async_trait]
 impl BatchWriter for LogWriter {
-    async fn write(&self, payloads: &[Bytes]) -> Result<()> {
-        let mut lines = Vec::with_capacity(payloads.len());
-        for payload in payloads {
-            match LogRecord::decode(payload.as_ref()) {
+    async fn write(&self, messages: &[Received]) -> Result<()> {
+        let mut lines = Vec::with_capacity(messages.len());
+        for message in messages {
+            match LogRecord::decode(message.payload.as_ref()) {
                 Ok(record) => lines.push(StoredLine {
                     job_id: record.job_id,
                     attempt: record.attempt,
-                    seq: i64::try_from(record.seq).unwrap_or(i64::MAX),
+                    seq: i64::try_from(message.stream_seq).unwrap_or(i64::MAX),
                     stream: record.stream,
                     timestamp_ms: record.timestamp_ms,
                     text: record.text,
@@ -159,17 +177,11 @@ pub struct MetricWriter {
 
 #[async_trait::async_trait]
 impl BatchWriter for MetricWriter {
-    async fn write(&self, payloads: &[Bytes]) -> Result<()> {
+    async fn write(&self, messages: &[Received]) -> Result<()> {
         let mut points = Vec::new();
-        for payload in payloads {
-            match MetricBatch::decode(payload.as_ref()) {
-                Ok(batch) => points.extend(batch.points.into_iter().map(|p| Point {
-                    job_id: batch.job_id.clone(),
-                    key: p.key,
-                    step: p.step,
-                    value: p.value,
-                    timestamp_ms: p.timestamp_ms,
-                })),
+        for message in messages {
+            match MetricBatch::decode(message.payload.as_ref()) {
+                Ok(batch) => points.extend(crate::points::points_of(batch)),
                 Err(error) => tracing::warn!(error = %error, "dropping a malformed metric batch"),
             }
         }

@@ -65,6 +65,7 @@ pub(crate) async fn collect(ctx: Context, instance: Instance, gpu_devices: Vec<u
             job_id: instance.job_id.clone(),
             attempt: instance.attempt,
             points,
+            columns: None,
         };
         let msg_id = format!("{}:{}:sys:{step}", instance.job_id, instance.attempt);
         let payload = Bytes::from(batch.encode_to_vec());

@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use async_nats::jetstream::context::PublishAckFuture;
 use futures::StreamExt;
 use kiln_core::ids::now_ms;
-use kiln_core::streams::{Nats, NatsError};
+use kiln_core::streams::{MAX_LOG_LINE_BYTES, Nats, NatsError};
 use kiln_core::subjects;
 use kiln_proto::v1::{LogRecord, LogStream};
 use prost::Message;
@@ -21,8 +21,6 @@ use tokio::task::JoinHandle;
 
 /// Publishes awaiting their acks at most.
 const IN_FLIGHT: usize = 256;
-/// Longer lines are cut into pieces of this many bytes.
-const MAX_LINE_BYTES: usize = 16 * 1024;
 
 /// Ships lines of one attempt of a job.
 pub struct LogShipper {
@@ -76,7 +74,7 @@ impl LogShipper {
     }
 }
 
-/// Cuts a byte stream into lines; a line longer than [`MAX_LINE_BYTES`] is cut into pieces.
+/// Cuts a byte stream into lines; a line longer than [`MAX_LOG_LINE_BYTES`] is cut into pieces.
 #[derive(Default)]
 struct LineSplitter {
     partial: Vec<u8>,
@@ -91,7 +89,7 @@ impl LineSplitter {
                 self.partial.clear();
             } else {
                 self.partial.push(byte);
-                if self.partial.len() == MAX_LINE_BYTES {
+                if self.partial.len() == MAX_LOG_LINE_BYTES {
                     lines.push(String::from_utf8_lossy(&self.partial).into_owned());
                     self.partial.clear();
                 }
@@ -174,7 +172,7 @@ mod tests {
         assert_eq!(splitter.push(b"c\n\nd"), ["bc", ""]);
         assert_eq!(splitter.finish().as_deref(), Some("d"));
         let mut long = LineSplitter::default();
-        let lines = long.push(&vec![b'x'; MAX_LINE_BYTES + 5]);
+        let lines = long.push(&vec![b'x'; MAX_LOG_LINE_BYTES + 5]);
         assert_eq!(lines.len(), 1);
         assert_eq!(long.finish().unwrap().len(), 5);
     }

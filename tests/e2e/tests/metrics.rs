@@ -74,6 +74,7 @@ mod write_and_query {
         let request = pb::WriteMetricsRequest {
             job_id: job_id.into(),
             points,
+            columns: None,
         };
         Ok(stack
             .logs_as(token)
@@ -178,6 +179,63 @@ mod write_and_query {
     }
 
     #[tokio::test]
+    async fn columns_are_checked_and_stored_with_rows() {
+        let stack = Stack::start_without_runner().await;
+        let job = stack.submit(&["true"]).await;
+        let send = |points: Vec<pb::MetricPoint>, columns: pb::MetricColumns| pb::WriteMetricsRequest {
+            job_id: job.id.clone(),
+            points,
+            columns: Some(columns),
+        };
+        let columns = pb::MetricColumns {
+            keys: vec!["a".into(), "b".into()],
+            key_index: vec![0, 1, 0, 1],
+            steps: vec![0, 0, 1, 1],
+            values: vec![1.0, 2.0, f64::NAN, 4.0],
+            timestamps_ms: vec![],
+        };
+        let mut client = stack.logs_client().await;
+        let accepted = client
+            .write_metrics(send(points("a", 2..4, |s| s as f64), columns.clone()))
+            .await
+            .unwrap()
+            .into_inner()
+            .accepted;
+        assert_eq!(accepted, 6);
+        let a = query(&stack, &job.id, "a", 100, 4).await;
+        let steps: Vec<i64> = a.points.iter().map(|p| p.step).collect();
+        assert_eq!(steps, [0, 1, 2, 3]);
+        assert!(a.points[1].value.is_nan());
+        assert!(
+            a.points.iter().all(|p| p.timestamp_ms > 0),
+            "the server dates undated points"
+        );
+        let b = query(&stack, &job.id, "b", 100, 2).await;
+        assert_eq!(b.points.iter().map(|p| p.value).collect::<Vec<_>>(), [2.0, 4.0]);
+
+        let short = pb::MetricColumns {
+            values: vec![1.0],
+            ..columns.clone()
+        };
+        let status = client.write_metrics(send(vec![], short)).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert!(status.message().contains("differ in length"), "{status:?}");
+        let out_of_range = pb::MetricColumns {
+            key_index: vec![0, 1, 2, 1],
+            ..columns.clone()
+        };
+        let status = client.write_metrics(send(vec![], out_of_range)).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert!(status.message().contains("key index 2"), "{status:?}");
+        let bad_times = pb::MetricColumns {
+            timestamps_ms: vec![1],
+            ..columns
+        };
+        let status = client.write_metrics(send(vec![], bad_times)).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument);
+    }
+
+    #[tokio::test]
     async fn a_job_token_writes_its_own_job_only() {
         let stack = Stack::start_without_runner().await;
         let job = stack.submit(&["true"]).await;
@@ -235,6 +293,25 @@ mod write_and_query {
         assert_eq!(status.code(), Code::ResourceExhausted);
         assert!(status.message().contains("10000 keys per job"), "{status:?}");
 
+        // The limit counts the keys of earlier requests too.
+        let keys = |range: std::ops::Range<usize>| -> Vec<pb::MetricPoint> {
+            range
+                .map(|n| pb::MetricPoint {
+                    key: format!("k{n}"),
+                    step: 0,
+                    value: 1.0,
+                    timestamp_ms: 0,
+                })
+                .collect()
+        };
+        write(&stack, &stack.token, &job.id, keys(0..9_999)).await.unwrap();
+        let status = write(&stack, &stack.token, &job.id, keys(9_998..10_001))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+        assert!(status.message().contains("10001 metric keys"), "{status:?}");
+        write(&stack, &stack.token, &job.id, keys(9_990..10_000)).await.unwrap();
+
         let status = write(
             &stack,
             &stack.token,
@@ -290,6 +367,7 @@ mod streaming {
                         timestamp_ms: 0,
                     })
                     .collect(),
+                columns: None,
             })
             .collect();
         let response = stack

@@ -1,0 +1,177 @@
+//! WriteLogs and TailLogs: lines written by a job's own code join its log, once; the tail of a
+//! log comes back in order.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use kiln_core::auth::Scope;
+use kiln_e2e::{PATIENCE, Stack};
+use kiln_proto::v1 as pb;
+use tonic::Code;
+
+fn entries(texts: &[&str]) -> Vec<pb::LogEntry> {
+    texts
+        .iter()
+        .map(|text| pb::LogEntry {
+            stream: 0,
+            timestamp_ms: 0,
+            text: (*text).into(),
+        })
+        .collect()
+}
+
+/// Reads a job's lines until there are `n` of them.
+async fn lines_eventually(stack: &Stack, job_id: &str, n: usize) -> Vec<pb::LogLine> {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let lines = stack.log_lines(job_id, false).await;
+        if lines.len() >= n {
+            return lines;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "only {} of {n} lines arrived",
+            lines.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn tail(stack: &Stack, job_id: &str, lines: u32) -> Vec<String> {
+    let mut stream = stack
+        .logs_client()
+        .await
+        .tail_logs(pb::TailLogsRequest {
+            job_id: job_id.into(),
+            lines,
+            follow: false,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut out = Vec::new();
+    while let Some(line) = stream.next().await {
+        out.push(line.unwrap().text);
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_job_token_writes_lines_once_and_only_to_its_own_job() {
+    let stack = Stack::start_without_runner().await;
+    let job = stack.submit(&["true"]).await;
+    let other = stack.submit(&["true"]).await;
+    let owner = stack.store.job(&job.id).await.unwrap().owner_id;
+    let token = stack
+        .store
+        .create_token(&owner, "job", Scope::Job(job.id.clone()))
+        .await
+        .unwrap()
+        .token;
+    let write = |job_id: &str, first_index: u64, texts: &[&str]| pb::WriteLogsRequest {
+        job_id: job_id.into(),
+        writer: "trainer-0".into(),
+        first_index,
+        lines: entries(texts),
+    };
+    let mut logs = stack.logs_as(&token).await;
+    let accepted = logs
+        .write_logs(write(&job.id, 0, &["epoch 1", "epoch 2"]))
+        .await
+        .unwrap()
+        .into_inner()
+        .accepted;
+    assert_eq!(accepted, 2);
+    // A retry of the same lines, then the next ones.
+    logs.write_logs(write(&job.id, 0, &["epoch 1", "epoch 2"]))
+        .await
+        .unwrap();
+    logs.write_logs(write(&job.id, 2, &["epoch 3"])).await.unwrap();
+    let lines = lines_eventually(&stack, &job.id, 3).await;
+    let texts: Vec<&str> = lines.iter().map(|l| l.text.as_str()).collect();
+    assert_eq!(texts, ["epoch 1", "epoch 2", "epoch 3"]);
+    assert!(
+        lines
+            .iter()
+            .all(|l| l.stream == pb::LogStream::Stdout as i32 && l.timestamp_ms > 0)
+    );
+    assert_eq!(tail(&stack, &job.id, 2).await, ["epoch 2", "epoch 3"]);
+
+    let status = logs.write_logs(write(&other.id, 0, &["x"])).await.unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    let long = "x".repeat(16 * 1024 + 1);
+    let status = logs.write_logs(write(&job.id, 9, &[&long])).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(status.message().contains("16 KiB"), "{status:?}");
+    let mut bad_writer = write(&job.id, 9, &["x"]);
+    bad_writer.writer = "a.b".into();
+    let status = logs.write_logs(bad_writer).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+
+    stack
+        .jobs()
+        .await
+        .stop_job(pb::StopJobRequest { job_id: job.id.clone() })
+        .await
+        .unwrap();
+    stack.wait_for_state(&job.id, pb::JobState::Stopped).await;
+    let status = logs.write_logs(write(&job.id, 3, &["late"])).await.unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert_eq!(stack.log_lines(&job.id, false).await.len(), 3);
+}
+
+#[tokio::test]
+async fn tail_gives_the_last_lines_then_follows_to_the_end() {
+    let stack = Stack::start().await;
+    let job = stack
+        .submit(&[
+            "sh",
+            "-c",
+            "i=1; while [ $i -le 200 ]; do echo line $i; i=$((i+1)); done; sleep 1; echo last",
+        ])
+        .await;
+    // Follow from the tail while the job runs: the stream ends with the job, at its last line.
+    lines_eventually(&stack, &job.id, 200).await;
+    let mut stream = stack
+        .logs_client()
+        .await
+        .tail_logs(pb::TailLogsRequest {
+            job_id: job.id.clone(),
+            lines: 3,
+            follow: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut followed = Vec::new();
+    while let Some(line) = tokio::time::timeout(PATIENCE, stream.next())
+        .await
+        .expect("the tail stalled")
+    {
+        followed.push(line.unwrap().text);
+    }
+    // Three lines of the tail, plus "last" when it came after the tail was read.
+    let mut all: Vec<String> = (1..=200).map(|i| format!("line {i}")).collect();
+    all.push("last".into());
+    assert!((3..=4).contains(&followed.len()), "{followed:?}");
+    assert_eq!(
+        followed,
+        all[all.len() - followed.len()..],
+        "the tail, in order, to the end"
+    );
+
+    assert_eq!(tail(&stack, &job.id, 2).await, ["line 200", "last"]);
+    assert_eq!(tail(&stack, &job.id, 0).await.len(), 10, "0 means 10 lines");
+    assert_eq!(tail(&stack, &job.id, 1000).await.len(), 201);
+    let status = stack
+        .logs_client()
+        .await
+        .tail_logs(pb::TailLogsRequest {
+            job_id: kiln_core::ids::new_id(),
+            lines: 1,
+            follow: false,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::NotFound);
+}
