@@ -104,7 +104,7 @@ def kiln_rate(args, count, extra_flags, label):
     home = tempfile.mkdtemp(prefix="kiln-bench-")
     env = {**os.environ, "KILN_HOME": home, "KILN_LOG": "warn"}
     up = subprocess.Popen([args.kiln, "up", "--provider", "process", "--api-addr", "127.0.0.1:0",
-                           "--logs-addr", "127.0.0.1:0", *extra_flags], env=env,
+                           "--logs-addr", "127.0.0.1:0", "--batch-addr", "127.0.0.1:0", *extra_flags], env=env,
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     credentials = pathlib.Path(home) / "credentials.toml"
     while not credentials.exists():

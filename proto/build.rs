@@ -2,7 +2,12 @@
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
-    let protos = ["kiln/v1/job.proto", "kiln/v1/artifact.proto", "kiln/v1/log.proto"];
+    let protos = [
+        "kiln/v1/job.proto",
+        "kiln/v1/artifact.proto",
+        "kiln/v1/log.proto",
+        "kiln/v1/batch.proto",
+    ];
     for proto in &protos {
         println!("cargo:rerun-if-changed={proto}");
     }

@@ -152,7 +152,14 @@ async fn main() -> Result<()> {
     let home = tempfile::tempdir()?;
     let mut up = Command::new(&args.kiln)
         .args(["up", "--provider", "docker", "--docker-host", &args.docker_host])
-        .args(["--api-addr", "127.0.0.1:0", "--logs-addr", "127.0.0.1:0"])
+        .args([
+            "--api-addr",
+            "127.0.0.1:0",
+            "--logs-addr",
+            "127.0.0.1:0",
+            "--batch-addr",
+            "127.0.0.1:0",
+        ])
         .env("KILN_HOME", home.path())
         .env("KILN_LOG", "warn")
         .stdout(Stdio::null())

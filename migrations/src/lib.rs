@@ -7,6 +7,7 @@ use sea_orm_migration::prelude::*;
 
 mod m0001_initial;
 mod m0002_images_and_datasets;
+mod m0003_batches;
 
 /// Migrator lists every migration in order.
 pub struct Migrator;
@@ -17,6 +18,7 @@ impl MigratorTrait for Migrator {
         vec![
             Box::new(m0001_initial::Migration),
             Box::new(m0002_images_and_datasets::Migration),
+            Box::new(m0003_batches::Migration),
         ]
     }
 }

@@ -1,11 +1,13 @@
 //! Finding and talking to a kiln endpoint: credentials from `KILN_HOME/credentials.toml`
-//! (written by `kiln up`), overridden by `KILN_ADDR`, `KILN_LOGS_ADDR` and `KILN_TOKEN`.
+//! (written by `kiln up`), overridden by `KILN_ADDR`, `KILN_LOGS_ADDR`, `KILN_BATCH_ADDR` and
+//! `KILN_TOKEN`.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use kiln_core::auth::BearerInterceptor;
 use kiln_proto::v1::artifact_service_client::ArtifactServiceClient;
+use kiln_proto::v1::batch_service_client::BatchServiceClient;
 use kiln_proto::v1::dataset_service_client::DatasetServiceClient;
 use kiln_proto::v1::job_service_client::JobServiceClient;
 use kiln_proto::v1::log_service_client::LogServiceClient;
@@ -18,6 +20,9 @@ use tonic::transport::{Channel, Endpoint};
 pub struct Credentials {
     pub api: String,
     pub logs: String,
+    /// item-batch (BatchService); files written before batches existed have none.
+    #[serde(default)]
+    pub batches: String,
     pub token: String,
 }
 
@@ -74,9 +79,13 @@ pub fn resolve() -> Result<Credentials> {
     let logs = env("KILN_LOGS_ADDR")
         .or_else(|| file.as_ref().map(|f| f.logs.clone()))
         .unwrap_or_else(|| api.clone());
+    let batches = env("KILN_BATCH_ADDR")
+        .or_else(|| file.as_ref().map(|f| f.batches.clone()).filter(|b| !b.is_empty()))
+        .unwrap_or_else(|| api.clone());
     Ok(Credentials {
         api: normalize(&api),
         logs: normalize(&logs),
+        batches: normalize(&batches),
         token,
     })
 }
@@ -97,6 +106,7 @@ pub struct Clients {
     pub artifacts: ArtifactServiceClient<Authed>,
     pub datasets: DatasetServiceClient<Authed>,
     pub logs: LogServiceClient<Authed>,
+    pub batches: BatchServiceClient<Authed>,
 }
 
 async fn channel(addr: &str) -> Result<Channel> {
@@ -115,8 +125,14 @@ pub async fn connect(credentials: &Credentials) -> Result<Clients> {
     } else {
         channel(&credentials.logs).await?
     };
+    let batches = if credentials.batches == credentials.api {
+        api.clone()
+    } else {
+        channel(&credentials.batches).await?
+    };
     let auth = BearerInterceptor::new(&credentials.token);
     Ok(Clients {
+        batches: BatchServiceClient::with_interceptor(batches, auth.clone()).max_encoding_message_size(16 << 20),
         jobs: JobServiceClient::with_interceptor(api.clone(), auth.clone()),
         datasets: DatasetServiceClient::with_interceptor(api.clone(), auth.clone()),
         artifacts: ArtifactServiceClient::with_interceptor(api, auth.clone())

@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod batch;
 mod client;
 mod commands;
 mod data;
@@ -66,6 +67,9 @@ enum Command {
     /// Datasets: named, immutable data that jobs mount read-only.
     #[command(subcommand)]
     Dataset(data::DatasetCommand),
+    /// Batches: a command run once per item, by workers that scale with the backlog.
+    #[command(subcommand)]
+    Batch(batch::BatchCommand),
 }
 
 fn main() -> ExitCode {
@@ -100,6 +104,7 @@ fn main() -> ExitCode {
             Command::Stop { job } => commands::stop(job).await,
             Command::Artifacts(command) => data::artifacts(command).await,
             Command::Dataset(command) => data::dataset(command).await,
+            Command::Batch(command) => batch::batch(command).await,
         }
     });
     match result {

@@ -29,6 +29,9 @@ pub struct UpArgs {
     /// Address of log-ingest.
     #[arg(long, default_value = "127.0.0.1:7071")]
     pub logs_addr: SocketAddr,
+    /// Address of item-batch (BatchService, and the agents of batch workers).
+    #[arg(long, default_value = "127.0.0.1:7075")]
+    pub batch_addr: SocketAddr,
     /// Use this NATS server (with JetStream) instead of starting one.
     #[arg(long)]
     pub nats_url: Option<String>,
@@ -258,9 +261,9 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str) -> Result<()> {
     .await?;
     let runner = kiln_runner::Runner::bind(kiln_runner::Config {
         grpc: ephemeral.clone(),
-        database,
-        nats,
-        objects,
+        database: database.clone(),
+        nats: nats.clone(),
+        objects: objects.clone(),
         work_dir: home.join("work"),
         stop_grace_period_ms: args.grace_period * 1000,
         api_url: format!("http://{api_addr}"),
@@ -288,7 +291,17 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str) -> Result<()> {
         "docker" => format!("docker (engine at {engine}; jobs need --image)"),
         other => format!("{other} (jobs run as local processes; no Docker engine answered)"),
     };
-    let batches = kiln_item_batch::ItemBatch::bind(kiln_item_batch::Config { grpc: ephemeral }).await?;
+    let batches = kiln_item_batch::ItemBatch::bind(kiln_item_batch::Config {
+        grpc: GrpcConfig {
+            listen: args.batch_addr,
+        },
+        database,
+        nats,
+        objects,
+        ..Default::default()
+    })
+    .await?;
+    let batches_addr = batches.local_addr();
 
     let token = std::fs::read_to_string(&token_file)
         .with_context(|| format!("cannot read the admin token from {}", token_file.display()))?
@@ -297,12 +310,14 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str) -> Result<()> {
     let credentials = Credentials {
         api: format!("http://{api_addr}"),
         logs: format!("http://{logs_addr}"),
+        batches: format!("http://{batches_addr}"),
         token,
     };
     client::write_credentials(home, &credentials)?;
     println!("kiln is up");
     println!("  api:      {}", credentials.api);
     println!("  logs:     {}", credentials.logs);
+    println!("  batches:  {}", credentials.batches);
     println!("  nats:     {nats_url}");
     println!("  data:     {}", home.display());
     println!("  provider: {provider}");

@@ -139,6 +139,8 @@ fn spawn_up(home: &Path, flags: &[String]) -> Child {
             "127.0.0.1:0",
             "--logs-addr",
             "127.0.0.1:0",
+            "--batch-addr",
+            "127.0.0.1:0",
             "--grace-period",
             "2",
         ])
@@ -293,7 +295,15 @@ fn bad_input_gets_clear_errors() {
 fn a_second_up_on_the_same_home_is_refused_and_ctrl_c_stops_everything() {
     let mut up = Up::start();
     let second = Command::new(KILN)
-        .args(["up", "--api-addr", "127.0.0.1:0", "--logs-addr", "127.0.0.1:0"])
+        .args([
+            "up",
+            "--api-addr",
+            "127.0.0.1:0",
+            "--logs-addr",
+            "127.0.0.1:0",
+            "--batch-addr",
+            "127.0.0.1:0",
+        ])
         .env("KILN_HOME", up.home.path())
         .output()
         .unwrap();

@@ -39,11 +39,12 @@ def _target(address: str) -> str:
 class Run:
     """A run whose metrics are being logged: a kiln job, or a run created for this process.
 
-    `log` appends (key, step, value, time) rows to a list under a lock and returns; a sender
-    thread takes up to `batch_points` rows at a time (or what came within `interval` seconds),
-    turns them into columns and sends them in one WriteMetrics request, which log-ingest answers
-    once they are durable. At most `buffer_points` points wait: beyond that `log` blocks until
-    the sender catches up (back-pressure, never a silent drop)."""
+    `log` appends (key, step, value, time) rows to a list under a lock and returns; `senders`
+    threads each take up to `batch_points` rows at a time (or what came within `interval`
+    seconds), turn them into columns and send them in one WriteMetrics request, which log-ingest
+    answers once they are durable (several requests in flight hide that round trip; the order
+    of points does not matter, they are keyed by step). At most `buffer_points` points wait:
+    beyond that `log` blocks until the senders catch up (back-pressure, never a silent drop)."""
 
     def __init__(
         self,
@@ -56,7 +57,10 @@ class Run:
         batch_points: int = 5000,
         interval: float = 1.0,
         buffer_points: int = 100_000,
+        senders: int = 4,
     ):
+        if senders < 1:
+            raise ValueError("senders must be at least 1")
         if batch_points < 1 or buffer_points < batch_points:
             raise ValueError("batch_points must be at least 1 and buffer_points at least batch_points")
         self.job_id = job_id
@@ -77,8 +81,11 @@ class Run:
         self._step = 0
         self._error: BaseException | None = None
         self._finished = False
-        self._sender = threading.Thread(target=self._send_loop, name="kiln-metrics", daemon=True)
-        self._sender.start()
+        self._senders = [
+            threading.Thread(target=self._send_loop, name=f"kiln-metrics-{n}", daemon=True) for n in range(senders)
+        ]
+        for sender in self._senders:
+            sender.start()
 
     def log(self, data: Mapping[str, float], step: int | None = None) -> None:
         """Queues the values of `data` at `step` (the previous step + 1 when omitted)."""
@@ -125,7 +132,8 @@ class Run:
             with self._cond:
                 self._stopping = True
                 self._cond.notify_all()
-            self._sender.join()
+            for sender in self._senders:
+                sender.join()
         if self._external and self._api_address:
             with grpc.insecure_channel(_target(self._api_address)) as channel:
                 jobs = job_pb2_grpc.JobServiceStub(channel)

@@ -7,14 +7,13 @@ use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use kiln_core::auth::{Principal, user_principal};
-use kiln_core::events::publish_job_change;
+use kiln_core::events::{publish_job_change, stop_job};
 use kiln_core::ids::parse_id;
 use kiln_core::store::{Change, JobRecord, NewJob, Store, StoreError};
-use kiln_core::streams::{Nats, publish};
+use kiln_core::streams::Nats;
 use kiln_core::{JobState, subjects};
 use kiln_proto::v1 as pb;
 use kiln_proto::v1::job_service_server::JobService;
-use prost::Message;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
@@ -62,49 +61,8 @@ impl JobsApi {
     }
 
     async fn stop(&self, principal: &Principal, job_id: &str) -> Result<JobRecord> {
-        // A few rounds: the job may change state between our read and our write.
-        for _ in 0..5 {
-            let job = self.visible_job(principal, job_id).await?;
-            let state = job.state()?;
-            // A preempted job is about to be queued again: stopping it now ends it.
-            if state.is_terminal() && state != JobState::Preempted {
-                return Ok(job);
-            }
-            if matches!(state, JobState::Queued | JobState::Scheduled | JobState::Preempted) {
-                let change = Change {
-                    reason: Some("stopped by user".into()),
-                    ..Change::default()
-                };
-                match self.store.transition(&job, JobState::Stopped, change).await {
-                    Ok(stopped) => {
-                        if let Err(error) = publish_job_change(&self.nats, &self.store, &stopped).await {
-                            tracing::warn!(job_id = %stopped.id, error = %error, "publish failed; the reconciler will retry");
-                        }
-                        return Ok(stopped);
-                    }
-                    Err(StoreError::Conflict { .. }) => continue,
-                    Err(error) => return Err(error.into()),
-                }
-            }
-            let job = self.store.request_stop(&job.id).await?;
-            let control = pb::ControlRequest {
-                job_id: job.id.clone(),
-                action: pb::control_request::Action::Stop as i32,
-            };
-            let msg_id = format!("{}:stop:{}", job.id, job.attempt);
-            publish(
-                &self.nats.jetstream,
-                subjects::control(&job.id),
-                &msg_id,
-                control.encode_to_vec().into(),
-            )
-            .await?;
-            tracing::info!(job_id = %job.id, "stop requested");
-            return Ok(job);
-        }
-        Err(Error::InvalidArgument(format!(
-            "job {job_id} keeps changing; try again"
-        )))
+        let job = self.visible_job(principal, job_id).await?;
+        Ok(stop_job(&self.nats, &self.store, job, "stopped by user").await?)
     }
 }
 
@@ -222,6 +180,7 @@ fn validate_spec(principal: &Principal, spec: Option<pb::JobSpec>) -> Result<New
         gpus: i32::try_from(spec.gpus).unwrap_or(0),
         max_runtime_secs,
         datasets: spec.datasets,
+        batch_id: String::new(),
     })
 }
 

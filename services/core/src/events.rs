@@ -11,7 +11,7 @@ use prost::Message;
 
 use crate::Error;
 use crate::state::JobState;
-use crate::store::{JobRecord, Store};
+use crate::store::{Change, JobRecord, Store, StoreError};
 use crate::streams::{Nats, publish};
 use crate::subjects;
 
@@ -59,4 +59,53 @@ pub async fn republish_pending(nats: &Nats, store: &Store, states: &[JobState]) 
         publish_job_change(nats, store, job).await?;
     }
     Ok(pending.len())
+}
+
+/// Stops a job. One that has not started (or was preempted and waits to be queued again) ends
+/// STOPPED at once; a running one is asked to stop, and its runner sends SIGTERM, then SIGKILL
+/// after the grace period. An ended job is left as it is. Returns the job as it is now.
+pub async fn stop_job(nats: &Nats, store: &Store, job: JobRecord, reason: &str) -> Result<JobRecord, Error> {
+    let mut job = job;
+    // A few rounds: the job may change state between our read and our write.
+    for round in 0..5 {
+        if round > 0 {
+            job = store.job(&job.id).await?;
+        }
+        let state = job.state()?;
+        if state.is_terminal() && state != JobState::Preempted {
+            return Ok(job);
+        }
+        if matches!(state, JobState::Queued | JobState::Scheduled | JobState::Preempted) {
+            let change = Change {
+                reason: Some(reason.to_string()),
+                ..Change::default()
+            };
+            match store.transition(&job, JobState::Stopped, change).await {
+                Ok(stopped) => {
+                    if let Err(error) = publish_job_change(nats, store, &stopped).await {
+                        tracing::warn!(job_id = %stopped.id, error = %error, "publish failed; the reconciler will retry");
+                    }
+                    return Ok(stopped);
+                }
+                Err(StoreError::Conflict { .. }) if round < 4 => continue,
+                Err(error) => return Err(error.into()),
+            }
+        }
+        let job = store.request_stop(&job.id).await?;
+        let control = pb::ControlRequest {
+            job_id: job.id.clone(),
+            action: pb::control_request::Action::Stop as i32,
+        };
+        let msg_id = format!("{}:stop:{}", job.id, job.attempt);
+        publish(
+            &nats.jetstream,
+            subjects::control(&job.id),
+            &msg_id,
+            Bytes::from(control.encode_to_vec()),
+        )
+        .await?;
+        tracing::info!(job_id = %job.id, "stop requested");
+        return Ok(job);
+    }
+    Ok(job)
 }

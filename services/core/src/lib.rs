@@ -6,6 +6,7 @@
 //! - [`subjects`] and [`streams`]: every JetStream name, declared once, and their creation;
 //! - [`state`] and [`store`]: the job state machine and the metadata store (sea-orm);
 //! - [`events`]: publishing committed changes (the outbox) and re-driving unpublished ones;
+//! - [`intake`]: consuming a stream in batches, acking after the write;
 //! - [`auth`]: bearer tokens, the server auth layer and the client interceptor;
 //! - [`objects`]: the blob store; [`telemetry`] and [`shutdown`]: process plumbing.
 #![forbid(unsafe_code)]
@@ -16,6 +17,7 @@ pub mod config;
 pub mod error;
 pub mod events;
 pub mod ids;
+pub mod intake;
 pub mod objects;
 pub mod service;
 pub mod shutdown;

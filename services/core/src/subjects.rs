@@ -38,6 +38,9 @@ pub const CONSUMER_LOG_INGEST: &str = "log-ingest";
 /// Durable consumer of the metric writers on `KILN_METRICS`, shared by all log-ingest replicas.
 pub const CONSUMER_METRICS: &str = "log-ingest-metrics";
 
+/// Durable consumer of item-batch on `KILN_ITEM_RESULTS`, shared by all its replicas.
+pub const CONSUMER_ITEM_RESULTS: &str = "item-batch-results";
+
 /// KV bucket holding the leader leases.
 pub const BUCKET_LEASES: &str = "kiln_leases";
 /// KV bucket holding each runner's capacity report, keyed by runner id.
@@ -61,6 +64,29 @@ pub fn logs(job_id: &str) -> String {
 
 pub fn item_logs(batch_id: &str) -> String {
     format!("kiln.logs.item.{batch_id}")
+}
+
+pub fn items(batch_id: &str) -> String {
+    format!("kiln.items.{batch_id}")
+}
+
+pub fn item_results(batch_id: &str) -> String {
+    format!("kiln.itemres.{batch_id}")
+}
+
+/// Durable consumer of one batch on `KILN_ITEMS`, shared by all its workers' sessions.
+pub fn consumer_items(batch_id: &str) -> String {
+    format!("items-{batch_id}")
+}
+
+/// JetStream message id of an item (in a RetryFailed round) on `KILN_ITEMS`.
+pub fn item_msg_id(batch_id: &str, key: &str, round: u32) -> String {
+    format!("{batch_id}:{key}:{round}")
+}
+
+/// JetStream message id of an attempt's outcome on `KILN_ITEM_RESULTS`.
+pub fn item_result_msg_id(batch_id: &str, key: &str, round: u32, attempt: u32) -> String {
+    format!("{batch_id}:{key}:{round}:{attempt}")
 }
 
 pub fn metrics(job_id: &str) -> String {

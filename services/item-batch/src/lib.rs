@@ -1,69 +1,404 @@
-//! kiln-item-batch: batch jobs (item intake, fan-out, retries, dead letters, progress,
-//! autoscaling). For now it serves only its health endpoint; the batch system lands with its
-//! own issue.
+//! kiln-item-batch: batch jobs. Items go into the metadata database (idempotent by key) and
+//! onto `KILN_ITEMS`, one durable consumer per batch; workers are jobs running kiln-agent, which
+//! holds a [`work`] session with item-batch; outcomes go through `KILN_ITEM_RESULTS` into the
+//! items' rows ([`results`]); the [`scaler`] asks for workers by the backlog and ends batches.
+//!
+//! - [`grpc`]: `BatchService`; [`work`]: `ItemWorkService` (the agents' sessions);
+//! - [`store`]: batches, items, attempts; [`spec`] and [`template`]: what a batch runs.
 #![forbid(unsafe_code)]
 
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use kiln_core::config::{ConfigError, GrpcConfig};
-use kiln_core::service::{ServiceConfig, problems_to_result};
-use serde::{Deserialize, Serialize};
+use async_nats::jetstream::consumer::{self, pull};
+use futures::StreamExt;
+use kiln_core::auth::AuthLayer;
+use kiln_core::events::stop_job;
+use kiln_core::store::Store;
+use kiln_core::streams::{self, Nats};
+use kiln_core::subjects;
+use kiln_proto::v1 as pb;
+use kiln_proto::v1::batch_service_server::BatchServiceServer;
+use kiln_proto::v1::item_work_service_server::ItemWorkServiceServer;
+use object_store::{ObjectStore, ObjectStoreExt};
+use prost::Message;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
-pub const DEFAULT_PORT: u16 = 7075;
+pub mod config;
+pub mod error;
+pub mod grpc;
+pub mod results;
+pub mod scaler;
+pub mod spec;
+pub mod store;
+pub mod template;
+pub mod work;
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
-pub struct Config {
-    pub grpc: GrpcConfig,
+pub use config::Config;
+pub use error::{Error, Result};
+
+use crate::error::nats_error;
+use crate::spec::Spec;
+use crate::store::{BatchRecord, BatchStore, NewItem, Tally};
+
+const SCHEMA_WAIT: Duration = Duration::from_secs(60);
+/// Publishes awaiting their acks at most.
+const IN_FLIGHT: usize = 1024;
+/// How long a batch's state read from the database is trusted by the sessions.
+const STATE_TTL: Duration = Duration::from_millis(500);
+/// The window of the items-per-second figure.
+const RATE_WINDOW: Duration = Duration::from_secs(60);
+
+/// What every part of item-batch shares.
+pub struct Shared {
+    pub config: Config,
+    pub store: Store,
+    pub batches: BatchStore,
+    pub nats: Nats,
+    pub objects: Arc<dyn ObjectStore>,
+    /// Where workers reach this service.
+    pub advertise_url: String,
+    states: Mutex<HashMap<String, (String, Instant)>>,
+    progress: Mutex<HashMap<String, Progress>>,
 }
 
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            grpc: GrpcConfig::local(DEFAULT_PORT),
+/// What the scaler saw of a batch lately.
+#[derive(Debug, Clone, Default)]
+struct Progress {
+    /// (when, items finished) samples over the rate window.
+    samples: VecDeque<(Instant, u64)>,
+}
+
+impl Progress {
+    fn rate(&self) -> Option<f64> {
+        let (first, last) = (self.samples.front()?, self.samples.back()?);
+        let seconds = last.0.duration_since(first.0).as_secs_f64();
+        (seconds >= 1.0).then(|| last.1.saturating_sub(first.1) as f64 / seconds)
+    }
+}
+
+impl Shared {
+    /// A batch's state, read from the database at most every [`STATE_TTL`].
+    pub async fn batch_state(&self, batch_id: &str) -> Result<String> {
+        if let Some((state, at)) = self.states.lock().expect("states lock").get(batch_id)
+            && at.elapsed() < STATE_TTL
+        {
+            return Ok(state.clone());
+        }
+        let state = self.batches.batch(batch_id).await?.state;
+        self.states
+            .lock()
+            .expect("states lock")
+            .insert(batch_id.to_string(), (state.clone(), Instant::now()));
+        Ok(state)
+    }
+
+    fn forget_state(&self, batch_id: &str) {
+        self.states.lock().expect("states lock").remove(batch_id);
+    }
+
+    /// Creates the batch's durable consumer on `KILN_ITEMS` when it does not exist.
+    pub async fn ensure_consumer(&self, batch_id: &str) -> Result<consumer::PullConsumer> {
+        let stream = self
+            .nats
+            .jetstream
+            .get_stream(subjects::STREAM_ITEMS)
+            .await
+            .map_err(nats_error)?;
+        let name = subjects::consumer_items(batch_id);
+        stream
+            .get_or_create_consumer(
+                &name,
+                pull::Config {
+                    durable_name: Some(name.clone()),
+                    filter_subject: subjects::items(batch_id),
+                    ack_policy: consumer::AckPolicy::Explicit,
+                    ack_wait: Duration::from_secs(self.config.ack_wait_secs),
+                    max_deliver: -1,
+                    max_ack_pending: 100_000,
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(nats_error)
+    }
+
+    /// Items taken by workers and not yet answered (JetStream's count), if the consumer exists.
+    async fn in_flight(&self, batch_id: &str) -> Option<u64> {
+        let stream = self.nats.jetstream.get_stream(subjects::STREAM_ITEMS).await.ok()?;
+        let mut consumer: consumer::PullConsumer =
+            stream.get_consumer(&subjects::consumer_items(batch_id)).await.ok()?;
+        consumer.info().await.ok().map(|info| info.num_ack_pending as u64)
+    }
+
+    /// Adds checked items to an open batch: records them, then puts the new ones on KILN_ITEMS.
+    /// Returns (added, duplicates).
+    pub async fn add(&self, batch_id: &str, items: Vec<NewItem>) -> Result<(u64, u64)> {
+        self.forget_state(batch_id);
+        let state = self.batch_state(batch_id).await?;
+        if state != store::OPEN {
+            return Err(Error::FailedPrecondition(format!(
+                "batch {batch_id} is {state}; items can only be added to an open batch"
+            )));
+        }
+        let (fresh, duplicates) = self.batches.add_items(batch_id, items).await?;
+        let queued: Vec<pb::QueuedItem> = fresh
+            .into_iter()
+            .map(|item| pb::QueuedItem {
+                batch_id: batch_id.to_string(),
+                key: item.key,
+                uri: item.uri,
+                params: item.params.into_iter().collect(),
+                round: 0,
+            })
+            .collect();
+        let added = queued.len() as u64;
+        self.publish_items(batch_id, &queued).await?;
+        Ok((added, duplicates))
+    }
+
+    /// Puts items on KILN_ITEMS (message id: batch, key and round, so a second publish within
+    /// the duplicate window is dropped), then records them as published.
+    async fn publish_items(&self, batch_id: &str, items: &[pb::QueuedItem]) -> Result<()> {
+        let subject = subjects::items(batch_id);
+        for chunk in items.chunks(IN_FLIGHT) {
+            let mut acks = Vec::with_capacity(chunk.len());
+            for item in chunk {
+                let publish = async_nats::jetstream::message::PublishMessage::build()
+                    .payload(item.encode_to_vec().into())
+                    .message_id(subjects::item_msg_id(batch_id, &item.key, item.round));
+                acks.push(
+                    self.nats
+                        .jetstream
+                        .send_publish(subject.clone(), publish)
+                        .await
+                        .map_err(nats_error)?,
+                );
+            }
+            for ack in acks {
+                ack.await.map_err(nats_error)?;
+            }
+            let keys: Vec<String> = chunk.iter().map(|item| item.key.clone()).collect();
+            self.batches.mark_published(batch_id, &keys).await?;
+        }
+        Ok(())
+    }
+
+    /// Publishes the items recorded but not published (a crash came between, or RetryFailed).
+    pub async fn publish_unpublished(&self, batch_id: &str) -> Result<usize> {
+        let mut published = 0;
+        loop {
+            let items = self.batches.unpublished(batch_id, 10_000).await?;
+            if items.is_empty() {
+                return Ok(published);
+            }
+            let queued: Vec<pb::QueuedItem> = items
+                .into_iter()
+                .map(|item| pb::QueuedItem {
+                    batch_id: batch_id.to_string(),
+                    params: serde_json::from_str(&item.params_json).unwrap_or_default(),
+                    key: item.item_key,
+                    uri: item.uri,
+                    round: u32::try_from(item.round).unwrap_or(0),
+                })
+                .collect();
+            published += queued.len();
+            self.publish_items(batch_id, &queued).await?;
         }
     }
-}
 
-impl ServiceConfig for Config {
-    fn validate(&self) -> Result<(), ConfigError> {
-        problems_to_result(Vec::new())
+    /// Cancels a batch: no more dispatch (its consumer and queued items go), its workers stop.
+    pub async fn cancel(&self, batch_id: &str) -> Result<()> {
+        self.batches
+            .set_batch_state(batch_id, &[store::OPEN, store::SEALED], store::CANCELLED)
+            .await?;
+        self.forget_state(batch_id);
+        self.drop_queue(batch_id).await?;
+        for worker in self.store.live_batch_workers(batch_id).await? {
+            stop_job(&self.nats, &self.store, worker, "batch cancelled").await?;
+        }
+        tracing::info!(%batch_id, "batch cancelled");
+        Ok(())
+    }
+
+    /// Deletes a batch's consumer and whatever of its items is still queued.
+    async fn drop_queue(&self, batch_id: &str) -> Result<()> {
+        let stream = self
+            .nats
+            .jetstream
+            .get_stream(subjects::STREAM_ITEMS)
+            .await
+            .map_err(nats_error)?;
+        // Gone already is fine.
+        let _ = stream.delete_consumer(&subjects::consumer_items(batch_id)).await;
+        stream
+            .purge()
+            .filter(subjects::items(batch_id))
+            .await
+            .map_err(nats_error)?;
+        Ok(())
+    }
+
+    /// Lists the objects under a prefix, as item URIs (their paths in the object store).
+    async fn list_objects(&self, prefix: &str) -> Result<Vec<String>> {
+        let prefix = kiln_core::objects::relative_path(prefix)
+            .ok_or_else(|| Error::InvalidArgument(format!("{prefix:?} is not a relative object path")))?;
+        let mut listing = self.objects.list(Some(&prefix));
+        let mut uris = Vec::new();
+        while let Some(meta) = listing.next().await {
+            uris.push(meta?.location.to_string());
+        }
+        uris.sort();
+        if uris.is_empty() {
+            return Err(Error::InvalidArgument(format!("no objects under {prefix}")));
+        }
+        Ok(uris)
+    }
+
+    /// Reads a manifest object: one URI per line; blank lines and lines starting with # are
+    /// skipped.
+    async fn read_manifest(&self, path: &str) -> Result<Vec<String>> {
+        let location = kiln_core::objects::relative_path(path)
+            .ok_or_else(|| Error::InvalidArgument(format!("{path:?} is not a relative object path")))?;
+        let bytes = match self.objects.get(&location).await {
+            Ok(object) => object.bytes().await?,
+            Err(object_store::Error::NotFound { .. }) => {
+                return Err(Error::InvalidArgument(format!("manifest {location} does not exist")));
+            }
+            Err(error) => return Err(error.into()),
+        };
+        let text = String::from_utf8(bytes.to_vec())
+            .map_err(|_| Error::InvalidArgument(format!("manifest {location} is not UTF-8 text")))?;
+        Ok(text
+            .lines()
+            .map(str::trim)
+            .filter(|line| !line.is_empty() && !line.starts_with('#'))
+            .map(str::to_string)
+            .collect())
+    }
+
+    /// Records a batch's progress for its rate and ETA.
+    fn sample(&self, batch_id: &str, finished: u64) {
+        let mut progress = self.progress.lock().expect("progress lock");
+        let entry = progress.entry(batch_id.to_string()).or_default();
+        let now = Instant::now();
+        entry.samples.push_back((now, finished));
+        while entry
+            .samples
+            .front()
+            .is_some_and(|(at, _)| now.duration_since(*at) > RATE_WINDOW)
+        {
+            entry.samples.pop_front();
+        }
+    }
+
+    fn rate(&self, batch_id: &str) -> Option<f64> {
+        self.progress.lock().expect("progress lock").get(batch_id)?.rate()
+    }
+
+    fn forget_progress(&self, batch_id: &str) {
+        self.progress.lock().expect("progress lock").remove(batch_id);
+    }
+
+    /// A batch as the API shows it: its spec, state, counters, rate, ETA and workers.
+    pub async fn describe(&self, record: &BatchRecord) -> Result<pb::Batch> {
+        let spec = Spec::from_json(&record.spec_json)?;
+        let tally = self.batches.tally(&record.id).await?;
+        let live = matches!(record.state.as_str(), store::OPEN | store::SEALED);
+        let in_flight = if live {
+            self.in_flight(&record.id).await.unwrap_or(0)
+        } else {
+            0
+        };
+        let workers = if live {
+            self.store.live_batch_workers(&record.id).await?.len() as u32
+        } else {
+            0
+        };
+        let rate = self.rate(&record.id).unwrap_or(0.0);
+        let backlog = tally.backlog();
+        let eta_seconds = match (backlog, live) {
+            (0, _) => 0,
+            (_, true) if rate > 0.0 => (backlog as f64 / rate).ceil() as i64,
+            _ => -1,
+        };
+        Ok(pb::Batch {
+            id: record.id.clone(),
+            spec: Some(spec.to_proto()),
+            state: store::batch_state_proto(&record.state) as i32,
+            owner: record.owner_id.clone(),
+            counts: Some(counts(&tally, in_flight)),
+            items_per_second: rate,
+            eta_seconds,
+            workers,
+            cpu_seconds_per_item: if tally.total > 0 && tally.finished() + tally.failed > 0 {
+                tally.cpu_seconds / (tally.finished() + tally.failed) as f64
+            } else {
+                0.0
+            },
+            peak_memory_bytes: tally.peak_memory_bytes,
+            created_at_ms: record.created_at_ms,
+            finished_at_ms: record.finished_at_ms.unwrap_or(0),
+        })
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: SocketAddr, source: std::io::Error },
-    #[error("gRPC server failed: {0}")]
-    Serve(#[from] tonic::transport::Error),
-}
-
-impl Error {
-    pub fn kind(&self) -> kiln_core::ErrorKind {
-        kiln_core::ErrorKind::Internal
+/// The counters: pending items taken by a worker are running (JetStream's in-flight count, which
+/// never exceeds them), so the six add up to the total exactly.
+fn counts(tally: &Tally, in_flight: u64) -> pb::BatchCounts {
+    let running = in_flight.min(tally.pending);
+    pb::BatchCounts {
+        total: tally.total,
+        pending: tally.pending - running,
+        running,
+        succeeded: tally.succeeded,
+        failed: tally.failed,
+        dead: tally.dead,
     }
 }
 
-pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// item-batch, listening, not yet serving.
+/// item-batch, connected and listening, not yet serving.
 pub struct ItemBatch {
+    shared: Arc<Shared>,
     listener: TcpListener,
 }
 
 impl ItemBatch {
     pub async fn bind(config: Config) -> Result<ItemBatch> {
+        let store = Store::connect(&config.database).await?;
+        store.wait_for_schema(SCHEMA_WAIT).await?;
+        let nats = streams::connect(&config.nats).await?;
+        let objects = kiln_core::objects::open(&config.objects)?;
         let listener = TcpListener::bind(config.grpc.listen)
             .await
             .map_err(|source| Error::Bind {
                 addr: config.grpc.listen,
                 source,
             })?;
-        Ok(ItemBatch { listener })
+        let addr = listener.local_addr().map_err(|source| Error::Bind {
+            addr: config.grpc.listen,
+            source,
+        })?;
+        let advertise_url = if config.advertise_url.is_empty() {
+            format!("http://{addr}")
+        } else {
+            config.advertise_url.clone()
+        };
+        let shared = Arc::new(Shared {
+            batches: BatchStore::new(&store),
+            store,
+            nats,
+            objects,
+            advertise_url,
+            states: Mutex::new(HashMap::new()),
+            progress: Mutex::new(HashMap::new()),
+            config,
+        });
+        Ok(ItemBatch { shared, listener })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -71,18 +406,44 @@ impl ItemBatch {
     }
 
     pub async fn serve(self, shutdown: CancellationToken) -> Result<()> {
+        let shared = self.shared;
+        let tasks = [
+            tokio::spawn(kiln_core::intake::run(
+                shared.nats.clone(),
+                results::RESULTS,
+                1000,
+                Arc::new(results::ResultWriter { shared: shared.clone() }),
+                shutdown.clone(),
+            )),
+            tokio::spawn(scaler::run(shared.clone(), shutdown.clone())),
+        ];
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
         health_reporter
-            .set_service_status("", tonic_health::ServingStatus::Serving)
+            .set_serving::<BatchServiceServer<grpc::BatchApi>>()
             .await;
-        tonic::transport::Server::builder()
+        let batches = grpc::BatchApi { shared: shared.clone() };
+        let work = work::WorkApi { shared: shared.clone() };
+        tracing::info!(addr = %self.listener.local_addr().map_err(|source| Error::Bind { addr: shared.config.grpc.listen, source })?, "item-batch serving");
+        let served = tonic::transport::Server::builder()
+            .layer(AuthLayer::new(Arc::new(shared.store.clone())))
             .add_service(health_service)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(self.listener), shutdown.cancelled_owned())
-            .await?;
+            .add_service(BatchServiceServer::new(batches).max_decoding_message_size(grpc::MAX_MESSAGE_BYTES))
+            .add_service(ItemWorkServiceServer::new(work))
+            .serve_with_incoming_shutdown(
+                TcpListenerStream::new(self.listener),
+                shutdown.clone().cancelled_owned(),
+            )
+            .await;
+        shutdown.cancel();
+        for task in tasks {
+            let _ = task.await;
+        }
+        served?;
         Ok(())
     }
 }
 
+/// Runs item-batch until `shutdown` is cancelled.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     ItemBatch::bind(config).await?.serve(shutdown).await
 }

@@ -46,6 +46,12 @@ impl Error {
     }
 }
 
+impl From<rusqlite::Error> for Error {
+    fn from(error: rusqlite::Error) -> Self {
+        Error::LogStore(error.to_string())
+    }
+}
+
 impl From<sea_orm::DbErr> for Error {
     fn from(error: sea_orm::DbErr) -> Self {
         Error::LogStore(error.to_string())

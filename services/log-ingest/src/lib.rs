@@ -85,14 +85,14 @@ impl LogIngest {
         });
         let batch_size = self.config.batch_size;
         let writers = [
-            tokio::spawn(writer::run(
+            tokio::spawn(kiln_core::intake::run(
                 self.nats.clone(),
                 writer::LOGS,
                 batch_size,
                 log_writer,
                 shutdown.clone(),
             )),
-            tokio::spawn(writer::run(
+            tokio::spawn(kiln_core::intake::run(
                 self.nats.clone(),
                 writer::METRICS,
                 batch_size,

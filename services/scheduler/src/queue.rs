@@ -92,6 +92,7 @@ mod tests {
             gpus: 0,
             max_runtime_secs: 0,
             datasets_json: "[]".into(),
+            batch_id: String::new(),
         }
     }
 

@@ -11,6 +11,7 @@ use kiln_core::store::Store;
 use kiln_core::testing::{NatsServer, sqlite_config};
 use kiln_proto::v1 as pb;
 use kiln_proto::v1::artifact_service_client::ArtifactServiceClient;
+use kiln_proto::v1::batch_service_client::BatchServiceClient;
 use kiln_proto::v1::job_service_client::JobServiceClient;
 use kiln_proto::v1::log_service_client::LogServiceClient;
 use tokio::task::JoinHandle;
@@ -59,7 +60,7 @@ impl ServiceHandle {
     }
 }
 
-/// Every kiln service but item-batch, in this process.
+/// The kiln services in this process (item-batch when started with [`Stack::start_item_batch`]).
 pub struct Stack {
     pub nats: NatsServer,
     pub dir: tempfile::TempDir,
@@ -73,6 +74,25 @@ pub struct Stack {
     pub scheduler: Option<ServiceHandle>,
     pub runner: Option<ServiceHandle>,
     pub logs: Option<ServiceHandle>,
+    pub batches: Option<ServiceHandle>,
+    pub batches_addr: Option<SocketAddr>,
+}
+
+/// The workspace's kiln-agent (built with the workspace: `cargo build --workspace`).
+pub fn agent_binary() -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("the test's path");
+    // target/<profile>/deps/<test> → target/<profile>/kiln-agent
+    let agent = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .map(|profile| profile.join("kiln-agent"))
+        .expect("a target directory");
+    assert!(
+        agent.try_exists().unwrap_or(false),
+        "{} does not exist: build the workspace first (cargo build --workspace)",
+        agent.display()
+    );
+    agent
 }
 
 fn ephemeral() -> GrpcConfig {
@@ -143,6 +163,8 @@ impl Stack {
             scheduler: Some(scheduler),
             runner: None,
             logs: Some(logs),
+            batches: None,
+            batches_addr: None,
         }
     }
 
@@ -207,6 +229,40 @@ impl Stack {
     pub fn docker_runner_id(&self) -> String {
         let unique = self.dir.path().file_name().unwrap().to_string_lossy().replace('.', "");
         format!("docker-{unique}")
+    }
+
+    /// An item-batch configuration for this stack: process workers run the workspace's
+    /// kiln-agent; short backoffs and idle times keep tests quick.
+    pub fn item_batch_config(&self) -> kiln_item_batch::Config {
+        kiln_item_batch::Config {
+            grpc: ephemeral(),
+            database: self.database.clone(),
+            nats: self.nats.config(),
+            objects: self.objects.clone(),
+            agent_path: agent_binary(),
+            scale_interval_ms: 200,
+            idle_stop_ms: 2_000,
+            retry_backoff_ms: 50,
+            ..Default::default()
+        }
+    }
+
+    /// Starts item-batch (again, after a crash: on the same port, so agents find it).
+    pub async fn start_item_batch(&mut self, mut config: kiln_item_batch::Config) {
+        if let Some(addr) = self.batches_addr {
+            config.grpc.listen = addr;
+        }
+        let service = kiln_item_batch::ItemBatch::bind(config)
+            .await
+            .expect("item-batch binds");
+        self.batches_addr = Some(service.local_addr());
+        self.batches = Some(ServiceHandle::spawn(|token| service.serve(token)));
+    }
+
+    pub async fn batches_client(&self) -> BatchServiceClient<Authed> {
+        let addr = self.batches_addr.expect("item-batch is started");
+        BatchServiceClient::with_interceptor(Self::channel(addr).await, BearerInterceptor::new(&self.token))
+            .max_encoding_message_size(16 << 20)
     }
 
     pub async fn spawn_runner(&self, config: kiln_runner::Config) -> ServiceHandle {

@@ -75,6 +75,8 @@ pub mod job {
         pub gpus: i32,
         pub max_runtime_secs: i64,
         pub datasets_json: String,
+        /// The batch a worker job serves; empty for other jobs.
+        pub batch_id: String,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

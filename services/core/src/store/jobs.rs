@@ -25,6 +25,8 @@ pub struct NewJob {
     pub gpus: i32,
     pub max_runtime_secs: i64,
     pub datasets: Vec<String>,
+    /// The batch this job works for (a kiln-agent worker); empty for other jobs.
+    pub batch_id: String,
 }
 
 /// The pool of runs that execute outside kiln (they hold no capacity of any pool).
@@ -110,6 +112,7 @@ impl Store {
             gpus: Set(new.gpus),
             max_runtime_secs: Set(new.max_runtime_secs),
             datasets_json: Set(serde_json::to_string(&new.datasets).map_err(|e| StoreError::Corrupt(e.to_string()))?),
+            batch_id: Set(new.batch_id),
         };
         let id = model.id.clone().unwrap();
         Jobs::insert(model).exec_without_returning(&self.db).await?;
@@ -154,6 +157,20 @@ impl Store {
             query = query.filter(Column::State.is_in(live));
         }
         Ok(query.order_by_desc(Column::Id).limit(limit).all(&self.db).await?)
+    }
+
+    /// The worker jobs of a batch that have not ended, oldest first.
+    pub async fn live_batch_workers(&self, batch_id: &str) -> StoreResult<Vec<JobRecord>> {
+        let live = JobState::ALL
+            .into_iter()
+            .filter(|s| !s.is_terminal())
+            .map(JobState::as_str);
+        Ok(Jobs::find()
+            .filter(Column::BatchId.eq(batch_id))
+            .filter(Column::State.is_in(live))
+            .order_by_asc(Column::Id)
+            .all(&self.db)
+            .await?)
     }
 
     /// Returns the jobs in any of `states`, oldest first.

@@ -1,0 +1,469 @@
+//! `kiln batch`: batch jobs (a command per item, on workers that scale with the backlog).
+
+use std::io::{BufRead, IsTerminal};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use kiln_proto::v1 as pb;
+use tabled::settings::Style;
+
+use crate::client::{self, Clients};
+use crate::format;
+
+/// Items per AddItems message.
+const CHUNK: usize = 5000;
+
+#[derive(Debug, clap::Subcommand)]
+pub enum BatchCommand {
+    /// Create a batch; the command after -- runs once per item, with {uri}, {output}, {item}
+    /// and {attempt} filled in ({{ and }} for literal braces), or is a built-in (kiln:noop).
+    Create(CreateArgs),
+    /// Add items: one URI per line (the URI is the key), or JSON lines
+    /// {"key": ..., "uri": ..., "params": {...}}; from a file or - for stdin.
+    Add {
+        batch: String,
+        #[arg(long, required_unless_present_any = ["prefix", "manifest"])]
+        from: Option<PathBuf>,
+        /// Every object under this prefix of the object store is an item.
+        #[arg(long, conflicts_with_all = ["from", "manifest"])]
+        prefix: Option<String>,
+        /// An object of the object store with one URI per line.
+        #[arg(long, conflicts_with_all = ["from", "prefix"])]
+        manifest: Option<String>,
+    },
+    /// No more items: the batch is done when its last item is.
+    Seal { batch: String },
+    /// Stop dispatch and the workers; the counters stay as they are.
+    Cancel { batch: String },
+    /// Give the dead items of a batch new attempts.
+    Retry { batch: String },
+    /// Counters, rate and ETA; --watch follows them until the batch ends.
+    Status {
+        batch: String,
+        #[arg(short, long)]
+        watch: bool,
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: crate::commands::Output,
+    },
+    /// A batch's items, in key order (all, or those in the given states).
+    Items {
+        batch: String,
+        #[arg(long, value_enum)]
+        state: Vec<ItemStateArg>,
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
+    /// The output lines of an item's attempts.
+    Logs { batch: String, item: String },
+    /// List batches (live ones; --all for every one).
+    Ls {
+        #[arg(long)]
+        all: bool,
+    },
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum ItemStateArg {
+    Pending,
+    Succeeded,
+    Failed,
+    Dead,
+}
+
+impl ItemStateArg {
+    fn proto(self) -> pb::ItemState {
+        match self {
+            ItemStateArg::Pending => pb::ItemState::Pending,
+            ItemStateArg::Succeeded => pb::ItemState::Succeeded,
+            ItemStateArg::Failed => pb::ItemState::Failed,
+            ItemStateArg::Dead => pb::ItemState::Dead,
+        }
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CreateArgs {
+    #[arg(long)]
+    name: Option<String>,
+    #[arg(long)]
+    project: Option<String>,
+    /// Image of the workers; without one, workers are local processes.
+    #[arg(long)]
+    image: Option<String>,
+    /// CPU cores per item (per worker).
+    #[arg(long, default_value = "1", value_parser = format::parse_cpu)]
+    cpu: u32,
+    /// Memory per item (per worker), such as 512M or 4G.
+    #[arg(long, default_value = "1G", value_parser = format::parse_size)]
+    mem: u64,
+    #[arg(long = "env", short = 'e', value_parser = format::parse_env)]
+    env: Vec<(String, String)>,
+    /// Where outputs go: {output} is this prefix and the item key.
+    #[arg(long)]
+    output_prefix: Option<String>,
+    /// Attempts per item before it is a dead letter.
+    #[arg(long, default_value_t = 3)]
+    max_attempts: u32,
+    /// Per-item timeout, such as 90s or 30m.
+    #[arg(long, default_value = "1h", value_parser = format::parse_duration_secs)]
+    timeout: u64,
+    #[arg(long, default_value_t = 4)]
+    max_workers: u32,
+    /// Run the workers on spot instances.
+    #[arg(long, conflicts_with = "on_demand")]
+    spot: bool,
+    /// Run the workers on on-demand instances.
+    #[arg(long)]
+    on_demand: bool,
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+pub async fn batch(command: BatchCommand) -> Result<ExitCode> {
+    let mut clients = client::connect(&client::resolve()?).await?;
+    match command {
+        BatchCommand::Create(args) => {
+            let spec = pb::BatchSpec {
+                name: args.name.unwrap_or_default(),
+                project: args.project.unwrap_or_default(),
+                image: args.image.unwrap_or_default(),
+                command: args.command,
+                env: args.env.into_iter().collect(),
+                cpu_millis: args.cpu,
+                memory_mb: args.mem.div_ceil(1 << 20),
+                output_prefix: args.output_prefix.unwrap_or_default(),
+                max_attempts: args.max_attempts,
+                item_timeout_secs: args.timeout,
+                max_workers: args.max_workers,
+                market: if args.spot {
+                    pb::Market::Spot as i32
+                } else if args.on_demand {
+                    pb::Market::OnDemand as i32
+                } else {
+                    pb::Market::Unspecified as i32
+                },
+            };
+            let batch = clients
+                .batches
+                .create_batch(pb::CreateBatchRequest { spec: Some(spec) })
+                .await?
+                .into_inner();
+            println!("{}", batch.id);
+        }
+        BatchCommand::Add {
+            batch,
+            from,
+            prefix,
+            manifest,
+        } => {
+            let response = match (from, prefix, manifest) {
+                (Some(path), _, _) => add_from(&mut clients, batch, path).await?,
+                (None, prefix, manifest) => {
+                    let source = match (prefix, manifest) {
+                        (Some(prefix), _) => pb::add_items_from_objects_request::Source::Prefix(prefix),
+                        (None, Some(manifest)) => pb::add_items_from_objects_request::Source::Manifest(manifest),
+                        (None, None) => bail!("give --from, --prefix or --manifest"),
+                    };
+                    let request = pb::AddItemsFromObjectsRequest {
+                        batch_id: batch,
+                        source: Some(source),
+                    };
+                    clients.batches.add_items_from_objects(request).await?.into_inner()
+                }
+            };
+            println!(
+                "added {}, {} already there; {} items in the batch",
+                response.added, response.duplicates, response.total
+            );
+        }
+        BatchCommand::Seal { batch } => {
+            let batch = clients.batches.seal_batch(pb::BatchRef { batch_id: batch }).await?.into_inner();
+            println!("{} sealed: {} items", batch.id, batch.counts.unwrap_or_default().total);
+        }
+        BatchCommand::Cancel { batch } => {
+            let batch = clients.batches.cancel_batch(pb::BatchRef { batch_id: batch }).await?.into_inner();
+            print_status(&batch);
+        }
+        BatchCommand::Retry { batch } => {
+            let retried = clients
+                .batches
+                .retry_failed(pb::BatchRef { batch_id: batch })
+                .await?
+                .into_inner()
+                .retried;
+            println!("{retried} dead items queued again");
+        }
+        BatchCommand::Status { batch, watch, output } => {
+            return status(&mut clients, batch, watch, output).await;
+        }
+        BatchCommand::Items { batch, state, limit } => items(&mut clients, batch, state, limit).await?,
+        BatchCommand::Logs { batch, item } => {
+            let request = pb::GetItemLogsRequest { batch_id: batch, key: item };
+            for line in clients.batches.get_item_logs(request).await?.into_inner().lines {
+                println!("[attempt {}] {}", line.attempt, line.text);
+            }
+        }
+        BatchCommand::Ls { all } => {
+            let batches = clients
+                .batches
+                .list_batches(pb::ListBatchesRequest { all })
+                .await?
+                .into_inner()
+                .batches;
+            let rows: Vec<[String; 7]> = batches
+                .iter()
+                .map(|b| {
+                    let c = b.counts.unwrap_or_default();
+                    [
+                        b.id.clone(),
+                        b.spec.as_ref().map(|s| s.name.clone()).unwrap_or_default(),
+                        batch_state(b.state),
+                        c.total.to_string(),
+                        format!("{}/{}", c.succeeded, c.dead),
+                        b.workers.to_string(),
+                        format::age(b.created_at_ms),
+                    ]
+                })
+                .collect();
+            let mut table = tabled::builder::Builder::default();
+            table.push_record(["ID", "NAME", "STATE", "ITEMS", "OK/DEAD", "WORKERS", "AGE"]);
+            for row in rows {
+                table.push_record(row);
+            }
+            println!("{}", table.build().with(Style::blank()));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn batch_state(state: i32) -> String {
+    pb::BatchState::try_from(state)
+        .map(|s| s.as_str_name().trim_start_matches("BATCH_STATE_").to_string())
+        .unwrap_or_else(|_| "UNKNOWN".into())
+}
+
+/// Reads items from a file (or stdin) and sends them in chunks, with a progress bar.
+async fn add_from(clients: &mut Clients, batch_id: String, path: PathBuf) -> Result<pb::AddItemsResponse> {
+    let reader: Box<dyn BufRead + Send> = if path.as_os_str() == "-" {
+        Box::new(std::io::BufReader::new(std::io::stdin()))
+    } else {
+        let file = std::fs::File::open(&path).with_context(|| format!("cannot open {}", path.display()))?;
+        Box::new(std::io::BufReader::new(file))
+    };
+    let bar = if std::io::stderr().is_terminal() {
+        let bar = ProgressBar::new_spinner();
+        bar.set_style(ProgressStyle::with_template("adding {pos} items {per_sec}").expect("valid template"));
+        bar
+    } else {
+        ProgressBar::hidden()
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel::<pb::AddItemsRequest>(4);
+    let reading = {
+        let bar = bar.clone();
+        tokio::task::spawn_blocking(move || -> Result<()> {
+            let mut chunk = Vec::with_capacity(CHUNK);
+            for (n, line) in reader.lines().enumerate() {
+                let line = line.context("cannot read the items")?;
+                let line = line.trim();
+                if line.is_empty() || line.starts_with('#') {
+                    continue;
+                }
+                chunk.push(parse_item(line).with_context(|| format!("line {}", n + 1))?);
+                if chunk.len() == CHUNK {
+                    bar.inc(CHUNK as u64);
+                    let items = std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK));
+                    let message = pb::AddItemsRequest {
+                        batch_id: batch_id.clone(),
+                        items,
+                    };
+                    if tx.blocking_send(message).is_err() {
+                        return Ok(());
+                    }
+                }
+            }
+            bar.inc(chunk.len() as u64);
+            if !chunk.is_empty() {
+                let _ = tx.blocking_send(pb::AddItemsRequest { batch_id, items: chunk });
+            }
+            Ok(())
+        })
+    };
+    let response = clients
+        .batches
+        .add_items(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await;
+    reading.await.context("the reader panicked")??;
+    bar.finish_and_clear();
+    Ok(response?.into_inner())
+}
+
+/// A URI, or a JSON object with key, uri and params.
+fn parse_item(line: &str) -> Result<pb::Item> {
+    if !line.starts_with('{') {
+        return Ok(pb::Item {
+            key: String::new(),
+            uri: line.to_string(),
+            params: Default::default(),
+        });
+    }
+    #[derive(serde::Deserialize)]
+    struct Json {
+        #[serde(default)]
+        key: String,
+        #[serde(default)]
+        uri: String,
+        #[serde(default)]
+        params: std::collections::HashMap<String, String>,
+    }
+    let item: Json = serde_json::from_str(line).context("not a JSON item {\"key\", \"uri\", \"params\"}")?;
+    Ok(pb::Item {
+        key: item.key,
+        uri: item.uri,
+        params: item.params,
+    })
+}
+
+async fn status(clients: &mut Clients, batch_id: String, watch: bool, output: crate::commands::Output) -> Result<ExitCode> {
+    let get = |clients: &mut Clients| {
+        let request = pb::BatchRef {
+            batch_id: batch_id.clone(),
+        };
+        let mut batches = clients.batches.clone();
+        async move { batches.get_batch(request).await }
+    };
+    let batch = get(clients).await?.into_inner();
+    if !watch {
+        if output == crate::commands::Output::Json {
+            println!("{}", serde_json::to_string_pretty(&batch_json(&batch))?);
+        } else {
+            print_status(&batch);
+        }
+        return Ok(exit_of(&batch));
+    }
+    let total = batch.counts.unwrap_or_default().total;
+    let bar = if std::io::stderr().is_terminal() {
+        ProgressBar::new(total)
+    } else {
+        ProgressBar::hidden()
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("valid template"),
+    );
+    let mut batch = batch;
+    loop {
+        let c = batch.counts.unwrap_or_default();
+        bar.set_length(c.total);
+        bar.set_position(c.succeeded + c.dead);
+        let eta = match batch.eta_seconds {
+            -1 => "?".to_string(),
+            s => format!("{s}s"),
+        };
+        bar.set_message(format!(
+            "{} running, {} failed, {} dead, {:.1} items/s, ETA {eta}, {} workers",
+            c.running, c.failed, c.dead, batch.items_per_second, batch.workers
+        ));
+        let ended = matches!(
+            pb::BatchState::try_from(batch.state),
+            Ok(pb::BatchState::Done | pb::BatchState::Cancelled)
+        );
+        if ended {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        batch = get(clients).await?.into_inner();
+    }
+    bar.finish_and_clear();
+    print_status(&batch);
+    Ok(exit_of(&batch))
+}
+
+/// 0 when every item succeeded, 1 when some are dead or the batch was cancelled.
+fn exit_of(batch: &pb::Batch) -> ExitCode {
+    let c = batch.counts.unwrap_or_default();
+    match pb::BatchState::try_from(batch.state) {
+        Ok(pb::BatchState::Cancelled) => ExitCode::from(1),
+        Ok(pb::BatchState::Done) if c.dead > 0 => ExitCode::from(1),
+        _ => ExitCode::SUCCESS,
+    }
+}
+
+fn print_status(batch: &pb::Batch) {
+    let c = batch.counts.unwrap_or_default();
+    println!("batch     {} ({})", batch.id, batch_state(batch.state));
+    println!(
+        "items     {} total: {} pending, {} running, {} succeeded, {} failed, {} dead",
+        c.total, c.pending, c.running, c.succeeded, c.failed, c.dead
+    );
+    let eta = match batch.eta_seconds {
+        -1 => "unknown".to_string(),
+        s => format!("{s} s"),
+    };
+    println!("rate      {:.1} items/s, ETA {eta}", batch.items_per_second);
+    println!("workers   {}", batch.workers);
+    println!(
+        "per item  {:.3} CPU s, peak memory {}",
+        batch.cpu_seconds_per_item,
+        format::bytes(batch.peak_memory_bytes)
+    );
+}
+
+fn batch_json(batch: &pb::Batch) -> serde_json::Value {
+    let c = batch.counts.unwrap_or_default();
+    serde_json::json!({
+        "id": batch.id,
+        "state": batch_state(batch.state),
+        "total": c.total,
+        "pending": c.pending,
+        "running": c.running,
+        "succeeded": c.succeeded,
+        "failed": c.failed,
+        "dead": c.dead,
+        "items_per_second": batch.items_per_second,
+        "eta_seconds": batch.eta_seconds,
+        "workers": batch.workers,
+        "cpu_seconds_per_item": batch.cpu_seconds_per_item,
+        "peak_memory_bytes": batch.peak_memory_bytes,
+    })
+}
+
+async fn items(clients: &mut Clients, batch_id: String, states: Vec<ItemStateArg>, limit: u32) -> Result<()> {
+    let mut rows = Vec::new();
+    let mut page_token = String::new();
+    while rows.len() < limit as usize {
+        let page = clients
+            .batches
+            .list_items(pb::ListItemsRequest {
+                batch_id: batch_id.clone(),
+                states: states.iter().map(|s| s.proto() as i32).collect(),
+                page_token: page_token.clone(),
+                limit: (limit as usize - rows.len()).min(1000) as u32,
+            })
+            .await?
+            .into_inner();
+        rows.extend(page.items);
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
+    let mut table = tabled::builder::Builder::default();
+    table.push_record(["KEY", "STATE", "ATTEMPTS", "EXIT", "REASON"]);
+    for item in rows {
+        let state = pb::ItemState::try_from(item.state)
+            .map(|s| s.as_str_name().trim_start_matches("ITEM_STATE_").to_string())
+            .unwrap_or_default();
+        table.push_record([
+            item.key,
+            state,
+            item.attempts.to_string(),
+            item.exit_code.map(|c| c.to_string()).unwrap_or_default(),
+            item.reason,
+        ]);
+    }
+    println!("{}", table.build().with(Style::blank()));
+    Ok(())
+}

@@ -1,0 +1,70 @@
+//! item-batch's configuration.
+
+use std::path::PathBuf;
+
+use kiln_core::config::{ConfigError, DatabaseConfig, GrpcConfig, NatsConfig, ObjectStoreConfig};
+use kiln_core::service::{ServiceConfig, problems_to_result};
+use serde::{Deserialize, Serialize};
+
+pub const DEFAULT_PORT: u16 = 7075;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct Config {
+    pub grpc: GrpcConfig,
+    pub database: DatabaseConfig,
+    pub nats: NatsConfig,
+    /// Where AddItemsFromObjects lists prefixes and reads manifests.
+    pub objects: ObjectStoreConfig,
+    /// The address workers reach item-batch at (given to them as `KILN_ITEMS_ADDR`); empty for
+    /// `http://<listen address>`.
+    pub advertise_url: String,
+    /// The kiln-agent program that process workers (batches without an image) run; empty for
+    /// `kiln-agent` beside the running program.
+    pub agent_path: PathBuf,
+    /// How often the autoscaler looks at every live batch, in milliseconds.
+    pub scale_interval_ms: u64,
+    /// A worker that had nothing to do for this long is told to stop, in milliseconds.
+    pub idle_stop_ms: u64,
+    /// How long an item may go without a heartbeat before JetStream gives it to another worker,
+    /// in seconds (agents beat every few seconds).
+    pub ack_wait_secs: u64,
+    /// Wait before the second attempt of a failed item, in milliseconds; doubled per attempt,
+    /// at most a minute.
+    pub retry_backoff_ms: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            grpc: GrpcConfig::local(DEFAULT_PORT),
+            database: DatabaseConfig::default(),
+            nats: NatsConfig::default(),
+            objects: ObjectStoreConfig::default(),
+            advertise_url: String::new(),
+            agent_path: PathBuf::new(),
+            scale_interval_ms: 1_000,
+            idle_stop_ms: 10_000,
+            ack_wait_secs: 30,
+            retry_backoff_ms: 1_000,
+        }
+    }
+}
+
+impl ServiceConfig for Config {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let mut problems = Vec::new();
+        self.database.validate(&mut problems);
+        self.nats.validate(&mut problems);
+        if self.scale_interval_ms == 0 {
+            problems.push("scale-interval-ms must be at least 1".into());
+        }
+        if self.ack_wait_secs < 10 {
+            problems.push(format!(
+                "ack-wait-secs {} must be at least 10 (agents beat every 3 seconds)",
+                self.ack_wait_secs
+            ));
+        }
+        problems_to_result(problems)
+    }
+}

@@ -1,0 +1,321 @@
+//! `BatchService`: creating batches, taking their items, and reporting on them. Errors become
+//! statuses at this edge only.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use kiln_core::auth::{Principal, user_principal};
+use kiln_core::ids::{new_id, now_ms, parse_id};
+use kiln_proto::v1 as pb;
+use kiln_proto::v1::batch_service_server::BatchService;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::Shared;
+use crate::error::{Error, Result};
+use crate::spec::Spec;
+use crate::store::{self, BatchRecord, NewItem};
+
+/// Items in one AddItems message, at most.
+pub const MAX_ITEMS_PER_MESSAGE: usize = 10_000;
+/// Longest item key and URI, in bytes.
+pub const MAX_KEY_BYTES: usize = 512;
+pub const MAX_URI_BYTES: usize = 4096;
+/// Parameters of one item, at most.
+pub const MAX_PARAMS: usize = 64;
+/// Largest AddItems message (NATS and gRPC limits leave room for this).
+pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
+/// Default and largest page of ListItems.
+const DEFAULT_PAGE: u32 = 100;
+const LARGEST_PAGE: u32 = 10_000;
+
+/// BatchApi serves `BatchService`.
+#[derive(Clone)]
+pub struct BatchApi {
+    pub(crate) shared: Arc<Shared>,
+}
+
+#[tonic::async_trait]
+impl BatchService for BatchApi {
+    async fn create_batch(&self, request: Request<pb::CreateBatchRequest>) -> Result<Response<pb::Batch>, Status> {
+        let principal = user_principal(&request)?;
+        let spec = Spec::from_proto(request.into_inner().spec)?;
+        let record = BatchRecord {
+            id: new_id(),
+            owner_id: principal.user_id.clone(),
+            project: spec.project.clone(),
+            name: spec.name.clone(),
+            spec_json: spec.to_json(),
+            state: store::OPEN.to_string(),
+            created_at_ms: now_ms(),
+            sealed_at_ms: None,
+            finished_at_ms: None,
+        };
+        self.shared.batches.insert_batch(record.clone()).await?;
+        self.shared.ensure_consumer(&record.id).await?;
+        tracing::info!(batch_id = %record.id, owner = %principal.user_name, "batch created");
+        Ok(Response::new(self.shared.describe(&record).await?))
+    }
+
+    async fn add_items(
+        &self,
+        request: Request<Streaming<pb::AddItemsRequest>>,
+    ) -> Result<Response<pb::AddItemsResponse>, Status> {
+        let principal = user_principal(&request)?;
+        let mut messages = request.into_inner();
+        let mut batch_id = String::new();
+        let mut response = pb::AddItemsResponse::default();
+        while let Some(message) = messages.next().await {
+            let message = message?;
+            if batch_id.is_empty() {
+                batch_id = self.visible(&principal, &message.batch_id).await?.id;
+            } else if !message.batch_id.is_empty() && message.batch_id != batch_id {
+                return Err(Error::InvalidArgument(format!(
+                    "one AddItems call adds to one batch: {batch_id}, not {}",
+                    message.batch_id
+                ))
+                .into());
+            }
+            let items = check_items(message.items)?;
+            let (added, duplicates) = self.shared.add(&batch_id, items).await?;
+            response.added += added;
+            response.duplicates += duplicates;
+        }
+        if batch_id.is_empty() {
+            return Err(Error::InvalidArgument("no message named a batch".into()).into());
+        }
+        response.total = self.shared.batches.tally(&batch_id).await?.total;
+        Ok(Response::new(response))
+    }
+
+    async fn add_items_from_objects(
+        &self,
+        request: Request<pb::AddItemsFromObjectsRequest>,
+    ) -> Result<Response<pb::AddItemsResponse>, Status> {
+        let principal = user_principal(&request)?;
+        let request = request.into_inner();
+        let batch = self.visible(&principal, &request.batch_id).await?;
+        let uris = match request.source {
+            Some(pb::add_items_from_objects_request::Source::Prefix(prefix)) => {
+                self.shared.list_objects(&prefix).await?
+            }
+            Some(pb::add_items_from_objects_request::Source::Manifest(path)) => {
+                self.shared.read_manifest(&path).await?
+            }
+            None => return Err(Error::InvalidArgument("give a prefix or a manifest".into()).into()),
+        };
+        let mut response = pb::AddItemsResponse::default();
+        for chunk in uris.chunks(MAX_ITEMS_PER_MESSAGE) {
+            let items = chunk
+                .iter()
+                .map(|uri| pb::Item {
+                    key: String::new(),
+                    uri: uri.clone(),
+                    params: Default::default(),
+                })
+                .collect();
+            let (added, duplicates) = self.shared.add(&batch.id, check_items(items)?).await?;
+            response.added += added;
+            response.duplicates += duplicates;
+        }
+        response.total = self.shared.batches.tally(&batch.id).await?.total;
+        Ok(Response::new(response))
+    }
+
+    async fn seal_batch(&self, request: Request<pb::BatchRef>) -> Result<Response<pb::Batch>, Status> {
+        let principal = user_principal(&request)?;
+        let batch = self.visible(&principal, &request.get_ref().batch_id).await?;
+        if batch.state != store::SEALED
+            && !self
+                .shared
+                .batches
+                .set_batch_state(&batch.id, &[store::OPEN], store::SEALED)
+                .await?
+        {
+            let now = self.shared.batches.batch(&batch.id).await?;
+            return Err(Error::FailedPrecondition(format!(
+                "batch {} is {}; only an open batch can be sealed",
+                batch.id, now.state
+            ))
+            .into());
+        }
+        let batch = self.shared.batches.batch(&batch.id).await?;
+        Ok(Response::new(self.shared.describe(&batch).await?))
+    }
+
+    async fn cancel_batch(&self, request: Request<pb::BatchRef>) -> Result<Response<pb::Batch>, Status> {
+        let principal = user_principal(&request)?;
+        let batch = self.visible(&principal, &request.get_ref().batch_id).await?;
+        if batch.state == store::DONE {
+            return Err(Error::FailedPrecondition(format!("batch {} is done already", batch.id)).into());
+        }
+        self.shared.cancel(&batch.id).await?;
+        let batch = self.shared.batches.batch(&batch.id).await?;
+        Ok(Response::new(self.shared.describe(&batch).await?))
+    }
+
+    async fn get_batch(&self, request: Request<pb::BatchRef>) -> Result<Response<pb::Batch>, Status> {
+        let principal = user_principal(&request)?;
+        let batch = self.visible(&principal, &request.get_ref().batch_id).await?;
+        Ok(Response::new(self.shared.describe(&batch).await?))
+    }
+
+    async fn list_batches(
+        &self,
+        request: Request<pb::ListBatchesRequest>,
+    ) -> Result<Response<pb::ListBatchesResponse>, Status> {
+        let principal = user_principal(&request)?;
+        let owner = (!principal.is_admin).then_some(principal.user_id.as_str());
+        let records = self.shared.batches.list_batches(owner, request.get_ref().all).await?;
+        let mut batches = Vec::with_capacity(records.len());
+        for record in &records {
+            batches.push(self.shared.describe(record).await?);
+        }
+        Ok(Response::new(pb::ListBatchesResponse { batches }))
+    }
+
+    async fn list_items(
+        &self,
+        request: Request<pb::ListItemsRequest>,
+    ) -> Result<Response<pb::ListItemsResponse>, Status> {
+        let principal = user_principal(&request)?;
+        let request = request.into_inner();
+        let batch = self.visible(&principal, &request.batch_id).await?;
+        let mut states = Vec::new();
+        for state in &request.states {
+            let state = pb::ItemState::try_from(*state)
+                .ok()
+                .and_then(store::item_state_name)
+                .ok_or_else(|| Error::InvalidArgument(format!("{state} is not an item state")))?;
+            states.push(state);
+        }
+        let limit = match request.limit {
+            0 => DEFAULT_PAGE,
+            n => n.min(LARGEST_PAGE),
+        };
+        let items = self
+            .shared
+            .batches
+            .items(&batch.id, &states, &request.page_token, u64::from(limit) + 1)
+            .await?;
+        let more = items.len() > limit as usize;
+        let items: Vec<pb::ItemStatus> = items
+            .into_iter()
+            .take(limit as usize)
+            .map(|item| pb::ItemStatus {
+                state: store::item_state_proto(&item.state) as i32,
+                attempts: u32::try_from(item.attempts).unwrap_or(0),
+                exit_code: item.exit_code,
+                reason: item.reason,
+                updated_at_ms: item.updated_at_ms,
+                key: item.item_key,
+                uri: item.uri,
+            })
+            .collect();
+        let next_page_token = match (more, items.last()) {
+            (true, Some(last)) => last.key.clone(),
+            _ => String::new(),
+        };
+        Ok(Response::new(pb::ListItemsResponse { items, next_page_token }))
+    }
+
+    async fn get_item_logs(
+        &self,
+        request: Request<pb::GetItemLogsRequest>,
+    ) -> Result<Response<pb::GetItemLogsResponse>, Status> {
+        let principal = user_principal(&request)?;
+        let request = request.into_inner();
+        let batch = self.visible(&principal, &request.batch_id).await?;
+        if self.shared.batches.item(&batch.id, &request.key).await?.is_none() {
+            return Err(Error::InvalidArgument(format!("batch {} has no item {:?}", batch.id, request.key)).into());
+        }
+        let mut lines = Vec::new();
+        for attempt in self.shared.batches.attempts(&batch.id, &request.key).await? {
+            let kept: Vec<(i32, i64, String)> = serde_json::from_str(&attempt.lines_json).unwrap_or_default();
+            for (seq, (stream, timestamp_ms, text)) in kept.into_iter().enumerate() {
+                lines.push(pb::LogLine {
+                    attempt: attempt.attempt,
+                    seq: seq as u64 + 1,
+                    stream,
+                    timestamp_ms,
+                    text,
+                });
+            }
+        }
+        Ok(Response::new(pb::GetItemLogsResponse { lines }))
+    }
+
+    async fn retry_failed(&self, request: Request<pb::BatchRef>) -> Result<Response<pb::RetryFailedResponse>, Status> {
+        let principal = user_principal(&request)?;
+        let batch = self.visible(&principal, &request.get_ref().batch_id).await?;
+        if batch.state == store::CANCELLED {
+            return Err(Error::FailedPrecondition(format!("batch {} is cancelled", batch.id)).into());
+        }
+        let retried = self.shared.batches.retry_dead(&batch.id).await?;
+        if retried > 0 {
+            // A done batch has work again.
+            self.shared
+                .batches
+                .set_batch_state(&batch.id, &[store::DONE], store::SEALED)
+                .await?;
+            self.shared.ensure_consumer(&batch.id).await?;
+            self.shared.publish_unpublished(&batch.id).await?;
+        }
+        Ok(Response::new(pb::RetryFailedResponse { retried }))
+    }
+}
+
+impl BatchApi {
+    /// Reads a batch the caller may see (owner or admin); others' batches read as not found.
+    async fn visible(&self, principal: &Principal, batch_id: &str) -> Result<BatchRecord> {
+        let batch_id = parse_id("batch", batch_id).map_err(Error::InvalidArgument)?;
+        let batch = self.shared.batches.batch(&batch_id).await?;
+        if batch.owner_id != principal.user_id && !principal.is_admin {
+            return Err(Error::BatchNotFound { batch_id });
+        }
+        Ok(batch)
+    }
+}
+
+/// Checks items and fills in their keys (the URI when none is given).
+fn check_items(items: Vec<pb::Item>) -> Result<Vec<NewItem>> {
+    if items.len() > MAX_ITEMS_PER_MESSAGE {
+        return Err(Error::TooLarge(format!(
+            "{} items in one message; send at most {MAX_ITEMS_PER_MESSAGE} per message",
+            items.len()
+        )));
+    }
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(n, item)| {
+            let key = if item.key.is_empty() {
+                item.uri.clone()
+            } else {
+                item.key
+            };
+            if key.is_empty() {
+                return Err(Error::InvalidArgument(format!("item {n} has neither a key nor a URI")));
+            }
+            if key.len() > MAX_KEY_BYTES || key.chars().any(char::is_control) {
+                return Err(Error::InvalidArgument(format!(
+                    "item key {:?} must be at most {MAX_KEY_BYTES} bytes without control characters",
+                    key.chars().take(40).collect::<String>()
+                )));
+            }
+            if item.uri.len() > MAX_URI_BYTES {
+                return Err(Error::InvalidArgument(format!(
+                    "the URI of item {key:?} is longer than {MAX_URI_BYTES} bytes"
+                )));
+            }
+            if item.params.len() > MAX_PARAMS {
+                return Err(Error::InvalidArgument(format!(
+                    "item {key:?} has {} parameters; the limit is {MAX_PARAMS}",
+                    item.params.len()
+                )));
+            }
+            let params: BTreeMap<String, String> = item.params.into_iter().collect();
+            Ok(NewItem::new(key, item.uri, params))
+        })
+        .collect()
+}

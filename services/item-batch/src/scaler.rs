@@ -1,0 +1,191 @@
+//! The autoscaler: every `scale-interval-ms`, for each live batch, it samples the counters (for
+//! the rate and ETA), publishes items a crash left unpublished, ends a sealed batch whose items
+//! are all finished, and asks for workers: as many as the backlog needs at the measured rate per
+//! worker, at most `max_workers`, none when there is no backlog. Workers leave by themselves when
+//! they run out of work (their sessions tell them to stop), so the batch scales to zero.
+//!
+//! One item-batch replica runs the scaler; several would each ask for workers (leader election
+//! arrives with the scheduler's high availability).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kiln_core::JobState;
+use kiln_core::events::{publish_job_change, stop_job};
+use kiln_core::store::{JobRecord, NewJob};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::Result;
+use crate::spec::Spec;
+use crate::store::{self, BatchRecord, Tally};
+use crate::{Error, Shared};
+
+/// Seconds of work a worker should have ahead of it at the measured rate: more backlog than
+/// that asks for another worker.
+const TARGET_DRAIN_SECS: f64 = 30.0;
+/// Where kiln-agent is inside a worker container (the runner puts it there).
+pub const AGENT_IN_CONTAINER: &str = "/kiln/bin/kiln-agent";
+
+pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
+    let interval = Duration::from_millis(shared.config.scale_interval_ms);
+    while !shutdown.is_cancelled() {
+        if let Err(error) = pass(&shared).await {
+            tracing::warn!(error = %error, "scaling pass failed");
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            _ = tokio::time::sleep(interval) => {}
+        }
+    }
+}
+
+/// One look at every live batch.
+pub async fn pass(shared: &Shared) -> Result<()> {
+    for batch in shared.batches.list_batches(None, false).await? {
+        if let Err(error) = tend(shared, &batch).await {
+            tracing::warn!(batch_id = %batch.id, error = %error, "cannot tend batch");
+        }
+    }
+    Ok(())
+}
+
+async fn tend(shared: &Shared, batch: &BatchRecord) -> Result<()> {
+    shared.publish_unpublished(&batch.id).await?;
+    let tally = shared.batches.tally(&batch.id).await?;
+    shared.sample(&batch.id, tally.finished());
+    if batch.state == store::SEALED && tally.backlog() == 0 {
+        if shared
+            .batches
+            .set_batch_state(&batch.id, &[store::SEALED], store::DONE)
+            .await?
+        {
+            shared.forget_state(&batch.id);
+            shared.drop_queue(&batch.id).await?;
+            shared.forget_progress(&batch.id);
+            tracing::info!(batch_id = %batch.id, succeeded = tally.succeeded, dead = tally.dead, "batch done");
+            // Running workers are told to stop by their sessions; those not started yet go now.
+            let live = shared.store.live_batch_workers(&batch.id).await?;
+            stop_unstarted(shared, live, 0).await?;
+        }
+        return Ok(());
+    }
+    let spec = Spec::from_json(&batch.spec_json)?;
+    let live = shared.store.live_batch_workers(&batch.id).await?;
+    let wanted = desired_workers(&tally, spec.max_workers, shared.rate(&batch.id), live.len());
+    if wanted < live.len() {
+        stop_unstarted(shared, live, wanted).await?;
+    } else {
+        for _ in live.len()..wanted {
+            submit_worker(shared, batch, &spec).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Stops workers that have not started (newest first) until at most `keep` are left.
+async fn stop_unstarted(shared: &Shared, live: Vec<JobRecord>, keep: usize) -> Result<()> {
+    let surplus = live.len().saturating_sub(keep);
+    let unstarted = live
+        .into_iter()
+        .rev()
+        .filter(|job| matches!(job.state(), Ok(JobState::Queued)))
+        .take(surplus);
+    for job in unstarted {
+        stop_job(&shared.nats, &shared.store, job, "not needed: the batch has no backlog").await?;
+    }
+    Ok(())
+}
+
+/// Workers wanted: none without backlog; else enough to finish the backlog within
+/// [`TARGET_DRAIN_SECS`] at the rate per worker measured so far (one per item while there is no
+/// measure yet), at least one, at most `max_workers`.
+pub fn desired_workers(tally: &Tally, max_workers: u32, rate: Option<f64>, live: usize) -> usize {
+    let backlog = tally.backlog();
+    if backlog == 0 {
+        return 0;
+    }
+    let per_worker = match rate {
+        Some(rate) if rate > 0.0 && live > 0 => rate / live as f64,
+        _ => return backlog.min(u64::from(max_workers)) as usize,
+    };
+    let needed = (backlog as f64 / (per_worker * TARGET_DRAIN_SECS)).ceil() as u64;
+    // Never ask for fewer than are running: those leave by themselves when idle.
+    needed
+        .clamp(1, u64::from(max_workers))
+        .max(live as u64)
+        .min(u64::from(max_workers)) as usize
+}
+
+async fn submit_worker(shared: &Shared, batch: &BatchRecord, spec: &Spec) -> Result<()> {
+    let program = if spec.image.is_empty() {
+        agent_path(shared)?
+    } else {
+        AGENT_IN_CONTAINER.to_string()
+    };
+    let mut env = spec.env.clone();
+    env.insert("KILN_BATCH_ID".into(), batch.id.clone());
+    env.insert("KILN_ITEMS_ADDR".into(), shared.advertise_url.clone());
+    let job = shared
+        .store
+        .insert_job(NewJob {
+            owner_id: batch.owner_id.clone(),
+            project: batch.project.clone(),
+            name: format!("{}-worker", spec.name),
+            command: vec![program],
+            env,
+            cpu_millis: i64::from(spec.cpu_millis),
+            memory_bytes: i64::try_from(spec.memory_mb.saturating_mul(1 << 20)).unwrap_or(i64::MAX),
+            image: spec.image.clone(),
+            batch_id: batch.id.clone(),
+            ..NewJob::default()
+        })
+        .await?;
+    tracing::info!(batch_id = %batch.id, job_id = %job.id, "worker asked for");
+    if let Err(error) = publish_job_change(&shared.nats, &shared.store, &job).await {
+        tracing::warn!(job_id = %job.id, error = %error, "publish failed; the reconciler will retry");
+    }
+    Ok(())
+}
+
+/// The kiln-agent that process workers run: the configured one, or the one beside this program.
+fn agent_path(shared: &Shared) -> Result<String> {
+    if !shared.config.agent_path.as_os_str().is_empty() {
+        return Ok(shared.config.agent_path.display().to_string());
+    }
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join("kiln-agent")))
+        .filter(|path| path.try_exists().unwrap_or(false))
+        .ok_or_else(|| {
+            Error::FailedPrecondition("kiln-agent is not beside this program; set item-batch's agent-path".into())
+        })?;
+    Ok(beside.display().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn backlog(pending: u64) -> Tally {
+        Tally {
+            total: pending,
+            pending,
+            ..Tally::default()
+        }
+    }
+
+    #[test]
+    fn workers_follow_the_backlog_within_bounds() {
+        assert_eq!(desired_workers(&backlog(0), 10, Some(5.0), 3), 0);
+        assert_eq!(desired_workers(&backlog(3), 10, None, 0), 3);
+        assert_eq!(desired_workers(&backlog(1_000_000), 1000, None, 0), 1000);
+        // 2 workers doing 10 items/s each: 600 items is 30 s of work for 2.
+        assert_eq!(desired_workers(&backlog(600), 10, Some(20.0), 2), 2);
+        assert_eq!(desired_workers(&backlog(6000), 10, Some(20.0), 2), 10);
+        assert_eq!(
+            desired_workers(&backlog(10), 10, Some(20.0), 4),
+            4,
+            "never below what runs"
+        );
+    }
+}

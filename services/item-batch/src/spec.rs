@@ -1,0 +1,142 @@
+//! A batch's spec: checked and given its defaults at CreateBatch, stored as JSON.
+
+use std::collections::BTreeMap;
+
+use kiln_proto::v1 as pb;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::template;
+
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
+pub const DEFAULT_ITEM_TIMEOUT_SECS: u64 = 3600;
+pub const DEFAULT_MAX_WORKERS: u32 = 4;
+pub const DEFAULT_CPU_MILLIS: u32 = 1000;
+pub const DEFAULT_MEMORY_MB: u64 = 1024;
+/// Bounds that keep a typo from asking for the impossible.
+const LARGEST_MAX_WORKERS: u32 = 10_000;
+const LARGEST_MAX_ATTEMPTS: u32 = 100;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Spec {
+    pub name: String,
+    pub project: String,
+    pub image: String,
+    pub command: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub cpu_millis: u32,
+    pub memory_mb: u64,
+    pub output_prefix: String,
+    pub max_attempts: u32,
+    pub item_timeout_secs: u64,
+    pub max_workers: u32,
+    pub market: i32,
+}
+
+impl Spec {
+    /// Checks a requested spec and fills in its defaults.
+    pub fn from_proto(spec: Option<pb::BatchSpec>) -> Result<Spec> {
+        let spec = spec.ok_or_else(|| Error::InvalidArgument("spec is missing".into()))?;
+        template::validate(&spec.command).map_err(Error::InvalidArgument)?;
+        if spec.name.len() > 200 {
+            return Err(Error::InvalidArgument("name is longer than 200 bytes".into()));
+        }
+        if spec
+            .env
+            .keys()
+            .any(|k| k.is_empty() || k.contains('=') || k.starts_with("KILN_"))
+        {
+            return Err(Error::InvalidArgument(
+                "env names must be non-empty, without '=', and not start with KILN_ (kiln sets those)".into(),
+            ));
+        }
+        if spec.max_attempts > LARGEST_MAX_ATTEMPTS {
+            return Err(Error::InvalidArgument(format!(
+                "max_attempts {} is more than {LARGEST_MAX_ATTEMPTS}",
+                spec.max_attempts
+            )));
+        }
+        if spec.max_workers > LARGEST_MAX_WORKERS {
+            return Err(Error::InvalidArgument(format!(
+                "max_workers {} is more than {LARGEST_MAX_WORKERS}",
+                spec.max_workers
+            )));
+        }
+        if pb::Market::try_from(spec.market).is_err() {
+            return Err(Error::InvalidArgument(format!(
+                "market {} is not a market",
+                spec.market
+            )));
+        }
+        let or = |value: u64, default: u64| if value == 0 { default } else { value };
+        Ok(Spec {
+            name: if spec.name.is_empty() {
+                "batch".into()
+            } else {
+                spec.name
+            },
+            project: if spec.project.is_empty() {
+                "default".into()
+            } else {
+                spec.project
+            },
+            image: spec.image,
+            command: spec.command,
+            env: spec.env.into_iter().collect(),
+            cpu_millis: if spec.cpu_millis == 0 {
+                DEFAULT_CPU_MILLIS
+            } else {
+                spec.cpu_millis
+            },
+            memory_mb: or(spec.memory_mb, DEFAULT_MEMORY_MB),
+            output_prefix: spec.output_prefix,
+            max_attempts: if spec.max_attempts == 0 {
+                DEFAULT_MAX_ATTEMPTS
+            } else {
+                spec.max_attempts
+            },
+            item_timeout_secs: or(spec.item_timeout_secs, DEFAULT_ITEM_TIMEOUT_SECS),
+            max_workers: if spec.max_workers == 0 {
+                DEFAULT_MAX_WORKERS
+            } else {
+                spec.max_workers
+            },
+            market: spec.market,
+        })
+    }
+
+    pub fn to_proto(&self) -> pb::BatchSpec {
+        pb::BatchSpec {
+            name: self.name.clone(),
+            project: self.project.clone(),
+            image: self.image.clone(),
+            command: self.command.clone(),
+            env: self.env.clone().into_iter().collect(),
+            cpu_millis: self.cpu_millis,
+            memory_mb: self.memory_mb,
+            output_prefix: self.output_prefix.clone(),
+            max_attempts: self.max_attempts,
+            item_timeout_secs: self.item_timeout_secs,
+            max_workers: self.max_workers,
+            market: self.market,
+        }
+    }
+
+    pub fn from_json(json: &str) -> Result<Spec> {
+        serde_json::from_str(json)
+            .map_err(|e| Error::Store(kiln_core::store::StoreError::Corrupt(format!("batch spec: {e}"))))
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("a spec serializes")
+    }
+
+    /// Where an item's outputs go ({output}).
+    pub fn output_of(&self, key: &str) -> String {
+        if self.output_prefix.is_empty() {
+            format!("/kiln/outputs/items/{key}")
+        } else {
+            format!("{}{key}", self.output_prefix)
+        }
+    }
+}

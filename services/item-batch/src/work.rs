@@ -1,0 +1,375 @@
+//! `ItemWorkService`: one session per kiln-agent. The session pulls the batch's items from its
+//! durable consumer (as many as the agent has slots, and as many again queued), sends them, and
+//! holds each JetStream message until the agent's outcome for it is durable on
+//! `KILN_ITEM_RESULTS`; then it acks the message, or naks it with a backoff when another attempt
+//! follows. Heartbeats keep a slow item from being redelivered; a session that ends (the worker
+//! was stopped, preempted or lost) naks what it held, so those items go to other workers at once.
+//!
+//! Attempts are JetStream deliveries: a delivery lost with its worker counts, and an item is
+//! still given [`LOST_ALLOWANCE`] deliveries beyond `max_attempts` when its failures did not
+//! use them up, so preemptions alone do not make dead letters.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::consumer::PullConsumer;
+use async_nats::jetstream::{self, AckKind};
+use futures::{Stream, StreamExt};
+use kiln_core::auth::{Principal, Scope, principal};
+use kiln_core::ids::parse_id;
+use kiln_core::streams::publish;
+use kiln_core::subjects;
+use kiln_proto::v1 as pb;
+use kiln_proto::v1::agent_message::Body;
+use kiln_proto::v1::item_work_service_server::ItemWorkService;
+use prost::Message;
+use tokio::sync::{Notify, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::Shared;
+use crate::error::{Error, Result};
+use crate::spec::Spec;
+use crate::store::{self, BatchRecord};
+use crate::template::{self, Values};
+
+/// Deliveries an item gets beyond `max_attempts` when earlier ones were lost with their worker.
+pub const LOST_ALLOWANCE: u32 = 3;
+/// Slots one agent may ask for.
+const MAX_SLOTS: u32 = 256;
+/// How long one fetch waits for items.
+const FETCH_WAIT: Duration = Duration::from_millis(500);
+
+type TaskStream = Pin<Box<dyn Stream<Item = Result<pb::AgentTask, Status>> + Send>>;
+
+/// WorkApi serves `ItemWorkService`.
+#[derive(Clone)]
+pub struct WorkApi {
+    pub(crate) shared: Arc<Shared>,
+}
+
+#[tonic::async_trait]
+impl ItemWorkService for WorkApi {
+    type WorkStream = TaskStream;
+
+    async fn work(&self, request: Request<Streaming<pb::AgentMessage>>) -> Result<Response<TaskStream>, Status> {
+        let principal = principal(&request)?;
+        let mut incoming = request.into_inner();
+        let hello = match incoming.next().await {
+            Some(Ok(pb::AgentMessage {
+                body: Some(Body::Hello(hello)),
+            })) => hello,
+            Some(Err(status)) => return Err(status),
+            _ => return Err(Error::InvalidArgument("the first message of a session must be a hello".into()).into()),
+        };
+        let batch = self.authorize(&principal, &hello.batch_id).await?;
+        let (tx, rx) = mpsc::channel(2 * MAX_SLOTS as usize + 16);
+        if !matches!(batch.state.as_str(), store::OPEN | store::SEALED) {
+            let _ = tx.send(Ok(stop(&format!("batch is {}", batch.state)))).await;
+            return Ok(Response::new(Box::pin(ReceiverStream::new(rx))));
+        }
+        let spec = Spec::from_json(&batch.spec_json)?;
+        let consumer = self.shared.ensure_consumer(&batch.id).await?;
+        let slots = hello.slots.clamp(1, MAX_SLOTS) as usize;
+        let session = Arc::new(Session {
+            shared: self.shared.clone(),
+            batch_id: batch.id.clone(),
+            spec,
+            // As many queued at the agent as it runs at once, so it never waits for a round trip.
+            limit: 2 * slots,
+            held: Mutex::new(HashMap::new()),
+            freed: Notify::new(),
+            closed: CancellationToken::new(),
+        });
+        tokio::spawn(session.clone().dispatch(consumer, tx));
+        tokio::spawn(session.read(incoming));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+impl WorkApi {
+    /// A worker's job token works for its own batch only; a user may run an agent for a batch
+    /// of theirs.
+    async fn authorize(&self, principal: &Principal, batch_id: &str) -> Result<BatchRecord> {
+        let batch_id = parse_id("batch", batch_id).map_err(Error::InvalidArgument)?;
+        let batch = self.shared.batches.batch(&batch_id).await?;
+        match &principal.scope {
+            Scope::Job(job_id) => {
+                let job = self.shared.store.job(job_id).await?;
+                if job.batch_id != batch.id {
+                    return Err(Error::PermissionDenied(format!(
+                        "this token belongs to job {job_id}, which is no worker of batch {}",
+                        batch.id
+                    )));
+                }
+            }
+            Scope::User => {
+                if batch.owner_id != principal.user_id && !principal.is_admin {
+                    return Err(Error::BatchNotFound { batch_id });
+                }
+            }
+        }
+        Ok(batch)
+    }
+}
+
+fn stop(reason: &str) -> pb::AgentTask {
+    pb::AgentTask {
+        body: Some(pb::agent_task::Body::Stop(pb::StopAgent { reason: reason.into() })),
+    }
+}
+
+/// A message held for the agent until its outcome is durable.
+struct Held {
+    message: jetstream::Message,
+    attempt: u32,
+    round: u32,
+}
+
+struct Session {
+    shared: Arc<Shared>,
+    batch_id: String,
+    spec: Spec,
+    limit: usize,
+    held: Mutex<HashMap<String, Held>>,
+    freed: Notify,
+    closed: CancellationToken,
+}
+
+impl Session {
+    fn held_count(&self) -> usize {
+        self.held.lock().expect("held lock").len()
+    }
+
+    /// Sends items while the agent has room, until the batch ends, the worker idles out, or the
+    /// agent goes.
+    async fn dispatch(self: Arc<Self>, consumer: PullConsumer, tx: mpsc::Sender<Result<pb::AgentTask, Status>>) {
+        let idle_stop = Duration::from_millis(self.shared.config.idle_stop_ms);
+        let mut last_work = Instant::now();
+        while !self.closed.is_cancelled() {
+            match self.shared.batch_state(&self.batch_id).await.as_deref() {
+                Ok(store::CANCELLED) => {
+                    let _ = tx.send(Ok(stop("batch cancelled"))).await;
+                    return;
+                }
+                Ok(store::DONE) => {
+                    let _ = tx.send(Ok(stop("batch done"))).await;
+                    return;
+                }
+                Ok(_) => {}
+                Err(error) => tracing::warn!(batch_id = %self.batch_id, error = %error, "cannot read the batch"),
+            }
+            let free = self.limit.saturating_sub(self.held_count());
+            if free == 0 {
+                tokio::select! {
+                    _ = self.freed.notified() => {}
+                    _ = self.closed.cancelled() => {}
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+                continue;
+            }
+            let fetched = match consumer.fetch().max_messages(free).expires(FETCH_WAIT).messages().await {
+                Ok(messages) => messages,
+                Err(error) => {
+                    tracing::debug!(batch_id = %self.batch_id, error = %error, "fetch failed");
+                    tokio::time::sleep(FETCH_WAIT).await;
+                    continue;
+                }
+            };
+            let mut fetched = std::pin::pin!(fetched);
+            let mut got = 0;
+            while let Some(message) = fetched.next().await {
+                let Ok(message) = message else { break };
+                got += 1;
+                if self.closed.is_cancelled() {
+                    let _ = message.ack_with(AckKind::Nak(None)).await;
+                    continue;
+                }
+                if let Some(task) = self.take(message).await
+                    && tx.send(Ok(task)).await.is_err()
+                {
+                    self.closed.cancel();
+                }
+            }
+            if got > 0 || self.held_count() > 0 {
+                last_work = Instant::now();
+            } else if last_work.elapsed() >= idle_stop {
+                let _ = tx.send(Ok(stop("no items for a while"))).await;
+                return;
+            }
+        }
+    }
+
+    /// Turns a message into the agent's task and holds it, or settles it at once (a malformed
+    /// message, an item lost too often).
+    async fn take(&self, message: jetstream::Message) -> Option<pb::AgentTask> {
+        let attempt = match message.info() {
+            Ok(info) => u32::try_from(info.delivered).unwrap_or(u32::MAX),
+            Err(_) => 1,
+        };
+        let item = match pb::QueuedItem::decode(message.payload.as_ref()) {
+            Ok(item) => item,
+            Err(error) => {
+                tracing::warn!(batch_id = %self.batch_id, error = %error, "dropping a malformed item");
+                let _ = message.ack_with(AckKind::Term).await;
+                return None;
+            }
+        };
+        if attempt > self.spec.max_attempts + LOST_ALLOWANCE {
+            let result = pb::ItemResult {
+                batch_id: self.batch_id.clone(),
+                key: item.key.clone(),
+                round: item.round,
+                attempt,
+                state: pb::ItemState::Dead as i32,
+                reason: format!(
+                    "delivered {} times without an outcome (its workers were lost)",
+                    attempt - 1
+                ),
+                ..Default::default()
+            };
+            if self.record(&result).await.is_ok() {
+                let _ = message.ack_with(AckKind::Term).await;
+            }
+            return None;
+        }
+        let output = self.spec.output_of(&item.key);
+        let command = template::render(
+            &self.spec.command,
+            Values {
+                uri: &item.uri,
+                output: &output,
+                item: &item.key,
+                attempt,
+            },
+        );
+        let mut env: HashMap<String, String> = item
+            .params
+            .iter()
+            .map(|(name, value)| (format!("KILN_PARAM_{name}"), value.clone()))
+            .collect();
+        env.insert("KILN_ITEM".into(), item.key.clone());
+        env.insert("KILN_ITEM_URI".into(), item.uri.clone());
+        env.insert("KILN_ITEM_OUTPUT".into(), output);
+        env.insert("KILN_ITEM_ATTEMPT".into(), attempt.to_string());
+        let task = pb::ItemToRun {
+            key: item.key.clone(),
+            attempt,
+            command,
+            env,
+            timeout_secs: self.spec.item_timeout_secs,
+            round: item.round,
+        };
+        self.held.lock().expect("held lock").insert(
+            item.key,
+            Held {
+                message,
+                attempt,
+                round: item.round,
+            },
+        );
+        Some(pb::AgentTask {
+            body: Some(pb::agent_task::Body::Item(task)),
+        })
+    }
+
+    /// Publishes an outcome durably (de-duplicated by its message id).
+    async fn record(&self, result: &pb::ItemResult) -> Result<()> {
+        let msg_id = subjects::item_result_msg_id(&result.batch_id, &result.key, result.round, result.attempt);
+        publish(
+            &self.shared.nats.jetstream,
+            subjects::item_results(&result.batch_id),
+            &msg_id,
+            result.encode_to_vec().into(),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Reads the agent's messages until it goes, then gives back what it held.
+    async fn read(self: Arc<Self>, mut incoming: Streaming<pb::AgentMessage>) {
+        while let Some(message) = incoming.next().await {
+            match message.map(|m| m.body) {
+                Ok(Some(Body::Outcome(outcome))) => {
+                    let session = self.clone();
+                    tokio::spawn(async move { session.settle(outcome).await });
+                }
+                Ok(Some(Body::Heartbeat(beat))) => {
+                    let held = self.held.lock().expect("held lock");
+                    for key in &beat.keys {
+                        if let Some(held) = held.get(key) {
+                            let message = held.message.clone();
+                            tokio::spawn(async move { message.ack_with(AckKind::Progress).await });
+                        }
+                    }
+                }
+                Ok(_) => {}
+                Err(status) => {
+                    tracing::debug!(batch_id = %self.batch_id, %status, "agent stream failed");
+                    break;
+                }
+            }
+        }
+        self.closed.cancel();
+        let held: Vec<Held> = self.held.lock().expect("held lock").drain().map(|(_, h)| h).collect();
+        for held in held {
+            let _ = held.message.ack_with(AckKind::Nak(None)).await;
+        }
+    }
+
+    /// Records an outcome, then acks its message (or naks it with a backoff when another
+    /// attempt follows).
+    async fn settle(&self, outcome: pb::ItemOutcome) {
+        let held = {
+            let mut held = self.held.lock().expect("held lock");
+            match held.get(&outcome.key) {
+                Some(h) if h.attempt == outcome.attempt && h.round == outcome.round => held.remove(&outcome.key),
+                _ => None,
+            }
+        };
+        let state = if outcome.exit_code == Some(0) {
+            pb::ItemState::Succeeded
+        } else if outcome.attempt >= self.spec.max_attempts {
+            pb::ItemState::Dead
+        } else {
+            pb::ItemState::Failed
+        };
+        let result = pb::ItemResult {
+            batch_id: self.batch_id.clone(),
+            key: outcome.key,
+            round: outcome.round,
+            attempt: outcome.attempt,
+            state: state as i32,
+            exit_code: outcome.exit_code,
+            reason: outcome.reason,
+            lines: outcome.lines,
+            cpu_seconds: outcome.cpu_seconds,
+            peak_memory_bytes: outcome.peak_memory_bytes,
+            duration_ms: outcome.duration_ms,
+        };
+        if let Err(error) = self.record(&result).await {
+            // Not acked: the item comes again after the ack wait.
+            tracing::warn!(batch_id = %self.batch_id, key = %result.key, error = %error, "cannot record an outcome");
+            return;
+        }
+        if let Some(held) = held {
+            let ack = match state {
+                pb::ItemState::Failed => AckKind::Nak(Some(self.backoff(outcome.attempt))),
+                _ => AckKind::Ack,
+            };
+            if let Err(error) = held.message.ack_with(ack).await {
+                tracing::debug!(batch_id = %self.batch_id, key = %result.key, error = %error, "ack failed");
+            }
+        }
+        self.freed.notify_one();
+    }
+
+    fn backoff(&self, attempt: u32) -> Duration {
+        let base = self.shared.config.retry_backoff_ms;
+        let factor = 1u64 << attempt.saturating_sub(1).min(16);
+        Duration::from_millis(base.saturating_mul(factor).min(60_000))
+    }
+}
