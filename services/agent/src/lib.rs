@@ -1,7 +1,8 @@
 //! kiln-agent, the worker loop of a batch. It holds a session with item-batch
 //! (`ItemWorkService.Work`): says how many items it runs at once, runs each item it is sent
 //! (its command, or a built-in such as `kiln:noop`) with the item's timeout, and reports the
-//! outcome with the item's last output lines, CPU time and peak memory. Every few seconds it
+//! outcome (built-ins `kiln:noop` and `kiln:sleep MS` run in the agent itself) with the item's
+//! last output lines, CPU time and peak memory. Every few seconds it
 //! sends a heartbeat naming the items still running, so a slow item is not given to another
 //! worker. When the session breaks (item-batch restarted) it keeps running its items and
 //! reconnects; outcomes not yet sent go on the new session. It exits when item-batch says stop:
@@ -319,6 +320,12 @@ async fn run_item(item: pb::ItemToRun, runner: Runner, kill: &CancellationToken)
     let program = item.command.first().cloned().unwrap_or_default();
     if program == "kiln:noop" {
         outcome.exit_code = Some(0);
+    } else if program == "kiln:sleep" {
+        let ms = item.command.get(1).and_then(|ms| ms.parse::<u64>().ok()).unwrap_or(0);
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(ms)) => outcome.exit_code = Some(0),
+            _ = kill.cancelled() => return None,
+        }
     } else if program.starts_with("kiln:") {
         outcome.reason = format!("unknown built-in {program}");
     } else if runner == Runner::BuiltinsOnly {

@@ -120,6 +120,8 @@ impl Shared {
                     ack_wait: Duration::from_secs(self.config.ack_wait_secs),
                     max_deliver: -1,
                     max_ack_pending: 100_000,
+                    // Every worker's session keeps a pull request waiting.
+                    max_waiting: 100_000,
                     ..Default::default()
                 },
             )

@@ -10,6 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use kiln_core::JobState;
 use kiln_core::events::{publish_job_change, stop_job};
 use kiln_core::store::{JobRecord, NewJob};
@@ -23,6 +24,8 @@ use crate::{Error, Shared};
 /// Seconds of work a worker should have ahead of it at the measured rate: more backlog than
 /// that asks for another worker.
 const TARGET_DRAIN_SECS: f64 = 30.0;
+/// Worker jobs submitted at once.
+const SUBMIT_CONCURRENCY: usize = 32;
 /// Where kiln-agent is inside a worker container (the runner puts it there).
 pub const AGENT_IN_CONTAINER: &str = "/kiln/bin/kiln-agent";
 
@@ -74,10 +77,14 @@ async fn tend(shared: &Shared, batch: &BatchRecord) -> Result<()> {
     let wanted = desired_workers(&tally, spec.max_workers, shared.rate(&batch.id), live.len());
     if wanted < live.len() {
         stop_unstarted(shared, live, wanted).await?;
-    } else {
-        for _ in live.len()..wanted {
-            submit_worker(shared, batch, &spec).await?;
-        }
+    } else if wanted > live.len() {
+        // Several at a time: a thousand one by one would take the database's round trips each.
+        let submitted: Vec<Result<()>> = futures::stream::iter(live.len()..wanted)
+            .map(|_| submit_worker(shared, batch, &spec))
+            .buffer_unordered(SUBMIT_CONCURRENCY)
+            .collect()
+            .await;
+        submitted.into_iter().collect::<Result<Vec<()>>>()?;
     }
     Ok(())
 }

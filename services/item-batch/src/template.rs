@@ -1,10 +1,12 @@
 //! The per-item command: an argv whose arguments may hold `{uri}`, `{output}`, `{item}` and
-//! `{attempt}` (`{{` and `}}` are literal braces), or a single built-in such as `kiln:noop`.
+//! `{attempt}` (`{{` and `}}` are literal braces), or a built-in run by the agent itself:
+//! `kiln:noop` (succeeds at once) or `kiln:sleep MS` (succeeds after MS milliseconds; for
+//! simulations and benchmarks).
 
 /// The placeholders a command may use.
 pub const PLACEHOLDERS: [&str; 4] = ["uri", "output", "item", "attempt"];
 /// Built-ins run by the agent itself, without a process.
-pub const BUILTINS: [&str; 1] = ["kiln:noop"];
+pub const BUILTINS: [&str; 2] = ["kiln:noop", "kiln:sleep"];
 
 /// What a placeholder stands for in one attempt.
 #[derive(Debug, Clone, Copy)]
@@ -69,10 +71,12 @@ pub fn validate(command: &[String]) -> Result<(), String> {
                 BUILTINS.join(", ")
             ));
         }
-        if command.len() > 1 {
-            return Err(format!("the built-in {program} takes no arguments"));
-        }
-        return Ok(());
+        return match (program.as_str(), &command[1..]) {
+            ("kiln:noop", []) => Ok(()),
+            ("kiln:sleep", [ms]) if ms.parse::<u64>().is_ok_and(|ms| ms <= 3_600_000) => Ok(()),
+            ("kiln:sleep", _) => Err("kiln:sleep takes one argument: milliseconds, at most 3600000".into()),
+            _ => Err(format!("the built-in {program} takes no arguments")),
+        };
     }
     for arg in command {
         pieces(arg)?;
@@ -143,5 +147,8 @@ mod tests {
         );
         assert!(validate(&argv(&["kiln:noop", "x"])).is_err());
         validate(&argv(&["kiln:noop"])).unwrap();
+        validate(&argv(&["kiln:sleep", "250"])).unwrap();
+        assert!(validate(&argv(&["kiln:sleep"])).is_err());
+        assert!(validate(&argv(&["kiln:sleep", "soon"])).is_err());
     }
 }

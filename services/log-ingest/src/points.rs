@@ -161,8 +161,9 @@ pub struct Series {
 /// A store of metric points.
 #[async_trait::async_trait]
 pub trait MetricStore: Send + Sync + 'static {
-    /// Stores points; points already stored are left as they are.
-    async fn append(&self, points: &[Point]) -> Result<()>;
+    /// Stores points (taken by value: the embedded store hands them to a writer thread);
+    /// points already stored are left as they are.
+    async fn append(&self, points: Vec<Point>) -> Result<()>;
     /// The keys a job has written, sorted.
     async fn keys(&self, job_id: &str) -> Result<Vec<String>>;
     /// A series in a step range, with at most `max_points` points.
@@ -253,8 +254,7 @@ fn point_of(job_id: &str, key: &str, row: &rusqlite::Row<'_>) -> rusqlite::Resul
 
 #[async_trait::async_trait]
 impl MetricStore for SqliteMetricStore {
-    async fn append(&self, points: &[Point]) -> Result<()> {
-        let points = points.to_vec();
+    async fn append(&self, points: Vec<Point>) -> Result<()> {
         let cache = self.series_ids.clone();
         with(&self.writer, move |connection| {
             let tx = connection.transaction()?;
@@ -307,7 +307,8 @@ impl MetricStore for SqliteMetricStore {
     async fn keys(&self, job_id: &str) -> Result<Vec<String>> {
         let job_id = job_id.to_string();
         with(&self.reader, move |connection| {
-            let mut statement = connection.prepare_cached("SELECT key FROM metric_series WHERE job_id = ?1 ORDER BY key")?;
+            let mut statement =
+                connection.prepare_cached("SELECT key FROM metric_series WHERE job_id = ?1 ORDER BY key")?;
             let keys = statement
                 .query_map([&job_id], |row| row.get(0))?
                 .collect::<rusqlite::Result<Vec<String>>>()?;

@@ -209,7 +209,8 @@ impl ScyllaMetricStore {
 
 #[async_trait::async_trait]
 impl MetricStore for ScyllaMetricStore {
-    async fn append(&self, points: &[Point]) -> Result<()> {
+    async fn append(&self, points: Vec<Point>) -> Result<()> {
+        let points = points.as_slice();
         let (session, statements) = (&self.session, &self.statements);
         let mut series: BTreeMap<(&str, &str), Vec<i64>> = BTreeMap::new();
         for point in points {

@@ -78,6 +78,6 @@ impl BatchWriter for MetricWriter {
                 Err(error) => tracing::warn!(error = %error, "dropping a malformed metric batch"),
             }
         }
-        Ok(self.store.append(&points).await?)
+        Ok(self.store.append(points).await?)
     }
 }

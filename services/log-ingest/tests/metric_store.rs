@@ -23,8 +23,8 @@ async fn points_are_stored_once_and_special_values_survive(store: Box<dyn Metric
         point("j", "acc", 1, 0.1),
         point("other", "loss", 1, 9.0),
     ];
-    store.append(&points).await.unwrap();
-    store.append(&points[..2]).await.unwrap();
+    store.append(points.clone()).await.unwrap();
+    store.append(points[..2].to_vec()).await.unwrap();
     assert_eq!(store.keys("j").await.unwrap(), ["acc", "loss"]);
     assert!(store.keys("nobody").await.unwrap().is_empty());
     let series = store.series("j", "loss", i64::MIN, i64::MAX, 100).await.unwrap();
@@ -45,7 +45,7 @@ async fn series_across_partitions_come_back_in_order(store: Box<dyn MetricStore>
     // Steps far apart land in different partitions of the Scylla store.
     let steps = [0, 5, 99_999, 100_000, 250_000, 1_000_000, -3];
     let points: Vec<Point> = steps.iter().map(|&s| point("j", "k", s, s as f64)).collect();
-    store.append(&points).await.unwrap();
+    store.append(points.clone()).await.unwrap();
     let series = store.series("j", "k", i64::MIN, i64::MAX, 100).await.unwrap();
     let mut sorted = steps.to_vec();
     sorted.sort_unstable();
@@ -69,7 +69,7 @@ async fn downsampling_keeps_the_extremes(store: Box<dyn MetricStore>) {
             point("j", "loss", step, value)
         })
         .collect();
-    store.append(&points).await.unwrap();
+    store.append(points.clone()).await.unwrap();
     let series = store.series("j", "loss", i64::MIN, i64::MAX, 500).await.unwrap();
     assert_eq!(series.total, 100_000);
     assert!(

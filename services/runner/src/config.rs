@@ -83,6 +83,9 @@ pub struct Config {
     pub api_url: String,
     /// Address of log-ingest, given to jobs as `KILN_LOGS` (where they write their metrics).
     pub logs_url: String,
+    /// The static kiln-agent put into the containers of batch workers (at
+    /// `/kiln/bin/kiln-agent`); empty: batch workers run only as processes.
+    pub agent_binary: PathBuf,
     pub provider: ProviderKind,
     pub docker: DockerConfig,
     pub sim: SimConfig,
@@ -112,6 +115,7 @@ impl Default for Config {
             stop_grace_period_ms: 10_000,
             api_url: "http://127.0.0.1:7070".into(),
             logs_url: "http://127.0.0.1:7071".into(),
+            agent_binary: PathBuf::new(),
             provider: ProviderKind::Auto,
             docker: DockerConfig::default(),
             sim: SimConfig::default(),

@@ -228,8 +228,49 @@ async fn instance_spec(
         gpu_devices: gpu_devices.to_vec(),
         code,
         datasets,
+        agent: if job.batch_id.is_empty() || job.image.is_empty() {
+            None
+        } else {
+            Some(agent_archive(ctx).await?)
+        },
         scratch_dir: PathBuf::from(scratch_dir),
     })
+}
+
+/// A tar holding the static kiln-agent at `kiln/bin/kiln-agent`, for batch workers' containers.
+async fn agent_archive(ctx: &Context) -> Result<Bytes> {
+    let path = ctx.config.agent_binary.clone();
+    if path.as_os_str().is_empty() {
+        return Err(Error::BadBundle(
+            "this runner has no agent-binary: it cannot start batch workers in containers".into(),
+        ));
+    }
+    tokio::task::spawn_blocking(move || {
+        let binary = std::fs::read(&path)
+            .map_err(|e| Error::BadBundle(format!("cannot read the agent binary {}: {e}", path.display())))?;
+        let mut archive = tar::Builder::new(Vec::new());
+        for dir in ["kiln/", "kiln/bin/"] {
+            let mut header = tar::Header::new_gnu();
+            header.set_entry_type(tar::EntryType::Directory);
+            header.set_mode(0o755);
+            header.set_size(0);
+            header.set_cksum();
+            archive
+                .append_data(&mut header, dir, std::io::empty())
+                .map_err(|e| Error::BadBundle(e.to_string()))?;
+        }
+        let mut header = tar::Header::new_gnu();
+        header.set_mode(0o755);
+        header.set_size(binary.len() as u64);
+        header.set_cksum();
+        archive
+            .append_data(&mut header, "kiln/bin/kiln-agent", binary.as_slice())
+            .map_err(|e| Error::BadBundle(e.to_string()))?;
+        let bytes = archive.into_inner().map_err(|e| Error::BadBundle(e.to_string()))?;
+        Ok(Bytes::from(bytes))
+    })
+    .await
+    .map_err(|e| Error::BadBundle(format!("packing the agent failed: {e}")))?
 }
 
 /// Sets up and runs the attempt. Returns how it ended, the latest record of the job, and the

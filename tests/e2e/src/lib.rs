@@ -95,6 +95,24 @@ pub fn agent_binary() -> std::path::PathBuf {
     agent
 }
 
+/// The static kiln-agent that batch workers' containers run (scripts/build-agent.sh builds it;
+/// scripts/setup.sh runs that).
+pub fn static_agent_binary() -> std::path::PathBuf {
+    let profile_dir = agent_binary()
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .expect("a profile dir");
+    let profile = profile_dir.file_name().expect("a profile name").to_owned();
+    let target = profile_dir.parent().expect("the target dir");
+    let agent = target.join("x86_64-unknown-linux-gnu").join(profile).join("kiln-agent");
+    assert!(
+        agent.try_exists().unwrap_or(false),
+        "{} does not exist: build it with scripts/build-agent.sh",
+        agent.display()
+    );
+    agent
+}
+
 fn ephemeral() -> GrpcConfig {
     GrpcConfig {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),

@@ -159,11 +159,12 @@ impl Store {
         Ok(query.order_by_desc(Column::Id).limit(limit).all(&self.db).await?)
     }
 
-    /// The worker jobs of a batch that have not ended, oldest first.
+    /// The worker jobs of a batch that have not ended (a preempted one is about to be queued
+    /// again, so it counts), oldest first.
     pub async fn live_batch_workers(&self, batch_id: &str) -> StoreResult<Vec<JobRecord>> {
         let live = JobState::ALL
             .into_iter()
-            .filter(|s| !s.is_terminal())
+            .filter(|s| !s.is_terminal() || *s == JobState::Preempted)
             .map(JobState::as_str);
         Ok(Jobs::find()
             .filter(Column::BatchId.eq(batch_id))

@@ -115,6 +115,8 @@ pub struct DockerProvider {
     docker: Docker,
     config: DockerConfig,
     capacity: Capacity,
+    /// The host's address on the default bridge, as containers see it (for `bridge` networks).
+    gateway: Option<String>,
 }
 
 impl DockerProvider {
@@ -148,11 +150,40 @@ impl DockerProvider {
             },
             gpus: 0,
         };
+        let gateway = if config.network == "bridge" {
+            match docker
+                .inspect_network("bridge", None::<bollard::query_parameters::InspectNetworkOptions>)
+                .await
+            {
+                Ok(network) => bridge_gateway(network.ipam.and_then(|ipam| ipam.config).unwrap_or_default()),
+                Err(error) => {
+                    tracing::warn!(error = %error, "cannot inspect the bridge network; containers may not reach kiln");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         Ok(DockerProvider {
             docker,
             config,
             capacity,
+            gateway,
         })
+    }
+
+    /// Rewrites a loopback URL of kiln (`http://127.0.0.1:7070`) to the host's address on the
+    /// bridge, which the container can reach; other values are left as they are.
+    fn reachable(&self, value: &str) -> String {
+        let Some(gateway) = &self.gateway else {
+            return value.to_string();
+        };
+        for loopback in ["//127.0.0.1:", "//localhost:", "//0.0.0.0:"] {
+            if value.contains(loopback) {
+                return value.replacen(loopback, &format!("//{gateway}:"), 1);
+            }
+        }
+        value.to_string()
     }
 
     fn labels(spec_job: &str, attempt: i32, runner_id: &str) -> HashMap<String, String> {
@@ -304,6 +335,22 @@ impl DockerProvider {
     }
 }
 
+/// The host's address on a bridge: its IPAM gateway, or (the default bridge of Engine 20.10
+/// names none) the first address of its IPv4 subnet, where dockerd puts the host.
+fn bridge_gateway(configs: Vec<bollard::models::IpamConfig>) -> Option<String> {
+    configs.into_iter().find_map(|config| {
+        if let Some(gateway) = config.gateway.filter(|g| !g.is_empty()) {
+            return Some(gateway);
+        }
+        let (network, _) = config
+            .subnet?
+            .split_once('/')
+            .map(|(a, b)| (a.to_string(), b.to_string()))?;
+        let network: std::net::Ipv4Addr = network.parse().ok()?;
+        Some(std::net::Ipv4Addr::from(u32::from(network) + 1).to_string())
+    })
+}
+
 impl DockerProvider {
     /// Creates the volumes (loading the datasets), the container, and uploads the code.
     async fn create_instance(&self, spec: &InstanceSpec) -> Result<Instance> {
@@ -322,7 +369,11 @@ impl DockerProvider {
             self.load_volume(&spec.image, &volume, archive.clone(), &labels).await?;
             mounts.push(volume_mount(&volume, &format!("{DATA_DIR}/{name}"), true));
         }
-        let mut env: Vec<String> = spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let mut env: Vec<String> = spec
+            .env
+            .iter()
+            .map(|(k, v)| format!("{k}={}", self.reachable(v)))
+            .collect();
         env.push(format!("KILN_CODE={CODE_DIR}"));
         env.push(format!("KILN_OUTPUTS={OUTPUTS_DIR}"));
         env.push(format!("KILN_DATA={DATA_DIR}"));
@@ -371,6 +422,17 @@ impl DockerProvider {
             id: format!("docker:{}", created.id),
             scratch_dir: spec.scratch_dir.clone(),
         };
+        if let Some(agent) = &spec.agent {
+            let options = UploadToContainerOptionsBuilder::new().path("/").build();
+            if let Err(error) = self
+                .docker
+                .upload_to_container(&created.id, Some(options), bollard::body_full(agent.clone()))
+                .await
+            {
+                self.release(&instance).await?;
+                return Err(docker_error("put kiln-agent into the container")(error));
+            }
+        }
         if let Some(code) = &spec.code {
             let options = UploadToContainerOptionsBuilder::new().path(CODE_DIR).build();
             if let Err(error) = self

@@ -48,6 +48,9 @@ pub struct InstanceSpec {
     pub code: Option<Bytes>,
     /// Datasets by name (tar.gz archives, already checked).
     pub datasets: Vec<(String, Bytes)>,
+    /// For a batch worker in a container: a tar holding `kiln/bin/kiln-agent`, unpacked at the
+    /// container's root before it starts.
+    pub agent: Option<Bytes>,
     /// A directory on the runner's host the instance may use for its files.
     pub scratch_dir: PathBuf,
 }

@@ -454,6 +454,7 @@ mod tests {
             gpu_devices: Vec::new(),
             code: None,
             datasets: Vec::new(),
+            agent: None,
             scratch_dir: dir.join("j1-1"),
         }
     }

@@ -10,6 +10,10 @@
 //! Nothing runs on a simulated instance; the command says what it does: `sleep SECS` runs that
 //! long, `exit CODE` ends with that code, anything else ends at once with 0. SIGTERM ends it with
 //! 143, SIGKILL with 137; a preempted instance ends with 137 after its notice.
+//!
+//! A batch worker (its environment names `KILN_BATCH_ID`) runs kiln-agent's loop in this process,
+//! for real, with built-ins only (`kiln:noop`): it takes items from item-batch until told to
+//! stop (exit 0), and a preemption or a signal ends it at once, so its items go to other workers.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -145,6 +149,8 @@ pub struct SimRecord {
 struct SimInstance {
     record: SimRecord,
     command: Vec<String>,
+    /// The agent's settings, for a batch worker.
+    agent: Option<kiln_agent::Settings>,
     exit: Option<watch::Receiver<Option<Exit>>>,
     signals: Option<mpsc::UnboundedSender<Signal>>,
     rng: StdRng,
@@ -197,6 +203,16 @@ impl SimProvider {
         }
         StdRng::seed_from_u64(hash)
     }
+}
+
+/// The kiln-agent settings of a batch worker's instance; None for other jobs.
+fn agent_settings(spec: &InstanceSpec) -> Option<kiln_agent::Settings> {
+    Some(kiln_agent::Settings {
+        batch_id: spec.env.get("KILN_BATCH_ID")?.clone(),
+        addr: spec.env.get("KILN_ITEMS_ADDR")?.clone(),
+        token: spec.env.get("KILN_TOKEN")?.clone(),
+        slots: 1,
+    })
 }
 
 /// Simulated run time of a command, in ms, and its exit code.
@@ -260,6 +276,7 @@ impl Provider for SimProvider {
                 SimInstance {
                     record,
                     command: spec.command.clone(),
+                    agent: agent_settings(spec),
                     exit: None,
                     signals: None,
                     rng,
@@ -279,7 +296,7 @@ impl Provider for SimProvider {
     async fn start(&self, instance: &mut Instance) -> Result<OutputStream> {
         let (exit_tx, exit_rx) = watch::channel(None);
         let (signals_tx, mut signals_rx) = mpsc::unbounded_channel();
-        let (record, command) = {
+        let (record, command, agent) = {
             let mut instances = self.instances.lock().expect("sim lock");
             let sim = instances
                 .get_mut(&instance.id)
@@ -287,11 +304,31 @@ impl Provider for SimProvider {
             sim.exit = Some(exit_rx);
             sim.signals = Some(signals_tx);
             let _ = sim.rng.random::<u64>();
-            (sim.record.clone(), sim.command.clone())
+            (sim.record.clone(), sim.command.clone(), sim.agent.clone())
         };
-        let (run_ms, code) = behaviour(&command);
+        // An agent runs until told to stop: a year stands for "no end of its own".
+        let (run_ms, code) = match agent {
+            Some(_) => (365 * 86_400_000, 0),
+            None => behaviour(&command),
+        };
         let run = self.wall(run_ms);
         let preemption = record.preempted_after_ms.filter(|&after| after < run_ms);
+        // A batch worker's agent: it ends the instance when item-batch tells it to stop.
+        let agent_stop = tokio_util::sync::CancellationToken::new();
+        let mut agent_done = match agent {
+            Some(settings) => {
+                let stop = agent_stop.clone();
+                let task = tokio::spawn(async move {
+                    match kiln_agent::run(settings, kiln_agent::Runner::BuiltinsOnly, stop).await {
+                        Ok(kiln_agent::Ended::Stopped(_)) => 0,
+                        Ok(kiln_agent::Ended::Terminated) => 128 + 15,
+                        Err(_) => 1,
+                    }
+                });
+                Some(task)
+            }
+            None => None,
+        };
         let notice = self.wall(self.config.notice_ms);
         let preemptions = self.preemptions_tx.clone();
         let job_id = instance.job_id.clone();
@@ -299,6 +336,13 @@ impl Provider for SimProvider {
         let notice_ms = self.config.notice_ms;
         tokio::spawn(async move {
             let started = tokio::time::Instant::now();
+            let agent_ended = async {
+                match agent_done.as_mut() {
+                    Some(task) => task.await.unwrap_or(1),
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::pin!(agent_ended);
             let exit_code = loop {
                 let notify = async {
                     match notify_at {
@@ -308,6 +352,7 @@ impl Provider for SimProvider {
                 };
                 tokio::select! {
                     _ = tokio::time::sleep_until(started + run) => break code,
+                    code = &mut agent_ended => break code,
                     signal = signals_rx.recv() => match signal {
                         Some(Signal::SIGKILL) | None => break 128 + 9,
                         Some(Signal::SIGTERM) => break 128 + 15,
@@ -326,6 +371,8 @@ impl Provider for SimProvider {
                     }
                 }
             };
+            // Whatever ended the instance ends its agent (a preempted worker's items go back).
+            agent_stop.cancel();
             let _ = exit_tx.send(Some(Exit {
                 code: exit_code,
                 oom_killed: false,
@@ -444,6 +491,7 @@ mod tests {
             gpu_devices: Vec::new(),
             code: None,
             datasets: Vec::new(),
+            agent: None,
             scratch_dir: PathBuf::new(),
         }
     }

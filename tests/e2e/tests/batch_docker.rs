@@ -1,0 +1,182 @@
+//! A batch on the Docker Engine: 10,000 items, 4 worker containers running kiln-agent (the
+//! static build, copied into each container), a shell command that fails 10% of the items on
+//! their first attempt, and one item that always fails.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use kiln_e2e::{Stack, docker, labelled, static_agent_binary, test_image};
+use kiln_proto::v1 as pb;
+
+const ITEMS: usize = 10_000;
+
+#[tokio::test]
+async fn ten_thousand_items_on_four_containers_with_retries_and_a_dead_letter() {
+    let mut stack = Stack::start_without_runner().await;
+    // Containers reach item-batch through the bridge's gateway, so it listens beyond loopback.
+    let mut config = stack.item_batch_config();
+    config.grpc.listen = SocketAddr::from(([0, 0, 0, 0], 0));
+    stack.start_item_batch(config).await;
+    let mut runner = stack.docker_runner_config(&stack.docker_runner_id());
+    runner.docker.network = "bridge".into();
+    runner.agent_binary = static_agent_binary();
+    runner.cpu_millis = 4000;
+    stack.runner = Some(stack.spawn_runner(runner).await);
+
+    let spec = pb::BatchSpec {
+        name: "docker".into(),
+        image: test_image(),
+        command: [
+            "sh",
+            "-c",
+            "case {item} in poison) echo poisoned; exit 4;; *3) [ {attempt} -gt 1 ] || exit 1;; esac",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+        cpu_millis: 500,
+        memory_mb: 64,
+        max_attempts: 3,
+        max_workers: 4,
+        ..Default::default()
+    };
+    let mut client = stack.batches_client().await;
+    let batch = client
+        .create_batch(pb::CreateBatchRequest { spec: Some(spec) })
+        .await
+        .unwrap()
+        .into_inner();
+    let keys: Vec<String> = (0..ITEMS - 1)
+        .map(|n| format!("{n:05}"))
+        .chain(["poison".into()])
+        .collect();
+    let messages: Vec<pb::AddItemsRequest> = keys
+        .chunks(2500)
+        .map(|chunk| pb::AddItemsRequest {
+            batch_id: batch.id.clone(),
+            items: chunk
+                .iter()
+                .map(|key| pb::Item {
+                    key: key.clone(),
+                    uri: format!("s3://bucket/{key}"),
+                    params: Default::default(),
+                })
+                .collect(),
+        })
+        .collect();
+    let added = client
+        .add_items(futures::stream::iter(messages))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(added.total, ITEMS as u64);
+    client
+        .seal_batch(pb::BatchRef {
+            batch_id: batch.id.clone(),
+        })
+        .await
+        .unwrap();
+
+    // Four workers at most, in containers labelled with their jobs.
+    let deadline = tokio::time::Instant::now()
+        + Duration::from_secs(
+            std::env::var("KILN_TEST_BATCH_SECS")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(600),
+        );
+    let mut most_workers = 0;
+    let done = loop {
+        let now = client
+            .get_batch(pb::BatchRef {
+                batch_id: batch.id.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        most_workers = most_workers.max(now.workers);
+        let c = now.counts.unwrap();
+        assert_eq!(
+            c.pending + c.running + c.succeeded + c.failed + c.dead,
+            c.total,
+            "{c:?}"
+        );
+        if now.state == pb::BatchState::Done as i32 {
+            break now;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let mut report = String::new();
+            for worker in stack.store.list_jobs(None, true, 100).await.unwrap() {
+                let lines = stack.log_lines(&worker.id, false).await;
+                let texts: Vec<&str> = lines.iter().map(|l| l.text.as_str()).collect();
+                report += &format!("\n{} {} {:?} {:?}", worker.id, worker.state, worker.reason, texts);
+            }
+            panic!("the batch did not finish: {now:?}{report}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!((1..=4).contains(&most_workers), "{most_workers} workers");
+    let c = done.counts.unwrap();
+    assert_eq!(
+        (c.total, c.succeeded, c.dead, c.failed, c.pending, c.running),
+        (ITEMS as u64, ITEMS as u64 - 1, 1, 0, 0, 0)
+    );
+    let dead = client
+        .list_items(pb::ListItemsRequest {
+            batch_id: batch.id.clone(),
+            states: vec![pb::ItemState::Dead as i32],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .items;
+    assert_eq!(dead.len(), 1);
+    assert_eq!(
+        (dead[0].key.as_str(), dead[0].exit_code, dead[0].attempts),
+        ("poison", Some(4), 3)
+    );
+    let logs = client
+        .get_item_logs(pb::GetItemLogsRequest {
+            batch_id: batch.id.clone(),
+            key: "poison".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .lines;
+    assert_eq!(logs.iter().filter(|l| l.text == "poisoned").count(), 3, "{logs:?}");
+    let retried = client
+        .list_items(pb::ListItemsRequest {
+            batch_id: batch.id.clone(),
+            states: vec![pb::ItemState::Succeeded as i32],
+            limit: 10_000,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .items;
+    assert_eq!(retried.len(), ITEMS - 1);
+    assert!(
+        retried
+            .iter()
+            .all(|i| i.attempts == if i.key.ends_with('3') { 2 } else { 1 })
+    );
+
+    // The workers leave, and the engine keeps none of their containers.
+    let docker = docker().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let live = stack.store.live_batch_workers(&batch.id).await.unwrap().len();
+        let (containers, _) = labelled(&docker, "kiln.runner", &stack.docker_runner_id()).await;
+        if live == 0 && containers.is_empty() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{live} workers, containers {containers:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
