@@ -3,6 +3,9 @@
 #   submit-latency — submit-to-running of a container job, kiln against the raw Docker Engine
 #   metrics_throughput.py — metric points per second, kiln (SQLite and ScyllaDB stores) against
 #     the MLflow tracking server (mlflow==3.17.2 from PyPI, SQLite backend), 1 and 4 clients
+#   batch_throughput.py — batch items per second with 2 workers and no-op items, kiln against
+#     Celery (celery==5.7.0, redis==8.1.0, Debian's redis-server) and a raw JetStream work queue
+#     (nats-py==2.16.0)
 # Uses the Docker Engine at DOCKER_HOST (or the local socket) when it answers, else starts one
 # like scripts/test.sh does, and the locally built busybox test image.
 set -euo pipefail
@@ -32,7 +35,7 @@ fi
 image=$(DOCKER_HOST="$docker_host" "$repo/scripts/test-image.sh")
 
 cd "$repo"
-cargo build --release --locked -p kiln-cli -p kiln-bench
+cargo build --release --locked -p kiln-cli -p kiln-bench -p kiln-agent
 ./target/release/submit-latency --kiln ./target/release/kiln --docker-host "$docker_host" --image "$image" --runs "${RUNS:-20}"
 
 # --- metric throughput against MLflow ------------------------------------------------------------
@@ -46,3 +49,12 @@ CASSANDRA_RUN_DIR="$cass_dir" CASSANDRA_NATIVE_PORT="$cass_port" CASSANDRA_STORA
   CASSANDRA_CLEAN=1 "$repo/scripts/cassandra/start.sh" >/dev/null
 (cd "$repo/bench" && "$venv/bin/python" metrics_throughput.py --kiln "$repo/target/release/kiln" \
   --mlflow "$venv/bin/mlflow" --mlflow-python "$venv/bin/python" --cassandra "127.0.0.1:$cass_port")
+
+# --- batch throughput against Celery + Redis and raw JetStream -----------------------------------
+"$venv/bin/pip" install -q --disable-pip-version-check "celery==5.7.0" "redis==8.1.0" "nats-py==2.16.0"
+if ! command -v redis-server >/dev/null 2>&1; then
+  [ "$(id -u)" = 0 ] || { echo "bench: redis-server is missing; install it as root: apt-get install -y redis-server" >&2; exit 1; }
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server
+fi
+"$venv/bin/python" "$repo/bench/batch_throughput.py" --kiln "$repo/target/release/kiln" --python "$venv/bin/python"

@@ -29,9 +29,14 @@ pub struct UpArgs {
     /// Address of log-ingest.
     #[arg(long, default_value = "127.0.0.1:7071")]
     pub logs_addr: SocketAddr,
-    /// Address of item-batch (BatchService, and the agents of batch workers).
+    /// Address of item-batch (BatchService, and the agents of batch workers). Workers in
+    /// containers reach it through the Docker bridge: give 0.0.0.0:7075 for batches with --image.
     #[arg(long, default_value = "127.0.0.1:7075")]
     pub batch_addr: SocketAddr,
+    /// The static kiln-agent put into batch workers' containers (scripts/build-agent.sh makes
+    /// it); without one, batches with an image cannot start workers.
+    #[arg(long)]
+    pub agent_binary: Option<PathBuf>,
     /// Use this NATS server (with JetStream) instead of starting one.
     #[arg(long)]
     pub nats_url: Option<String>,
@@ -268,6 +273,7 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str) -> Result<()> {
         stop_grace_period_ms: args.grace_period * 1000,
         api_url: format!("http://{api_addr}"),
         logs_url: format!("http://{logs_addr}"),
+        agent_binary: args.agent_binary.clone().unwrap_or_default(),
         provider: match args.provider {
             ProviderArg::Auto => kiln_runner::ProviderKind::Auto,
             ProviderArg::Docker => kiln_runner::ProviderKind::Docker,

@@ -465,3 +465,59 @@ fn a_job_s_system_metrics_from_the_cli() {
     let points: serde_json::Value = serde_json::from_str(&series).unwrap();
     assert!(!points.as_array().unwrap().is_empty(), "{series}");
 }
+
+#[test]
+fn a_batch_from_the_cli() {
+    let up = Up::start();
+    let created = up.kiln(&[
+        "batch",
+        "create",
+        "--cpu",
+        "0.1",
+        "--mem",
+        "64M",
+        "--max-workers",
+        "2",
+        "--max-attempts",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        "[ {item} != mem://bad ] || exit 5",
+    ]);
+    assert!(created.status.success(), "{}", text(&created.stderr));
+    let batch = text(&created.stdout).trim().to_string();
+    let items = up.project.path().join("items.txt");
+    let mut lines: Vec<String> = (0..50).map(|n| format!("mem://{n}")).collect();
+    lines.push("mem://bad".into());
+    lines.push("# a comment".into());
+    std::fs::write(&items, lines.join("\n")).unwrap();
+    let added = up.kiln(&["batch", "add", &batch, "--from", items.to_str().unwrap()]);
+    assert_eq!(
+        text(&added.stdout),
+        "added 51, 0 already there; 51 items in the batch\n",
+        "{}",
+        text(&added.stderr)
+    );
+    assert!(up.kiln(&["batch", "seal", &batch]).status.success());
+    let watched = up.kiln(&["batch", "status", &batch, "--watch"]);
+    assert_eq!(watched.status.code(), Some(1), "a dead item makes the exit code 1");
+    let status = text(&watched.stdout);
+    assert!(
+        status.contains("(DONE)") && status.contains("51 total: 0 pending, 0 running, 50 succeeded, 0 failed, 1 dead"),
+        "{status}"
+    );
+    let dead = text(&up.kiln(&["batch", "items", &batch, "--state", "dead"]).stdout);
+    assert!(dead.contains("mem://bad") && dead.contains(" 5 "), "{dead}");
+    let listed = text(&up.kiln(&["batch", "ls", "--all"]).stdout);
+    assert!(listed.contains(&batch) && listed.contains("DONE"), "{listed}");
+    let late = up.kiln(&["batch", "add", &batch, "--from", items.to_str().unwrap()]);
+    assert!(!late.status.success());
+    assert!(text(&late.stderr).contains("open batch"), "{}", text(&late.stderr));
+    let bad = up.kiln(&["batch", "create", "--", "echo", "{url}"]);
+    assert!(
+        text(&bad.stderr).contains("unknown placeholder {url}"),
+        "{}",
+        text(&bad.stderr)
+    );
+}

@@ -10,11 +10,17 @@
 thread sends in batches (by size and by interval). When the buffer is full, `log` waits for
 room rather than dropping points. Each point is keyed by (job, key, step), so a batch sent twice
 stores nothing twice.
+
+Batches (a command run once per item, on workers that scale with the backlog):
+
+    batch = kiln.Client().batches.create(["python", "resize.py", "{uri}"], max_workers=50)
+    batch.add(uris); batch.seal(); batch.wait()
 """
 
+from ._batch import Batch, Client, Progress
 from ._run import Run, finish, init, log
 
 config: dict = {}
 """The configuration given to `init` (a plain dict)."""
 
-__all__ = ["Run", "config", "finish", "init", "log"]
+__all__ = ["Batch", "Client", "Progress", "Run", "config", "finish", "init", "log"]

@@ -17,13 +17,21 @@ from kiln.v1 import job_pb2, job_pb2_grpc, log_pb2, log_pb2_grpc
 _STOP = object()
 
 
+def _credentials_path() -> pathlib.Path:
+    home = pathlib.Path(os.environ.get("KILN_HOME") or pathlib.Path.home() / ".kiln")
+    return home / "credentials.toml"
+
+
+def _home_credentials() -> dict:
+    """What `kiln up` wrote to KILN_HOME/credentials.toml (empty when there is none)."""
+    path = _credentials_path()
+    return tomllib.loads(path.read_text()) if path.exists() else {}
+
+
 def _endpoints() -> tuple[str, str, str]:
     """(api, logs, token) from KILN_ADDR/KILN_LOGS_ADDR/KILN_TOKEN or KILN_HOME/credentials.toml."""
-    home = pathlib.Path(os.environ.get("KILN_HOME") or pathlib.Path.home() / ".kiln")
-    credentials: dict = {}
-    path = home / "credentials.toml"
-    if path.exists():
-        credentials = tomllib.loads(path.read_text())
+    path = _credentials_path()
+    credentials = _home_credentials()
     api = os.environ.get("KILN_ADDR") or credentials.get("api")
     token = os.environ.get("KILN_TOKEN") or credentials.get("token")
     logs = os.environ.get("KILN_LOGS_ADDR") or credentials.get("logs") or api

@@ -271,3 +271,28 @@ print(run.job_id)
     assert len(downsampled.points) <= 500
     values = {(p.step, p.value) for p in downsampled.points}
     assert (424_242, 1000.0) in values and (777_777, -1000.0) in values
+
+
+def test_a_batch_from_python_runs_every_item_and_keeps_its_dead_letter(up):
+    with kiln.Client() as client:
+        batch = client.batches.create(["sh", "-c", "[ {item} != bad ] || {{ echo broken {uri}; exit 3; }}"],
+                                      cpu=0.1, memory_mb=64, max_attempts=2, max_workers=2)
+        uris = [f"mem://{n}" for n in range(300)] + [{"key": "bad", "uri": "mem://bad", "params": {"size": "9"}}]
+        added = batch.add(iter(uris), chunk=100)
+        assert (added.added, added.duplicates, added.total) == (301, 0, 301)
+        assert batch.add(uris[:10]).duplicates == 10, "adding again is harmless"
+        with pytest.raises(grpc.RpcError) as refused:
+            batch.add([{"key": "bad", "uri": "mem://other"}])
+        assert refused.value.code() == grpc.StatusCode.ALREADY_EXISTS
+        batch.seal()
+        final = batch.wait(poll=0.2, timeout=300)
+        assert final.state == "DONE"
+        assert (final.total, final.succeeded, final.dead, final.failed, final.pending, final.running) == (301, 300, 1, 0, 0, 0)
+        dead = list(batch.items(state="dead"))
+        assert [(i.key, i.exit_code, i.attempts) for i in dead] == [("bad", 3, 2)]
+        assert batch.logs("bad") == ["broken mem://bad", "broken mem://bad"]
+        assert sum(1 for _ in batch.items()) == 301, "pages cover every item once"
+        assert batch.id in [b.id for b in client.batches.list(all=True)]
+        with pytest.raises(grpc.RpcError) as empty:
+            client.batches.create([])
+        assert empty.value.code() == grpc.StatusCode.INVALID_ARGUMENT

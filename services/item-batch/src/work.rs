@@ -40,6 +40,8 @@ use crate::template::{self, Values};
 pub const LOST_ALLOWANCE: u32 = 3;
 /// Slots one agent may ask for.
 const MAX_SLOTS: u32 = 256;
+/// Items held for an agent beyond twice its slots.
+const PREFETCH: usize = 14;
 /// How long one fetch waits for items.
 const FETCH_WAIT: Duration = Duration::from_millis(500);
 
@@ -78,8 +80,9 @@ impl ItemWorkService for WorkApi {
             shared: self.shared.clone(),
             batch_id: batch.id.clone(),
             spec,
-            // As many queued at the agent as it runs at once, so it never waits for a round trip.
-            limit: 2 * slots,
+            // Items queued at the agent beyond those running, so it never waits for a round trip
+            // (heartbeats cover queued items too).
+            limit: 2 * slots + PREFETCH,
             held: Mutex::new(HashMap::new()),
             freed: Notify::new(),
             closed: CancellationToken::new(),

@@ -1,0 +1,641 @@
+"""Batch items per second, end to end, with 2 workers and no-op items: kiln's batches against
+Celery (Redis broker) and a raw JetStream work queue, on this machine, in one run.
+
+    python bench/batch_throughput.py --kiln target/release/kiln [--items 20000]
+        [--celery-items 5000] [--python PATH]
+
+--python is an interpreter with celery, redis and nats-py (scripts/bench.sh installs the pinned
+versions into target/bench-venv); nats-server must be on PATH or in $KILN_TOOLS/bin (default
+~/.kiln/tools/bin, where scripts/setup.sh puts it), and redis-server (Debian's) on PATH.
+
+- kiln: `kiln up --provider process` on a temp KILN_HOME; `kiln batch create --max-workers 2
+  --cpu 0.1 --mem 64M -- kiln:noop`, `kiln batch add --from FILE` (timed apart: intake is not
+  part of the figure), then the clock runs from `kiln batch seal` until `kiln batch status -o json`
+  (polled every 0.2 s) says DONE with succeeded == N. The autoscaler starts the 2 workers
+  (local kiln-agent processes) after the seal, so their start-up is inside the figure. A second
+  batch runs `-- true` (a real /bin/true process per item) with N/10 items.
+- celery: redis-server on a free port (no persistence), `celery -A tasks worker --pool prefork
+  --concurrency 2`, a no-op task that only increments a Redis counter (and stamps the time when
+  the counter reaches N). The worker is up and answers a ping before the first send (its
+  start-up is NOT in the figure); the clock runs from the first apply_async to that stamp.
+- raw JetStream: a fresh `nats-server -js` on a free port; a work-queue stream and one durable
+  pull consumer shared by 2 consumer processes that fetch(batch=100) and msg.ack() each message
+  (then flush once per batch, so the stamp of the last ack is when the server has it). The
+  publisher uses publish_async and awaits the PubAcks every 500 messages. Phase 1: consumers
+  pull while the publisher publishes; the clock runs from the first publish to the last ack.
+  Phase 2 (a second stream): publish all N first (publish rate), then pull+ack alone.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+POLL = 0.2  # seconds between `kiln batch status` polls
+TIMEOUT = 900  # seconds any one system may take before the benchmark gives up
+JS_FETCH_BATCH = 100
+JS_PUB_WINDOW = 500
+
+
+class Fail(Exception):
+    pass
+
+
+# ------------------------------------------------------------------------------------------------
+# processes: every one is started in its own session (process group) and stopped at the end
+
+STARTED = []  # (Popen, label)
+
+
+def start(cmd, label, **kwargs):
+    try:
+        proc = subprocess.Popen(cmd, start_new_session=True, **kwargs)
+    except OSError as e:
+        raise Fail(f"cannot start {label} ({cmd[0]}): {e}")
+    STARTED.append((proc, label))
+    return proc
+
+
+def kill_group(pgid, sig):
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop(proc, sig=signal.SIGTERM, grace=15):
+    """Signals the process (its group for SIGTERM), waits up to `grace` seconds, then kills the
+    whole group."""
+    if proc.poll() is None:
+        if sig == signal.SIGINT:
+            proc.send_signal(sig)  # kiln up: it stops its jobs and its nats-server itself
+        else:
+            kill_group(proc.pid, sig)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+    kill_group(proc.pid, signal.SIGKILL)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        print(f"warning: pid {proc.pid} did not exit after SIGKILL", file=sys.stderr)
+
+
+def stop_all():
+    while STARTED:
+        proc, _ = STARTED.pop()
+        stop(proc, grace=5)
+
+
+def descendants(pid):
+    """{pid: pgid} of every live descendant of pid (kiln up's workers run in process groups of
+    their own, so killing kiln up's group does not reach them)."""
+    children, pgids = {}, {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = pathlib.Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        ppid, pgid = int(fields[1]), int(fields[2])
+        children.setdefault(ppid, []).append(int(entry))
+        pgids[int(entry)] = pgid
+    found, todo = {}, [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found[child] = pgids[child]
+            todo.append(child)
+    return found
+
+
+def pgid_of(pid):
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2:].split()[2])
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, proc, label, seconds=30):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise Fail(f"{label} exited with status {proc.returncode} before it listened on {port}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise Fail(f"{label} did not listen on 127.0.0.1:{port} within {seconds} s")
+
+
+def tail(path, lines=40):
+    try:
+        text = pathlib.Path(path).read_text(errors="replace").splitlines()
+    except OSError as e:
+        return f"(cannot read {path}: {e})"
+    return "\n".join(text[-lines:])
+
+
+# ------------------------------------------------------------------------------------------------
+# kiln
+
+
+class Kiln:
+    def __init__(self, binary, workdir, name):
+        self.binary = binary
+        self.home = os.path.join(workdir, name)
+        os.makedirs(self.home)
+        self.log = os.path.join(self.home, "up.log")
+        self.env = {**os.environ, "KILN_HOME": self.home, "KILN_LOG": "info"}
+        self.up = None
+        self.workers = {}  # pid -> pgid of kiln up's descendants seen so far
+
+    def __enter__(self):
+        with open(self.log, "wb") as log:
+            self.up = start([self.binary, "up", "--provider", "process", "--api-addr", "127.0.0.1:0",
+                             "--logs-addr", "127.0.0.1:0", "--batch-addr", "127.0.0.1:0"], "kiln up",
+                            env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        credentials = pathlib.Path(self.home) / "credentials.toml"
+        deadline = time.monotonic() + 120
+        while not self.credentials_complete(credentials):
+            if self.up.poll() is not None:
+                raise self.fail(f"kiln up exited with status {self.up.returncode} before it wrote credentials.toml")
+            if time.monotonic() > deadline:
+                raise self.fail("kiln up did not write a complete credentials.toml within 120 s")
+            time.sleep(0.05)
+        return self
+
+    @staticmethod
+    def credentials_complete(path):
+        try:
+            text = path.read_text()
+        except OSError:
+            return False
+        keys = {line.split("=", 1)[0].strip() for line in text.splitlines() if "=" in line}
+        return {"api", "logs", "batches", "token"} <= keys
+
+    def __exit__(self, *exc):
+        self.shutdown()
+
+    def shutdown(self):
+        if self.up is None:
+            return
+        if self.up.poll() is None:
+            self.workers.update(descendants(self.up.pid))
+        stop(self.up, sig=signal.SIGINT, grace=30)
+        for pid, pgid in self.workers.items():
+            if pgid_of(pid) == pgid and pgid != os.getpgid(0):
+                kill_group(pgid, signal.SIGKILL)
+        STARTED[:] = [(p, label) for p, label in STARTED if p is not self.up]
+        self.up = None
+
+    def fail(self, message):
+        return Fail(f"{message}\n--- tail of {self.log} ---\n{tail(self.log)}")
+
+    def cli(self, *args):
+        result = subprocess.run([self.binary, *args], env=self.env, capture_output=True, text=True,
+                                stdin=subprocess.DEVNULL)
+        if result.returncode != 0:
+            raise self.fail(f"`kiln {' '.join(args)}` exited with status {result.returncode}:\n"
+                            f"stdout: {result.stdout.strip()}\nstderr: {result.stderr.strip()}")
+        return result.stdout
+
+    def status(self, batch):
+        out = self.cli("batch", "status", batch, "-o", "json")
+        try:
+            return json.loads(out)
+        except ValueError:
+            raise self.fail(f"`kiln batch status {batch} -o json` printed no JSON: {out!r}")
+
+    def run_batch(self, label, command, n):
+        batch = self.cli("batch", "create", "--name", "bench", "--max-workers", "2", "--cpu", "0.1", "--mem", "64M",
+                         "--", *command).strip()
+        if not batch or len(batch.split()) != 1:
+            raise self.fail(f"`kiln batch create` printed no batch id: {batch!r}")
+        items = os.path.join(self.home, f"items-{batch}.txt")
+        with open(items, "w") as f:
+            f.writelines(f"noop://bench/{i:08d}\n" for i in range(n))
+        began = time.monotonic()
+        self.cli("batch", "add", batch, "--from", items)
+        add_seconds = time.monotonic() - began
+        status = self.status(batch)
+        if status.get("total") != n or status.get("state") != "OPEN":
+            raise self.fail(f"after adding {n} items the batch is {status}")
+
+        t0 = time.monotonic()
+        self.cli("batch", "seal", batch)
+        first_succeeded_at = all_succeeded_at = None
+        max_workers, max_rate = 0, 0.0
+        while True:
+            status = self.status(batch)
+            now = time.monotonic()
+            self.workers.update(descendants(self.up.pid))
+            max_workers = max(max_workers, status.get("workers", 0))
+            max_rate = max(max_rate, status.get("items_per_second") or 0.0)
+            if first_succeeded_at is None and status.get("succeeded", 0) > 0:
+                first_succeeded_at = now
+            if all_succeeded_at is None and status.get("succeeded") == n:
+                all_succeeded_at = now
+            state = status.get("state")
+            if state == "DONE":
+                if status.get("succeeded") != n:
+                    raise self.fail(f"batch {batch} ({label}) is DONE but not every item succeeded: {status}")
+                break
+            if state not in ("SEALED", "OPEN") or status.get("dead", 0) or status.get("failed", 0):
+                raise self.fail(f"batch {batch} ({label}) went wrong: {status}")
+            if now - t0 > TIMEOUT:
+                raise self.fail(f"batch {batch} ({label}) not DONE after {TIMEOUT} s: {status}")
+            if self.up.poll() is not None:
+                raise self.fail(f"kiln up exited with status {self.up.returncode} during the batch")
+            time.sleep(POLL)
+        seconds = now - t0
+        return {
+            "label": label, "items": n, "seconds": seconds, "rate": n / seconds, "add_seconds": add_seconds,
+            "first_seconds": first_succeeded_at - t0, "succeeded_seconds": all_succeeded_at - t0,
+            "kiln_rate": max_rate,
+            "max_workers": max_workers,
+        }
+
+
+def kiln_rows(args, workdir):
+    rows = []
+    with Kiln(args.kiln, workdir, "kiln-noop") as kiln:
+        rows.append(kiln.run_batch("kiln (kiln:noop, from seal to done)", ["kiln:noop"], args.items))
+    with Kiln(args.kiln, workdir, "kiln-true") as kiln:
+        rows.append(kiln.run_batch("kiln (spawn /bin/true per item)", ["true"], max(1, args.items // 10)))
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------
+# celery + redis
+
+TASKS = '''
+import os, time
+import redis
+from celery import Celery
+
+URL = os.environ["BENCH_REDIS_URL"]
+app = Celery("tasks", broker=URL)
+app.conf.task_ignore_result = True  # completions are counted in Redis by the task itself
+_client = None
+
+
+@app.task
+def noop(n):
+    """No work; counts itself done, and the one that makes the count n stamps the time."""
+    global _client
+    if _client is None:  # per worker process, after the fork
+        _client = redis.Redis.from_url(URL)
+    if _client.incr("bench:done") == n:
+        _client.set("bench:last", repr(time.time()))
+'''
+
+CELERY_CLIENT = '''
+import json, sys, time
+import redis
+from tasks import app, noop
+
+n, timeout = int(sys.argv[1]), float(sys.argv[2])
+r = redis.Redis.from_url(app.conf.broker_url)
+deadline = time.monotonic() + 120
+while not app.control.ping(timeout=0.5):
+    if time.monotonic() > deadline:
+        sys.exit("the celery worker did not answer a ping within 120 s")
+r.delete("bench:done", "bench:last")
+first = time.time()
+for _ in range(n):
+    noop.apply_async((n,))
+sent = time.time()
+deadline = time.monotonic() + timeout
+while r.get("bench:last") is None:
+    if time.monotonic() > deadline:
+        sys.exit(f"celery: {int(r.get('bench:done') or 0)} of {n} tasks done after {timeout} s")
+    time.sleep(0.02)
+last = float(r.get("bench:last"))
+time.sleep(0.5)
+done = int(r.get("bench:done"))
+if done != n:
+    sys.exit(f"celery: {done} tasks counted, expected {n}")
+print(json.dumps({"first": first, "sent": sent, "last": last, "done": done}))
+'''
+
+
+def redis_server_version(binary):
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout
+    for word in out.split():
+        if word.startswith("v="):
+            return word[2:]
+    return "?"
+
+
+def celery_row(args, workdir, versions):
+    redis_server = shutil.which("redis-server")
+    if not redis_server:
+        raise Fail("redis-server is not on PATH (Debian: apt-get install -y redis-server)")
+    cdir = os.path.join(workdir, "celery")
+    os.makedirs(cdir)
+    pathlib.Path(cdir, "tasks.py").write_text(TASKS)
+    pathlib.Path(cdir, "client.py").write_text(CELERY_CLIENT)
+    port = free_port()
+    redis_log = os.path.join(cdir, "redis.log")
+    worker_log = os.path.join(cdir, "worker.log")
+    with open(redis_log, "wb") as log:
+        server = start([redis_server, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+                        "--dir", cdir, "--daemonize", "no"], "redis-server", cwd=cdir, stdin=subprocess.DEVNULL,
+                       stdout=log, stderr=subprocess.STDOUT)
+    worker = None
+    try:
+        wait_port(port, server, "redis-server")
+        env = {**os.environ, "BENCH_REDIS_URL": f"redis://127.0.0.1:{port}/0", "PYTHONPATH": cdir}
+        with open(worker_log, "wb") as log:
+            worker = start([args.python, "-m", "celery", "-A", "tasks", "worker", "--pool", "prefork", "--concurrency",
+                            "2", "--loglevel", "WARNING", "--hostname", "bench@%h"], "celery worker", cwd=cdir, env=env,
+                           stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        result = subprocess.run([args.python, "client.py", str(args.celery_items), str(TIMEOUT)], cwd=cdir, env=env,
+                                capture_output=True, text=True)
+        if result.returncode != 0 or worker.poll() is not None:
+            raise Fail(f"celery run failed (client status {result.returncode}):\n{result.stdout}{result.stderr}\n"
+                       f"--- tail of {worker_log} ---\n{tail(worker_log)}\n--- tail of {redis_log} ---\n{tail(redis_log)}")
+        times = json.loads(result.stdout.strip().splitlines()[-1])
+    finally:
+        for proc in (worker, server):
+            if proc is not None:
+                stop(proc)
+                STARTED[:] = [(p, label) for p, label in STARTED if p is not proc]
+    n = args.celery_items
+    seconds = times["last"] - times["first"]
+    return {
+        "label": f"celery {versions['celery']} + redis {redis_server_version(redis_server)} (no-op task)",
+        "items": n, "seconds": seconds, "rate": n / seconds, "send_seconds": times["sent"] - times["first"],
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# raw JetStream work queue
+
+JETSTREAM = '''
+import asyncio, json, subprocess, sys, time
+import nats
+from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
+
+FETCH, WINDOW = int(sys.argv[3]), int(sys.argv[4])
+
+
+async def consume(url, stream, n):
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    sub = await js.pull_subscribe_bind("workers", stream=stream)
+    print("ready", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # "go"
+    count, last = 0, 0.0
+    while True:
+        try:
+            msgs = await sub.fetch(FETCH, timeout=0.25)
+        except (nats.errors.TimeoutError, asyncio.TimeoutError):
+            info = await js.consumer_info(stream, "workers")
+            if info.delivered.stream_seq >= n and info.num_pending == 0 and info.num_ack_pending == 0:
+                break
+            continue
+        for msg in msgs:
+            await msg.ack()
+        await nc.flush()
+        count += len(msgs)
+        last = time.time()
+    await nc.close()
+    print(json.dumps({"count": count, "last": last}), flush=True)
+
+
+async def publish(js, subject, n):
+    pending = []
+    for i in range(n):
+        pending.append(await js.publish_async(subject, b"item-%08d" % i))
+        if len(pending) == WINDOW or i == n - 1:
+            for ack in await asyncio.gather(*pending):
+                if ack.seq is None:
+                    raise SystemExit(f"publish failed: {ack}")
+            pending = []
+
+
+def spawn_consumers(url, stream, n):
+    procs = [subprocess.Popen([sys.executable, __file__, "consume", url, str(FETCH), str(WINDOW), sys.argv[5], stream, str(n)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    for p in procs:
+        if p.stdout.readline().strip() != "ready":
+            raise SystemExit("a consumer did not start")
+    return procs
+
+
+def go(procs):
+    for p in procs:
+        p.stdin.write("go\\n")
+        p.stdin.flush()
+
+
+def collect(procs):
+    results = []
+    for p in procs:
+        out, _ = p.communicate(timeout=float(sys.argv[5]))
+        if p.returncode != 0:
+            raise SystemExit(f"a consumer exited with status {p.returncode}")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return sum(r["count"] for r in results), max(r["last"] for r in results)
+
+
+async def setup(js, stream, subject):
+    await js.add_stream(StreamConfig(name=stream, subjects=[subject], retention=RetentionPolicy.WORK_QUEUE,
+                                     storage=StorageType.FILE))
+    await js.add_consumer(stream, ConsumerConfig(durable_name="workers", ack_policy=AckPolicy.EXPLICIT))
+
+
+async def check(js, stream, n, count):
+    state = (await js.stream_info(stream)).state
+    if count < n or state.messages != 0:
+        raise SystemExit(f"{stream}: {count} of {n} acked, {state.messages} messages left in the stream")
+
+
+async def main(url, n):
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    # 1: consumers pull while the publisher publishes; first publish to last ack
+    await setup(js, "BENCH1", "bench1.items")
+    procs = spawn_consumers(url, "BENCH1", n)
+    go(procs)
+    first = time.time()
+    await publish(js, "bench1.items", n)
+    published = time.time()
+    count1, last1 = await asyncio.get_running_loop().run_in_executor(None, collect, procs)
+    await check(js, "BENCH1", n, count1)
+    # 2: publish everything first, then pull+ack alone
+    await setup(js, "BENCH2", "bench2.items")
+    began = time.time()
+    await publish(js, "bench2.items", n)
+    published2 = time.time()
+    procs = spawn_consumers(url, "BENCH2", n)
+    go(procs)
+    pull_first = time.time()
+    count2, last2 = await asyncio.get_running_loop().run_in_executor(None, collect, procs)
+    await check(js, "BENCH2", n, count2)
+    await nc.close()
+    print(json.dumps({"e2e_seconds": last1 - first, "e2e_publish_seconds": published - first, "e2e_acked": count1,
+                      "publish_seconds": published2 - began, "pull_seconds": last2 - pull_first, "pull_acked": count2}))
+
+
+if sys.argv[1] == "consume":
+    asyncio.run(consume(sys.argv[2], sys.argv[6], int(sys.argv[7])))
+else:
+    asyncio.run(main(sys.argv[2], int(sys.argv[6])))
+'''
+
+
+def nats_server_version(binary):
+    return subprocess.run([binary, "--version"], capture_output=True, text=True).stdout.strip().split()[-1]
+
+
+def jetstream_rows(args, workdir, nats_server):
+    jdir = os.path.join(workdir, "jetstream")
+    os.makedirs(jdir)
+    script = os.path.join(jdir, "js_bench.py")
+    pathlib.Path(script).write_text(JETSTREAM)
+    port = free_port()
+    log_path = os.path.join(jdir, "nats.log")
+    with open(log_path, "wb") as log:
+        server = start([nats_server, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", os.path.join(jdir, "store")],
+                       "nats-server", stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_port(port, server, "nats-server")
+        url = f"nats://127.0.0.1:{port}"
+        result = subprocess.run([args.python, script, "main", url, str(JS_FETCH_BATCH), str(JS_PUB_WINDOW),
+                                 str(TIMEOUT), str(args.items)], capture_output=True, text=True, timeout=3 * TIMEOUT)
+        if result.returncode != 0:
+            raise Fail(f"the JetStream run failed (status {result.returncode}):\n{result.stdout}{result.stderr}\n"
+                       f"--- tail of {log_path} ---\n{tail(log_path)}")
+        times = json.loads(result.stdout.strip().splitlines()[-1])
+    finally:
+        stop(server)
+        STARTED[:] = [(p, label) for p, label in STARTED if p is not server]
+    n = args.items
+    for key in ("e2e_acked", "pull_acked"):
+        if times[key] != n:
+            print(f"note: JetStream acked {times[key]} deliveries for {n} messages (redeliveries)", file=sys.stderr)
+    return [
+        {"label": "raw jetstream work queue (publish+pull+ack)", "items": n, "seconds": times["e2e_seconds"],
+         "rate": n / times["e2e_seconds"], "publish_seconds": times["e2e_publish_seconds"]},
+        {"label": "raw jetstream work queue (pull+ack alone)", "items": n, "seconds": times["pull_seconds"],
+         "rate": n / times["pull_seconds"], "publish_seconds": times["publish_seconds"]},
+    ]
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def preflight(args):
+    kiln = os.path.abspath(args.kiln)
+    if not (os.path.isfile(kiln) and os.access(kiln, os.X_OK)):
+        raise Fail(f"no kiln binary at {kiln} (cargo build --release -p kiln-cli)")
+    agent = os.path.join(os.path.dirname(kiln), "kiln-agent")
+    if not (os.path.isfile(agent) and os.access(agent, os.X_OK)):
+        raise Fail(f"no kiln-agent beside kiln at {agent} (cargo build --release -p kiln-agent)")
+    args.kiln = kiln
+    python = os.path.abspath(args.python) if os.sep in args.python else shutil.which(args.python)
+    if not python or not os.access(python, os.X_OK):
+        raise Fail(f"no python interpreter at {args.python}")
+    args.python = python  # not resolved further: a venv's python is a symlink that must stay one
+    tools = os.environ.get("KILN_TOOLS") or os.path.join(os.environ.get("KILN_HOME") or os.path.expanduser("~/.kiln"),
+                                                         "tools")
+    os.environ["PATH"] = os.path.join(tools, "bin") + os.pathsep + os.environ.get("PATH", "")
+    nats_server = shutil.which("nats-server")
+    if not nats_server:
+        raise Fail(f"nats-server is neither on PATH nor in {tools}/bin (scripts/setup.sh installs it)")
+    if not shutil.which("redis-server"):
+        raise Fail("redis-server is not on PATH (Debian: apt-get install -y redis-server)")
+    probe = subprocess.run([args.python, "-c", "import json, celery, redis, nats.aio.client as n; print(json.dumps("
+                            "{'celery': celery.__version__, 'redis': redis.__version__, 'nats': n.__version__}))"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        raise Fail(f"{args.python} lacks celery, redis or nats-py (scripts/bench.sh installs them):\n{probe.stderr}")
+    return nats_server, json.loads(probe.stdout)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kiln", default="target/release/kiln", help="the kiln binary (kiln-agent beside it)")
+    parser.add_argument("--items", type=int, default=20_000, help="items for kiln and JetStream (N/10 for /bin/true)")
+    parser.add_argument("--celery-items", type=int, default=5_000, help="tasks for Celery")
+    parser.add_argument("--python", default=sys.executable, help="an interpreter with celery, redis and nats-py")
+    parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs, KILN_HOMEs) for a look")
+    args = parser.parse_args()
+    if args.items < 1 or args.celery_items < 1:
+        parser.error("--items and --celery-items must be positive")
+
+    def on_signal(signum, _frame):
+        raise Fail(f"interrupted by signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    workdir = tempfile.mkdtemp(prefix="kiln-batch-bench-")
+    try:
+        nats_server, versions = preflight(args)
+        print(f"kiln {args.kiln}; nats-server {nats_server_version(nats_server)}; celery {versions['celery']}, "
+              f"redis-py {versions['redis']}, nats-py {versions['nats']} ({args.python})", flush=True)
+        rows = kiln_rows(args, workdir)
+        print(f"kiln done: {rows[0]['rate']:,.0f} and {rows[1]['rate']:,.0f} items/s", flush=True)
+        rows.append(celery_row(args, workdir, versions))
+        print(f"celery done: {rows[-1]['rate']:,.0f} items/s", flush=True)
+        rows.extend(jetstream_rows(args, workdir, nats_server))
+    except Fail as e:
+        stop_all()
+        print(f"batch_throughput: FAILED: {e}", file=sys.stderr)
+        if args.keep:
+            print(f"batch_throughput: kept {workdir}", file=sys.stderr)
+        sys.exit(1)
+    finally:
+        stop_all()
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    kiln_noop, kiln_true, celery, js, js_pull = rows
+    width = max(len(r["label"]) for r in rows)
+    print()
+    print(f"batch items per second, end to end, 2 workers, {args.items} items "
+          f"({kiln_true['items']} for /bin/true, {celery['items']} for celery)")
+    print(f"{'system':{width}} {'items':>8} {'seconds':>9} {'items/s':>10}")
+    for r in rows:
+        print(f"{r['label']:{width}} {r['items']:>8} {r['seconds']:>9.2f} {r['rate']:>10,.0f}")
+    print()
+    for r in (kiln_noop, kiln_true):
+        print(f"{r['label']}: clock from `kiln batch seal` to status DONE (polled every {POLL} s); includes the "
+              f"2 workers' start-up (autoscaler -> local kiln-agent processes, peak {r['max_workers']} workers); "
+              f"first item seen succeeded at {r['first_seconds']:.2f} s, all at {r['succeeded_seconds']:.2f} s; "
+              f"`kiln batch add` took {r['add_seconds']:.2f} s (not counted); "
+              f"highest rate in `kiln batch status`: {r['kiln_rate']:,.0f} items/s")
+    print(f"{celery['label']}: clock from the first apply_async to the last task's completion (stamped by the "
+          f"task); sending took {celery['send_seconds']:.2f} s (inside the figure); worker (prefork, 2 processes) "
+          f"started and answering before the first send (start-up not counted)")
+    print(f"{js['label']}: clock from the first publish to the last ack, 2 consumer processes on one durable pull "
+          f"consumer, fetch({JS_FETCH_BATCH}) + msg.ack(); publishing took {js['publish_seconds']:.2f} s")
+    print(f"{js_pull['label']}: all {args.items} published first ({js_pull['publish_seconds']:.2f} s, "
+          f"{args.items / js_pull['publish_seconds']:,.0f} msgs/s), then pull+ack only")
+    print()
+    print(f"kiln / celery = {kiln_noop['rate'] / celery['rate']:.1f}x (goal >= 10x); "
+          f"kiln / raw jetstream = {100 * kiln_noop['rate'] / js['rate']:.0f}% (goal >= 50%; "
+          f"{100 * kiln_noop['rate'] / js_pull['rate']:.0f}% of pull+ack alone)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""Batches from Python: `kiln.Client().batches`, for data pipelines.
+
+    client = kiln.Client()
+    batch = client.batches.create(["python", "resize.py", "{uri}", "{output}"], image="me/resize:1", max_workers=50)
+    batch.add(f"s3://photos/{n}.jpg" for n in range(1_000_000))   # any iterable; sent in chunks
+    batch.seal()
+    print(batch.progress())                                        # counters, rate, ETA
+    final = batch.wait()                                           # until done (or cancelled)
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Mapping
+
+import grpc
+
+from kiln.v1 import batch_pb2, batch_pb2_grpc
+
+from ._run import _endpoints, _home_credentials, _target
+
+_MARKETS = {"auto": batch_pb2.MARKET_UNSPECIFIED, "spot": batch_pb2.MARKET_SPOT, "on-demand": batch_pb2.MARKET_ON_DEMAND}
+_STATES = {"pending": batch_pb2.ITEM_STATE_PENDING, "succeeded": batch_pb2.ITEM_STATE_SUCCEEDED,
+           "failed": batch_pb2.ITEM_STATE_FAILED, "dead": batch_pb2.ITEM_STATE_DEAD}
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A batch's counters (they always add up to `total`), rate and ETA."""
+
+    state: str  # OPEN, SEALED, DONE or CANCELLED
+    total: int
+    pending: int
+    running: int
+    succeeded: int
+    failed: int
+    dead: int
+    items_per_second: float
+    eta_seconds: int  # -1 when unknown
+    workers: int
+
+    @property
+    def finished(self) -> bool:
+        return self.state in ("DONE", "CANCELLED")
+
+
+@dataclass(frozen=True)
+class Added:
+    added: int
+    duplicates: int
+    total: int
+
+
+class Batch:
+    """One batch: add items, seal, watch, wait."""
+
+    def __init__(self, stub: batch_pb2_grpc.BatchServiceStub, metadata, batch_id: str):
+        self._stub = stub
+        self._metadata = metadata
+        self.id = batch_id
+
+    def __repr__(self) -> str:
+        return f"Batch({self.id!r})"
+
+    def add(self, items: Iterable[str | Mapping], chunk: int = 5000) -> Added:
+        """Adds items: URIs (the URI is the key), or mappings with "uri", "key" and "params".
+        Adding an item again with the same content is harmless; under a key the batch has with
+        other content, it raises (and nothing of that chunk is added)."""
+
+        def requests() -> Iterator[batch_pb2.AddItemsRequest]:
+            source = iter(items)
+            while True:
+                part = list(itertools.islice(source, chunk))
+                if not part:
+                    return
+                yield batch_pb2.AddItemsRequest(batch_id=self.id, items=[_item(i) for i in part])
+
+        response = self._stub.AddItems(requests(), metadata=self._metadata)
+        return Added(added=response.added, duplicates=response.duplicates, total=response.total)
+
+    def seal(self) -> Progress:
+        """No more items: the batch is done when its last item is."""
+        return _progress(self._stub.SealBatch(batch_pb2.BatchRef(batch_id=self.id), metadata=self._metadata))
+
+    def cancel(self) -> Progress:
+        return _progress(self._stub.CancelBatch(batch_pb2.BatchRef(batch_id=self.id), metadata=self._metadata))
+
+    def retry_failed(self) -> int:
+        """Gives the dead items new attempts; returns how many."""
+        return self._stub.RetryFailed(batch_pb2.BatchRef(batch_id=self.id), metadata=self._metadata).retried
+
+    def progress(self) -> Progress:
+        return _progress(self._stub.GetBatch(batch_pb2.BatchRef(batch_id=self.id), metadata=self._metadata))
+
+    def wait(self, poll: float = 1.0, timeout: float | None = None) -> Progress:
+        """Waits until the batch is done or cancelled; returns its final progress."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            progress = self.progress()
+            if progress.finished:
+                return progress
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"batch {self.id} is not done after {timeout} s: {progress}")
+            time.sleep(poll)
+
+    def items(self, state: str | None = None) -> Iterator[batch_pb2.ItemStatus]:
+        """The batch's items in key order, all or those in one state (pending, succeeded,
+        failed, dead)."""
+        states = [] if state is None else [_STATES[state]]
+        token = ""
+        while True:
+            page = self._stub.ListItems(
+                batch_pb2.ListItemsRequest(batch_id=self.id, states=states, page_token=token, limit=1000),
+                metadata=self._metadata,
+            )
+            yield from page.items
+            if not page.next_page_token:
+                return
+            token = page.next_page_token
+
+    def logs(self, key: str) -> list[str]:
+        """The output lines an item's attempts printed (the last ones of each attempt)."""
+        response = self._stub.GetItemLogs(batch_pb2.GetItemLogsRequest(batch_id=self.id, key=key), metadata=self._metadata)
+        return [line.text for line in response.lines]
+
+
+class Batches:
+    def __init__(self, stub: batch_pb2_grpc.BatchServiceStub, metadata):
+        self._stub = stub
+        self._metadata = metadata
+
+    def create(self, command: list[str], *, image: str = "", name: str = "", project: str = "",
+               env: Mapping[str, str] | None = None, cpu: float = 1.0, memory_mb: int = 1024,
+               output_prefix: str = "", max_attempts: int = 3, timeout_secs: int = 3600,
+               max_workers: int = 4, market: str = "auto") -> Batch:
+        """Creates a batch whose `command` runs once per item ({uri}, {output}, {item} and
+        {attempt} are filled in), or a built-in (["kiln:noop"])."""
+        if market not in _MARKETS:
+            raise ValueError(f"market must be one of {sorted(_MARKETS)}")
+        spec = batch_pb2.BatchSpec(
+            name=name, project=project, image=image, command=list(command), env=dict(env or {}),
+            cpu_millis=int(round(cpu * 1000)), memory_mb=memory_mb, output_prefix=output_prefix,
+            max_attempts=max_attempts, item_timeout_secs=timeout_secs, max_workers=max_workers,
+            market=_MARKETS[market],
+        )
+        created = self._stub.CreateBatch(batch_pb2.CreateBatchRequest(spec=spec), metadata=self._metadata)
+        return Batch(self._stub, self._metadata, created.id)
+
+    def get(self, batch_id: str) -> Batch:
+        self._stub.GetBatch(batch_pb2.BatchRef(batch_id=batch_id), metadata=self._metadata)
+        return Batch(self._stub, self._metadata, batch_id)
+
+    def list(self, all: bool = False) -> list[Batch]:
+        response = self._stub.ListBatches(batch_pb2.ListBatchesRequest(all=all), metadata=self._metadata)
+        return [Batch(self._stub, self._metadata, b.id) for b in response.batches]
+
+
+class Client:
+    """A client of a kiln endpoint: `kiln up`'s credentials (KILN_HOME), or KILN_ADDR,
+    KILN_BATCH_ADDR and KILN_TOKEN."""
+
+    def __init__(self):
+        api, _, token = _endpoints()
+        address = os.environ.get("KILN_BATCH_ADDR") or _home_credentials().get("batches") or api
+        self._channel = grpc.insecure_channel(
+            _target(address), options=[("grpc.max_send_message_length", 16 << 20)]
+        )
+        metadata = (("authorization", f"Bearer {token}"),)
+        self.batches = Batches(batch_pb2_grpc.BatchServiceStub(self._channel), metadata)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _item(item: str | Mapping) -> batch_pb2.Item:
+    if isinstance(item, str):
+        return batch_pb2.Item(uri=item)
+    return batch_pb2.Item(key=str(item.get("key", "")), uri=str(item.get("uri", "")),
+                          params={str(k): str(v) for k, v in dict(item.get("params", {})).items()})
+
+
+def _progress(batch: batch_pb2.Batch) -> Progress:
+    c = batch.counts
+    return Progress(
+        state=batch_pb2.BatchState.Name(batch.state).removeprefix("BATCH_STATE_"),
+        total=c.total, pending=c.pending, running=c.running, succeeded=c.succeeded, failed=c.failed,
+        dead=c.dead, items_per_second=batch.items_per_second, eta_seconds=batch.eta_seconds,
+        workers=batch.workers,
+    )
+
+
+__all__ = ["Added", "Batch", "Batches", "Client", "Progress"]
