@@ -103,9 +103,10 @@ def run_clients(python, script, count, points, extra_args, env):
 def kiln_rate(args, count, extra_flags, label):
     home = tempfile.mkdtemp(prefix="kiln-bench-")
     env = {**os.environ, "KILN_HOME": home, "KILN_LOG": "warn"}
+    log = open(pathlib.Path(home) / "up.log", "w")
     up = subprocess.Popen([args.kiln, "up", "--provider", "process", "--api-addr", "127.0.0.1:0",
                            "--logs-addr", "127.0.0.1:0", "--batch-addr", "127.0.0.1:0", *extra_flags], env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                          stdout=log, stderr=subprocess.STDOUT)
     credentials = pathlib.Path(home) / "credentials.toml"
     while not credentials.exists():
         if up.poll() is not None:
@@ -131,6 +132,10 @@ def kiln_rate(args, count, extra_flags, label):
         elapsed = time.time() - started
         assert total == expected, (total, expected)
         return label, count, expected / elapsed, peak_rss_mb(up.pid)
+    except BaseException:
+        print(f"kiln up's log ({label}, {count} clients):", file=sys.stderr)
+        print((pathlib.Path(home) / "up.log").read_text()[-3000:], file=sys.stderr)
+        raise
     finally:
         up.send_signal(signal.SIGINT)
         up.wait(timeout=60)

@@ -64,6 +64,8 @@ pub struct Shared {
     pub advertise_url: String,
     states: Mutex<HashMap<String, (String, Instant)>>,
     progress: Mutex<HashMap<String, Progress>>,
+    /// Wakes the scaler early (outcomes arrived: a sealed batch may be done).
+    pub(crate) wake: tokio::sync::Notify,
 }
 
 /// What the scaler saw of a batch lately.
@@ -398,6 +400,7 @@ impl ItemBatch {
             advertise_url,
             states: Mutex::new(HashMap::new()),
             progress: Mutex::new(HashMap::new()),
+            wake: tokio::sync::Notify::new(),
             config,
         });
         Ok(ItemBatch { shared, listener })

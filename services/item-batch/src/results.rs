@@ -30,6 +30,8 @@ impl BatchWriter for ResultWriter {
                 Err(error) => tracing::warn!(error = %error, "dropping a malformed item result"),
             }
         }
-        Ok(self.shared.batches.apply_results(&results).await?)
+        self.shared.batches.apply_results(&results).await?;
+        self.shared.wake.notify_one();
+        Ok(())
     }
 }

@@ -24,11 +24,15 @@ use crate::{Error, Shared};
 /// Seconds of work a worker should have ahead of it at the measured rate: more backlog than
 /// that asks for another worker.
 const TARGET_DRAIN_SECS: f64 = 30.0;
+/// Shortest time between two passes.
+const MIN_PASS_GAP: Duration = Duration::from_millis(100);
 /// Worker jobs submitted at once.
 const SUBMIT_CONCURRENCY: usize = 32;
 /// Where kiln-agent is inside a worker container (the runner puts it there).
 pub const AGENT_IN_CONTAINER: &str = "/kiln/bin/kiln-agent";
 
+/// Passes run every `scale-interval-ms`, and sooner when outcomes arrive (so a batch is done as
+/// soon as its last item is), but at most every [`MIN_PASS_GAP`].
 pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
     let interval = Duration::from_millis(shared.config.scale_interval_ms);
     while !shutdown.is_cancelled() {
@@ -38,6 +42,7 @@ pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
         tokio::select! {
             _ = shutdown.cancelled() => {}
             _ = tokio::time::sleep(interval) => {}
+            _ = shared.wake.notified() => tokio::time::sleep(MIN_PASS_GAP.min(interval)).await,
         }
     }
 }

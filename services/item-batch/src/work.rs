@@ -11,6 +11,7 @@
 
 use std::collections::HashMap;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -40,8 +41,11 @@ use crate::template::{self, Values};
 pub const LOST_ALLOWANCE: u32 = 3;
 /// Slots one agent may ask for.
 const MAX_SLOTS: u32 = 256;
-/// Items held for an agent beyond twice its slots.
-const PREFETCH: usize = 14;
+/// Items held for an agent beyond twice its slots when its items are quick (a mean under
+/// [`QUICK_ITEM_MS`]), so it never waits for a round trip; slow items are not hoarded by one
+/// worker while others idle. Heartbeats cover queued items too.
+const PREFETCH: usize = 62;
+const QUICK_ITEM_MS: u64 = 100;
 /// How long one fetch waits for items.
 const FETCH_WAIT: Duration = Duration::from_millis(500);
 
@@ -80,9 +84,8 @@ impl ItemWorkService for WorkApi {
             shared: self.shared.clone(),
             batch_id: batch.id.clone(),
             spec,
-            // Items queued at the agent beyond those running, so it never waits for a round trip
-            // (heartbeats cover queued items too).
-            limit: 2 * slots + PREFETCH,
+            limit: 2 * slots,
+            mean_item_ms: AtomicU64::new(1000),
             held: Mutex::new(HashMap::new()),
             freed: Notify::new(),
             closed: CancellationToken::new(),
@@ -137,6 +140,8 @@ struct Session {
     batch_id: String,
     spec: Spec,
     limit: usize,
+    /// Moving mean of the agent's item durations.
+    mean_item_ms: AtomicU64,
     held: Mutex<HashMap<String, Held>>,
     freed: Notify,
     closed: CancellationToken,
@@ -165,7 +170,12 @@ impl Session {
                 Ok(_) => {}
                 Err(error) => tracing::warn!(batch_id = %self.batch_id, error = %error, "cannot read the batch"),
             }
-            let free = self.limit.saturating_sub(self.held_count());
+            let limit = if self.mean_item_ms.load(Ordering::Relaxed) < QUICK_ITEM_MS {
+                self.limit + PREFETCH
+            } else {
+                self.limit
+            };
+            let free = limit.saturating_sub(self.held_count());
             if free == 0 {
                 tokio::select! {
                     _ = self.freed.notified() => {}
@@ -326,6 +336,9 @@ impl Session {
     /// Records an outcome, then acks its message (or naks it with a backoff when another
     /// attempt follows).
     async fn settle(&self, outcome: pb::ItemOutcome) {
+        let mean = self.mean_item_ms.load(Ordering::Relaxed);
+        self.mean_item_ms
+            .store((mean * 7 + outcome.duration_ms) / 8, Ordering::Relaxed);
         let held = {
             let mut held = self.held.lock().expect("held lock");
             match held.get(&outcome.key) {
