@@ -141,7 +141,7 @@ mod tests {
         );
         assert!(validate(&argv(&["echo", "a}b"])).unwrap_err().contains("stray"));
         assert!(
-            validate(&argv(&["kiln:sleep"]))
+            validate(&argv(&["kiln:teleport"]))
                 .unwrap_err()
                 .contains("unknown built-in")
         );

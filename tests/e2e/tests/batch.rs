@@ -332,3 +332,94 @@ async fn killing_item_batch_and_a_worker_loses_nothing_and_counts_nothing_twice(
     assert_eq!((c.total, c.succeeded, c.dead, c.failed), (300, 300, 0, 0), "{c:?}");
     assert_adds_up(&c);
 }
+
+#[tokio::test]
+async fn items_come_from_object_storage_and_dead_ones_can_be_retried() {
+    let stack = started().await;
+    // Objects under a prefix, and a manifest.
+    for name in ["a", "b", "c"] {
+        let path = stack.objects.root.join("inbox").join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, name).unwrap();
+    }
+    std::fs::write(
+        stack.objects.root.join("manifest.txt"),
+        "# uris\nmem://x\n\nmem://y\ninbox/a\n",
+    )
+    .unwrap();
+    let batch = create(&stack, spec(&["sh", "-c", "[ {uri} != mem://y ] || exit 9"])).await;
+    let mut client = stack.batches_client().await;
+    let from_objects = |source| pb::AddItemsFromObjectsRequest {
+        batch_id: batch.id.clone(),
+        source: Some(source),
+    };
+    let added = client
+        .add_items_from_objects(from_objects(pb::add_items_from_objects_request::Source::Prefix(
+            "inbox".into(),
+        )))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((added.added, added.total), (3, 3));
+    let added = client
+        .add_items_from_objects(from_objects(pb::add_items_from_objects_request::Source::Manifest(
+            "manifest.txt".into(),
+        )))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (added.added, added.duplicates, added.total),
+        (2, 1, 5),
+        "inbox/a was there already"
+    );
+    let missing = client
+        .add_items_from_objects(from_objects(pb::add_items_from_objects_request::Source::Manifest(
+            "nope.txt".into(),
+        )))
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::InvalidArgument);
+    let escaping = client
+        .add_items_from_objects(from_objects(pb::add_items_from_objects_request::Source::Prefix(
+            "../etc".into(),
+        )))
+        .await
+        .unwrap_err();
+    assert_eq!(escaping.code(), Code::InvalidArgument);
+    client
+        .seal_batch(pb::BatchRef {
+            batch_id: batch.id.clone(),
+        })
+        .await
+        .unwrap();
+    let done = wait_batch(&stack, &batch.id, "done", |b| b.state == pb::BatchState::Done as i32).await;
+    assert_eq!((counts(&done).succeeded, counts(&done).dead), (4, 1));
+
+    // A new round for the dead item: it fails again, with three more attempts.
+    let retried = client
+        .retry_failed(pb::BatchRef {
+            batch_id: batch.id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .retried;
+    assert_eq!(retried, 1);
+    let again = wait_batch(&stack, &batch.id, "done again", |b| {
+        b.state == pb::BatchState::Done as i32 && counts(b).dead == 1 && list_is_settled(b)
+    })
+    .await;
+    assert_eq!(
+        (counts(&again).total, counts(&again).succeeded, counts(&again).dead),
+        (5, 4, 1)
+    );
+    let dead = list(&stack, &batch.id, pb::ItemState::Dead).await;
+    assert_eq!((dead[0].key.as_str(), dead[0].attempts), ("mem://y", 6));
+}
+
+/// No item is waiting for an attempt.
+fn list_is_settled(batch: &pb::Batch) -> bool {
+    let c = counts(batch);
+    c.pending == 0 && c.running == 0 && c.failed == 0
+}
