@@ -145,6 +145,40 @@ pub async fn publish(js: &jetstream::Context, subject: String, msg_id: &str, pay
     Ok(())
 }
 
+/// Publishes messages (message id, payload) to one subject with up to `IN_FLIGHT` awaiting their
+/// acks, and returns once JetStream has acknowledged every one.
+pub async fn publish_all(
+    js: &jetstream::Context,
+    subject: &str,
+    messages: Vec<(String, Bytes)>,
+) -> Result<(), NatsError> {
+    const IN_FLIGHT: usize = 1024;
+    let failed = |e: &dyn std::fmt::Display| NatsError::Publish {
+        subject: subject.to_string(),
+        message: e.to_string(),
+    };
+    let mut acks = std::collections::VecDeque::with_capacity(IN_FLIGHT);
+    for (msg_id, payload) in messages {
+        let publish = jetstream::message::PublishMessage::build()
+            .payload(payload)
+            .message_id(msg_id);
+        acks.push_back(
+            js.send_publish(subject.to_string(), publish)
+                .await
+                .map_err(|e| failed(&e))?,
+        );
+        if acks.len() >= IN_FLIGHT
+            && let Some(oldest) = acks.pop_front()
+        {
+            oldest.await.map_err(|e| failed(&e))?;
+        }
+    }
+    for ack in acks {
+        ack.await.map_err(|e| failed(&e))?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

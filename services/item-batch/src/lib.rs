@@ -46,8 +46,8 @@ use crate::spec::Spec;
 use crate::store::{BatchRecord, BatchStore, NewItem, Tally};
 
 const SCHEMA_WAIT: Duration = Duration::from_secs(60);
-/// Publishes awaiting their acks at most.
-const IN_FLIGHT: usize = 1024;
+/// Items published, then recorded as published, at a time.
+const PUBLISH_CHUNK: usize = 1024;
 /// How long a batch's state read from the database is trusted by the sessions.
 const STATE_TTL: Duration = Duration::from_millis(500);
 /// The window of the items-per-second figure.
@@ -169,23 +169,15 @@ impl Shared {
     /// the duplicate window is dropped), then records them as published.
     async fn publish_items(&self, batch_id: &str, items: &[pb::QueuedItem]) -> Result<()> {
         let subject = subjects::items(batch_id);
-        for chunk in items.chunks(IN_FLIGHT) {
-            let mut acks = Vec::with_capacity(chunk.len());
-            for item in chunk {
-                let publish = async_nats::jetstream::message::PublishMessage::build()
-                    .payload(item.encode_to_vec().into())
-                    .message_id(subjects::item_msg_id(batch_id, &item.key, item.round));
-                acks.push(
-                    self.nats
-                        .jetstream
-                        .send_publish(subject.clone(), publish)
-                        .await
-                        .map_err(nats_error)?,
-                );
-            }
-            for ack in acks {
-                ack.await.map_err(nats_error)?;
-            }
+        for chunk in items.chunks(PUBLISH_CHUNK) {
+            let messages = chunk
+                .iter()
+                .map(|item| {
+                    let msg_id = subjects::item_msg_id(batch_id, &item.key, item.round);
+                    (msg_id, item.encode_to_vec().into())
+                })
+                .collect();
+            streams::publish_all(&self.nats.jetstream, &subject, messages).await?;
             let keys: Vec<String> = chunk.iter().map(|item| item.key.clone()).collect();
             self.batches.mark_published(batch_id, &keys).await?;
         }

@@ -35,21 +35,29 @@ pub const AGENT_IN_CONTAINER: &str = "/kiln/bin/kiln-agent";
 /// soon as its last item is), but at most every [`MIN_PASS_GAP`].
 pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
     let interval = Duration::from_millis(shared.config.scale_interval_ms);
+    let mut woken = false;
     while !shutdown.is_cancelled() {
-        if let Err(error) = pass(&shared).await {
+        if let Err(error) = pass(&shared, woken).await {
             tracing::warn!(error = %error, "scaling pass failed");
         }
-        tokio::select! {
-            _ = shutdown.cancelled() => {}
-            _ = tokio::time::sleep(interval) => {}
-            _ = shared.wake.notified() => tokio::time::sleep(MIN_PASS_GAP.min(interval)).await,
-        }
+        woken = tokio::select! {
+            _ = shutdown.cancelled() => false,
+            _ = tokio::time::sleep(interval) => false,
+            _ = shared.wake.notified() => {
+                tokio::time::sleep(MIN_PASS_GAP.min(interval)).await;
+                true
+            }
+        };
     }
 }
 
-/// One look at every live batch.
-pub async fn pass(shared: &Shared) -> Result<()> {
+/// One look at every live batch; a pass woken by outcomes only looks at sealed batches that
+/// have no backlog left (one index probe each), to end them at once.
+pub async fn pass(shared: &Shared, woken: bool) -> Result<()> {
     for batch in shared.batches.list_batches(None, false).await? {
+        if woken && (batch.state != store::SEALED || shared.batches.has_backlog(&batch.id).await?) {
+            continue;
+        }
         if let Err(error) = tend(shared, &batch).await {
             tracing::warn!(batch_id = %batch.id, error = %error, "cannot tend batch");
         }

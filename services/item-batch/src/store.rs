@@ -390,6 +390,20 @@ impl BatchStore {
         Ok(tally)
     }
 
+    /// Whether any item of a batch is unfinished (pending, or waiting for another attempt): one
+    /// index probe, where [`BatchStore::tally`] counts every row.
+    pub async fn has_backlog(&self, batch_id: &str) -> Result<bool> {
+        let found: Option<String> = item::Entity::find()
+            .select_only()
+            .column(item::Column::ItemKey)
+            .filter(item::Column::BatchId.eq(batch_id))
+            .filter(item::Column::State.is_in([PENDING, FAILED]))
+            .into_tuple()
+            .one(&self.db)
+            .await?;
+        Ok(found.is_some())
+    }
+
     /// A page of items in key order, after `after`, in any of `states` (all for none).
     pub async fn items(&self, batch_id: &str, states: &[&str], after: &str, limit: u64) -> Result<Vec<ItemRecord>> {
         let mut query = item::Entity::find()

@@ -232,38 +232,31 @@ impl LogsApi {
         let subject = kiln_core::subjects::logs(&job.id);
         let now = now_ms();
         let accepted = u32::try_from(request.lines.len()).unwrap_or(u32::MAX);
-        let mut acks = Vec::with_capacity(request.lines.len());
-        for (n, line) in request.lines.into_iter().enumerate() {
-            let record = pb::LogRecord {
-                job_id: job.id.clone(),
-                attempt: job.attempt,
-                seq: 0,
-                stream: match line.stream {
-                    0 => pb::LogStream::Stdout as i32,
-                    stream => stream,
-                },
-                timestamp_ms: if line.timestamp_ms == 0 { now } else { line.timestamp_ms },
-                text: line.text,
-                end: false,
-            };
-            let msg_id = match request.writer.as_str() {
-                "" => kiln_core::ids::new_id(),
-                writer => format!("{}:w:{writer}:{}", job.id, request.first_index + n as u64),
-            };
-            let publish = async_nats::jetstream::message::PublishMessage::build()
-                .payload(record.encode_to_vec().into())
-                .message_id(msg_id);
-            acks.push(
-                self.nats
-                    .jetstream
-                    .send_publish(subject.clone(), publish)
-                    .await
-                    .map_err(publish_error(&subject))?,
-            );
-        }
-        for ack in acks {
-            ack.await.map_err(publish_error(&subject))?;
-        }
+        let records: Vec<(String, bytes::Bytes)> = request
+            .lines
+            .into_iter()
+            .enumerate()
+            .map(|(n, line)| {
+                let record = pb::LogRecord {
+                    job_id: job.id.clone(),
+                    attempt: job.attempt,
+                    seq: 0,
+                    stream: match line.stream {
+                        0 => pb::LogStream::Stdout as i32,
+                        stream => stream,
+                    },
+                    timestamp_ms: if line.timestamp_ms == 0 { now } else { line.timestamp_ms },
+                    text: line.text,
+                    end: false,
+                };
+                let msg_id = match request.writer.as_str() {
+                    "" => kiln_core::ids::new_id(),
+                    writer => format!("{}:w:{writer}:{}", job.id, request.first_index + n as u64),
+                };
+                (msg_id, record.encode_to_vec().into())
+            })
+            .collect();
+        kiln_core::streams::publish_all(&self.nats.jetstream, &subject, records).await?;
         Ok(accepted)
     }
 
@@ -577,17 +570,6 @@ async fn next_event(events: &mut Option<async_nats::Subscriber>) -> Option<async
     match events {
         Some(events) => events.next().await,
         None => std::future::pending().await,
-    }
-}
-
-fn publish_error(
-    subject: &str,
-) -> impl Fn(async_nats::error::Error<async_nats::jetstream::context::PublishErrorKind>) -> Error + '_ {
-    move |error| {
-        Error::Nats(kiln_core::streams::NatsError::Publish {
-            subject: subject.to_string(),
-            message: error.to_string(),
-        })
     }
 }
 

@@ -74,6 +74,8 @@ pub(crate) struct Context {
     active: Arc<Mutex<HashMap<String, ActiveJob>>>,
     gpus: Arc<Mutex<GpuPool>>,
     sampler: Option<Arc<dyn GpuSampler>>,
+    /// The agent archive for batch workers' containers, packed on first use.
+    agent_archive: Arc<tokio::sync::OnceCell<bytes::Bytes>>,
 }
 
 impl Context {
@@ -144,6 +146,7 @@ impl Runner {
             active: Arc::default(),
             gpus: Arc::new(Mutex::new(GpuPool::new(capacity.gpus))),
             sampler,
+            agent_archive: Arc::default(),
         };
         Ok(Runner { ctx, listener })
     }

@@ -237,9 +237,16 @@ async fn instance_spec(
     })
 }
 
-/// A tar holding the static kiln-agent at `kiln/bin/kiln-agent`, for batch workers' containers.
+/// A tar holding the static kiln-agent at `kiln/bin/kiln-agent`, for batch workers' containers:
+/// read and packed once per runner.
 async fn agent_archive(ctx: &Context) -> Result<Bytes> {
-    let path = ctx.config.agent_binary.clone();
+    ctx.agent_archive
+        .get_or_try_init(|| pack_agent(ctx.config.agent_binary.clone()))
+        .await
+        .cloned()
+}
+
+async fn pack_agent(path: PathBuf) -> Result<Bytes> {
     if path.as_os_str().is_empty() {
         return Err(Error::BadBundle(
             "this runner has no agent-binary: it cannot start batch workers in containers".into(),
