@@ -1,6 +1,6 @@
 //! A batch on the `sim` provider: up to 1,000 simulated spot workers (each runs kiln-agent's loop
-//! in this process, with the built-in `kiln:sleep 200`), seeded preemptions, and every item processed once
-//! by the counters; the workers scale up to the maximum and back to zero.
+//! in this process, with the built-in `kiln:sleep 1000`), seeded preemptions, and every item
+//! processed once by the counters; the workers scale up to the maximum and back to zero.
 //!
 //! CI runs 100,000 items; `KILN_SIM_ITEMS=1000000` runs the million (see the README's
 //! performance section for the figures of that run).
@@ -52,8 +52,10 @@ async fn many_items_on_a_thousand_preempted_spot_workers_are_counted_exactly() {
 
     let spec = pb::BatchSpec {
         name: "sim".into(),
-        // A fifth of a second per item: enough work for a thousand workers to be worth it.
-        command: vec!["kiln:sleep".into(), "200".into()],
+        // A second per item: a thousand workers then need 1,000 items/s, which item-batch hands
+        // out even in a dev build (a fifth of a second needed 5,000/s: the dev build dispatched
+        // about 1,200/s, so idle workers left and at most a few hundred were ever live).
+        command: vec!["kiln:sleep".into(), "1000".into()],
         cpu_millis: 1000,
         memory_mb: 512,
         max_attempts: 3,
