@@ -98,21 +98,30 @@ class Run:
     def log(self, data: Mapping[str, float], step: int | None = None) -> None:
         """Queues the values of `data` at `step` (the previous step + 1 when omitted)."""
         now = time.time_ns() // 1_000_000
-        values = [(str(key), float(value)) for key, value in data.items()]
+        if step is not None:
+            # The rows are built before taking the lock: the common case costs one append.
+            step = int(step)
+            rows = [(str(key), step, float(value), now) for key, value in data.items()]
+        else:
+            values = [(str(key), float(value)) for key, value in data.items()]
         with self._cond:
             if self._error is not None:
                 raise RuntimeError("kiln: sending metrics failed") from self._error
             if self._stopping:
                 raise RuntimeError("kiln: the run is finished")
-            step = self._step if step is None else int(step)
-            self._step = max(self._step, step + 1)
+            if step is None:
+                step = self._step
+                rows = [(key, step, value, now) for key, value in values]
+            if step >= self._step:
+                self._step = step + 1
             # Back-pressure, not loss: wait while the buffer is full.
             while self._logged - self._settled >= self._capacity and self._error is None:
                 self._cond.wait()
-            first = not self._rows
-            self._rows.extend([(key, step, value, now) for key, value in values])
-            self._logged += len(values)
-            if first or len(self._rows) >= self._batch_points:
+            buffered = self._rows
+            first = not buffered
+            buffered += rows
+            self._logged += len(rows)
+            if first or len(buffered) >= self._batch_points:
                 self._cond.notify_all()
 
     def flush(self) -> None:
