@@ -3,6 +3,8 @@
 #   submit-latency — submit-to-running of a container job, kiln against the raw Docker Engine
 #   metrics_throughput.py — metric points per second, kiln (SQLite and ScyllaDB stores) against
 #     the MLflow tracking server (mlflow==3.17.2 from PyPI, SQLite backend), 1 and 4 clients
+#   sched-sim — the scheduling study: 10,000 jobs from 100 users on 1,000 simulated instances
+#     (fairness, utilisation, waits, spot savings, the time of one pass)
 #   batch_throughput.py — batch items per second with 2 workers and no-op items, kiln against
 #     Celery (celery==5.7.0, redis==8.1.0, Debian's redis-server) and a raw JetStream work queue
 #     (nats-py==2.16.0)
@@ -58,3 +60,6 @@ if ! command -v redis-server >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server
 fi
 "$venv/bin/python" "$repo/bench/batch_throughput.py" --kiln "$repo/target/release/kiln" --python "$venv/bin/python"
+
+# --- the scheduling study -------------------------------------------------------------------------
+./target/release/sched-sim --seed 1

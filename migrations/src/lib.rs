@@ -8,6 +8,7 @@ use sea_orm_migration::prelude::*;
 mod m0001_initial;
 mod m0002_images_and_datasets;
 mod m0003_batches;
+mod m0004_scheduling;
 
 /// Migrator lists every migration in order.
 pub struct Migrator;
@@ -19,6 +20,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0001_initial::Migration),
             Box::new(m0002_images_and_datasets::Migration),
             Box::new(m0003_batches::Migration),
+            Box::new(m0004_scheduling::Migration),
         ]
     }
 }

@@ -11,6 +11,7 @@ use kiln_proto::v1::batch_service_client::BatchServiceClient;
 use kiln_proto::v1::dataset_service_client::DatasetServiceClient;
 use kiln_proto::v1::job_service_client::JobServiceClient;
 use kiln_proto::v1::log_service_client::LogServiceClient;
+use kiln_proto::v1::quota_service_client::QuotaServiceClient;
 use serde::{Deserialize, Serialize};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
@@ -107,6 +108,7 @@ pub struct Clients {
     pub datasets: DatasetServiceClient<Authed>,
     pub logs: LogServiceClient<Authed>,
     pub batches: BatchServiceClient<Authed>,
+    pub quotas: QuotaServiceClient<Authed>,
 }
 
 async fn channel(addr: &str) -> Result<Channel> {
@@ -134,6 +136,7 @@ pub async fn connect(credentials: &Credentials) -> Result<Clients> {
     Ok(Clients {
         batches: BatchServiceClient::with_interceptor(batches, auth.clone()).max_encoding_message_size(16 << 20),
         jobs: JobServiceClient::with_interceptor(api.clone(), auth.clone()),
+        quotas: QuotaServiceClient::with_interceptor(api.clone(), auth.clone()),
         datasets: DatasetServiceClient::with_interceptor(api.clone(), auth.clone()),
         artifacts: ArtifactServiceClient::with_interceptor(api, auth.clone())
             .max_decoding_message_size(8 << 20)

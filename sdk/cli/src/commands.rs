@@ -54,6 +54,15 @@ pub struct RunArgs {
     /// Dataset to mount read-only at /kiln/data/NAME (repeatable).
     #[arg(long = "dataset")]
     pub datasets: Vec<String>,
+    /// Priority class: low, normal or high (high may preempt lower classes).
+    #[arg(long, default_value = "normal")]
+    pub priority: String,
+    /// Run on spot instances only.
+    #[arg(long, conflicts_with = "on_demand")]
+    pub spot: bool,
+    /// Run on on-demand instances only (the default, auto, lets the scheduler choose).
+    #[arg(long)]
+    pub on_demand: bool,
     /// Stream the logs and exit with the job's exit code.
     #[arg(short, long)]
     pub follow: bool,
@@ -90,6 +99,12 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
         gpus: args.gpus,
         max_runtime_secs: args.max_runtime.unwrap_or(0),
         datasets: args.datasets,
+        priority_class: args.priority,
+        market: match (args.spot, args.on_demand) {
+            (true, _) => pb::Market::Spot,
+            (_, true) => pb::Market::OnDemand,
+            _ => pb::Market::Unspecified,
+        } as i32,
     };
     let job = clients
         .jobs
@@ -200,6 +215,36 @@ pub async fn status(job_id: String, output: Output) -> Result<ExitCode> {
             };
             println!("{key:>15}: {text}");
         }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn explain(job_id: String, output: Output) -> Result<ExitCode> {
+    let mut clients = client::connect(&client::resolve()?).await?;
+    let explanation = clients
+        .jobs
+        .explain_job(pb::GetJobRequest { job_id })
+        .await?
+        .into_inner();
+    if output == Output::Json {
+        let json = serde_json::json!({
+            "job_id": explanation.job_id,
+            "state": state_name(explanation.state),
+            "summary": explanation.summary,
+            "jobs_ahead": explanation.jobs_ahead,
+            "details": explanation.details,
+        });
+        println!("{}", serde_json::to_string_pretty(&json)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{} ({}): {}",
+        explanation.job_id,
+        state_name(explanation.state),
+        explanation.summary
+    );
+    for detail in &explanation.details {
+        println!("  {detail}");
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -112,6 +112,16 @@ pub fn age(created_at_ms: i64) -> String {
     }
 }
 
+/// A job's market policy as `kiln run` spells it.
+pub fn market_policy(market: i32) -> String {
+    match pb::Market::try_from(market) {
+        Ok(pb::Market::Spot) => "spot",
+        Ok(pb::Market::OnDemand) => "on-demand",
+        _ => "auto",
+    }
+    .to_string()
+}
+
 pub fn job_json(job: &pb::Job) -> serde_json::Value {
     let spec = job.spec.clone().unwrap_or_default();
     let resources = spec.resources.unwrap_or_default();
@@ -130,7 +140,13 @@ pub fn job_json(job: &pb::Job) -> serde_json::Value {
         "gpus": spec.gpus,
         "max_runtime_secs": (spec.max_runtime_secs > 0).then_some(spec.max_runtime_secs),
         "datasets": spec.datasets,
+        "priority": spec.priority_class,
+        "market": if job.market.is_empty() { market_policy(spec.market) } else { job.market.clone() },
         "attempt": job.attempt,
+        "preemptions": job.preemptions,
+        "cost": job.cost,
+        "on_demand_cost": job.on_demand_cost,
+        "resume_from": (!job.resume_from.is_empty()).then_some(&job.resume_from),
         "version": job.version,
         "pool": job.pool,
         "runner": job.runner_id,

@@ -11,6 +11,7 @@ mod data;
 mod format;
 mod metrics;
 mod pack;
+mod quota;
 mod up;
 
 use commands::Output;
@@ -61,6 +62,16 @@ enum Command {
     Metrics(metrics::MetricsArgs),
     /// Stop a job: SIGTERM, the grace period, then SIGKILL.
     Stop { job: String },
+    /// Why a queued job waits: a quota, no capacity in a pool, or the jobs ahead of it.
+    Explain {
+        job: String,
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Quotas on CPU, memory, GPUs, running and queued jobs, by scope (global, project:NAME,
+    /// user:NAME). Setting one needs an admin token.
+    #[command(subcommand)]
+    Quota(quota::QuotaCommand),
     /// A job's outputs: the files it wrote to /kiln/outputs.
     #[command(subcommand)]
     Artifacts(data::ArtifactsCommand),
@@ -102,6 +113,8 @@ fn main() -> ExitCode {
             } => commands::logs(job, follow, tail).await,
             Command::Metrics(args) => metrics::metrics(args).await,
             Command::Stop { job } => commands::stop(job).await,
+            Command::Explain { job, output } => commands::explain(job, output).await,
+            Command::Quota(command) => quota::quota(command).await,
             Command::Artifacts(command) => data::artifacts(command).await,
             Command::Dataset(command) => data::dataset(command).await,
             Command::Batch(command) => batch::batch(command).await,

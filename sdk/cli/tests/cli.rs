@@ -521,3 +521,68 @@ fn a_batch_from_the_cli() {
         text(&bad.stderr)
     );
 }
+
+#[test]
+fn quotas_explain_and_priorities_from_the_cli() {
+    let up = Up::start();
+    // Nothing may run: a running-jobs quota of 0 for admin.
+    let output = up.kiln(&[
+        "quota",
+        "set",
+        "user:admin",
+        "--running-jobs",
+        "0",
+        "--queued-jobs",
+        "1",
+    ]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let output = up.kiln(&["quota", "ls", "-o", "json"]);
+    let quotas: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(quotas[0]["scope"], "user:admin", "{quotas}");
+    assert_eq!(quotas[0]["running_jobs"], 0, "{quotas}");
+    assert_eq!(quotas[0]["cpu_millis"], serde_json::Value::Null, "{quotas}");
+
+    let output = up.kiln(&["run", "--no-code", "--priority", "high", "--on-demand", "--", "true"]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let job_id = text(&output.stdout).trim().to_string();
+    let status = up.status_json(&job_id);
+    assert_eq!(
+        (&status["priority"], &status["market"]),
+        (&"high".into(), &"on-demand".into()),
+        "{status}"
+    );
+    let output = up.kiln(&["explain", &job_id]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stdout).contains("running-jobs quota of user:admin is 0 jobs"),
+        "{}",
+        text(&output.stdout)
+    );
+
+    // The queued-jobs quota refuses the next submit, naming itself.
+    let output = up.kiln(&["run", "--no-code", "--", "true"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        text(&output.stderr).contains("queued-jobs quota of user:admin is 1 (1 queued)")
+            && text(&output.stderr).contains("(ResourceExhausted)"),
+        "{}",
+        text(&output.stderr)
+    );
+    let output = up.kiln(&["run", "--no-code", "--priority", "urgent", "--", "true"]);
+    assert!(
+        text(&output.stderr).contains("priority class \"urgent\" is not one of low, normal, high"),
+        "{}",
+        text(&output.stderr)
+    );
+
+    // Raising the quota lets the job run.
+    let output = up.kiln(&["quota", "rm", "user:admin"]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    up.wait_for_state(&job_id, "SUCCEEDED");
+    let output = up.kiln(&["explain", &job_id]);
+    assert!(
+        text(&output.stdout).contains("it has ended"),
+        "{}",
+        text(&output.stdout)
+    );
+}

@@ -18,11 +18,11 @@ from typing import Iterable, Iterator, Mapping
 
 import grpc
 
-from kiln.v1 import batch_pb2, batch_pb2_grpc
+from kiln.v1 import batch_pb2, batch_pb2_grpc, job_pb2
 
 from ._run import _endpoints, _home_credentials, _target
 
-_MARKETS = {"auto": batch_pb2.MARKET_UNSPECIFIED, "spot": batch_pb2.MARKET_SPOT, "on-demand": batch_pb2.MARKET_ON_DEMAND}
+_MARKETS = {"auto": job_pb2.MARKET_UNSPECIFIED, "spot": job_pb2.MARKET_SPOT, "on-demand": job_pb2.MARKET_ON_DEMAND}
 _STATES = {"pending": batch_pb2.ITEM_STATE_PENDING, "succeeded": batch_pb2.ITEM_STATE_SUCCEEDED,
            "failed": batch_pb2.ITEM_STATE_FAILED, "dead": batch_pb2.ITEM_STATE_DEAD}
 

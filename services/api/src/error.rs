@@ -20,6 +20,13 @@ pub enum Error {
     OutputMissing { job_id: String, path: String },
     #[error("{0}")]
     TooLarge(String),
+    /// A quota refuses the request; the message names it.
+    #[error("{0}")]
+    QuotaExceeded(String),
+    #[error("{0}")]
+    PermissionDenied(String),
+    #[error("{0}")]
+    NotFound(String),
     #[error(transparent)]
     Store(#[from] StoreError),
     /// An operation of kiln-core that spans the store and NATS.
@@ -27,6 +34,9 @@ pub enum Error {
     Core(#[from] kiln_core::Error),
     #[error(transparent)]
     Nats(#[from] NatsError),
+    /// Reading what the scheduler decides from (for explanations and quota checks).
+    #[error(transparent)]
+    Scheduler(kiln_scheduler::Error),
     #[error("object store: {0}")]
     Objects(#[from] object_store::Error),
     #[error("cannot write {path}: {source}")]
@@ -48,10 +58,13 @@ impl Error {
             Error::ArtifactMissing { .. } => ErrorKind::FailedPrecondition,
             Error::DatasetMissing { .. } => ErrorKind::FailedPrecondition,
             Error::DatasetExists { .. } => ErrorKind::AlreadyExists,
-            Error::TooLarge(_) => ErrorKind::ResourceExhausted,
+            Error::TooLarge(_) | Error::QuotaExceeded(_) => ErrorKind::ResourceExhausted,
+            Error::PermissionDenied(_) => ErrorKind::PermissionDenied,
+            Error::NotFound(_) => ErrorKind::NotFound,
             Error::Store(error) => error.kind(),
             Error::Core(error) => error.kind(),
             Error::Nats(error) => error.kind(),
+            Error::Scheduler(error) => error.kind(),
             Error::Objects(_) | Error::Io { .. } | Error::Bind { .. } | Error::Serve(_) => ErrorKind::Internal,
         }
     }

@@ -9,11 +9,13 @@ use futures::{Stream, StreamExt};
 use kiln_core::auth::{Principal, user_principal};
 use kiln_core::events::{publish_job_change, stop_job};
 use kiln_core::ids::parse_id;
+use kiln_core::scheduling::{MarketPolicy, PRIORITY_CLASSES, priority_class};
 use kiln_core::store::{Change, JobRecord, NewJob, Store, StoreError};
 use kiln_core::streams::Nats;
 use kiln_core::{JobState, subjects};
 use kiln_proto::v1 as pb;
 use kiln_proto::v1::job_service_server::JobService;
+use kiln_scheduler::{input, policy};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
@@ -32,6 +34,7 @@ pub struct JobsApi {
     pub(crate) store: Store,
     pub(crate) nats: Nats,
     pub(crate) watch_poll: Duration,
+    pub(crate) submit_lock: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl JobsApi {
@@ -51,6 +54,10 @@ impl JobsApi {
                 return Err(Error::DatasetMissing { name: name.clone() });
             }
         }
+        // Checked and inserted under one lock, so this replica's submits cannot race past the
+        // queued-jobs quota together.
+        let _one_at_a_time = self.submit_lock.lock().await;
+        crate::quotas::check_queued(&self.store, principal, &new.project).await?;
         let job = self.store.insert_job(new).await?;
         tracing::info!(job_id = %job.id, owner = %principal.user_name, "job submitted");
         // The job is durable now; a failed publish is re-driven by the reconciler.
@@ -58,6 +65,92 @@ impl JobsApi {
             tracing::warn!(job_id = %job.id, error = %error, "publish failed; the reconciler will retry");
         }
         Ok(job)
+    }
+
+    /// Why a job waits: what the scheduler's next pass would decide about it.
+    async fn explain(&self, principal: &Principal, job_id: &str) -> Result<pb::Explanation> {
+        let job = self.visible_job(principal, job_id).await?;
+        let state = job.state()?;
+        let mut explanation = pb::Explanation {
+            job_id: job.id.clone(),
+            state: state.to_proto() as i32,
+            ..Default::default()
+        };
+        if state != JobState::Queued {
+            explanation.summary = match state {
+                JobState::Scheduled | JobState::Provisioning | JobState::Running | JobState::Syncing => format!(
+                    "it is {} on pool {} ({}), attempt {}",
+                    state.as_str().to_lowercase(),
+                    job.pool,
+                    if job.market.is_empty() {
+                        "on-demand"
+                    } else {
+                        job.market.as_str()
+                    },
+                    job.attempt
+                ),
+                _ => format!(
+                    "it has ended: {}",
+                    if job.reason.is_empty() {
+                        state.as_str()
+                    } else {
+                        job.reason.as_str()
+                    }
+                ),
+            };
+            return Ok(explanation);
+        }
+        let config = kiln_scheduler::Config::default();
+        let settings = input::settings(&config, usize::try_from(config.preemptions_per_minute).unwrap_or(0));
+        let read = input::read(&self.store, &self.nats, settings, |_| 0.0)
+            .await
+            .map_err(Error::Scheduler)?;
+        let Some(index) = read.queued.iter().position(|queued| queued.id == job.id) else {
+            explanation.summary = "it left the queue while this was being read; ask again".into();
+            return Ok(explanation);
+        };
+        let plan = policy::plan(&read.input);
+        let pending = &read.input.pending[index];
+        explanation.details.push(format!(
+            "asks {} at priority {} ({}), market {}",
+            pending.resources,
+            job.priority_class,
+            pending.priority,
+            pending.market.as_str()
+        ));
+        match plan.wait_of(index) {
+            Some(wait) => {
+                explanation.summary = wait.to_string();
+                explanation.jobs_ahead = u32::try_from(wait.ahead.total()).unwrap_or(u32::MAX);
+                explanation.details.push(wait.ahead.to_string());
+            }
+            None => {
+                let placement = plan.placements.iter().find(|placement| placement.job == index);
+                explanation.summary = match placement {
+                    Some(placement) => format!(
+                        "it starts at the scheduler's next pass, on pool {} ({})",
+                        placement.pool, placement.market
+                    ),
+                    None => "it starts at the scheduler's next pass".into(),
+                };
+            }
+        }
+        for pool in &read.input.pools {
+            let held: policy::Resources = read
+                .input
+                .running
+                .iter()
+                .filter(|running| running.pool == pool.name)
+                .map(|running| running.resources)
+                .fold(policy::Resources::ZERO, |sum, r| sum + r);
+            explanation.details.push(format!(
+                "pool {}: {} of {} free",
+                pool.name,
+                (pool.capacity - held).clamp_negative(),
+                pool.capacity
+            ));
+        }
+        Ok(explanation)
     }
 
     async fn stop(&self, principal: &Principal, job_id: &str) -> Result<JobRecord> {
@@ -167,6 +260,16 @@ fn validate_spec(principal: &Principal, spec: Option<pb::JobSpec>) -> Result<New
     for name in &spec.datasets {
         validate_dataset_name(name)?;
     }
+    let class = priority_class(&spec.priority_class).ok_or_else(|| {
+        let names: Vec<&str> = PRIORITY_CLASSES.iter().map(|class| class.name).collect();
+        Error::InvalidArgument(format!(
+            "priority class {:?} is not one of {}",
+            spec.priority_class,
+            names.join(", ")
+        ))
+    })?;
+    let market = pb::Market::try_from(spec.market)
+        .map_err(|_| Error::InvalidArgument(format!("market {} is not a market", spec.market)))?;
     Ok(NewJob {
         owner_id: principal.user_id.clone(),
         project,
@@ -181,6 +284,8 @@ fn validate_spec(principal: &Principal, spec: Option<pb::JobSpec>) -> Result<New
         max_runtime_secs,
         datasets: spec.datasets,
         batch_id: String::new(),
+        priority_class: class.name.to_string(),
+        market_policy: MarketPolicy::from_proto(market),
     })
 }
 
@@ -252,6 +357,13 @@ impl JobService for JobsApi {
         let principal = user_principal(&request)?;
         let job = self.stop(&principal, &request.get_ref().job_id).await?;
         Ok(Response::new(job.to_proto()))
+    }
+
+    #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
+    async fn explain_job(&self, request: Request<pb::GetJobRequest>) -> Result<Response<pb::Explanation>, Status> {
+        let principal = user_principal(&request)?;
+        let explanation = self.explain(&principal, &request.get_ref().job_id).await?;
+        Ok(Response::new(explanation))
     }
 
     #[tracing::instrument(skip_all)]

@@ -21,6 +21,7 @@ use kiln_core::{JobState, objects, streams};
 use kiln_proto::v1::artifact_service_server::ArtifactServiceServer;
 use kiln_proto::v1::dataset_service_server::DatasetServiceServer;
 use kiln_proto::v1::job_service_server::JobServiceServer;
+use kiln_proto::v1::quota_service_server::QuotaServiceServer;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
@@ -31,6 +32,7 @@ pub mod datasets;
 pub mod error;
 pub mod grpc;
 pub mod jobs;
+pub mod quotas;
 
 pub use config::Config;
 pub use error::{Error, Result};
@@ -81,6 +83,7 @@ impl Api {
             store: self.store.clone(),
             nats: self.nats.clone(),
             watch_poll: Duration::from_secs(1),
+            submit_lock: Default::default(),
         };
         let artifacts = artifacts::ArtifactsApi {
             store: self.store.clone(),
@@ -100,6 +103,9 @@ impl Api {
             .add_service(JobServiceServer::new(jobs))
             .add_service(ArtifactServiceServer::new(artifacts))
             .add_service(DatasetServiceServer::new(datasets::DatasetsApi {
+                store: self.store.clone(),
+            }))
+            .add_service(QuotaServiceServer::new(quotas::QuotasApi {
                 store: self.store.clone(),
             }))
             .serve_with_incoming_shutdown(

@@ -10,7 +10,7 @@ use crate::streams::{Nats, NatsError};
 use crate::subjects::BUCKET_CAPACITY;
 
 /// What one runner offers.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CapacityReport {
     pub runner_id: String,
     pub pool: String,
@@ -20,15 +20,38 @@ pub struct CapacityReport {
     #[serde(default)]
     pub gpus: i64,
     pub updated_at_ms: i64,
+    /// One instance: the largest job it can hold; all zero means the whole capacity is one.
+    #[serde(default)]
+    pub instance: Instance,
+    /// Prices of one instance per hour; spot only when `spot` (the provider offers it).
+    #[serde(default)]
+    pub on_demand_per_hour: f64,
+    #[serde(default)]
+    pub spot_per_hour: f64,
+    #[serde(default)]
+    pub spot: bool,
 }
 
-/// Total capacity of a pool over its runners.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// The resources of one instance.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Instance {
+    pub cpu_millis: i64,
+    pub memory_bytes: i64,
+    pub gpus: i64,
+}
+
+/// Total capacity of a pool over its runners, the largest instance, and the highest prices any
+/// of them reported.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct PoolCapacity {
     pub cpu_millis: i64,
     pub memory_bytes: i64,
     pub gpus: i64,
     pub runners: usize,
+    pub instance: Instance,
+    pub on_demand_per_hour: f64,
+    pub spot_per_hour: f64,
+    pub spot: bool,
 }
 
 /// Stores a runner's report.
@@ -81,6 +104,21 @@ pub async fn pools(nats: &Nats) -> Result<BTreeMap<String, PoolCapacity>, NatsEr
         pool.memory_bytes += report.memory_bytes;
         pool.gpus += report.gpus;
         pool.runners += 1;
+        let instance = if report.instance == Instance::default() {
+            Instance {
+                cpu_millis: report.cpu_millis,
+                memory_bytes: report.memory_bytes,
+                gpus: report.gpus,
+            }
+        } else {
+            report.instance
+        };
+        pool.instance.cpu_millis = pool.instance.cpu_millis.max(instance.cpu_millis);
+        pool.instance.memory_bytes = pool.instance.memory_bytes.max(instance.memory_bytes);
+        pool.instance.gpus = pool.instance.gpus.max(instance.gpus);
+        pool.on_demand_per_hour = pool.on_demand_per_hour.max(report.on_demand_per_hour);
+        pool.spot_per_hour = pool.spot_per_hour.max(report.spot_per_hour);
+        pool.spot |= report.spot;
     }
     Ok(pools)
 }

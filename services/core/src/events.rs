@@ -25,6 +25,8 @@ pub async fn publish_job_change(nats: &Nats, store: &Store, job: &JobRecord) -> 
         version: job.version,
         state: state.to_proto() as i32,
         pool: job.pool.clone(),
+        market: job.market.clone(),
+        reason: job.reason.clone(),
     };
     let subject = if state == JobState::Queued {
         subjects::JOB_QUEUED.to_string()
@@ -92,20 +94,39 @@ pub async fn stop_job(nats: &Nats, store: &Store, job: JobRecord, reason: &str) 
             }
         }
         let job = store.request_stop(&job.id).await?;
-        let control = pb::ControlRequest {
-            job_id: job.id.clone(),
-            action: pb::control_request::Action::Stop as i32,
-        };
-        let msg_id = format!("{}:stop:{}", job.id, job.attempt);
-        publish(
-            &nats.jetstream,
-            subjects::control(&job.id),
-            &msg_id,
-            Bytes::from(control.encode_to_vec()),
-        )
-        .await?;
+        send_control(nats, &job, pb::control_request::Action::Stop, "").await?;
         tracing::info!(job_id = %job.id, "stop requested");
         return Ok(job);
     }
     Ok(job)
+}
+
+/// Asks the runner of an active job to preempt it for `for_job`: it is stopped like a spot
+/// preemption (SIGTERM, the grace period, outputs synced) and queued again.
+pub async fn preempt_job(nats: &Nats, job: &JobRecord, for_job: &str) -> Result<(), Error> {
+    send_control(nats, job, pb::control_request::Action::Preempt, for_job).await
+}
+
+/// Publishes a control request for the job's current attempt (one per action and attempt: the
+/// message id drops repeats).
+async fn send_control(
+    nats: &Nats,
+    job: &JobRecord,
+    action: pb::control_request::Action,
+    for_job: &str,
+) -> Result<(), Error> {
+    let control = pb::ControlRequest {
+        job_id: job.id.clone(),
+        action: action as i32,
+        for_job: for_job.to_string(),
+    };
+    let msg_id = format!("{}:{}:{}", job.id, action.as_str_name(), job.attempt);
+    publish(
+        &nats.jetstream,
+        subjects::control(&job.id),
+        &msg_id,
+        Bytes::from(control.encode_to_vec()),
+    )
+    .await?;
+    Ok(())
 }

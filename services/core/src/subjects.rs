@@ -30,8 +30,8 @@ pub const LOGS_ALL: &str = "kiln.logs.>";
 pub const ITEMS_ALL: &str = "kiln.items.>";
 pub const ITEM_RESULTS_ALL: &str = "kiln.itemres.>";
 
-/// Durable consumer of the scheduler on `KILN_JOBS`: every job event wakes a scheduling pass.
-pub const CONSUMER_SCHEDULER: &str = "scheduler";
+/// The lease in `kiln_leases` whose holder is the leading scheduler.
+pub const LEASE_SCHEDULER: &str = "scheduler";
 /// Durable consumer of the log writers on `KILN_LOGS`, shared by all log-ingest replicas.
 pub const CONSUMER_LOG_INGEST: &str = "log-ingest";
 

@@ -13,7 +13,9 @@ use std::time::Duration;
 use futures::StreamExt;
 use kiln_core::JobState;
 use kiln_core::events::{publish_job_change, stop_job};
+use kiln_core::scheduling::MarketPolicy;
 use kiln_core::store::{JobRecord, NewJob};
+use kiln_proto::v1 as pb;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Result;
@@ -157,6 +159,7 @@ async fn submit_worker(shared: &Shared, batch: &BatchRecord, spec: &Spec) -> Res
             memory_bytes: i64::try_from(spec.memory_mb.saturating_mul(1 << 20)).unwrap_or(i64::MAX),
             image: spec.image.clone(),
             batch_id: batch.id.clone(),
+            market_policy: MarketPolicy::from_proto(pb::Market::try_from(spec.market).unwrap_or_default()),
             ..NewJob::default()
         })
         .await?;

@@ -126,8 +126,13 @@ impl Runner {
             })?;
         let provider = connect_provider(&config).await?;
         let mut capacity = provider.capacity().await?;
+        // GPUs: configured, else those NVML finds, else the provider's own (a simulated cloud's).
         capacity.gpus = match config.gpus {
-            0 => sampler.as_ref().map(|s| s.count()).unwrap_or(0),
+            0 => sampler
+                .as_ref()
+                .map(|s| s.count())
+                .filter(|n| *n > 0)
+                .unwrap_or(capacity.gpus),
             n => u32::try_from(n).unwrap_or(0),
         };
         tracing::info!(
@@ -437,11 +442,20 @@ async fn consume_controls(ctx: &Context, shutdown: &CancellationToken) -> Result
         };
         let message = message.map_err(nats_error)?;
         if let Ok(request) = pb::ControlRequest::decode(message.payload.as_ref())
-            && request.action == pb::control_request::Action::Stop as i32
             && let Some(active) = ctx.active.lock().expect("active jobs lock").get(&request.job_id)
         {
-            tracing::info!(job_id = %request.job_id, "stop requested");
-            active.controls.stop.cancel();
+            match pb::control_request::Action::try_from(request.action) {
+                Ok(pb::control_request::Action::Stop) => {
+                    tracing::info!(job_id = %request.job_id, "stop requested");
+                    active.controls.stop.cancel();
+                }
+                Ok(pb::control_request::Action::Preempt) => {
+                    tracing::warn!(job_id = %request.job_id, for_job = %request.for_job, "preempted for a higher priority");
+                    let grace = Duration::from_millis(ctx.config.stop_grace_period_ms);
+                    active.controls.preempt_for(request.for_job, grace);
+                }
+                _ => {}
+            }
         }
         message.ack().await.map_err(nats_error)?;
     }
@@ -450,6 +464,7 @@ async fn consume_controls(ctx: &Context, shutdown: &CancellationToken) -> Result
 /// Reports this runner's capacity until shutdown, and re-drives unpublished changes of its jobs.
 async fn report_capacity(ctx: Context, shutdown: CancellationToken) {
     let interval = Duration::from_millis(ctx.config.report_interval_ms);
+    let offer = ctx.provider.offer();
     loop {
         let report = CapacityReport {
             runner_id: ctx.config.runner_id.clone(),
@@ -459,6 +474,16 @@ async fn report_capacity(ctx: Context, shutdown: CancellationToken) {
             memory_bytes: ctx.capacity.memory_bytes,
             gpus: i64::from(ctx.capacity.gpus),
             updated_at_ms: now_ms(),
+            instance: offer
+                .instance
+                .map_or_else(Default::default, |instance| capacity::Instance {
+                    cpu_millis: instance.cpu_millis,
+                    memory_bytes: instance.memory_bytes,
+                    gpus: i64::from(instance.gpus),
+                }),
+            on_demand_per_hour: offer.on_demand_per_hour,
+            spot_per_hour: offer.spot_per_hour,
+            spot: offer.spot,
         };
         if let Err(error) = capacity::report(&ctx.nats, &report).await {
             tracing::warn!(error = %error, "cannot report capacity");

@@ -15,6 +15,7 @@ use kiln_core::JobState;
 use kiln_core::auth::Scope;
 use kiln_core::events::publish_job_change;
 use kiln_core::objects::artifact_path;
+use kiln_core::scheduling::{Market, SPOT_PREEMPTION};
 use kiln_core::store::{Change, JobRecord, StoreError};
 use kiln_proto::v1::LogStream;
 use nix::sys::signal::Signal;
@@ -40,9 +41,12 @@ const DRAIN: Duration = Duration::from_secs(5);
 pub(crate) struct Controls {
     /// Cancelled on a user's stop request.
     pub stop: CancellationToken,
-    /// Cancelled on a spot preemption notice; the notice period is in `notice_ms`.
+    /// Cancelled on a spot preemption notice, or a higher priority's preemption; the notice
+    /// period is in `notice_ms`.
     pub preempted: CancellationToken,
     pub notice_ms: Arc<AtomicU64>,
+    /// The job a priority preemption makes room for (none for a spot preemption).
+    pub preempted_for: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 impl Controls {
@@ -50,6 +54,12 @@ impl Controls {
         self.notice_ms
             .store(u64::try_from(notice.as_millis()).unwrap_or(u64::MAX), Ordering::SeqCst);
         self.preempted.cancel();
+    }
+
+    /// Preempts the job for a higher-priority one, with `grace` to checkpoint.
+    pub fn preempt_for(&self, for_job: String, grace: Duration) {
+        *self.preempted_for.lock().expect("controls lock") = Some(for_job);
+        self.preempt(grace);
     }
 }
 
@@ -106,7 +116,8 @@ pub(crate) async fn supervise(
     ctx.release_active(&job_id);
     let mut delay = Duration::from_millis(200);
     for attempt in 1.. {
-        match conclude(&ctx, current.clone(), &outcome).await {
+        let preempted_for = controls.preempted_for.lock().expect("controls lock").clone();
+        match conclude(&ctx, current.clone(), &outcome, preempted_for).await {
             Ok(()) => break,
             // A database that is briefly away; a conflict would not get better.
             Err(error @ Error::Store(StoreError::Db(_))) if attempt < 10 => {
@@ -211,6 +222,9 @@ async fn instance_spec(
         .await?;
     let mut env = job.env()?;
     env.insert("KILN_JOB_ID".into(), job.id.clone());
+    if !job.resume_from.is_empty() {
+        env.insert("KILN_RESUME_FROM".into(), job.resume_from.clone());
+    }
     env.insert("KILN_ATTEMPT".into(), job.attempt.to_string());
     env.insert("KILN_API".into(), ctx.config.api_url.clone());
     env.insert("KILN_LOGS".into(), ctx.config.logs_url.clone());
@@ -225,6 +239,7 @@ async fn instance_spec(
         cpu_millis: job.cpu_millis,
         memory_bytes: job.memory_bytes,
         gpus: u32::try_from(job.gpus).unwrap_or(0),
+        market: market_of(ctx, job),
         gpu_devices: gpu_devices.to_vec(),
         code,
         datasets,
@@ -425,10 +440,13 @@ fn not_started(error: Error) -> Outcome {
 }
 
 /// Records the end of the attempt.
-async fn conclude(ctx: &Context, job: JobRecord, outcome: &Outcome) -> Result<()> {
+/// `preempted_for` names the job a priority preemption made room for.
+async fn conclude(ctx: &Context, job: JobRecord, outcome: &Outcome, preempted_for: Option<String>) -> Result<()> {
+    let cost = attempt_cost(ctx, &job);
     let change = |exit_code: Option<i32>, reason: &str| Change {
         exit_code,
         reason: Some(reason.to_string()),
+        cost_micros: cost,
         ..Change::default()
     };
     let (state, change) = match outcome.clone() {
@@ -442,7 +460,7 @@ async fn conclude(ctx: &Context, job: JobRecord, outcome: &Outcome) -> Result<()
             exit,
             stopped: Some(StopReason::Preempted),
         } => {
-            return requeue_preempted(ctx, job, exit.code).await;
+            return requeue_preempted(ctx, job, exit.code, preempted_for).await;
         }
         Outcome::Exited {
             exit,
@@ -484,12 +502,41 @@ async fn conclude(ctx: &Context, job: JobRecord, outcome: &Outcome) -> Result<()
     Ok(())
 }
 
-/// A spot instance was taken back: the job ends PREEMPTED and is queued again as a new attempt
-/// (its outputs, checkpoints included, were synced first).
-async fn requeue_preempted(ctx: &Context, job: JobRecord, exit_code: i32) -> Result<()> {
+/// The market of an attempt: the scheduler's choice, or (for a job placed before schedulers
+/// chose) spot when the provider offers it.
+fn market_of(ctx: &Context, job: &JobRecord) -> Market {
+    Market::parse(&job.market).unwrap_or(if ctx.provider.offer().spot {
+        Market::Spot
+    } else {
+        Market::OnDemand
+    })
+}
+
+/// What the attempt cost from its start until now, and what on-demand would have cost, in
+/// millionths; `None` when it never ran.
+fn attempt_cost(ctx: &Context, job: &JobRecord) -> Option<(i64, i64)> {
+    let started = job.started_at_ms?;
+    let offer = ctx.provider.offer();
+    let hours = (kiln_core::ids::now_ms() - started).max(0) as f64 / 3_600_000.0 * offer.time_scale;
+    let asked = (job.cpu_millis, job.memory_bytes, u32::try_from(job.gpus).unwrap_or(0));
+    let cost = |market| (offer.cost_per_hour(&ctx.capacity, asked, market) * hours * 1e6).round() as i64;
+    Some((cost(market_of(ctx, job)), cost(Market::OnDemand)))
+}
+
+/// The instance was taken back (a spot preemption) or a higher priority needs the room: the job
+/// ends PREEMPTED and is queued again as a new attempt, keeping its id, with
+/// `KILN_RESUME_FROM` naming its synced outputs (checkpoints included).
+async fn requeue_preempted(ctx: &Context, job: JobRecord, exit_code: i32, for_job: Option<String>) -> Result<()> {
+    let reason = match for_job {
+        Some(for_job) => format!("preempted for {for_job}, of a higher priority"),
+        None => SPOT_PREEMPTION.to_string(),
+    };
     let change = Change {
         exit_code: Some(exit_code),
-        reason: Some("spot preemption".into()),
+        reason: Some(reason),
+        preempted: true,
+        resume_from: Some(kiln_core::objects::outputs_prefix(&job.id).to_string()),
+        cost_micros: attempt_cost(ctx, &job),
         ..Change::default()
     };
     let preempted = ctx.store.transition(&job, JobState::Preempted, change).await?;

@@ -15,6 +15,19 @@ pub struct Config {
     pub nats: NatsConfig,
     /// Longest wait between scheduling passes, in milliseconds; job events wake it sooner.
     pub pass_interval_ms: u64,
+    /// This scheduler's name in the leader lease; empty picks a random one.
+    pub instance_name: String,
+    /// How long a leader's lease lasts without renewal: a standby takes over within it. Under
+    /// 30 s (the lease bucket's max age).
+    pub lease_ttl_ms: u64,
+    /// Priority preemptions allowed per minute, across passes (a token bucket of this size).
+    pub preemptions_per_minute: u32,
+    /// `auto` jobs run on-demand when a spot restart during their expected runtime is likelier.
+    pub max_restart_probability: f64,
+    /// `auto` jobs run on-demand after this many preemptions.
+    pub max_spot_preemptions: u32,
+    /// Half-life of the observed spot preemption rate of a pool, in hours.
+    pub preemption_half_life_hours: f64,
 }
 
 impl Default for Config {
@@ -24,6 +37,12 @@ impl Default for Config {
             database: DatabaseConfig::default(),
             nats: NatsConfig::default(),
             pass_interval_ms: if cfg!(test) { 100 } else { 1_000 },
+            instance_name: String::new(),
+            lease_ttl_ms: 10_000,
+            preemptions_per_minute: 6,
+            max_restart_probability: 0.5,
+            max_spot_preemptions: 3,
+            preemption_half_life_hours: 6.0,
         }
     }
 }
@@ -35,6 +54,18 @@ impl ServiceConfig for Config {
         self.nats.validate(&mut problems);
         if self.pass_interval_ms == 0 {
             problems.push("pass-interval-ms must be at least 1".into());
+        }
+        if !(300..30_000).contains(&self.lease_ttl_ms) {
+            problems.push(format!(
+                "lease-ttl-ms is {}; give 300 to 29999 (the lease bucket forgets entries after 30 s)",
+                self.lease_ttl_ms
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.max_restart_probability) {
+            problems.push("max-restart-probability must be between 0 and 1".into());
+        }
+        if self.preemption_half_life_hours.is_nan() || self.preemption_half_life_hours <= 0.0 {
+            problems.push("preemption-half-life-hours must be above 0".into());
         }
         problems_to_result(problems)
     }

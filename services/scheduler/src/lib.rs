@@ -1,23 +1,33 @@
-//! kiln-scheduler: decides which queued job runs next and on which pool.
+//! kiln-scheduler: decides which queued job runs next, on which pool and market.
 //!
-//! Each pass reads the QUEUED jobs from the database (the source of truth), the pools'
-//! capacity from the runners' reports in the `kiln_capacity` bucket, and what active jobs hold;
-//! [`queue::plan`] picks the jobs that fit, in FIFO order; each is moved QUEUED → SCHEDULED by
-//! compare-and-set and its launch request published on `kiln.launch.<pool>`. Job events on
-//! `KILN_JOBS` (durable consumer `scheduler`) wake a pass; a timer covers the rest. At start,
-//! SCHEDULED changes that were committed but not published are published (reconciler).
+//! One scheduler leads at a time, by lease in the `kiln_leases` bucket ([`kiln_core::lease`]);
+//! standbys keep trying and take over within the lease TTL. Each pass of the leader reads the
+//! QUEUED jobs from the database (the source of truth), the pools from the runners' reports in
+//! `kiln_capacity`, the quotas, and what active jobs hold ([`input::read`]); [`policy::plan`]
+//! orders and places them; each placement is moved QUEUED → SCHEDULED by compare-and-set (so a
+//! job is placed once even if two schedulers ever believe they lead) and published on
+//! `kiln.launch.<pool>`; each priority preemption is sent to its runner. Job events on
+//! `KILN_JOBS` (one consumer per scheduler) wake a pass and feed the pools' spot preemption
+//! rates; a timer covers the rest. A new leader first publishes SCHEDULED changes that were
+//! committed but not published (reconciler).
 #![forbid(unsafe_code)]
 
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{self, pull};
 use futures::StreamExt;
-use kiln_core::events::{publish_job_change, republish_pending};
+use kiln_core::events::{preempt_job, publish_job_change, republish_pending};
+use kiln_core::ids::now_ms;
+use kiln_core::lease::Lease;
+use kiln_core::scheduling::{Market, SPOT_PREEMPTION};
 use kiln_core::store::{Change, Store, StoreError};
 use kiln_core::streams::{Nats, NatsError};
-use kiln_core::{JobState, capacity, streams, subjects};
+use kiln_core::{JobState, streams, subjects};
+use kiln_proto::v1 as pb;
+use prost::Message;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -25,7 +35,8 @@ use tokio_util::sync::CancellationToken;
 
 pub mod config;
 pub mod error;
-pub mod queue;
+pub mod input;
+pub mod policy;
 
 pub use config::Config;
 pub use error::{Error, Result};
@@ -39,6 +50,61 @@ pub struct Scheduler {
     listener: TcpListener,
     store: Store,
     nats: Nats,
+}
+
+/// What the leader remembers between passes: the pools' spot preemption rates and the token
+/// bucket that rate-limits priority preemptions.
+#[derive(Debug)]
+pub struct PassState {
+    rates: HashMap<String, policy::PreemptionRate>,
+    half_life_hours: f64,
+    /// Spot instance-hours are counted from the running spot jobs between passes.
+    last_exposure_ms: Option<i64>,
+    tokens: f64,
+    tokens_per_minute: f64,
+    last_refill_ms: i64,
+    /// Victims of priority preemptions ordered and not yet gone: they count as stopping, so no
+    /// pass orders more victims for the same job.
+    preempting: HashSet<String>,
+}
+
+impl PassState {
+    pub fn new(config: &Config) -> PassState {
+        PassState {
+            rates: HashMap::new(),
+            half_life_hours: config.preemption_half_life_hours,
+            last_exposure_ms: None,
+            tokens: f64::from(config.preemptions_per_minute),
+            tokens_per_minute: f64::from(config.preemptions_per_minute),
+            last_refill_ms: now_ms(),
+            preempting: HashSet::new(),
+        }
+    }
+
+    fn rate(&mut self, pool: &str) -> &mut policy::PreemptionRate {
+        let half_life = self.half_life_hours;
+        self.rates
+            .entry(pool.to_string())
+            .or_insert_with(|| policy::PreemptionRate::new(half_life, 0.0, 1.0))
+    }
+
+    /// Counts a spot preemption on `pool`.
+    pub fn observe_preemption(&mut self, pool: &str) {
+        self.rate(pool).observe_preemption(now_ms());
+    }
+
+    fn rate_per_hour(&self, pool: &str) -> f64 {
+        self.rates.get(pool).map_or(0.0, |rate| rate.rate_per_hour(now_ms()))
+    }
+
+    /// Refills the preemption bucket and says how many preemptions this pass may order.
+    fn budget(&mut self) -> usize {
+        let now = now_ms();
+        let minutes = (now - self.last_refill_ms).max(0) as f64 / 60_000.0;
+        self.tokens = (self.tokens + minutes * self.tokens_per_minute).min(self.tokens_per_minute);
+        self.last_refill_ms = now;
+        self.tokens.floor() as usize
+    }
 }
 
 impl Scheduler {
@@ -65,9 +131,21 @@ impl Scheduler {
     }
 
     pub async fn serve(self, shutdown: CancellationToken) -> Result<()> {
-        republish_pending(&self.nats, &self.store, &[JobState::Scheduled]).await?;
+        let name = if self.config.instance_name.is_empty() {
+            format!("scheduler-{}", kiln_core::ids::new_id())
+        } else {
+            self.config.instance_name.clone()
+        };
+        let ttl = Duration::from_millis(self.config.lease_ttl_ms);
+        let mut lease = Lease::new(&self.nats, subjects::LEASE_SCHEDULER, &name, ttl).await?;
+        let state = Arc::new(Mutex::new(PassState::new(&self.config)));
         let wake = Arc::new(Notify::new());
-        let events = tokio::spawn(watch_job_events(self.nats.clone(), wake.clone(), shutdown.clone()));
+        let events = tokio::spawn(watch_job_events(
+            self.nats.clone(),
+            wake.clone(),
+            state.clone(),
+            shutdown.clone(),
+        ));
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
         health_reporter
             .set_service_status("", tonic_health::ServingStatus::Serving)
@@ -81,16 +159,39 @@ impl Scheduler {
                 ),
         );
         let interval = Duration::from_millis(self.config.pass_interval_ms);
-        tracing::info!("scheduler running");
+        let renew_every = ttl / 3;
+        let mut last_tick: Option<tokio::time::Instant> = None;
+        let mut leading = false;
+        tracing::info!(name, "scheduler running; waiting for the lease");
         while !shutdown.is_cancelled() {
-            if let Err(error) = pass(&self.store, &self.nats).await {
+            if last_tick.is_none_or(|at| at.elapsed() >= renew_every) {
+                last_tick = Some(tokio::time::Instant::now());
+                if let Err(error) = lease.tick().await {
+                    tracing::warn!(error = %error, "cannot reach the lease; not scheduling");
+                }
+            }
+            let now_leading = lease.is_held();
+            if now_leading != leading {
+                leading = now_leading;
+                tracing::info!(name, leading, "leadership changed");
+                if leading {
+                    // Changes committed by the last leader but not published.
+                    if let Err(error) = republish_pending(&self.nats, &self.store, &[JobState::Scheduled]).await {
+                        tracing::warn!(error = %error, "cannot re-drive unpublished changes");
+                    }
+                }
+            }
+            if leading && let Err(error) = pass(&self.config, &self.store, &self.nats, &state).await {
                 tracing::warn!(error = %error, "scheduling pass failed; retrying");
             }
             tokio::select! {
                 _ = shutdown.cancelled() => {}
-                _ = wake.notified() => {}
-                _ = tokio::time::sleep(interval) => {}
+                _ = wake.notified(), if leading => {}
+                _ = tokio::time::sleep(if leading { interval } else { renew_every.min(interval) }) => {}
             }
+        }
+        if let Err(error) = lease.release().await {
+            tracing::warn!(error = %error, "cannot give the lease up; it expires on its own");
         }
         let _ = events.await;
         health
@@ -105,26 +206,47 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     Scheduler::bind(config).await?.serve(shutdown).await
 }
 
-/// One scheduling pass: place what fits, in order.
-pub async fn pass(store: &Store, nats: &Nats) -> Result<usize> {
-    let queued = store.jobs_in_states(&[JobState::Queued]).await?;
-    if queued.is_empty() {
+/// One scheduling pass: place what the policy places, send its preemptions.
+pub async fn pass(config: &Config, store: &Store, nats: &Nats, state: &Mutex<PassState>) -> Result<usize> {
+    let budget = state.lock().expect("pass state lock").budget();
+    let settings = input::settings(config, budget);
+    let mut read = {
+        let rates: HashMap<String, f64> = {
+            let state = state.lock().expect("pass state lock");
+            state
+                .rates
+                .keys()
+                .map(|pool| (pool.clone(), state.rate_per_hour(pool)))
+                .collect()
+        };
+        input::read(store, nats, settings, |pool| rates.get(pool).copied().unwrap_or(0.0)).await?
+    };
+    {
+        let mut state = state.lock().expect("pass state lock");
+        let active: HashSet<&str> = read.input.running.iter().map(|job| job.id.as_str()).collect();
+        state.preempting.retain(|victim| active.contains(victim.as_str()));
+        for job in &mut read.input.running {
+            job.stopping |= state.preempting.contains(&job.id);
+        }
+    }
+    count_exposure(state, &read.input.running);
+    if read.queued.is_empty() {
         return Ok(0);
     }
-    let pools = capacity::pools(nats).await?;
-    let usage = store.active_usage_by_pool().await?;
+    let plan = policy::plan(&read.input);
     let mut placed = 0;
-    for (index, pool) in queue::plan(&queued, &pools, &usage) {
-        let job = &queued[index];
+    for placement in &plan.placements {
+        let job = &read.queued[placement.job];
         let change = Change {
-            pool: Some(pool.clone()),
+            pool: Some(placement.pool.clone()),
+            market: Some(placement.market),
             ..Change::default()
         };
         match store.transition(job, JobState::Scheduled, change).await {
             Ok(scheduled) => {
-                tracing::info!(job_id = %scheduled.id, pool, "job scheduled");
+                tracing::info!(job_id = %scheduled.id, pool = %placement.pool, market = %placement.market, "job scheduled");
                 placed += 1;
-                // A failed publish is re-driven by the reconciler at the next start.
+                // A failed publish is re-driven by the reconciler.
                 if let Err(error) = publish_job_change(nats, store, &scheduled).await {
                     tracing::warn!(job_id = %scheduled.id, error = %error, "publish failed");
                 }
@@ -134,15 +256,45 @@ pub async fn pass(store: &Store, nats: &Nats) -> Result<usize> {
             Err(error) => return Err(error.into()),
         }
     }
+    for preemption in &plan.preemptions {
+        let victim = match store.job(&preemption.victim).await {
+            Ok(victim) => victim,
+            Err(StoreError::JobNotFound { .. }) => continue,
+            Err(error) => return Err(error.into()),
+        };
+        tracing::warn!(victim = %victim.id, for_job = %preemption.for_job, "preempting a lower-priority job");
+        preempt_job(nats, &victim, &preemption.for_job).await?;
+        let mut state = state.lock().expect("pass state lock");
+        state.tokens = (state.tokens - 1.0).max(0.0);
+        state.preempting.insert(victim.id);
+    }
     // Unpublished SCHEDULED changes (a publish failed above, or in an earlier pass).
     republish_pending(nats, store, &[JobState::Scheduled]).await?;
     Ok(placed)
 }
 
-/// Wakes a pass on every job event; acks them, since the database holds the truth.
-async fn watch_job_events(nats: Nats, wake: Arc<Notify>, shutdown: CancellationToken) {
+/// Adds the spot instance-hours since the last pass to each pool's exposure.
+fn count_exposure(state: &Mutex<PassState>, running: &[policy::RunningJob]) {
+    let mut state = state.lock().expect("pass state lock");
+    let now = now_ms();
+    let since = state.last_exposure_ms.replace(now).unwrap_or(now);
+    let hours = (now - since).max(0) as f64 / 3_600_000.0;
+    if hours == 0.0 {
+        return;
+    }
+    let mut spot_jobs: HashMap<&str, f64> = HashMap::new();
+    for job in running.iter().filter(|job| job.market == policy::Market::Spot) {
+        *spot_jobs.entry(job.pool.as_str()).or_default() += 1.0;
+    }
+    for (pool, jobs) in spot_jobs {
+        state.rate(pool).observe_exposure(jobs * hours, now);
+    }
+}
+
+/// Wakes a pass on every job event, and counts spot preemptions.
+async fn watch_job_events(nats: Nats, wake: Arc<Notify>, state: Arc<Mutex<PassState>>, shutdown: CancellationToken) {
     loop {
-        match consume_job_events(&nats, &wake, &shutdown).await {
+        match consume_job_events(&nats, &wake, &state, &shutdown).await {
             Ok(()) => return,
             Err(error) => {
                 tracing::warn!(error = %error, "job event consumer failed; restarting");
@@ -155,24 +307,28 @@ async fn watch_job_events(nats: Nats, wake: Arc<Notify>, shutdown: CancellationT
     }
 }
 
-async fn consume_job_events(nats: &Nats, wake: &Notify, shutdown: &CancellationToken) -> Result<(), NatsError> {
+async fn consume_job_events(
+    nats: &Nats,
+    wake: &Notify,
+    state: &Mutex<PassState>,
+    shutdown: &CancellationToken,
+) -> Result<(), NatsError> {
     let other = |e: &dyn std::fmt::Display| NatsError::Other(e.to_string());
     let stream = nats
         .jetstream
         .get_stream(subjects::STREAM_JOBS)
         .await
         .map_err(|e| other(&e))?;
+    // Each scheduler its own consumer (every one sees every event; the events are hints, the
+    // database holds the truth), removed by the server a minute after it goes away.
     let consumer: consumer::PullConsumer = stream
-        .get_or_create_consumer(
-            subjects::CONSUMER_SCHEDULER,
-            pull::Config {
-                durable_name: Some(subjects::CONSUMER_SCHEDULER.to_string()),
-                filter_subject: subjects::JOB_ALL.to_string(),
-                deliver_policy: consumer::DeliverPolicy::New,
-                ack_policy: consumer::AckPolicy::Explicit,
-                ..Default::default()
-            },
-        )
+        .create_consumer(pull::Config {
+            filter_subject: subjects::JOB_ALL.to_string(),
+            deliver_policy: consumer::DeliverPolicy::New,
+            ack_policy: consumer::AckPolicy::None,
+            inactive_threshold: Duration::from_secs(60),
+            ..Default::default()
+        })
         .await
         .map_err(|e| other(&e))?;
     let mut messages = consumer.messages().await.map_err(|e| other(&e))?;
@@ -182,8 +338,15 @@ async fn consume_job_events(nats: &Nats, wake: &Notify, shutdown: &CancellationT
             message = messages.next() => {
                 let Some(message) = message else { return Err(NatsError::Other("consumer ended".into())) };
                 let message = message.map_err(|e| other(&e))?;
+                // A spot preemption feeds its pool's rate (the reason tells it from a priority one).
+                if let Ok(event) = pb::JobEvent::decode(message.payload.as_ref())
+                    && event.state == pb::JobState::Preempted as i32
+                    && event.market == Market::Spot.as_str()
+                    && event.reason == SPOT_PREEMPTION
+                {
+                    state.lock().expect("pass state lock").observe_preemption(&event.pool);
+                }
                 wake.notify_one();
-                message.ack().await.map_err(|e| other(&*e))?;
             }
         }
     }

@@ -159,15 +159,7 @@ impl Stack {
         .expect("log-ingest binds");
         let logs_addr = logs_service.local_addr();
         let logs = ServiceHandle::spawn(|token| logs_service.serve(token));
-        let scheduler_service = kiln_scheduler::Scheduler::bind(kiln_scheduler::Config {
-            grpc: ephemeral(),
-            database: database.clone(),
-            nats: nats.config(),
-            pass_interval_ms: 100,
-        })
-        .await
-        .expect("scheduler binds");
-        let scheduler = ServiceHandle::spawn(|token| scheduler_service.serve(token));
+        let scheduler = spawn_scheduler(scheduler_config(&nats, &database, "scheduler-1")).await;
         Stack {
             nats,
             dir,
@@ -184,6 +176,11 @@ impl Stack {
             batches: None,
             batches_addr: None,
         }
+    }
+
+    /// A scheduler configuration for this stack (a pass at least every 100 ms, a 1.5 s lease).
+    pub fn scheduler_config(&self, name: &str) -> kiln_scheduler::Config {
+        scheduler_config(&self.nats, &self.database, name)
     }
 
     /// Restarts the api (after a crash of it).
@@ -619,4 +616,23 @@ pub async fn job_events(stack: &Stack, job_id: &str) -> Vec<pb::JobEvent> {
     .iter()
     .map(|payload| pb::JobEvent::decode(payload.as_ref()).expect("a job event"))
     .collect()
+}
+
+/// A scheduler configuration for a stack.
+pub fn scheduler_config(nats: &NatsServer, database: &DatabaseConfig, name: &str) -> kiln_scheduler::Config {
+    kiln_scheduler::Config {
+        grpc: ephemeral(),
+        database: database.clone(),
+        nats: nats.config(),
+        pass_interval_ms: 100,
+        instance_name: name.to_string(),
+        lease_ttl_ms: 1_500,
+        ..Default::default()
+    }
+}
+
+/// Starts a scheduler (it leads once it holds the lease).
+pub async fn spawn_scheduler(config: kiln_scheduler::Config) -> ServiceHandle {
+    let scheduler = kiln_scheduler::Scheduler::bind(config).await.expect("scheduler binds");
+    ServiceHandle::spawn(|token| scheduler.serve(token))
 }

@@ -77,6 +77,19 @@ pub mod job {
         pub datasets_json: String,
         /// The batch a worker job serves; empty for other jobs.
         pub batch_id: String,
+        /// The value of the job's priority class (higher runs first), and its name.
+        pub priority: i32,
+        pub priority_class: String,
+        /// `auto`, `spot` or `on-demand`: where the job may run.
+        pub market_policy: String,
+        /// The market of the current or last attempt; empty before the first placement.
+        pub market: String,
+        pub preemptions: i32,
+        /// Where the outputs of the attempt before a preemption are (`KILN_RESUME_FROM`).
+        pub resume_from: String,
+        /// Cost of the attempts so far, and what on-demand would have cost, in millionths.
+        pub cost_micros: i64,
+        pub on_demand_cost_micros: i64,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
@@ -116,6 +129,29 @@ pub mod dataset {
         pub size: i64,
         pub created_by: String,
         pub created_at_ms: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+pub mod quota {
+    use sea_orm::entity::prelude::*;
+
+    /// Limits of a scope (`global`, `project:<name>`, `user:<name>`); `None` is no limit.
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "quotas")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub scope: String,
+        pub cpu_millis: Option<i64>,
+        pub memory_bytes: Option<i64>,
+        pub gpus: Option<i64>,
+        pub running_jobs: Option<i64>,
+        pub queued_jobs: Option<i64>,
+        pub updated_at_ms: i64,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

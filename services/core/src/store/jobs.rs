@@ -8,6 +8,7 @@ use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter, QueryOrde
 use super::entities::job::{self, Column, Entity as Jobs};
 use super::{JobRecord, Store, StoreError, StoreResult};
 use crate::ids::{new_id, now_ms};
+use crate::scheduling::{Market, MarketPolicy, priority_class};
 use crate::state::JobState;
 
 /// What a submit records.
@@ -27,6 +28,9 @@ pub struct NewJob {
     pub datasets: Vec<String>,
     /// The batch this job works for (a kiln-agent worker); empty for other jobs.
     pub batch_id: String,
+    /// A priority class name (checked by the caller); empty is `normal`.
+    pub priority_class: String,
+    pub market_policy: MarketPolicy,
 }
 
 /// The pool of runs that execute outside kiln (they hold no capacity of any pool).
@@ -50,6 +54,14 @@ pub struct Change {
     pub reason: Option<String>,
     /// Starts a new attempt (a re-queue).
     pub next_attempt: bool,
+    /// The market the attempt runs on (set when it is placed).
+    pub market: Option<Market>,
+    /// Counts a preemption (spot, or by a higher priority).
+    pub preempted: bool,
+    /// Where the next attempt finds the outputs of this one.
+    pub resume_from: Option<String>,
+    /// Adds an attempt's cost and its on-demand cost, in millionths.
+    pub cost_micros: Option<(i64, i64)>,
 }
 
 impl JobRecord {
@@ -84,6 +96,8 @@ impl Store {
         instance_id: &str,
     ) -> StoreResult<JobRecord> {
         let now = now_ms();
+        let class = priority_class(&new.priority_class)
+            .ok_or_else(|| StoreError::Corrupt(format!("priority class {:?} is not a class", new.priority_class)))?;
         let model = job::ActiveModel {
             id: Set(new_id()),
             owner_id: Set(new.owner_id),
@@ -113,6 +127,14 @@ impl Store {
             max_runtime_secs: Set(new.max_runtime_secs),
             datasets_json: Set(serde_json::to_string(&new.datasets).map_err(|e| StoreError::Corrupt(e.to_string()))?),
             batch_id: Set(new.batch_id),
+            priority: Set(class.value),
+            priority_class: Set(class.name.to_string()),
+            market_policy: Set(new.market_policy.as_str().to_string()),
+            market: Set(String::new()),
+            preemptions: Set(0),
+            resume_from: Set(String::new()),
+            cost_micros: Set(0),
+            on_demand_cost_micros: Set(0),
         };
         let id = model.id.clone().unwrap();
         Jobs::insert(model).exec_without_returning(&self.db).await?;
@@ -232,6 +254,23 @@ impl Store {
                 .col_expr(Column::InstanceId, Expr::value(""))
                 .col_expr(Column::Pool, Expr::value(""));
         }
+        if let Some(market) = change.market {
+            update = update.col_expr(Column::Market, Expr::value(market.as_str()));
+        }
+        if change.preempted {
+            update = update.col_expr(Column::Preemptions, Expr::value(job.preemptions + 1));
+        }
+        if let Some(resume_from) = change.resume_from {
+            update = update.col_expr(Column::ResumeFrom, Expr::value(resume_from));
+        }
+        if let Some((cost, on_demand)) = change.cost_micros {
+            update = update
+                .col_expr(Column::CostMicros, Expr::value(job.cost_micros + cost))
+                .col_expr(
+                    Column::OnDemandCostMicros,
+                    Expr::value(job.on_demand_cost_micros + on_demand),
+                );
+        }
         if to == JobState::Running {
             update = update.col_expr(Column::StartedAtMs, Expr::value(now));
         }
@@ -314,6 +353,8 @@ impl JobRecord {
                 gpus: u32::try_from(self.gpus).unwrap_or(0),
                 max_runtime_secs: u64::try_from(self.max_runtime_secs).unwrap_or(0),
                 datasets: self.datasets().unwrap_or_default(),
+                priority_class: self.priority_class.clone(),
+                market: MarketPolicy::parse(&self.market_policy).to_proto() as i32,
             }),
             state: state as i32,
             version: self.version,
@@ -328,6 +369,11 @@ impl JobRecord {
             created_at_ms: self.created_at_ms,
             started_at_ms: self.started_at_ms.unwrap_or(0),
             finished_at_ms: self.finished_at_ms.unwrap_or(0),
+            preemptions: self.preemptions,
+            market: self.market.clone(),
+            cost: self.cost_micros as f64 / 1e6,
+            on_demand_cost: self.on_demand_cost_micros as f64 / 1e6,
+            resume_from: self.resume_from.clone(),
         }
     }
 }

@@ -15,11 +15,13 @@ use crate::error::ErrorKind;
 mod artifacts;
 pub mod entities;
 mod jobs;
+mod quotas;
 mod users;
 
 pub use artifacts::NewArtifact;
 pub use entities::job::Model as JobRecord;
 pub use jobs::{Change, EXTERNAL_POOL, NewJob, Usage};
+pub use quotas::{QueuedCounts, QuotaRecord};
 
 /// StoreError is a failure of the metadata store.
 #[derive(Debug, thiserror::Error)]

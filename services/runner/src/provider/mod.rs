@@ -6,6 +6,7 @@
 //! `start` (output streams) → `signal`/`wait` → `outputs` (synced to object storage by the
 //! runner) → `release` (nothing left behind).
 
+use kiln_core::scheduling::Market;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -42,6 +43,8 @@ pub struct InstanceSpec {
     pub cpu_millis: i64,
     pub memory_bytes: i64,
     pub gpus: u32,
+    /// The market the scheduler chose for the attempt.
+    pub market: Market,
     /// The GPU indices the runner gave the job (`gpus` of them).
     pub gpu_devices: Vec<u32>,
     /// The code bundle (tar.gz, already checked by [`crate::bundle::check`]).
@@ -107,6 +110,49 @@ pub struct Capacity {
     pub gpus: u32,
 }
 
+/// What one instance of a provider is and costs. The default: the whole capacity is one
+/// machine, on-demand only, at no price (docker, process).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Offer {
+    /// The largest instance; `None` when the capacity is one machine.
+    pub instance: Option<Capacity>,
+    pub on_demand_per_hour: f64,
+    pub spot_per_hour: f64,
+    /// Spot instances can be had.
+    pub spot: bool,
+    /// The provider's hours per wall-clock hour (a simulated cloud runs faster), for costs.
+    pub time_scale: f64,
+}
+
+impl Default for Offer {
+    fn default() -> Self {
+        Offer {
+            instance: None,
+            on_demand_per_hour: 0.0,
+            spot_per_hour: 0.0,
+            spot: false,
+            time_scale: 1.0,
+        }
+    }
+}
+
+impl Offer {
+    /// What `cpu_millis`, `memory_bytes` and `gpus` cost per hour on `market`: their dominant
+    /// share of an instance at the instance's price (0 without prices).
+    pub fn cost_per_hour(&self, capacity: &Capacity, asked: (i64, i64, u32), market: Market) -> f64 {
+        let instance = self.instance.unwrap_or(*capacity);
+        let share = |asked: f64, of: f64| if of > 0.0 { asked / of } else { 0.0 };
+        let dominant = share(asked.0 as f64, instance.cpu_millis as f64)
+            .max(share(asked.1 as f64, instance.memory_bytes as f64))
+            .max(share(f64::from(asked.2), f64::from(instance.gpus)));
+        let price = match market {
+            Market::Spot => self.spot_per_hour,
+            Market::OnDemand => self.on_demand_per_hour,
+        };
+        price * dominant
+    }
+}
+
 /// A spot instance about to be taken back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Preemption {
@@ -142,6 +188,11 @@ pub trait Provider: Send + Sync + 'static {
 
     /// What the provider offers in all.
     async fn capacity(&self) -> Result<Capacity>;
+
+    /// One instance, its prices, and whether spot is offered.
+    fn offer(&self) -> Offer {
+        Offer::default()
+    }
 
     /// Spot preemption notices; `None` for providers without spot instances. Called once.
     fn preemptions(&self) -> Option<tokio::sync::mpsc::Receiver<Preemption>> {

@@ -451,6 +451,7 @@ mod tests {
             cpu_millis: 1000,
             memory_bytes: 1 << 30,
             gpus: 0,
+            market: kiln_core::scheduling::Market::OnDemand,
             gpu_devices: Vec::new(),
             code: None,
             datasets: Vec::new(),

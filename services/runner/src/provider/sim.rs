@@ -28,8 +28,11 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 
-use super::{Capacity, Exit, Instance, InstanceSpec, InstanceStats, OutputStream, Outputs, Preemption, Provider};
+use super::{
+    Capacity, Exit, Instance, InstanceSpec, InstanceStats, Offer, OutputStream, Outputs, Preemption, Provider,
+};
 use crate::error::{Error, Result};
+use kiln_core::scheduling::Market;
 
 /// A kind of simulated machine.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -151,6 +154,8 @@ struct SimInstance {
     command: Vec<String>,
     /// The agent's settings, for a batch worker.
     agent: Option<kiln_agent::Settings>,
+    /// `KILN_RESUME_FROM` of a resumed attempt, echoed in the boot line.
+    resume_from: Option<String>,
     exit: Option<watch::Receiver<Option<Exit>>>,
     signals: Option<mpsc::UnboundedSender<Signal>>,
     rng: StdRng,
@@ -246,7 +251,8 @@ impl Provider for SimProvider {
             .clone();
         let mut rng = self.seeded(&spec.job_id, spec.attempt);
         let boot_ms = rng.random_range(self.config.boot_min_ms..=self.config.boot_max_ms);
-        let preempted_after_ms = (self.config.spot && self.config.preemptions_per_hour > 0.0).then(|| {
+        let spot = self.config.spot && spec.market == Market::Spot;
+        let preempted_after_ms = (spot && self.config.preemptions_per_hour > 0.0).then(|| {
             // Exponential time to preemption.
             let uniform: f64 = rng.random_range(f64::EPSILON..1.0);
             (-uniform.ln() / self.config.preemptions_per_hour * 3_600_000.0) as u64
@@ -261,13 +267,13 @@ impl Provider for SimProvider {
                 )));
             }
             let record = SimRecord {
-                price_per_hour: if self.config.spot {
+                price_per_hour: if spot {
                     instance_type.spot_per_hour
                 } else {
                     instance_type.on_demand_per_hour
                 },
                 instance_type: instance_type.name,
-                spot: self.config.spot,
+                spot,
                 boot_ms,
                 preempted_after_ms,
             };
@@ -277,6 +283,7 @@ impl Provider for SimProvider {
                     record,
                     command: spec.command.clone(),
                     agent: agent_settings(spec),
+                    resume_from: spec.env.get("KILN_RESUME_FROM").cloned(),
                     exit: None,
                     signals: None,
                     rng,
@@ -296,7 +303,7 @@ impl Provider for SimProvider {
     async fn start(&self, instance: &mut Instance) -> Result<OutputStream> {
         let (exit_tx, exit_rx) = watch::channel(None);
         let (signals_tx, mut signals_rx) = mpsc::unbounded_channel();
-        let (record, command, agent) = {
+        let (record, command, agent, resume_from) = {
             let mut instances = self.instances.lock().expect("sim lock");
             let sim = instances
                 .get_mut(&instance.id)
@@ -304,7 +311,12 @@ impl Provider for SimProvider {
             sim.exit = Some(exit_rx);
             sim.signals = Some(signals_tx);
             let _ = sim.rng.random::<u64>();
-            (sim.record.clone(), sim.command.clone(), sim.agent.clone())
+            (
+                sim.record.clone(),
+                sim.command.clone(),
+                sim.agent.clone(),
+                sim.resume_from.clone(),
+            )
         };
         // An agent runs until told to stop: a year stands for "no end of its own".
         let (run_ms, code) = match agent {
@@ -378,12 +390,15 @@ impl Provider for SimProvider {
                 oom_killed: false,
             }));
         });
-        let line = format!(
+        let mut line = format!(
             "sim: {} ({}) booted in {} ms",
             record.instance_type,
             if record.spot { "spot" } else { "on-demand" },
             record.boot_ms
         );
+        if let Some(resume_from) = &resume_from {
+            line.push_str(&format!("; KILN_RESUME_FROM={resume_from}"));
+        }
         Ok(Box::pin(futures::stream::iter([(
             LogStream::Stdout,
             Bytes::from(line + "\n"),
@@ -450,6 +465,24 @@ impl Provider for SimProvider {
         })
     }
 
+    fn offer(&self) -> Offer {
+        // The biggest job the cloud takes (each resource's largest type), priced as a share of
+        // the type with the most CPU: an estimate, as the catalogue mixes shapes.
+        let types = &self.config.instance_types;
+        let largest = types.iter().max_by_key(|t| (t.cpu_millis, t.memory_bytes));
+        Offer {
+            instance: Some(Capacity {
+                cpu_millis: types.iter().map(|t| t.cpu_millis).max().unwrap_or(0),
+                memory_bytes: types.iter().map(|t| t.memory_bytes).max().unwrap_or(0),
+                gpus: types.iter().map(|t| t.gpus).max().unwrap_or(0),
+            }),
+            on_demand_per_hour: largest.map_or(0.0, |t| t.on_demand_per_hour),
+            spot_per_hour: largest.map_or(0.0, |t| t.spot_per_hour),
+            spot: self.config.spot,
+            time_scale: self.config.time_scale,
+        }
+    }
+
     fn preemptions(&self) -> Option<mpsc::Receiver<Preemption>> {
         self.preemptions_rx.lock().expect("sim lock").take()
     }
@@ -488,6 +521,7 @@ mod tests {
             cpu_millis: if n.is_multiple_of(3) { 3000 } else { 1000 },
             memory_bytes: 1 << 30,
             gpus: 0,
+            market: Market::Spot,
             gpu_devices: Vec::new(),
             code: None,
             datasets: Vec::new(),

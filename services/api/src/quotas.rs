@@ -1,0 +1,158 @@
+//! `QuotaService`: admins set quotas by scope (global, a project, a user); everyone reads those
+//! that apply to them. The queued-jobs limit is checked here, at submit; the others (CPU,
+//! memory, GPUs, running jobs) by the scheduler, which makes a job over them wait.
+
+use kiln_core::auth::{Principal, user_principal};
+use kiln_core::scheduling::QuotaScope;
+use kiln_core::store::{QuotaRecord, Store};
+use kiln_proto::v1 as pb;
+use kiln_proto::v1::quota_service_server::QuotaService;
+use kiln_scheduler::{input, policy};
+use tonic::{Request, Response, Status};
+
+use crate::error::{Error, Result};
+
+/// QuotasApi serves `QuotaService`.
+#[derive(Clone)]
+pub struct QuotasApi {
+    pub(crate) store: Store,
+}
+
+fn to_proto(record: QuotaRecord) -> pb::Quota {
+    pb::Quota {
+        scope: record.scope,
+        cpu_millis: record.cpu_millis,
+        memory_bytes: record.memory_bytes,
+        gpus: record.gpus,
+        running_jobs: record.running_jobs,
+        queued_jobs: record.queued_jobs,
+    }
+}
+
+fn require_admin(principal: &Principal, what: &str) -> Result<()> {
+    if principal.is_admin {
+        return Ok(());
+    }
+    Err(Error::PermissionDenied(format!(
+        "{what} needs an admin token; {} is not an admin",
+        principal.user_name
+    )))
+}
+
+/// Whether a non-admin may read a scope: the global one, their own, and any project's.
+fn readable(principal: &Principal, scope: &QuotaScope) -> bool {
+    match scope {
+        QuotaScope::User(name) => principal.is_admin || *name == principal.user_name,
+        QuotaScope::Global | QuotaScope::Project(_) => true,
+    }
+}
+
+fn parse_scope(text: &str) -> Result<QuotaScope> {
+    QuotaScope::parse(text).map_err(Error::InvalidArgument)
+}
+
+/// Refuses a submit that would take the user, their project or everyone over a queued-jobs
+/// quota; the message names the quota.
+pub(crate) async fn check_queued(store: &Store, principal: &Principal, project: &str) -> Result<()> {
+    let quotas = input::quotas(store).await.map_err(Error::Scheduler)?;
+    if quotas.iter().all(|quota| quota.queued_jobs.is_none()) {
+        return Ok(());
+    }
+    let counts = store.queued_counts(&principal.user_id, project).await?;
+    let queued = input::queued_by_scope(counts, &principal.user_name, project);
+    policy::check_submit(&quotas, &queued, &principal.user_name, project).map_err(|exceeded| {
+        Error::QuotaExceeded(format!(
+            "{exceeded}: wait for some to start, or ask an admin to raise it (`kiln quota set {} --queued-jobs N`)",
+            exceeded.scope
+        ))
+    })
+}
+
+#[tonic::async_trait]
+impl QuotaService for QuotasApi {
+    #[tracing::instrument(skip_all, fields(scope = %request.get_ref().scope))]
+    async fn set_quota(&self, request: Request<pb::Quota>) -> Result<Response<pb::Quota>, Status> {
+        let principal = user_principal(&request)?;
+        require_admin(&principal, "setting a quota")?;
+        let quota = request.into_inner();
+        let scope = parse_scope(&quota.scope)?;
+        if let QuotaScope::User(name) = &scope
+            && !self
+                .store
+                .user_names()
+                .await
+                .map_err(Error::from)?
+                .values()
+                .any(|n| n == name)
+        {
+            return Err(Error::NotFound(format!("user {name} does not exist")).into());
+        }
+        let limits = [
+            ("cpu_millis", quota.cpu_millis),
+            ("memory_bytes", quota.memory_bytes),
+            ("gpus", quota.gpus),
+            ("running_jobs", quota.running_jobs),
+            ("queued_jobs", quota.queued_jobs),
+        ];
+        if let Some((name, value)) = limits.iter().find(|(_, v)| v.is_some_and(|v| v < 0)) {
+            return Err(Error::InvalidArgument(format!(
+                "{name} is {}; a limit is 0 or more (leave it out for no limit)",
+                value.unwrap_or_default()
+            ))
+            .into());
+        }
+        let record = QuotaRecord {
+            scope: scope.to_string(),
+            cpu_millis: quota.cpu_millis,
+            memory_bytes: quota.memory_bytes,
+            gpus: quota.gpus,
+            running_jobs: quota.running_jobs,
+            queued_jobs: quota.queued_jobs,
+            updated_at_ms: 0,
+        };
+        let saved = self.store.set_quota(record).await.map_err(Error::from)?;
+        tracing::info!(scope = %saved.scope, by = %principal.user_name, "quota set");
+        Ok(Response::new(to_proto(saved)))
+    }
+
+    #[tracing::instrument(skip_all, fields(scope = %request.get_ref().scope))]
+    async fn get_quota(&self, request: Request<pb::QuotaRef>) -> Result<Response<pb::Quota>, Status> {
+        let principal = user_principal(&request)?;
+        let scope = parse_scope(&request.get_ref().scope)?;
+        let missing = || Error::NotFound(format!("{scope} has no quota"));
+        if !readable(&principal, &scope) {
+            return Err(missing().into());
+        }
+        let record = self.store.quota(&scope.to_string()).await.map_err(Error::from)?;
+        Ok(Response::new(to_proto(record.ok_or_else(missing)?)))
+    }
+
+    #[tracing::instrument(skip_all)]
+    async fn list_quotas(
+        &self,
+        request: Request<pb::ListQuotasRequest>,
+    ) -> Result<Response<pb::ListQuotasResponse>, Status> {
+        let principal = user_principal(&request)?;
+        let quotas = self
+            .store
+            .quotas()
+            .await
+            .map_err(Error::from)?
+            .into_iter()
+            .filter(|q| QuotaScope::parse(&q.scope).is_ok_and(|scope| readable(&principal, &scope)))
+            .map(to_proto)
+            .collect();
+        Ok(Response::new(pb::ListQuotasResponse { quotas }))
+    }
+
+    #[tracing::instrument(skip_all, fields(scope = %request.get_ref().scope))]
+    async fn delete_quota(&self, request: Request<pb::QuotaRef>) -> Result<Response<pb::Quota>, Status> {
+        let principal = user_principal(&request)?;
+        require_admin(&principal, "deleting a quota")?;
+        let scope = parse_scope(&request.get_ref().scope)?;
+        let removed = self.store.delete_quota(&scope.to_string()).await.map_err(Error::from)?;
+        let removed = removed.ok_or_else(|| Error::NotFound(format!("{scope} has no quota")))?;
+        tracing::info!(%scope, by = %principal.user_name, "quota deleted");
+        Ok(Response::new(to_proto(removed)))
+    }
+}

@@ -1,0 +1,120 @@
+//! Leader election by lease in the `kiln_leases` bucket.
+//!
+//! The entry under a lease's name holds its holder and when it expires. A candidate takes an
+//! absent or expired lease, and the holder renews it, each with a compare-and-set on the
+//! entry's revision: of two candidates racing, one write wins. The holder counts itself leader
+//! only until `ttl` after it *sent* its last successful write, so it stops before anyone may
+//! take over (clocks of the hosts are assumed to agree within a fraction of the TTL). What a
+//! leader does must still be safe if, in a partition, two believe they lead: the scheduler's
+//! transitions are compare-and-set on the job's version, so a job is placed once whatever happens.
+
+use std::time::Duration;
+
+use async_nats::jetstream::kv;
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use crate::ids::now_ms;
+use crate::streams::{Nats, NatsError};
+use crate::subjects::BUCKET_LEASES;
+
+/// The value of a lease entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseHolder {
+    pub holder: String,
+    pub expires_at_ms: i64,
+}
+
+/// One candidate for a named lease.
+pub struct Lease {
+    kv: kv::Store,
+    name: String,
+    holder: String,
+    ttl: Duration,
+    held_until: Option<Instant>,
+}
+
+fn other(error: impl std::fmt::Display) -> NatsError {
+    NatsError::Other(error.to_string())
+}
+
+impl Lease {
+    /// `ttl` must stay under the bucket's max age (30 s), which removes abandoned entries.
+    pub async fn new(nats: &Nats, name: &str, holder: &str, ttl: Duration) -> Result<Lease, NatsError> {
+        let kv = nats.jetstream.get_key_value(BUCKET_LEASES).await.map_err(other)?;
+        Ok(Lease {
+            kv,
+            name: name.to_string(),
+            holder: holder.to_string(),
+            ttl,
+            held_until: None,
+        })
+    }
+
+    pub fn holder(&self) -> &str {
+        &self.holder
+    }
+
+    /// Whether this candidate leads now.
+    pub fn is_held(&self) -> bool {
+        self.held_until.is_some_and(|until| Instant::now() < until)
+    }
+
+    /// Takes the lease if it is free or expired, or renews it if held; returns whether this
+    /// candidate leads. Call it every `ttl / 3`.
+    pub async fn tick(&mut self) -> Result<bool, NatsError> {
+        let sent = Instant::now();
+        let value = serde_json::to_vec(&LeaseHolder {
+            holder: self.holder.clone(),
+            expires_at_ms: now_ms() + i64::try_from(self.ttl.as_millis()).unwrap_or(i64::MAX),
+        })
+        .map_err(other)?;
+        let written = match self.kv.entry(&self.name).await.map_err(other)? {
+            Some(entry) if entry.operation == kv::Operation::Put => {
+                let current: Option<LeaseHolder> = serde_json::from_slice(&entry.value).ok();
+                let ours = current.as_ref().is_some_and(|c| c.holder == self.holder);
+                let expired = current.as_ref().is_none_or(|c| c.expires_at_ms < now_ms());
+                if !ours && !expired {
+                    self.held_until = None;
+                    return Ok(false);
+                }
+                self.kv.update(&self.name, value.into(), entry.revision).await.is_ok()
+            }
+            // Deleted or purged: a write on that revision, so a racing create cannot also win.
+            Some(entry) => self.kv.update(&self.name, value.into(), entry.revision).await.is_ok(),
+            None => self.kv.create(&self.name, value.into()).await.is_ok(),
+        };
+        self.held_until = written.then_some(sent + self.ttl);
+        Ok(written)
+    }
+
+    /// Gives the lease up (at shutdown) so a standby need not wait for it to expire.
+    pub async fn release(&mut self) -> Result<(), NatsError> {
+        if !self.is_held() {
+            return Ok(());
+        }
+        self.held_until = None;
+        if let Some(entry) = self.kv.entry(&self.name).await.map_err(other)?
+            && serde_json::from_slice::<LeaseHolder>(&entry.value).is_ok_and(|c| c.holder == self.holder)
+        {
+            // Best effort: if someone took it since, the revision check leaves theirs alone.
+            let expired = serde_json::to_vec(&LeaseHolder {
+                holder: self.holder.clone(),
+                expires_at_ms: 0,
+            })
+            .map_err(other)?;
+            let _ = self.kv.update(&self.name, expired.into(), entry.revision).await;
+        }
+        Ok(())
+    }
+
+    /// Who holds a lease now, if anyone.
+    pub async fn current(nats: &Nats, name: &str) -> Result<Option<LeaseHolder>, NatsError> {
+        let kv = nats.jetstream.get_key_value(BUCKET_LEASES).await.map_err(other)?;
+        let Some(entry) = kv.entry(name).await.map_err(other)? else {
+            return Ok(None);
+        };
+        let holder = serde_json::from_slice::<LeaseHolder>(&entry.value).ok();
+        Ok(holder.filter(|h| entry.operation == kv::Operation::Put && h.expires_at_ms >= now_ms()))
+    }
+}

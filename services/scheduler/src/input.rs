@@ -1,0 +1,136 @@
+//! What a pass decides from, read from the store and the capacity bucket, in the policy's
+//! terms: queued jobs, the jobs that hold capacity, pools, quotas. The api's `ExplainJob` reads
+//! the same, so an explanation is what the scheduler's next pass would decide.
+
+use std::collections::{BTreeMap, HashMap};
+
+use kiln_core::capacity::{self, PoolCapacity};
+use kiln_core::scheduling::{MarketPolicy, QuotaScope, class_of_priority};
+use kiln_core::store::{EXTERNAL_POOL, JobRecord, Store};
+use kiln_core::streams::Nats;
+use kiln_core::{JobState, scheduling};
+
+use crate::error::Result;
+use crate::policy::{Input, PendingJob, Pool, Quota, Resources, RunningJob, Settings};
+
+/// A pass's input, and the records of its pending jobs (`input.pending[i]` is `queued[i]`).
+pub struct Read {
+    pub input: Input,
+    pub queued: Vec<JobRecord>,
+}
+
+fn resources(job: &JobRecord) -> Resources {
+    Resources::new(job.cpu_millis, job.memory_bytes, i64::from(job.gpus))
+}
+
+/// Reads the state; `rate_of` gives a pool's observed spot preemptions per instance-hour.
+pub async fn read(store: &Store, nats: &Nats, settings: Settings, rate_of: impl Fn(&str) -> f64) -> Result<Read> {
+    let queued = store.jobs_in_states(&[JobState::Queued]).await?;
+    let active = store.jobs_in_states(&JobState::ACTIVE).await?;
+    let names = store.user_names().await?;
+    let name_of = |owner_id: &str| names.get(owner_id).cloned().unwrap_or_else(|| owner_id.to_string());
+    let pending = queued
+        .iter()
+        .map(|job| PendingJob {
+            id: job.id.clone(),
+            user: name_of(&job.owner_id),
+            project: job.project.clone(),
+            priority: job.priority,
+            resources: resources(job),
+            submitted_at_ms: job.created_at_ms,
+            market: MarketPolicy::parse(&job.market_policy),
+            preemptions: u32::try_from(job.preemptions).unwrap_or(0),
+            expected_runtime_secs: job.max_runtime_secs as f64,
+        })
+        .collect();
+    let running = active
+        .iter()
+        .filter(|job| job.pool != EXTERNAL_POOL)
+        .map(|job| RunningJob {
+            id: job.id.clone(),
+            user: name_of(&job.owner_id),
+            project: job.project.clone(),
+            priority: job.priority,
+            resources: resources(job),
+            pool: job.pool.clone(),
+            market: scheduling::Market::parse(&job.market).unwrap_or(scheduling::Market::OnDemand),
+            started_at_ms: job.started_at_ms.unwrap_or(job.updated_at_ms),
+            // A class that may preempt others is not preempted itself.
+            preemptible: !class_of_priority(job.priority).is_some_and(|class| class.may_preempt),
+            stopping: job.stop_requested,
+        })
+        .collect();
+    let pools = pools(&capacity::pools(nats).await?, rate_of);
+    let quotas = quotas(store).await?;
+    Ok(Read {
+        input: Input {
+            pending,
+            running,
+            pools,
+            quotas,
+            weights: Default::default(),
+            settings,
+        },
+        queued,
+    })
+}
+
+/// The pools the runners report, in the policy's terms.
+pub fn pools(reported: &BTreeMap<String, PoolCapacity>, rate_of: impl Fn(&str) -> f64) -> Vec<Pool> {
+    reported
+        .iter()
+        .map(|(name, pool)| Pool {
+            name: name.clone(),
+            capacity: Resources::new(pool.cpu_millis, pool.memory_bytes, pool.gpus),
+            instance: Resources::new(pool.instance.cpu_millis, pool.instance.memory_bytes, pool.instance.gpus),
+            on_demand_per_hour: pool.on_demand_per_hour,
+            spot_per_hour: pool.spot_per_hour,
+            spot_available: pool.spot,
+            preemptions_per_hour: rate_of(name),
+        })
+        .collect()
+}
+
+/// The quotas, in the policy's terms; a row whose scope does not parse is skipped with a warning.
+pub async fn quotas(store: &Store) -> Result<Vec<Quota>> {
+    let mut quotas = Vec::new();
+    for row in store.quotas().await? {
+        let Ok(scope) = QuotaScope::parse(&row.scope) else {
+            tracing::warn!(scope = %row.scope, "ignoring a quota with a malformed scope");
+            continue;
+        };
+        quotas.push(Quota {
+            scope,
+            cpu_millis: row.cpu_millis,
+            memory_bytes: row.memory_bytes,
+            gpus: row.gpus,
+            running_jobs: row.running_jobs,
+            queued_jobs: row.queued_jobs,
+        });
+    }
+    Ok(quotas)
+}
+
+/// Counts of queued jobs by scope, for [`crate::policy::check_submit`].
+pub fn queued_by_scope(counts: kiln_core::store::QueuedCounts, user: &str, project: &str) -> HashMap<QuotaScope, i64> {
+    HashMap::from([
+        (QuotaScope::User(user.to_string()), counts.user),
+        (QuotaScope::Project(project.to_string()), counts.project),
+        (QuotaScope::Global, counts.global),
+    ])
+}
+
+/// The settings of a pass from the scheduler's configuration.
+pub fn settings(config: &crate::Config, preemption_budget: usize) -> Settings {
+    Settings {
+        max_restart_probability: config.max_restart_probability,
+        max_spot_preemptions: config.max_spot_preemptions,
+        preemption_budget,
+        preempting_priorities: scheduling::PRIORITY_CLASSES
+            .iter()
+            .filter(|class| class.may_preempt)
+            .map(|class| class.value)
+            .collect(),
+        reservations: true,
+    }
+}

@@ -1,0 +1,44 @@
+//! The scheduling policy: which queued jobs start now, on which pool and market, which running
+//! jobs a higher priority preempts, and why every other job waits.
+//!
+//! Pure decision logic: plain data in ([`Input`]), plain data out ([`Plan`]); no I/O, no clock,
+//! no store types. The scheduler's pass, the api's `kiln explain` and the `sched-sim` study
+//! all call the same [`plan`].
+//!
+//! - [`plan`] orders the queue by priority, then weighted dominant-resource fair share (DRF)
+//!   between projects and between users inside a project, then submit time; places what fits
+//!   at the lowest cost; makes jobs over a running quota wait without blocking others; holds
+//!   room for a job that cannot fit (one reservation per pool) so small jobs backfill only
+//!   around it; and lets opted-in priorities preempt lower ones within a per-pass budget.
+//! - [`choose_market`] picks spot or on-demand for `auto` from the pool's [`PreemptionRate`].
+//! - [`check_submit`] enforces the queued-jobs quota at submit.
+//! - [`Wait`] and [`JobWait`] say why a job waits, as data and as sentences.
+//! - [`jain_index`] measures fairness, for the study.
+
+mod explain;
+mod market;
+mod model;
+mod pass;
+mod quota;
+#[cfg(test)]
+mod tests;
+
+pub use explain::{Ahead, JobWait, Wait};
+pub use market::{DEFAULT_RUNTIME_SECS, PreemptionRate, choose_market, restart_probability};
+pub use model::{
+    Input, Market, MarketPolicy, PendingJob, Pool, Quota, QuotaResource, QuotaScope, Resources, RunningJob, Settings,
+    Weights,
+};
+pub use pass::{Placement, Plan, Preemption, plan};
+pub use quota::{QuotaExceeded, check_submit};
+
+/// Jain's fairness index of `values`: `(Σx)² / (n · Σx²)`, 1 when all are equal, `1/n` when one
+/// has everything. An empty or all-zero slice counts as fair (1).
+pub fn jain_index(values: &[f64]) -> f64 {
+    let sum: f64 = values.iter().sum();
+    let sum_of_squares: f64 = values.iter().map(|value| value * value).sum();
+    if values.is_empty() || sum_of_squares == 0.0 {
+        return 1.0;
+    }
+    sum * sum / (values.len() as f64 * sum_of_squares)
+}

@@ -1,0 +1,494 @@
+//! One scheduling pass: the order, running quotas, placement, backfill with reservations, and
+//! priority preemption.
+//!
+//! The order is a lazy merge, not a sort of everything: pending jobs are grouped by priority,
+//! then into one queue per (project, user) sorted by submit time. Within a priority, a set keyed
+//! by weighted dominant share yields the project with the smallest share, a set per project the
+//! user with the smallest share (ties: the older head job), and that user's queue its oldest
+//! job. Only a placement changes shares, so each step costs a few `O(log n)` set operations.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeSet, HashMap};
+
+use super::explain::{Ahead, JobWait, Wait};
+use super::model::{Input, Market, PendingJob, Quota, QuotaResource, QuotaScope, Resources, Weights};
+
+mod room;
+
+use room::eligible_pools;
+
+/// A job to start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    /// Its index in [`Input::pending`].
+    pub job: usize,
+    pub pool: String,
+    pub market: Market,
+}
+
+/// A running job to stop so that a higher-priority job can start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Preemption {
+    pub victim: String,
+    pub for_job: String,
+}
+
+/// What a pass decided.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Plan {
+    /// In the order of the pass.
+    pub placements: Vec<Placement>,
+    /// Never more than the settings' `preemption_budget`.
+    pub preemptions: Vec<Preemption>,
+    /// Every pending job not placed, in the order of the pass.
+    pub waits: Vec<JobWait>,
+}
+
+impl Plan {
+    /// Why the pending job at index `job` waits; `None` when the pass placed it.
+    pub fn wait_of(&self, job: usize) -> Option<&JobWait> {
+        self.waits.iter().find(|wait| wait.job == job)
+    }
+}
+
+/// Decides which pending jobs start now, on which pool and market, which running jobs to
+/// preempt, and why every other job waits.
+///
+/// In order: higher priority first; within a priority, weighted dominant-resource fair share
+/// between projects, then between users inside the project, counting what running jobs hold and
+/// what this pass placed; then submit time. A job over a running quota, or that no pool could
+/// ever hold, waits without holding up others. A job that cannot fit for lack of capacity may
+/// preempt lower priorities (when its priority may) or else gets a reservation on its best pool
+/// (one per pool): that pool's free room up to its request is held, and later jobs backfill
+/// only into what is left.
+pub fn plan(input: &Input) -> Plan {
+    Pass::new(input).run()
+}
+
+/// Orders `f64` shares totally, for set keys.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Share(f64);
+
+impl Eq for Share {}
+
+impl PartialOrd for Share {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Share {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+/// What a project or a (project, user) holds, and its fair-share weight.
+#[derive(Debug, Clone, Copy)]
+struct Holder {
+    held: Resources,
+    weight: f64,
+}
+
+impl Holder {
+    fn new(weight: f64) -> Holder {
+        Holder {
+            held: Resources::ZERO,
+            weight,
+        }
+    }
+
+    fn share(&self, total: &Resources) -> Share {
+        Share(self.held.dominant_share(total) / self.weight)
+    }
+}
+
+/// A user inside a project: the unit of fair share and of the per-user queues.
+#[derive(Debug, Clone, Copy)]
+struct Member {
+    project: usize,
+    /// The user, across projects (user quotas count everywhere).
+    user: usize,
+    holder: Holder,
+}
+
+/// What a quota scope's running jobs hold.
+#[derive(Debug, Clone, Copy, Default)]
+struct ScopeUsage {
+    resources: Resources,
+    running_jobs: i64,
+}
+
+impl ScopeUsage {
+    fn add(&mut self, resources: Resources) {
+        self.resources += resources;
+        self.running_jobs += 1;
+    }
+}
+
+#[derive(Debug)]
+struct PoolState {
+    /// Capacity less what running jobs, this pass's placements and holds take.
+    free: Resources,
+    /// Held for reservations and preemptions of this pass.
+    hold: Resources,
+    /// The job (pending index) this pool's reservation is for.
+    reserved_for: Option<usize>,
+    /// Running jobs on it in the order victims are tried: stopping first, then lowest
+    /// priority, then youngest.
+    victims: Vec<usize>,
+}
+
+/// Names to dense ids, built from the jobs.
+#[derive(Default)]
+struct Registry<'a> {
+    project_ids: HashMap<&'a str, usize>,
+    user_ids: HashMap<&'a str, usize>,
+    member_ids: HashMap<(usize, usize), usize>,
+    projects: Vec<Holder>,
+    members: Vec<Member>,
+}
+
+impl<'a> Registry<'a> {
+    fn member(&mut self, project: &'a str, user: &'a str, weights: &Weights) -> usize {
+        let project_count = self.project_ids.len();
+        let project_id = *self.project_ids.entry(project).or_insert(project_count);
+        if project_id == self.projects.len() {
+            self.projects.push(Holder::new(weights.project(project)));
+        }
+        let user_count = self.user_ids.len();
+        let user_id = *self.user_ids.entry(user).or_insert(user_count);
+        if let Some(&member) = self.member_ids.get(&(project_id, user_id)) {
+            return member;
+        }
+        let member = self.members.len();
+        self.members.push(Member {
+            project: project_id,
+            user: user_id,
+            holder: Holder::new(weights.user(project, user)),
+        });
+        self.member_ids.insert((project_id, user_id), member);
+        member
+    }
+}
+
+/// A (project, user) queue of one priority, oldest first.
+struct Queue<'o> {
+    member: usize,
+    jobs: &'o [usize],
+    next: usize,
+    /// Jobs of this queue already walked that compete for capacity.
+    competing: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    Placed,
+    /// Waits for capacity: counts as ahead of later jobs.
+    Competing,
+    /// Waits on a quota or for a bigger pool: holds nobody up.
+    Skipped,
+}
+
+struct Pass<'a> {
+    input: &'a Input,
+    /// The cluster: the sum of the pools' capacities, against which shares are taken.
+    total: Resources,
+    pools: Vec<PoolState>,
+    projects: Vec<Holder>,
+    members: Vec<Member>,
+    member_of_job: Vec<usize>,
+    global_usage: ScopeUsage,
+    project_usage: Vec<ScopeUsage>,
+    user_usage: Vec<ScopeUsage>,
+    global_quotas: Vec<&'a Quota>,
+    project_quotas: Vec<Vec<&'a Quota>>,
+    user_quotas: Vec<Vec<&'a Quota>>,
+    /// Running jobs already chosen as victims (or counted as stopping) in this pass.
+    victim_taken: Vec<bool>,
+    budget_left: usize,
+    /// Stopping running jobs no preempting job has counted yet: with none and no budget left,
+    /// the victim search is skipped.
+    stopping_left: usize,
+    plan: Plan,
+}
+
+// === impl Pass ===
+
+impl<'a> Pass<'a> {
+    fn new(input: &'a Input) -> Pass<'a> {
+        let mut registry = Registry::default();
+        let running_members: Vec<usize> = input
+            .running
+            .iter()
+            .map(|job| registry.member(&job.project, &job.user, &input.weights))
+            .collect();
+        let member_of_job: Vec<usize> = input
+            .pending
+            .iter()
+            .map(|job| registry.member(&job.project, &job.user, &input.weights))
+            .collect();
+        let Registry {
+            project_ids,
+            user_ids,
+            projects,
+            members,
+            ..
+        } = registry;
+
+        let pool_ids: HashMap<&str, usize> = input
+            .pools
+            .iter()
+            .enumerate()
+            .map(|(index, pool)| (pool.name.as_str(), index))
+            .collect();
+        let mut pools: Vec<PoolState> = input
+            .pools
+            .iter()
+            .map(|pool| PoolState {
+                free: pool.capacity,
+                hold: Resources::ZERO,
+                reserved_for: None,
+                victims: Vec::new(),
+            })
+            .collect();
+        let total = input
+            .pools
+            .iter()
+            .fold(Resources::ZERO, |total, pool| total + pool.capacity);
+
+        let mut pass = Pass {
+            input,
+            total,
+            pools: Vec::new(),
+            project_usage: vec![ScopeUsage::default(); projects.len()],
+            user_usage: vec![ScopeUsage::default(); user_ids.len()],
+            project_quotas: vec![Vec::new(); projects.len()],
+            user_quotas: vec![Vec::new(); user_ids.len()],
+            projects,
+            members,
+            member_of_job,
+            global_usage: ScopeUsage::default(),
+            global_quotas: Vec::new(),
+            victim_taken: vec![false; input.running.len()],
+            budget_left: input.settings.preemption_budget,
+            stopping_left: input.running.iter().filter(|job| job.stopping).count(),
+            plan: Plan::default(),
+        };
+        for (index, job) in input.running.iter().enumerate() {
+            pass.take(running_members[index], job.resources);
+            // A job on a pool no runner reports any more still counts for shares and quotas.
+            if let Some(&pool) = pool_ids.get(job.pool.as_str()) {
+                pools[pool].free -= job.resources;
+                pools[pool].victims.push(index);
+            }
+        }
+        for pool in &mut pools {
+            pool.victims.sort_by_key(|&index| {
+                let job = &input.running[index];
+                (!job.stopping, job.priority, std::cmp::Reverse(job.started_at_ms))
+            });
+        }
+        pass.pools = pools;
+        for quota in &input.quotas {
+            match &quota.scope {
+                QuotaScope::Global => pass.global_quotas.push(quota),
+                QuotaScope::Project(name) => {
+                    if let Some(&project) = project_ids.get(name.as_str()) {
+                        pass.project_quotas[project].push(quota);
+                    }
+                }
+                QuotaScope::User(name) => {
+                    if let Some(&user) = user_ids.get(name.as_str()) {
+                        pass.user_quotas[user].push(quota);
+                    }
+                }
+            }
+        }
+        pass
+    }
+
+    fn run(mut self) -> Plan {
+        let input = self.input;
+        let mut order: Vec<usize> = (0..input.pending.len()).collect();
+        order.sort_unstable_by(|&a, &b| {
+            let (job_a, job_b) = (&input.pending[a], &input.pending[b]);
+            job_b
+                .priority
+                .cmp(&job_a.priority)
+                .then(self.member_of_job[a].cmp(&self.member_of_job[b]))
+                .then(job_a.submitted_at_ms.cmp(&job_b.submitted_at_ms))
+                .then_with(|| job_a.id.cmp(&job_b.id))
+                .then(a.cmp(&b))
+        });
+        let mut higher_priority = 0;
+        for tier in order.chunk_by(|&a, &b| input.pending[a].priority == input.pending[b].priority) {
+            let queues: Vec<Queue<'_>> = tier
+                .chunk_by(|&a, &b| self.member_of_job[a] == self.member_of_job[b])
+                .map(|jobs| Queue {
+                    member: self.member_of_job[jobs[0]],
+                    jobs,
+                    next: 0,
+                    competing: 0,
+                })
+                .collect();
+            higher_priority += self.walk(queues, higher_priority);
+        }
+        self.plan
+    }
+
+    /// Walks one priority in fair-share order; returns how many of its jobs compete for capacity.
+    fn walk(&mut self, mut queues: Vec<Queue<'_>>, higher_priority: usize) -> usize {
+        let mut users: Vec<BTreeSet<(Share, i64, usize)>> = vec![BTreeSet::new(); self.projects.len()];
+        for (index, queue) in queues.iter().enumerate() {
+            users[self.members[queue.member].project].insert(self.user_key(queue, index));
+        }
+        let mut projects: BTreeSet<(Share, usize)> = users
+            .iter()
+            .enumerate()
+            .filter(|(_, set)| !set.is_empty())
+            .map(|(project, _)| (self.projects[project].share(&self.total), project))
+            .collect();
+        let mut competing = 0;
+        while let Some(&project_key) = projects.first() {
+            let project = project_key.1;
+            let user_key = users[project]
+                .pop_first()
+                .expect("a project in the order has a user with jobs");
+            let index = user_key.2;
+            let queue = &mut queues[index];
+            let job = queue.jobs[queue.next];
+            queue.next += 1;
+            let ahead = Ahead {
+                higher_priority,
+                fair_share: competing - queue.competing,
+                same_user: queue.competing,
+            };
+            let step = self.consider(job, ahead);
+            let queue = &mut queues[index];
+            if step != Step::Skipped {
+                competing += 1;
+                queue.competing += 1;
+            }
+            if queue.next < queue.jobs.len() {
+                users[project].insert(self.user_key(&queues[index], index));
+            }
+            if step == Step::Placed || users[project].is_empty() {
+                projects.remove(&project_key);
+                if !users[project].is_empty() {
+                    projects.insert((self.projects[project].share(&self.total), project));
+                }
+            }
+        }
+        competing
+    }
+
+    fn user_key(&self, queue: &Queue<'_>, index: usize) -> (Share, i64, usize) {
+        let head = &self.input.pending[queue.jobs[queue.next]];
+        (
+            self.members[queue.member].holder.share(&self.total),
+            head.submitted_at_ms,
+            index,
+        )
+    }
+
+    fn consider(&mut self, job_index: usize, ahead: Ahead) -> Step {
+        let input = self.input;
+        let job = &input.pending[job_index];
+        let member = self.member_of_job[job_index];
+        let eligible = eligible_pools(&input.pools, job);
+        if eligible.is_empty() {
+            let reason = Wait::NoPoolFits {
+                asked: job.resources,
+                market: job.market,
+            };
+            self.wait(job_index, ahead, reason);
+            return Step::Skipped;
+        }
+        if let Some(reason) = self.quota_wait(job, member) {
+            self.wait(job_index, ahead, reason);
+            return Step::Skipped;
+        }
+        if let Some((pool, market)) = self.best_fit(job, &eligible) {
+            self.place(job_index, member, pool, market);
+            return Step::Placed;
+        }
+        if input.settings.preempting_priorities.contains(&job.priority)
+            && (self.budget_left > 0 || self.stopping_left > 0)
+            && let Some(reason) = self.preempt_for(job_index, &eligible)
+        {
+            self.wait(job_index, ahead, reason);
+            return Step::Competing;
+        }
+        let reason = self.capacity_wait(job_index, &eligible);
+        self.wait(job_index, ahead, reason);
+        Step::Competing
+    }
+
+    fn wait(&mut self, job: usize, ahead: Ahead, reason: Wait) {
+        self.plan.waits.push(JobWait { job, ahead, reason });
+    }
+
+    /// Counts `resources` as held by the member, its project, its user and the cluster.
+    fn take(&mut self, member: usize, resources: Resources) {
+        let Member { project, user, .. } = self.members[member];
+        self.members[member].holder.held += resources;
+        self.projects[project].held += resources;
+        self.global_usage.add(resources);
+        self.project_usage[project].add(resources);
+        self.user_usage[user].add(resources);
+    }
+
+    fn place(&mut self, job_index: usize, member: usize, pool: usize, market: Market) {
+        let resources = self.input.pending[job_index].resources;
+        self.pools[pool].free -= resources;
+        self.take(member, resources);
+        self.plan.placements.push(Placement {
+            job: job_index,
+            pool: self.input.pools[pool].name.clone(),
+            market,
+        });
+    }
+
+    fn quota_wait(&self, job: &PendingJob, member: usize) -> Option<Wait> {
+        let Member { project, user, .. } = self.members[member];
+        let scopes = [
+            (&self.global_quotas, &self.global_usage),
+            (&self.project_quotas[project], &self.project_usage[project]),
+            (&self.user_quotas[user], &self.user_usage[user]),
+        ];
+        scopes
+            .into_iter()
+            .find_map(|(quotas, usage)| quotas.iter().find_map(|quota| over_quota(quota, usage, &job.resources)))
+    }
+}
+
+/// The first running limit of `quota` that starting `asked` would exceed.
+fn over_quota(quota: &Quota, usage: &ScopeUsage, asked: &Resources) -> Option<Wait> {
+    let limits = [
+        (
+            QuotaResource::Cpu,
+            quota.cpu_millis,
+            usage.resources.cpu_millis,
+            asked.cpu_millis,
+        ),
+        (
+            QuotaResource::Memory,
+            quota.memory_bytes,
+            usage.resources.memory_bytes,
+            asked.memory_bytes,
+        ),
+        (QuotaResource::Gpus, quota.gpus, usage.resources.gpus, asked.gpus),
+        (QuotaResource::RunningJobs, quota.running_jobs, usage.running_jobs, 1),
+    ];
+    limits.into_iter().find_map(|(resource, limit_opt, used, asked)| {
+        let limit = limit_opt?;
+        (asked > 0 && used + asked > limit).then(|| Wait::Quota {
+            scope: quota.scope.clone(),
+            resource,
+            limit,
+            used,
+            asked,
+        })
+    })
+}

@@ -1,0 +1,678 @@
+//! Scenario tests of the pass: quotas, fair share, priority, backfill and reservations,
+//! preemption, market and pool choice, and the explanations of waits.
+
+use std::collections::{BTreeSet, HashMap};
+
+use super::*;
+
+const GIB: i64 = 1 << 30;
+
+fn res(cpus: f64, memory_gib: i64, gpus: i64) -> Resources {
+    Resources::new((cpus * 1000.0) as i64, memory_gib * GIB, gpus)
+}
+
+/// A pool that is one machine, spot at 30% of on-demand, calm.
+fn pool(name: &str, capacity: Resources) -> Pool {
+    Pool {
+        name: name.into(),
+        capacity,
+        instance: capacity,
+        on_demand_per_hour: 1.0,
+        spot_per_hour: 0.3,
+        spot_available: true,
+        preemptions_per_hour: 0.05,
+    }
+}
+
+fn job(id: &str, user: &str, project: &str, resources: Resources, submitted_at_ms: i64) -> PendingJob {
+    PendingJob {
+        id: id.into(),
+        user: user.into(),
+        project: project.into(),
+        priority: 0,
+        resources,
+        submitted_at_ms,
+        market: MarketPolicy::Auto,
+        preemptions: 0,
+        expected_runtime_secs: 0.0,
+    }
+}
+
+fn running(id: &str, user: &str, pool: &str, resources: Resources, priority: i32, started_at_ms: i64) -> RunningJob {
+    RunningJob {
+        id: id.into(),
+        user: user.into(),
+        project: "p".into(),
+        priority,
+        resources,
+        pool: pool.into(),
+        market: Market::OnDemand,
+        started_at_ms,
+        preemptible: true,
+        stopping: false,
+    }
+}
+
+fn input(pending: Vec<PendingJob>, running: Vec<RunningJob>, pools: Vec<Pool>) -> Input {
+    Input {
+        pending,
+        running,
+        pools,
+        ..Input::default()
+    }
+}
+
+fn placed_ids(input: &Input, plan: &Plan) -> Vec<String> {
+    plan.placements
+        .iter()
+        .map(|placement| input.pending[placement.job].id.clone())
+        .collect()
+}
+
+fn wait_of<'p>(input: &Input, plan: &'p Plan, id: &str) -> &'p JobWait {
+    let index = input
+        .pending
+        .iter()
+        .position(|job| job.id == id)
+        .expect("a pending job");
+    plan.wait_of(index).unwrap_or_else(|| panic!("{id} was placed"))
+}
+
+/// Each user's dominant share of the cluster after the plan: running jobs plus placements.
+fn shares_after(input: &Input, plan: &Plan) -> HashMap<String, f64> {
+    let total = input
+        .pools
+        .iter()
+        .fold(Resources::ZERO, |sum, pool| sum + pool.capacity);
+    let mut held: HashMap<String, Resources> = HashMap::new();
+    for job in &input.running {
+        *held.entry(job.user.clone()).or_default() += job.resources;
+    }
+    for placement in &plan.placements {
+        let job = &input.pending[placement.job];
+        *held.entry(job.user.clone()).or_default() += job.resources;
+    }
+    held.into_iter()
+        .map(|(user, resources)| (user, resources.dominant_share(&total)))
+        .collect()
+}
+
+fn flood(user: &str, project: &str, count: usize, resources: Resources) -> Vec<PendingJob> {
+    (0..count)
+        .map(|n| job(&format!("{user}-{n}"), user, project, resources, n as i64))
+        .collect()
+}
+
+// === quotas ===
+
+#[test]
+fn a_user_at_gpu_quota_waits_while_another_users_job_runs() {
+    let mut input = input(
+        vec![
+            job("a-gpu", "alice", "p", res(1.0, 1, 1), 1),
+            job("b-gpu", "bob", "p", res(1.0, 1, 1), 2),
+            job("a-cpu", "alice", "p", res(1.0, 1, 0), 3),
+        ],
+        vec![running("a-old", "alice", "gpu", res(1.0, 1, 1), 0, 0)],
+        vec![pool("gpu", res(16.0, 64, 4))],
+    );
+    input.quotas = vec![Quota {
+        gpus: Some(1),
+        ..Quota::unlimited(QuotaScope::User("alice".into()))
+    }];
+    let plan = plan(&input);
+    // Alice's GPU job waits and holds up nobody, not even her own CPU-only job.
+    assert_eq!(placed_ids(&input, &plan), ["b-gpu", "a-cpu"]);
+    let wait = wait_of(&input, &plan, "a-gpu");
+    assert_eq!(
+        wait.reason,
+        Wait::Quota {
+            scope: QuotaScope::User("alice".into()),
+            resource: QuotaResource::Gpus,
+            limit: 1,
+            used: 1,
+            asked: 1,
+        }
+    );
+    assert_eq!(
+        wait.to_string(),
+        "it waits: the GPU quota of user:alice is 1 GPU, 1 GPU is in use and the job asks 1 GPU"
+    );
+
+    // Raising the quota releases it (after bob's, whose user holds less).
+    input.quotas[0].gpus = Some(2);
+    let plan = super::plan(&input);
+    assert_eq!(placed_ids(&input, &plan), ["b-gpu", "a-gpu", "a-cpu"]);
+    assert!(plan.waits.is_empty());
+}
+
+#[test]
+fn running_quotas_count_what_this_pass_placed() {
+    let mut pending = flood("carol", "vision", 3, res(1.0, 1, 0));
+    pending.extend(flood("dave", "nlp", 4, res(1.0, 1, 0)));
+    let mut input = input(pending, Vec::new(), vec![pool("p", res(64.0, 256, 0))]);
+    input.quotas = vec![
+        Quota {
+            running_jobs: Some(2),
+            ..Quota::unlimited(QuotaScope::Project("vision".into()))
+        },
+        Quota {
+            cpu_millis: Some(5000),
+            ..Quota::unlimited(QuotaScope::Global)
+        },
+    ];
+    let plan = plan(&input);
+    assert_eq!(plan.placements.len(), 5);
+    assert_eq!(
+        wait_of(&input, &plan, "carol-2").reason,
+        Wait::Quota {
+            scope: QuotaScope::Project("vision".into()),
+            resource: QuotaResource::RunningJobs,
+            limit: 2,
+            used: 2,
+            asked: 1,
+        }
+    );
+    let global: Vec<&Wait> = plan
+        .waits
+        .iter()
+        .map(|wait| &wait.reason)
+        .filter(|reason| {
+            matches!(
+                reason,
+                Wait::Quota {
+                    scope: QuotaScope::Global,
+                    ..
+                }
+            )
+        })
+        .collect();
+    assert_eq!(global.len(), 1);
+    assert_eq!(
+        *global[0],
+        Wait::Quota {
+            scope: QuotaScope::Global,
+            resource: QuotaResource::Cpu,
+            limit: 5000,
+            used: 5000,
+            asked: 1000,
+        }
+    );
+}
+
+// === fair share ===
+
+#[test]
+fn equal_weight_users_flooding_get_equal_dominant_shares() {
+    // Alice is CPU-heavy, bob memory-heavy, and alice already holds a quarter of the CPUs.
+    // Taking turns would end at 0.75 and 0.5; DRF ends near 0.66 each.
+    let mut pending = flood("alice", "p", 200, res(1.0, 1, 0));
+    pending.extend(flood("bob", "p", 200, res(0.5, 4, 0)));
+    let running = vec![running("a-old", "alice", "p", res(16.0, 16, 0), 0, 0)];
+    let input = input(pending, running, vec![pool("p", res(64.0, 256, 0))]);
+    let plan = plan(&input);
+    let shares = shares_after(&input, &plan);
+    let (alice, bob) = (shares["alice"], shares["bob"]);
+    assert!(alice > 0.6 && bob > 0.6, "the cluster fills: alice {alice}, bob {bob}");
+    assert!(
+        (alice - bob).abs() <= 0.05 * alice.max(bob),
+        "alice {alice} and bob {bob} differ by more than 5%"
+    );
+}
+
+#[test]
+fn project_weights_are_honoured() {
+    let mut pending = flood("alice", "vision", 50, res(1.0, 1, 0));
+    pending.extend(flood("bob", "nlp", 50, res(1.0, 1, 0)));
+    let mut input = input(pending, Vec::new(), vec![pool("p", res(30.0, 1000, 0))]);
+    input.weights.projects.insert("vision".into(), 2.0);
+    let plan = plan(&input);
+    let shares = shares_after(&input, &plan);
+    assert_eq!((shares["alice"] * 30.0).round(), 20.0);
+    assert_eq!((shares["bob"] * 30.0).round(), 10.0);
+}
+
+#[test]
+fn user_weights_are_honoured_inside_a_project() {
+    let mut pending = flood("alice", "p", 50, res(1.0, 1, 0));
+    pending.extend(flood("bob", "p", 50, res(1.0, 1, 0)));
+    let mut input = input(pending, Vec::new(), vec![pool("p", res(40.0, 1000, 0))]);
+    input.weights.users.insert(("p".into(), "alice".into()), 3.0);
+    let plan = plan(&input);
+    let shares = shares_after(&input, &plan);
+    assert_eq!((shares["alice"] * 40.0).round(), 30.0);
+    assert_eq!((shares["bob"] * 40.0).round(), 10.0);
+}
+
+#[test]
+fn projects_share_first_then_users_inside_them() {
+    let mut pending = flood("solo", "small", 100, res(1.0, 1, 0));
+    for user in ["t1", "t2", "t3"] {
+        pending.extend(flood(user, "team", 100, res(1.0, 1, 0)));
+    }
+    let input = input(pending, Vec::new(), vec![pool("p", res(60.0, 1000, 0))]);
+    let plan = plan(&input);
+    let shares = shares_after(&input, &plan);
+    assert_eq!((shares["solo"] * 60.0).round(), 30.0);
+    for user in ["t1", "t2", "t3"] {
+        assert_eq!((shares[user] * 60.0).round(), 10.0, "{user}");
+    }
+}
+
+#[test]
+fn priority_comes_before_share_and_submit_time() {
+    let mut urgent = job("a-urgent", "alice", "p", res(4.0, 1, 0), 50);
+    urgent.priority = 10;
+    let input = input(
+        vec![
+            job("b-1", "bob", "p", res(2.0, 1, 0), 1),
+            job("b-2", "bob", "p", res(2.0, 1, 0), 2),
+            urgent,
+        ],
+        vec![running("a-old", "alice", "p", res(2.0, 1, 0), 0, 0)],
+        vec![pool("p", res(6.0, 64, 0))],
+    );
+    let plan = plan(&input);
+    assert_eq!(placed_ids(&input, &plan), ["a-urgent"]);
+    assert_eq!(wait_of(&input, &plan, "b-1").ahead.higher_priority, 1);
+}
+
+#[test]
+fn a_users_oldest_job_goes_first() {
+    let input = input(
+        vec![
+            job("late", "alice", "p", res(2.0, 1, 0), 30),
+            job("early", "alice", "p", res(2.0, 1, 0), 10),
+        ],
+        Vec::new(),
+        vec![pool("p", res(2.0, 64, 0))],
+    );
+    let plan = plan(&input);
+    assert_eq!(placed_ids(&input, &plan), ["early"]);
+}
+
+// === backfill and reservations ===
+
+/// A wide job that fits only the big pool, which is 3/4 full; six small ones behind it.
+fn backfill_input(reservations: bool) -> Input {
+    let mut pending = vec![job("wide", "x", "p", res(8.0, 8, 0), 1)];
+    pending.extend((0..6).map(|n| job(&format!("small-{n}"), "y", "p", res(1.0, 1, 0), 2 + n)));
+    let mut input = input(
+        pending,
+        vec![running("z-old", "z", "big", res(12.0, 12, 0), 0, 0)],
+        vec![pool("small", res(4.0, 16, 0)), pool("big", res(16.0, 64, 0))],
+    );
+    input.settings.reservations = reservations;
+    input
+}
+
+#[test]
+fn small_jobs_backfill_around_a_reservation() {
+    let input = backfill_input(true);
+    let plan = plan(&input);
+    assert_eq!(placed_ids(&input, &plan), ["small-0", "small-1", "small-2", "small-3"]);
+    assert!(plan.placements.iter().all(|placement| placement.pool == "small"));
+    assert_eq!(
+        wait_of(&input, &plan, "wide").reason,
+        Wait::NoCapacity {
+            pools: vec![("big".into(), res(4.0, 52, 0))],
+            reserved_on: Some("big".into()),
+        }
+    );
+    assert_eq!(
+        wait_of(&input, &plan, "small-4").reason,
+        Wait::Reserved {
+            pool: "big".into(),
+            for_job: "wide".into(),
+        }
+    );
+
+    // Without the reservation, small jobs take the big pool's room first (it is cheaper per
+    // job), and the wide job's room is gone.
+    let input = backfill_input(false);
+    let plan = super::plan(&input);
+    assert_eq!(plan.placements.len(), 6);
+    assert_eq!(plan.placements.iter().filter(|p| p.pool == "big").count(), 4);
+}
+
+/// Alice keeps ten one-CPU jobs queued, each running 8 ticks, on an 8-CPU pool where one of
+/// hers ends every tick; bob's 8-CPU job comes at tick 0. Returns the tick it starts at.
+fn big_job_start(reservations: bool) -> Option<u64> {
+    const RUNTIME_TICKS: u64 = 8;
+    let pools = vec![pool("p", res(8.0, 64, 0))];
+    let mut running_jobs: Vec<(RunningJob, u64)> = (0..8)
+        .map(|n| {
+            let started = n as i64 - 8;
+            (
+                running(&format!("a-old-{n}"), "alice", "p", res(1.0, 1, 0), 0, started),
+                n + 1,
+            )
+        })
+        .collect();
+    let mut pending = vec![job("bob-big", "bob", "p", res(8.0, 8, 0), 0)];
+    let mut submitted = 0;
+    for tick in 0..60u64 {
+        running_jobs.retain(|(_, ends_at)| *ends_at > tick);
+        while pending.iter().filter(|job| job.user == "alice").count() < 10 {
+            pending.push(job(
+                &format!("a-{submitted}"),
+                "alice",
+                "p",
+                res(1.0, 1, 0),
+                tick as i64,
+            ));
+            submitted += 1;
+        }
+        let mut input = input(
+            pending.clone(),
+            running_jobs.iter().map(|(job, _)| job.clone()).collect(),
+            pools.clone(),
+        );
+        input.settings.reservations = reservations;
+        let plan = plan(&input);
+        if reservations && tick == 1 {
+            let wait = wait_of(&input, &plan, "bob-big");
+            assert!(matches!(&wait.reason, Wait::NoCapacity { reserved_on: Some(pool), .. } if pool == "p"));
+        }
+        let mut placed: Vec<usize> = plan.placements.iter().map(|placement| placement.job).collect();
+        placed.sort_unstable_by(|a, b| b.cmp(a));
+        for index in placed {
+            let started = pending.swap_remove(index);
+            if started.id == "bob-big" {
+                return Some(tick);
+            }
+            let as_running = RunningJob {
+                id: started.id.clone(),
+                user: started.user.clone(),
+                project: started.project.clone(),
+                priority: 0,
+                resources: started.resources,
+                pool: "p".into(),
+                market: Market::Spot,
+                started_at_ms: tick as i64,
+                preemptible: true,
+                stopping: false,
+            };
+            running_jobs.push((as_running, tick + RUNTIME_TICKS));
+        }
+    }
+    None
+}
+
+#[test]
+fn a_reservation_stops_a_stream_of_small_jobs_starving_a_big_one() {
+    // Held room grows by one CPU a tick until all 8 old jobs are gone.
+    assert_eq!(big_job_start(true), Some(8));
+    // Without it each freed CPU goes to one of alice's jobs, for ever.
+    assert_eq!(big_job_start(false), None);
+}
+
+// === priority preemption ===
+
+fn preemption_input(asked_cpus: f64, budget: usize) -> Input {
+    let mut urgent = job("urgent", "u", "p", res(asked_cpus, 1, 0), 0);
+    urgent.priority = 10;
+    let mut locked = running("v-locked", "w", "p", res(2.0, 1, 0), 0, 900);
+    locked.preemptible = false;
+    let mut input = input(
+        vec![urgent],
+        vec![
+            running("v-old", "w", "p", res(2.0, 1, 0), 0, 100),
+            running("v-young", "w", "p", res(2.0, 1, 0), 0, 500),
+            running("v-mid", "w", "p", res(2.0, 1, 0), 5, 300),
+            running("v-same", "w", "p", res(2.0, 1, 0), 10, 700),
+            locked,
+        ],
+        vec![pool("p", res(10.0, 64, 0))],
+    );
+    input.settings.preempting_priorities = BTreeSet::from([10]);
+    input.settings.preemption_budget = budget;
+    input
+}
+
+fn victims(plan: &Plan) -> Vec<&str> {
+    plan.preemptions
+        .iter()
+        .map(|preemption| preemption.victim.as_str())
+        .collect()
+}
+
+#[test]
+fn preemption_picks_the_lowest_priority_youngest_victim() {
+    let input = preemption_input(2.0, 5);
+    let plan = plan(&input);
+    assert_eq!(victims(&plan), ["v-young"]);
+    assert_eq!(plan.preemptions[0].for_job, "urgent");
+    assert_eq!(
+        wait_of(&input, &plan, "urgent").reason,
+        Wait::WaitingForPreemption {
+            pool: "p".into(),
+            victims: vec!["v-young".into()],
+        }
+    );
+    // Needing 6 CPUs: both priority-0 jobs, then the priority-5 one; never the same priority,
+    // nor a job that is not preemptible.
+    let plan = super::plan(&preemption_input(6.0, 5));
+    let mut chosen = victims(&plan);
+    chosen.sort_unstable();
+    assert_eq!(chosen, ["v-mid", "v-old", "v-young"]);
+    assert!(plan.placements.is_empty());
+    assert!(super::plan(&preemption_input(10.0, 5)).preemptions.is_empty());
+}
+
+#[test]
+fn preemption_respects_the_budget() {
+    // Two victims needed, one allowed: none is taken and the job waits for capacity.
+    let input = preemption_input(4.0, 1);
+    let plan = plan(&input);
+    assert!(plan.preemptions.is_empty());
+    assert!(matches!(
+        wait_of(&input, &plan, "urgent").reason,
+        Wait::NoCapacity { .. }
+    ));
+    // Two urgent jobs, budget for one victim.
+    let mut input = preemption_input(2.0, 1);
+    let mut second = input.pending[0].clone();
+    second.id = "urgent-2".into();
+    second.submitted_at_ms = 1;
+    input.pending.push(second);
+    let plan = super::plan(&input);
+    assert_eq!(victims(&plan), ["v-young"]);
+    assert!(matches!(
+        wait_of(&input, &plan, "urgent-2").reason,
+        Wait::NoCapacity { .. }
+    ));
+}
+
+#[test]
+fn preemption_takes_the_fewest_victims() {
+    let mut urgent = job("urgent", "u", "p", res(4.0, 1, 0), 0);
+    urgent.priority = 10;
+    let mut input = input(
+        vec![urgent],
+        vec![
+            running("tiny-1", "w", "p", res(1.0, 1, 0), 0, 100),
+            running("tiny-2", "w", "p", res(1.0, 1, 0), 0, 200),
+            running("large", "w", "p", res(4.0, 1, 0), 1, 300),
+        ],
+        vec![pool("p", res(6.0, 64, 0))],
+    );
+    input.settings.preempting_priorities = BTreeSet::from([10]);
+    input.settings.preemption_budget = 3;
+    assert_eq!(victims(&plan(&input)), ["large"]);
+}
+
+#[test]
+fn a_stopping_victim_is_not_preempted_twice() {
+    // No budget left, yet the job still waits for the victim an earlier pass chose.
+    let mut input = preemption_input(2.0, 0);
+    input.running[1].stopping = true; // v-young, preempted by an earlier pass
+    let plan = plan(&input);
+    assert!(plan.preemptions.is_empty());
+    assert_eq!(
+        wait_of(&input, &plan, "urgent").reason,
+        Wait::WaitingForPreemption {
+            pool: "p".into(),
+            victims: vec!["v-young".into()],
+        }
+    );
+}
+
+// === pools and markets ===
+
+#[test]
+fn gpu_pools_are_kept_for_gpu_work() {
+    let mut pending = flood("alice", "p", 12, res(1.0, 1, 0));
+    pending.extend(flood("bob", "p", 2, res(1.0, 1, 1)));
+    let input = input(
+        pending,
+        Vec::new(),
+        vec![pool("cpu", res(8.0, 64, 0)), pool("gpu", res(8.0, 64, 2))],
+    );
+    let plan = plan(&input);
+    let on = |name: &str| plan.placements.iter().filter(|p| p.pool == name).count();
+    assert_eq!((on("cpu"), on("gpu")), (8, 2));
+    let wait = wait_of(&input, &plan, "alice-11");
+    assert!(matches!(&wait.reason, Wait::NoCapacity { pools, .. } if pools.len() == 1 && pools[0].0 == "cpu"));
+}
+
+#[test]
+fn jobs_go_where_they_cost_least_on_the_market_chosen() {
+    let mut risky = pool("risky", res(64.0, 256, 0));
+    risky.preemptions_per_hour = 2.0;
+    let mut calm = pool("calm", res(64.0, 256, 0));
+    calm.on_demand_per_hour = 1.2;
+    calm.spot_per_hour = 0.4;
+    let mut on_demand = job("on-demand", "a", "p", res(1.0, 1, 0), 1);
+    on_demand.market = MarketPolicy::OnDemand;
+    let mut spot = job("spot", "a", "p", res(1.0, 1, 0), 2);
+    spot.market = MarketPolicy::Spot;
+    let mut preempted = job("preempted", "a", "p", res(1.0, 1, 0), 3);
+    preempted.preemptions = 3;
+    let input = input(
+        vec![job("auto", "a", "p", res(1.0, 1, 0), 0), on_demand, spot, preempted],
+        Vec::new(),
+        vec![risky, calm],
+    );
+    let plan = plan(&input);
+    let chosen: Vec<(String, &str, Market)> = plan
+        .placements
+        .iter()
+        .map(|p| (input.pending[p.job].id.clone(), p.pool.as_str(), p.market))
+        .collect();
+    assert_eq!(
+        chosen,
+        [
+            // Risky spot restarts with p = 0.86 > 0.5 in an hour: 1.0 on-demand there loses to 0.4 calm spot.
+            ("auto".to_string(), "calm", Market::Spot),
+            ("on-demand".to_string(), "risky", Market::OnDemand),
+            ("spot".to_string(), "risky", Market::Spot),
+            ("preempted".to_string(), "risky", Market::OnDemand),
+        ]
+    );
+}
+
+// === explanations ===
+
+#[test]
+fn waits_explain_why_and_count_the_jobs_ahead() {
+    let mut high = job("high", "carol", "p", res(4.0, 1, 0), 0);
+    high.priority = 5;
+    let mut spot_only = job("spot-only", "erin", "p", res(1.0, 1, 0), 0);
+    spot_only.market = MarketPolicy::Spot;
+    let mut input = input(
+        vec![
+            high,
+            job("a-1", "alice", "p", res(1.0, 1, 0), 1),
+            job("b-1", "bob", "p", res(1.0, 1, 0), 2),
+            job("a-2", "alice", "p", res(1.0, 1, 0), 3),
+            job("d-quota", "dave", "p", res(1.0, 1, 0), 0),
+            job("huge", "erin", "p", res(64.0, 1, 0), 0),
+            spot_only,
+        ],
+        Vec::new(),
+        vec![Pool {
+            spot_available: false,
+            ..pool("p", res(4.0, 16, 0))
+        }],
+    );
+    input.quotas = vec![Quota {
+        running_jobs: Some(0),
+        ..Quota::unlimited(QuotaScope::User("dave".into()))
+    }];
+    let plan = plan(&input);
+    assert_eq!(placed_ids(&input, &plan), ["high"]);
+    // Quota and never-fitting jobs do not count as ahead of anyone.
+    let ahead = |id: &str| wait_of(&input, &plan, id).ahead;
+    assert_eq!(
+        ahead("a-1"),
+        Ahead {
+            higher_priority: 1,
+            fair_share: 0,
+            same_user: 0
+        }
+    );
+    assert_eq!(
+        ahead("b-1"),
+        Ahead {
+            higher_priority: 1,
+            fair_share: 1,
+            same_user: 0
+        }
+    );
+    assert_eq!(
+        ahead("a-2"),
+        Ahead {
+            higher_priority: 1,
+            fair_share: 1,
+            same_user: 1
+        }
+    );
+    // a-1's reservation holds 1 GiB of the free memory (all it can hold now), so b-1 sees 14.
+    assert_eq!(
+        wait_of(&input, &plan, "b-1").to_string(),
+        "it waits: no pool that can hold it has room now (free: p 0 CPUs, 14 GiB); \
+         2 jobs are ahead of it: 1 of higher priority, 1 of projects or users with a smaller weighted share"
+    );
+    assert_eq!(
+        wait_of(&input, &plan, "a-1").to_string(),
+        "it waits: no pool that can hold it has room now (free: p 0 CPUs, 15 GiB); \
+         room on p is held for it as jobs there finish; 1 job is ahead of it: 1 of higher priority"
+    );
+    assert_eq!(
+        wait_of(&input, &plan, "huge").to_string(),
+        "it waits: no pool can hold it even when empty (it asks 64 CPUs, 1 GiB)"
+    );
+    assert_eq!(
+        wait_of(&input, &plan, "spot-only").to_string(),
+        "it waits: no pool offering spot can hold it even when empty (it asks 1 CPU, 1 GiB)"
+    );
+    assert_eq!(
+        wait_of(&input, &plan, "d-quota").to_string(),
+        "it waits: the running-jobs quota of user:dave is 0 jobs, 0 jobs are in use and the job asks 1 job, \
+         more than the quota itself: it cannot start until the quota is raised"
+    );
+    assert_eq!(plan.waits.len(), input.pending.len() - 1);
+}
+
+#[test]
+fn jobs_on_pools_nobody_reports_still_count_for_shares() {
+    let input = input(
+        vec![
+            job("a-1", "alice", "p", res(1.0, 1, 0), 0),
+            job("b-1", "bob", "p", res(1.0, 1, 0), 1),
+        ],
+        vec![running("a-gone", "alice", "vanished", res(3.0, 1, 0), 0, 0)],
+        vec![pool("p", res(1.0, 64, 0))],
+    );
+    let plan = plan(&input);
+    assert_eq!(placed_ids(&input, &plan), ["b-1"]);
+}
+
+#[test]
+fn jain_index_is_one_when_equal_and_one_over_n_when_one_has_all() {
+    assert!((jain_index(&[0.3, 0.3, 0.3]) - 1.0).abs() < 1e-12);
+    assert!((jain_index(&[1.0, 0.0, 0.0, 0.0]) - 0.25).abs() < 1e-12);
+    assert!((jain_index(&[1.0, 2.0]) - 0.9).abs() < 1e-12);
+    assert_eq!(jain_index(&[]), 1.0);
+}

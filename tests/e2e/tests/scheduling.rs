@@ -1,0 +1,305 @@
+//! The scheduler's policy behind real services, on the `sim` provider: quotas, fair share,
+//! spot preemptions with resume and the switch to on-demand, and leader fail-over.
+
+use std::time::Duration;
+
+use kiln_core::auth::Scope;
+use kiln_e2e::{PATIENCE, Stack, job_events, spawn_scheduler};
+use kiln_proto::v1 as pb;
+use kiln_proto::v1::quota_service_client::QuotaServiceClient;
+use kiln_runner::provider::sim::{InstanceType, SimConfig};
+
+const GIB: i64 = 1 << 30;
+
+fn sim_runner(stack: &Stack, sim: SimConfig) -> kiln_runner::Config {
+    let mut config = stack.runner_config("sim-1");
+    config.provider = kiln_runner::ProviderKind::Sim;
+    config.cpu_millis = 0;
+    config.memory_bytes = 0;
+    config.metrics_interval_ms = 3_600_000;
+    config.sim = sim;
+    config
+}
+
+/// One instance type, `count` of them, booting at once.
+fn cloud(instance: InstanceType, count: usize, spot: bool) -> SimConfig {
+    SimConfig {
+        instance_types: vec![instance],
+        spot,
+        boot_min_ms: 10,
+        boot_max_ms: 50,
+        preemptions_per_hour: 0.0,
+        max_instances: count,
+        time_scale: 1.0,
+        ..SimConfig::default()
+    }
+}
+
+fn gpu_box() -> InstanceType {
+    InstanceType {
+        name: "g.xlarge".into(),
+        cpu_millis: 4000,
+        memory_bytes: 16 * GIB,
+        gpus: 1,
+        on_demand_per_hour: 0.53,
+        spot_per_hour: 0.21,
+    }
+}
+
+fn cpu_box() -> InstanceType {
+    InstanceType {
+        name: "c.large".into(),
+        cpu_millis: 2000,
+        memory_bytes: 4 * GIB,
+        gpus: 0,
+        on_demand_per_hour: 0.085,
+        spot_per_hour: 0.03,
+    }
+}
+
+fn job_spec(command: &[&str], cpu_millis: u32, gpus: u32) -> pb::JobSpec {
+    pb::JobSpec {
+        gpus,
+        resources: Some(pb::Resources {
+            cpu_millis,
+            memory_bytes: GIB as u64,
+        }),
+        ..kiln_e2e::spec(command)
+    }
+}
+
+/// A second user, `bob`, and a token of his.
+async fn bob(stack: &Stack) -> String {
+    let bob = stack.store.create_user("bob", false).await.unwrap();
+    stack
+        .store
+        .create_token(&bob.id, "test", Scope::User)
+        .await
+        .unwrap()
+        .token
+}
+
+async fn quotas_as(stack: &Stack, token: &str) -> QuotaServiceClient<kiln_e2e::Authed> {
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", stack.api_addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    QuotaServiceClient::with_interceptor(channel, kiln_core::auth::BearerInterceptor::new(token))
+}
+
+async fn submit_as(stack: &Stack, token: &str, spec: pb::JobSpec) -> Result<pb::Job, tonic::Status> {
+    let response = stack
+        .jobs_as(token)
+        .await
+        .submit_job(pb::SubmitJobRequest { spec: Some(spec) })
+        .await?;
+    Ok(response.into_inner().job.unwrap())
+}
+
+async fn explain(stack: &Stack, job_id: &str) -> pb::Explanation {
+    stack
+        .jobs()
+        .await
+        .explain_job(pb::GetJobRequest { job_id: job_id.into() })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+fn state(job: &pb::Job) -> pb::JobState {
+    pb::JobState::try_from(job.state).unwrap()
+}
+
+#[tokio::test]
+async fn a_user_at_their_gpu_quota_waits_until_it_is_raised() {
+    let mut stack = Stack::start_without_runner().await;
+    stack.runner = Some(stack.spawn_runner(sim_runner(&stack, cloud(gpu_box(), 3, false))).await);
+    let bob = bob(&stack).await;
+    let mut quotas = quotas_as(&stack, &stack.token).await;
+    let gpus = |n| pb::Quota {
+        scope: "user:admin".into(),
+        gpus: Some(n),
+        ..Default::default()
+    };
+    quotas.set_quota(gpus(1)).await.unwrap();
+    // Only admins set quotas.
+    let denied = quotas_as(&stack, &bob).await.set_quota(gpus(5)).await.unwrap_err();
+    assert_eq!(denied.code(), tonic::Code::PermissionDenied, "{denied:?}");
+
+    let first = stack.submit_spec(job_spec(&["sleep", "3600"], 1000, 1)).await;
+    let second = stack.submit_spec(job_spec(&["sleep", "3600"], 1000, 1)).await;
+    let bobs = submit_as(&stack, &bob, job_spec(&["sleep", "3600"], 1000, 1))
+        .await
+        .unwrap();
+    stack.wait_for_state(&first.id, pb::JobState::Running).await;
+    // Bob's job runs past admin's second one, which waits on admin's quota.
+    stack.wait_for_state(&bobs.id, pb::JobState::Running).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(state(&stack.get(&second.id).await), pb::JobState::Queued);
+    let why = explain(&stack, &second.id).await;
+    assert!(why.summary.contains("GPU quota of user:admin"), "{why:?}");
+
+    quotas.set_quota(gpus(2)).await.unwrap();
+    stack.wait_for_state(&second.id, pb::JobState::Running).await;
+
+    // The queued-jobs quota refuses a submit, naming itself; the cloud is full, so bob's next job waits.
+    quotas
+        .set_quota(pb::Quota {
+            scope: "user:bob".into(),
+            queued_jobs: Some(1),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let waiting = submit_as(&stack, &bob, job_spec(&["sleep", "3600"], 1000, 1))
+        .await
+        .unwrap();
+    assert_eq!(state(&waiting), pb::JobState::Queued);
+    let refused = submit_as(&stack, &bob, job_spec(&["sleep", "3600"], 1000, 1))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused.message().contains("queued-jobs quota of user:bob is 1"),
+        "{refused:?}"
+    );
+    let why = explain(&stack, &waiting.id).await;
+    assert!(why.summary.contains("no pool that can hold it has room now"), "{why:?}");
+}
+
+#[tokio::test]
+async fn two_users_flooding_the_queue_get_equal_dominant_shares() {
+    let mut stack = Stack::start_without_runner().await;
+    let bob = bob(&stack).await;
+    // Both floods are in before any capacity appears: admin's came first.
+    let mut admins = Vec::new();
+    let mut bobs = Vec::new();
+    for _ in 0..20 {
+        admins.push(stack.submit_spec(job_spec(&["sleep", "3600"], 2000, 0)).await.id);
+    }
+    for _ in 0..20 {
+        bobs.push(
+            submit_as(&stack, &bob, job_spec(&["sleep", "3600"], 2000, 0))
+                .await
+                .unwrap()
+                .id,
+        );
+    }
+    stack.runner = Some(
+        stack
+            .spawn_runner(sim_runner(&stack, cloud(cpu_box(), 10, false)))
+            .await,
+    );
+    let running = |jobs: &[pb::Job], ids: &[String]| {
+        jobs.iter()
+            .filter(|job| ids.contains(&job.id) && state(job) == pb::JobState::Running)
+            .count()
+    };
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let (a, b) = loop {
+        let jobs = stack
+            .jobs()
+            .await
+            .list_jobs(pb::ListJobsRequest { all: false, limit: 100 })
+            .await
+            .unwrap()
+            .into_inner()
+            .jobs;
+        let (a, b) = (running(&jobs, &admins), running(&jobs, &bobs));
+        if a + b == 10 {
+            break (a, b);
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the cloud did not fill: {a} + {b}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // Equal weights, equal jobs: equal dominant shares (within 5%).
+    let (a, b) = (a as f64, b as f64);
+    assert!((a - b).abs() <= 0.05 * a.max(b), "admin runs {a} jobs, bob {b}");
+    let why = explain(&stack, bobs.last().unwrap()).await;
+    assert!(why.jobs_ahead > 0, "{why:?}");
+}
+
+#[tokio::test]
+async fn spot_preemptions_resume_the_job_and_then_it_runs_on_demand() {
+    let mut stack = Stack::start_without_runner().await;
+    // K = 2, and no switch on the observed rate alone.
+    let mut config = stack.scheduler_config("scheduler-k2");
+    config.max_spot_preemptions = 2;
+    config.max_restart_probability = 1.0;
+    stack.scheduler.take().unwrap().stop().await;
+    stack.scheduler = Some(spawn_scheduler(config).await);
+    let sim = SimConfig {
+        time_scale: 1000.0,
+        // A simulated hour of work is preempted every time on spot.
+        preemptions_per_hour: 20.0,
+        notice_ms: 30_000,
+        ..cloud(cpu_box(), 10, true)
+    };
+    stack.runner = Some(stack.spawn_runner(sim_runner(&stack, sim)).await);
+    let job = stack.submit_spec(job_spec(&["sleep", "3600"], 1000, 0)).await;
+    let done = stack.wait_for_state(&job.id, pb::JobState::Succeeded).await;
+    assert_eq!((done.attempt, done.preemptions), (3, 2), "{done:?}");
+    assert_eq!(done.market, "on-demand", "{done:?}");
+    assert_eq!(done.resume_from, format!("outputs/{}", job.id), "{done:?}");
+    assert!(done.cost > 0.0 && done.cost < done.on_demand_cost, "{done:?}");
+    let lines: Vec<String> = stack
+        .log_lines(&job.id, false)
+        .await
+        .into_iter()
+        .map(|l| l.text)
+        .collect();
+    let boots: Vec<&String> = lines.iter().filter(|l| l.starts_with("sim: ")).collect();
+    assert_eq!(boots.len(), 3, "{lines:?}");
+    assert!(
+        boots[0].contains("(spot)") && !boots[0].contains("KILN_RESUME_FROM"),
+        "{boots:?}"
+    );
+    assert!(
+        boots[1].contains("(spot)") && boots[1].contains("KILN_RESUME_FROM=outputs/"),
+        "{boots:?}"
+    );
+    assert!(
+        boots[2].contains("(on-demand)") && boots[2].contains("KILN_RESUME_FROM=outputs/"),
+        "{boots:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_standby_takes_over_and_no_job_is_launched_twice() {
+    let mut stack = Stack::start_without_runner().await;
+    let standby = spawn_scheduler(stack.scheduler_config("scheduler-2")).await;
+    let sim = SimConfig {
+        time_scale: 1000.0,
+        ..cloud(cpu_box(), 40, false)
+    };
+    stack.runner = Some(stack.spawn_runner(sim_runner(&stack, sim)).await);
+    let mut ids = Vec::new();
+    for n in 0..150 {
+        if n == 50 {
+            // The leader dies mid-storm, without giving its lease up.
+            stack.scheduler.take().unwrap().crash().await;
+        }
+        ids.push(stack.submit_spec(job_spec(&["sleep", "30"], 2000, 0)).await.id);
+    }
+    for id in &ids {
+        let done = stack.wait_for_state(id, pb::JobState::Succeeded).await;
+        assert_eq!(done.attempt, 1, "{done:?}");
+        let scheduled = job_events(&stack, id)
+            .await
+            .iter()
+            .filter(|event| event.state == pb::JobState::Scheduled as i32)
+            .count();
+        assert_eq!(scheduled, 1, "job {id} was scheduled {scheduled} times");
+    }
+    let nats = kiln_core::streams::connect(&stack.nats.config()).await.unwrap();
+    let holder = kiln_core::lease::Lease::current(&nats, kiln_core::subjects::LEASE_SCHEDULER)
+        .await
+        .unwrap()
+        .expect("a leader");
+    assert_eq!(holder.holder, "scheduler-2");
+    standby.stop().await;
+}
