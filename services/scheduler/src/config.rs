@@ -22,6 +22,10 @@ pub struct Config {
     pub lease_ttl_ms: u64,
     /// Priority preemptions allowed per minute, across passes (a token bucket of this size).
     pub preemptions_per_minute: u32,
+    /// Let a job below its fair share preempt preemptible jobs of users above theirs (same or
+    /// lower priority, never inverting the order), from the same token bucket. Off by default:
+    /// in the study it helps little and takes the bucket from priority preemptions.
+    pub fair_share_preemption: bool,
     /// `auto` jobs run on-demand when a spot restart during their expected runtime is likelier.
     pub max_restart_probability: f64,
     /// `auto` jobs run on-demand after this many preemptions.
@@ -40,6 +44,7 @@ impl Default for Config {
             instance_name: String::new(),
             lease_ttl_ms: 10_000,
             preemptions_per_minute: 6,
+            fair_share_preemption: false,
             max_restart_probability: 0.5,
             max_spot_preemptions: 3,
             preemption_half_life_hours: 6.0,

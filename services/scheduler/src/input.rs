@@ -132,5 +132,6 @@ pub fn settings(config: &crate::Config, preemption_budget: usize) -> Settings {
             .map(|class| class.value)
             .collect(),
         reservations: true,
+        fair_share_preemption: config.fair_share_preemption,
     }
 }

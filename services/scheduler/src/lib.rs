@@ -262,7 +262,7 @@ pub async fn pass(config: &Config, store: &Store, nats: &Nats, state: &Mutex<Pas
             Err(StoreError::JobNotFound { .. }) => continue,
             Err(error) => return Err(error.into()),
         };
-        tracing::warn!(victim = %victim.id, for_job = %preemption.for_job, "preempting a lower-priority job");
+        tracing::warn!(victim = %victim.id, for_job = %preemption.for_job, "preempting a job");
         preempt_job(nats, &victim, &preemption.for_job).await?;
         let mut state = state.lock().expect("pass state lock");
         state.tokens = (state.tokens - 1.0).max(0.0);

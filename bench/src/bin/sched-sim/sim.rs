@@ -12,7 +12,7 @@ use rand::{Rng, SeedableRng};
 use crate::Args;
 use crate::workload::{HOUR_MS, JobSpec, MINUTE_MS, TYPES, pending_job, pools, running_job};
 
-/// Priority preemptions: a token bucket of this size, refilled at this rate per hour.
+/// Priority and fair-share preemptions: a token bucket of this size, refilled at this rate per hour.
 const PREEMPTION_TOKENS: f64 = 5.0;
 const PREEMPTION_TOKENS_PER_HOUR: f64 = 20.0;
 
@@ -58,6 +58,7 @@ pub(crate) struct Stats {
     pub(crate) waits_ms: Vec<i64>,
     pub(crate) spot_preemptions: usize,
     pub(crate) priority_preemptions: usize,
+    pub(crate) fair_share_preemptions: usize,
     pub(crate) spot_segments: usize,
     pub(crate) segments: usize,
     pub(crate) cost: f64,
@@ -135,6 +136,7 @@ impl<'a> Sim<'a> {
         };
         input.settings.preempting_priorities.insert(1);
         input.settings.reservations = !args.no_reservations;
+        input.settings.fair_share_preemption = args.fair_share_preemption;
         // One project weighs double, so the study covers weights.
         input.weights.projects.insert("p00".into(), 2.0);
         let project_weights = (0..args.projects)
@@ -301,10 +303,16 @@ impl<'a> Sim<'a> {
                 .expect("a placement names a pool of the input");
             self.start(self.pending_ids[placement.job], pool, placement.market);
         }
+        // A victim of either kind stops at once, loses the work since its last checkpoint and
+        // is queued again with its submit time.
         for preemption in &plan.preemptions {
             let number: usize = preemption.victim[1..].parse().expect("job ids are j<number>");
             let (_, ran_ms) = self.end_run(number);
-            self.stats.priority_preemptions += 1;
+            if preemption.fair_share {
+                self.stats.fair_share_preemptions += 1;
+            } else {
+                self.stats.priority_preemptions += 1;
+            }
             self.requeue(number, ran_ms);
         }
         self.tokens -= plan.preemptions.len() as f64;

@@ -27,8 +27,8 @@ pub enum Wait {
     },
     /// It would fit on `pool`, but that room is held for `for_job`, a job ahead of it.
     Reserved { pool: String, for_job: String },
-    /// It preempts `victims` (lower priority) on `pool`, whose room is held for it, and starts
-    /// once they stop.
+    /// It preempts `victims` (of lower priority, or for fair share) on `pool`, whose room is held
+    /// for it, and starts once they stop.
     WaitingForPreemption { pool: String, victims: Vec<String> },
 }
 
@@ -95,7 +95,7 @@ impl fmt::Display for Wait {
                 let jobs = if victims.len() == 1 { "job stops" } else { "jobs stop" };
                 write!(
                     f,
-                    "it starts on {pool} once {} lower-priority {jobs} ({})",
+                    "it starts on {pool} once {} preempted {jobs} ({})",
                     victims.len(),
                     victims.join(", ")
                 )
@@ -219,7 +219,7 @@ mod tests {
         };
         assert_eq!(
             preempting.to_string(),
-            "it starts on g.xlarge once 2 lower-priority jobs stop (j1, j2)"
+            "it starts on g.xlarge once 2 preempted jobs stop (j1, j2)"
         );
     }
 

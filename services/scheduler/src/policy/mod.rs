@@ -10,6 +10,11 @@
 //!   at the lowest cost; makes jobs over a running quota wait without blocking others; holds
 //!   room for a job that cannot fit (one reservation per pool) so small jobs backfill only
 //!   around it; and lets opted-in priorities preempt lower ones within a per-pass budget.
+//! - Fair-share preemption (opt-in, `Settings::fair_share_preemption`): a job that cannot fit may
+//!   stop preemptible jobs of the same or lower priority on one pool, taken from the project (or,
+//!   inside its own project, the user) furthest above its weighted dominant share, youngest first,
+//!   only while that owner stays at or above the job's share once the job starts, so the order
+//!   never inverts and nothing preempts back. Same budget; priority preemption goes first.
 //! - [`choose_market`] picks spot or on-demand for `auto` from the pool's [`PreemptionRate`].
 //! - [`check_submit`] enforces the queued-jobs quota at submit.
 //! - [`Wait`] and [`JobWait`] say why a job waits, as data and as sentences.

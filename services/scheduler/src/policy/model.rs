@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
-use std::ops::{Add, AddAssign, Sub, SubAssign};
+use std::ops::{Add, AddAssign, Neg, Sub, SubAssign};
 
 const GIB: i64 = 1 << 30;
 const MIB: i64 = 1 << 20;
@@ -76,6 +76,14 @@ impl Sub for Resources {
             self.memory_bytes - other.memory_bytes,
             self.gpus - other.gpus,
         )
+    }
+}
+
+impl Neg for Resources {
+    type Output = Resources;
+
+    fn neg(self) -> Resources {
+        Resources::ZERO - self
     }
 }
 
@@ -319,6 +327,10 @@ pub struct Settings {
     /// Hold free capacity for the first job that cannot fit, on each pool (one per pool), so a
     /// stream of small jobs cannot starve a big one. Off only for studies.
     pub reservations: bool,
+    /// Lets a job below its fair share preempt jobs of the same or lower priority whose
+    /// project (or user, inside its own project) stays at or above its share after the swap;
+    /// within the same budget, after priority preemption. Off by default.
+    pub fair_share_preemption: bool,
 }
 
 impl Default for Settings {
@@ -329,6 +341,7 @@ impl Default for Settings {
             preemption_budget: 0,
             preempting_priorities: BTreeSet::new(),
             reservations: true,
+            fair_share_preemption: false,
         }
     }
 }

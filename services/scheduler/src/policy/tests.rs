@@ -1,5 +1,5 @@
 //! Scenario tests of the pass: quotas, fair share, priority, backfill and reservations,
-//! preemption, market and pool choice, and the explanations of waits.
+//! priority and fair-share preemption, market and pool choice, and the explanations of waits.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -516,6 +516,217 @@ fn a_stopping_victim_is_not_preempted_twice() {
             victims: vec!["v-young".into()],
         }
     );
+}
+
+// === fair-share preemption ===
+
+/// One 12-CPU pool held by alice (6 one-CPU jobs), bob (4) and carol (2), carol's the
+/// youngest; dave holds nothing and asks for one CPU. All priority 0, preemptible, in project p.
+fn fair_share_input(flag: bool, budget: usize) -> Input {
+    let mut held = Vec::new();
+    for (user, count, first_start) in [("alice", 6, 0), ("bob", 4, 1000), ("carol", 2, 2000)] {
+        for n in 0..count {
+            let id = format!("{}-{n}", &user[..1]);
+            held.push(running(&id, user, "p", res(1.0, 1, 0), 0, first_start + 100 * n as i64));
+        }
+    }
+    let mut input = input(
+        vec![job("d-0", "dave", "p", res(1.0, 1, 0), 0)],
+        held,
+        vec![pool("p", res(12.0, 64, 0))],
+    );
+    input.settings.fair_share_preemption = flag;
+    input.settings.preemption_budget = budget;
+    input
+}
+
+#[test]
+fn without_fair_share_preemption_an_over_share_user_keeps_its_jobs() {
+    let input = fair_share_input(false, 5);
+    let plan = plan(&input);
+    assert!(plan.preemptions.is_empty());
+    assert!(matches!(wait_of(&input, &plan, "d-0").reason, Wait::NoCapacity { .. }));
+    // On, but with no budget: the same.
+    let plan = super::plan(&fair_share_input(true, 0));
+    assert!(plan.preemptions.is_empty());
+}
+
+#[test]
+fn an_under_share_job_preempts_the_youngest_job_of_the_most_over_share_user() {
+    let input = fair_share_input(true, 5);
+    let plan = plan(&input);
+    assert_eq!(
+        plan.preemptions,
+        [Preemption {
+            victim: "a-5".into(),
+            for_job: "d-0".into(),
+            fair_share: true,
+        }]
+    );
+    assert_eq!(
+        wait_of(&input, &plan, "d-0").reason,
+        Wait::WaitingForPreemption {
+            pool: "p".into(),
+            victims: vec!["a-5".into()],
+        }
+    );
+
+    // Three more of dave's jobs, budget for two victims: the second is alice's next youngest
+    // (she still leads bob, 5 to 4, counting the first), the third waits for capacity.
+    let mut input = fair_share_input(true, 2);
+    for n in 1..3 {
+        input
+            .pending
+            .push(job(&format!("d-{n}"), "dave", "p", res(1.0, 1, 0), n));
+    }
+    let plan = super::plan(&input);
+    assert_eq!(victims(&plan), ["a-5", "a-4"]);
+    assert!(matches!(wait_of(&input, &plan, "d-2").reason, Wait::NoCapacity { .. }));
+}
+
+#[test]
+fn fair_share_preemption_spares_what_it_must() {
+    // Alice's jobs are not preemptible, then of a higher priority: bob, next above dave, loses
+    // his youngest instead.
+    for spare in [
+        (|job: &mut RunningJob| job.preemptible = false) as fn(&mut RunningJob),
+        |job: &mut RunningJob| job.priority = 1,
+    ] {
+        let mut input = fair_share_input(true, 5);
+        input
+            .running
+            .iter_mut()
+            .filter(|job| job.user == "alice")
+            .for_each(spare);
+        assert_eq!(victims(&plan(&input)), ["b-3"]);
+    }
+    // A lower priority may be taken, as the same one is.
+    let mut lower = fair_share_input(true, 5);
+    lower.running[0].priority = -1; // a-0, the oldest
+    assert_eq!(victims(&plan(&lower)), ["a-0"]);
+
+    // No inversion: dave holds 1 of 4 CPUs and asks 1 more; alice (2 jobs) would drop to 1
+    // while he rises to 2, bob (1 job) to 0. Nobody is preempted.
+    let mut input = input(
+        vec![job("d-1", "dave", "p", res(1.0, 1, 0), 0)],
+        vec![
+            running("a-0", "alice", "p", res(1.0, 1, 0), 0, 0),
+            running("a-1", "alice", "p", res(1.0, 1, 0), 0, 1),
+            running("b-0", "bob", "p", res(1.0, 1, 0), 0, 2),
+            running("d-0", "dave", "p", res(1.0, 1, 0), 0, 3),
+        ],
+        vec![pool("p", res(4.0, 64, 0))],
+    );
+    input.settings.fair_share_preemption = true;
+    input.settings.preemption_budget = 5;
+    let plan = plan(&input);
+    assert!(plan.preemptions.is_empty());
+    assert!(matches!(wait_of(&input, &plan, "d-1").reason, Wait::NoCapacity { .. }));
+    // Two victims from one owner are judged together: dave (holding none) asks 2 CPUs; alice,
+    // holding 3, could lose one (2 left against his 2) but not two.
+    input.pending[0].resources = res(2.0, 1, 0);
+    input.running[3].user = "alice".into();
+    assert!(super::plan(&input).preemptions.is_empty());
+    // One big victim would invert the order too: alice's only job is 2 CPUs of 2.
+    input.pending[0].resources = res(1.0, 1, 0);
+    input.running = vec![running("a-big", "alice", "p", res(2.0, 1, 0), 0, 0)];
+    input.pools = vec![pool("p", res(2.0, 64, 0))];
+    assert!(super::plan(&input).preemptions.is_empty());
+
+    // Inside one pass, the victims and the jobs waiting for them already count: alice holds
+    // all 4 CPUs, dave queues 3 jobs, the budget allows 5, and only 2 are preempted (2 each).
+    let mut input = self::input(
+        flood("dave", "p", 3, res(1.0, 1, 0)),
+        (0..4)
+            .map(|n| running(&format!("a-{n}"), "alice", "p", res(1.0, 1, 0), 0, n))
+            .collect(),
+        vec![pool("p", res(4.0, 64, 0))],
+    );
+    input.settings.fair_share_preemption = true;
+    input.settings.preemption_budget = 5;
+    assert_eq!(victims(&super::plan(&input)), ["a-3", "a-2"]);
+}
+
+#[test]
+fn fair_share_preemption_compares_projects_first() {
+    // Alice (project x) holds 6 of 12 CPUs, bob 4 and dave 2 in project y: the projects are
+    // level, so dave may not take from alice although she leads him most; bob is above him
+    // inside y.
+    let mut input = fair_share_input(true, 5);
+    input.running.retain(|job| job.user != "carol");
+    for n in 0..2 {
+        input
+            .running
+            .push(running(&format!("d-old-{n}"), "dave", "p", res(1.0, 1, 0), 0, n));
+    }
+    for job in &mut input.running {
+        job.project = if job.user == "alice" { "x" } else { "y" }.into();
+    }
+    input.pending[0].project = "y".into();
+    assert_eq!(victims(&plan(&input)), ["b-3"]);
+}
+
+/// Alice holds the whole `cpus`-CPU pool with one-CPU jobs and has as many queued; bob queues
+/// as many. Passes with a budget of two victims; victims are queued again with their submit
+/// time, placements start, nothing ends. Returns the preemptions of each pass and the CPUs
+/// alice and bob hold at the end.
+fn fair_share_passes(cpus: usize, passes: usize) -> (Vec<usize>, usize, usize) {
+    let mut running_jobs: Vec<RunningJob> = (0..cpus)
+        .map(|n| running(&format!("a-run-{n}"), "alice", "p", res(1.0, 1, 0), 0, n as i64))
+        .collect();
+    let mut pending = flood("alice", "p", cpus, res(1.0, 1, 0));
+    pending.extend(flood("bob", "p", cpus, res(1.0, 1, 0)));
+    let mut preemptions = Vec::new();
+    for tick in 0..passes {
+        let mut input = input(
+            pending.clone(),
+            running_jobs.clone(),
+            vec![pool("p", res(cpus as f64, 64, 0))],
+        );
+        input.settings.fair_share_preemption = true;
+        input.settings.preemption_budget = 2;
+        let plan = plan(&input);
+        assert!(plan.preemptions.iter().all(|preemption| preemption.fair_share));
+        preemptions.push(plan.preemptions.len());
+        let mut placed: Vec<usize> = plan.placements.iter().map(|placement| placement.job).collect();
+        placed.sort_unstable_by(|a, b| b.cmp(a));
+        for index in placed {
+            let started = pending.swap_remove(index);
+            let mut as_running = running(
+                &started.id,
+                &started.user,
+                "p",
+                started.resources,
+                0,
+                1000 + tick as i64,
+            );
+            as_running.project = started.project.clone();
+            running_jobs.push(as_running);
+        }
+        for preemption in &plan.preemptions {
+            let position = running_jobs
+                .iter()
+                .position(|job| job.id == preemption.victim)
+                .expect("a victim runs");
+            let victim = running_jobs.swap_remove(position);
+            pending.push(job(&victim.id, &victim.user, &victim.project, victim.resources, 0));
+        }
+    }
+    let held = |user: &str| running_jobs.iter().filter(|job| job.user == user).count();
+    (preemptions, held("alice"), held("bob"))
+}
+
+#[test]
+fn fair_share_preemption_converges_and_then_stops() {
+    // 12 CPUs: two victims a pass for three passes, then 6 each and no more preemptions.
+    let (preemptions, alice, bob) = fair_share_passes(12, 10);
+    assert_eq!(preemptions, [2, 2, 2, 0, 0, 0, 0, 0, 0, 0]);
+    assert_eq!((alice, bob), (6, 6));
+    // 5 CPUs cannot be split evenly: 3 and 2, and neither takes the odd one back.
+    let (preemptions, alice, bob) = fair_share_passes(5, 10);
+    assert_eq!(preemptions.iter().sum::<usize>(), 2);
+    assert_eq!(preemptions[2..], [0; 8]);
+    assert_eq!((alice, bob), (3, 2));
 }
 
 // === pools and markets ===

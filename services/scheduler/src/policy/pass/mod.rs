@@ -1,5 +1,5 @@
 //! One scheduling pass: the order, running quotas, placement, backfill with reservations, and
-//! priority preemption.
+//! priority and fair-share preemption.
 //!
 //! The order is a lazy merge, not a sort of everything: pending jobs are grouped by priority,
 //! then into one queue per (project, user) sorted by submit time. Within a priority, a set keyed
@@ -8,7 +8,7 @@
 //! job. Only a placement changes shares, so each step costs a few `O(log n)` set operations.
 
 use std::cmp::Ordering;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use super::explain::{Ahead, JobWait, Wait};
 use super::model::{Input, Market, PendingJob, Quota, QuotaResource, QuotaScope, Resources, Weights};
@@ -26,11 +26,13 @@ pub struct Placement {
     pub market: Market,
 }
 
-/// A running job to stop so that a higher-priority job can start.
+/// A running job to stop so that a higher-priority job, or one below its fair share, can start.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Preemption {
     pub victim: String,
     pub for_job: String,
+    /// Ordered for fair share (the settings' `fair_share_preemption`), not for priority.
+    pub fair_share: bool,
 }
 
 /// What a pass decided.
@@ -58,7 +60,8 @@ impl Plan {
 /// between projects, then between users inside the project, counting what running jobs hold and
 /// what this pass placed; then submit time. A job over a running quota, or that no pool could
 /// ever hold, waits without holding up others. A job that cannot fit for lack of capacity may
-/// preempt lower priorities (when its priority may) or else gets a reservation on its best pool
+/// preempt lower priorities (when its priority may), or else (with fair-share preemption on)
+/// jobs of projects or users above its share, or else gets a reservation on its best pool
 /// (one per pool): that pool's free room up to its request is held, and later jobs backfill
 /// only into what is left.
 pub fn plan(input: &Input) -> Plan {
@@ -198,6 +201,14 @@ struct Pass<'a> {
     projects: Vec<Holder>,
     members: Vec<Member>,
     member_of_job: Vec<usize>,
+    member_of_running: Vec<usize>,
+    /// What this pass's preemptions will move, per project and per member: minus the victims
+    /// (and jobs already stopping), plus the jobs waiting for them. Only fair-share checks read it.
+    project_moves: Vec<Resources>,
+    member_moves: Vec<Resources>,
+    /// (member, request) whose fair-share victim search found nothing in this pass: their
+    /// like jobs do not search again.
+    fair_share_failed: HashSet<(usize, Resources)>,
     global_usage: ScopeUsage,
     project_usage: Vec<ScopeUsage>,
     user_usage: Vec<ScopeUsage>,
@@ -261,6 +272,9 @@ impl<'a> Pass<'a> {
             input,
             total,
             pools: Vec::new(),
+            project_moves: vec![Resources::ZERO; projects.len()],
+            member_moves: vec![Resources::ZERO; members.len()],
+            fair_share_failed: HashSet::new(),
             project_usage: vec![ScopeUsage::default(); projects.len()],
             user_usage: vec![ScopeUsage::default(); user_ids.len()],
             project_quotas: vec![Vec::new(); projects.len()],
@@ -268,6 +282,7 @@ impl<'a> Pass<'a> {
             projects,
             members,
             member_of_job,
+            member_of_running: running_members,
             global_usage: ScopeUsage::default(),
             global_quotas: Vec::new(),
             victim_taken: vec![false; input.running.len()],
@@ -276,7 +291,11 @@ impl<'a> Pass<'a> {
             plan: Plan::default(),
         };
         for (index, job) in input.running.iter().enumerate() {
-            pass.take(running_members[index], job.resources);
+            let member = pass.member_of_running[index];
+            pass.take(member, job.resources);
+            if job.stopping {
+                pass.moves(member, -job.resources);
+            }
             // A job on a pool no runner reports any more still counts for shares and quotas.
             if let Some(&pool) = pool_ids.get(job.pool.as_str()) {
                 pools[pool].free -= job.resources;
@@ -413,16 +432,21 @@ impl<'a> Pass<'a> {
             self.place(job_index, member, pool, market);
             return Step::Placed;
         }
-        if input.settings.preempting_priorities.contains(&job.priority)
-            && (self.budget_left > 0 || self.stopping_left > 0)
-            && let Some(reason) = self.preempt_for(job_index, &eligible)
-        {
+        if let Some(reason) = self.preempt(job_index, &eligible) {
             self.wait(job_index, ahead, reason);
             return Step::Competing;
         }
         let reason = self.capacity_wait(job_index, &eligible);
         self.wait(job_index, ahead, reason);
         Step::Competing
+    }
+
+    /// Counts `resources` (negative for a victim) as moving to the member and its project once
+    /// this pass's preemptions are done.
+    fn moves(&mut self, member: usize, resources: Resources) {
+        let project = self.members[member].project;
+        self.member_moves[member] += resources;
+        self.project_moves[project] += resources;
     }
 
     fn wait(&mut self, job: usize, ahead: Ahead, reason: Wait) {

@@ -1,10 +1,32 @@
-//! Room for a job: the pool and market it starts on, the victims a higher priority preempts,
-//! and the reservations that hold room for a job that cannot fit yet.
+//! Room for a job: the pool and market it starts on, the victims a higher priority or a job
+//! below its fair share preempts, and the reservations that hold room for a job that cannot fit
+//! yet.
 
 use super::{Pass, Preemption};
 use crate::policy::explain::Wait;
 use crate::policy::market::choose_market;
 use crate::policy::model::{Market, MarketPolicy, PendingJob, Pool, Resources};
+
+/// Why a job may name victims.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Cause {
+    /// Its priority may preempt strictly lower, preemptible ones.
+    Priority,
+    /// It may preempt preemptible ones of the same or lower priority whose owner stays at or
+    /// above its share once the victims stop and it starts.
+    FairShare,
+}
+
+/// Where a fair-share victim's owner is compared with the waiting job's: projects when they
+/// differ, else the users inside the project (the levels of the pass's order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Level {
+    Project(usize),
+    Member(usize),
+}
+
+/// Weighted shares closer than this count as equal.
+const SHARE_EPSILON: f64 = 1e-9;
 
 impl Pass<'_> {
     /// The pool where the job fits now at the lowest cost per hour, with its market.
@@ -28,14 +50,41 @@ impl Pass<'_> {
         best.map(|(_, index, market)| (index, market))
     }
 
+    /// Victims for a job that cannot fit: for its priority when that may preempt, else (when
+    /// the settings allow) for fair share; `None` when neither finds any within the budget.
+    pub(super) fn preempt(&mut self, job_index: usize, eligible: &[usize]) -> Option<Wait> {
+        if self.budget_left == 0 && self.stopping_left == 0 {
+            return None;
+        }
+        let input = self.input;
+        let job = &input.pending[job_index];
+        if input.settings.preempting_priorities.contains(&job.priority)
+            && let Some(wait) = self.preempt_for(job_index, eligible, Cause::Priority)
+        {
+            return Some(wait);
+        }
+        if !input.settings.fair_share_preemption {
+            return None;
+        }
+        let key = (self.member_of_job[job_index], job.resources);
+        if self.fair_share_failed.contains(&key) {
+            return None;
+        }
+        let wait = self.preempt_for(job_index, eligible, Cause::FairShare);
+        if wait.is_none() {
+            self.fair_share_failed.insert(key);
+        }
+        wait
+    }
+
     /// Names victims on one pool (fewest new ones, then the lowest priority) within the budget,
     /// holds that pool's room for the job, and tells it to wait for them.
-    pub(super) fn preempt_for(&mut self, job_index: usize, eligible: &[usize]) -> Option<Wait> {
+    fn preempt_for(&mut self, job_index: usize, eligible: &[usize], cause: Cause) -> Option<Wait> {
         let input = self.input;
         let job = &input.pending[job_index];
         let mut best: Option<((usize, i32, usize), Vec<usize>)> = None;
         for &pool in eligible {
-            let Some(victims) = self.victims_on(pool, job) else {
+            let Some(victims) = self.victims_on(pool, job_index, cause) else {
                 continue;
             };
             let new_victims = victims.iter().filter(|&&index| !input.running[index].stopping);
@@ -63,9 +112,12 @@ impl Pass<'_> {
                 self.plan.preemptions.push(Preemption {
                     victim: victim.id.clone(),
                     for_job: job.id.clone(),
+                    fair_share: cause == Cause::FairShare,
                 });
+                self.moves(self.member_of_running[index], -victim.resources);
             }
         }
+        self.moves(self.member_of_job[job_index], job.resources);
         self.hold(pool, job_index);
         Some(Wait::WaitingForPreemption {
             pool: input.pools[pool].name.clone(),
@@ -73,25 +125,56 @@ impl Pass<'_> {
         })
     }
 
-    /// Running jobs on `pool` whose stop would let the job fit: stopping ones first, then
-    /// lower-priority preemptible ones, lowest priority and youngest first; pruned to a minimal set.
-    fn victims_on(&self, pool: usize, job: &PendingJob) -> Option<Vec<usize>> {
+    /// Running jobs on `pool` whose stop would let the job fit: stopping ones first, then for
+    /// priority lower-priority preemptible ones, lowest priority and youngest first, or for
+    /// fair share the candidates of [`Pass::fair_share_order`] while each owner stays at or
+    /// above the job's share; pruned to a minimal set.
+    fn victims_on(&self, pool: usize, job_index: usize, cause: Cause) -> Option<Vec<usize>> {
         let state = &self.pools[pool];
         let running = &self.input.running;
+        let job = &self.input.pending[job_index];
+        let fair_share_order;
+        let order: &[usize] = match cause {
+            Cause::Priority => &state.victims,
+            Cause::FairShare => {
+                fair_share_order = self.fair_share_order(pool, job_index);
+                &fair_share_order
+            }
+        };
         let mut room = state.free;
         let mut chosen = Vec::new();
-        for &index in &state.victims {
+        // What the fair-share victims chosen so far take from each owner.
+        let mut lost: Vec<(Level, Resources)> = Vec::new();
+        for &index in order {
             if job.resources.fits_in(&room) {
                 break;
             }
             let victim = &running[index];
-            let allowed = victim.stopping || (victim.preemptible && victim.priority < job.priority);
+            let allowed = victim.stopping
+                || match cause {
+                    Cause::Priority => victim.preemptible && victim.priority < job.priority,
+                    Cause::FairShare => true,
+                };
             if self.victim_taken[index] || !allowed {
                 continue;
             }
             let lacking = (job.resources - room).clamp_negative();
             if victim.resources.min(&lacking) == Resources::ZERO {
                 continue;
+            }
+            if cause == Cause::FairShare && !victim.stopping {
+                let (owner, waiter) = self
+                    .levels(job_index, index)
+                    .expect("fair-share candidates are other users' jobs");
+                let position = lost.iter().position(|(level, _)| *level == owner);
+                let total = position.map_or(Resources::ZERO, |position| lost[position].1) + victim.resources;
+                if self.lead(owner, total, waiter, job.resources) < -SHARE_EPSILON {
+                    continue;
+                }
+                match position {
+                    Some(position) => lost[position].1 = total,
+                    None => lost.push((owner, total)),
+                }
             }
             room += victim.resources;
             chosen.push(index);
@@ -112,6 +195,79 @@ impl Pass<'_> {
             }
         }
         Some(chosen)
+    }
+
+    /// The fair-share candidates on `pool`, after its stopping jobs: other users' preemptible
+    /// jobs of the same or lower priority whose owner would stay at or above the job's share
+    /// after losing that one; the owner furthest ahead first, then inside a project its user
+    /// with the largest share, then the lowest priority, then the youngest.
+    fn fair_share_order(&self, pool: usize, job_index: usize) -> Vec<usize> {
+        let state = &self.pools[pool];
+        let running = &self.input.running;
+        let job = &self.input.pending[job_index];
+        let stopping = state
+            .victims
+            .iter()
+            .take_while(|&&index| running[index].stopping)
+            .count();
+        // (the owner's lead, its user's share, index), in the pool's victim order.
+        let mut candidates: Vec<(f64, f64, usize)> = Vec::new();
+        for &index in &state.victims[stopping..] {
+            let victim = &running[index];
+            if self.victim_taken[index] || !victim.preemptible || victim.priority > job.priority {
+                continue;
+            }
+            let Some((owner, waiter)) = self.levels(job_index, index) else {
+                continue;
+            };
+            if self.lead(owner, victim.resources, waiter, job.resources) < -SHARE_EPSILON {
+                continue;
+            }
+            let user = Level::Member(self.member_of_running[index]);
+            let lead = self.lead(owner, Resources::ZERO, waiter, job.resources);
+            candidates.push((lead, self.level_share(user, Resources::ZERO), index));
+        }
+        // Stable: ties keep the pool's order (lowest priority, then youngest).
+        candidates.sort_by(|a, b| b.0.total_cmp(&a.0).then(b.1.total_cmp(&a.1)));
+        state.victims[..stopping]
+            .iter()
+            .copied()
+            .chain(candidates.into_iter().map(|(_, _, index)| index))
+            .collect()
+    }
+
+    /// The levels the owner of running job `running_index` and the pending job are compared at;
+    /// `None` for the job's own user.
+    fn levels(&self, job_index: usize, running_index: usize) -> Option<(Level, Level)> {
+        let waiter = self.member_of_job[job_index];
+        let owner = self.member_of_running[running_index];
+        if owner == waiter {
+            return None;
+        }
+        let (waiter_project, owner_project) = (self.members[waiter].project, self.members[owner].project);
+        Some(if waiter_project == owner_project {
+            (Level::Member(owner), Level::Member(waiter))
+        } else {
+            (Level::Project(owner_project), Level::Project(waiter_project))
+        })
+    }
+
+    /// How far `owner`'s weighted share, less `lost`, stays above `waiter`'s plus `asked`, once
+    /// this pass's preemptions are done; negative when the order would invert.
+    fn lead(&self, owner: Level, lost: Resources, waiter: Level, asked: Resources) -> f64 {
+        self.level_share(owner, -lost) - self.level_share(waiter, asked)
+    }
+
+    /// A level's weighted dominant share with what this pass's preemptions move, and `change`.
+    fn level_share(&self, level: Level, change: Resources) -> f64 {
+        let (holder, moves) = match level {
+            Level::Project(project) => (&self.projects[project], self.project_moves[project]),
+            Level::Member(member) => (&self.members[member].holder, self.member_moves[member]),
+        };
+        (holder.held + moves + change)
+            .clamp_negative()
+            .dominant_share(&self.total)
+            / holder.weight
     }
 
     pub(super) fn capacity_wait(&mut self, job_index: usize, eligible: &[usize]) -> Wait {
