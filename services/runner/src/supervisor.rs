@@ -460,7 +460,7 @@ async fn conclude(ctx: &Context, job: JobRecord, outcome: &Outcome, preempted_fo
             exit,
             stopped: Some(StopReason::Preempted),
         } => {
-            return requeue_preempted(ctx, job, exit.code, preempted_for).await;
+            return requeue_preempted(ctx, job, exit.code, preempted_for, cost).await;
         }
         Outcome::Exited {
             exit,
@@ -526,7 +526,13 @@ fn attempt_cost(ctx: &Context, job: &JobRecord) -> Option<(i64, i64)> {
 /// The instance was taken back (a spot preemption) or a higher priority needs the room: the job
 /// ends PREEMPTED and is queued again as a new attempt, keeping its id, with
 /// `KILN_RESUME_FROM` naming its synced outputs (checkpoints included).
-async fn requeue_preempted(ctx: &Context, job: JobRecord, exit_code: i32, for_job: Option<String>) -> Result<()> {
+async fn requeue_preempted(
+    ctx: &Context,
+    job: JobRecord,
+    exit_code: i32,
+    for_job: Option<String>,
+    cost_micros: Option<(i64, i64)>,
+) -> Result<()> {
     let reason = match for_job {
         Some(for_job) => format!("preempted for {for_job}, of a higher priority"),
         None => SPOT_PREEMPTION.to_string(),
@@ -536,7 +542,7 @@ async fn requeue_preempted(ctx: &Context, job: JobRecord, exit_code: i32, for_jo
         reason: Some(reason),
         preempted: true,
         resume_from: Some(kiln_core::objects::outputs_prefix(&job.id).to_string()),
-        cost_micros: attempt_cost(ctx, &job),
+        cost_micros,
         ..Change::default()
     };
     let preempted = ctx.store.transition(&job, JobState::Preempted, change).await?;

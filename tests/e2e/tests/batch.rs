@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use kiln_e2e::Stack;
+use kiln_e2e::{Stack, assert_adds_up};
 use kiln_proto::v1 as pb;
 use tonic::Code;
 
@@ -84,14 +84,6 @@ async fn wait_batch(stack: &Stack, batch_id: &str, what: &str, done: impl Fn(&pb
 
 fn counts(batch: &pb::Batch) -> pb::BatchCounts {
     batch.counts.unwrap()
-}
-
-fn assert_adds_up(c: &pb::BatchCounts) {
-    assert_eq!(
-        c.pending + c.running + c.succeeded + c.failed + c.dead,
-        c.total,
-        "{c:?}"
-    );
 }
 
 async fn list(stack: &Stack, batch_id: &str, state: pb::ItemState) -> Vec<pb::ItemStatus> {

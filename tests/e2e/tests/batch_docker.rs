@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use kiln_e2e::{Stack, docker, labelled, static_agent_binary, test_image};
+use kiln_e2e::{BatchRun, Stack, docker, labelled, run_batch_to_done, static_agent_binary, test_image};
 use kiln_proto::v1 as pb;
 
 const ITEMS: usize = 10_000;
@@ -85,26 +85,9 @@ async fn ten_thousand_items_on_four_containers_with_retries_and_a_dead_letter() 
                 .and_then(|s| s.parse().ok())
                 .unwrap_or(600),
         );
-    let mut most_workers = 0;
-    let done = loop {
-        let now = client
-            .get_batch(pb::BatchRef {
-                batch_id: batch.id.clone(),
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        most_workers = most_workers.max(now.workers);
-        let c = now.counts.unwrap();
-        assert_eq!(
-            c.pending + c.running + c.succeeded + c.failed + c.dead,
-            c.total,
-            "{c:?}"
-        );
-        if now.state == pb::BatchState::Done as i32 {
-            break now;
-        }
-        if tokio::time::Instant::now() >= deadline {
+    let BatchRun { done, most_workers } = match run_batch_to_done(&mut client, &batch.id, deadline).await {
+        Ok(run) => run,
+        Err(now) => {
             let mut report = String::new();
             for worker in stack.store.list_jobs(None, true, 100).await.unwrap() {
                 let lines = stack.log_lines(&worker.id, false).await;
@@ -113,7 +96,6 @@ async fn ten_thousand_items_on_four_containers_with_retries_and_a_dead_letter() 
             }
             panic!("the batch did not finish: {now:?}{report}");
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
     };
     assert!((1..=4).contains(&most_workers), "{most_workers} workers");
     let c = done.counts.unwrap();

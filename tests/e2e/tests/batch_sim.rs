@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use kiln_e2e::Stack;
+use kiln_e2e::{BatchRun, Stack, run_batch_to_done};
 use kiln_proto::v1 as pb;
 use kiln_runner::provider::sim::SimConfig;
 
@@ -100,31 +100,9 @@ async fn many_items_on_a_thousand_preempted_spot_workers_are_counted_exactly() {
     let added_in = started.elapsed();
 
     let deadline = tokio::time::Instant::now() + Duration::from_secs(1800);
-    let mut most_workers = 0;
-    let done = loop {
-        let now = client
-            .get_batch(pb::BatchRef {
-                batch_id: batch.id.clone(),
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        most_workers = most_workers.max(now.workers);
-        let c = now.counts.unwrap();
-        assert_eq!(
-            c.pending + c.running + c.succeeded + c.failed + c.dead,
-            c.total,
-            "{c:?}"
-        );
-        if now.state == pb::BatchState::Done as i32 {
-            break now;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the batch did not finish: {now:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    let BatchRun { done, most_workers } = run_batch_to_done(&mut client, &batch.id, deadline)
+        .await
+        .unwrap_or_else(|now| panic!("the batch did not finish: {now:?}"));
     let c = done.counts.unwrap();
     assert_eq!(
         (c.total, c.succeeded, c.dead, c.failed),
