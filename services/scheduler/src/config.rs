@@ -22,10 +22,18 @@ pub struct Config {
     pub lease_ttl_ms: u64,
     /// Priority preemptions allowed per minute, across passes (a token bucket of this size).
     pub preemptions_per_minute: u32,
+    /// Inside a project, once a user's job waits for capacity, the project's users with a larger
+    /// share place jobs only after every other project's (they backfill what is left). On by
+    /// default: it lets a project's share fall to its new user's turn instead of its GPU holders
+    /// taking back every GPU that frees (see README, Scheduling).
+    pub yield_within_project: bool,
     /// Let a job below its fair share preempt preemptible jobs of users above theirs (same or
-    /// lower priority, never inverting the order), from the same token bucket. Off by default:
-    /// in the study it helps little and takes the bucket from priority preemptions.
+    /// lower priority, never inverting the order of projects or of users). Off by default: in the
+    /// study it costs work and does not raise fairness reliably.
     pub fair_share_preemption: bool,
+    /// Fair-share preemptions allowed per minute, from a token bucket of their own (so they never
+    /// spend the priority preemptions' bucket); at least 1 when `fair-share-preemption` is on.
+    pub fair_share_preemptions_per_minute: u32,
     /// `auto` jobs run on-demand when a spot restart during their expected runtime is likelier.
     pub max_restart_probability: f64,
     /// `auto` jobs run on-demand after this many preemptions.
@@ -44,7 +52,9 @@ impl Default for Config {
             instance_name: String::new(),
             lease_ttl_ms: 10_000,
             preemptions_per_minute: 6,
+            yield_within_project: true,
             fair_share_preemption: false,
+            fair_share_preemptions_per_minute: 6,
             max_restart_probability: 0.5,
             max_spot_preemptions: 3,
             preemption_half_life_hours: 6.0,
@@ -66,6 +76,11 @@ impl ServiceConfig for Config {
                 self.lease_ttl_ms
             ));
         }
+        if self.fair_share_preemption && self.fair_share_preemptions_per_minute == 0 {
+            problems.push(
+                "fair-share-preemptions-per-minute is 0 while fair-share-preemption is on; give at least 1".into(),
+            );
+        }
         if !(0.0..=1.0).contains(&self.max_restart_probability) {
             problems.push("max-restart-probability must be between 0 and 1".into());
         }
@@ -73,5 +88,31 @@ impl ServiceConfig for Config {
             problems.push("preemption-half-life-hours must be above 0".into());
         }
         problems_to_result(problems)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fair_share_preemption_needs_a_bucket() {
+        assert!(Config::default().validate().is_ok());
+        let config = Config {
+            fair_share_preemption: true,
+            fair_share_preemptions_per_minute: 0,
+            ..Config::default()
+        };
+        let Err(ConfigError::Invalid(problems)) = config.validate() else {
+            panic!("a fair-share preemption without tokens is refused");
+        };
+        assert_eq!(problems.len(), 1);
+        assert!(problems[0].starts_with("fair-share-preemptions-per-minute"));
+        // Off, a zero rate is harmless.
+        let config = Config {
+            fair_share_preemptions_per_minute: 0,
+            ..Config::default()
+        };
+        assert!(config.validate().is_ok());
     }
 }

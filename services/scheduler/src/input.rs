@@ -120,7 +120,8 @@ pub fn queued_by_scope(counts: kiln_core::store::QueuedCounts, user: &str, proje
     ])
 }
 
-/// The settings of a pass from the scheduler's configuration.
+/// The settings of a pass from the scheduler's configuration. The fair-share preemption budget
+/// is a full bucket; the leader's pass sets it from its own bucket.
 pub fn settings(config: &crate::Config, preemption_budget: usize) -> Settings {
     Settings {
         max_restart_probability: config.max_restart_probability,
@@ -133,5 +134,7 @@ pub fn settings(config: &crate::Config, preemption_budget: usize) -> Settings {
             .collect(),
         reservations: true,
         fair_share_preemption: config.fair_share_preemption,
+        fair_share_preemption_budget: usize::try_from(config.fair_share_preemptions_per_minute).unwrap_or(0),
+        yield_within_project: config.yield_within_project,
     }
 }

@@ -53,7 +53,7 @@ pub struct Scheduler {
 }
 
 /// What the leader remembers between passes: the pools' spot preemption rates and the token
-/// bucket that rate-limits priority preemptions.
+/// buckets that rate-limit priority and fair-share preemptions.
 #[derive(Debug)]
 pub struct PassState {
     rates: HashMap<String, policy::PreemptionRate>,
@@ -62,6 +62,9 @@ pub struct PassState {
     last_exposure_ms: Option<i64>,
     tokens: f64,
     tokens_per_minute: f64,
+    /// Fair-share preemptions have a bucket of their own, refilled at the same time.
+    fair_share_tokens: f64,
+    fair_share_tokens_per_minute: f64,
     last_refill_ms: i64,
     /// Victims of priority preemptions ordered and not yet gone: they count as stopping, so no
     /// pass orders more victims for the same job.
@@ -76,6 +79,8 @@ impl PassState {
             last_exposure_ms: None,
             tokens: f64::from(config.preemptions_per_minute),
             tokens_per_minute: f64::from(config.preemptions_per_minute),
+            fair_share_tokens: f64::from(config.fair_share_preemptions_per_minute),
+            fair_share_tokens_per_minute: f64::from(config.fair_share_preemptions_per_minute),
             last_refill_ms: now_ms(),
             preempting: HashSet::new(),
         }
@@ -97,13 +102,16 @@ impl PassState {
         self.rates.get(pool).map_or(0.0, |rate| rate.rate_per_hour(now_ms()))
     }
 
-    /// Refills the preemption bucket and says how many preemptions this pass may order.
-    fn budget(&mut self) -> usize {
+    /// Refills the preemption buckets and says how many priority and fair-share preemptions
+    /// this pass may order.
+    fn budgets(&mut self) -> (usize, usize) {
         let now = now_ms();
         let minutes = (now - self.last_refill_ms).max(0) as f64 / 60_000.0;
         self.tokens = (self.tokens + minutes * self.tokens_per_minute).min(self.tokens_per_minute);
+        self.fair_share_tokens = (self.fair_share_tokens + minutes * self.fair_share_tokens_per_minute)
+            .min(self.fair_share_tokens_per_minute);
         self.last_refill_ms = now;
-        self.tokens.floor() as usize
+        (self.tokens.floor() as usize, self.fair_share_tokens.floor() as usize)
     }
 }
 
@@ -208,8 +216,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
 
 /// One scheduling pass: place what the policy places, send its preemptions.
 pub async fn pass(config: &Config, store: &Store, nats: &Nats, state: &Mutex<PassState>) -> Result<usize> {
-    let budget = state.lock().expect("pass state lock").budget();
-    let settings = input::settings(config, budget);
+    let (budget, fair_share_budget) = state.lock().expect("pass state lock").budgets();
+    let mut settings = input::settings(config, budget);
+    settings.fair_share_preemption_budget = fair_share_budget;
     let mut read = {
         let rates: HashMap<String, f64> = {
             let state = state.lock().expect("pass state lock");
@@ -265,7 +274,12 @@ pub async fn pass(config: &Config, store: &Store, nats: &Nats, state: &Mutex<Pas
         tracing::warn!(victim = %victim.id, for_job = %preemption.for_job, "preempting a job");
         preempt_job(nats, &victim, &preemption.for_job).await?;
         let mut state = state.lock().expect("pass state lock");
-        state.tokens = (state.tokens - 1.0).max(0.0);
+        let tokens = if preemption.fair_share {
+            &mut state.fair_share_tokens
+        } else {
+            &mut state.tokens
+        };
+        *tokens = (*tokens - 1.0).max(0.0);
         state.preempting.insert(victim.id);
     }
     // Unpublished SCHEDULED changes (a publish failed above, or in an earlier pass).

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo run --release -p kiln-bench --bin sched-sim -- [--seed 1] [--jobs 10000] [--users 100] [--instances 1000]
-//!     [--fair-share-preemption]
+//!     [--fair-share-preemption] [--fair-share-preemptions-per-hour 20] [--no-yield-within-project]
 //! ```
 //!
 //! A simulated cloud of `--instances` instances in four pools (the `sim` provider's instance
@@ -17,7 +17,8 @@
 //! Modelling: a pool is its total resources (the policy's view, as runners report it); a job
 //! costs its dominant share of one instance at the instance's price; a spot job is preempted as
 //! a Poisson process at its pool's rate; a priority or (with `--fair-share-preemption`) a
-//! fair-share preemption stops its victims at once, from the same token bucket.
+//! fair-share preemption stops its victims at once, each kind from a token bucket of its own. A
+//! stopped job loses the work since its last checkpoint, reported in instance-hours.
 
 mod sim;
 mod workload;
@@ -78,6 +79,13 @@ pub(crate) struct Args {
     /// Lets jobs below their fair share preempt jobs of users above it (same or lower priority).
     #[arg(long)]
     pub(crate) fair_share_preemption: bool,
+    /// Refill rate of the fair-share preemptions' own token bucket (5 tokens), per hour.
+    #[arg(long, default_value_t = 20.0)]
+    pub(crate) fair_share_preemptions_per_hour: f64,
+    /// Turns off yielding inside a project (users above a waiting project-mate's share go after
+    /// other projects' jobs), for comparison.
+    #[arg(long)]
+    pub(crate) no_yield_within_project: bool,
 }
 
 // === the timed pass ===
@@ -93,6 +101,8 @@ fn time_one_pass(args: &Args) -> (f64, usize, usize) {
     input.settings.preempting_priorities.insert(1);
     input.settings.preemption_budget = 5;
     input.settings.fair_share_preemption = args.fair_share_preemption;
+    input.settings.fair_share_preemption_budget = 5;
+    input.settings.yield_within_project = !args.no_yield_within_project;
     input.weights.projects.insert("p00".into(), 2.0);
     let filler = args.instances * 4;
     input.pending = workload(args, TIMED_PENDING + filler, &mut rng)
@@ -197,6 +207,16 @@ fn main() -> Result<()> {
          {} profile",
         args.seed, args.jobs, args.users, args.projects, args.submit_hours, args.instances, profile
     );
+    println!(
+        "  policy: reservations {}, yield within project {}, fair-share preemption {}",
+        if args.no_reservations { "off" } else { "on" },
+        if args.no_yield_within_project { "off" } else { "on" },
+        if args.fair_share_preemption {
+            format!("on ({} per hour, own bucket)", args.fair_share_preemptions_per_hour)
+        } else {
+            "off".to_string()
+        },
+    );
     for (pool, kind) in sim.input.pools.iter().zip(&TYPES) {
         println!(
             "  pool {:<9} {:>4} × ({}) ${:.3}/h on-demand, ${:.3}/h spot, {:.2} preemptions/h (learnt {:.3})",
@@ -260,6 +280,10 @@ fn main() -> Result<()> {
     println!("| cost if all on-demand | ${:.2} | | |", stats.on_demand_cost);
     println!("| spot saving | {:.1}% | | |", 100.0 * saving);
     println!(
+        "| work lost to preemptions: spot / priority / fair-share (instance-hours; of {:.0} run) | {:.1} / {:.1} / {:.1} | | |",
+        stats.run_hours, stats.spot_lost_hours, stats.priority_lost_hours, stats.fair_share_lost_hours
+    );
+    println!(
         "| one pass, {TIMED_PENDING} pending, {timed_running} running, cluster full (median of {}) | {pass_ms:.1} ms | \
          ≤ 50 ms | {} |",
         args.timing_runs.max(1),
@@ -281,13 +305,15 @@ fn main() -> Result<()> {
     );
     if args.fair_share_preemption {
         println!("  The goal is judged on the time-integrated row. With --fair-share-preemption a waiting user below");
-        println!("  its share may preempt jobs of users above it (never below its own share after), within the same");
-        println!("  token bucket as priority preemption, so passes still cannot be fair at once.");
+        println!("  its share may preempt jobs of users above it (neither project nor user ends below it), from a");
+        println!("  token bucket of its own, so passes still cannot be fair at once.");
     } else {
         println!("  The goal is judged on the time-integrated row because the scheduler never preempts for fair");
         println!("  share, so jobs started before others arrived keep their resources until they end and no pass can");
         println!("  be fair at once; what it owes a waiting user is its DRF share over the time it waits.");
     }
+    println!("work lost: a preempted run loses the time since its last checkpoint (every --checkpoint-minutes),");
+    println!("  counted as its dominant share of an instance of its pool times those hours.");
     println!("utilisation: allocated CPU / CPU capacity, over time, of the pools some job waits for capacity on.");
     println!("queue wait: submit to first start. cost: a job pays its dominant share of an instance at its market's");
     println!("  price while it runs, lost work included; all on-demand: its runtime at on-demand price, same pool.");

@@ -12,7 +12,8 @@ use rand::{Rng, SeedableRng};
 use crate::Args;
 use crate::workload::{HOUR_MS, JobSpec, MINUTE_MS, TYPES, pending_job, pools, running_job};
 
-/// Priority and fair-share preemptions: a token bucket of this size, refilled at this rate per hour.
+/// Priority preemptions: a token bucket of this size, refilled at this rate per hour. Fair-share
+/// preemptions have a bucket of the same size of their own, refilled at `--fair-share-preemptions-per-hour`.
 const PREEMPTION_TOKENS: f64 = 5.0;
 const PREEMPTION_TOKENS_PER_HOUR: f64 = 20.0;
 
@@ -59,6 +60,13 @@ pub(crate) struct Stats {
     pub(crate) spot_preemptions: usize,
     pub(crate) priority_preemptions: usize,
     pub(crate) fair_share_preemptions: usize,
+    /// Work thrown away by preemptions (the time since the victim's last checkpoint), in
+    /// instance-hours: a job's dominant share of an instance of its pool times the hours.
+    pub(crate) spot_lost_hours: f64,
+    pub(crate) priority_lost_hours: f64,
+    pub(crate) fair_share_lost_hours: f64,
+    /// Every run's instance-hours, lost work included.
+    pub(crate) run_hours: f64,
     pub(crate) spot_segments: usize,
     pub(crate) segments: usize,
     pub(crate) cost: f64,
@@ -125,6 +133,7 @@ pub(crate) struct Sim<'a> {
     project_weights: Vec<f64>,
     tokens: f64,
     tokens_at_ms: i64,
+    fair_share_tokens: f64,
     pub(crate) stats: Stats,
 }
 
@@ -137,6 +146,7 @@ impl<'a> Sim<'a> {
         input.settings.preempting_priorities.insert(1);
         input.settings.reservations = !args.no_reservations;
         input.settings.fair_share_preemption = args.fair_share_preemption;
+        input.settings.yield_within_project = !args.no_yield_within_project;
         // One project weighs double, so the study covers weights.
         input.weights.projects.insert("p00".into(), 2.0);
         let project_weights = (0..args.projects)
@@ -168,6 +178,7 @@ impl<'a> Sim<'a> {
             project_weights,
             tokens: PREEMPTION_TOKENS,
             tokens_at_ms: 0,
+            fair_share_tokens: PREEMPTION_TOKENS,
             stats: Stats {
                 backlog: vec![Backlog::default(); args.users],
                 ..Stats::default()
@@ -249,6 +260,7 @@ impl<'a> Sim<'a> {
             }
             Event::SpotPreempt(number, run) if self.is_running(number, run) => {
                 let (pool, ran_ms) = self.end_run(number);
+                self.stats.spot_lost_hours += self.lost_instance_hours(number, pool, ran_ms);
                 self.rates[pool].observe_preemption(self.clock_ms);
                 self.stats.spot_preemptions += 1;
                 self.jobs[number].preemptions += 1;
@@ -268,10 +280,13 @@ impl<'a> Sim<'a> {
         for (pool, rate) in self.input.pools.iter_mut().zip(&self.rates) {
             pool.preemptions_per_hour = rate.rate_per_hour(now_ms);
         }
-        let refill = (now_ms - self.tokens_at_ms) as f64 / HOUR_MS * PREEMPTION_TOKENS_PER_HOUR;
-        self.tokens = (self.tokens + refill).min(PREEMPTION_TOKENS);
+        let hours = (now_ms - self.tokens_at_ms) as f64 / HOUR_MS;
+        self.tokens = (self.tokens + hours * PREEMPTION_TOKENS_PER_HOUR).min(PREEMPTION_TOKENS);
+        self.fair_share_tokens =
+            (self.fair_share_tokens + hours * self.args.fair_share_preemptions_per_hour).min(PREEMPTION_TOKENS);
         self.tokens_at_ms = now_ms;
         self.input.settings.preemption_budget = self.tokens.floor() as usize;
+        self.input.settings.fair_share_preemption_budget = self.fair_share_tokens.floor() as usize;
 
         let started = Instant::now();
         let plan = policy::plan(&self.input);
@@ -307,15 +322,19 @@ impl<'a> Sim<'a> {
         // is queued again with its submit time.
         for preemption in &plan.preemptions {
             let number: usize = preemption.victim[1..].parse().expect("job ids are j<number>");
-            let (_, ran_ms) = self.end_run(number);
+            let (pool, ran_ms) = self.end_run(number);
+            let lost_hours = self.lost_instance_hours(number, pool, ran_ms);
             if preemption.fair_share {
                 self.stats.fair_share_preemptions += 1;
+                self.stats.fair_share_lost_hours += lost_hours;
+                self.fair_share_tokens -= 1.0;
             } else {
                 self.stats.priority_preemptions += 1;
+                self.stats.priority_lost_hours += lost_hours;
+                self.tokens -= 1.0;
             }
             self.requeue(number, ran_ms);
         }
-        self.tokens -= plan.preemptions.len() as f64;
         self.measure_fairness();
     }
 
@@ -494,8 +513,18 @@ impl<'a> Sim<'a> {
         if market == Market::Spot {
             self.spot_jobs[pool] -= 1;
         }
-        self.stats.cost += self.input.pools[pool].cost_per_hour(&resources, market) * ran_ms as f64 / HOUR_MS;
+        let pool_spec = &self.input.pools[pool];
+        self.stats.cost += pool_spec.cost_per_hour(&resources, market) * ran_ms as f64 / HOUR_MS;
+        self.stats.run_hours += resources.dominant_share(&pool_spec.instance) * ran_ms as f64 / HOUR_MS;
         (pool, ran_ms)
+    }
+
+    /// The work a run stopped after `ran_ms` throws away (the time since its last checkpoint),
+    /// in instance-hours.
+    fn lost_instance_hours(&self, number: usize, pool: usize, ran_ms: i64) -> f64 {
+        let checkpoint_ms = self.args.checkpoint_minutes.max(1) * MINUTE_MS;
+        let instance = &self.input.pools[pool].instance;
+        self.jobs[number].spec.resources.dominant_share(instance) * (ran_ms % checkpoint_ms) as f64 / HOUR_MS
     }
 
     /// Queues a stopped job again, with its submit time, minus the work its checkpoints saved.

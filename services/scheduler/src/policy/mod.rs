@@ -10,11 +10,14 @@
 //!   at the lowest cost; makes jobs over a running quota wait without blocking others; holds
 //!   room for a job that cannot fit (one reservation per pool) so small jobs backfill only
 //!   around it; and lets opted-in priorities preempt lower ones within a per-pass budget.
+//! - Inside a project, once a user's job waits for capacity, its project-mates with larger
+//!   shares yield: they are walked after every other project's jobs (`Settings::yield_within_project`).
 //! - Fair-share preemption (opt-in, `Settings::fair_share_preemption`): a job that cannot fit may
 //!   stop preemptible jobs of the same or lower priority on one pool, taken from the project (or,
 //!   inside its own project, the user) furthest above its weighted dominant share, youngest first,
-//!   only while that owner stays at or above the job's share once the job starts, so the order
-//!   never inverts and nothing preempts back. Same budget; priority preemption goes first.
+//!   only while that owner (and, across projects, the victim's user) stays at or above the job's
+//!   share once the job starts, so the order never inverts and nothing preempts back. A budget
+//!   of its own; priority preemption goes first.
 //! - [`choose_market`] picks spot or on-demand for `auto` from the pool's [`PreemptionRate`].
 //! - [`check_submit`] enforces the queued-jobs quota at submit.
 //! - [`Wait`] and [`JobWait`] say why a job waits, as data and as sentences.

@@ -328,9 +328,16 @@ pub struct Settings {
     /// stream of small jobs cannot starve a big one. Off only for studies.
     pub reservations: bool,
     /// Lets a job below its fair share preempt jobs of the same or lower priority whose
-    /// project (or user, inside its own project) stays at or above its share after the swap;
-    /// within the same budget, after priority preemption. Off by default.
+    /// project and user (or user, inside its own project) stay at or above its own after the
+    /// swap; tried after priority preemption. Off by default.
     pub fair_share_preemption: bool,
+    /// Fair-share preemptions this pass may order at most: a budget of its own, refilled by the
+    /// caller from its own token bucket, so fair share never spends priority preemption's.
+    pub fair_share_preemption_budget: usize,
+    /// Once a user's job waits for capacity, its project-mates with a larger share are walked
+    /// after every other project's jobs (they backfill what is left), so the project's share can
+    /// fall to that user's turn. On by default; off only for studies and tests.
+    pub yield_within_project: bool,
 }
 
 impl Default for Settings {
@@ -342,6 +349,8 @@ impl Default for Settings {
             preempting_priorities: BTreeSet::new(),
             reservations: true,
             fair_share_preemption: false,
+            fair_share_preemption_budget: 0,
+            yield_within_project: true,
         }
     }
 }

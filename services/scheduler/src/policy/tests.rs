@@ -407,6 +407,59 @@ fn a_reservation_stops_a_stream_of_small_jobs_starving_a_big_one() {
     assert_eq!(big_job_start(false), None);
 }
 
+/// A CPU pool that bob (project q) fills and a GPU pool of 3 where alice (project p) and bob
+/// hold one GPU each. Carol (p) queues a CPU job, alice and dave (q) a GPU job each.
+fn yield_input() -> Input {
+    let gpu_job = res(4.0, 16, 1);
+    let mut held: Vec<RunningJob> = (0..4)
+        .map(|n| running(&format!("b-cpu-{n}"), "bob", "cpu", res(1.0, 1, 0), 0, n))
+        .collect();
+    held.push(running("b-gpu", "bob", "gpu", gpu_job, 0, 0));
+    held.push(running("a-gpu", "alice", "gpu", gpu_job, 0, 0));
+    for job in &mut held {
+        job.project = if job.user == "bob" { "q" } else { "p" }.into();
+    }
+    let mut gpus = pool("gpu", res(12.0, 48, 3));
+    gpus.instance = gpu_job;
+    input(
+        vec![
+            job("c-cpu", "carol", "p", res(1.0, 1, 0), 0),
+            job("a-gpu-2", "alice", "p", gpu_job, 1),
+            job("d-gpu", "dave", "q", gpu_job, 2),
+        ],
+        held,
+        vec![pool("cpu", res(4.0, 16, 0)), gpus],
+    )
+}
+
+#[test]
+fn project_mates_above_a_waiting_user_yield_to_other_projects() {
+    // Project p holds a third of the GPUs, q half the CPUs: p goes first. Carol (p, nothing)
+    // waits for CPUs; alice, her project-mate with a GPU, yields, so the free GPU goes to dave
+    // (q), and p's share can fall to carol's turn rather than stay up with alice's GPUs.
+    let input = yield_input();
+    let plan = plan(&input);
+    assert_eq!(placed_ids(&input, &plan), ["d-gpu"]);
+    assert!(matches!(
+        wait_of(&input, &plan, "c-cpu").reason,
+        Wait::NoCapacity { .. }
+    ));
+    assert!(matches!(
+        wait_of(&input, &plan, "a-gpu-2").reason,
+        Wait::NoCapacity { .. }
+    ));
+
+    // Without yielding, alice takes the GPU back.
+    let mut without = yield_input();
+    without.settings.yield_within_project = false;
+    assert_eq!(placed_ids(&without, &super::plan(&without)), ["a-gpu-2"]);
+
+    // Yielding is not idling: with nobody else wanting it, alice gets the GPU after all.
+    let mut alone = yield_input();
+    alone.pending.retain(|job| job.id != "d-gpu");
+    assert_eq!(placed_ids(&alone, &super::plan(&alone)), ["a-gpu-2"]);
+}
+
 // === priority preemption ===
 
 fn preemption_input(asked_cpus: f64, budget: usize) -> Input {
@@ -536,7 +589,7 @@ fn fair_share_input(flag: bool, budget: usize) -> Input {
         vec![pool("p", res(12.0, 64, 0))],
     );
     input.settings.fair_share_preemption = flag;
-    input.settings.preemption_budget = budget;
+    input.settings.fair_share_preemption_budget = budget;
     input
 }
 
@@ -618,7 +671,7 @@ fn fair_share_preemption_spares_what_it_must() {
         vec![pool("p", res(4.0, 64, 0))],
     );
     input.settings.fair_share_preemption = true;
-    input.settings.preemption_budget = 5;
+    input.settings.fair_share_preemption_budget = 5;
     let plan = plan(&input);
     assert!(plan.preemptions.is_empty());
     assert!(matches!(wait_of(&input, &plan, "d-1").reason, Wait::NoCapacity { .. }));
@@ -643,7 +696,7 @@ fn fair_share_preemption_spares_what_it_must() {
         vec![pool("p", res(4.0, 64, 0))],
     );
     input.settings.fair_share_preemption = true;
-    input.settings.preemption_budget = 5;
+    input.settings.fair_share_preemption_budget = 5;
     assert_eq!(victims(&super::plan(&input)), ["a-3", "a-2"]);
 }
 
@@ -666,6 +719,68 @@ fn fair_share_preemption_compares_projects_first() {
     assert_eq!(victims(&plan(&input)), ["b-3"]);
 }
 
+#[test]
+fn fair_share_preemption_has_a_budget_of_its_own() {
+    // Only the priority budget: fair share orders nothing.
+    let mut input = fair_share_input(true, 0);
+    input.settings.preemption_budget = 5;
+    assert!(plan(&input).preemptions.is_empty());
+
+    // One token each: a high-priority job and dave both get a victim; neither spends the other's.
+    let mut input = fair_share_input(true, 1);
+    input.settings.preemption_budget = 1;
+    input.settings.preempting_priorities.insert(1);
+    let mut urgent = job("e-0", "erin", "p", res(1.0, 1, 0), 0);
+    urgent.priority = 1;
+    input.pending.push(urgent);
+    let plan = plan(&input);
+    let kinds: Vec<(&str, bool)> = plan
+        .preemptions
+        .iter()
+        .map(|preemption| (preemption.for_job.as_str(), preemption.fair_share))
+        .collect();
+    assert_eq!(kinds, [("e-0", false), ("d-0", true)]);
+}
+
+#[test]
+fn fair_share_preemption_across_projects_spares_users_poorer_than_the_waiting_one() {
+    // A 12-CPU pool: alice, bob, carol and erin hold 2 CPUs each in project x (8), dave 3 and
+    // frank 1 in project y (4). Dave asks 1 more: project x would stay ahead of y (7 to 5), but
+    // every user of x would drop below dave (1 to 4), so nobody is preempted.
+    let mut held = Vec::new();
+    for (user, project, count) in [
+        ("alice", "x", 2),
+        ("bob", "x", 2),
+        ("carol", "x", 2),
+        ("erin", "x", 2),
+        ("dave", "y", 3),
+        ("frank", "y", 1),
+    ] {
+        for n in 0..count {
+            let mut job = running(&format!("{user}-{n}"), user, "p", res(1.0, 1, 0), 0, n);
+            job.project = project.into();
+            held.push(job);
+        }
+    }
+    let mut input = input(
+        vec![job("d-new", "dave", "y", res(1.0, 1, 0), 0)],
+        held,
+        vec![pool("p", res(12.0, 64, 0))],
+    );
+    input.settings.fair_share_preemption = true;
+    input.settings.fair_share_preemption_budget = 5;
+    assert!(plan(&input).preemptions.is_empty());
+
+    // When frank holds dave's 3 CPUs instead, dave (0, asking 1) is poorer than each user of x
+    // (2, left with 1): one of theirs is taken.
+    for job in input.running.iter_mut().filter(|job| job.user == "dave") {
+        job.user = "frank".into();
+    }
+    let plan = plan(&input);
+    assert_eq!(plan.preemptions.len(), 1);
+    assert!(plan.preemptions[0].fair_share);
+}
+
 /// Alice holds the whole `cpus`-CPU pool with one-CPU jobs and has as many queued; bob queues
 /// as many. Passes with a budget of two victims; victims are queued again with their submit
 /// time, placements start, nothing ends. Returns the preemptions of each pass and the CPUs
@@ -684,7 +799,7 @@ fn fair_share_passes(cpus: usize, passes: usize) -> (Vec<usize>, usize, usize) {
             vec![pool("p", res(cpus as f64, 64, 0))],
         );
         input.settings.fair_share_preemption = true;
-        input.settings.preemption_budget = 2;
+        input.settings.fair_share_preemption_budget = 2;
         let plan = plan(&input);
         assert!(plan.preemptions.iter().all(|preemption| preemption.fair_share));
         preemptions.push(plan.preemptions.len());

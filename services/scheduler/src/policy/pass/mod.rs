@@ -6,6 +6,7 @@
 //! by weighted dominant share yields the project with the smallest share, a set per project the
 //! user with the smallest share (ties: the older head job), and that user's queue its oldest
 //! job. Only a placement changes shares, so each step costs a few `O(log n)` set operations.
+//! Queues that yield to a waiting project-mate are merged again after the rest, once.
 
 use std::cmp::Ordering;
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -15,7 +16,7 @@ use super::model::{Input, Market, PendingJob, Quota, QuotaResource, QuotaScope, 
 
 mod room;
 
-use room::eligible_pools;
+use room::{SHARE_EPSILON, eligible_pools};
 
 /// A job to start.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,7 +59,8 @@ impl Plan {
 ///
 /// In order: higher priority first; within a priority, weighted dominant-resource fair share
 /// between projects, then between users inside the project, counting what running jobs hold and
-/// what this pass placed; then submit time. A job over a running quota, or that no pool could
+/// what this pass placed (a project's users above a project-mate waiting for capacity go after
+/// the other projects' jobs); then submit time. A job over a running quota, or that no pool could
 /// ever hold, waits without holding up others. A job that cannot fit for lack of capacity may
 /// preempt lower priorities (when its priority may), or else (with fair-share preemption on)
 /// jobs of projects or users above its share, or else gets a reservation on its best pool
@@ -217,7 +219,11 @@ struct Pass<'a> {
     user_quotas: Vec<Vec<&'a Quota>>,
     /// Running jobs already chosen as victims (or counted as stopping) in this pass.
     victim_taken: Vec<bool>,
+    /// Priority preemptions this pass may still order.
     budget_left: usize,
+    /// Fair-share preemptions this pass may still order: a budget of their own, so fair share
+    /// never spends priority preemption's.
+    fair_share_budget_left: usize,
     /// Stopping running jobs no preempting job has counted yet: with none and no budget left,
     /// the victim search is skipped.
     stopping_left: usize,
@@ -287,6 +293,7 @@ impl<'a> Pass<'a> {
             global_quotas: Vec::new(),
             victim_taken: vec![false; input.running.len()],
             budget_left: input.settings.preemption_budget,
+            fair_share_budget_left: input.settings.fair_share_preemption_budget,
             stopping_left: input.running.iter().filter(|job| job.stopping).count(),
             plan: Plan::default(),
         };
@@ -357,9 +364,38 @@ impl<'a> Pass<'a> {
     }
 
     /// Walks one priority in fair-share order; returns how many of its jobs compete for capacity.
+    ///
+    /// With `yield_within_project`, once a user's job waits for capacity, the users of the same
+    /// project with a larger share than that user's yield: their jobs are walked only after every
+    /// other project's, in a second merge, so they backfill what is left rather than taking the
+    /// room other projects could use. A project's share mixes pools: without this, members
+    /// holding (say) GPUs keep the project's share up by taking back each GPU that frees, and a
+    /// member who needs CPUs never gets a turn. Yielding lets the project's share fall until the
+    /// waiting member's job is first in the whole order.
     fn walk(&mut self, mut queues: Vec<Queue<'_>>, higher_priority: usize) -> usize {
+        let all: Vec<usize> = (0..queues.len()).collect();
+        let mut competing = 0;
+        let yielding = self.input.settings.yield_within_project;
+        let yielded = self.merge(&mut queues, &all, higher_priority, &mut competing, yielding);
+        let rest = self.merge(&mut queues, &yielded, higher_priority, &mut competing, false);
+        debug_assert!(rest.is_empty(), "the second merge yields nothing");
+        competing
+    }
+
+    /// Walks the queues at `indices` in fair-share order, considering each job; with `yielding`,
+    /// returns (not walked further) the queues of users who yield to a project-mate waiting for
+    /// capacity.
+    fn merge(
+        &mut self,
+        queues: &mut [Queue<'_>],
+        indices: &[usize],
+        higher_priority: usize,
+        competing: &mut usize,
+        yielding: bool,
+    ) -> Vec<usize> {
         let mut users: Vec<BTreeSet<(Share, i64, usize)>> = vec![BTreeSet::new(); self.projects.len()];
-        for (index, queue) in queues.iter().enumerate() {
+        for &index in indices {
+            let queue = &queues[index];
             users[self.members[queue.member].project].insert(self.user_key(queue, index));
         }
         let mut projects: BTreeSet<(Share, usize)> = users
@@ -368,38 +404,53 @@ impl<'a> Pass<'a> {
             .filter(|(_, set)| !set.is_empty())
             .map(|(project, _)| (self.projects[project].share(&self.total), project))
             .collect();
-        let mut competing = 0;
+        // Per project, the first member whose job waited for capacity, with its share then.
+        let mut waiting_member: Vec<Option<(usize, Share)>> = vec![None; self.projects.len()];
+        let mut yielded = Vec::new();
         while let Some(&project_key) = projects.first() {
             let project = project_key.1;
-            let user_key = users[project]
+            let (share, _, index) = users[project]
                 .pop_first()
                 .expect("a project in the order has a user with jobs");
-            let index = user_key.2;
-            let queue = &mut queues[index];
-            let job = queue.jobs[queue.next];
-            queue.next += 1;
-            let ahead = Ahead {
-                higher_priority,
-                fair_share: competing - queue.competing,
-                same_user: queue.competing,
-            };
-            let step = self.consider(job, ahead);
-            let queue = &mut queues[index];
-            if step != Step::Skipped {
-                competing += 1;
-                queue.competing += 1;
+            let member = queues[index].member;
+            let yields = yielding
+                && waiting_member[project].is_some_and(|(waiting, waiting_share)| {
+                    waiting != member && share.0 > waiting_share.0 + SHARE_EPSILON
+                });
+            let mut placed = false;
+            if yields {
+                yielded.push(index);
+            } else {
+                let queue = &mut queues[index];
+                let job = queue.jobs[queue.next];
+                queue.next += 1;
+                let ahead = Ahead {
+                    higher_priority,
+                    fair_share: *competing - queue.competing,
+                    same_user: queue.competing,
+                };
+                let step = self.consider(job, ahead);
+                let queue = &mut queues[index];
+                if step != Step::Skipped {
+                    *competing += 1;
+                    queue.competing += 1;
+                }
+                if step == Step::Competing {
+                    waiting_member[project].get_or_insert((member, share));
+                }
+                placed = step == Step::Placed;
+                if queue.next < queue.jobs.len() {
+                    users[project].insert(self.user_key(&queues[index], index));
+                }
             }
-            if queue.next < queue.jobs.len() {
-                users[project].insert(self.user_key(&queues[index], index));
-            }
-            if step == Step::Placed || users[project].is_empty() {
+            if placed || users[project].is_empty() {
                 projects.remove(&project_key);
                 if !users[project].is_empty() {
                     projects.insert((self.projects[project].share(&self.total), project));
                 }
             }
         }
-        competing
+        yielded
     }
 
     fn user_key(&self, queue: &Queue<'_>, index: usize) -> (Share, i64, usize) {

@@ -17,8 +17,8 @@ pub(super) enum Cause {
     FairShare,
 }
 
-/// Where a fair-share victim's owner is compared with the waiting job's: projects when they
-/// differ, else the users inside the project (the levels of the pass's order).
+/// Where a fair-share victim's owner is compared with the waiting job's: the projects, or the
+/// users (inside one project, or across projects as well as the projects).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Level {
     Project(usize),
@@ -26,7 +26,7 @@ enum Level {
 }
 
 /// Weighted shares closer than this count as equal.
-const SHARE_EPSILON: f64 = 1e-9;
+pub(super) const SHARE_EPSILON: f64 = 1e-9;
 
 impl Pass<'_> {
     /// The pool where the job fits now at the lowest cost per hour, with its market.
@@ -53,17 +53,15 @@ impl Pass<'_> {
     /// Victims for a job that cannot fit: for its priority when that may preempt, else (when
     /// the settings allow) for fair share; `None` when neither finds any within the budget.
     pub(super) fn preempt(&mut self, job_index: usize, eligible: &[usize]) -> Option<Wait> {
-        if self.budget_left == 0 && self.stopping_left == 0 {
-            return None;
-        }
         let input = self.input;
         let job = &input.pending[job_index];
         if input.settings.preempting_priorities.contains(&job.priority)
+            && (self.budget_left > 0 || self.stopping_left > 0)
             && let Some(wait) = self.preempt_for(job_index, eligible, Cause::Priority)
         {
             return Some(wait);
         }
-        if !input.settings.fair_share_preemption {
+        if !input.settings.fair_share_preemption || (self.fair_share_budget_left == 0 && self.stopping_left == 0) {
             return None;
         }
         let key = (self.member_of_job[job_index], job.resources);
@@ -75,6 +73,14 @@ impl Pass<'_> {
             self.fair_share_failed.insert(key);
         }
         wait
+    }
+
+    /// The preemptions this pass may still order for `cause`.
+    fn budget(&self, cause: Cause) -> usize {
+        match cause {
+            Cause::Priority => self.budget_left,
+            Cause::FairShare => self.fair_share_budget_left,
+        }
     }
 
     /// Names victims on one pool (fewest new ones, then the lowest priority) within the budget,
@@ -89,7 +95,7 @@ impl Pass<'_> {
             };
             let new_victims = victims.iter().filter(|&&index| !input.running[index].stopping);
             let count = new_victims.clone().count();
-            if count > self.budget_left {
+            if count > self.budget(cause) {
                 continue;
             }
             let highest = new_victims
@@ -102,7 +108,10 @@ impl Pass<'_> {
             }
         }
         let ((count, _, pool), victims) = best?;
-        self.budget_left -= count;
+        match cause {
+            Cause::Priority => self.budget_left -= count,
+            Cause::FairShare => self.fair_share_budget_left -= count,
+        }
         for &index in &victims {
             self.victim_taken[index] = true;
             let victim = &input.running[index];
@@ -163,17 +172,25 @@ impl Pass<'_> {
                 continue;
             }
             if cause == Cause::FairShare && !victim.stopping {
-                let (owner, waiter) = self
+                let comparisons = self
                     .levels(job_index, index)
                     .expect("fair-share candidates are other users' jobs");
-                let position = lost.iter().position(|(level, _)| *level == owner);
-                let total = position.map_or(Resources::ZERO, |position| lost[position].1) + victim.resources;
-                if self.lead(owner, total, waiter, job.resources) < -SHARE_EPSILON {
+                let totals = comparisons.map(|(owner, _)| {
+                    let position = lost.iter().position(|(level, _)| *level == owner);
+                    position.map_or(Resources::ZERO, |position| lost[position].1) + victim.resources
+                });
+                let inverts = comparisons
+                    .iter()
+                    .zip(totals)
+                    .any(|(&(owner, waiter), total)| self.lead(owner, total, waiter, job.resources) < -SHARE_EPSILON);
+                if inverts {
                     continue;
                 }
-                match position {
-                    Some(position) => lost[position].1 = total,
-                    None => lost.push((owner, total)),
+                for ((owner, _), total) in comparisons.into_iter().zip(totals) {
+                    match lost.iter().position(|(level, _)| *level == owner) {
+                        Some(position) => lost[position].1 = total,
+                        None => lost.push((owner, total)),
+                    }
                 }
             }
             room += victim.resources;
@@ -217,12 +234,16 @@ impl Pass<'_> {
             if self.victim_taken[index] || !victim.preemptible || victim.priority > job.priority {
                 continue;
             }
-            let Some((owner, waiter)) = self.levels(job_index, index) else {
+            let Some(comparisons) = self.levels(job_index, index) else {
                 continue;
             };
-            if self.lead(owner, victim.resources, waiter, job.resources) < -SHARE_EPSILON {
+            if comparisons
+                .iter()
+                .any(|&(owner, waiter)| self.lead(owner, victim.resources, waiter, job.resources) < -SHARE_EPSILON)
+            {
                 continue;
             }
+            let (owner, waiter) = comparisons[0];
             let user = Level::Member(self.member_of_running[index]);
             let lead = self.lead(owner, Resources::ZERO, waiter, job.resources);
             candidates.push((lead, self.level_share(user, Resources::ZERO), index));
@@ -236,19 +257,22 @@ impl Pass<'_> {
             .collect()
     }
 
-    /// The levels the owner of running job `running_index` and the pending job are compared at;
-    /// `None` for the job's own user.
-    fn levels(&self, job_index: usize, running_index: usize) -> Option<(Level, Level)> {
+    /// The comparisons a fair-share victim must pass, as (owner, waiter): between users inside
+    /// one project (given twice); across projects, between the projects and also between the two
+    /// users, so a job of a user poorer than the waiting one is never taken because its project
+    /// is richer. `None` for the job's own user.
+    fn levels(&self, job_index: usize, running_index: usize) -> Option<[(Level, Level); 2]> {
         let waiter = self.member_of_job[job_index];
         let owner = self.member_of_running[running_index];
         if owner == waiter {
             return None;
         }
         let (waiter_project, owner_project) = (self.members[waiter].project, self.members[owner].project);
+        let users = (Level::Member(owner), Level::Member(waiter));
         Some(if waiter_project == owner_project {
-            (Level::Member(owner), Level::Member(waiter))
+            [users, users]
         } else {
-            (Level::Project(owner_project), Level::Project(waiter_project))
+            [(Level::Project(owner_project), Level::Project(waiter_project)), users]
         })
     }
 
