@@ -13,11 +13,11 @@
 //! - Inside a project, once a user's job waits for capacity, its project-mates with larger
 //!   shares yield: they are walked after every other project's jobs (`Settings::yield_within_project`).
 //! - Fair-share preemption (opt-in, `Settings::fair_share_preemption`): a job that cannot fit may
-//!   stop preemptible jobs of the same or lower priority on one pool, taken from the project (or,
-//!   inside its own project, the user) furthest above its weighted dominant share, youngest first,
-//!   only while that owner (and, across projects, the victim's user) stays at or above the job's
-//!   share once the job starts, so the order never inverts and nothing preempts back. A budget
-//!   of its own; priority preemption goes first.
+//!   stop preemptible jobs of the same or lower priority on one pool, the lowest priority and then
+//!   the youngest first (the least work lost), only while the victim's owner (the project or,
+//!   inside its own project, the user; across projects also the victim's user) stays at or above
+//!   the job's share once the job starts, so the order never inverts and nothing preempts back.
+//!   A budget of its own; priority preemption goes first.
 //! - [`choose_market`] picks spot or on-demand for `auto` from the pool's [`PreemptionRate`].
 //! - [`check_submit`] enforces the queued-jobs quota at submit.
 //! - [`Wait`] and [`JobWait`] say why a job waits, as data and as sentences.

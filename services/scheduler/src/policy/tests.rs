@@ -605,13 +605,14 @@ fn without_fair_share_preemption_an_over_share_user_keeps_its_jobs() {
 }
 
 #[test]
-fn an_under_share_job_preempts_the_youngest_job_of_the_most_over_share_user() {
+fn an_under_share_job_preempts_the_youngest_job_it_may() {
+    // Carol's youngest job throws away the least work, and she keeps one (level with dave).
     let input = fair_share_input(true, 5);
     let plan = plan(&input);
     assert_eq!(
         plan.preemptions,
         [Preemption {
-            victim: "a-5".into(),
+            victim: "c-1".into(),
             for_job: "d-0".into(),
             fair_share: true,
         }]
@@ -620,12 +621,12 @@ fn an_under_share_job_preempts_the_youngest_job_of_the_most_over_share_user() {
         wait_of(&input, &plan, "d-0").reason,
         Wait::WaitingForPreemption {
             pool: "p".into(),
-            victims: vec!["a-5".into()],
+            victims: vec!["c-1".into()],
         }
     );
 
-    // Three more of dave's jobs, budget for two victims: the second is alice's next youngest
-    // (she still leads bob, 5 to 4, counting the first), the third waits for capacity.
+    // Three of dave's jobs, budget for two victims: the second is bob's youngest (carol, at 1
+    // against dave's 2 counting the first, may lose no more), the third waits for capacity.
     let mut input = fair_share_input(true, 2);
     for n in 1..3 {
         input
@@ -633,25 +634,33 @@ fn an_under_share_job_preempts_the_youngest_job_of_the_most_over_share_user() {
             .push(job(&format!("d-{n}"), "dave", "p", res(1.0, 1, 0), n));
     }
     let plan = super::plan(&input);
-    assert_eq!(victims(&plan), ["a-5", "a-4"]);
+    assert_eq!(victims(&plan), ["c-1", "b-3"]);
     assert!(matches!(wait_of(&input, &plan, "d-2").reason, Wait::NoCapacity { .. }));
 }
 
 #[test]
 fn fair_share_preemption_spares_what_it_must() {
-    // Alice's jobs are not preemptible, then of a higher priority: bob, next above dave, loses
-    // his youngest instead.
+    // With alice's jobs the youngest, alice's youngest goes; when hers are not preemptible,
+    // then of a higher priority, carol loses her youngest instead.
+    let youngest_alice = || {
+        let mut input = fair_share_input(true, 5);
+        for job in input.running.iter_mut().filter(|job| job.user == "alice") {
+            job.started_at_ms += 10_000;
+        }
+        input
+    };
+    assert_eq!(victims(&plan(&youngest_alice())), ["a-5"]);
     for spare in [
         (|job: &mut RunningJob| job.preemptible = false) as fn(&mut RunningJob),
         |job: &mut RunningJob| job.priority = 1,
     ] {
-        let mut input = fair_share_input(true, 5);
+        let mut input = youngest_alice();
         input
             .running
             .iter_mut()
             .filter(|job| job.user == "alice")
             .for_each(spare);
-        assert_eq!(victims(&plan(&input)), ["b-3"]);
+        assert_eq!(victims(&plan(&input)), ["c-1"]);
     }
     // A lower priority may be taken, as the same one is.
     let mut lower = fair_share_input(true, 5);
