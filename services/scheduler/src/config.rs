@@ -4,6 +4,8 @@ use kiln_core::config::{ConfigError, DatabaseConfig, GrpcConfig, NatsConfig};
 use kiln_core::service::{ServiceConfig, problems_to_result};
 use serde::{Deserialize, Serialize};
 
+use crate::policy::Order;
+
 pub const DEFAULT_PORT: u16 = 7073;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -27,6 +29,11 @@ pub struct Config {
     /// default: it lets a project's share fall to its new user's turn instead of its GPU holders
     /// taking back every GPU that frees (see README, Scheduling).
     pub yield_within_project: bool,
+    /// How a priority's users are ordered: `fair-share-ratio` (the default: one order of all
+    /// users by held share over their demand-capped hierarchical DRF share; yielding does not
+    /// apply) or `hierarchical` (the project with the smallest weighted share, then its user with
+    /// the smallest). See README, Scheduling.
+    pub order: Order,
     /// Let a job below its fair share preempt preemptible jobs of users above theirs (same or
     /// lower priority, never inverting the order of projects or of users). Off by default: in the
     /// study it costs work and does not raise fairness reliably.
@@ -53,6 +60,7 @@ impl Default for Config {
             lease_ttl_ms: 10_000,
             preemptions_per_minute: 6,
             yield_within_project: true,
+            order: Order::FairShareRatio,
             fair_share_preemption: false,
             fair_share_preemptions_per_minute: 6,
             max_restart_probability: 0.5,
@@ -114,5 +122,13 @@ mod tests {
             ..Config::default()
         };
         assert!(config.validate().is_ok());
+    }
+
+    #[test]
+    fn order_is_named_in_kebab_case_and_checked() {
+        assert_eq!(Config::default().order, Order::FairShareRatio);
+        let config: Config = serde_json::from_str(r#"{"order": "hierarchical"}"#).expect("a known order");
+        assert_eq!(config.order, Order::Hierarchical);
+        assert!(serde_json::from_str::<Config>(r#"{"order": "fifo"}"#).is_err());
     }
 }

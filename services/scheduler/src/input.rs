@@ -136,5 +136,6 @@ pub fn settings(config: &crate::Config, preemption_budget: usize) -> Settings {
         fair_share_preemption: config.fair_share_preemption,
         fair_share_preemption_budget: usize::try_from(config.fair_share_preemptions_per_minute).unwrap_or(0),
         yield_within_project: config.yield_within_project,
+        order: config.order,
     }
 }

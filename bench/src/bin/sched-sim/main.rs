@@ -3,6 +3,7 @@
 //! ```text
 //! cargo run --release -p kiln-bench --bin sched-sim -- [--seed 1] [--jobs 10000] [--users 100] [--instances 1000]
 //!     [--fair-share-preemption] [--fair-share-preemptions-per-hour 20] [--no-yield-within-project]
+//!     [--order fair-share-ratio|hierarchical]
 //! ```
 //!
 //! A simulated cloud of `--instances` instances in four pools (the `sim` provider's instance
@@ -27,8 +28,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
-use clap::Parser;
-use kiln_scheduler::policy::{self, Input};
+use clap::{Parser, ValueEnum};
+use kiln_scheduler::policy::{self, Input, Order};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
@@ -86,6 +87,25 @@ pub(crate) struct Args {
     /// other projects' jobs), for comparison.
     #[arg(long)]
     pub(crate) no_yield_within_project: bool,
+    /// How a priority's users are ordered (the scheduler's `order`).
+    #[arg(long, value_enum, default_value_t = OrderArg::FairShareRatio)]
+    pub(crate) order: OrderArg,
+}
+
+/// The policy's [`Order`], as a flag value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum OrderArg {
+    Hierarchical,
+    FairShareRatio,
+}
+
+impl OrderArg {
+    pub(crate) fn order(self) -> Order {
+        match self {
+            OrderArg::Hierarchical => Order::Hierarchical,
+            OrderArg::FairShareRatio => Order::FairShareRatio,
+        }
+    }
 }
 
 // === the timed pass ===
@@ -103,6 +123,7 @@ fn time_one_pass(args: &Args) -> (f64, usize, usize) {
     input.settings.fair_share_preemption = args.fair_share_preemption;
     input.settings.fair_share_preemption_budget = 5;
     input.settings.yield_within_project = !args.no_yield_within_project;
+    input.settings.order = args.order.order();
     input.weights.projects.insert("p00".into(), 2.0);
     let filler = args.instances * 4;
     input.pending = workload(args, TIMED_PENDING + filler, &mut rng)
@@ -208,9 +229,18 @@ fn main() -> Result<()> {
         args.seed, args.jobs, args.users, args.projects, args.submit_hours, args.instances, profile
     );
     println!(
-        "  policy: reservations {}, yield within project {}, fair-share preemption {}",
+        "  policy: order {}, reservations {}, yield within project {}, fair-share preemption {}",
+        args.order
+            .to_possible_value()
+            .map_or_else(String::new, |value| value.get_name().to_string()),
         if args.no_reservations { "off" } else { "on" },
-        if args.no_yield_within_project { "off" } else { "on" },
+        if args.order == OrderArg::FairShareRatio {
+            "n/a"
+        } else if args.no_yield_within_project {
+            "off"
+        } else {
+            "on"
+        },
         if args.fair_share_preemption {
             format!("on ({} per hour, own bucket)", args.fair_share_preemptions_per_hour)
         } else {

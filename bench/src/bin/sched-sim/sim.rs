@@ -147,6 +147,7 @@ impl<'a> Sim<'a> {
         input.settings.reservations = !args.no_reservations;
         input.settings.fair_share_preemption = args.fair_share_preemption;
         input.settings.yield_within_project = !args.no_yield_within_project;
+        input.settings.order = args.order.order();
         // One project weighs double, so the study covers weights.
         input.weights.projects.insert("p00".into(), 2.0);
         let project_weights = (0..args.projects)

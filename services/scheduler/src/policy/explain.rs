@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use super::model::{MarketPolicy, QuotaResource, QuotaScope, Resources};
+use super::model::{MarketPolicy, Order, QuotaResource, QuotaScope, Resources};
 
 /// Why a pending job was not placed by a pass.
 #[derive(Debug, Clone, PartialEq)]
@@ -109,11 +109,14 @@ impl fmt::Display for Wait {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Ahead {
     pub higher_priority: usize,
-    /// Jobs of the same priority from projects or users with a smaller weighted dominant share
-    /// (or an older head job on a tie).
+    /// Jobs of the same priority from other users first in the fair-share `order`: from
+    /// projects or users with a smaller weighted dominant share, or from users further below
+    /// their fair share (an older head job on a tie).
     pub fair_share: usize,
     /// Older jobs of the same user in the same project.
     pub same_user: usize,
+    /// The order of the pass, which says what `fair_share` counts.
+    pub order: Order,
 }
 
 impl Ahead {
@@ -130,9 +133,13 @@ impl fmt::Display for Ahead {
             1 => f.write_str("1 job is ahead of it: ")?,
             _ => write!(f, "{total} jobs are ahead of it: ")?,
         }
+        let fair_share = match self.order {
+            Order::Hierarchical => "of projects or users with a smaller weighted share",
+            Order::FairShareRatio => "of users further below their fair share",
+        };
         let parts = [
             (self.higher_priority, "of higher priority"),
-            (self.fair_share, "of projects or users with a smaller weighted share"),
+            (self.fair_share, fair_share),
             (self.same_user, "older of the same user"),
         ];
         let mut first = true;
@@ -231,6 +238,7 @@ mod tests {
                 higher_priority: 2,
                 fair_share: 0,
                 same_user: 1,
+                order: Order::Hierarchical,
             },
             reason: Wait::Reserved {
                 pool: "p".into(),
@@ -243,5 +251,14 @@ mod tests {
              3 jobs are ahead of it: 2 of higher priority, 1 older of the same user"
         );
         assert_eq!(Ahead::default().to_string(), "no job is ahead of it");
+        let by_ratio = Ahead {
+            fair_share: 2,
+            order: Order::FairShareRatio,
+            ..Ahead::default()
+        };
+        assert_eq!(
+            by_ratio.to_string(),
+            "2 jobs are ahead of it: 2 of users further below their fair share"
+        );
     }
 }

@@ -5,13 +5,15 @@
 //! no store types. The scheduler's pass, the api's `kiln explain` and the `sched-sim` study
 //! all call the same [`plan`].
 //!
-//! - [`plan`] orders the queue by priority, then weighted dominant-resource fair share (DRF)
-//!   between projects and between users inside a project, then submit time; places what fits
+//! - [`plan`] orders the queue by priority, then weighted dominant-resource fair share (DRF):
+//!   by default ([`Order::FairShareRatio`]) users across projects by held share over their
+//!   demand-capped hierarchical DRF share, or ([`Order::Hierarchical`]) between projects and
+//!   then between users inside a project; then submit time; places what fits
 //!   at the lowest cost; makes jobs over a running quota wait without blocking others; holds
 //!   room for a job that cannot fit (one reservation per pool) so small jobs backfill only
 //!   around it; and lets opted-in priorities preempt lower ones within a per-pass budget.
-//! - Inside a project, once a user's job waits for capacity, its project-mates with larger
-//!   shares yield: they are walked after every other project's jobs (`Settings::yield_within_project`).
+//! - With the hierarchical order, inside a project, once a user's job waits for capacity, its
+//!   project-mates with larger shares yield: they are walked after every other project's jobs (`Settings::yield_within_project`).
 //! - Fair-share preemption (opt-in, `Settings::fair_share_preemption`): a job that cannot fit may
 //!   stop preemptible jobs of the same or lower priority on one pool, the lowest priority and then
 //!   the youngest first (the least work lost), only while the victim's owner (the project or,
@@ -34,8 +36,8 @@ mod tests;
 pub use explain::{Ahead, JobWait, Wait};
 pub use market::{DEFAULT_RUNTIME_SECS, PreemptionRate, choose_market, restart_probability};
 pub use model::{
-    Input, Market, MarketPolicy, PendingJob, Pool, Quota, QuotaResource, QuotaScope, Resources, RunningJob, Settings,
-    Weights,
+    Input, Market, MarketPolicy, Order, PendingJob, Pool, Quota, QuotaResource, QuotaScope, Resources, RunningJob,
+    Settings, Weights,
 };
 pub use pass::{Placement, Plan, Preemption, plan};
 pub use quota::{QuotaExceeded, check_submit};

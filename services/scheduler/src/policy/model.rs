@@ -4,6 +4,8 @@ use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::ops::{Add, AddAssign, Neg, Sub, SubAssign};
 
+use serde::{Deserialize, Serialize};
+
 const GIB: i64 = 1 << 30;
 const MIB: i64 = 1 << 20;
 
@@ -312,6 +314,22 @@ fn sane_weight(weight_opt: Option<f64>) -> f64 {
     }
 }
 
+/// How a pass orders the users of one priority.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Order {
+    /// The project with the smallest weighted dominant share, then its user with the smallest
+    /// share (with `yield_within_project`, users above a waiting project-mate go last).
+    Hierarchical,
+    /// The user (in a project) with the smallest held dominant share over their fair share, one
+    /// order across projects. The fair shares are computed at the start of each priority's walk
+    /// by water-filling what all users hold between projects (by weight), then between a
+    /// project's users (by weight), none above its demand (held plus queued); the same
+    /// definition as the study's. `yield_within_project` does not apply. The default.
+    #[default]
+    FairShareRatio,
+}
+
 /// The knobs of a pass.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
@@ -338,6 +356,8 @@ pub struct Settings {
     /// after every other project's jobs (they backfill what is left), so the project's share can
     /// fall to that user's turn. On by default; off only for studies and tests.
     pub yield_within_project: bool,
+    /// How the users of one priority are ordered.
+    pub order: Order,
 }
 
 impl Default for Settings {
@@ -351,6 +371,7 @@ impl Default for Settings {
             fair_share_preemption: false,
             fair_share_preemption_budget: 0,
             yield_within_project: true,
+            order: Order::FairShareRatio,
         }
     }
 }

@@ -97,6 +97,13 @@ fn shares_after(input: &Input, plan: &Plan) -> HashMap<String, f64> {
         .collect()
 }
 
+const ORDERS: [Order; 2] = [Order::Hierarchical, Order::FairShareRatio];
+
+fn with_order(mut input: Input, order: Order) -> Input {
+    input.settings.order = order;
+    input
+}
+
 fn flood(user: &str, project: &str, count: usize, resources: Resources) -> Vec<PendingJob> {
     (0..count)
         .map(|n| job(&format!("{user}-{n}"), user, project, resources, n as i64))
@@ -150,7 +157,12 @@ fn a_user_at_gpu_quota_waits_while_another_users_job_runs() {
 fn running_quotas_count_what_this_pass_placed() {
     let mut pending = flood("carol", "vision", 3, res(1.0, 1, 0));
     pending.extend(flood("dave", "nlp", 4, res(1.0, 1, 0)));
-    let mut input = input(pending, Vec::new(), vec![pool("p", res(64.0, 256, 0))]);
+    // Hierarchical: vision and nlp take turns, so carol's third job meets the project quota
+    // before the global one is full (by ratio, dave's larger demand would go faster).
+    let mut input = with_order(
+        input(pending, Vec::new(), vec![pool("p", res(64.0, 256, 0))]),
+        Order::Hierarchical,
+    );
     input.quotas = vec![
         Quota {
             running_jobs: Some(2),
@@ -210,14 +222,20 @@ fn equal_weight_users_flooding_get_equal_dominant_shares() {
     pending.extend(flood("bob", "p", 200, res(0.5, 4, 0)));
     let running = vec![running("a-old", "alice", "p", res(16.0, 16, 0), 0, 0)];
     let input = input(pending, running, vec![pool("p", res(64.0, 256, 0))]);
-    let plan = plan(&input);
-    let shares = shares_after(&input, &plan);
-    let (alice, bob) = (shares["alice"], shares["bob"]);
-    assert!(alice > 0.6 && bob > 0.6, "the cluster fills: alice {alice}, bob {bob}");
-    assert!(
-        (alice - bob).abs() <= 0.05 * alice.max(bob),
-        "alice {alice} and bob {bob} differ by more than 5%"
-    );
+    for order in ORDERS {
+        let input = with_order(input.clone(), order);
+        let plan = plan(&input);
+        let shares = shares_after(&input, &plan);
+        let (alice, bob) = (shares["alice"], shares["bob"]);
+        assert!(
+            alice > 0.6 && bob > 0.6,
+            "{order:?}: the cluster fills: alice {alice}, bob {bob}"
+        );
+        assert!(
+            (alice - bob).abs() <= 0.05 * alice.max(bob),
+            "{order:?}: alice {alice} and bob {bob} differ by more than 5%"
+        );
+    }
 }
 
 #[test]
@@ -226,10 +244,12 @@ fn project_weights_are_honoured() {
     pending.extend(flood("bob", "nlp", 50, res(1.0, 1, 0)));
     let mut input = input(pending, Vec::new(), vec![pool("p", res(30.0, 1000, 0))]);
     input.weights.projects.insert("vision".into(), 2.0);
-    let plan = plan(&input);
-    let shares = shares_after(&input, &plan);
-    assert_eq!((shares["alice"] * 30.0).round(), 20.0);
-    assert_eq!((shares["bob"] * 30.0).round(), 10.0);
+    for order in ORDERS {
+        let input = with_order(input.clone(), order);
+        let shares = shares_after(&input, &plan(&input));
+        assert_eq!((shares["alice"] * 30.0).round(), 20.0, "{order:?}");
+        assert_eq!((shares["bob"] * 30.0).round(), 10.0, "{order:?}");
+    }
 }
 
 #[test]
@@ -238,10 +258,12 @@ fn user_weights_are_honoured_inside_a_project() {
     pending.extend(flood("bob", "p", 50, res(1.0, 1, 0)));
     let mut input = input(pending, Vec::new(), vec![pool("p", res(40.0, 1000, 0))]);
     input.weights.users.insert(("p".into(), "alice".into()), 3.0);
-    let plan = plan(&input);
-    let shares = shares_after(&input, &plan);
-    assert_eq!((shares["alice"] * 40.0).round(), 30.0);
-    assert_eq!((shares["bob"] * 40.0).round(), 10.0);
+    for order in ORDERS {
+        let input = with_order(input.clone(), order);
+        let shares = shares_after(&input, &plan(&input));
+        assert_eq!((shares["alice"] * 40.0).round(), 30.0, "{order:?}");
+        assert_eq!((shares["bob"] * 40.0).round(), 10.0, "{order:?}");
+    }
 }
 
 #[test]
@@ -251,12 +273,76 @@ fn projects_share_first_then_users_inside_them() {
         pending.extend(flood(user, "team", 100, res(1.0, 1, 0)));
     }
     let input = input(pending, Vec::new(), vec![pool("p", res(60.0, 1000, 0))]);
-    let plan = plan(&input);
-    let shares = shares_after(&input, &plan);
-    assert_eq!((shares["solo"] * 60.0).round(), 30.0);
-    for user in ["t1", "t2", "t3"] {
-        assert_eq!((shares[user] * 60.0).round(), 10.0, "{user}");
+    for order in ORDERS {
+        let input = with_order(input.clone(), order);
+        let shares = shares_after(&input, &plan(&input));
+        assert_eq!((shares["solo"] * 60.0).round(), 30.0, "{order:?}");
+        for user in ["t1", "t2", "t3"] {
+            assert_eq!((shares[user] * 60.0).round(), 10.0, "{order:?} {user}");
+        }
     }
+}
+
+/// Project p: alice holds 3 of 10 CPUs, bob nothing; project q: dave holds 2. Bob and dave
+/// each queue a 4-CPU job, and only one fits.
+fn ratio_input(order: Order) -> Input {
+    let mut held = vec![
+        running("a-old", "alice", "p", res(3.0, 1, 0), 0, 0),
+        running("d-old", "dave", "p", res(2.0, 1, 0), 0, 0),
+    ];
+    held[1].project = "q".into();
+    let pending = vec![
+        job("d-1", "dave", "q", res(4.0, 1, 0), 0),
+        job("b-1", "bob", "p", res(4.0, 1, 0), 1),
+    ];
+    with_order(input(pending, held, vec![pool("p", res(10.0, 64, 0))]), order)
+}
+
+#[test]
+fn the_fair_share_ratio_order_puts_the_user_furthest_below_their_share_first() {
+    // Hierarchical: q holds less than p, so dave goes first.
+    let input = ratio_input(Order::Hierarchical);
+    assert_eq!(placed_ids(&input, &plan(&input)), ["d-1"]);
+    // By ratio: bob holds nothing of his fair share (a quarter), dave 2 CPUs of his half, so
+    // bob goes first though his project holds more.
+    let input = ratio_input(Order::FairShareRatio);
+    let plan = plan(&input);
+    assert_eq!(placed_ids(&input, &plan), ["b-1"]);
+    let wait = wait_of(&input, &plan, "d-1");
+    assert_eq!(
+        wait.ahead,
+        Ahead {
+            fair_share: 1,
+            order: Order::FairShareRatio,
+            ..Ahead::default()
+        }
+    );
+    assert!(
+        wait.to_string()
+            .ends_with("1 job is ahead of it: 1 of users further below their fair share"),
+        "{wait}"
+    );
+}
+
+#[test]
+fn the_fair_share_ratio_order_caps_fair_shares_by_demand() {
+    // Carol wants one CPU in all; alice and bob flood. Carol's fair share is her demand, so her
+    // job starts, and the rest splits evenly between alice and bob, whose shares grow with
+    // each placement (not alternating by submit time: alice starts with 4 CPUs).
+    let mut pending = flood("alice", "p", 50, res(1.0, 1, 0));
+    pending.extend(flood("bob", "p", 50, res(1.0, 1, 0)));
+    pending.push(job("c-1", "carol", "q", res(1.0, 1, 0), 99));
+    let held = vec![running("a-old", "alice", "p", res(4.0, 1, 0), 0, 0)];
+    let input = with_order(
+        input(pending, held, vec![pool("p", res(21.0, 1000, 0))]),
+        Order::FairShareRatio,
+    );
+    let plan = plan(&input);
+    assert!(placed_ids(&input, &plan).contains(&"c-1".to_string()));
+    let shares = shares_after(&input, &plan);
+    assert_eq!((shares["alice"] * 21.0).round(), 10.0);
+    assert_eq!((shares["bob"] * 21.0).round(), 10.0);
+    assert_eq!((shares["carol"] * 21.0).round(), 1.0);
 }
 
 #[test]
@@ -437,7 +523,7 @@ fn project_mates_above_a_waiting_user_yield_to_other_projects() {
     // Project p holds a third of the GPUs, q half the CPUs: p goes first. Carol (p, nothing)
     // waits for CPUs; alice, her project-mate with a GPU, yields, so the free GPU goes to dave
     // (q), and p's share can fall to carol's turn rather than stay up with alice's GPUs.
-    let input = yield_input();
+    let input = with_order(yield_input(), Order::Hierarchical);
     let plan = plan(&input);
     assert_eq!(placed_ids(&input, &plan), ["d-gpu"]);
     assert!(matches!(
@@ -450,14 +536,19 @@ fn project_mates_above_a_waiting_user_yield_to_other_projects() {
     ));
 
     // Without yielding, alice takes the GPU back.
-    let mut without = yield_input();
+    let mut without = with_order(yield_input(), Order::Hierarchical);
     without.settings.yield_within_project = false;
     assert_eq!(placed_ids(&without, &super::plan(&without)), ["a-gpu-2"]);
 
     // Yielding is not idling: with nobody else wanting it, alice gets the GPU after all.
-    let mut alone = yield_input();
+    let mut alone = with_order(yield_input(), Order::Hierarchical);
     alone.pending.retain(|job| job.id != "d-gpu");
     assert_eq!(placed_ids(&alone, &super::plan(&alone)), ["a-gpu-2"]);
+
+    // The fair-share-ratio order gets there without yielding: carol and dave hold nothing of
+    // their fair shares and go before alice.
+    let by_ratio = with_order(yield_input(), Order::FairShareRatio);
+    assert_eq!(placed_ids(&by_ratio, &super::plan(&by_ratio)), ["d-gpu"]);
 }
 
 // === priority preemption ===
@@ -944,7 +1035,8 @@ fn waits_explain_why_and_count_the_jobs_ahead() {
         Ahead {
             higher_priority: 1,
             fair_share: 0,
-            same_user: 0
+            same_user: 0,
+            ..Ahead::default()
         }
     );
     assert_eq!(
@@ -952,7 +1044,8 @@ fn waits_explain_why_and_count_the_jobs_ahead() {
         Ahead {
             higher_priority: 1,
             fair_share: 1,
-            same_user: 0
+            same_user: 0,
+            ..Ahead::default()
         }
     );
     assert_eq!(
@@ -960,14 +1053,21 @@ fn waits_explain_why_and_count_the_jobs_ahead() {
         Ahead {
             higher_priority: 1,
             fair_share: 1,
-            same_user: 1
+            same_user: 1,
+            ..Ahead::default()
         }
     );
     // a-1's reservation holds 1 GiB of the free memory (all it can hold now), so b-1 sees 14.
     assert_eq!(
         wait_of(&input, &plan, "b-1").to_string(),
         "it waits: no pool that can hold it has room now (free: p 0 CPUs, 14 GiB); \
-         2 jobs are ahead of it: 1 of higher priority, 1 of projects or users with a smaller weighted share"
+         2 jobs are ahead of it: 1 of higher priority, 1 of users further below their fair share"
+    );
+    let hierarchical = with_order(input.clone(), Order::Hierarchical);
+    let plan_hierarchical = super::plan(&hierarchical);
+    assert_eq!(
+        wait_of(&hierarchical, &plan_hierarchical, "b-1").ahead.to_string(),
+        "2 jobs are ahead of it: 1 of higher priority, 1 of projects or users with a smaller weighted share"
     );
     assert_eq!(
         wait_of(&input, &plan, "a-1").to_string(),

@@ -6,14 +6,17 @@
 //! by weighted dominant share yields the project with the smallest share, a set per project the
 //! user with the smallest share (ties: the older head job), and that user's queue its oldest
 //! job. Only a placement changes shares, so each step costs a few `O(log n)` set operations.
-//! Queues that yield to a waiting project-mate are merged again after the rest, once.
+//! Queues that yield to a waiting project-mate are merged again after the rest, once. With
+//! [`Order::FairShareRatio`], one set keyed by held share over fair share orders every user
+//! of the priority instead (see `ratio`).
 
 use std::cmp::Ordering;
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use super::explain::{Ahead, JobWait, Wait};
-use super::model::{Input, Market, PendingJob, Quota, QuotaResource, QuotaScope, Resources, Weights};
+use super::model::{Input, Market, Order, PendingJob, Quota, QuotaResource, QuotaScope, Resources, Weights};
 
+mod ratio;
 mod room;
 
 use room::{SHARE_EPSILON, eligible_pools};
@@ -57,10 +60,11 @@ impl Plan {
 /// Decides which pending jobs start now, on which pool and market, which running jobs to
 /// preempt, and why every other job waits.
 ///
-/// In order: higher priority first; within a priority, weighted dominant-resource fair share
-/// between projects, then between users inside the project, counting what running jobs hold and
-/// what this pass placed (a project's users above a project-mate waiting for capacity go after
-/// the other projects' jobs); then submit time. A job over a running quota, or that no pool could
+/// In order: higher priority first; within a priority, weighted dominant-resource fair share,
+/// counting what running jobs hold and what this pass placed: by the settings' `order`, users
+/// across projects by held share over fair share, or projects and then users inside them (a
+/// project's users above a project-mate waiting for capacity go after the other projects'
+/// jobs); then submit time. A job over a running quota, or that no pool could
 /// ever hold, waits without holding up others. A job that cannot fit for lack of capacity may
 /// preempt lower priorities (when its priority may), or else (with fair-share preemption on)
 /// jobs of projects or users above its share, or else gets a reservation on its best pool
@@ -204,6 +208,9 @@ struct Pass<'a> {
     members: Vec<Member>,
     member_of_job: Vec<usize>,
     member_of_running: Vec<usize>,
+    /// Per member, what its running and pending jobs ask together: its demand for the
+    /// fair-share-ratio order (placements move jobs from one to the other, so it stays put).
+    member_demands: Vec<Resources>,
     /// What this pass's preemptions will move, per project and per member: minus the victims
     /// (and jobs already stopping), plus the jobs waiting for them. Only fair-share checks read it.
     project_moves: Vec<Resources>,
@@ -245,6 +252,7 @@ impl<'a> Pass<'a> {
             .iter()
             .map(|job| registry.member(&job.project, &job.user, &input.weights))
             .collect();
+        let members_count = registry.members.len();
         let Registry {
             project_ids,
             user_ids,
@@ -289,6 +297,7 @@ impl<'a> Pass<'a> {
             members,
             member_of_job,
             member_of_running: running_members,
+            member_demands: vec![Resources::ZERO; members_count],
             global_usage: ScopeUsage::default(),
             global_quotas: Vec::new(),
             victim_taken: vec![false; input.running.len()],
@@ -297,8 +306,12 @@ impl<'a> Pass<'a> {
             stopping_left: input.running.iter().filter(|job| job.stopping).count(),
             plan: Plan::default(),
         };
+        for (index, job) in input.pending.iter().enumerate() {
+            pass.member_demands[pass.member_of_job[index]] += job.resources;
+        }
         for (index, job) in input.running.iter().enumerate() {
             let member = pass.member_of_running[index];
+            pass.member_demands[member] += job.resources;
             pass.take(member, job.resources);
             if job.stopping {
                 pass.moves(member, -job.resources);
@@ -373,8 +386,12 @@ impl<'a> Pass<'a> {
     /// member who needs CPUs never gets a turn. Yielding lets the project's share fall until the
     /// waiting member's job is first in the whole order.
     fn walk(&mut self, mut queues: Vec<Queue<'_>>, higher_priority: usize) -> usize {
-        let all: Vec<usize> = (0..queues.len()).collect();
         let mut competing = 0;
+        if self.input.settings.order == Order::FairShareRatio {
+            self.merge_by_ratio(&mut queues, higher_priority, &mut competing);
+            return competing;
+        }
+        let all: Vec<usize> = (0..queues.len()).collect();
         let yielding = self.input.settings.yield_within_project;
         let yielded = self.merge(&mut queues, &all, higher_priority, &mut competing, yielding);
         let rest = self.merge(&mut queues, &yielded, higher_priority, &mut competing, false);
@@ -421,24 +438,12 @@ impl<'a> Pass<'a> {
             if yields {
                 yielded.push(index);
             } else {
-                let queue = &mut queues[index];
-                let job = queue.jobs[queue.next];
-                queue.next += 1;
-                let ahead = Ahead {
-                    higher_priority,
-                    fair_share: *competing - queue.competing,
-                    same_user: queue.competing,
-                };
-                let step = self.consider(job, ahead);
-                let queue = &mut queues[index];
-                if step != Step::Skipped {
-                    *competing += 1;
-                    queue.competing += 1;
-                }
+                let step = self.consider_head(&mut queues[index], higher_priority, competing);
                 if step == Step::Competing {
                     waiting_member[project].get_or_insert((member, share));
                 }
                 placed = step == Step::Placed;
+                let queue = &queues[index];
                 if queue.next < queue.jobs.len() {
                     users[project].insert(self.user_key(&queues[index], index));
                 }
@@ -451,6 +456,25 @@ impl<'a> Pass<'a> {
             }
         }
         yielded
+    }
+
+    /// Considers the head job of `queue` and moves past it; a job that competes for capacity
+    /// counts as ahead of later ones.
+    fn consider_head(&mut self, queue: &mut Queue<'_>, higher_priority: usize, competing: &mut usize) -> Step {
+        let job = queue.jobs[queue.next];
+        queue.next += 1;
+        let ahead = Ahead {
+            higher_priority,
+            fair_share: *competing - queue.competing,
+            same_user: queue.competing,
+            order: self.input.settings.order,
+        };
+        let step = self.consider(job, ahead);
+        if step != Step::Skipped {
+            *competing += 1;
+            queue.competing += 1;
+        }
+        step
     }
 
     fn user_key(&self, queue: &Queue<'_>, index: usize) -> (Share, i64, usize) {
