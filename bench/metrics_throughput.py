@@ -39,7 +39,8 @@ md = (("authorization", f"Bearer {token}"),)
 with grpc.insecure_channel(_target(api)) as channel:
     job = job_pb2_grpc.JobServiceStub(channel).CreateRun(job_pb2.CreateRunRequest(name="bench"), metadata=md)
 run = Run(job_id=job.id, logs_address=logs, token=token, api_address=api, external=True, batch_points=1000)
-print(time.time(), flush=True)
+print("ready", flush=True)
+sys.stdin.readline()
 for step in range(n):
     run.log({"loss": step * 0.001}, step=step)
 run.finish()
@@ -53,7 +54,8 @@ from mlflow.entities import Metric
 n, uri = int(sys.argv[1]), sys.argv[2]
 client = MlflowClient(uri)
 run = client.create_run("0")  # the default experiment: clients start at once, none creates one
-print(time.time(), flush=True)
+print("ready", flush=True)
+sys.stdin.readline()
 now = int(time.time() * 1000)
 for start in range(0, n, 1000):
     client.log_batch(run.info.run_id, metrics=[Metric("loss", step * 0.001, now, step) for step in range(start, min(n, start + 1000))])
@@ -85,19 +87,26 @@ def peak_rss_mb(pid):
 
 
 def run_clients(python, script, count, points, extra_args, env):
-    """Runs the clients; returns when the first began writing (after its imports and its run
-    were set up: interpreter start-up is not part of the measure), and their run ids."""
-    clients = [subprocess.Popen([python, "-c", script, str(points), *extra_args], env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True) for _ in range(count)]
-    ids, starts = [], []
+    """Starts the clients and lets them write together once every one is ready (imports done,
+    run created: interpreter start-up is not part of the measure); returns when they began
+    writing, and their run ids."""
+    clients = [subprocess.Popen([python, "-c", script, str(points), *extra_args], env=env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(count)]
+    for client in clients:
+        if client.stdout.readline().strip() != "ready":
+            client.wait()
+            raise SystemExit(client.stderr.read())
+    started = time.time()
+    for client in clients:
+        client.stdin.write("go\n")
+        client.stdin.flush()
+    ids = []
     for client in clients:
         out, err = client.communicate()
         if client.returncode != 0:
             raise SystemExit(err)
-        began, run_id = out.split()
-        starts.append(float(began))
-        ids.append(run_id)
-    return min(starts), ids
+        ids.append(out.split()[-1])
+    return started, ids
 
 
 def kiln_rate(args, count, extra_flags, label):

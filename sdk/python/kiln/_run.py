@@ -80,7 +80,10 @@ class Run:
         self._batch_points = batch_points
         self._interval = interval
         self._capacity = buffer_points
-        self._cond = threading.Condition()
+        # `log` takes the plain lock (entered in C); waits and wake-ups go through the condition
+        # over the same lock.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._rows: list = []  # (key, step, value, timestamp_ms), oldest first
         self._logged = 0  # points taken by `log`
         self._settled = 0  # points sent (durable) or given up on
@@ -104,7 +107,7 @@ class Run:
             rows = [(str(key), step, float(value), now) for key, value in data.items()]
         else:
             values = [(str(key), float(value)) for key, value in data.items()]
-        with self._cond:
+        with self._lock:
             if self._error is not None:
                 raise RuntimeError("kiln: sending metrics failed") from self._error
             if self._stopping:

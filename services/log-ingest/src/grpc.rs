@@ -575,7 +575,7 @@ async fn next_event(events: &mut Option<async_nats::Subscriber>) -> Option<async
 
 fn to_proto(point: crate::points::Point) -> pb::MetricPoint {
     pb::MetricPoint {
-        key: point.key,
+        key: point.key.to_string(),
         step: point.step,
         value: point.value,
         timestamp_ms: point.timestamp_ms,

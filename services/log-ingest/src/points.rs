@@ -14,11 +14,12 @@ use kiln_proto::v1 as pb;
 
 use crate::error::{Error, Result};
 
-/// One metric point.
+/// One metric point. The job and the key are shared with the other points of their batch or
+/// series (a clone is a reference count, not a copy).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Point {
-    pub job_id: String,
-    pub key: String,
+    pub job_id: Arc<str>,
+    pub key: Arc<str>,
     pub step: i64,
     pub value: f64,
     pub timestamp_ms: i64,
@@ -121,12 +122,13 @@ pub fn split_columns(columns: &pb::MetricColumns, size: usize) -> Vec<pb::Metric
 /// The points of a published batch, one by one; points of columns that do not line up are
 /// dropped with a warning (log-ingest checks them before publishing).
 pub fn points_of(batch: pb::MetricBatch) -> Vec<Point> {
+    let job_id: Arc<str> = batch.job_id.into();
     let mut points: Vec<Point> = batch
         .points
         .into_iter()
         .map(|p| Point {
-            job_id: batch.job_id.clone(),
-            key: p.key,
+            job_id: job_id.clone(),
+            key: p.key.into(),
             step: p.step,
             value: p.value,
             timestamp_ms: p.timestamp_ms,
@@ -134,14 +136,15 @@ pub fn points_of(batch: pb::MetricBatch) -> Vec<Point> {
         .collect();
     if let Some(columns) = batch.columns {
         if let Err(problem) = check_columns(&columns) {
-            tracing::warn!(job_id = %batch.job_id, %problem, "dropping metric columns");
+            tracing::warn!(%job_id, %problem, "dropping metric columns");
             return points;
         }
+        let keys: Vec<Arc<str>> = columns.keys.into_iter().map(Arc::from).collect();
         points.reserve(columns.steps.len());
         for i in 0..columns.steps.len() {
             points.push(Point {
-                job_id: batch.job_id.clone(),
-                key: columns.keys[columns.key_index[i] as usize].clone(),
+                job_id: job_id.clone(),
+                key: keys[columns.key_index[i] as usize].clone(),
                 step: columns.steps[i],
                 value: columns.values[i],
                 timestamp_ms: columns.timestamps_ms.get(i).copied().unwrap_or(0),
@@ -156,6 +159,91 @@ pub fn points_of(batch: pb::MetricBatch) -> Vec<Point> {
 pub struct Series {
     pub points: Vec<Point>,
     pub total: u64,
+}
+
+/// Downsamples a series in one pass over its points (in any order; each store reads them in
+/// step order): every point while there are at most `max_points`, else buckets of equal step
+/// width between `lo` and `hi`, each giving its lowest and its highest value, so spikes
+/// survive (NaN only where a bucket holds nothing else: a run that diverged shows it).
+pub struct Sampler {
+    lo: i64,
+    width: i64,
+    max_points: usize,
+    total: u64,
+    all: Vec<(i64, f64, i64)>,
+    /// Per bucket: the lowest and the highest point seen.
+    buckets: Vec<Option<((i64, f64, i64), (i64, f64, i64))>>,
+}
+
+impl Sampler {
+    pub fn new(lo: i64, hi: i64, max_points: usize) -> Sampler {
+        let buckets = (max_points / 2).max(1);
+        let width = ((hi - lo) / buckets as i64 + 1).max(1);
+        Sampler {
+            lo,
+            width,
+            max_points,
+            total: 0,
+            all: Vec::new(),
+            buckets: vec![None; buckets],
+        }
+    }
+
+    /// Adds a point of the range.
+    pub fn add(&mut self, step: i64, value: f64, timestamp_ms: i64) {
+        let point = (step, value, timestamp_ms);
+        self.total += 1;
+        if self.all.len() <= self.max_points {
+            self.all.push(point);
+        }
+        let bucket = usize::try_from((step - self.lo) / self.width).unwrap_or(0);
+        let Some(slot) = self.buckets.get_mut(bucket) else {
+            return;
+        };
+        match slot {
+            None => *slot = Some((point, point)),
+            Some((low, high)) => {
+                if value < low.1 || low.1.is_nan() {
+                    *low = point;
+                }
+                if value > high.1 || high.1.is_nan() {
+                    *high = point;
+                }
+            }
+        }
+    }
+
+    /// The series of `key` of `job_id`: its points in step order, and how many there were.
+    pub fn finish(self, job_id: &str, key: &str) -> Series {
+        let (job_id, key): (Arc<str>, Arc<str>) = (job_id.into(), key.into());
+        let mut points = if self.all.len() <= self.max_points {
+            self.all
+        } else {
+            let keep_low = self.max_points >= 2;
+            self.buckets
+                .into_iter()
+                .flatten()
+                .flat_map(|(low, high)| [keep_low.then_some(low), Some(high)])
+                .flatten()
+                .collect()
+        };
+        points.sort_by_key(|point| point.0);
+        points.dedup_by_key(|point| point.0);
+        let points = points
+            .into_iter()
+            .map(|(step, value, timestamp_ms)| Point {
+                job_id: job_id.clone(),
+                key: key.clone(),
+                step,
+                value,
+                timestamp_ms,
+            })
+            .collect();
+        Series {
+            points,
+            total: self.total,
+        }
+    }
 }
 
 /// A store of metric points.
@@ -184,7 +272,19 @@ const SERIES_CACHE: usize = 100_000;
 pub struct SqliteMetricStore {
     writer: Arc<Mutex<rusqlite::Connection>>,
     reader: Arc<Mutex<rusqlite::Connection>>,
-    series_ids: Arc<Mutex<HashMap<(String, String), i64>>>,
+    series_ids: Arc<Mutex<HashMap<(Arc<str>, Arc<str>), i64>>>,
+}
+
+/// Points per INSERT statement: stepping one statement of many rows costs a fraction of
+/// stepping a one-row statement per point (the statement's start, bindings' reset and halt are
+/// paid once). 64 rows are 256 parameters, far below SQLite's limit of 32,766.
+const ROWS_PER_INSERT: usize = 64;
+
+/// `INSERT` of `rows` points, each (series, step, value, time); a point already stored is
+/// left as it is.
+fn insert_values(rows: usize) -> String {
+    let values = vec!["(?, ?, ?, ?)"; rows].join(", ");
+    format!("INSERT INTO metric_values (series_id, step, value, ts_ms) VALUES {values} ON CONFLICT DO NOTHING")
 }
 
 /// A series id by job and key, for the queries.
@@ -244,8 +344,8 @@ fn value_of(value: f64) -> Option<f64> {
 fn point_of(job_id: &str, key: &str, row: &rusqlite::Row<'_>) -> rusqlite::Result<Point> {
     let value: Option<f64> = row.get("value")?;
     Ok(Point {
-        job_id: job_id.to_string(),
-        key: key.to_string(),
+        job_id: job_id.into(),
+        key: key.into(),
         step: row.get("step")?,
         value: value.unwrap_or(f64::NAN),
         timestamp_ms: row.get("ts_ms")?,
@@ -260,35 +360,53 @@ impl MetricStore for SqliteMetricStore {
             let tx = connection.transaction()?;
             // Series ids: from the cache, or made in this transaction (and cached once
             // committed, so a rolled-back id is never remembered).
-            let mut made: HashMap<(String, String), i64> = HashMap::new();
+            let mut made: HashMap<(Arc<str>, Arc<str>), i64> = HashMap::new();
             {
                 let cached = cache.lock().expect("the series cache is never poisoned");
-                let mut new_series = tx.prepare_cached(
-                    "INSERT INTO metric_series (job_id, key) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
-                )?;
+                let mut new_series = tx
+                    .prepare_cached("INSERT INTO metric_series (job_id, key) VALUES (?1, ?2) ON CONFLICT DO NOTHING")?;
                 let mut series_id = tx.prepare_cached("SELECT id FROM metric_series WHERE job_id = ?1 AND key = ?2")?;
-                let mut insert = tx.prepare_cached(
-                    "INSERT INTO metric_values (series_id, step, value, ts_ms) VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING",
-                )?;
+                // Series ids first, then the rows in statements of ROWS_PER_INSERT rows each.
+                let mut rows: Vec<(i64, i64, Option<f64>, i64)> = Vec::with_capacity(points.len());
                 let mut last: Option<(&str, &str, i64)> = None;
                 for point in &points {
                     let id = match last {
-                        Some((job, key, id)) if job == point.job_id && key == point.key => id,
+                        Some((job, key, id)) if job == &*point.job_id && key == &*point.key => id,
                         _ => {
                             let series = (point.job_id.clone(), point.key.clone());
                             match cached.get(&series).or_else(|| made.get(&series)) {
                                 Some(id) => *id,
                                 None => {
-                                    new_series.execute((&point.job_id, &point.key))?;
-                                    let id: i64 = series_id.query_row((&point.job_id, &point.key), |row| row.get(0))?;
+                                    new_series.execute((&*point.job_id, &*point.key))?;
+                                    let id: i64 =
+                                        series_id.query_row((&*point.job_id, &*point.key), |row| row.get(0))?;
                                     made.insert(series, id);
                                     id
                                 }
                             }
                         }
                     };
-                    last = Some((&point.job_id, &point.key, id));
-                    insert.execute((id, point.step, value_of(point.value), point.timestamp_ms))?;
+                    last = Some((&*point.job_id, &*point.key, id));
+                    rows.push((id, point.step, value_of(point.value), point.timestamp_ms));
+                }
+                drop(cached);
+                // In key order, each statement's rows land on the same few B-tree pages. A batch
+                // is a few runs already in order (one per message), which a stable sort merges.
+                rows.sort_by_key(|&(id, step, _, _)| (id, step));
+                let mut chunks = rows.chunks_exact(ROWS_PER_INSERT);
+                let mut insert = tx.prepare_cached(&insert_values(ROWS_PER_INSERT))?;
+                for chunk in &mut chunks {
+                    for (i, (id, step, value, ts)) in chunk.iter().enumerate() {
+                        insert.raw_bind_parameter(4 * i + 1, id)?;
+                        insert.raw_bind_parameter(4 * i + 2, step)?;
+                        insert.raw_bind_parameter(4 * i + 3, value)?;
+                        insert.raw_bind_parameter(4 * i + 4, ts)?;
+                    }
+                    insert.raw_execute()?;
+                }
+                let mut insert_one = tx.prepare_cached(&insert_values(1))?;
+                for row in chunks.remainder() {
+                    insert_one.execute(*row)?;
                 }
             }
             tx.commit()?;
@@ -322,49 +440,29 @@ impl MetricStore for SqliteMetricStore {
         with(&self.reader, move |connection| {
             let filter = format!("{SERIES} AND step >= ?3 AND step <= ?4");
             let range = (&job_id, &key, min_step, max_step);
-            let (total, lo, hi): (i64, Option<i64>, Option<i64>) = connection
-                .prepare_cached(&format!(
-                    "SELECT COUNT(*), MIN(step), MAX(step) FROM metric_values WHERE {filter}"
-                ))?
-                .query_row(range, |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))?;
-            let total = u64::try_from(total).unwrap_or(0);
-            let (Some(lo), Some(hi)) = (lo, hi) else {
+            // The first and last steps come from the primary key's order at the cost of one
+            // lookup each; then one scan in step order (no sort) counts the points and keeps
+            // each bucket's lowest and highest.
+            let bound = |aggregate: &str| -> Result<Option<i64>> {
+                let sql = format!("SELECT {aggregate}(step) FROM metric_values WHERE {filter}");
+                Ok(connection.prepare_cached(&sql)?.query_row(range, |row| row.get(0))?)
+            };
+            let (Some(lo), Some(hi)) = (bound("MIN")?, bound("MAX")?) else {
                 return Ok(Series {
                     points: Vec::new(),
-                    total,
+                    total: 0,
                 });
             };
-            if total as usize <= max_points {
-                let mut statement = connection.prepare_cached(&format!(
-                    "SELECT step, value, ts_ms FROM metric_values WHERE {filter} ORDER BY step"
-                ))?;
-                let points = statement
-                    .query_map(range, |row| point_of(&job_id, &key, row))?
-                    .collect::<rusqlite::Result<Vec<Point>>>()?;
-                return Ok(Series { points, total });
+            let mut sampler = Sampler::new(lo, hi, max_points);
+            let mut statement = connection.prepare_cached(&format!(
+                "SELECT step, value, ts_ms FROM metric_values WHERE {filter} ORDER BY step"
+            ))?;
+            let mut rows = statement.query(range)?;
+            while let Some(row) = rows.next()? {
+                let value: Option<f64> = row.get(1)?;
+                sampler.add(row.get(0)?, value.unwrap_or(f64::NAN), row.get(2)?);
             }
-            // Buckets of equal step width; each gives its lowest and highest point (SQLite
-            // returns the row of the MIN/MAX for the bare columns).
-            let buckets = (max_points / 2).max(1) as i64;
-            let width = ((hi - lo) / buckets + 1).max(1);
-            let mut points = Vec::with_capacity(max_points);
-            for aggregate in ["MIN", "MAX"] {
-                if aggregate == "MIN" && max_points < 2 {
-                    continue;
-                }
-                let mut statement = connection.prepare_cached(&format!(
-                    "SELECT (step - ?5) / ?6 AS bucket, {aggregate}(value) AS value, step, ts_ms FROM metric_values WHERE {filter} GROUP BY bucket"
-                ))?;
-                let rows = statement.query_map((&job_id, &key, min_step, max_step, lo, width), |row| {
-                    point_of(&job_id, &key, row)
-                })?;
-                for row in rows {
-                    points.push(row?);
-                }
-            }
-            points.sort_by_key(|point| point.step);
-            points.dedup_by_key(|point| point.step);
-            Ok(Series { points, total })
+            Ok(sampler.finish(&job_id, &key))
         })
         .await
     }
@@ -379,5 +477,73 @@ impl MetricStore for SqliteMetricStore {
             Ok(rows.next().transpose()?)
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sampled(points: &[(i64, f64)], max_points: usize) -> Series {
+        let lo = points.iter().map(|p| p.0).min().unwrap();
+        let hi = points.iter().map(|p| p.0).max().unwrap();
+        let mut sampler = Sampler::new(lo, hi, max_points);
+        for &(step, value) in points {
+            sampler.add(step, value, step * 10);
+        }
+        sampler.finish("job", "loss")
+    }
+
+    fn steps(series: &Series) -> Vec<i64> {
+        series.points.iter().map(|p| p.step).collect()
+    }
+
+    #[test]
+    fn a_short_series_comes_back_whole_in_step_order() {
+        let series = sampled(&[(3, 0.3), (1, 0.1), (2, f64::NAN)], 3);
+        assert_eq!(series.total, 3);
+        assert_eq!(steps(&series), vec![1, 2, 3]);
+        assert!(series.points[1].value.is_nan());
+        assert_eq!(series.points[2].timestamp_ms, 30);
+    }
+
+    #[test]
+    fn each_bucket_gives_its_lowest_and_highest_and_nan_only_where_nothing_else() {
+        // Four buckets of 25 steps: a spike in the first, NaN mixed into the second, only NaN
+        // in the third.
+        let points: Vec<(i64, f64)> = (0..100)
+            .map(|step| match step {
+                7 => (step, 1e9),
+                30 | 31 => (step, f64::NAN),
+                50..75 => (step, f64::NAN),
+                _ => (step, step as f64),
+            })
+            .collect();
+        let series = sampled(&points, 8);
+        assert_eq!(series.total, 100);
+        let first: Vec<(i64, f64)> = series.points.iter().take(2).map(|p| (p.step, p.value)).collect();
+        assert_eq!(first, vec![(0, 0.0), (7, 1e9)]);
+        let second: Vec<i64> = series
+            .points
+            .iter()
+            .filter(|p| (25..50).contains(&p.step))
+            .map(|p| p.step)
+            .collect();
+        assert_eq!(
+            second,
+            vec![25, 49],
+            "NaN is neither the lowest nor the highest of a bucket with numbers"
+        );
+        let third: Vec<&Point> = series.points.iter().filter(|p| (50..75).contains(&p.step)).collect();
+        assert_eq!(third.len(), 1, "a bucket of NaN alone gives one NaN point");
+        assert!(third[0].value.is_nan());
+        assert!(series.points.len() <= 8);
+    }
+
+    #[test]
+    fn one_point_asked_gives_the_highest() {
+        let series = sampled(&[(0, 5.0), (1, 9.0), (2, 1.0)], 1);
+        assert_eq!(series.points.iter().map(|p| p.value).collect::<Vec<_>>(), vec![9.0]);
+        assert_eq!(series.total, 3);
     }
 }

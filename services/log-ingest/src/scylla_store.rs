@@ -16,7 +16,7 @@ use scylla::statement::prepared::PreparedStatement;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::points::{MetricStore, Point, Series};
+use crate::points::{MetricStore, Point, Sampler, Series};
 
 /// Steps per partition.
 pub const BUCKET_STEPS: i64 = 100_000;
@@ -289,16 +289,13 @@ impl MetricStore for ScyllaMetricStore {
             lo = lo.min(first.unwrap_or(i64::MAX));
             hi = hi.max(last.unwrap_or(i64::MIN));
         }
-        let everything = total as usize <= max_points;
-        let slots = (max_points / 2).max(1) as i64;
-        let width = if everything || total == 0 {
-            1
-        } else {
-            ((hi - lo) / slots + 1).max(1)
-        };
-        // Per slot: the lowest and the highest point (NaN is neither, as in SQL's MIN and MAX).
-        let mut extremes: BTreeMap<i64, (Option<Point>, Option<Point>)> = BTreeMap::new();
-        let mut all = Vec::new();
+        if total == 0 {
+            return Ok(Series {
+                points: Vec::new(),
+                total,
+            });
+        }
+        let mut sampler = Sampler::new(lo, hi, max_points);
         for &bucket in &buckets {
             let rows = self
                 .session
@@ -313,41 +310,10 @@ impl MetricStore for ScyllaMetricStore {
                 .map_err(|e| cql_error("read points")(&e))?;
             while let Some(row) = rows.next().await {
                 let (step, value, timestamp_ms) = row.map_err(|e| cql_error("read points")(&e))?;
-                let point = Point {
-                    job_id: job_id.into(),
-                    key: key.into(),
-                    step,
-                    value: value.unwrap_or(f64::NAN),
-                    timestamp_ms,
-                };
-                if everything {
-                    all.push(point);
-                    continue;
-                }
-                let slot = extremes.entry((step - lo) / width).or_default();
-                if point.value.is_nan() {
-                    continue;
-                }
-                if slot.0.as_ref().is_none_or(|low| point.value < low.value) {
-                    slot.0 = Some(point.clone());
-                }
-                if slot.1.as_ref().is_none_or(|high| point.value > high.value) {
-                    slot.1 = Some(point);
-                }
+                sampler.add(step, value.unwrap_or(f64::NAN), timestamp_ms);
             }
         }
-        let mut points = if everything {
-            all
-        } else {
-            extremes
-                .into_values()
-                .flat_map(|(low, high)| [if max_points < 2 { None } else { low }, high])
-                .flatten()
-                .collect()
-        };
-        points.sort_by_key(|point| point.step);
-        points.dedup_by_key(|point| point.step);
-        Ok(Series { points, total })
+        Ok(sampler.finish(job_id, key))
     }
 
     async fn latest(&self, job_id: &str, key: &str) -> Result<Option<Point>> {
