@@ -170,10 +170,13 @@ pub struct Sampler {
     width: i64,
     max_points: usize,
     total: u64,
-    all: Vec<(i64, f64, i64)>,
+    all: Vec<Sample>,
     /// Per bucket: the lowest and the highest point seen.
-    buckets: Vec<Option<((i64, f64, i64), (i64, f64, i64))>>,
+    buckets: Vec<Option<(Sample, Sample)>>,
 }
+
+/// A point of the series being sampled: (step, value, time).
+type Sample = (i64, f64, i64);
 
 impl Sampler {
     pub fn new(lo: i64, hi: i64, max_points: usize) -> Sampler {
@@ -272,8 +275,11 @@ const SERIES_CACHE: usize = 100_000;
 pub struct SqliteMetricStore {
     writer: Arc<Mutex<rusqlite::Connection>>,
     reader: Arc<Mutex<rusqlite::Connection>>,
-    series_ids: Arc<Mutex<HashMap<(Arc<str>, Arc<str>), i64>>>,
+    series_ids: Arc<Mutex<HashMap<SeriesKey, i64>>>,
 }
+
+/// A series: (job, key).
+type SeriesKey = (Arc<str>, Arc<str>);
 
 /// Points per INSERT statement: stepping one statement of many rows costs a fraction of
 /// stepping a one-row statement per point (the statement's start, bindings' reset and halt are
@@ -360,7 +366,7 @@ impl MetricStore for SqliteMetricStore {
             let tx = connection.transaction()?;
             // Series ids: from the cache, or made in this transaction (and cached once
             // committed, so a rolled-back id is never remembered).
-            let mut made: HashMap<(Arc<str>, Arc<str>), i64> = HashMap::new();
+            let mut made: HashMap<SeriesKey, i64> = HashMap::new();
             {
                 let cached = cache.lock().expect("the series cache is never poisoned");
                 let mut new_series = tx

@@ -16,6 +16,9 @@ use tar::EntryType;
 
 use crate::error::{Error, Result};
 
+/// Largest size a code bundle, a dataset or a resumed attempt's restored outputs may unpack to.
+pub const MAX_UNPACKED_BYTES: u64 = 64 << 30;
+
 /// Unpacks a gzip-compressed tar from `reader` into `dest` (which should be empty), refusing
 /// anything that could escape it. Returns the number of entries.
 pub fn unpack(reader: impl Read, dest: &Path, max_bytes: u64) -> Result<u64> {

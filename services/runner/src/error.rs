@@ -22,6 +22,8 @@ pub enum Error {
     Capacity(String),
     #[error("docker: cannot {what}: {message}")]
     Docker { what: String, message: String },
+    #[error("cannot restore the outputs of the earlier attempts: {0}")]
+    Restore(String),
     #[error("{what}: {source}")]
     Io { what: String, source: std::io::Error },
     #[error(transparent)]
@@ -52,6 +54,7 @@ impl Error {
             | Error::ImageUnsupported { .. } => ErrorKind::InvalidArgument,
             Error::Docker { .. } => ErrorKind::Unavailable,
             Error::Capacity(_) => ErrorKind::ResourceExhausted,
+            Error::Restore(_) => ErrorKind::FailedPrecondition,
             Error::Store(error) => error.kind(),
             Error::Core(error) => error.kind(),
             Error::Nats(error) => error.kind(),

@@ -1,6 +1,7 @@
 //! One job's life on this runner, from PROVISIONING to its end state.
 //!
-//! fetch and check the code and datasets → provision an instance → start it → RUNNING → watch
+//! fetch and check the code, datasets and (for a resumed attempt) the outputs the earlier
+//! attempts synced → provision an instance → start it → RUNNING → watch
 //! (logs, stop requests, the run-time limit, runner shutdown) → stop gracefully when asked
 //! (SIGTERM, grace period, SIGKILL) → SYNCING: outputs to object storage → release the instance
 //! → end state. The job runs with a token scoped to itself, revoked when it ends.
@@ -23,13 +24,14 @@ use object_store::ObjectStoreExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::Context;
+use crate::bundle::MAX_UNPACKED_BYTES;
 use crate::config::OnLost;
 use crate::error::{Error, Result};
 use crate::logs::LogShipper;
-use crate::provider::{Exit, Instance, InstanceSpec};
+use crate::provider::{Exit, Instance, InstanceSpec, OUTPUTS_DIR};
 
-/// Largest size a code bundle or dataset may unpack to.
-const MAX_UNPACKED_BYTES: u64 = 64 << 30;
+/// The restored outputs of a resumed attempt, in its scratch dir until the instance is provisioned.
+const RESTORE_ARCHIVE: &str = "restore.tar.gz";
 /// How often a running job's stop flag is read from the database, in case a control message
 /// was missed.
 const STOP_POLL: Duration = Duration::from_secs(2);
@@ -216,6 +218,11 @@ async fn instance_spec(
             fetch_archive(ctx, &dataset.digest, &format!("dataset {name}")).await?,
         ));
     }
+    let restore = if job.resume_from.is_empty() {
+        None
+    } else {
+        restore_archive(ctx, job, scratch_dir).await?
+    };
     let token = ctx
         .store
         .create_token(&job.owner_id, &format!("job {}", job.id), Scope::Job(job.id.clone()))
@@ -223,7 +230,9 @@ async fn instance_spec(
     let mut env = job.env()?;
     env.insert("KILN_JOB_ID".into(), job.id.clone());
     if !job.resume_from.is_empty() {
-        env.insert("KILN_RESUME_FROM".into(), job.resume_from.clone());
+        // Where the instance finds the restored outputs; providers whose outputs directory is
+        // elsewhere (`process`) point it at theirs.
+        env.insert("KILN_RESUME_FROM".into(), OUTPUTS_DIR.into());
     }
     env.insert("KILN_ATTEMPT".into(), job.attempt.to_string());
     env.insert("KILN_API".into(), ctx.config.api_url.clone());
@@ -249,7 +258,40 @@ async fn instance_spec(
             Some(agent_archive(ctx).await?)
         },
         scratch_dir: PathBuf::from(scratch_dir),
+        restore,
     })
+}
+
+/// Packs the outputs the earlier attempts synced (under `job.resume_from`) into a tar.gz in the
+/// scratch dir and checks it like a code bundle; `None` when there is nothing to restore.
+async fn restore_archive(ctx: &Context, job: &JobRecord, scratch_dir: &std::path::Path) -> Result<Option<PathBuf>> {
+    let prefix = object_store::path::Path::parse(&job.resume_from)
+        .map_err(|e| Error::Restore(format!("bad prefix {:?}: {e}", job.resume_from)))?;
+    let archive = scratch_dir.join(RESTORE_ARCHIVE);
+    let packed = crate::outputs::pack_synced(ctx.objects.clone(), prefix, archive.clone(), MAX_UNPACKED_BYTES).await?;
+    if packed.files == 0 {
+        // The previous attempts synced nothing (or only paths that were skipped).
+        remove_file(&archive).await;
+        return Ok(None);
+    }
+    let checked = archive.clone();
+    tokio::task::spawn_blocking(move || {
+        let file = std::fs::File::open(&checked).map_err(Error::io(format!("cannot read {}", checked.display())))?;
+        crate::bundle::check(std::io::BufReader::new(file), MAX_UNPACKED_BYTES)
+    })
+    .await
+    .map_err(|e| Error::Restore(e.to_string()))?
+    .map_err(|error| Error::Restore(error.to_string()))?;
+    tracing::info!(job_id = %job.id, files = packed.files, bytes = packed.bytes, "outputs to restore packed");
+    Ok(Some(archive))
+}
+
+async fn remove_file(path: &std::path::Path) {
+    if let Err(error) = tokio::fs::remove_file(path).await
+        && error.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(path = %path.display(), error = %error, "cannot remove a file");
+    }
 }
 
 /// A tar holding the static kiln-agent at `kiln/bin/kiln-agent`, for batch workers' containers:
@@ -310,11 +352,16 @@ async fn execute(
         Ok(spec) => spec,
         Err(error) => return (not_started(error), job, None),
     };
-    let mut instance = match ctx.provider.provision(&spec).await {
+    let provisioned = ctx.provider.provision(&spec).await;
+    // The provider has put the restored outputs in place (or failed): the archive is done with.
+    if let Some(restore) = &spec.restore {
+        remove_file(restore).await;
+    }
+    drop(spec);
+    let mut instance = match provisioned {
         Ok(instance) => instance,
         Err(error) => return (not_started(error), job, None),
     };
-    drop(spec);
     if controls.stop.is_cancelled() || ctx.store.job(&job.id).await.map(|j| j.stop_requested).unwrap_or(false) {
         let outcome = Outcome::NotStarted {
             reason: "stopped before it started".into(),
@@ -524,8 +571,9 @@ fn attempt_cost(ctx: &Context, job: &JobRecord) -> Option<(i64, i64)> {
 }
 
 /// The instance was taken back (a spot preemption) or a higher priority needs the room: the job
-/// ends PREEMPTED and is queued again as a new attempt, keeping its id, with
-/// `KILN_RESUME_FROM` naming its synced outputs (checkpoints included).
+/// ends PREEMPTED and is queued again as a new attempt, keeping its id, with `resume_from`
+/// naming its synced outputs (checkpoints included): the next attempt finds them in its outputs
+/// directory, which `KILN_RESUME_FROM` names.
 async fn requeue_preempted(
     ctx: &Context,
     job: JobRecord,

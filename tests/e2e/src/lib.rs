@@ -604,6 +604,45 @@ pub async fn metric_batches(stack: &Stack, job_id: &str) -> Vec<pb::MetricBatch>
     .collect()
 }
 
+/// Preempts a running job as a higher priority would (ACTION_PREEMPT to its runner): SIGTERM,
+/// the grace period, outputs synced, queued again with `resume_from` set.
+pub async fn preempt(stack: &Stack, job_id: &str) {
+    let nats = kiln_core::streams::connect(&stack.nats.config()).await.expect("nats");
+    let job = stack.store.job(job_id).await.expect("job record");
+    kiln_core::events::preempt_job(&nats, &job, "a-test")
+        .await
+        .expect("preempt");
+}
+
+/// Waits until a job has logged a line starting with `prefix`.
+pub async fn wait_for_line(stack: &Stack, job_id: &str, prefix: &str) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let lines = stack.log_lines(job_id, false).await;
+        if lines.iter().any(|l| l.text.starts_with(prefix)) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no line {prefix:?} in {lines:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A job script that checkpoints `step-42` into its outputs when it is stopped, and, as a
+/// resumed attempt, prints `resumed <attempt> <checkpoint> <KILN_RESUME_FROM>` and ends.
+pub const CHECKPOINTING_SCRIPT: &str = r#"
+if [ -n "$KILN_RESUME_FROM" ]; then
+  echo "resumed $KILN_ATTEMPT $(cat "$KILN_RESUME_FROM/ckpt/step.txt") $KILN_RESUME_FROM"
+  exit 0
+fi
+trap 'mkdir -p "$KILN_OUTPUTS/ckpt"; echo step-42 > "$KILN_OUTPUTS/ckpt/step.txt"; exit 0' TERM
+echo ready
+sleep 60 &
+wait
+"#;
+
 /// The state changes published for a job (all but QUEUED), in order.
 pub async fn job_events(stack: &Stack, job_id: &str) -> Vec<pb::JobEvent> {
     use prost::Message;

@@ -259,11 +259,11 @@ async fn spot_preemptions_resume_the_job_and_then_it_runs_on_demand() {
         "{boots:?}"
     );
     assert!(
-        boots[1].contains("(spot)") && boots[1].contains("KILN_RESUME_FROM=outputs/"),
+        boots[1].contains("(spot)") && boots[1].contains("KILN_RESUME_FROM=/kiln/outputs"),
         "{boots:?}"
     );
     assert!(
-        boots[2].contains("(on-demand)") && boots[2].contains("KILN_RESUME_FROM=outputs/"),
+        boots[2].contains("(on-demand)") && boots[2].contains("KILN_RESUME_FROM=/kiln/outputs"),
         "{boots:?}"
     );
 }

@@ -8,8 +8,9 @@
 //!   unless configured).
 //! - Volumes ("block storage" of the instance): the code at `/kiln/code` (the working
 //!   directory), outputs at `/kiln/outputs`, each dataset read-only at `/kiln/data/<name>`. The
-//!   code is uploaded into its volume through the engine's archive API before the start, and
-//!   datasets through a short-lived loader container, so a remote engine works the same.
+//!   code (and a resumed attempt's restored outputs) are uploaded into their volumes through the
+//!   engine's archive API before the start, and datasets through a short-lived loader
+//!   container, so a remote engine works the same.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -444,7 +445,30 @@ impl DockerProvider {
                 return Err(docker_error("upload the code")(error));
             }
         }
+        if let Some(restore) = &spec.restore
+            && let Err(error) = self.restore_outputs(&created.id, restore).await
+        {
+            self.release(&instance).await?;
+            return Err(error);
+        }
         Ok(instance)
+    }
+
+    /// Uploads a resumed attempt's restored outputs (a checked tar.gz on the runner's host) into
+    /// the created container's outputs volume, streamed from the file.
+    async fn restore_outputs(&self, container: &str, archive: &std::path::Path) -> Result<()> {
+        let file = tokio::fs::File::open(archive)
+            .await
+            .map_err(Error::io(format!("cannot read {}", archive.display())))?;
+        let options = UploadToContainerOptionsBuilder::new().path(OUTPUTS_DIR).build();
+        self.docker
+            .upload_to_container(
+                container,
+                Some(options),
+                bollard::body_try_stream(tokio_util::io::ReaderStream::new(file)),
+            )
+            .await
+            .map_err(docker_error("restore the outputs"))
     }
 
     async fn start_instance(&self, instance: &mut Instance) -> Result<OutputStream> {

@@ -2,7 +2,8 @@
 //! [`process`] (a local child process, for machines without Docker) and [`docker`] (a container
 //! on a local or remote Docker Engine). A cloud provider plugs in the same way.
 //!
-//! The runner drives an instance through `provision` (image, volumes, code, datasets) →
+//! The runner drives an instance through `provision` (image, volumes, code, datasets, restored
+//! outputs) →
 //! `start` (output streams) → `signal`/`wait` → `outputs` (synced to object storage by the
 //! runner) → `release` (nothing left behind).
 
@@ -56,6 +57,10 @@ pub struct InstanceSpec {
     pub agent: Option<Bytes>,
     /// A directory on the runner's host the instance may use for its files.
     pub scratch_dir: PathBuf,
+    /// For an attempt resuming a preempted one: a tar.gz on the runner's host (already checked
+    /// by [`crate::bundle::check`]) of the outputs the earlier attempts synced, to unpack into
+    /// the outputs directory before the start. Providers without a filesystem (`sim`) ignore it.
+    pub restore: Option<PathBuf>,
 }
 
 /// A provisioned instance.

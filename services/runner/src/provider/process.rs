@@ -3,7 +3,8 @@
 //! The child starts with a clean environment (PATH, HOME, LANG, the job's env and the `KILN_*`
 //! variables), so nothing of the runner's environment, credentials included, leaks into it.
 //! Code, outputs and datasets are directories under the instance's scratch directory, named by
-//! `KILN_CODE`, `KILN_OUTPUTS` and `KILN_DATA`; datasets are made read-only by their modes, which
+//! `KILN_CODE`, `KILN_OUTPUTS` and `KILN_DATA` (and `KILN_RESUME_FROM`, the outputs directory
+//! holding a resumed attempt's restored outputs); datasets are made read-only by their modes, which
 //! a job running as root can override. Stopping signals the whole group. This provider does not
 //! enforce CPU or memory limits; the docker provider does.
 
@@ -23,10 +24,8 @@ use tokio::sync::watch;
 use tokio_util::io::ReaderStream;
 
 use super::{Capacity, Exit, Instance, InstanceSpec, InstanceStats, OutputStream, Outputs, Provider};
+use crate::bundle::MAX_UNPACKED_BYTES;
 use crate::error::{Error, Result};
-
-/// Largest size a code bundle or dataset may unpack to.
-const MAX_UNPACKED_BYTES: u64 = 64 << 30;
 
 /// The command and environment of a provisioned, not yet started instance.
 type Launch = (Vec<String>, BTreeMap<String, String>);
@@ -64,6 +63,16 @@ async fn unpack_into(archive: Bytes, dir: PathBuf) -> Result<()> {
     tokio::task::spawn_blocking(move || crate::bundle::unpack(archive.as_ref(), &dir, MAX_UNPACKED_BYTES).map(|_| ()))
         .await
         .map_err(|e| Error::BadBundle(e.to_string()))?
+}
+
+/// Unpacks a tar.gz file on the runner's host into `dir` on a blocking thread.
+async fn unpack_file_into(archive: PathBuf, dir: PathBuf) -> Result<()> {
+    tokio::task::spawn_blocking(move || {
+        let file = std::fs::File::open(&archive).map_err(io(format!("cannot read {}", archive.display())))?;
+        crate::bundle::unpack(std::io::BufReader::new(file), &dir, MAX_UNPACKED_BYTES).map(|_| ())
+    })
+    .await
+    .map_err(|e| Error::BadBundle(e.to_string()))?
 }
 
 /// Sets the write bits of everything under `dir` (off for datasets, on again to remove them).
@@ -126,6 +135,9 @@ impl Provider for ProcessProvider {
         if let Some(code) = &spec.code {
             unpack_into(code.clone(), dir.join("code")).await?;
         }
+        if let Some(restore) = &spec.restore {
+            unpack_file_into(restore.clone(), dir.join("outputs")).await?;
+        }
         for (name, archive) in &spec.datasets {
             let path = dir.join("data").join(name);
             tokio::fs::create_dir_all(&path)
@@ -141,6 +153,10 @@ impl Provider for ProcessProvider {
         let mut env = spec.env.clone();
         env.insert("KILN_CODE".into(), dir.join("code").display().to_string());
         env.insert("KILN_OUTPUTS".into(), dir.join("outputs").display().to_string());
+        if env.contains_key("KILN_RESUME_FROM") {
+            // The restored outputs are in this instance's outputs directory.
+            env.insert("KILN_RESUME_FROM".into(), dir.join("outputs").display().to_string());
+        }
         env.insert("KILN_DATA".into(), dir.join("data").display().to_string());
         if !spec.gpu_devices.is_empty() {
             let devices: Vec<String> = spec.gpu_devices.iter().map(u32::to_string).collect();
@@ -457,6 +473,7 @@ mod tests {
             datasets: Vec::new(),
             agent: None,
             scratch_dir: dir.join("j1-1"),
+            restore: None,
         }
     }
 

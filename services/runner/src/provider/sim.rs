@@ -7,9 +7,11 @@
 //! a run is reproducible whatever order instances are made in. Time runs `time-scale` times
 //! faster than the wall clock.
 //!
-//! Nothing runs on a simulated instance; the command says what it does: `sleep SECS` runs that
-//! long, `exit CODE` ends with that code, anything else ends at once with 0. SIGTERM ends it with
-//! 143, SIGKILL with 137; a preempted instance ends with 137 after its notice.
+//! Nothing runs on a simulated instance, and it has no filesystem: a resumed attempt's restored
+//! outputs are ignored (its boot line echoes `KILN_RESUME_FROM`). The command says what it does:
+//! `sleep SECS` runs that long, `exit CODE` ends with that code, anything else ends at once with
+//! 0. SIGTERM ends it with 143, SIGKILL with 137; a preempted instance ends with 137 after its
+//! notice.
 //!
 //! A batch worker (its environment names `KILN_BATCH_ID`) runs kiln-agent's loop in this process,
 //! for real, with built-ins only (`kiln:noop`): it takes items from item-batch until told to
@@ -527,6 +529,7 @@ mod tests {
             datasets: Vec::new(),
             agent: None,
             scratch_dir: PathBuf::new(),
+            restore: None,
         }
     }
 
