@@ -4,6 +4,7 @@
     kiln.init(config={"lr": 3e-4})          # in a kiln job: that job; elsewhere: a new run
     for step in range(steps):
         kiln.log({"train/loss": loss}, step=step)
+    kiln.log_series("lr", schedule)         # many values of one key at once, at the next steps
     kiln.finish()                           # also done at exit
 
 `kiln.log` does not wait for the network: points go to a bounded buffer that a background
@@ -18,9 +19,9 @@ Batches (a command run once per item, on workers that scale with the backlog):
 """
 
 from ._batch import Batch, Client, Progress
-from ._run import Run, finish, init, log
+from ._run import Run, finish, init, log, log_series
 
 config: dict = {}
 """The configuration given to `init` (a plain dict)."""
 
-__all__ = ["Batch", "Client", "Progress", "Run", "config", "finish", "init", "log"]
+__all__ = ["Batch", "Client", "Progress", "Run", "config", "finish", "init", "log", "log_series"]

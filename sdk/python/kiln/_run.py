@@ -8,7 +8,8 @@ import pathlib
 import threading
 import time
 import tomllib
-from typing import Mapping
+from itertools import repeat
+from typing import Iterable, Mapping
 
 import grpc
 
@@ -104,21 +105,47 @@ class Run:
         if step is not None:
             # The rows are built before taking the lock: the common case costs one append.
             step = int(step)
-            rows = [(str(key), step, float(value), now) for key, value in data.items()]
+            self._buffer([(str(key), step, float(value), now) for key, value in data.items()], step)
         else:
             values = [(str(key), float(value)) for key, value in data.items()]
+            self._buffer(lambda step: ([(key, step, value, now) for key, value in values], step))
+
+    def log_series(self, key: str, values: Iterable[float], steps: Iterable[int] | None = None) -> None:
+        """Queues many values of one key at once: at `steps`, or at consecutive steps from the
+        previous step + 1. Costs a fraction of a `log` call per value (the rows are built in C):
+        for histories, per-sample values, or anything already in a list."""
+        now = time.time_ns() // 1_000_000
+        key, values = str(key), list(map(float, values))
+        if steps is not None:
+            steps = list(map(int, steps))
+            if len(steps) != len(values):
+                raise ValueError(f"{len(steps)} steps for {len(values)} values: give one step per value")
+        # A series larger than the buffer goes in parts, each waiting for room.
+        for start in range(0, len(values), self._capacity):
+            part = values[start : start + self._capacity]
+            if steps is None:
+                self._buffer(lambda first, part=part: (
+                    list(zip(repeat(key), range(first, first + len(part)), part, repeat(now))), first + len(part) - 1))
+            else:
+                at = steps[start : start + self._capacity]
+                self._buffer(list(zip(repeat(key), at, part, repeat(now))), max(at))
+
+    def _buffer(self, rows, last_step: int = 0) -> None:
+        """Adds rows to the buffer, waiting while it is full (back-pressure, not loss). `rows` is
+        a list (with the largest step among them), or for values logged without a step a
+        function of the run's next step giving both, called under the lock."""
         with self._lock:
             if self._error is not None:
                 raise RuntimeError("kiln: sending metrics failed") from self._error
             if self._stopping:
                 raise RuntimeError("kiln: the run is finished")
-            if step is None:
-                step = self._step
-                rows = [(key, step, value, now) for key, value in values]
-            if step >= self._step:
-                self._step = step + 1
-            # Back-pressure, not loss: wait while the buffer is full.
-            while self._logged - self._settled >= self._capacity and self._error is None:
+            if callable(rows):
+                rows, last_step = rows(self._step)
+            if last_step >= self._step:
+                self._step = last_step + 1
+            # Room for these rows; rows that could never fit wait for an empty buffer.
+            room = max(self._capacity - len(rows), 0)
+            while self._logged - self._settled > room and self._error is None:
                 self._cond.wait()
             buffered = self._rows
             first = not buffered
@@ -200,10 +227,10 @@ class Run:
 
     def _send(self, rows: list) -> None:
         keys, steps, values, times = zip(*rows)
-        index: dict = {}
-        key_index = [index.setdefault(key, len(index)) for key in keys]
+        index = {key: n for n, key in enumerate(dict.fromkeys(keys))}
         columns = log_pb2.MetricColumns(
-            keys=list(index), key_index=key_index, steps=steps, values=values, timestamps_ms=times
+            keys=list(index), key_index=list(map(index.__getitem__, keys)), steps=steps, values=values,
+            timestamps_ms=times,
         )
         request = log_pb2.WriteMetricsRequest(job_id=self.job_id, columns=columns)
         delay = 0.1
@@ -258,6 +285,13 @@ def log(data: Mapping[str, float], step: int | None = None) -> None:
     _current.log(data, step)
 
 
+def log_series(key: str, values: Iterable[float], steps: Iterable[int] | None = None) -> None:
+    """Logs many values of one key of the current run at once (see `Run.log_series`)."""
+    if _current is None:
+        raise RuntimeError("kiln.log_series before kiln.init")
+    _current.log_series(key, values, steps)
+
+
 def finish(exit_code: int = 0) -> None:
     """Sends what is buffered and ends the current run."""
     global _current
@@ -273,4 +307,4 @@ def _finish_at_exit() -> None:
         print(f"kiln: {error}")
 
 
-__all__ = ["Run", "finish", "init", "log"]
+__all__ = ["Run", "finish", "init", "log", "log_series"]

@@ -110,6 +110,28 @@ def test_a_full_buffer_waits_rather_than_drops(up):
     assert series(created.id, "x", 2_000).total_points == 2_000
 
 
+def test_log_series_stores_many_values_at_once_and_waits_for_room(up):
+    api, logs, token = _endpoints()
+    jobs, _, metadata = stubs()
+    created = jobs.CreateRun(job_pb2.CreateRunRequest(name="series"), metadata=metadata)
+    # A buffer smaller than the series: it goes in parts, each waiting for room.
+    run = Run(job_id=created.id, logs_address=logs, token=token, api_address=api, external=True,
+              batch_points=100, buffer_points=1_000, interval=0.01)
+    run.log({"lr": 0.5})  # step 0
+    run.log_series("lr", (0.1 * n for n in range(5_000)))  # steps 1 to 5,000
+    run.log_series("lr", [math.nan, math.inf], steps=[10_000, 20_000])
+    run.log({"lr": 7.0})  # after the largest step so far
+    with pytest.raises(ValueError, match="2 steps for 3 values"):
+        run.log_series("lr", [1, 2, 3], steps=[1, 2])
+    run.finish()
+    lr = series(created.id, "lr", 5_004)
+    steps = [p.step for p in lr.points]
+    assert steps == list(range(5_001)) + [10_000, 20_000, 20_001]
+    assert lr.points[0].value == 0.5 and lr.points[5_000].value == pytest.approx(499.9)
+    assert math.isnan(lr.points[5_001].value) and lr.points[5_002].value == math.inf
+    assert lr.points[5_003].value == 7.0
+
+
 def test_a_job_logs_with_its_own_token(up):
     script = (
         "import kiln\n"
