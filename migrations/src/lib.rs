@@ -9,6 +9,7 @@ mod m0001_initial;
 mod m0002_images_and_datasets;
 mod m0003_batches;
 mod m0004_scheduling;
+mod m0005_weights;
 
 /// Migrator lists every migration in order.
 pub struct Migrator;
@@ -21,6 +22,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0002_images_and_datasets::Migration),
             Box::new(m0003_batches::Migration),
             Box::new(m0004_scheduling::Migration),
+            Box::new(m0005_weights::Migration),
         ]
     }
 }

@@ -1,4 +1,5 @@
-//! `kiln quota set|get|ls|rm`: quotas by scope (global, project:NAME, user:NAME).
+//! `kiln quota set|get|ls|rm`: quotas by scope (global, project:NAME, user:NAME), and the
+//! fair-share weights of projects and users.
 
 use std::process::ExitCode;
 
@@ -31,6 +32,10 @@ pub enum QuotaCommand {
         /// Jobs of the scope waiting in the queue; a submit beyond it is refused.
         #[arg(long)]
         queued_jobs: Option<u32>,
+        /// Fair-share weight of a project or user (1 when left out): weight 2 is entitled to
+        /// twice the share of weight 1.
+        #[arg(long)]
+        weight: Option<f64>,
     },
     /// Show the quota of a scope.
     Get {
@@ -59,6 +64,7 @@ fn json(quota: &pb::Quota) -> serde_json::Value {
         "gpus": quota.gpus,
         "running_jobs": quota.running_jobs,
         "queued_jobs": quota.queued_jobs,
+        "weight": quota.weight,
     })
 }
 
@@ -69,7 +75,15 @@ fn print(quotas: &[pb::Quota], output: Output) -> Result<()> {
         return Ok(());
     }
     let mut builder = tabled::builder::Builder::default();
-    builder.push_record(["SCOPE", "CPU", "MEMORY", "GPUS", "RUNNING JOBS", "QUEUED JOBS"]);
+    builder.push_record([
+        "SCOPE",
+        "CPU",
+        "MEMORY",
+        "GPUS",
+        "RUNNING JOBS",
+        "QUEUED JOBS",
+        "WEIGHT",
+    ]);
     for quota in quotas {
         builder.push_record([
             quota.scope.clone(),
@@ -78,6 +92,7 @@ fn print(quotas: &[pb::Quota], output: Output) -> Result<()> {
             limit(quota.gpus, |n| n.to_string()),
             limit(quota.running_jobs, |n| n.to_string()),
             limit(quota.queued_jobs, |n| n.to_string()),
+            quota.weight.map_or_else(|| "-".to_string(), |w| w.to_string()),
         ]);
     }
     println!("{}", builder.build().with(Style::blank()));
@@ -94,6 +109,7 @@ pub async fn quota(command: QuotaCommand) -> Result<ExitCode> {
             gpus,
             running_jobs,
             queued_jobs,
+            weight,
         } => {
             let quota = pb::Quota {
                 scope,
@@ -102,6 +118,7 @@ pub async fn quota(command: QuotaCommand) -> Result<ExitCode> {
                 gpus: gpus.map(i64::from),
                 running_jobs: running_jobs.map(i64::from),
                 queued_jobs: queued_jobs.map(i64::from),
+                weight,
             };
             let saved = clients.quotas.set_quota(quota).await?.into_inner();
             print(&[saved], Output::Table)?;

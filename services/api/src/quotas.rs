@@ -12,6 +12,11 @@ use tonic::{Request, Response, Status};
 
 use crate::error::{Error, Result};
 
+/// The range of a fair-share weight: wide enough for any sensible ratio, narrow enough that
+/// shares divided by it stay well inside an f64's precision.
+const MIN_WEIGHT: f64 = 0.001;
+const MAX_WEIGHT: f64 = 1000.0;
+
 /// QuotasApi serves `QuotaService`.
 #[derive(Clone)]
 pub struct QuotasApi {
@@ -26,6 +31,7 @@ fn to_proto(record: QuotaRecord) -> pb::Quota {
         gpus: record.gpus,
         running_jobs: record.running_jobs,
         queued_jobs: record.queued_jobs,
+        weight: record.weight,
     }
 }
 
@@ -101,6 +107,20 @@ impl QuotaService for QuotasApi {
             ))
             .into());
         }
+        if let Some(weight) = quota.weight {
+            if scope == QuotaScope::Global {
+                return Err(Error::InvalidArgument(
+                    "the global scope has no fair-share weight: give one to a project or a user".into(),
+                )
+                .into());
+            }
+            if !(weight.is_finite() && (MIN_WEIGHT..=MAX_WEIGHT).contains(&weight)) {
+                return Err(Error::InvalidArgument(format!(
+                    "weight {weight} is out of range: a weight is {MIN_WEIGHT} to {MAX_WEIGHT} (leave it out for 1)"
+                ))
+                .into());
+            }
+        }
         let record = QuotaRecord {
             scope: scope.to_string(),
             cpu_millis: quota.cpu_millis,
@@ -109,6 +129,7 @@ impl QuotaService for QuotasApi {
             running_jobs: quota.running_jobs,
             queued_jobs: quota.queued_jobs,
             updated_at_ms: 0,
+            weight: quota.weight,
         };
         let saved = self.store.set_quota(record).await.map_err(Error::from)?;
         tracing::info!(scope = %saved.scope, by = %principal.user_name, "quota set");

@@ -342,10 +342,12 @@ async fn quotas_round_trip_and_queued_jobs_are_counted(store: Store) {
         running_jobs: None,
         queued_jobs: Some(10),
         updated_at_ms: 0,
+        weight: None,
     };
     store.set_quota(quota.clone()).await.unwrap();
     let changed = QuotaRecord {
         gpus: Some(4),
+        weight: Some(2.5),
         ..quota.clone()
     };
     store.set_quota(changed).await.unwrap();
@@ -358,8 +360,8 @@ async fn quotas_round_trip_and_queued_jobs_are_counted(store: Store) {
         .unwrap();
     let read = store.quota("user:alice").await.unwrap().unwrap();
     assert_eq!(
-        (read.gpus, read.cpu_millis, read.queued_jobs),
-        (Some(4), None, Some(10))
+        (read.gpus, read.cpu_millis, read.queued_jobs, read.weight),
+        (Some(4), None, Some(10), Some(2.5))
     );
     let scopes: Vec<String> = store.quotas().await.unwrap().into_iter().map(|q| q.scope).collect();
     assert_eq!(scopes, ["global", "user:alice"]);

@@ -1,17 +1,17 @@
 //! What a pass decides from, read from the store and the capacity bucket, in the policy's
-//! terms: queued jobs, the jobs that hold capacity, pools, quotas. The api's `ExplainJob` reads
+//! terms: queued jobs, the jobs that hold capacity, pools, quotas, weights. The api's `ExplainJob` reads
 //! the same, so an explanation is what the scheduler's next pass would decide.
 
 use std::collections::{BTreeMap, HashMap};
 
 use kiln_core::capacity::{self, PoolCapacity};
 use kiln_core::scheduling::{MarketPolicy, QuotaScope, class_of_priority};
-use kiln_core::store::{EXTERNAL_POOL, JobRecord, Store};
+use kiln_core::store::{EXTERNAL_POOL, JobRecord, QuotaRecord, Store};
 use kiln_core::streams::Nats;
 use kiln_core::{JobState, scheduling};
 
 use crate::error::Result;
-use crate::policy::{Input, PendingJob, Pool, Quota, Resources, RunningJob, Settings};
+use crate::policy::{Input, PendingJob, Pool, Quota, Resources, RunningJob, Settings, Weights};
 
 /// A pass's input, and the records of its pending jobs (`input.pending[i]` is `queued[i]`).
 pub struct Read {
@@ -29,7 +29,7 @@ pub async fn read(store: &Store, nats: &Nats, settings: Settings, rate_of: impl 
     let active = store.jobs_in_states(&JobState::ACTIVE).await?;
     let names = store.user_names().await?;
     let name_of = |owner_id: &str| names.get(owner_id).cloned().unwrap_or_else(|| owner_id.to_string());
-    let pending = queued
+    let pending: Vec<PendingJob> = queued
         .iter()
         .map(|job| PendingJob {
             id: job.id.clone(),
@@ -43,7 +43,7 @@ pub async fn read(store: &Store, nats: &Nats, settings: Settings, rate_of: impl 
             expected_runtime_secs: job.max_runtime_secs as f64,
         })
         .collect();
-    let running = active
+    let running: Vec<RunningJob> = active
         .iter()
         .filter(|job| job.pool != EXTERNAL_POOL)
         .map(|job| RunningJob {
@@ -61,14 +61,20 @@ pub async fn read(store: &Store, nats: &Nats, settings: Settings, rate_of: impl 
         })
         .collect();
     let pools = pools(&capacity::pools(nats).await?, rate_of);
-    let quotas = quotas(store).await?;
+    let rows = store.quotas().await?;
+    let members = pending
+        .iter()
+        .map(|job| (&job.project, &job.user))
+        .chain(running.iter().map(|job| (&job.project, &job.user)));
+    let weights = weights_of(&rows, members);
+    let quotas = quotas_of(rows);
     Ok(Read {
         input: Input {
             pending,
             running,
             pools,
             quotas,
-            weights: Default::default(),
+            weights,
             settings,
         },
         queued,
@@ -93,8 +99,37 @@ pub fn pools(reported: &BTreeMap<String, PoolCapacity>, rate_of: impl Fn(&str) -
 
 /// The quotas, in the policy's terms; a row whose scope does not parse is skipped with a warning.
 pub async fn quotas(store: &Store) -> Result<Vec<Quota>> {
+    Ok(quotas_of(store.quotas().await?))
+}
+
+/// The fair-share weights of the rows' scopes: a project's, and a user's in each project where
+/// `members` (project, user) shows them (a user's weight counts in every project they work in).
+fn weights_of<'a>(rows: &[QuotaRecord], members: impl Iterator<Item = (&'a String, &'a String)>) -> Weights {
+    let mut weights = Weights::default();
+    let mut users = HashMap::new();
+    for row in rows {
+        let Some(weight) = row.weight else { continue };
+        match QuotaScope::parse(&row.scope) {
+            Ok(QuotaScope::Project(project)) => {
+                weights.projects.insert(project, weight);
+            }
+            Ok(QuotaScope::User(user)) => {
+                users.insert(user, weight);
+            }
+            Ok(QuotaScope::Global) | Err(_) => {}
+        }
+    }
+    for (project, user) in members {
+        if let Some(weight) = users.get(user) {
+            weights.users.insert((project.clone(), user.clone()), *weight);
+        }
+    }
+    weights
+}
+
+fn quotas_of(rows: Vec<QuotaRecord>) -> Vec<Quota> {
     let mut quotas = Vec::new();
-    for row in store.quotas().await? {
+    for row in rows {
         let Ok(scope) = QuotaScope::parse(&row.scope) else {
             tracing::warn!(scope = %row.scope, "ignoring a quota with a malformed scope");
             continue;
@@ -108,7 +143,7 @@ pub async fn quotas(store: &Store) -> Result<Vec<Quota>> {
             queued_jobs: row.queued_jobs,
         });
     }
-    Ok(quotas)
+    quotas
 }
 
 /// Counts of queued jobs by scope, for [`crate::policy::check_submit`].
@@ -137,5 +172,52 @@ pub fn settings(config: &crate::Config, preemption_budget: usize) -> Settings {
         fair_share_preemption_budget: usize::try_from(config.fair_share_preemptions_per_minute).unwrap_or(0),
         yield_within_project: config.yield_within_project,
         order: config.order,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(scope: &str, weight: Option<f64>) -> QuotaRecord {
+        QuotaRecord {
+            scope: scope.into(),
+            cpu_millis: None,
+            memory_bytes: None,
+            gpus: Some(4),
+            running_jobs: None,
+            queued_jobs: None,
+            updated_at_ms: 0,
+            weight,
+        }
+    }
+
+    #[test]
+    fn weights_come_from_the_scopes_rows_and_a_users_counts_in_each_of_their_projects() {
+        let rows = [
+            row("project:vision", Some(2.0)),
+            row("user:alice", Some(3.0)),
+            row("user:bob", None),
+            row("global", None),
+        ];
+        let (vision, nlp, alice, bob) = (
+            "vision".to_string(),
+            "nlp".to_string(),
+            "alice".to_string(),
+            "bob".to_string(),
+        );
+        let members = [(&vision, &alice), (&nlp, &alice), (&vision, &bob)];
+        let weights = weights_of(&rows, members.into_iter());
+        assert_eq!((weights.project("vision"), weights.project("nlp")), (2.0, 1.0));
+        assert_eq!(
+            (
+                weights.user("vision", "alice"),
+                weights.user("nlp", "alice"),
+                weights.user("vision", "bob")
+            ),
+            (3.0, 3.0, 1.0)
+        );
+        // Limits still come through, weight or not.
+        assert_eq!(quotas_of(rows.to_vec()).len(), 4);
     }
 }

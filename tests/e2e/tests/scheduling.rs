@@ -168,11 +168,10 @@ async fn a_user_at_their_gpu_quota_waits_until_it_is_raised() {
     assert!(why.summary.contains("no pool that can hold it has room now"), "{why:?}");
 }
 
-#[tokio::test]
-async fn two_users_flooding_the_queue_get_equal_dominant_shares() {
-    let mut stack = Stack::start_without_runner().await;
-    let bob = bob(&stack).await;
-    // Both floods are in before any capacity appears: admin's came first.
+/// Admin and bob each submit 20 two-core jobs before any capacity appears (admin's first),
+/// then a cloud of `instances` four-core boxes comes up; returns how many of admin's and of
+/// bob's run once it is full, and bob's last job.
+async fn flood(stack: &mut Stack, bob: &str, instances: usize) -> (usize, usize, String) {
     let mut admins = Vec::new();
     let mut bobs = Vec::new();
     for _ in 0..20 {
@@ -180,7 +179,7 @@ async fn two_users_flooding_the_queue_get_equal_dominant_shares() {
     }
     for _ in 0..20 {
         bobs.push(
-            submit_as(&stack, &bob, job_spec(&["sleep", "3600"], 2000, 0))
+            submit_as(stack, bob, job_spec(&["sleep", "3600"], 2000, 0))
                 .await
                 .unwrap()
                 .id,
@@ -188,7 +187,7 @@ async fn two_users_flooding_the_queue_get_equal_dominant_shares() {
     }
     stack.runner = Some(
         stack
-            .spawn_runner(sim_runner(&stack, cloud(cpu_box(), 10, false)))
+            .spawn_runner(sim_runner(stack, cloud(cpu_box(), instances, false)))
             .await,
     );
     let running = |jobs: &[pb::Job], ids: &[String]| {
@@ -197,7 +196,7 @@ async fn two_users_flooding_the_queue_get_equal_dominant_shares() {
             .count()
     };
     let deadline = tokio::time::Instant::now() + PATIENCE;
-    let (a, b) = loop {
+    loop {
         let jobs = stack
             .jobs()
             .await
@@ -207,20 +206,52 @@ async fn two_users_flooding_the_queue_get_equal_dominant_shares() {
             .into_inner()
             .jobs;
         let (a, b) = (running(&jobs, &admins), running(&jobs, &bobs));
-        if a + b == 10 {
-            break (a, b);
+        if a + b == instances {
+            return (a, b, bobs.pop().unwrap());
         }
         assert!(
             tokio::time::Instant::now() < deadline,
             "the cloud did not fill: {a} + {b}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    }
+}
+
+#[tokio::test]
+async fn two_users_flooding_the_queue_get_equal_dominant_shares() {
+    let mut stack = Stack::start_without_runner().await;
+    let bob = bob(&stack).await;
+    let (a, b, last) = flood(&mut stack, &bob, 10).await;
     // Equal weights, equal jobs: equal dominant shares (within 5%).
     let (a, b) = (a as f64, b as f64);
     assert!((a - b).abs() <= 0.05 * a.max(b), "admin runs {a} jobs, bob {b}");
-    let why = explain(&stack, bobs.last().unwrap()).await;
+    let why = explain(&stack, &last).await;
     assert!(why.jobs_ahead > 0, "{why:?}");
+}
+
+#[tokio::test]
+async fn a_user_of_weight_three_gets_three_times_the_share() {
+    let mut stack = Stack::start_without_runner().await;
+    let bob = bob(&stack).await;
+    let mut quotas = quotas_as(&stack, &stack.token).await;
+    let weight = |scope: &str, weight: f64| pb::Quota {
+        scope: scope.into(),
+        weight: Some(weight),
+        ..Default::default()
+    };
+    for (bad, why) in [
+        (weight("global", 2.0), "the global scope has no fair-share weight"),
+        (weight("user:bob", 0.0), "weight 0 is out of range"),
+        (weight("user:bob", f64::NAN), "is out of range"),
+    ] {
+        let refused = quotas.set_quota(bad).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+        assert!(refused.message().contains(why), "{refused:?}");
+    }
+    let saved = quotas.set_quota(weight("user:bob", 3.0)).await.unwrap().into_inner();
+    assert_eq!(saved.weight, Some(3.0));
+    let (a, b, _) = flood(&mut stack, &bob, 8).await;
+    assert_eq!((a, b), (2, 6), "weights 1 and 3 share 8 boxes 2 to 6");
 }
 
 #[tokio::test]

@@ -140,8 +140,9 @@ pub mod dataset {
 pub mod quota {
     use sea_orm::entity::prelude::*;
 
-    /// Limits of a scope (`global`, `project:<name>`, `user:<name>`); `None` is no limit.
-    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    /// Limits of a scope (`global`, `project:<name>`, `user:<name>`); `None` is no limit. A
+    /// project's or user's fair-share weight lives here too (`None` is weight 1).
+    #[derive(Clone, Debug, PartialEq, DeriveEntityModel)]
     #[sea_orm(table_name = "quotas")]
     pub struct Model {
         #[sea_orm(primary_key, auto_increment = false)]
@@ -152,6 +153,7 @@ pub mod quota {
         pub running_jobs: Option<i64>,
         pub queued_jobs: Option<i64>,
         pub updated_at_ms: i64,
+        pub weight: Option<f64>,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

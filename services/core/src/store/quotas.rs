@@ -32,6 +32,7 @@ impl Store {
             running_jobs: Set(record.running_jobs),
             queued_jobs: Set(record.queued_jobs),
             updated_at_ms: Set(record.updated_at_ms),
+            weight: Set(record.weight),
         };
         quota::Entity::insert(model)
             .on_conflict(
@@ -43,6 +44,7 @@ impl Store {
                         quota::Column::RunningJobs,
                         quota::Column::QueuedJobs,
                         quota::Column::UpdatedAtMs,
+                        quota::Column::Weight,
                     ])
                     .to_owned(),
             )
