@@ -123,12 +123,13 @@ class Run:
         # A series larger than the buffer goes in parts, each waiting for room.
         for start in range(0, len(values), self._capacity):
             part = values[start : start + self._capacity]
-            if steps is None:
-                self._buffer(lambda first, part=part: (
-                    list(zip(repeat(key), range(first, first + len(part)), part, repeat(now))), first + len(part) - 1))
-            else:
-                at = steps[start : start + self._capacity]
-                self._buffer(list(zip(repeat(key), at, part, repeat(now))), max(at))
+            at = None if steps is None else steps[start : start + self._capacity]
+
+            def rows(first: int, part: list = part, at: list | None = at) -> tuple[list, int]:
+                at = range(first, first + len(part)) if at is None else at
+                return list(zip(repeat(key), at, part, repeat(now))), max(at)
+
+            self._buffer(rows)
 
     def _buffer(self, rows, last_step: int = 0) -> None:
         """Adds rows to the buffer, waiting while it is full (back-pressure, not loss). `rows` is

@@ -5,7 +5,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::{Duration, Instant};
 
-use kiln_scheduler::policy::{self, Input, Market, PreemptionRate, Resources, Wait, jain_index};
+use kiln_scheduler::policy::{self, Input, Market, PreemptionRate, Resources, Wait, jain_index, water_fill};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -535,29 +535,4 @@ impl<'a> Sim<'a> {
         self.jobs[number].remaining_ms -= saved_ms;
         self.push_pending(number);
     }
-}
-
-/// Weighted max-min division of `capacity` between `(weight, demand)` claims: each gets
-/// `min(demand, weight × level)`, with the level that hands out all of it (or every demand).
-fn water_fill(capacity: f64, claims: &[(f64, f64)]) -> Vec<f64> {
-    let mut fair = vec![0.0; claims.len()];
-    let mut order: Vec<usize> = (0..claims.len()).filter(|&index| claims[index].1 > 0.0).collect();
-    order.sort_by(|&a, &b| (claims[a].1 / claims[a].0).total_cmp(&(claims[b].1 / claims[b].0)));
-    let mut left = capacity;
-    let mut weight_left: f64 = order.iter().map(|&index| claims[index].0).sum();
-    for (position, &index) in order.iter().enumerate() {
-        let (weight, demand) = claims[index];
-        let level = left / weight_left;
-        if demand <= weight * level {
-            fair[index] = demand;
-            left -= demand;
-            weight_left -= weight;
-        } else {
-            for &rest in &order[position..] {
-                fair[rest] = claims[rest].0 * level;
-            }
-            break;
-        }
-    }
-    fair
 }

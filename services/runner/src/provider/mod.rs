@@ -57,9 +57,9 @@ pub struct InstanceSpec {
     pub agent: Option<Bytes>,
     /// A directory on the runner's host the instance may use for its files.
     pub scratch_dir: PathBuf,
-    /// For an attempt resuming a preempted one: a tar.gz on the runner's host (already checked
-    /// by [`crate::bundle::check`]) of the outputs the earlier attempts synced, to unpack into
-    /// the outputs directory before the start. Providers without a filesystem (`sim`) ignore it.
+    /// For an attempt resuming a preempted one: a tar.gz on the runner's host (regular files
+    /// under checked relative paths, packed by [`crate::outputs::pack_synced`]) of the outputs
+    /// the earlier attempts synced, to unpack into the outputs directory before the start. Providers without a filesystem (`sim`) ignore it.
     pub restore: Option<PathBuf>,
 }
 

@@ -39,7 +39,7 @@ pub use model::{
     Input, Market, MarketPolicy, Order, PendingJob, Pool, Quota, QuotaResource, QuotaScope, Resources, RunningJob,
     Settings, Weights,
 };
-pub use pass::{Placement, Plan, Preemption, plan};
+pub use pass::{Placement, Plan, Preemption, plan, water_fill};
 pub use quota::{QuotaExceeded, check_submit};
 
 /// Jain's fairness index of `values`: `(Σx)² / (n · Σx²)`, 1 when all are equal, `1/n` when one

@@ -19,6 +19,7 @@ use super::model::{Input, Market, Order, PendingJob, Quota, QuotaResource, Quota
 mod ratio;
 mod room;
 
+pub use ratio::water_fill;
 use room::{SHARE_EPSILON, eligible_pools};
 
 /// A job to start.

@@ -100,8 +100,9 @@ fn ratio(held: f64, fair_share: f64) -> f64 {
 }
 
 /// Weighted max-min division of `capacity` between `claims` of (weight, demand): none gets more
-/// than its demand, and what a capped claim leaves goes to the others by weight.
-fn water_fill(capacity: f64, claims: &[(f64, f64)]) -> Vec<f64> {
+/// than its demand, and what a capped claim leaves goes to the others by weight. The study
+/// (`sched-sim`) measures fairness against the same division.
+pub fn water_fill(capacity: f64, claims: &[(f64, f64)]) -> Vec<f64> {
     let mut shares = vec![0.0; claims.len()];
     let mut order: Vec<usize> = (0..claims.len()).filter(|&index| claims[index].1 > 0.0).collect();
     order.sort_by(|&a, &b| (claims[a].1 / claims[a].0).total_cmp(&(claims[b].1 / claims[b].0)));
