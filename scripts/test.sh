@@ -14,13 +14,22 @@
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+log() { printf '\033[1mtest:\033[0m %s\n' "$*" >&2; }
+
+# A clean build of every test target takes about 4 GB of target/ without incremental state
+# (about 6 GB with it, which a one-shot CI run never reuses), so incremental is off here.
+export CARGO_INCREMENTAL=0
+free_kb=$(df -Pk "$repo" | awk 'NR == 2 { print $4 }')
+log "$((free_kb / 1048576)) GB free on the disk of $repo"
+if [ "$free_kb" -lt $((6 * 1048576)) ]; then
+  log "warning: under 6 GB free; the build of the tests needs about 4 GB"
+fi
 "$repo/scripts/setup.sh"
 
 KILN_TOOLS=${KILN_TOOLS:-${KILN_HOME:-$HOME/.kiln}/tools}
 export PATH="$KILN_TOOLS/bin:$HOME/.cargo/bin:$PATH"
 export KILN_TEST_NATS_SERVER="$KILN_TOOLS/bin/nats-server"
 
-log() { printf '\033[1mtest:\033[0m %s\n' "$*" >&2; }
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 

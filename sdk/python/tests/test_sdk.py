@@ -3,6 +3,7 @@
 import math
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -50,6 +51,8 @@ def up():
         os.environ.pop("KILN_HOME", None)
     else:
         os.environ["KILN_HOME"] = previous
+    log.close()
+    shutil.rmtree(home)
 
 
 def stubs():
