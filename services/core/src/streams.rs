@@ -95,6 +95,8 @@ pub async fn ensure_streams(js: &jetstream::Context, replicas: usize) -> Result<
     for (bucket, ttl) in [
         (BUCKET_LEASES, Duration::from_secs(30)),
         (BUCKET_CAPACITY, Duration::from_secs(60)),
+        // Kept until overwritten (a max age of zero is none).
+        (BUCKET_SCHEDULER, Duration::ZERO),
     ] {
         if js.get_key_value(bucket).await.is_ok() {
             continue;

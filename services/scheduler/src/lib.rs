@@ -12,7 +12,7 @@
 //! committed but not published (reconciler).
 #![forbid(unsafe_code)]
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -20,7 +20,6 @@ use std::time::Duration;
 use async_nats::jetstream::consumer::{self, pull};
 use futures::StreamExt;
 use kiln_core::events::{preempt_job, publish_job_change, republish_pending};
-use kiln_core::ids::now_ms;
 use kiln_core::lease::Lease;
 use kiln_core::scheduling::{Market, SPOT_PREEMPTION};
 use kiln_core::store::{Change, Store, StoreError};
@@ -37,9 +36,11 @@ pub mod config;
 pub mod error;
 pub mod input;
 pub mod policy;
+pub mod state;
 
 pub use config::Config;
 pub use error::{Error, Result};
+pub use state::{PassState, SavedRates};
 
 /// How long a non-api service waits for `api` to apply the migrations.
 const SCHEMA_WAIT: Duration = Duration::from_secs(60);
@@ -50,69 +51,6 @@ pub struct Scheduler {
     listener: TcpListener,
     store: Store,
     nats: Nats,
-}
-
-/// What the leader remembers between passes: the pools' spot preemption rates and the token
-/// buckets that rate-limit priority and fair-share preemptions.
-#[derive(Debug)]
-pub struct PassState {
-    rates: HashMap<String, policy::PreemptionRate>,
-    half_life_hours: f64,
-    /// Spot instance-hours are counted from the running spot jobs between passes.
-    last_exposure_ms: Option<i64>,
-    tokens: f64,
-    tokens_per_minute: f64,
-    /// Fair-share preemptions have a bucket of their own, refilled at the same time.
-    fair_share_tokens: f64,
-    fair_share_tokens_per_minute: f64,
-    last_refill_ms: i64,
-    /// Victims of priority preemptions ordered and not yet gone: they count as stopping, so no
-    /// pass orders more victims for the same job.
-    preempting: HashSet<String>,
-}
-
-impl PassState {
-    pub fn new(config: &Config) -> PassState {
-        PassState {
-            rates: HashMap::new(),
-            half_life_hours: config.preemption_half_life_hours,
-            last_exposure_ms: None,
-            tokens: f64::from(config.preemptions_per_minute),
-            tokens_per_minute: f64::from(config.preemptions_per_minute),
-            fair_share_tokens: f64::from(config.fair_share_preemptions_per_minute),
-            fair_share_tokens_per_minute: f64::from(config.fair_share_preemptions_per_minute),
-            last_refill_ms: now_ms(),
-            preempting: HashSet::new(),
-        }
-    }
-
-    fn rate(&mut self, pool: &str) -> &mut policy::PreemptionRate {
-        let half_life = self.half_life_hours;
-        self.rates
-            .entry(pool.to_string())
-            .or_insert_with(|| policy::PreemptionRate::new(half_life, 0.0, 1.0))
-    }
-
-    /// Counts a spot preemption on `pool`.
-    pub fn observe_preemption(&mut self, pool: &str) {
-        self.rate(pool).observe_preemption(now_ms());
-    }
-
-    fn rate_per_hour(&self, pool: &str) -> f64 {
-        self.rates.get(pool).map_or(0.0, |rate| rate.rate_per_hour(now_ms()))
-    }
-
-    /// Refills the preemption buckets and says how many priority and fair-share preemptions
-    /// this pass may order.
-    fn budgets(&mut self) -> (usize, usize) {
-        let now = now_ms();
-        let minutes = (now - self.last_refill_ms).max(0) as f64 / 60_000.0;
-        self.tokens = (self.tokens + minutes * self.tokens_per_minute).min(self.tokens_per_minute);
-        self.fair_share_tokens = (self.fair_share_tokens + minutes * self.fair_share_tokens_per_minute)
-            .min(self.fair_share_tokens_per_minute);
-        self.last_refill_ms = now;
-        (self.tokens.floor() as usize, self.fair_share_tokens.floor() as usize)
-    }
 }
 
 impl Scheduler {
@@ -147,6 +85,7 @@ impl Scheduler {
         let ttl = Duration::from_millis(self.config.lease_ttl_ms);
         let mut lease = Lease::new(&self.nats, subjects::LEASE_SCHEDULER, &name, ttl).await?;
         let state = Arc::new(Mutex::new(PassState::new(&self.config)));
+        let saved_rates = SavedRates::open(&self.nats).await?;
         let wake = Arc::new(Notify::new());
         let events = tokio::spawn(watch_job_events(
             self.nats.clone(),
@@ -183,14 +122,22 @@ impl Scheduler {
                 leading = now_leading;
                 tracing::info!(name, leading, "leadership changed");
                 if leading {
+                    // What the pools taught the last leader.
+                    match saved_rates.load().await {
+                        Ok(rates) => state.lock().expect("pass state lock").take_over(rates),
+                        Err(error) => tracing::warn!(error = %error, "cannot read the saved preemption rates"),
+                    }
                     // Changes committed by the last leader but not published.
                     if let Err(error) = republish_pending(&self.nats, &self.store, &[JobState::Scheduled]).await {
                         tracing::warn!(error = %error, "cannot re-drive unpublished changes");
                     }
                 }
             }
-            if leading && let Err(error) = pass(&self.config, &self.store, &self.nats, &state).await {
-                tracing::warn!(error = %error, "scheduling pass failed; retrying");
+            if leading {
+                if let Err(error) = pass(&self.config, &self.store, &self.nats, &state).await {
+                    tracing::warn!(error = %error, "scheduling pass failed; retrying");
+                }
+                save_rates(&saved_rates, &state).await;
             }
             tokio::select! {
                 _ = shutdown.cancelled() => {}
@@ -219,17 +166,8 @@ pub async fn pass(config: &Config, store: &Store, nats: &Nats, state: &Mutex<Pas
     let (budget, fair_share_budget) = state.lock().expect("pass state lock").budgets();
     let mut settings = input::settings(config, budget);
     settings.fair_share_preemption_budget = fair_share_budget;
-    let mut read = {
-        let rates: HashMap<String, f64> = {
-            let state = state.lock().expect("pass state lock");
-            state
-                .rates
-                .keys()
-                .map(|pool| (pool.clone(), state.rate_per_hour(pool)))
-                .collect()
-        };
-        input::read(store, nats, settings, |pool| rates.get(pool).copied().unwrap_or(0.0)).await?
-    };
+    let rates = state.lock().expect("pass state lock").rates_per_hour();
+    let mut read = input::read(store, nats, settings, |pool| rates.get(pool).copied().unwrap_or(0.0)).await?;
     {
         let mut state = state.lock().expect("pass state lock");
         let active: HashSet<&str> = read.input.running.iter().map(|job| job.id.as_str()).collect();
@@ -237,8 +175,8 @@ pub async fn pass(config: &Config, store: &Store, nats: &Nats, state: &Mutex<Pas
         for job in &mut read.input.running {
             job.stopping |= state.preempting.contains(&job.id);
         }
+        state.count_exposure(&read.input.running);
     }
-    count_exposure(state, &read.input.running);
     if read.queued.is_empty() {
         return Ok(0);
     }
@@ -287,21 +225,14 @@ pub async fn pass(config: &Config, store: &Store, nats: &Nats, state: &Mutex<Pas
     Ok(placed)
 }
 
-/// Adds the spot instance-hours since the last pass to each pool's exposure.
-fn count_exposure(state: &Mutex<PassState>, running: &[policy::RunningJob]) {
-    let mut state = state.lock().expect("pass state lock");
-    let now = now_ms();
-    let since = state.last_exposure_ms.replace(now).unwrap_or(now);
-    let hours = (now - since).max(0) as f64 / 3_600_000.0;
-    if hours == 0.0 {
+/// Saves the pools' preemption rates for the next leader when they are due.
+async fn save_rates(saved_rates: &SavedRates, state: &Mutex<PassState>) {
+    let Some(rates) = state.lock().expect("pass state lock").rates_to_save() else {
         return;
-    }
-    let mut spot_jobs: HashMap<&str, f64> = HashMap::new();
-    for job in running.iter().filter(|job| job.market == policy::Market::Spot) {
-        *spot_jobs.entry(job.pool.as_str()).or_default() += 1.0;
-    }
-    for (pool, jobs) in spot_jobs {
-        state.rate(pool).observe_exposure(jobs * hours, now);
+    };
+    match saved_rates.save(&rates).await {
+        Ok(()) => state.lock().expect("pass state lock").saved(),
+        Err(error) => tracing::warn!(error = %error, "cannot save the preemption rates; retrying after the next pass"),
     }
 }
 

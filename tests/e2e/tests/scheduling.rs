@@ -334,3 +334,49 @@ async fn a_standby_takes_over_and_no_job_is_launched_twice() {
     assert_eq!(holder.holder, "scheduler-2");
     standby.stop().await;
 }
+
+#[tokio::test]
+async fn a_new_leader_knows_the_preemption_rate_the_last_one_learnt() {
+    let mut stack = Stack::start_without_runner().await;
+    let sim = SimConfig {
+        time_scale: 1000.0,
+        // A simulated hour of work on spot is all but sure to be preempted.
+        preemptions_per_hour: 20.0,
+        notice_ms: 30_000,
+        ..cloud(cpu_box(), 10, true)
+    };
+    stack.runner = Some(stack.spawn_runner(sim_runner(&stack, sim)).await);
+    // The first job goes to spot (nothing observed yet) and teaches the leader the pool's rate.
+    let first = stack.submit_spec(job_spec(&["sleep", "3600"], 1000, 0)).await;
+    let first = stack.wait_for_state(&first.id, pb::JobState::Succeeded).await;
+    assert!(first.preemptions >= 1, "{first:?}");
+    let nats = kiln_core::streams::connect(&stack.nats.config()).await.unwrap();
+    let saved = kiln_scheduler::SavedRates::open(&nats).await.unwrap();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let rates = saved.load().await.unwrap();
+        if rates
+            .values()
+            .any(|rate| rate.rate_per_hour(kiln_core::ids::now_ms()) > 0.5)
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the leader never saved the rate: {rates:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // A scheduler started after the preemption saw none of it; it leads once the old leader dies.
+    stack.scheduler.take().unwrap().crash().await;
+    let successor = spawn_scheduler(stack.scheduler_config("scheduler-2")).await;
+    let second = stack.submit_spec(job_spec(&["sleep", "3600"], 1000, 0)).await;
+    let second = stack.wait_for_state(&second.id, pb::JobState::Succeeded).await;
+    assert_eq!(
+        (second.attempt, second.market.as_str()),
+        (1, "on-demand"),
+        "the new leader should find spot too likely to restart an hour's job: {second:?}"
+    );
+    successor.stop().await;
+}
