@@ -605,7 +605,9 @@ async fn requeue_preempted(
     Ok(())
 }
 
-/// Ends a job whose runner went away: LOST, or queued again when the policy says so.
+/// Ends a job whose runner went away: LOST, or queued again when the policy says so, resuming
+/// like a preempted job from the outputs synced so far (the callers sync what the dead attempt
+/// left before they call this).
 pub(crate) async fn lose(ctx: &Context, job: &JobRecord, why: &str) -> Result<()> {
     let requeue = ctx.config.on_lost == OnLost::Requeue && job.attempt < ctx.config.max_attempts;
     let (state, change) = if requeue {
@@ -614,6 +616,7 @@ pub(crate) async fn lose(ctx: &Context, job: &JobRecord, why: &str) -> Result<()
             Change {
                 reason: Some(format!("{why}; queued again")),
                 next_attempt: true,
+                resume_from: Some(kiln_core::objects::outputs_prefix(&job.id).to_string()),
                 ..Change::default()
             },
         )

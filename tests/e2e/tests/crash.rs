@@ -36,9 +36,25 @@ async fn with_requeue_a_job_whose_runner_crashed_runs_again() {
     config.on_lost = kiln_runner::OnLost::Requeue;
     stack.runner = Some(stack.spawn_runner(config.clone()).await);
     let marker = stack.dir.path().join("attempts.txt");
-    let script = format!("echo attempt $KILN_ATTEMPT >> {}; sleep 600", marker.display());
+    // Each attempt says what it resumed from, then checkpoints.
+    let script = format!(
+        "echo attempt $KILN_ATTEMPT resumes ${{KILN_RESUME_FROM:+$(cat $KILN_RESUME_FROM/ckpt)}} >> {0}; \
+         echo step-$KILN_ATTEMPT > $KILN_OUTPUTS/ckpt; echo checkpointed >> {0}; sleep 600",
+        marker.display()
+    );
     let job = stack.submit(&["sh", "-c", &script]).await;
     let first = stack.wait_for_state(&job.id, pb::JobState::Running).await;
+    let deadline = tokio::time::Instant::now() + kiln_e2e::PATIENCE;
+    while !std::fs::read_to_string(&marker)
+        .unwrap_or_default()
+        .contains("checkpointed")
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the first attempt never checkpointed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 
     stack.runner.take().unwrap().crash().await;
     stack.runner = Some(stack.spawn_runner(config).await);
@@ -56,8 +72,13 @@ async fn with_requeue_a_job_whose_runner_crashed_runs_again() {
         .await
         .unwrap();
     stack.wait_for_state(&job.id, pb::JobState::Stopped).await;
+    // The restarted runner synced what the killed attempt left, and the next one resumed from it.
+    assert_eq!(second.resume_from, format!("outputs/{}", job.id));
     let attempts = std::fs::read_to_string(&marker).unwrap();
-    assert_eq!(attempts, "attempt 1\nattempt 2\n");
+    assert_eq!(
+        attempts,
+        "attempt 1 resumes\ncheckpointed\nattempt 2 resumes step-1\ncheckpointed\n"
+    );
 }
 
 #[tokio::test]
