@@ -112,13 +112,16 @@ fn sync_tar(handle: &Handle, objects: &dyn ObjectStore, prefix: &ObjectPath, pat
 }
 
 /// Packs the objects under `prefix` (the outputs earlier attempts synced) into a tar.gz at
-/// `archive`, each at its path below the prefix, refusing more than `max_bytes` in all. Returns
-/// what it packed; when the prefix holds nothing, nothing is written.
+/// `archive`, each at its path below the prefix, with an entry for each directory above it,
+/// refusing more than `max_bytes` in all. Entries belong to `owner` (uid, gid), or to root: an
+/// engine that unpacks as root keeps the owner, so a job run as that user can write over what
+/// it restored. Returns what it packed; when the prefix holds nothing, nothing is written.
 pub async fn pack_synced(
     objects: Arc<dyn ObjectStore>,
     prefix: ObjectPath,
     archive: PathBuf,
     max_bytes: u64,
+    owner: Option<(u64, u64)>,
 ) -> Result<Synced> {
     let mut listed: Vec<ObjectMeta> = objects.list(Some(&prefix)).try_collect().await?;
     listed.sort_by(|a, b| a.location.cmp(&b.location));
@@ -132,9 +135,12 @@ pub async fn pack_synced(
         return Ok(Synced::default());
     }
     let handle = Handle::current();
-    tokio::task::spawn_blocking(move || pack_objects(&handle, objects.as_ref(), &prefix, listed, &archive, max_bytes))
-        .await
-        .map_err(|e| Error::Restore(e.to_string()))?
+    let owner = owner.unwrap_or((0, 0));
+    tokio::task::spawn_blocking(move || {
+        pack_objects(&handle, objects.as_ref(), &prefix, listed, &archive, max_bytes, owner)
+    })
+    .await
+    .map_err(|e| Error::Restore(e.to_string()))?
 }
 
 fn pack_objects(
@@ -144,6 +150,7 @@ fn pack_objects(
     listed: Vec<ObjectMeta>,
     archive: &Path,
     max_bytes: u64,
+    (uid, gid): (u64, u64),
 ) -> Result<Synced> {
     if let Some(dir) = archive.parent() {
         std::fs::create_dir_all(dir).map_err(Error::io(format!("cannot create {}", dir.display())))?;
@@ -151,6 +158,8 @@ fn pack_objects(
     let file = std::fs::File::create(archive).map_err(Error::io(format!("cannot create {}", archive.display())))?;
     let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(file, flate2::Compression::fast()));
     let mut packed = Synced::default();
+    let mut directories: std::collections::HashSet<PathBuf> = std::collections::HashSet::new();
+    let mtime = u64::try_from(kiln_core::ids::now_ms() / 1000).unwrap_or(0);
     for meta in listed {
         let Some(inside) = meta.location.prefix_match(prefix) else {
             continue;
@@ -161,6 +170,26 @@ fn pack_objects(
             tracing::warn!(location = %meta.location, "skipping an output with an unsafe path");
             continue;
         };
+        // Parents first, once each (the listing is sorted, so a directory's files follow it).
+        let parents: Vec<&Path> = Path::new(relative.as_ref())
+            .ancestors()
+            .skip(1)
+            .filter(|parent| !parent.as_os_str().is_empty())
+            .collect();
+        for directory in parents.into_iter().rev() {
+            if directories.insert(directory.to_path_buf()) {
+                let mut header = tar::Header::new_gnu();
+                header.set_entry_type(tar::EntryType::Directory);
+                header.set_mode(0o755);
+                header.set_uid(uid);
+                header.set_gid(gid);
+                header.set_size(0);
+                header.set_mtime(mtime);
+                builder
+                    .append_data(&mut header, directory, std::io::empty())
+                    .map_err(Error::io(format!("cannot pack {}", directory.display())))?;
+            }
+        }
         let got = handle.block_on(objects.get(&meta.location))?;
         let size = got.meta.size;
         packed.bytes = packed.bytes.saturating_add(size);
@@ -170,6 +199,8 @@ fn pack_objects(
         let mut header = tar::Header::new_gnu();
         header.set_entry_type(tar::EntryType::Regular);
         header.set_mode(0o644);
+        header.set_uid(uid);
+        header.set_gid(gid);
         header.set_size(size);
         header.set_mtime(u64::try_from(meta.last_modified.timestamp()).unwrap_or(0));
         let mut reader = ObjectReader {
@@ -323,9 +354,15 @@ mod tests {
 
         let work = tempfile::tempdir().unwrap();
         let archive = work.path().join("restore.tar.gz");
-        let packed = pack_synced(objects.clone(), outputs_prefix("j1"), archive.clone(), 1 << 30)
-            .await
-            .unwrap();
+        let packed = pack_synced(
+            objects.clone(),
+            outputs_prefix("j1"),
+            archive.clone(),
+            1 << 30,
+            Some((1000, 1001)),
+        )
+        .await
+        .unwrap();
         assert_eq!(
             packed,
             Synced {
@@ -333,10 +370,31 @@ mod tests {
                 bytes: 8 + PART as u64 + 10
             }
         );
+        // Every entry, the directory `ckpt` included, belongs to the owner asked.
+        let file = std::fs::File::open(&archive).unwrap();
+        let mut entries: Vec<(String, u64, u64, bool)> = tar::Archive::new(flate2::read::GzDecoder::new(file))
+            .entries()
+            .unwrap()
+            .map(|entry| {
+                let header = entry.unwrap().header().clone();
+                let path = header.path().unwrap().to_string_lossy().into_owned();
+                let directory = header.entry_type() == tar::EntryType::Directory;
+                (path, header.uid().unwrap(), header.gid().unwrap(), directory)
+            })
+            .collect();
+        entries.sort();
+        assert_eq!(
+            entries,
+            [
+                ("ckpt".to_string(), 1000, 1001, true),
+                ("ckpt/step.txt".to_string(), 1000, 1001, false),
+                ("model.bin".to_string(), 1000, 1001, false),
+            ]
+        );
         let restored = work.path().join("outputs");
         std::fs::create_dir(&restored).unwrap();
         let file = std::fs::File::open(&archive).unwrap();
-        assert_eq!(crate::bundle::unpack(file, &restored, 1 << 30).unwrap(), 2);
+        assert_eq!(crate::bundle::unpack(file, &restored, 1 << 30).unwrap(), 3);
         assert_eq!(
             std::fs::read_to_string(restored.join("ckpt/step.txt")).unwrap(),
             "step-42\n"
@@ -345,13 +403,13 @@ mod tests {
 
         // Nothing synced: nothing written.
         let nothing = work.path().join("nothing/restore.tar.gz");
-        let packed = pack_synced(objects.clone(), outputs_prefix("j2"), nothing.clone(), 1 << 30)
+        let packed = pack_synced(objects.clone(), outputs_prefix("j2"), nothing.clone(), 1 << 30, None)
             .await
             .unwrap();
         assert_eq!(packed, Synced::default());
         assert!(!nothing.parent().unwrap().try_exists().unwrap());
         // More than the limit: refused before anything is read.
-        let error = pack_synced(objects, outputs_prefix("j1"), archive, PART as u64)
+        let error = pack_synced(objects, outputs_prefix("j1"), archive, PART as u64, None)
             .await
             .unwrap_err();
         assert!(matches!(error, Error::Restore(_)), "{error}");

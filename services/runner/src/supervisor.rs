@@ -270,7 +270,9 @@ async fn restore_archive(ctx: &Context, job: &JobRecord, scratch_dir: &std::path
     let prefix = object_store::path::Path::parse(&job.resume_from)
         .map_err(|e| Error::Restore(format!("bad prefix {:?}: {e}", job.resume_from)))?;
     let archive = scratch_dir.join(RESTORE_ARCHIVE);
-    let packed = crate::outputs::pack_synced(ctx.objects.clone(), prefix, archive.clone(), MAX_UNPACKED_BYTES).await?;
+    let owner = ctx.config.docker.owner();
+    let packed =
+        crate::outputs::pack_synced(ctx.objects.clone(), prefix, archive.clone(), MAX_UNPACKED_BYTES, owner).await?;
     if packed.files == 0 {
         // The previous attempts synced nothing (or only paths that were skipped).
         remove_file(&archive).await;

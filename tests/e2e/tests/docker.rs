@@ -316,3 +316,41 @@ async fn a_preempted_container_finds_its_checkpoint_in_its_next_attempt() {
     assert_eq!(output(&stack, &job.id, "ckpt/step.txt").await.unwrap(), "step-42\n");
     assert_nothing_left(&stack.docker_runner_id()).await;
 }
+
+#[tokio::test]
+async fn a_job_run_as_a_user_owns_its_outputs_and_what_it_restored() {
+    let mut stack = Stack::start_without_runner().await;
+    let mut config = stack.docker_runner_config(&stack.docker_runner_id());
+    config.docker.user = "1000:1001".into();
+    stack.runner = Some(stack.spawn_runner(config).await);
+    // The second attempt writes over its restored checkpoint and adds a file beside it.
+    let script = r#"
+if [ -n "$KILN_RESUME_FROM" ]; then
+  echo "resumed as $(id -u):$(id -g) from $(cat "$KILN_RESUME_FROM/ckpt/step.txt")"
+  echo step-43 > "$KILN_OUTPUTS/ckpt/step.txt" && touch "$KILN_OUTPUTS/ckpt/more" && echo rewrote
+  exit 0
+fi
+trap 'mkdir -p "$KILN_OUTPUTS/ckpt" && echo step-42 > "$KILN_OUTPUTS/ckpt/step.txt"; exit 0' TERM
+echo ready
+sleep 60 &
+wait
+"#;
+    let job = stack.submit_spec(image_spec(&["sh", "-c", script])).await;
+    wait_for_line(&stack, &job.id, "ready").await;
+    preempt(&stack, &job.id).await;
+    let done = stack.wait_for_state(&job.id, pb::JobState::Succeeded).await;
+    assert_eq!((done.attempt, done.preemptions), (2, 1), "{done:?}");
+    let lines: Vec<String> = stack
+        .log_lines(&job.id, true)
+        .await
+        .into_iter()
+        .map(|l| l.text)
+        .collect();
+    assert!(
+        lines.contains(&"resumed as 1000:1001 from step-42".to_string()),
+        "{lines:?}"
+    );
+    assert!(lines.contains(&"rewrote".to_string()), "{lines:?}");
+    assert_eq!(output(&stack, &job.id, "ckpt/step.txt").await.unwrap(), "step-43\n");
+    assert_nothing_left(&stack.docker_runner_id()).await;
+}

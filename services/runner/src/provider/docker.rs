@@ -54,7 +54,8 @@ pub struct DockerConfig {
     /// refused unless `allow-host-network`.
     pub network: String,
     pub allow_host_network: bool,
-    /// User the job runs as (`uid[:gid]`); empty for the image's own.
+    /// User the job runs as (numeric `uid[:gid]`, gid 0 when left out); empty for the image's
+    /// own. Its outputs directory and restored outputs belong to it.
     pub user: String,
     /// Longest an image pull may take, in seconds.
     pub pull_timeout_secs: u64,
@@ -79,11 +80,27 @@ impl Default for DockerConfig {
 }
 
 impl DockerConfig {
+    /// The (uid, gid) of `user`; `None` when jobs run as the image's user, or `user` is not
+    /// numeric (refused by [`DockerConfig::validate`]).
+    pub fn owner(&self) -> Option<(u64, u64)> {
+        let (uid, gid) = match self.user.split_once(':') {
+            Some((uid, gid)) => (uid, gid),
+            None => (self.user.as_str(), "0"),
+        };
+        Some((uid.parse().ok()?, gid.parse().ok()?))
+    }
+
     pub fn validate(&self, problems: &mut Vec<String>) {
         let tls = [&self.tls_ca, &self.tls_cert, &self.tls_key];
         let set = tls.iter().filter(|f| f.is_some()).count();
         if set != 0 && set != 3 {
             problems.push("docker.tls-ca, docker.tls-cert and docker.tls-key go together".into());
+        }
+        if !self.user.is_empty() && self.owner().is_none() {
+            problems.push(format!(
+                "docker.user {:?} must be a numeric uid or uid:gid (the runner gives the job's outputs to it)",
+                self.user
+            ));
         }
         if self.network == "host" && !self.allow_host_network {
             problems.push("docker.network = \"host\" needs docker.allow-host-network = true".into());
@@ -95,6 +112,24 @@ impl DockerConfig {
             ));
         }
     }
+}
+
+/// A tar holding one directory entry, `name`, of `owner`: uploaded into the directory above a
+/// fresh volume's mount point, it gives the volume's root to the job's user.
+fn owned_directory(name: &str, (uid, gid): (u64, u64)) -> Result<bytes::Bytes> {
+    let mut header = tar::Header::new_gnu();
+    header.set_entry_type(tar::EntryType::Directory);
+    header.set_mode(0o755);
+    header.set_uid(uid);
+    header.set_gid(gid);
+    header.set_size(0);
+    header.set_mtime(u64::try_from(kiln_core::ids::now_ms() / 1000).unwrap_or(0));
+    let mut builder = tar::Builder::new(Vec::new());
+    builder
+        .append_data(&mut header, name, std::io::empty())
+        .and_then(|()| builder.into_inner())
+        .map(bytes::Bytes::from)
+        .map_err(Error::io(format!("cannot pack the directory {name}")))
 }
 
 fn docker_error(what: &str) -> impl FnOnce(bollard::errors::Error) -> Error + '_ {
@@ -423,35 +458,43 @@ impl DockerProvider {
             id: format!("docker:{}", created.id),
             scratch_dir: spec.scratch_dir.clone(),
         };
-        if let Some(agent) = &spec.agent {
-            let options = UploadToContainerOptionsBuilder::new().path("/").build();
-            if let Err(error) = self
-                .docker
-                .upload_to_container(&created.id, Some(options), bollard::body_full(agent.clone()))
-                .await
-            {
-                self.release(&instance).await?;
-                return Err(docker_error("put kiln-agent into the container")(error));
-            }
-        }
-        if let Some(code) = &spec.code {
-            let options = UploadToContainerOptionsBuilder::new().path(CODE_DIR).build();
-            if let Err(error) = self
-                .docker
-                .upload_to_container(&created.id, Some(options), bollard::body_full(code.clone()))
-                .await
-            {
-                self.release(&instance).await?;
-                return Err(docker_error("upload the code")(error));
-            }
-        }
-        if let Some(restore) = &spec.restore
-            && let Err(error) = self.restore_outputs(&created.id, restore).await
-        {
+        if let Err(error) = self.fill(&created.id, spec).await {
             self.release(&instance).await?;
             return Err(error);
         }
         Ok(instance)
+    }
+
+    /// Puts into a created container what its job needs before it starts: the outputs volume
+    /// given to `docker.user`, kiln-agent, the code, the restored outputs.
+    async fn fill(&self, container: &str, spec: &InstanceSpec) -> Result<()> {
+        if let Some(owner) = self.config.owner() {
+            let (parent, name) = OUTPUTS_DIR.rsplit_once('/').expect("OUTPUTS_DIR is an absolute path");
+            let entry = owned_directory(name, owner)?;
+            self.upload(container, parent, entry, "give the outputs to docker.user")
+                .await?;
+        }
+        if let Some(agent) = &spec.agent {
+            self.upload(container, "/", agent.clone(), "put kiln-agent into the container")
+                .await?;
+        }
+        if let Some(code) = &spec.code {
+            self.upload(container, CODE_DIR, code.clone(), "upload the code")
+                .await?;
+        }
+        if let Some(restore) = &spec.restore {
+            self.restore_outputs(container, restore).await?;
+        }
+        Ok(())
+    }
+
+    /// Unpacks a tar into a created container at `path`, through the engine's archive API.
+    async fn upload(&self, container: &str, path: &str, archive: bytes::Bytes, what: &str) -> Result<()> {
+        let options = UploadToContainerOptionsBuilder::new().path(path).build();
+        self.docker
+            .upload_to_container(container, Some(options), bollard::body_full(archive))
+            .await
+            .map_err(docker_error(what))
     }
 
     /// Uploads a resumed attempt's restored outputs (a checked tar.gz on the runner's host) into
@@ -688,5 +731,33 @@ impl Provider for DockerProvider {
             }
         }
         Ok(released)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_user(user: &str) -> DockerConfig {
+        DockerConfig {
+            user: user.into(),
+            ..DockerConfig::default()
+        }
+    }
+
+    #[test]
+    fn the_user_is_a_numeric_uid_and_gid() {
+        assert_eq!(with_user("").owner(), None);
+        assert_eq!(with_user("1000").owner(), Some((1000, 0)));
+        assert_eq!(with_user("1000:1001").owner(), Some((1000, 1001)));
+        for bad in ["nobody", "1000:staff", ":", "1000:"] {
+            let mut problems = Vec::new();
+            with_user(bad).validate(&mut problems);
+            assert_eq!(problems.len(), 1, "{bad}: {problems:?}");
+            assert!(problems[0].contains("numeric uid or uid:gid"), "{problems:?}");
+        }
+        let mut problems = Vec::new();
+        with_user("65534:65534").validate(&mut problems);
+        assert!(problems.is_empty(), "{problems:?}");
     }
 }
