@@ -34,7 +34,6 @@ pub struct JobsApi {
     pub(crate) store: Store,
     pub(crate) nats: Nats,
     pub(crate) watch_poll: Duration,
-    pub(crate) submit_lock: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl JobsApi {
@@ -54,11 +53,7 @@ impl JobsApi {
                 return Err(Error::DatasetMissing { name: name.clone() });
             }
         }
-        // Checked and inserted under one lock, so this replica's submits cannot race past the
-        // queued-jobs quota together.
-        let _one_at_a_time = self.submit_lock.lock().await;
-        crate::quotas::check_queued(&self.store, principal, &new.project).await?;
-        let job = self.store.insert_job(new).await?;
+        let job = crate::quotas::submit_within_quota(&self.store, principal, new).await?;
         tracing::info!(job_id = %job.id, owner = %principal.user_name, "job submitted");
         // The job is durable now; a failed publish is re-driven by the reconciler.
         if let Err(error) = publish_job_change(&self.nats, &self.store, &job).await {

@@ -83,7 +83,6 @@ impl Api {
             store: self.store.clone(),
             nats: self.nats.clone(),
             watch_poll: Duration::from_secs(1),
-            submit_lock: Default::default(),
         };
         let artifacts = artifacts::ArtifactsApi {
             store: self.store.clone(),

@@ -4,7 +4,7 @@
 
 use kiln_core::auth::{Principal, user_principal};
 use kiln_core::scheduling::QuotaScope;
-use kiln_core::store::{QuotaRecord, Store};
+use kiln_core::store::{JobRecord, NewJob, QuotaRecord, Store};
 use kiln_proto::v1 as pb;
 use kiln_proto::v1::quota_service_server::QuotaService;
 use kiln_scheduler::{input, policy};
@@ -57,21 +57,27 @@ fn parse_scope(text: &str) -> Result<QuotaScope> {
     QuotaScope::parse(text).map_err(Error::InvalidArgument)
 }
 
-/// Refuses a submit that would take the user, their project or everyone over a queued-jobs
-/// quota; the message names the quota.
-pub(crate) async fn check_queued(store: &Store, principal: &Principal, project: &str) -> Result<()> {
+/// Submits `new`, refused when it would take the user, their project or everyone over a
+/// queued-jobs quota (the message names the quota). Counted and inserted as one step for all
+/// api replicas ([`Store::insert_job_admitted`]), so concurrent submits cannot pass it together.
+pub(crate) async fn submit_within_quota(store: &Store, principal: &Principal, new: NewJob) -> Result<JobRecord> {
     let quotas = input::quotas(store).await.map_err(Error::Scheduler)?;
     if quotas.iter().all(|quota| quota.queued_jobs.is_none()) {
-        return Ok(());
+        return Ok(store.insert_job(new).await?);
     }
-    let counts = store.queued_counts(&principal.user_id, project).await?;
-    let queued = input::queued_by_scope(counts, &principal.user_name, project);
-    policy::check_submit(&quotas, &queued, &principal.user_name, project).map_err(|exceeded| {
-        Error::QuotaExceeded(format!(
-            "{exceeded}: wait for some to start, or ask an admin to raise it (`kiln quota set {} --queued-jobs N`)",
-            exceeded.scope
-        ))
-    })
+    let project = new.project.clone();
+    store
+        .insert_job_admitted(new, |counts| {
+            let queued = input::queued_by_scope(counts, &principal.user_name, &project);
+            policy::check_submit(&quotas, &queued, &principal.user_name, &project)
+        })
+        .await?
+        .map_err(|exceeded| {
+            Error::QuotaExceeded(format!(
+                "{exceeded}: wait for some to start, or ask an admin to raise it (`kiln quota set {} --queued-jobs N`)",
+                exceeded.scope
+            ))
+        })
 }
 
 #[tonic::async_trait]

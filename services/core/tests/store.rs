@@ -417,6 +417,41 @@ async fn quotas_round_trip_and_queued_jobs_are_counted(store: Store) {
     );
 }
 
+/// Sixteen submits at once, as from several api replicas, under a queued quota of five.
+async fn concurrent_submits_never_pass_a_queued_quota_together(store: Store) {
+    let submits: Vec<_> = (0..16)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .insert_job_admitted(
+                        new_job("u1"),
+                        |counts| {
+                            if counts.user < 5 { Ok(()) } else { Err(counts.user) }
+                        },
+                    )
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let (mut admitted, mut refused) = (0, 0);
+    for submit in submits {
+        match submit.await.unwrap() {
+            Ok(job) => {
+                assert_eq!(job.state().unwrap(), JobState::Queued);
+                admitted += 1;
+            }
+            Err(seen) => {
+                assert_eq!(seen, 5, "a refused submit saw {seen} queued");
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!((admitted, refused), (5, 11));
+    assert_eq!(store.queued_counts("u1", "default").await.unwrap().user, 5);
+}
+
 macro_rules! store_suite {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
@@ -458,4 +493,5 @@ store_suite!(
     artifacts_are_recorded_once,
     external_runs_start_running_and_are_never_queued,
     quotas_round_trip_and_queued_jobs_are_counted,
+    concurrent_submits_never_pass_a_queued_quota_together,
 );

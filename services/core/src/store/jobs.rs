@@ -95,47 +95,7 @@ impl Store {
         pool: &str,
         instance_id: &str,
     ) -> StoreResult<JobRecord> {
-        let now = now_ms();
-        let class = priority_class(&new.priority_class)
-            .ok_or_else(|| StoreError::Corrupt(format!("priority class {:?} is not a class", new.priority_class)))?;
-        let model = job::ActiveModel {
-            id: Set(new_id()),
-            owner_id: Set(new.owner_id),
-            project: Set(new.project),
-            name: Set(new.name),
-            command_json: Set(serde_json::to_string(&new.command).map_err(|e| StoreError::Corrupt(e.to_string()))?),
-            env_json: Set(serde_json::to_string(&new.env).map_err(|e| StoreError::Corrupt(e.to_string()))?),
-            cpu_millis: Set(new.cpu_millis),
-            memory_bytes: Set(new.memory_bytes),
-            code_digest: Set(new.code_digest),
-            state: Set(state.as_str().to_string()),
-            version: Set(1),
-            published_version: Set(0),
-            attempt: Set(1),
-            pool: Set(pool.to_string()),
-            runner_id: Set(String::new()),
-            instance_id: Set(instance_id.to_string()),
-            exit_code: Set(None),
-            reason: Set(String::new()),
-            stop_requested: Set(false),
-            created_at_ms: Set(now),
-            updated_at_ms: Set(now),
-            started_at_ms: Set((state == JobState::Running).then_some(now)),
-            finished_at_ms: Set(None),
-            image: Set(new.image),
-            gpus: Set(new.gpus),
-            max_runtime_secs: Set(new.max_runtime_secs),
-            datasets_json: Set(serde_json::to_string(&new.datasets).map_err(|e| StoreError::Corrupt(e.to_string()))?),
-            batch_id: Set(new.batch_id),
-            priority: Set(class.value),
-            priority_class: Set(class.name.to_string()),
-            market_policy: Set(new.market_policy.as_str().to_string()),
-            market: Set(String::new()),
-            preemptions: Set(0),
-            resume_from: Set(String::new()),
-            cost_micros: Set(0),
-            on_demand_cost_micros: Set(0),
-        };
+        let model = new_record(new, state, pool, instance_id)?;
         let id = model.id.clone().unwrap();
         Jobs::insert(model).exec_without_returning(&self.db).await?;
         self.job(&id).await
@@ -327,6 +287,51 @@ impl Store {
         }
         Ok(usage)
     }
+}
+
+/// The row of a new job in `state`.
+pub(super) fn new_record(new: NewJob, state: JobState, pool: &str, instance_id: &str) -> StoreResult<job::ActiveModel> {
+    let now = now_ms();
+    let class = priority_class(&new.priority_class)
+        .ok_or_else(|| StoreError::Corrupt(format!("priority class {:?} is not a class", new.priority_class)))?;
+    Ok(job::ActiveModel {
+        id: Set(new_id()),
+        owner_id: Set(new.owner_id),
+        project: Set(new.project),
+        name: Set(new.name),
+        command_json: Set(serde_json::to_string(&new.command).map_err(|e| StoreError::Corrupt(e.to_string()))?),
+        env_json: Set(serde_json::to_string(&new.env).map_err(|e| StoreError::Corrupt(e.to_string()))?),
+        cpu_millis: Set(new.cpu_millis),
+        memory_bytes: Set(new.memory_bytes),
+        code_digest: Set(new.code_digest),
+        state: Set(state.as_str().to_string()),
+        version: Set(1),
+        published_version: Set(0),
+        attempt: Set(1),
+        pool: Set(pool.to_string()),
+        runner_id: Set(String::new()),
+        instance_id: Set(instance_id.to_string()),
+        exit_code: Set(None),
+        reason: Set(String::new()),
+        stop_requested: Set(false),
+        created_at_ms: Set(now),
+        updated_at_ms: Set(now),
+        started_at_ms: Set((state == JobState::Running).then_some(now)),
+        finished_at_ms: Set(None),
+        image: Set(new.image),
+        gpus: Set(new.gpus),
+        max_runtime_secs: Set(new.max_runtime_secs),
+        datasets_json: Set(serde_json::to_string(&new.datasets).map_err(|e| StoreError::Corrupt(e.to_string()))?),
+        batch_id: Set(new.batch_id),
+        priority: Set(class.value),
+        priority_class: Set(class.name.to_string()),
+        market_policy: Set(new.market_policy.as_str().to_string()),
+        market: Set(String::new()),
+        preemptions: Set(0),
+        resume_from: Set(String::new()),
+        cost_micros: Set(0),
+        on_demand_cost_micros: Set(0),
+    })
 }
 
 impl JobRecord {

@@ -3,10 +3,14 @@
 use std::collections::HashMap;
 
 use sea_orm::sea_query::OnConflict;
-use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder};
+use sea_orm::{
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DbBackend, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder,
+    TransactionTrait,
+};
 
 use super::entities::{job, quota, user};
-use super::{Store, StoreResult};
+use super::jobs::new_record;
+use super::{JobRecord, NewJob, Store, StoreResult};
 use crate::ids::now_ms;
 use crate::state::JobState;
 
@@ -18,6 +22,18 @@ pub struct QueuedCounts {
     pub user: i64,
     pub project: i64,
     pub global: i64,
+}
+
+/// The key of the Postgres advisory lock that makes admission one step ("kiln" and 1).
+const ADMISSION_LOCK: i64 = 0x6b69_6c6e_0001;
+
+async fn queued_counts(db: &impl ConnectionTrait, owner_id: &str, project: &str) -> StoreResult<QueuedCounts> {
+    let queued = || job::Entity::find().filter(job::Column::State.eq(JobState::Queued.as_str()));
+    Ok(QueuedCounts {
+        user: queued().filter(job::Column::OwnerId.eq(owner_id)).count(db).await? as i64,
+        project: queued().filter(job::Column::Project.eq(project)).count(db).await? as i64,
+        global: queued().count(db).await? as i64,
+    })
 }
 
 impl Store {
@@ -76,18 +92,41 @@ impl Store {
 
     /// How many jobs wait in the queue: the user's, the project's and everyone's.
     pub async fn queued_counts(&self, owner_id: &str, project: &str) -> StoreResult<QueuedCounts> {
-        let queued = || job::Entity::find().filter(job::Column::State.eq(JobState::Queued.as_str()));
-        Ok(QueuedCounts {
-            user: queued()
-                .filter(job::Column::OwnerId.eq(owner_id))
-                .count(&self.db)
-                .await? as i64,
-            project: queued()
-                .filter(job::Column::Project.eq(project))
-                .count(&self.db)
-                .await? as i64,
-            global: queued().count(&self.db).await? as i64,
-        })
+        queued_counts(&self.db, owner_id, project).await
+    }
+
+    /// Submits a job if `admit` accepts the queued jobs it would join, counted and inserted as
+    /// one step for every api replica at once: in a transaction that first takes, on Postgres,
+    /// a transaction-scoped advisory lock, and on SQLite the database's write lock. So two
+    /// submits can never both see room for one more. `Ok(Err(_))` is `admit`'s refusal.
+    pub async fn insert_job_admitted<E>(
+        &self,
+        new: NewJob,
+        admit: impl FnOnce(QueuedCounts) -> Result<(), E>,
+    ) -> StoreResult<Result<JobRecord, E>> {
+        let (owner_id, project) = (new.owner_id.clone(), new.project.clone());
+        let model = new_record(new, JobState::Queued, "", "")?;
+        let id = model.id.clone().unwrap();
+        let txn = self.db.begin().await?;
+        match txn.get_database_backend() {
+            DbBackend::Postgres => {
+                txn.execute_unprepared(&format!("SELECT pg_advisory_xact_lock({ADMISSION_LOCK})"))
+                    .await?;
+            }
+            // A write, even of no row, takes the write lock (waiting out the busy timeout), so
+            // the counts below cannot go stale before the insert.
+            _ => {
+                txn.execute_unprepared("UPDATE jobs SET version = version WHERE 0 = 1")
+                    .await?;
+            }
+        }
+        if let Err(refused) = admit(queued_counts(&txn, &owner_id, &project).await?) {
+            txn.rollback().await?;
+            return Ok(Err(refused));
+        }
+        job::Entity::insert(model).exec_without_returning(&txn).await?;
+        txn.commit().await?;
+        Ok(Ok(self.job(&id).await?))
     }
 
     /// User names by id (quotas name users; jobs record their owner's id).
