@@ -9,16 +9,24 @@
 //! Queues that yield to a waiting project-mate are merged again after the rest, once. With
 //! [`Order::FairShareRatio`], one set keyed by held share over fair share orders every user
 //! of the priority instead (see `ratio`).
+//!
+//! This module walks the queues; `setup` builds a pass from the input, `holders` keeps who
+//! holds what, `limits` checks running quotas, and `room` finds capacity: pools, reservations
+//! and victims.
 
-use std::cmp::Ordering;
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashSet};
 
 use super::explain::{Ahead, JobWait, Wait};
-use super::model::{Input, Market, Order, PendingJob, Quota, QuotaResource, QuotaScope, Resources, Weights};
+use super::model::{Input, Market, Order, Quota, Resources};
 
+mod holders;
+mod limits;
 mod ratio;
 mod room;
+mod setup;
 
+use holders::{Holder, Member, Share};
+use limits::ScopeUsage;
 pub use ratio::water_fill;
 use room::{SHARE_EPSILON, eligible_pools};
 
@@ -75,67 +83,6 @@ pub fn plan(input: &Input) -> Plan {
     Pass::new(input).run()
 }
 
-/// Orders `f64` shares totally, for set keys.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Share(f64);
-
-impl Eq for Share {}
-
-impl PartialOrd for Share {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Share {
-    fn cmp(&self, other: &Self) -> Ordering {
-        self.0.total_cmp(&other.0)
-    }
-}
-
-/// What a project or a (project, user) holds, and its fair-share weight.
-#[derive(Debug, Clone, Copy)]
-struct Holder {
-    held: Resources,
-    weight: f64,
-}
-
-impl Holder {
-    fn new(weight: f64) -> Holder {
-        Holder {
-            held: Resources::ZERO,
-            weight,
-        }
-    }
-
-    fn share(&self, total: &Resources) -> Share {
-        Share(self.held.dominant_share(total) / self.weight)
-    }
-}
-
-/// A user inside a project: the unit of fair share and of the per-user queues.
-#[derive(Debug, Clone, Copy)]
-struct Member {
-    project: usize,
-    /// The user, across projects (user quotas count everywhere).
-    user: usize,
-    holder: Holder,
-}
-
-/// What a quota scope's running jobs hold.
-#[derive(Debug, Clone, Copy, Default)]
-struct ScopeUsage {
-    resources: Resources,
-    running_jobs: i64,
-}
-
-impl ScopeUsage {
-    fn add(&mut self, resources: Resources) {
-        self.resources += resources;
-        self.running_jobs += 1;
-    }
-}
-
 #[derive(Debug)]
 struct PoolState {
     /// Capacity less what running jobs, this pass's placements and holds take.
@@ -147,39 +94,6 @@ struct PoolState {
     /// Running jobs on it in the order victims are tried: stopping first, then lowest
     /// priority, then youngest.
     victims: Vec<usize>,
-}
-
-/// Names to dense ids, built from the jobs.
-#[derive(Default)]
-struct Registry<'a> {
-    project_ids: HashMap<&'a str, usize>,
-    user_ids: HashMap<&'a str, usize>,
-    member_ids: HashMap<(usize, usize), usize>,
-    projects: Vec<Holder>,
-    members: Vec<Member>,
-}
-
-impl<'a> Registry<'a> {
-    fn member(&mut self, project: &'a str, user: &'a str, weights: &Weights) -> usize {
-        let project_count = self.project_ids.len();
-        let project_id = *self.project_ids.entry(project).or_insert(project_count);
-        if project_id == self.projects.len() {
-            self.projects.push(Holder::new(weights.project(project)));
-        }
-        let user_count = self.user_ids.len();
-        let user_id = *self.user_ids.entry(user).or_insert(user_count);
-        if let Some(&member) = self.member_ids.get(&(project_id, user_id)) {
-            return member;
-        }
-        let member = self.members.len();
-        self.members.push(Member {
-            project: project_id,
-            user: user_id,
-            holder: Holder::new(weights.user(project, user)),
-        });
-        self.member_ids.insert((project_id, user_id), member);
-        member
-    }
 }
 
 /// A (project, user) queue of one priority, oldest first.
@@ -241,113 +155,6 @@ struct Pass<'a> {
 // === impl Pass ===
 
 impl<'a> Pass<'a> {
-    fn new(input: &'a Input) -> Pass<'a> {
-        let mut registry = Registry::default();
-        let running_members: Vec<usize> = input
-            .running
-            .iter()
-            .map(|job| registry.member(&job.project, &job.user, &input.weights))
-            .collect();
-        let member_of_job: Vec<usize> = input
-            .pending
-            .iter()
-            .map(|job| registry.member(&job.project, &job.user, &input.weights))
-            .collect();
-        let members_count = registry.members.len();
-        let Registry {
-            project_ids,
-            user_ids,
-            projects,
-            members,
-            ..
-        } = registry;
-
-        let pool_ids: HashMap<&str, usize> = input
-            .pools
-            .iter()
-            .enumerate()
-            .map(|(index, pool)| (pool.name.as_str(), index))
-            .collect();
-        let mut pools: Vec<PoolState> = input
-            .pools
-            .iter()
-            .map(|pool| PoolState {
-                free: pool.capacity,
-                hold: Resources::ZERO,
-                reserved_for: None,
-                victims: Vec::new(),
-            })
-            .collect();
-        let total = input
-            .pools
-            .iter()
-            .fold(Resources::ZERO, |total, pool| total + pool.capacity);
-
-        let mut pass = Pass {
-            input,
-            total,
-            pools: Vec::new(),
-            project_moves: vec![Resources::ZERO; projects.len()],
-            member_moves: vec![Resources::ZERO; members.len()],
-            fair_share_failed: HashSet::new(),
-            project_usage: vec![ScopeUsage::default(); projects.len()],
-            user_usage: vec![ScopeUsage::default(); user_ids.len()],
-            project_quotas: vec![Vec::new(); projects.len()],
-            user_quotas: vec![Vec::new(); user_ids.len()],
-            projects,
-            members,
-            member_of_job,
-            member_of_running: running_members,
-            member_demands: vec![Resources::ZERO; members_count],
-            global_usage: ScopeUsage::default(),
-            global_quotas: Vec::new(),
-            victim_taken: vec![false; input.running.len()],
-            budget_left: input.settings.preemption_budget,
-            fair_share_budget_left: input.settings.fair_share_preemption_budget,
-            stopping_left: input.running.iter().filter(|job| job.stopping).count(),
-            plan: Plan::default(),
-        };
-        for (index, job) in input.pending.iter().enumerate() {
-            pass.member_demands[pass.member_of_job[index]] += job.resources;
-        }
-        for (index, job) in input.running.iter().enumerate() {
-            let member = pass.member_of_running[index];
-            pass.member_demands[member] += job.resources;
-            pass.take(member, job.resources);
-            if job.stopping {
-                pass.moves(member, -job.resources);
-            }
-            // A job on a pool no runner reports any more still counts for shares and quotas.
-            if let Some(&pool) = pool_ids.get(job.pool.as_str()) {
-                pools[pool].free -= job.resources;
-                pools[pool].victims.push(index);
-            }
-        }
-        for pool in &mut pools {
-            pool.victims.sort_by_key(|&index| {
-                let job = &input.running[index];
-                (!job.stopping, job.priority, std::cmp::Reverse(job.started_at_ms))
-            });
-        }
-        pass.pools = pools;
-        for quota in &input.quotas {
-            match &quota.scope {
-                QuotaScope::Global => pass.global_quotas.push(quota),
-                QuotaScope::Project(name) => {
-                    if let Some(&project) = project_ids.get(name.as_str()) {
-                        pass.project_quotas[project].push(quota);
-                    }
-                }
-                QuotaScope::User(name) => {
-                    if let Some(&user) = user_ids.get(name.as_str()) {
-                        pass.user_quotas[user].push(quota);
-                    }
-                }
-            }
-        }
-        pass
-    }
-
     fn run(mut self) -> Plan {
         let input = self.input;
         let mut order: Vec<usize> = (0..input.pending.len()).collect();
@@ -549,46 +356,4 @@ impl<'a> Pass<'a> {
             market,
         });
     }
-
-    fn quota_wait(&self, job: &PendingJob, member: usize) -> Option<Wait> {
-        let Member { project, user, .. } = self.members[member];
-        let scopes = [
-            (&self.global_quotas, &self.global_usage),
-            (&self.project_quotas[project], &self.project_usage[project]),
-            (&self.user_quotas[user], &self.user_usage[user]),
-        ];
-        scopes
-            .into_iter()
-            .find_map(|(quotas, usage)| quotas.iter().find_map(|quota| over_quota(quota, usage, &job.resources)))
-    }
-}
-
-/// The first running limit of `quota` that starting `asked` would exceed.
-fn over_quota(quota: &Quota, usage: &ScopeUsage, asked: &Resources) -> Option<Wait> {
-    let limits = [
-        (
-            QuotaResource::Cpu,
-            quota.cpu_millis,
-            usage.resources.cpu_millis,
-            asked.cpu_millis,
-        ),
-        (
-            QuotaResource::Memory,
-            quota.memory_bytes,
-            usage.resources.memory_bytes,
-            asked.memory_bytes,
-        ),
-        (QuotaResource::Gpus, quota.gpus, usage.resources.gpus, asked.gpus),
-        (QuotaResource::RunningJobs, quota.running_jobs, usage.running_jobs, 1),
-    ];
-    limits.into_iter().find_map(|(resource, limit_opt, used, asked)| {
-        let limit = limit_opt?;
-        (asked > 0 && used + asked > limit).then(|| Wait::Quota {
-            scope: quota.scope.clone(),
-            resource,
-            limit,
-            used,
-            asked,
-        })
-    })
 }

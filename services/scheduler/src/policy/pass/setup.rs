@@ -1,0 +1,118 @@
+//! Building a pass: members and their demands, pools with their victims in order, what
+//! running jobs hold, and the quotas of each scope.
+
+use std::collections::{HashMap, HashSet};
+
+use super::holders::Registry;
+use super::limits::ScopeUsage;
+use super::{Pass, Plan, PoolState};
+use crate::policy::model::{Input, QuotaScope, Resources};
+
+impl<'a> Pass<'a> {
+    pub(super) fn new(input: &'a Input) -> Pass<'a> {
+        let mut registry = Registry::default();
+        let running_members: Vec<usize> = input
+            .running
+            .iter()
+            .map(|job| registry.member(&job.project, &job.user, &input.weights))
+            .collect();
+        let member_of_job: Vec<usize> = input
+            .pending
+            .iter()
+            .map(|job| registry.member(&job.project, &job.user, &input.weights))
+            .collect();
+        let members_count = registry.members.len();
+        let Registry {
+            project_ids,
+            user_ids,
+            projects,
+            members,
+            ..
+        } = registry;
+
+        let pool_ids: HashMap<&str, usize> = input
+            .pools
+            .iter()
+            .enumerate()
+            .map(|(index, pool)| (pool.name.as_str(), index))
+            .collect();
+        let mut pools: Vec<PoolState> = input
+            .pools
+            .iter()
+            .map(|pool| PoolState {
+                free: pool.capacity,
+                hold: Resources::ZERO,
+                reserved_for: None,
+                victims: Vec::new(),
+            })
+            .collect();
+        let total = input
+            .pools
+            .iter()
+            .fold(Resources::ZERO, |total, pool| total + pool.capacity);
+
+        let mut pass = Pass {
+            input,
+            total,
+            pools: Vec::new(),
+            project_moves: vec![Resources::ZERO; projects.len()],
+            member_moves: vec![Resources::ZERO; members.len()],
+            fair_share_failed: HashSet::new(),
+            project_usage: vec![ScopeUsage::default(); projects.len()],
+            user_usage: vec![ScopeUsage::default(); user_ids.len()],
+            project_quotas: vec![Vec::new(); projects.len()],
+            user_quotas: vec![Vec::new(); user_ids.len()],
+            projects,
+            members,
+            member_of_job,
+            member_of_running: running_members,
+            member_demands: vec![Resources::ZERO; members_count],
+            global_usage: ScopeUsage::default(),
+            global_quotas: Vec::new(),
+            victim_taken: vec![false; input.running.len()],
+            budget_left: input.settings.preemption_budget,
+            fair_share_budget_left: input.settings.fair_share_preemption_budget,
+            stopping_left: input.running.iter().filter(|job| job.stopping).count(),
+            plan: Plan::default(),
+        };
+        for (index, job) in input.pending.iter().enumerate() {
+            pass.member_demands[pass.member_of_job[index]] += job.resources;
+        }
+        for (index, job) in input.running.iter().enumerate() {
+            let member = pass.member_of_running[index];
+            pass.member_demands[member] += job.resources;
+            pass.take(member, job.resources);
+            if job.stopping {
+                pass.moves(member, -job.resources);
+            }
+            // A job on a pool no runner reports any more still counts for shares and quotas.
+            if let Some(&pool) = pool_ids.get(job.pool.as_str()) {
+                pools[pool].free -= job.resources;
+                pools[pool].victims.push(index);
+            }
+        }
+        for pool in &mut pools {
+            pool.victims.sort_by_key(|&index| {
+                let job = &input.running[index];
+                (!job.stopping, job.priority, std::cmp::Reverse(job.started_at_ms))
+            });
+        }
+        pass.pools = pools;
+        for quota in &input.quotas {
+            match &quota.scope {
+                QuotaScope::Global => pass.global_quotas.push(quota),
+                QuotaScope::Project(name) => {
+                    if let Some(&project) = project_ids.get(name.as_str()) {
+                        pass.project_quotas[project].push(quota);
+                    }
+                }
+                QuotaScope::User(name) => {
+                    if let Some(&user) = user_ids.get(name.as_str()) {
+                        pass.user_quotas[user].push(quota);
+                    }
+                }
+            }
+        }
+        pass
+    }
+}
