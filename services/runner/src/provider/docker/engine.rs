@@ -1,0 +1,349 @@
+//! What the provider makes on the engine: images, volumes and containers, and what it puts
+//! into a created container before the start.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bollard::container::LogOutput;
+use bollard::models::{ContainerCreateBody, DeviceRequest, HostConfig, Mount, MountType, VolumeCreateRequest};
+use bollard::query_parameters::{
+    CreateContainerOptionsBuilder, CreateImageOptionsBuilder, ListContainersOptionsBuilder, ListVolumesOptionsBuilder,
+    LogsOptionsBuilder, RemoveContainerOptionsBuilder, RemoveVolumeOptionsBuilder, UploadToContainerOptionsBuilder,
+};
+use futures::StreamExt;
+use kiln_proto::v1::LogStream;
+
+use super::super::{CODE_DIR, DATA_DIR, Instance, InstanceSpec, OUTPUTS_DIR, OutputStream, Provider};
+use super::{DockerProvider, LABEL_ATTEMPT, LABEL_JOB, container_id, docker_error, not_found};
+use crate::error::{Error, Result};
+
+impl DockerProvider {
+    /// Pulls the image unless the engine has it.
+    pub(super) async fn ensure_image(&self, image: &str) -> Result<()> {
+        if self.docker.inspect_image(image).await.is_ok() {
+            return Ok(());
+        }
+        tracing::info!(image, "pulling image");
+        let options = CreateImageOptionsBuilder::new().from_image(image).build();
+        let pull = async {
+            let mut progress = self.docker.create_image(Some(options), None, None);
+            while let Some(step) = progress.next().await {
+                step.map_err(|e| e.to_string())?;
+            }
+            Ok::<(), String>(())
+        };
+        let limit = Duration::from_secs(self.config.pull_timeout_secs);
+        let failure = match tokio::time::timeout(limit, pull).await {
+            Ok(Ok(())) if self.docker.inspect_image(image).await.is_ok() => return Ok(()),
+            Ok(Ok(())) => "the pull ended without the image".to_string(),
+            Ok(Err(message)) => message,
+            Err(_) => format!("the pull took longer than {}s", limit.as_secs()),
+        };
+        Err(Error::ImageNotFound {
+            image: image.to_string(),
+            message: failure,
+        })
+    }
+
+    async fn create_volume(&self, name: &str, labels: &HashMap<String, String>) -> Result<()> {
+        let request = VolumeCreateRequest {
+            name: Some(name.to_string()),
+            labels: Some(labels.clone()),
+            ..Default::default()
+        };
+        self.docker
+            .create_volume(request)
+            .await
+            .map_err(docker_error("create a volume"))?;
+        Ok(())
+    }
+
+    /// Puts a checked tar.gz into a volume through a loader container that is never started.
+    async fn load_volume(
+        &self,
+        image: &str,
+        volume: &str,
+        archive: bytes::Bytes,
+        labels: &HashMap<String, String>,
+    ) -> Result<()> {
+        let body = ContainerCreateBody {
+            image: Some(image.to_string()),
+            labels: Some(labels.clone()),
+            network_disabled: Some(true),
+            host_config: Some(HostConfig {
+                mounts: Some(vec![volume_mount(volume, "/load", false)]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let loader = self
+            .docker
+            .create_container(None::<bollard::query_parameters::CreateContainerOptions>, body)
+            .await
+            .map_err(docker_error("create a loader container"))?;
+        let upload = self
+            .docker
+            .upload_to_container(
+                &loader.id,
+                Some(UploadToContainerOptionsBuilder::new().path("/load").build()),
+                bollard::body_full(archive),
+            )
+            .await
+            .map_err(docker_error("load a volume"));
+        self.remove_container(&loader.id).await?;
+        upload
+    }
+
+    pub(super) async fn remove_container(&self, id: &str) -> Result<()> {
+        let options = RemoveContainerOptionsBuilder::new().force(true).v(false).build();
+        match self.docker.remove_container(id, Some(options)).await {
+            Ok(()) => Ok(()),
+            Err(error) if not_found(&error) => Ok(()),
+            Err(error) => Err(docker_error("remove a container")(error)),
+        }
+    }
+
+    pub(super) async fn remove_volume(&self, name: &str) -> Result<()> {
+        let options = RemoveVolumeOptionsBuilder::new().force(true).build();
+        match self.docker.remove_volume(name, Some(options)).await {
+            Ok(()) => Ok(()),
+            Err(error) if not_found(&error) => Ok(()),
+            Err(error) => Err(docker_error("remove a volume")(error)),
+        }
+    }
+
+    /// Volumes carrying a label value.
+    pub(super) async fn volumes_labelled(
+        &self,
+        label: &str,
+        value: &str,
+    ) -> Result<Vec<(String, HashMap<String, String>)>> {
+        let filters = HashMap::from([("label", vec![format!("{label}={value}")])]);
+        let listed = self
+            .docker
+            .list_volumes(Some(ListVolumesOptionsBuilder::new().filters(&filters).build()))
+            .await
+            .map_err(docker_error("list volumes"))?;
+        Ok(listed
+            .volumes
+            .unwrap_or_default()
+            .into_iter()
+            .map(|v| (v.name, v.labels))
+            .collect())
+    }
+
+    /// Containers (running or not) carrying a label value.
+    pub(super) async fn containers_labelled(
+        &self,
+        label: &str,
+        value: &str,
+    ) -> Result<Vec<(String, HashMap<String, String>)>> {
+        let filters = HashMap::from([("label", vec![format!("{label}={value}")])]);
+        let options = ListContainersOptionsBuilder::new().all(true).filters(&filters).build();
+        let listed = self
+            .docker
+            .list_containers(Some(options))
+            .await
+            .map_err(docker_error("list containers"))?;
+        Ok(listed
+            .into_iter()
+            .filter_map(|c| Some((c.id?, c.labels.unwrap_or_default())))
+            .collect())
+    }
+
+    /// Removes the containers and volumes of one attempt of a job.
+    pub(super) async fn release_attempt(&self, job_id: &str, attempt: &str) -> Result<()> {
+        for (id, labels) in self.containers_labelled(LABEL_JOB, job_id).await? {
+            if labels.get(LABEL_ATTEMPT).map(String::as_str) == Some(attempt) {
+                self.remove_container(&id).await?;
+            }
+        }
+        for (name, labels) in self.volumes_labelled(LABEL_JOB, job_id).await? {
+            if labels.get(LABEL_ATTEMPT).map(String::as_str) == Some(attempt) {
+                self.remove_volume(&name).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates the volumes (loading the datasets), the container, and uploads the code.
+    pub(super) async fn create_instance(&self, spec: &InstanceSpec) -> Result<Instance> {
+        let labels = DockerProvider::labels(&spec.job_id, spec.attempt, &spec.runner_id);
+        let code_volume = volume_name(&spec.job_id, spec.attempt, "code");
+        let outputs_volume = volume_name(&spec.job_id, spec.attempt, "outputs");
+        self.create_volume(&code_volume, &labels).await?;
+        self.create_volume(&outputs_volume, &labels).await?;
+        let mut mounts = vec![
+            volume_mount(&code_volume, CODE_DIR, false),
+            volume_mount(&outputs_volume, OUTPUTS_DIR, false),
+        ];
+        for (name, archive) in &spec.datasets {
+            let volume = volume_name(&spec.job_id, spec.attempt, &format!("data-{name}"));
+            self.create_volume(&volume, &labels).await?;
+            self.load_volume(&spec.image, &volume, archive.clone(), &labels).await?;
+            mounts.push(volume_mount(&volume, &format!("{DATA_DIR}/{name}"), true));
+        }
+        let mut env: Vec<String> = spec
+            .env
+            .iter()
+            .map(|(k, v)| format!("{k}={}", self.reachable(v)))
+            .collect();
+        env.push(format!("KILN_CODE={CODE_DIR}"));
+        env.push(format!("KILN_OUTPUTS={OUTPUTS_DIR}"));
+        env.push(format!("KILN_DATA={DATA_DIR}"));
+        let device_requests = (!spec.gpu_devices.is_empty()).then(|| {
+            vec![DeviceRequest {
+                driver: Some("nvidia".into()),
+                device_ids: Some(spec.gpu_devices.iter().map(u32::to_string).collect()),
+                capabilities: Some(vec![vec!["gpu".into()]]),
+                ..Default::default()
+            }]
+        });
+        let body = ContainerCreateBody {
+            image: Some(spec.image.clone()),
+            cmd: Some(spec.command.clone()),
+            env: Some(env),
+            working_dir: Some(CODE_DIR.into()),
+            labels: Some(labels),
+            user: (!self.config.user.is_empty()).then(|| self.config.user.clone()),
+            host_config: Some(HostConfig {
+                nano_cpus: Some(spec.cpu_millis * 1_000_000),
+                memory: Some(spec.memory_bytes),
+                memory_swap: Some(spec.memory_bytes),
+                pids_limit: Some(self.config.pids_limit),
+                init: Some(true),
+                privileged: Some(false),
+                cap_drop: Some(vec!["ALL".into()]),
+                security_opt: Some(vec!["no-new-privileges".into()]),
+                network_mode: Some(self.config.network.clone()),
+                mounts: Some(mounts),
+                device_requests,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let name = format!("kiln-{}-{}", spec.job_id, spec.attempt);
+        let options = CreateContainerOptionsBuilder::new().name(&name).build();
+        let created = self
+            .docker
+            .create_container(Some(options), body)
+            .await
+            .map_err(docker_error("create the container"))?;
+        let instance = Instance {
+            provider: "docker",
+            job_id: spec.job_id.clone(),
+            attempt: spec.attempt,
+            id: format!("docker:{}", created.id),
+            scratch_dir: spec.scratch_dir.clone(),
+        };
+        if let Err(error) = self.fill(&created.id, spec).await {
+            self.release(&instance).await?;
+            return Err(error);
+        }
+        Ok(instance)
+    }
+
+    /// Puts into a created container what its job needs before it starts: the outputs volume
+    /// given to `docker.user`, kiln-agent, the code, the restored outputs.
+    async fn fill(&self, container: &str, spec: &InstanceSpec) -> Result<()> {
+        if let Some(owner) = self.config.owner() {
+            let (parent, name) = OUTPUTS_DIR.rsplit_once('/').expect("OUTPUTS_DIR is an absolute path");
+            let entry = owned_directory(name, owner)?;
+            self.upload(container, parent, entry, "give the outputs to docker.user")
+                .await?;
+        }
+        if let Some(agent) = &spec.agent {
+            self.upload(container, "/", agent.clone(), "put kiln-agent into the container")
+                .await?;
+        }
+        if let Some(code) = &spec.code {
+            self.upload(container, CODE_DIR, code.clone(), "upload the code")
+                .await?;
+        }
+        if let Some(restore) = &spec.restore {
+            self.restore_outputs(container, restore).await?;
+        }
+        Ok(())
+    }
+
+    /// Unpacks a tar into a created container at `path`, through the engine's archive API.
+    async fn upload(&self, container: &str, path: &str, archive: bytes::Bytes, what: &str) -> Result<()> {
+        let options = UploadToContainerOptionsBuilder::new().path(path).build();
+        self.docker
+            .upload_to_container(container, Some(options), bollard::body_full(archive))
+            .await
+            .map_err(docker_error(what))
+    }
+
+    /// Uploads a resumed attempt's restored outputs (a checked tar.gz on the runner's host) into
+    /// the created container's outputs volume, streamed from the file.
+    async fn restore_outputs(&self, container: &str, archive: &std::path::Path) -> Result<()> {
+        let file = tokio::fs::File::open(archive)
+            .await
+            .map_err(Error::io(format!("cannot read {}", archive.display())))?;
+        let options = UploadToContainerOptionsBuilder::new().path(OUTPUTS_DIR).build();
+        self.docker
+            .upload_to_container(
+                container,
+                Some(options),
+                bollard::body_try_stream(tokio_util::io::ReaderStream::new(file)),
+            )
+            .await
+            .map_err(docker_error("restore the outputs"))
+    }
+
+    pub(super) async fn start_instance(&self, instance: &mut Instance) -> Result<OutputStream> {
+        let id = container_id(instance).to_string();
+        self.docker
+            .start_container(&id, None)
+            .await
+            .map_err(docker_error("start the container"))?;
+        let options = LogsOptionsBuilder::new().follow(true).stdout(true).stderr(true).build();
+        let logs = self.docker.logs(&id, Some(options)).filter_map(|chunk| async move {
+            match chunk {
+                Ok(LogOutput::StdOut { message }) => Some((LogStream::Stdout, message)),
+                Ok(LogOutput::StdErr { message }) => Some((LogStream::Stderr, message)),
+                Ok(LogOutput::Console { message }) => Some((LogStream::Stdout, message)),
+                Ok(LogOutput::StdIn { .. }) => None,
+                Err(error) => {
+                    tracing::warn!(error = %error, "reading the container's logs failed");
+                    None
+                }
+            }
+        });
+        Ok(Box::pin(logs))
+    }
+}
+
+/// A tar holding one directory entry, `name`, of `owner`: uploaded into the directory above a
+/// fresh volume's mount point, it gives the volume's root to the job's user.
+fn owned_directory(name: &str, (uid, gid): (u64, u64)) -> Result<bytes::Bytes> {
+    let mut header = tar::Header::new_gnu();
+    header.set_entry_type(tar::EntryType::Directory);
+    header.set_mode(0o755);
+    header.set_uid(uid);
+    header.set_gid(gid);
+    header.set_size(0);
+    header.set_mtime(u64::try_from(kiln_core::ids::now_ms() / 1000).unwrap_or(0));
+    let mut builder = tar::Builder::new(Vec::new());
+    builder
+        .append_data(&mut header, name, std::io::empty())
+        .and_then(|()| builder.into_inner())
+        .map(bytes::Bytes::from)
+        .map_err(Error::io(format!("cannot pack the directory {name}")))
+}
+
+pub(super) fn volume_mount(volume: &str, target: &str, read_only: bool) -> Mount {
+    Mount {
+        target: Some(target.to_string()),
+        source: Some(volume.to_string()),
+        typ: Some(MountType::VOLUME),
+        read_only: Some(read_only),
+        ..Default::default()
+    }
+}
+
+/// Name of a volume of an instance.
+pub(super) fn volume_name(job_id: &str, attempt: i32, purpose: &str) -> String {
+    format!("kiln-{job_id}-{attempt}-{purpose}")
+}
