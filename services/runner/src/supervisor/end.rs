@@ -1,0 +1,184 @@
+//! How an attempt's end is recorded: its end state and cost, a preempted job queued again as
+//! its next attempt, a job whose runner went away ended LOST or queued again.
+
+use kiln_core::JobState;
+use kiln_core::events::publish_job_change;
+use kiln_core::scheduling::{Market, SPOT_PREEMPTION};
+use kiln_core::store::{Change, JobRecord, StoreError};
+
+use super::{Outcome, StopReason};
+use crate::Context;
+use crate::config::OnLost;
+use crate::error::Result;
+
+/// Records the end of the attempt.
+/// `preempted_for` names the job a priority preemption made room for.
+pub(super) async fn conclude(
+    ctx: &Context,
+    job: JobRecord,
+    outcome: &Outcome,
+    preempted_for: Option<String>,
+) -> Result<()> {
+    let cost = attempt_cost(ctx, &job);
+    let change = |exit_code: Option<i32>, reason: &str| Change {
+        exit_code,
+        reason: Some(reason.to_string()),
+        cost_micros: cost,
+        ..Change::default()
+    };
+    let (state, change) = match outcome.clone() {
+        Outcome::Exited {
+            stopped: Some(StopReason::Shutdown),
+            ..
+        } => {
+            return lose(ctx, &job, "the runner shut down while the job ran").await;
+        }
+        Outcome::Exited {
+            exit,
+            stopped: Some(StopReason::Preempted),
+        } => {
+            return requeue_preempted(ctx, job, exit.code, preempted_for, cost).await;
+        }
+        Outcome::Exited {
+            exit,
+            stopped: Some(StopReason::User),
+        } => (JobState::Stopped, change(Some(exit.code), "stopped by user")),
+        Outcome::Exited {
+            exit,
+            stopped: Some(StopReason::Timeout),
+        } => (JobState::Stopped, change(Some(exit.code), "timeout")),
+        Outcome::Exited {
+            exit,
+            stopped: Some(StopReason::IdleGpu),
+        } => (JobState::Stopped, change(Some(exit.code), "idle GPU")),
+        Outcome::Exited { exit, stopped: None } if exit.code == 0 => (JobState::Succeeded, change(Some(0), "")),
+        Outcome::Exited { exit, stopped: None } if exit.oom_killed => {
+            let reason = format!("out of memory: the limit is {} bytes", job.memory_bytes);
+            (JobState::Failed, change(Some(exit.code), &reason))
+        }
+        Outcome::Exited { exit, stopped: None } => {
+            let reason = if exit.code > 128 {
+                format!("killed by signal {}", exit.code - 128)
+            } else {
+                format!("exited with code {}", exit.code)
+            };
+            (JobState::Failed, change(Some(exit.code), &reason))
+        }
+        Outcome::NotStarted {
+            reason,
+            exit_code,
+            stopped,
+        } => {
+            let state = if stopped { JobState::Stopped } else { JobState::Failed };
+            (state, change(exit_code, &reason))
+        }
+    };
+    let ended = ctx.store.transition(&job, state, change).await?;
+    tracing::info!(job_id = %ended.id, state = %ended.state, exit_code = ?ended.exit_code, reason = %ended.reason, "job ended");
+    publish(ctx, &ended).await;
+    Ok(())
+}
+
+/// The market of an attempt: the scheduler's choice, or (for a job placed before schedulers
+/// chose) spot when the provider offers it.
+pub(super) fn market_of(ctx: &Context, job: &JobRecord) -> Market {
+    Market::parse(&job.market).unwrap_or(if ctx.provider.offer().spot {
+        Market::Spot
+    } else {
+        Market::OnDemand
+    })
+}
+
+/// What the attempt cost from its start until now, and what on-demand would have cost, in
+/// millionths; `None` when it never ran.
+fn attempt_cost(ctx: &Context, job: &JobRecord) -> Option<(i64, i64)> {
+    let started = job.started_at_ms?;
+    let offer = ctx.provider.offer();
+    let hours = (kiln_core::ids::now_ms() - started).max(0) as f64 / 3_600_000.0 * offer.time_scale;
+    let asked = (job.cpu_millis, job.memory_bytes, u32::try_from(job.gpus).unwrap_or(0));
+    let cost = |market| (offer.cost_per_hour(&ctx.capacity, asked, market) * hours * 1e6).round() as i64;
+    Some((cost(market_of(ctx, job)), cost(Market::OnDemand)))
+}
+
+/// The instance was taken back (a spot preemption) or a higher priority needs the room: the job
+/// ends PREEMPTED and is queued again as a new attempt, keeping its id, with `resume_from`
+/// naming its synced outputs (checkpoints included): the next attempt finds them in its outputs
+/// directory, which `KILN_RESUME_FROM` names.
+async fn requeue_preempted(
+    ctx: &Context,
+    job: JobRecord,
+    exit_code: i32,
+    for_job: Option<String>,
+    cost_micros: Option<(i64, i64)>,
+) -> Result<()> {
+    let reason = match for_job {
+        Some(for_job) => format!("preempted for {for_job}, of a higher priority"),
+        None => SPOT_PREEMPTION.to_string(),
+    };
+    let change = Change {
+        exit_code: Some(exit_code),
+        reason: Some(reason),
+        preempted: true,
+        resume_from: Some(kiln_core::objects::outputs_prefix(&job.id).to_string()),
+        cost_micros,
+        ..Change::default()
+    };
+    let preempted = ctx.store.transition(&job, JobState::Preempted, change).await?;
+    publish(ctx, &preempted).await;
+    let change = Change {
+        reason: Some("preempted; queued again".into()),
+        next_attempt: true,
+        ..Change::default()
+    };
+    let queued = match ctx.store.transition(&preempted, JobState::Queued, change).await {
+        Ok(queued) => queued,
+        // Stopped by its user in the meantime: it stays stopped.
+        Err(StoreError::Conflict { .. }) => return Ok(()),
+        Err(error) => return Err(error.into()),
+    };
+    tracing::warn!(job_id = %queued.id, attempt = queued.attempt, "job preempted; queued again");
+    publish(ctx, &queued).await;
+    Ok(())
+}
+
+/// Ends a job whose runner went away: LOST, or queued again when the policy says so, resuming
+/// like a preempted job from the outputs synced so far (the callers sync what the dead attempt
+/// left before they call this).
+pub(crate) async fn lose(ctx: &Context, job: &JobRecord, why: &str) -> Result<()> {
+    let requeue = ctx.config.on_lost == OnLost::Requeue && job.attempt < ctx.config.max_attempts;
+    let (state, change) = if requeue {
+        (
+            JobState::Queued,
+            Change {
+                reason: Some(format!("{why}; queued again")),
+                next_attempt: true,
+                resume_from: Some(kiln_core::objects::outputs_prefix(&job.id).to_string()),
+                ..Change::default()
+            },
+        )
+    } else {
+        (
+            JobState::Lost,
+            Change {
+                reason: Some(why.to_string()),
+                ..Change::default()
+            },
+        )
+    };
+    match ctx.store.transition(job, state, change).await {
+        Ok(changed) => {
+            tracing::warn!(job_id = %changed.id, state = %changed.state, why, "job lost its runner");
+            publish(ctx, &changed).await;
+            Ok(())
+        }
+        Err(StoreError::Conflict { .. }) => Ok(()),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Publishes a committed change; a failure is re-driven by the reconciler.
+pub(crate) async fn publish(ctx: &Context, job: &JobRecord) {
+    if let Err(error) = publish_job_change(&ctx.nats, &ctx.store, job).await {
+        tracing::warn!(job_id = %job.id, error = %error, "publish failed; the reconciler will retry");
+    }
+}

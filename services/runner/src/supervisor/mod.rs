@@ -1,0 +1,341 @@
+//! One job's life on this runner, from PROVISIONING to its end state.
+//!
+//! fetch and check the code, datasets and (for a resumed attempt) the outputs the earlier
+//! attempts synced → provision an instance → start it → RUNNING → watch
+//! (logs, stop requests, the run-time limit, runner shutdown) → stop gracefully when asked
+//! (SIGTERM, grace period, SIGKILL) → SYNCING: outputs to object storage → release the instance
+//! → end state. The job runs with a token scoped to itself, revoked when it ends.
+//!
+//! `spec` gathers what the instance is given, `end` records how the attempt ended; this
+//! module runs and watches it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use kiln_core::JobState;
+use kiln_core::auth::Scope;
+use kiln_core::store::{Change, JobRecord, StoreError};
+use kiln_proto::v1::LogStream;
+use nix::sys::signal::Signal;
+use tokio_util::sync::CancellationToken;
+
+use crate::Context;
+use crate::error::{Error, Result};
+use crate::logs::LogShipper;
+use crate::provider::{Exit, Instance};
+
+mod end;
+mod spec;
+
+use end::conclude;
+pub(crate) use end::{lose, publish};
+use spec::instance_spec;
+
+/// How often a running job's stop flag is read from the database, in case a control message
+/// was missed.
+const STOP_POLL: Duration = Duration::from_secs(2);
+/// How long the output readers may take to drain after the job ended.
+const DRAIN: Duration = Duration::from_secs(5);
+
+/// How the runner's other tasks act on a running job.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Controls {
+    /// Cancelled on a user's stop request.
+    pub stop: CancellationToken,
+    /// Cancelled on a spot preemption notice, or a higher priority's preemption; the notice
+    /// period is in `notice_ms`.
+    pub preempted: CancellationToken,
+    pub notice_ms: Arc<AtomicU64>,
+    /// The job a priority preemption makes room for (none for a spot preemption).
+    pub preempted_for: Arc<std::sync::Mutex<Option<String>>>,
+}
+
+impl Controls {
+    pub fn preempt(&self, notice: Duration) {
+        self.notice_ms
+            .store(u64::try_from(notice.as_millis()).unwrap_or(u64::MAX), Ordering::SeqCst);
+        self.preempted.cancel();
+    }
+
+    /// Preempts the job for a higher-priority one, with `grace` to checkpoint.
+    pub fn preempt_for(&self, for_job: String, grace: Duration) {
+        *self.preempted_for.lock().expect("controls lock") = Some(for_job);
+        self.preempt(grace);
+    }
+}
+
+/// Why the runner stopped a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StopReason {
+    User,
+    Timeout,
+    IdleGpu,
+    Preempted,
+    Shutdown,
+}
+
+/// How an attempt ended, as far as the runner knows.
+#[derive(Debug, Clone)]
+enum Outcome {
+    /// The main process exited; `stopped` says why when we stopped it.
+    Exited { exit: Exit, stopped: Option<StopReason> },
+    /// It never started; the reason says why.
+    NotStarted {
+        reason: String,
+        exit_code: Option<i32>,
+        stopped: bool,
+    },
+}
+
+/// Runs a job that this runner has moved to PROVISIONING, to its end.
+pub(crate) async fn supervise(
+    ctx: Context,
+    job: JobRecord,
+    gpu_devices: Vec<u32>,
+    controls: Controls,
+    shutdown: CancellationToken,
+) {
+    let job_id = job.id.clone();
+    let scratch_dir = ctx.config.work_dir.join(format!("{}-{}", job.id, job.attempt));
+    let shipper = LogShipper::start(ctx.nats.clone(), job.id.clone(), job.attempt);
+    let (outcome, current, instance) =
+        execute(&ctx, job, gpu_devices, &scratch_dir, &shipper, &controls, &shutdown).await;
+    if let Outcome::NotStarted { reason, .. } = &outcome {
+        shipper.line(LogStream::Stderr, format!("kiln: {reason}")).await;
+    }
+    if let Err(error) = shipper.finish().await {
+        tracing::warn!(job_id, error = %error, "shipping the job's logs failed");
+    }
+    let current = match &instance {
+        Some(instance) => finish_instance(&ctx, current, instance).await,
+        None => {
+            remove_scratch(&scratch_dir).await;
+            current
+        }
+    };
+    // The instance is released: its capacity is free before the end is reported.
+    ctx.release_active(&job_id);
+    let mut delay = Duration::from_millis(200);
+    for attempt in 1.. {
+        let preempted_for = controls.preempted_for.lock().expect("controls lock").clone();
+        match conclude(&ctx, current.clone(), &outcome, preempted_for).await {
+            Ok(()) => break,
+            // A database that is briefly away; a conflict would not get better.
+            Err(error @ Error::Store(StoreError::Db(_))) if attempt < 10 => {
+                tracing::warn!(job_id, attempt, error = %error, "cannot record the job's end; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+            Err(error) => {
+                tracing::error!(job_id, error = %error, "cannot record the job's end; it ends LOST when the runner restarts");
+                break;
+            }
+        }
+    }
+    if let Err(error) = ctx.store.revoke_tokens(&Scope::Job(job_id.clone())).await {
+        tracing::warn!(job_id, error = %error, "cannot revoke the job's token");
+    }
+}
+
+/// SYNCING: copies the outputs to object storage, then releases the instance.
+async fn finish_instance(ctx: &Context, job: JobRecord, instance: &Instance) -> JobRecord {
+    let job = match job.state() {
+        Ok(JobState::Running) => match ctx.store.transition(&job, JobState::Syncing, Change::default()).await {
+            Ok(syncing) => {
+                publish(ctx, &syncing).await;
+                syncing
+            }
+            Err(error) => {
+                tracing::warn!(job_id = %job.id, error = %error, "cannot record SYNCING");
+                job
+            }
+        },
+        _ => job,
+    };
+    sync_outputs(ctx, instance).await;
+    if let Err(error) = ctx.provider.release(instance).await {
+        tracing::error!(job_id = %job.id, error = %error, "cannot release the instance; it is released at the next restart");
+    }
+    job
+}
+
+/// Copies an ended instance's outputs to object storage; a failure is logged, not fatal.
+pub(crate) async fn sync_outputs(ctx: &Context, instance: &Instance) {
+    let synced = match ctx.provider.outputs(instance).await {
+        Ok(outputs) => crate::outputs::sync(ctx.objects.clone(), &instance.job_id, outputs).await,
+        Err(error) => Err(error),
+    };
+    match synced {
+        Ok(synced) => {
+            tracing::info!(job_id = %instance.job_id, files = synced.files, bytes = synced.bytes, "outputs synced")
+        }
+        Err(error) => tracing::error!(job_id = %instance.job_id, error = %error, "cannot sync the outputs"),
+    }
+}
+
+async fn remove_scratch(dir: &std::path::Path) {
+    if let Err(error) = tokio::fs::remove_dir_all(dir).await
+        && error.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(dir = %dir.display(), error = %error, "cannot remove a scratch dir");
+    }
+}
+
+/// Sets up and runs the attempt. Returns how it ended, the latest record of the job, and the
+/// instance to release.
+async fn execute(
+    ctx: &Context,
+    job: JobRecord,
+    gpu_devices: Vec<u32>,
+    scratch_dir: &std::path::Path,
+    shipper: &LogShipper,
+    controls: &Controls,
+    shutdown: &CancellationToken,
+) -> (Outcome, JobRecord, Option<Instance>) {
+    let spec = match instance_spec(ctx, &job, &gpu_devices, scratch_dir).await {
+        Ok(spec) => spec,
+        Err(error) => return (not_started(error), job, None),
+    };
+    let provisioned = ctx.provider.provision(&spec).await;
+    // The provider has put the restored outputs in place (or failed): the archive is done with.
+    if let Some(restore) = &spec.restore {
+        remove_file(restore).await;
+    }
+    drop(spec);
+    let mut instance = match provisioned {
+        Ok(instance) => instance,
+        Err(error) => return (not_started(error), job, None),
+    };
+    if controls.stop.is_cancelled() || ctx.store.job(&job.id).await.map(|j| j.stop_requested).unwrap_or(false) {
+        let outcome = Outcome::NotStarted {
+            reason: "stopped before it started".into(),
+            exit_code: None,
+            stopped: true,
+        };
+        return (outcome, job, Some(instance));
+    }
+    let output = match ctx.provider.start(&mut instance).await {
+        Ok(output) => output,
+        Err(error) => return (not_started(error), job, Some(instance)),
+    };
+    let change = Change {
+        instance_id: Some(instance.id.clone()),
+        ..Change::default()
+    };
+    let job = match ctx.store.transition(&job, JobState::Running, change).await {
+        Ok(running) => running,
+        Err(error) => {
+            let _ = ctx.provider.signal(&instance, Signal::SIGKILL).await;
+            return (not_started(error.into()), job, Some(instance));
+        }
+    };
+    tracing::info!(job_id = %job.id, instance = %instance.id, "job running");
+    publish(ctx, &job).await;
+    let reader = shipper.ship(output);
+    let collector = tokio::spawn(crate::collector::collect(
+        ctx.clone(),
+        instance.clone(),
+        gpu_devices.clone(),
+    ));
+    let (exit, stopped) = watch(ctx, &job, &instance, gpu_devices, controls, shutdown).await;
+    collector.abort();
+    // Whatever the job left behind goes too, so its output streams end.
+    let _ = ctx.provider.signal(&instance, Signal::SIGKILL).await;
+    let abort = reader.abort_handle();
+    if tokio::time::timeout(DRAIN, reader).await.is_err() {
+        abort.abort();
+    }
+    let outcome = match exit {
+        Ok(exit) => Outcome::Exited { exit, stopped },
+        Err(error) => Outcome::NotStarted {
+            reason: format!("lost track of the instance: {error}"),
+            exit_code: None,
+            stopped: false,
+        },
+    };
+    (outcome, job, Some(instance))
+}
+
+/// Waits for the job to end, stopping it on request, on timeout, when its GPUs stay idle, or
+/// at shutdown.
+async fn watch(
+    ctx: &Context,
+    job: &JobRecord,
+    instance: &Instance,
+    gpu_devices: Vec<u32>,
+    controls: &Controls,
+    shutdown: &CancellationToken,
+) -> (Result<Exit>, Option<StopReason>) {
+    let deadline = (job.max_runtime_secs > 0).then(|| {
+        tokio::time::Instant::now() + Duration::from_secs(u64::try_from(job.max_runtime_secs).unwrap_or(u64::MAX / 2))
+    });
+    let wait = ctx.provider.wait(instance);
+    tokio::pin!(wait);
+    let idle_gpu = async {
+        match &ctx.sampler {
+            Some(sampler) => crate::gpu::idle(sampler.clone(), gpu_devices, ctx.config.idle_gpu.clone()).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(idle_gpu);
+    let mut stopping: Option<StopReason> = None;
+    loop {
+        tokio::select! {
+            exit = &mut wait => return (exit, stopping),
+            _ = controls.stop.cancelled(), if stopping.is_none() => stopping = Some(StopReason::User),
+            _ = controls.preempted.cancelled(), if stopping.is_none() => stopping = Some(StopReason::Preempted),
+            _ = shutdown.cancelled(), if stopping.is_none() => stopping = Some(StopReason::Shutdown),
+            _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if stopping.is_none() && deadline.is_some() => {
+                stopping = Some(StopReason::Timeout);
+            }
+            _ = &mut idle_gpu, if stopping.is_none() => stopping = Some(StopReason::IdleGpu),
+            _ = tokio::time::sleep(STOP_POLL), if stopping.is_none() => {
+                if ctx.store.job(&job.id).await.map(|j| j.stop_requested).unwrap_or(false) {
+                    stopping = Some(StopReason::User);
+                }
+            }
+        }
+        if let Some(reason) = stopping {
+            tracing::info!(job_id = %job.id, ?reason, grace_ms = ctx.config.stop_grace_period_ms, "stopping job: SIGTERM");
+            if let Err(error) = ctx.provider.signal(instance, Signal::SIGTERM).await {
+                tracing::warn!(job_id = %job.id, error = %error, "SIGTERM failed");
+            }
+            // A preempted job has the notice period to checkpoint; the cloud ends it after.
+            let grace = match reason {
+                StopReason::Preempted => Duration::from_millis(controls.notice_ms.load(Ordering::SeqCst)),
+                _ => Duration::from_millis(ctx.config.stop_grace_period_ms),
+            };
+            if let Ok(exit) = tokio::time::timeout(grace, &mut wait).await {
+                return (exit, stopping);
+            }
+            tracing::info!(job_id = %job.id, "grace period over: SIGKILL");
+            if let Err(error) = ctx.provider.signal(instance, Signal::SIGKILL).await {
+                tracing::warn!(job_id = %job.id, error = %error, "SIGKILL failed");
+            }
+            return (wait.await, stopping);
+        }
+    }
+}
+
+fn not_started(error: Error) -> Outcome {
+    let exit_code = match &error {
+        Error::Spawn { source, .. } if source.kind() == std::io::ErrorKind::NotFound => Some(127),
+        Error::Spawn { source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied => Some(126),
+        _ => None,
+    };
+    Outcome::NotStarted {
+        reason: error.to_string(),
+        exit_code,
+        stopped: false,
+    }
+}
+
+/// Removes a file, saying so when it cannot (a missing one is fine).
+async fn remove_file(path: &std::path::Path) {
+    if let Err(error) = tokio::fs::remove_file(path).await
+        && error.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(path = %path.display(), error = %error, "cannot remove a file");
+    }
+}

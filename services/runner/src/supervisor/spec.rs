@@ -1,0 +1,164 @@
+//! What an attempt's instance is given: the checked code and datasets, the outputs earlier
+//! attempts synced (for a resumed attempt), kiln-agent for batch workers, and the environment
+//! with the job's token.
+
+use std::path::PathBuf;
+
+use bytes::Bytes;
+use kiln_core::auth::Scope;
+use kiln_core::objects::artifact_path;
+use kiln_core::store::JobRecord;
+use object_store::ObjectStoreExt;
+
+use super::end::market_of;
+use super::remove_file;
+use crate::Context;
+use crate::bundle::MAX_UNPACKED_BYTES;
+use crate::error::{Error, Result};
+use crate::provider::{InstanceSpec, OUTPUTS_DIR};
+
+/// The restored outputs of a resumed attempt, in its scratch dir until the instance is provisioned.
+const RESTORE_ARCHIVE: &str = "restore.tar.gz";
+
+/// Reads an archive from object storage and checks it before any engine unpacks it.
+async fn fetch_archive(ctx: &Context, digest: &str, what: &str) -> Result<Bytes> {
+    let archive = ctx.objects.get(&artifact_path(digest)).await?.bytes().await?;
+    let checked = archive.clone();
+    let what = what.to_string();
+    tokio::task::spawn_blocking(move || crate::bundle::check(checked.as_ref(), MAX_UNPACKED_BYTES))
+        .await
+        .map_err(|e| Error::BadBundle(e.to_string()))?
+        .map_err(|error| Error::BadBundle(format!("{what}: {error}")))?;
+    Ok(archive)
+}
+
+/// Everything the instance needs: code, datasets, environment (with the job's token).
+pub(super) async fn instance_spec(
+    ctx: &Context,
+    job: &JobRecord,
+    gpu_devices: &[u32],
+    scratch_dir: &std::path::Path,
+) -> Result<InstanceSpec> {
+    let code = if job.code_digest.is_empty() {
+        None
+    } else {
+        Some(fetch_archive(ctx, &job.code_digest, "code bundle").await?)
+    };
+    let mut datasets = Vec::new();
+    for name in job.datasets()? {
+        let dataset = ctx
+            .store
+            .dataset(&name)
+            .await?
+            .ok_or_else(|| Error::BadBundle(format!("dataset {name} does not exist")))?;
+        datasets.push((
+            name.clone(),
+            fetch_archive(ctx, &dataset.digest, &format!("dataset {name}")).await?,
+        ));
+    }
+    let restore = if job.resume_from.is_empty() {
+        None
+    } else {
+        restore_archive(ctx, job, scratch_dir).await?
+    };
+    let token = ctx
+        .store
+        .create_token(&job.owner_id, &format!("job {}", job.id), Scope::Job(job.id.clone()))
+        .await?;
+    let mut env = job.env()?;
+    env.insert("KILN_JOB_ID".into(), job.id.clone());
+    if !job.resume_from.is_empty() {
+        // Where the instance finds the restored outputs; providers whose outputs directory is
+        // elsewhere (`process`) point it at theirs.
+        env.insert("KILN_RESUME_FROM".into(), OUTPUTS_DIR.into());
+    }
+    env.insert("KILN_ATTEMPT".into(), job.attempt.to_string());
+    env.insert("KILN_API".into(), ctx.config.api_url.clone());
+    env.insert("KILN_LOGS".into(), ctx.config.logs_url.clone());
+    env.insert("KILN_TOKEN".into(), token.token);
+    Ok(InstanceSpec {
+        job_id: job.id.clone(),
+        attempt: job.attempt,
+        runner_id: ctx.config.runner_id.clone(),
+        image: job.image.clone(),
+        command: job.command()?,
+        env,
+        cpu_millis: job.cpu_millis,
+        memory_bytes: job.memory_bytes,
+        gpus: u32::try_from(job.gpus).unwrap_or(0),
+        market: market_of(ctx, job),
+        gpu_devices: gpu_devices.to_vec(),
+        code,
+        datasets,
+        agent: if job.batch_id.is_empty() || job.image.is_empty() {
+            None
+        } else {
+            Some(agent_archive(ctx).await?)
+        },
+        scratch_dir: PathBuf::from(scratch_dir),
+        restore,
+    })
+}
+
+/// Packs the outputs the earlier attempts synced (under `job.resume_from`) into a tar.gz in the
+/// scratch dir; `None` when there is nothing to restore. The archive needs no second check:
+/// `pack_synced` writes only regular files under paths `relative_path` accepted, within the
+/// limit (and the process provider's unpack refuses escapes anyway).
+async fn restore_archive(ctx: &Context, job: &JobRecord, scratch_dir: &std::path::Path) -> Result<Option<PathBuf>> {
+    let prefix = object_store::path::Path::parse(&job.resume_from)
+        .map_err(|e| Error::Restore(format!("bad prefix {:?}: {e}", job.resume_from)))?;
+    let archive = scratch_dir.join(RESTORE_ARCHIVE);
+    let owner = ctx.config.docker.owner();
+    let packed =
+        crate::outputs::pack_synced(ctx.objects.clone(), prefix, archive.clone(), MAX_UNPACKED_BYTES, owner).await?;
+    if packed.files == 0 {
+        // The previous attempts synced nothing (or only paths that were skipped).
+        remove_file(&archive).await;
+        return Ok(None);
+    }
+    tracing::info!(job_id = %job.id, files = packed.files, bytes = packed.bytes, "outputs to restore packed");
+    Ok(Some(archive))
+}
+
+/// A tar holding the static kiln-agent at `kiln/bin/kiln-agent`, for batch workers' containers:
+/// read and packed once per runner.
+async fn agent_archive(ctx: &Context) -> Result<Bytes> {
+    ctx.agent_archive
+        .get_or_try_init(|| pack_agent(ctx.config.agent_binary.clone()))
+        .await
+        .cloned()
+}
+
+async fn pack_agent(path: PathBuf) -> Result<Bytes> {
+    if path.as_os_str().is_empty() {
+        return Err(Error::BadBundle(
+            "this runner has no agent-binary: it cannot start batch workers in containers".into(),
+        ));
+    }
+    tokio::task::spawn_blocking(move || {
+        let binary = std::fs::read(&path)
+            .map_err(|e| Error::BadBundle(format!("cannot read the agent binary {}: {e}", path.display())))?;
+        let mut archive = tar::Builder::new(Vec::new());
+        for dir in ["kiln/", "kiln/bin/"] {
+            let mut header = tar::Header::new_gnu();
+            header.set_entry_type(tar::EntryType::Directory);
+            header.set_mode(0o755);
+            header.set_size(0);
+            header.set_cksum();
+            archive
+                .append_data(&mut header, dir, std::io::empty())
+                .map_err(|e| Error::BadBundle(e.to_string()))?;
+        }
+        let mut header = tar::Header::new_gnu();
+        header.set_mode(0o755);
+        header.set_size(binary.len() as u64);
+        header.set_cksum();
+        archive
+            .append_data(&mut header, "kiln/bin/kiln-agent", binary.as_slice())
+            .map_err(|e| Error::BadBundle(e.to_string()))?;
+        let bytes = archive.into_inner().map_err(|e| Error::BadBundle(e.to_string()))?;
+        Ok(Bytes::from(bytes))
+    })
+    .await
+    .map_err(|e| Error::BadBundle(format!("packing the agent failed: {e}")))?
+}
