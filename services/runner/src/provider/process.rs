@@ -58,21 +58,25 @@ fn io(what: String) -> impl FnOnce(std::io::Error) -> Error {
     Error::io(what)
 }
 
-/// Unpacks an archive into `dir` on a blocking thread.
-async fn unpack_into(archive: Bytes, dir: PathBuf) -> Result<()> {
-    tokio::task::spawn_blocking(move || crate::bundle::unpack(archive.as_ref(), &dir, MAX_UNPACKED_BYTES).map(|_| ()))
-        .await
-        .map_err(|e| Error::BadBundle(e.to_string()))?
+/// An archive to unpack: in memory (code, datasets) or a file on the runner's host (restored
+/// outputs).
+enum Archive {
+    Bytes(Bytes),
+    File(PathBuf),
 }
 
-/// Unpacks a tar.gz file on the runner's host into `dir` on a blocking thread.
-async fn unpack_file_into(archive: PathBuf, dir: PathBuf) -> Result<()> {
-    tokio::task::spawn_blocking(move || {
-        let file = std::fs::File::open(&archive).map_err(io(format!("cannot read {}", archive.display())))?;
-        crate::bundle::unpack(std::io::BufReader::new(file), &dir, MAX_UNPACKED_BYTES).map(|_| ())
+/// Unpacks an archive into `dir` on a blocking thread.
+async fn unpack_into(archive: Archive, dir: PathBuf) -> Result<()> {
+    tokio::task::spawn_blocking(move || match archive {
+        Archive::Bytes(bytes) => crate::bundle::unpack(bytes.as_ref(), &dir, MAX_UNPACKED_BYTES),
+        Archive::File(path) => {
+            let file = std::fs::File::open(&path).map_err(io(format!("cannot read {}", path.display())))?;
+            crate::bundle::unpack(std::io::BufReader::new(file), &dir, MAX_UNPACKED_BYTES)
+        }
     })
     .await
     .map_err(|e| Error::BadBundle(e.to_string()))?
+    .map(|_| ())
 }
 
 /// Sets the write bits of everything under `dir` (off for datasets, on again to remove them).
@@ -133,17 +137,17 @@ impl Provider for ProcessProvider {
                 .map_err(io(format!("cannot create {}", path.display())))?;
         }
         if let Some(code) = &spec.code {
-            unpack_into(code.clone(), dir.join("code")).await?;
+            unpack_into(Archive::Bytes(code.clone()), dir.join("code")).await?;
         }
         if let Some(restore) = &spec.restore {
-            unpack_file_into(restore.clone(), dir.join("outputs")).await?;
+            unpack_into(Archive::File(restore.clone()), dir.join("outputs")).await?;
         }
         for (name, archive) in &spec.datasets {
             let path = dir.join("data").join(name);
             tokio::fs::create_dir_all(&path)
                 .await
                 .map_err(io(format!("cannot create {}", path.display())))?;
-            unpack_into(archive.clone(), path.clone()).await?;
+            unpack_into(Archive::Bytes(archive.clone()), path.clone()).await?;
             let read_only = path.clone();
             tokio::task::spawn_blocking(move || set_writable(&read_only, false))
                 .await
