@@ -178,13 +178,7 @@ fn pack_objects(
             .collect();
         for directory in parents.into_iter().rev() {
             if directories.insert(directory.to_path_buf()) {
-                let mut header = tar::Header::new_gnu();
-                header.set_entry_type(tar::EntryType::Directory);
-                header.set_mode(0o755);
-                header.set_uid(uid);
-                header.set_gid(gid);
-                header.set_size(0);
-                header.set_mtime(mtime);
+                let mut header = directory_header((uid, gid), mtime);
                 builder
                     .append_data(&mut header, directory, std::io::empty())
                     .map_err(Error::io(format!("cannot pack {}", directory.display())))?;
@@ -223,6 +217,19 @@ fn pack_objects(
         .and_then(|mut file| file.flush())
         .map_err(Error::io(format!("cannot write {}", archive.display())))?;
     Ok(packed)
+}
+
+/// The tar header of a directory (mode 755) of `owner` (uid, gid), modified at `mtime`
+/// (seconds since the epoch).
+pub(crate) fn directory_header((uid, gid): (u64, u64), mtime: u64) -> tar::Header {
+    let mut header = tar::Header::new_gnu();
+    header.set_entry_type(tar::EntryType::Directory);
+    header.set_mode(0o755);
+    header.set_uid(uid);
+    header.set_gid(gid);
+    header.set_size(0);
+    header.set_mtime(mtime);
+    header
 }
 
 /// An object's bytes as a blocking reader, for a blocking thread.

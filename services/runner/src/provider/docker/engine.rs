@@ -317,14 +317,9 @@ impl DockerProvider {
 
 /// A tar holding one directory entry, `name`, of `owner`: uploaded into the directory above a
 /// fresh volume's mount point, it gives the volume's root to the job's user.
-fn owned_directory(name: &str, (uid, gid): (u64, u64)) -> Result<bytes::Bytes> {
-    let mut header = tar::Header::new_gnu();
-    header.set_entry_type(tar::EntryType::Directory);
-    header.set_mode(0o755);
-    header.set_uid(uid);
-    header.set_gid(gid);
-    header.set_size(0);
-    header.set_mtime(u64::try_from(kiln_core::ids::now_ms() / 1000).unwrap_or(0));
+fn owned_directory(name: &str, owner: (u64, u64)) -> Result<bytes::Bytes> {
+    let now = u64::try_from(kiln_core::ids::now_ms() / 1000).unwrap_or(0);
+    let mut header = crate::outputs::directory_header(owner, now);
     let mut builder = tar::Builder::new(Vec::new());
     builder
         .append_data(&mut header, name, std::io::empty())
