@@ -9,8 +9,11 @@
 #     dockerd started here (KILN_TEST_DOCKER_HOST), and a test image built locally from
 #     busybox-static with `docker import` (no registry is needed), cached by content
 #     (KILN_TEST_IMAGE)
-# then cargo fmt --check, clippy -D warnings, cargo test for the whole workspace, and the Python
-# SDK's pytest suite against a real `kiln up`.
+#   - cargo-machete 0.9.2 and cargo-deny 0.20.2 (pinned, `cargo install --locked` into
+#     ~/.cargo/bin unless that version is there)
+# then cargo fmt --check, clippy -D warnings, cargo machete (unused dependencies), cargo deny
+# (licenses, bans, sources: deny.toml; not advisories, whose database is on GitHub), cargo test
+# for the whole workspace, and the Python SDK's pytest suite against a real `kiln up`.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -97,12 +100,40 @@ export KILN_TEST_IMAGE
 KILN_TEST_IMAGE=$(DOCKER_HOST="$docker_host" "$repo/scripts/test-image.sh")
 log "docker engine $(DOCKER_HOST="$docker_host" docker version --format '{{.Server.Version}} (API {{.Server.APIVersion}})'), test image $KILN_TEST_IMAGE"
 
+# --- cargo-machete and cargo-deny ------------------------------------------------------------
+# Test-only tools, so installed here rather than by setup.sh; built with the toolchain pinned in
+# rust-toolchain.toml. A cold install builds from source: about 2 minutes for cargo-machete and
+# 5 for cargo-deny on 2 cores.
+CARGO_MACHETE_VERSION=0.9.2
+CARGO_DENY_VERSION=0.20.2
+install_cargo_tools() {
+  local tool name version
+  for tool in "cargo-machete $CARGO_MACHETE_VERSION" "cargo-deny $CARGO_DENY_VERSION"; do
+    read -r name version <<<"$tool"
+    # `cargo-deny --version` prints "cargo-deny 0.20.2", `cargo-machete --version` "0.9.2".
+    if [ "$("$HOME/.cargo/bin/$name" --version 2>/dev/null | awk '{ print $NF }')" != "$version" ]; then
+      log "installing $name $version into $HOME/.cargo/bin"
+      (cd "$repo" && nice cargo install --quiet --locked --root "$HOME/.cargo" "$name" --version "$version")
+    fi
+    log "$name $version"
+  done
+}
+install_cargo_tools
+
 # --- checks and tests ------------------------------------------------------------------------
 cd "$repo"
 log "cargo fmt --check"
 cargo fmt --all -- --check
 log "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+log "cargo machete"
+cargo machete
+log "cargo deny"
+# Licenses, bans and sources only (deny.toml): `advisories` needs the RustSec database, a git
+# repository on GitHub, which CI cannot reach. `cargo fetch` first (crates.io) so that cargo-deny
+# runs offline, and so never tries to fetch that database.
+cargo fetch --locked
+cargo deny --offline --locked check bans licenses sources
 log "cargo test"
 cargo test --workspace --locked
 
