@@ -11,6 +11,9 @@
 //!   again, as `on-lost` says): their instances are killed, their outputs synced and the
 //!   instances released; anything else labelled with this runner is released too; unpublished
 //!   changes of its jobs are published again.
+//!
+//! `launch`, `control`, `report` and `reconcile` hold these four parts; this file binds the
+//! runner (its store, NATS, object storage and provider) and runs them side by side.
 #![forbid(unsafe_code)]
 
 use std::collections::HashMap;
@@ -18,19 +21,12 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_nats::jetstream::AckKind;
-use async_nats::jetstream::consumer::{self, pull};
-use futures::StreamExt;
 use gpu::{GpuPool, GpuSampler};
-use kiln_core::capacity::{self, CapacityReport};
-use kiln_core::events::publish_job_change;
-use kiln_core::ids::now_ms;
-use kiln_core::store::{Change, JobRecord, Store, StoreError};
+use kiln_core::capacity;
+use kiln_core::store::{JobRecord, Store};
 use kiln_core::streams::{Nats, NatsError};
-use kiln_core::{JobState, objects, streams, subjects};
-use kiln_proto::v1 as pb;
+use kiln_core::{objects, streams};
 use object_store::ObjectStore;
-use prost::Message;
 use provider::docker::DockerProvider;
 use provider::process::ProcessProvider;
 use provider::{Capacity, Provider};
@@ -42,15 +38,24 @@ use tokio_util::sync::CancellationToken;
 pub mod bundle;
 pub mod collector;
 pub mod config;
+mod control;
 pub mod error;
 pub mod gpu;
+mod launch;
 pub mod logs;
 pub mod outputs;
 pub mod provider;
+mod reconcile;
+mod report;
 mod supervisor;
 
 pub use config::{Config, OnLost, ProviderKind};
 pub use error::{Error, Result};
+
+use control::{watch_controls, watch_preemptions};
+use launch::take_launches;
+use reconcile::reconcile;
+use report::report_capacity;
 
 const SCHEMA_WAIT: Duration = Duration::from_secs(60);
 
@@ -256,281 +261,4 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
 
 fn nats_error(error: impl std::fmt::Display) -> Error {
     Error::Nats(NatsError::Other(error.to_string()))
-}
-
-/// Pulls launch requests one at a time and starts the jobs that are current and fit.
-async fn take_launches(ctx: &Context, jobs: &mut JoinSet<()>, shutdown: &CancellationToken) -> Result<()> {
-    let stream = ctx
-        .nats
-        .jetstream
-        .get_stream(subjects::STREAM_LAUNCH)
-        .await
-        .map_err(nats_error)?;
-    let name = subjects::consumer_launch(&ctx.config.pool);
-    let consumer: consumer::PullConsumer = stream
-        .get_or_create_consumer(
-            &name,
-            pull::Config {
-                durable_name: Some(name.clone()),
-                filter_subject: subjects::launch(&ctx.config.pool),
-                ack_policy: consumer::AckPolicy::Explicit,
-                ack_wait: Duration::from_secs(30),
-                ..Default::default()
-            },
-        )
-        .await
-        .map_err(nats_error)?;
-    let mut messages = consumer
-        .stream()
-        .max_messages_per_batch(1)
-        .messages()
-        .await
-        .map_err(nats_error)?;
-    loop {
-        // Reap finished job tasks as we go.
-        while jobs.try_join_next().is_some() {}
-        let message = tokio::select! {
-            _ = shutdown.cancelled() => return Ok(()),
-            message = messages.next() => message,
-        };
-        let Some(message) = message else {
-            return Err(nats_error("launch consumer ended"));
-        };
-        let message = message.map_err(nats_error)?;
-        let ack = match accept_launch(ctx, &message.payload, jobs, shutdown).await {
-            Ok(Accepted::Started | Accepted::Stale) => AckKind::Ack,
-            Ok(Accepted::NoRoom) => AckKind::Nak(Some(Duration::from_secs(1))),
-            Err(error) => {
-                tracing::warn!(error = %error, "launch failed; it will be retried");
-                AckKind::Nak(Some(Duration::from_secs(2)))
-            }
-        };
-        message.ack_with(ack).await.map_err(nats_error)?;
-    }
-}
-
-enum Accepted {
-    Started,
-    Stale,
-    NoRoom,
-}
-
-async fn accept_launch(
-    ctx: &Context,
-    payload: &[u8],
-    jobs: &mut JoinSet<()>,
-    shutdown: &CancellationToken,
-) -> Result<Accepted> {
-    let Ok(request) = pb::LaunchRequest::decode(payload) else {
-        tracing::warn!("dropping a malformed launch request");
-        return Ok(Accepted::Stale);
-    };
-    let job = match ctx.store.job(&request.job_id).await {
-        Ok(job) => job,
-        Err(StoreError::JobNotFound { .. }) => return Ok(Accepted::Stale),
-        Err(error) => return Err(error.into()),
-    };
-    // A duplicate or an outdated request: the job has moved on.
-    if job.version != request.version || job.state()? != JobState::Scheduled {
-        return Ok(Accepted::Stale);
-    }
-    if !ctx.fits(&job) {
-        return Ok(Accepted::NoRoom);
-    }
-    let wanted = u32::try_from(job.gpus).unwrap_or(u32::MAX);
-    let Some(gpu_devices) = ctx.gpus.lock().expect("gpu pool lock").take(wanted) else {
-        return Ok(Accepted::NoRoom);
-    };
-    let controls = supervisor::Controls::default();
-    let active = ActiveJob {
-        controls: controls.clone(),
-        cpu_millis: job.cpu_millis,
-        memory_bytes: job.memory_bytes,
-        gpu_devices: gpu_devices.clone(),
-    };
-    ctx.active
-        .lock()
-        .expect("active jobs lock")
-        .insert(job.id.clone(), active);
-    let change = Change {
-        runner_id: Some(ctx.config.runner_id.clone()),
-        ..Change::default()
-    };
-    let provisioning = match ctx.store.transition(&job, JobState::Provisioning, change).await {
-        Ok(provisioning) => provisioning,
-        Err(error) => {
-            ctx.release_active(&job.id);
-            return match error {
-                StoreError::Conflict { .. } => Ok(Accepted::Stale),
-                error => Err(error.into()),
-            };
-        }
-    };
-    supervisor::publish(ctx, &provisioning).await;
-    jobs.spawn(supervisor::supervise(
-        ctx.clone(),
-        provisioning,
-        gpu_devices,
-        controls,
-        shutdown.clone(),
-    ));
-    Ok(Accepted::Started)
-}
-
-/// Spot preemption notices from the provider, passed to the jobs they concern.
-async fn watch_preemptions(
-    ctx: Context,
-    mut notices: tokio::sync::mpsc::Receiver<provider::Preemption>,
-    shutdown: CancellationToken,
-) {
-    loop {
-        let notice = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            notice = notices.recv() => notice,
-        };
-        let Some(notice) = notice else { return };
-        if let Some(active) = ctx.active.lock().expect("active jobs lock").get(&notice.job_id) {
-            tracing::warn!(job_id = %notice.job_id, notice_ms = notice.notice.as_millis() as u64, "spot preemption notice");
-            active.controls.preempt(notice.notice);
-        }
-    }
-}
-
-/// Stop requests for jobs of this runner.
-async fn watch_controls(ctx: Context, shutdown: CancellationToken) {
-    while !shutdown.is_cancelled() {
-        if let Err(error) = consume_controls(&ctx, &shutdown).await {
-            tracing::warn!(error = %error, "control consumer failed; restarting");
-            tokio::select! {
-                _ = shutdown.cancelled() => {}
-                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-            }
-        }
-    }
-}
-
-async fn consume_controls(ctx: &Context, shutdown: &CancellationToken) -> Result<()> {
-    let stream = ctx
-        .nats
-        .jetstream
-        .get_stream(subjects::STREAM_CONTROL)
-        .await
-        .map_err(nats_error)?;
-    let name = subjects::consumer_control(&ctx.config.runner_id);
-    let consumer: consumer::PullConsumer = stream
-        .get_or_create_consumer(
-            &name,
-            pull::Config {
-                durable_name: Some(name.clone()),
-                filter_subject: subjects::CONTROL_ALL.to_string(),
-                deliver_policy: consumer::DeliverPolicy::New,
-                ack_policy: consumer::AckPolicy::Explicit,
-                inactive_threshold: Duration::from_secs(24 * 3600),
-                ..Default::default()
-            },
-        )
-        .await
-        .map_err(nats_error)?;
-    let mut messages = consumer.messages().await.map_err(nats_error)?;
-    loop {
-        let message = tokio::select! {
-            _ = shutdown.cancelled() => return Ok(()),
-            message = messages.next() => message,
-        };
-        let Some(message) = message else {
-            return Err(nats_error("control consumer ended"));
-        };
-        let message = message.map_err(nats_error)?;
-        if let Ok(request) = pb::ControlRequest::decode(message.payload.as_ref())
-            && let Some(active) = ctx.active.lock().expect("active jobs lock").get(&request.job_id)
-        {
-            match pb::control_request::Action::try_from(request.action) {
-                Ok(pb::control_request::Action::Stop) => {
-                    tracing::info!(job_id = %request.job_id, "stop requested");
-                    active.controls.stop.cancel();
-                }
-                Ok(pb::control_request::Action::Preempt) => {
-                    tracing::warn!(job_id = %request.job_id, for_job = %request.for_job, "preempted for a higher priority");
-                    let grace = Duration::from_millis(ctx.config.stop_grace_period_ms);
-                    active.controls.preempt_for(request.for_job, grace);
-                }
-                _ => {}
-            }
-        }
-        message.ack().await.map_err(nats_error)?;
-    }
-}
-
-/// Reports this runner's capacity until shutdown, and re-drives unpublished changes of its jobs.
-async fn report_capacity(ctx: Context, shutdown: CancellationToken) {
-    let interval = Duration::from_millis(ctx.config.report_interval_ms);
-    let offer = ctx.provider.offer();
-    loop {
-        let report = CapacityReport {
-            runner_id: ctx.config.runner_id.clone(),
-            pool: ctx.config.pool.clone(),
-            provider: ctx.provider.name().into(),
-            cpu_millis: ctx.capacity.cpu_millis,
-            memory_bytes: ctx.capacity.memory_bytes,
-            gpus: i64::from(ctx.capacity.gpus),
-            updated_at_ms: now_ms(),
-            instance: offer
-                .instance
-                .map_or_else(Default::default, |instance| capacity::Instance {
-                    cpu_millis: instance.cpu_millis,
-                    memory_bytes: instance.memory_bytes,
-                    gpus: i64::from(instance.gpus),
-                }),
-            on_demand_per_hour: offer.on_demand_per_hour,
-            spot_per_hour: offer.spot_per_hour,
-            spot: offer.spot,
-        };
-        if let Err(error) = capacity::report(&ctx.nats, &report).await {
-            tracing::warn!(error = %error, "cannot report capacity");
-        }
-        if let Err(error) = republish_own(&ctx).await {
-            tracing::warn!(error = %error, "cannot re-drive unpublished changes");
-        }
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(interval) => {}
-        }
-    }
-}
-
-/// Ends the jobs this runner held before it restarted, and publishes what was left unpublished.
-async fn reconcile(ctx: &Context) -> Result<()> {
-    let held = ctx
-        .store
-        .jobs_in_states(&[JobState::Provisioning, JobState::Running, JobState::Syncing])
-        .await?;
-    for job in held.into_iter().filter(|job| job.runner_id == ctx.config.runner_id) {
-        let scratch_dir = ctx.config.work_dir.join(format!("{}-{}", job.id, job.attempt));
-        if let Some(instance) = ctx
-            .provider
-            .recover(&job.id, job.attempt, &job.instance_id, scratch_dir)
-            .await?
-        {
-            tracing::warn!(job_id = %job.id, instance = %instance.id, "killing an instance left by the previous runner");
-            ctx.provider
-                .signal(&instance, nix::sys::signal::Signal::SIGKILL)
-                .await?;
-            supervisor::sync_outputs(ctx, &instance).await;
-            ctx.provider.release(&instance).await?;
-        }
-        supervisor::lose(ctx, &job, "the runner restarted while the job ran").await?;
-    }
-    let released = ctx.provider.release_leftovers(&ctx.config.runner_id, &[]).await?;
-    if released > 0 {
-        tracing::warn!(released, "released instances left by the previous runner");
-    }
-    republish_own(ctx).await
-}
-
-async fn republish_own(ctx: &Context) -> Result<()> {
-    let pending = ctx.store.unpublished_jobs(&JobState::ALL).await?;
-    for job in pending.iter().filter(|job| job.runner_id == ctx.config.runner_id) {
-        publish_job_change(&ctx.nats, &ctx.store, job).await?;
-    }
-    Ok(())
 }

@@ -1,0 +1,81 @@
+//! The sea-orm entities of the batch tables: `batches`, `batch_items` and `item_attempts`.
+
+pub mod batch {
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "batches")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub id: String,
+        pub owner_id: String,
+        pub project: String,
+        pub name: String,
+        pub spec_json: String,
+        pub state: String,
+        pub created_at_ms: i64,
+        pub sealed_at_ms: Option<i64>,
+        pub finished_at_ms: Option<i64>,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+pub mod item {
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, DeriveEntityModel)]
+    #[sea_orm(table_name = "batch_items")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub batch_id: String,
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub item_key: String,
+        pub uri: String,
+        pub params_json: String,
+        pub content_sha256: String,
+        pub state: String,
+        pub published: bool,
+        pub round: i32,
+        pub attempts: i32,
+        pub last_attempt: i32,
+        pub exit_code: Option<i32>,
+        pub reason: String,
+        pub cpu_seconds: f64,
+        pub peak_memory_bytes: i64,
+        pub updated_at_ms: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+pub mod attempt {
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "item_attempts")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub batch_id: String,
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub item_key: String,
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub attempt: i32,
+        pub round: i32,
+        pub exit_code: Option<i32>,
+        pub reason: String,
+        pub lines_json: String,
+        pub finished_at_ms: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}

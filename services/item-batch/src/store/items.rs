@@ -1,0 +1,183 @@
+//! A batch's items: adding them (refusing other content under a known key), recording that
+//! they are on `KILN_ITEMS`, counting them by state, and reading them and their kept attempts.
+
+use std::collections::HashMap;
+
+use kiln_core::ids::now_ms;
+use sea_orm::sea_query::{Expr, ExprTrait, OnConflict};
+use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect, TransactionTrait};
+
+use super::{
+    BatchStore, DEAD, FAILED, ItemRecord, NewItem, PENDING, ROWS_PER_STATEMENT, SUCCEEDED, Tally, attempt, item,
+};
+use crate::error::{Error, Result};
+
+impl BatchStore {
+    /// Adds items: those already there with the same content are duplicates; one already there
+    /// with other content refuses the whole call (nothing of it is added). Returns the items
+    /// added and how many were duplicates.
+    pub async fn add_items(&self, batch_id: &str, items: Vec<NewItem>) -> Result<(Vec<NewItem>, u64)> {
+        let mut existing: HashMap<String, String> = HashMap::new();
+        for chunk in items.chunks(ROWS_PER_STATEMENT) {
+            let rows: Vec<(String, String)> = item::Entity::find()
+                .select_only()
+                .column(item::Column::ItemKey)
+                .column(item::Column::ContentSha256)
+                .filter(item::Column::BatchId.eq(batch_id))
+                .filter(item::Column::ItemKey.is_in(chunk.iter().map(|i| i.key.clone())))
+                .into_tuple()
+                .all(&self.db)
+                .await?;
+            existing.extend(rows);
+        }
+        let mut fresh: Vec<NewItem> = Vec::with_capacity(items.len());
+        let mut seen: HashMap<String, String> = HashMap::new();
+        let mut duplicates = 0;
+        for item in items {
+            let earlier = existing.get(&item.key).or_else(|| seen.get(&item.key));
+            match earlier {
+                Some(sha) if *sha == item.sha256 => duplicates += 1,
+                Some(_) => {
+                    return Err(Error::AlreadyExists(format!(
+                        "item {:?} is already in batch {batch_id} with other content (URI or parameters); give it another key",
+                        item.key
+                    )));
+                }
+                None => {
+                    seen.insert(item.key.clone(), item.sha256.clone());
+                    fresh.push(item);
+                }
+            }
+        }
+        let now = now_ms();
+        let tx = self.db.begin().await?;
+        for chunk in fresh.chunks(ROWS_PER_STATEMENT) {
+            let models = chunk.iter().map(|item| item::ActiveModel {
+                batch_id: Set(batch_id.to_string()),
+                item_key: Set(item.key.clone()),
+                uri: Set(item.uri.clone()),
+                params_json: Set(serde_json::to_string(&item.params).unwrap_or_else(|_| "{}".into())),
+                content_sha256: Set(item.sha256.clone()),
+                state: Set(PENDING.to_string()),
+                published: Set(false),
+                round: Set(0),
+                attempts: Set(0),
+                last_attempt: Set(0),
+                exit_code: Set(None),
+                reason: Set(String::new()),
+                cpu_seconds: Set(0.0),
+                peak_memory_bytes: Set(0),
+                updated_at_ms: Set(now),
+            });
+            item::Entity::insert_many(models)
+                .on_conflict(
+                    OnConflict::columns([item::Column::BatchId, item::Column::ItemKey])
+                        .do_nothing()
+                        .to_owned(),
+                )
+                .exec_without_returning(&tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok((fresh, duplicates))
+    }
+
+    /// Records that items are on `KILN_ITEMS`.
+    pub async fn mark_published(&self, batch_id: &str, keys: &[String]) -> Result<()> {
+        for chunk in keys.chunks(ROWS_PER_STATEMENT) {
+            item::Entity::update_many()
+                .col_expr(item::Column::Published, Expr::value(true))
+                .filter(item::Column::BatchId.eq(batch_id))
+                .filter(item::Column::ItemKey.is_in(chunk.iter().cloned()))
+                .exec(&self.db)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Items recorded but not yet on `KILN_ITEMS` (a crash came between), at most `limit`.
+    pub async fn unpublished(&self, batch_id: &str, limit: u64) -> Result<Vec<ItemRecord>> {
+        Ok(item::Entity::find()
+            .filter(item::Column::BatchId.eq(batch_id))
+            .filter(item::Column::Published.eq(false))
+            .filter(item::Column::State.eq(PENDING))
+            .order_by_asc(item::Column::ItemKey)
+            .limit(limit)
+            .all(&self.db)
+            .await?)
+    }
+
+    pub async fn tally(&self, batch_id: &str) -> Result<Tally> {
+        let rows: Vec<(String, i64, Option<f64>, Option<i64>)> = item::Entity::find()
+            .select_only()
+            .column(item::Column::State)
+            .column_as(Expr::col(item::Column::ItemKey).count(), "n")
+            .column_as(Expr::col(item::Column::CpuSeconds).sum(), "cpu")
+            .column_as(Expr::col(item::Column::PeakMemoryBytes).max(), "peak")
+            .filter(item::Column::BatchId.eq(batch_id))
+            .group_by(item::Column::State)
+            .into_tuple()
+            .all(&self.db)
+            .await?;
+        let mut tally = Tally::default();
+        for (state, n, cpu, peak) in rows {
+            let n = u64::try_from(n).unwrap_or(0);
+            tally.total += n;
+            tally.cpu_seconds += cpu.unwrap_or(0.0);
+            tally.peak_memory_bytes = Ord::max(tally.peak_memory_bytes, u64::try_from(peak.unwrap_or(0)).unwrap_or(0));
+            match state.as_str() {
+                PENDING => tally.pending += n,
+                SUCCEEDED => tally.succeeded += n,
+                FAILED => tally.failed += n,
+                DEAD => tally.dead += n,
+                _ => {}
+            }
+        }
+        Ok(tally)
+    }
+
+    /// Whether any item of a batch is unfinished (pending, or waiting for another attempt): one
+    /// index probe, where [`BatchStore::tally`] counts every row.
+    pub async fn has_backlog(&self, batch_id: &str) -> Result<bool> {
+        let found: Option<String> = item::Entity::find()
+            .select_only()
+            .column(item::Column::ItemKey)
+            .filter(item::Column::BatchId.eq(batch_id))
+            .filter(item::Column::State.is_in([PENDING, FAILED]))
+            .into_tuple()
+            .one(&self.db)
+            .await?;
+        Ok(found.is_some())
+    }
+
+    /// A page of items in key order, after `after`, in any of `states` (all for none).
+    pub async fn items(&self, batch_id: &str, states: &[&str], after: &str, limit: u64) -> Result<Vec<ItemRecord>> {
+        let mut query = item::Entity::find()
+            .filter(item::Column::BatchId.eq(batch_id))
+            .filter(item::Column::ItemKey.gt(after));
+        if !states.is_empty() {
+            query = query.filter(item::Column::State.is_in(states.iter().copied()));
+        }
+        Ok(query
+            .order_by_asc(item::Column::ItemKey)
+            .limit(limit)
+            .all(&self.db)
+            .await?)
+    }
+
+    pub async fn item(&self, batch_id: &str, key: &str) -> Result<Option<ItemRecord>> {
+        Ok(item::Entity::find_by_id((batch_id.to_string(), key.to_string()))
+            .one(&self.db)
+            .await?)
+    }
+
+    pub async fn attempts(&self, batch_id: &str, key: &str) -> Result<Vec<attempt::Model>> {
+        Ok(attempt::Entity::find()
+            .filter(attempt::Column::BatchId.eq(batch_id))
+            .filter(attempt::Column::ItemKey.eq(key))
+            .order_by_asc(attempt::Column::Round)
+            .order_by_asc(attempt::Column::Attempt)
+            .all(&self.db)
+            .await?)
+    }
+}

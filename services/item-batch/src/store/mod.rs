@@ -1,0 +1,195 @@
+//! Batches, items and kept attempts in the metadata database (sea-orm; SQLite or Postgres).
+//!
+//! An item is keyed by (batch, key) and carries a sha256 of its content, so adding it again is
+//! harmless and adding other content under its key is refused. Its state is `pending` until an
+//! outcome arrives, then `succeeded`, `failed` (another attempt follows) or `dead`. Outcomes
+//! apply once: an outcome only moves an item whose round matches and whose last applied attempt
+//! is older, and never moves an item out of `succeeded` or `dead`. The counters are counts of
+//! these rows, so they are exact by construction.
+//!
+//! `entity` declares the three tables; `items` adds, publishes, counts and reads items;
+//! `outcomes` applies the outcomes of attempts and starts new rounds; this module holds the
+//! stored states, the batch rows and the store itself.
+
+use std::collections::BTreeMap;
+
+use kiln_core::ids::now_ms;
+use kiln_core::store::Store;
+use kiln_proto::v1 as pb;
+use sea_orm::sea_query::Expr;
+use sea_orm::{ActiveValue::Set, ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+
+mod entity;
+mod items;
+mod outcomes;
+
+pub use batch::Model as BatchRecord;
+pub use entity::{attempt, batch, item};
+pub use item::Model as ItemRecord;
+
+/// Item states as stored.
+pub const PENDING: &str = "pending";
+pub const SUCCEEDED: &str = "succeeded";
+pub const FAILED: &str = "failed";
+pub const DEAD: &str = "dead";
+
+/// Batch states as stored.
+pub const OPEN: &str = "open";
+pub const SEALED: &str = "sealed";
+pub const DONE: &str = "done";
+pub const CANCELLED: &str = "cancelled";
+
+pub fn item_state_name(state: pb::ItemState) -> Option<&'static str> {
+    match state {
+        pb::ItemState::Pending => Some(PENDING),
+        pb::ItemState::Succeeded => Some(SUCCEEDED),
+        pb::ItemState::Failed => Some(FAILED),
+        pb::ItemState::Dead => Some(DEAD),
+        pb::ItemState::Unspecified => None,
+    }
+}
+
+pub fn item_state_proto(state: &str) -> pb::ItemState {
+    match state {
+        PENDING => pb::ItemState::Pending,
+        SUCCEEDED => pb::ItemState::Succeeded,
+        FAILED => pb::ItemState::Failed,
+        DEAD => pb::ItemState::Dead,
+        _ => pb::ItemState::Unspecified,
+    }
+}
+
+pub fn batch_state_proto(state: &str) -> pb::BatchState {
+    match state {
+        OPEN => pb::BatchState::Open,
+        SEALED => pb::BatchState::Sealed,
+        DONE => pb::BatchState::Done,
+        CANCELLED => pb::BatchState::Cancelled,
+        _ => pb::BatchState::Unspecified,
+    }
+}
+
+/// An item as added: its key, URI, parameters and content digest.
+#[derive(Debug, Clone)]
+pub struct NewItem {
+    pub key: String,
+    pub uri: String,
+    pub params: BTreeMap<String, String>,
+    pub sha256: String,
+}
+
+impl NewItem {
+    pub fn new(key: String, uri: String, params: BTreeMap<String, String>) -> NewItem {
+        let mut digest = Sha256::new();
+        digest.update(uri.as_bytes());
+        for (name, value) in &params {
+            digest.update([0]);
+            digest.update(name.as_bytes());
+            digest.update([0]);
+            digest.update(value.as_bytes());
+        }
+        NewItem {
+            key,
+            uri,
+            params,
+            sha256: hex::encode(digest.finalize()),
+        }
+    }
+}
+
+/// Counts of a batch's items by stored state, and what their attempts used.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Tally {
+    pub total: u64,
+    pub pending: u64,
+    pub succeeded: u64,
+    pub failed: u64,
+    pub dead: u64,
+    pub cpu_seconds: f64,
+    pub peak_memory_bytes: u64,
+}
+
+impl Tally {
+    /// Items not finished (pending or waiting for another attempt).
+    pub fn backlog(&self) -> u64 {
+        self.pending + self.failed
+    }
+
+    pub fn finished(&self) -> u64 {
+        self.succeeded + self.dead
+    }
+}
+
+/// Rows per bulk statement (a dozen parameters each, under every database's limit).
+const ROWS_PER_STATEMENT: usize = 500;
+
+/// The batch tables, over the metadata store's connection.
+#[derive(Clone)]
+pub struct BatchStore {
+    db: DatabaseConnection,
+}
+
+impl BatchStore {
+    pub fn new(store: &Store) -> BatchStore {
+        BatchStore {
+            db: store.connection().clone(),
+        }
+    }
+
+    pub async fn insert_batch(&self, record: BatchRecord) -> Result<()> {
+        let model = batch::ActiveModel {
+            id: Set(record.id),
+            owner_id: Set(record.owner_id),
+            project: Set(record.project),
+            name: Set(record.name),
+            spec_json: Set(record.spec_json),
+            state: Set(record.state),
+            created_at_ms: Set(record.created_at_ms),
+            sealed_at_ms: Set(record.sealed_at_ms),
+            finished_at_ms: Set(record.finished_at_ms),
+        };
+        batch::Entity::insert(model).exec_without_returning(&self.db).await?;
+        Ok(())
+    }
+
+    pub async fn batch(&self, batch_id: &str) -> Result<BatchRecord> {
+        batch::Entity::find_by_id(batch_id.to_string())
+            .one(&self.db)
+            .await?
+            .ok_or_else(|| Error::BatchNotFound {
+                batch_id: batch_id.to_string(),
+            })
+    }
+
+    /// Batches, newest first: one owner's (or everyone's for `None`), live ones only unless `all`.
+    pub async fn list_batches(&self, owner_id: Option<&str>, all: bool) -> Result<Vec<BatchRecord>> {
+        let mut query = batch::Entity::find();
+        if let Some(owner_id) = owner_id {
+            query = query.filter(batch::Column::OwnerId.eq(owner_id));
+        }
+        if !all {
+            query = query.filter(batch::Column::State.is_in([OPEN, SEALED]));
+        }
+        Ok(query.order_by_desc(batch::Column::Id).limit(1000).all(&self.db).await?)
+    }
+
+    /// Moves a batch from one of `from` to `to` (a compare-and-set); false when it was in no
+    /// state of `from`.
+    pub async fn set_batch_state(&self, batch_id: &str, from: &[&str], to: &str) -> Result<bool> {
+        let now = now_ms();
+        let mut update = batch::Entity::update_many()
+            .col_expr(batch::Column::State, Expr::value(to))
+            .filter(batch::Column::Id.eq(batch_id))
+            .filter(batch::Column::State.is_in(from.iter().copied()));
+        if to == SEALED {
+            update = update.col_expr(batch::Column::SealedAtMs, Expr::value(now));
+        }
+        if to == DONE || to == CANCELLED {
+            update = update.col_expr(batch::Column::FinishedAtMs, Expr::value(now));
+        }
+        Ok(update.exec(&self.db).await?.rows_affected == 1)
+    }
+}

@@ -1,0 +1,265 @@
+//! A job's lines: writing them to `KILN_LOGS`, searching the stored ones, and streaming them
+//! (with follow, until the job has ended and its last line is out).
+
+use std::time::Duration;
+
+use kiln_core::auth::Principal;
+use kiln_core::ids::now_ms;
+use kiln_core::streams::MAX_LOG_LINE_BYTES;
+use kiln_proto::v1 as pb;
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Status;
+
+use super::{LineStream, LogsApi, MAX_KEY_BYTES, MAX_REQUEST_BYTES};
+use crate::error::Error;
+use crate::store::Cursor;
+
+/// Lines read from the store per query.
+const PAGE: u32 = 1000;
+/// A follower re-reads at least this often, in case a wake-up was missed.
+const FOLLOW_POLL: Duration = Duration::from_millis(500);
+/// How long after a job's end a follower waits for an end marker that may never come (its
+/// runner died).
+const END_GRACE_MS: i64 = 3_000;
+/// Most lines of one WriteLogs request.
+const MAX_LINES_PER_REQUEST: usize = 10_000;
+
+impl LogsApi {
+    /// Streams a job's lines after `from` from a task of their own.
+    pub(super) fn spawn_lines(&self, job_id: String, from: Cursor, follow: bool) -> LineStream {
+        let (tx, rx) = mpsc::channel(256);
+        let api = self.clone();
+        let woken = self.written.subscribe();
+        tokio::spawn(async move {
+            if let Err(status) = api.stream_lines(&job_id, from, follow, woken, &tx).await {
+                let _ = tx.send(Err(status)).await;
+            }
+        });
+        Box::pin(ReceiverStream::new(rx))
+    }
+
+    /// Publishes lines for a job that has not ended, one record each, under message ids made of
+    /// the writer's name and line numbers (so a retried request is stored once).
+    pub(super) async fn write_logs(&self, principal: &Principal, request: pb::WriteLogsRequest) -> Result<u32, Error> {
+        use prost::Message;
+        let size = request.encoded_len();
+        if size > MAX_REQUEST_BYTES {
+            return Err(Error::TooLarge(format!(
+                "the request is {size} bytes; the limit is {MAX_REQUEST_BYTES} bytes (4 MiB): send fewer lines at a time"
+            )));
+        }
+        if request.lines.len() > MAX_LINES_PER_REQUEST {
+            return Err(Error::TooLarge(format!(
+                "{} lines in one request; the limit is {MAX_LINES_PER_REQUEST}",
+                request.lines.len()
+            )));
+        }
+        if request.writer.len() > MAX_KEY_BYTES || request.writer.contains(['.', '*', '>', ' ']) {
+            return Err(Error::InvalidArgument(format!(
+                "writer {:?} must be at most {MAX_KEY_BYTES} bytes without '.', '*', '>' or spaces",
+                request.writer.chars().take(40).collect::<String>()
+            )));
+        }
+        if let Some((n, line)) = request
+            .lines
+            .iter()
+            .enumerate()
+            .find(|(_, line)| line.text.len() > MAX_LOG_LINE_BYTES)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "line {n} is {} bytes; the limit is {MAX_LOG_LINE_BYTES} bytes (16 KiB): split it",
+                line.text.len()
+            )));
+        }
+        let job = self.visible_job(principal, &request.job_id).await?;
+        let state = job.state()?;
+        if state.is_terminal() {
+            return Err(Error::FailedPrecondition(format!(
+                "job {} has ended ({state}); its log takes no more lines",
+                job.id
+            )));
+        }
+        let subject = kiln_core::subjects::logs(&job.id);
+        let now = now_ms();
+        let accepted = u32::try_from(request.lines.len()).unwrap_or(u32::MAX);
+        let records: Vec<(String, bytes::Bytes)> = request
+            .lines
+            .into_iter()
+            .enumerate()
+            .map(|(n, line)| {
+                let record = pb::LogRecord {
+                    job_id: job.id.clone(),
+                    attempt: job.attempt,
+                    seq: 0,
+                    stream: match line.stream {
+                        0 => pb::LogStream::Stdout as i32,
+                        stream => stream,
+                    },
+                    timestamp_ms: if line.timestamp_ms == 0 { now } else { line.timestamp_ms },
+                    text: line.text,
+                    end: false,
+                };
+                let msg_id = match request.writer.as_str() {
+                    "" => kiln_core::ids::new_id(),
+                    writer => format!("{}:w:{writer}:{}", job.id, request.first_index + n as u64),
+                };
+                (msg_id, record.encode_to_vec().into())
+            })
+            .collect();
+        kiln_core::streams::publish_all(&self.nats.jetstream, &subject, records).await?;
+        Ok(accepted)
+    }
+
+    pub(super) async fn search_logs(
+        &self,
+        principal: &Principal,
+        request: pb::SearchLogsRequest,
+    ) -> Result<pb::SearchLogsResponse, Error> {
+        let job = self.visible_job(principal, &request.job_id).await?;
+        if request.pattern.is_empty() {
+            return Err(Error::InvalidArgument("pattern is empty".into()));
+        }
+        let matcher: Box<dyn Fn(&str) -> bool + Send> = if request.regex {
+            let regex = regex::RegexBuilder::new(&request.pattern)
+                .size_limit(1 << 20)
+                .build()
+                .map_err(|e| Error::InvalidArgument(format!("pattern is not a valid regular expression: {e}")))?;
+            Box::new(move |text| regex.is_match(text))
+        } else {
+            let pattern = request.pattern.clone();
+            Box::new(move |text| text.contains(&pattern))
+        };
+        let limit = match request.limit {
+            0 => 1000,
+            n => (n as usize).min(100_000),
+        };
+        let until = if request.until_ms == 0 {
+            i64::MAX
+        } else {
+            request.until_ms
+        };
+        let mut cursor = Cursor::default();
+        let mut lines = Vec::new();
+        loop {
+            let page = self.logs.read(&job.id, cursor, PAGE).await?;
+            let full = page.len() == PAGE as usize;
+            for line in page {
+                cursor = Cursor {
+                    attempt: line.attempt,
+                    seq: line.seq,
+                };
+                let in_time = line.timestamp_ms >= request.since_ms && line.timestamp_ms < until;
+                if line.end || !in_time || !matcher(&line.text) {
+                    continue;
+                }
+                if lines.len() == limit {
+                    return Ok(pb::SearchLogsResponse { lines, truncated: true });
+                }
+                lines.push(pb::LogLine {
+                    attempt: line.attempt,
+                    seq: u64::try_from(line.seq).unwrap_or(0),
+                    stream: line.stream,
+                    timestamp_ms: line.timestamp_ms,
+                    text: line.text,
+                });
+            }
+            if !full {
+                return Ok(pb::SearchLogsResponse {
+                    lines,
+                    truncated: false,
+                });
+            }
+        }
+    }
+
+    /// Sends the stored lines, then (with `follow`) new ones until the job has ended and its
+    /// last line is out.
+    async fn stream_lines(
+        &self,
+        job_id: &str,
+        from: Cursor,
+        follow: bool,
+        mut woken: broadcast::Receiver<String>,
+        tx: &mpsc::Sender<Result<pb::LogLine, Status>>,
+    ) -> Result<(), Status> {
+        let mut cursor = from;
+        let mut ended_attempt = 0;
+        // The job's state changes wake a follower too: its end comes after its last line.
+        let mut job_events = match follow {
+            true => self
+                .nats
+                .client
+                .subscribe(kiln_core::subjects::job_event(job_id))
+                .await
+                .ok(),
+            false => None,
+        };
+        loop {
+            let lines = self.logs.read(job_id, cursor, PAGE).await?;
+            let full_page = lines.len() == PAGE as usize;
+            for line in lines {
+                cursor = Cursor {
+                    attempt: line.attempt,
+                    seq: line.seq,
+                };
+                if line.end {
+                    ended_attempt = ended_attempt.max(line.attempt);
+                    continue;
+                }
+                let out = pb::LogLine {
+                    attempt: line.attempt,
+                    seq: u64::try_from(line.seq).unwrap_or(0),
+                    stream: line.stream,
+                    timestamp_ms: line.timestamp_ms,
+                    text: line.text,
+                };
+                if tx.send(Ok(out)).await.is_err() {
+                    return Ok(());
+                }
+            }
+            if full_page {
+                continue;
+            }
+            if !follow {
+                return Ok(());
+            }
+            let job = self.store.job(job_id).await.map_err(Error::from)?;
+            let state = job.state().map_err(Error::from)?;
+            if state.is_terminal() && state != kiln_core::JobState::Preempted {
+                let never_ran = job.started_at_ms.is_none() || job.instance_id.is_empty();
+                let waited = now_ms() - job.finished_at_ms.unwrap_or(0) > END_GRACE_MS;
+                if ended_attempt >= job.attempt || never_ran || waited {
+                    return Ok(());
+                }
+            }
+            tokio::select! {
+                _ = wait_for(&mut woken, job_id) => {}
+                Some(_) = next_event(&mut job_events) => {}
+                _ = tokio::time::sleep(FOLLOW_POLL) => {}
+                _ = tx.closed() => return Ok(()),
+            }
+        }
+    }
+}
+
+/// Returns the next job event, or never when there is no subscription.
+async fn next_event(events: &mut Option<async_nats::Subscriber>) -> Option<async_nats::Message> {
+    use futures::StreamExt;
+    match events {
+        Some(events) => events.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Returns when lines of `job_id` were written (or wake-ups were lost).
+async fn wait_for(woken: &mut broadcast::Receiver<String>, job_id: &str) {
+    loop {
+        match woken.recv().await {
+            Ok(id) if id == job_id => return,
+            Ok(_) => {}
+            Err(broadcast::error::RecvError::Lagged(_)) => return,
+            Err(broadcast::error::RecvError::Closed) => std::future::pending().await,
+        }
+    }
+}

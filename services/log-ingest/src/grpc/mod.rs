@@ -1,0 +1,189 @@
+//! `LogService`: reading and following a job's lines. Errors become statuses here only.
+//!
+//! `logs` writes, searches and follows a job's lines; `metrics` writes and queries its metric
+//! points; this module holds the API's state, answers the `LogService` calls and decides who
+//! may see a job.
+
+use std::collections::{HashMap, HashSet};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+
+use futures::Stream;
+use kiln_core::auth::{Principal, Scope, principal, user_principal};
+use kiln_core::ids::parse_id;
+use kiln_core::store::{Store, StoreError};
+use kiln_proto::v1 as pb;
+use kiln_proto::v1::log_service_server::LogService;
+use tokio::sync::broadcast;
+use tonic::{Request, Response, Status};
+
+use crate::error::Error;
+use crate::points::MetricStore;
+use crate::store::{Cursor, LogStore};
+
+mod logs;
+mod metrics;
+
+impl From<Error> for Status {
+    fn from(error: Error) -> Status {
+        kiln_core::error::status(error.kind(), &error)
+    }
+}
+
+/// LogsApi serves `LogService`.
+#[derive(Clone)]
+pub struct LogsApi {
+    pub(crate) store: Store,
+    pub(crate) logs: Arc<dyn LogStore>,
+    pub(crate) written: broadcast::Sender<String>,
+    pub(crate) nats: kiln_core::streams::Nats,
+    pub(crate) points: Arc<dyn MetricStore>,
+    /// The metric keys of recently written jobs (see `admit_keys`).
+    pub(crate) known_keys: Arc<Mutex<HashMap<String, HashSet<String>>>>,
+}
+
+/// Largest WriteMetrics request, in bytes.
+pub const MAX_REQUEST_BYTES: usize = 4 << 20;
+/// Longest metric key, in bytes.
+pub const MAX_KEY_BYTES: usize = 250;
+/// Most distinct keys one job may write.
+pub const MAX_KEYS_PER_JOB: usize = 10_000;
+/// Default and largest `lines` of TailLogs.
+const DEFAULT_TAIL_LINES: u32 = 10;
+const LARGEST_TAIL_LINES: u32 = 100_000;
+
+type LineStream = Pin<Box<dyn Stream<Item = Result<pb::LogLine, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl LogService for LogsApi {
+    type GetLogsStream = LineStream;
+    type TailLogsStream = LineStream;
+
+    #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
+    async fn search_logs(
+        &self,
+        request: Request<pb::SearchLogsRequest>,
+    ) -> Result<Response<pb::SearchLogsResponse>, Status> {
+        let principal = user_principal(&request)?;
+        Ok(Response::new(self.search_logs(&principal, request.into_inner()).await?))
+    }
+
+    #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
+    async fn write_metrics(
+        &self,
+        request: Request<pb::WriteMetricsRequest>,
+    ) -> Result<Response<pb::WriteMetricsResponse>, Status> {
+        let principal = principal(&request)?;
+        let accepted = self.write_metrics(&principal, request.into_inner()).await?;
+        Ok(Response::new(pb::WriteMetricsResponse { accepted }))
+    }
+
+    #[tracing::instrument(skip_all)]
+    async fn write_metrics_stream(
+        &self,
+        request: Request<tonic::Streaming<pb::WriteMetricsRequest>>,
+    ) -> Result<Response<pb::WriteMetricsResponse>, Status> {
+        use futures::StreamExt;
+        let principal = principal(&request)?;
+        let mut batches = request.into_inner();
+        let mut accepted: u32 = 0;
+        while let Some(batch) = batches.next().await {
+            accepted = accepted.saturating_add(self.write_metrics(&principal, batch?).await?);
+        }
+        Ok(Response::new(pb::WriteMetricsResponse { accepted }))
+    }
+
+    #[tracing::instrument(skip_all)]
+    async fn query_metrics(
+        &self,
+        request: Request<pb::QueryMetricsRequest>,
+    ) -> Result<Response<pb::QueryMetricsResponse>, Status> {
+        let principal = user_principal(&request)?;
+        let series = self.query_metrics(&principal, request.into_inner()).await?;
+        Ok(Response::new(pb::QueryMetricsResponse { series }))
+    }
+
+    #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
+    async fn list_metric_keys(
+        &self,
+        request: Request<pb::ListMetricKeysRequest>,
+    ) -> Result<Response<pb::ListMetricKeysResponse>, Status> {
+        let principal = user_principal(&request)?;
+        let job = self.visible_job(&principal, &request.get_ref().job_id).await?;
+        let keys = self.points.keys(&job.id).await.map_err(Status::from)?;
+        Ok(Response::new(pb::ListMetricKeysResponse { keys }))
+    }
+
+    #[tracing::instrument(skip_all)]
+    async fn latest_metrics(
+        &self,
+        request: Request<pb::LatestMetricsRequest>,
+    ) -> Result<Response<pb::LatestMetricsResponse>, Status> {
+        let principal = user_principal(&request)?;
+        let series = self.latest_metrics(&principal, request.into_inner()).await?;
+        Ok(Response::new(pb::LatestMetricsResponse { series }))
+    }
+
+    #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
+    async fn get_logs(&self, request: Request<pb::GetLogsRequest>) -> Result<Response<Self::GetLogsStream>, Status> {
+        let principal = user_principal(&request)?;
+        let request = request.into_inner();
+        let job_id = self.visible_job(&principal, &request.job_id).await?.id;
+        Ok(Response::new(self.spawn_lines(
+            job_id,
+            Cursor::default(),
+            request.follow,
+        )))
+    }
+
+    #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
+    async fn tail_logs(&self, request: Request<pb::TailLogsRequest>) -> Result<Response<Self::TailLogsStream>, Status> {
+        let principal = user_principal(&request)?;
+        let request = request.into_inner();
+        let job_id = self.visible_job(&principal, &request.job_id).await?.id;
+        let lines = match request.lines {
+            0 => DEFAULT_TAIL_LINES,
+            n => n.min(LARGEST_TAIL_LINES),
+        };
+        let from = self.logs.tail_cursor(&job_id, lines).await.map_err(Status::from)?;
+        Ok(Response::new(self.spawn_lines(job_id, from, request.follow)))
+    }
+
+    #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
+    async fn write_logs(
+        &self,
+        request: Request<pb::WriteLogsRequest>,
+    ) -> Result<Response<pb::WriteLogsResponse>, Status> {
+        let principal = principal(&request)?;
+        let accepted = self.write_logs(&principal, request.into_inner()).await?;
+        Ok(Response::new(pb::WriteLogsResponse { accepted }))
+    }
+}
+
+impl LogsApi {
+    /// Reads a job the caller may see (owner or admin); others' jobs read as not found.
+    async fn visible_job(&self, principal: &Principal, job_id: &str) -> Result<kiln_core::store::JobRecord, Error> {
+        let job_id = parse_id("job", job_id).map_err(Error::InvalidArgument)?;
+        let job = match self.store.job(&job_id).await {
+            Ok(job) => job,
+            Err(StoreError::JobNotFound { job_id }) => return Err(Error::JobNotFound { job_id }),
+            Err(error) => return Err(error.into()),
+        };
+        let allowed = match &principal.scope {
+            Scope::User => job.owner_id == principal.user_id || principal.is_admin,
+            Scope::Job(own) => {
+                if *own != job.id {
+                    return Err(Error::PermissionDenied(format!(
+                        "this token belongs to job {own}; it cannot write job {}",
+                        job.id
+                    )));
+                }
+                true
+            }
+        };
+        if !allowed {
+            return Err(Error::JobNotFound { job_id });
+        }
+        Ok(job)
+    }
+}

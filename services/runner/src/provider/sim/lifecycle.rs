@@ -1,0 +1,312 @@
+//! An instance's life on the simulated cloud, as the [`Provider`] calls: the cheapest type that
+//! fits, the boot, the command's (or the batch agent's) run, signals, a spot preemption after
+//! its notice, the exit and the release; and the capacity and prices the cloud offers.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytes::Bytes;
+use kiln_core::scheduling::Market;
+use kiln_proto::v1::LogStream;
+use nix::sys::signal::Signal;
+use rand::Rng;
+use tokio::sync::{mpsc, watch};
+
+use super::super::{
+    Capacity, Exit, Instance, InstanceSpec, InstanceStats, Offer, OutputStream, Outputs, Preemption, Provider,
+};
+use super::{InstanceType, SimInstance, SimProvider, SimRecord};
+use crate::error::{Error, Result};
+
+/// The kiln-agent settings of a batch worker's instance; None for other jobs.
+fn agent_settings(spec: &InstanceSpec) -> Option<kiln_agent::Settings> {
+    Some(kiln_agent::Settings {
+        batch_id: spec.env.get("KILN_BATCH_ID")?.clone(),
+        addr: spec.env.get("KILN_ITEMS_ADDR")?.clone(),
+        token: spec.env.get("KILN_TOKEN")?.clone(),
+        slots: 1,
+    })
+}
+
+/// Simulated run time of a command, in ms, and its exit code.
+fn behaviour(command: &[String]) -> (u64, i32) {
+    match command {
+        [program, secs] if program == "sleep" => (secs.parse::<f64>().map(|s| (s * 1000.0) as u64).unwrap_or(0), 0),
+        [program, code] if program == "exit" => (0, code.parse().unwrap_or(1)),
+        _ => (0, 0),
+    }
+}
+
+#[async_trait::async_trait]
+impl Provider for SimProvider {
+    fn name(&self) -> &'static str {
+        "sim"
+    }
+
+    async fn provision(&self, spec: &InstanceSpec) -> Result<Instance> {
+        let instance_type = self
+            .config
+            .instance_types
+            .iter()
+            .filter(|t| t.cpu_millis >= spec.cpu_millis && t.memory_bytes >= spec.memory_bytes && t.gpus >= spec.gpus)
+            .min_by(|a, b| a.on_demand_per_hour.total_cmp(&b.on_demand_per_hour))
+            .ok_or_else(|| {
+                Error::Capacity(format!(
+                    "no simulated instance type has {} CPU millis, {} bytes and {} GPUs",
+                    spec.cpu_millis, spec.memory_bytes, spec.gpus
+                ))
+            })?
+            .clone();
+        let mut rng = self.seeded(&spec.job_id, spec.attempt);
+        let boot_ms = rng.random_range(self.config.boot_min_ms..=self.config.boot_max_ms);
+        let spot = self.config.spot && spec.market == Market::Spot;
+        let preempted_after_ms = (spot && self.config.preemptions_per_hour > 0.0).then(|| {
+            // Exponential time to preemption.
+            let uniform: f64 = rng.random_range(f64::EPSILON..1.0);
+            (-uniform.ln() / self.config.preemptions_per_hour * 3_600_000.0) as u64
+        });
+        let id = format!("sim:{}:{}-{}", instance_type.name, spec.job_id, spec.attempt);
+        {
+            let mut instances = self.instances.lock().expect("sim lock");
+            if instances.len() >= self.config.max_instances {
+                return Err(Error::Capacity(format!(
+                    "the simulated cloud's cap of {} instances is reached",
+                    self.config.max_instances
+                )));
+            }
+            let record = SimRecord {
+                price_per_hour: if spot {
+                    instance_type.spot_per_hour
+                } else {
+                    instance_type.on_demand_per_hour
+                },
+                instance_type: instance_type.name,
+                spot,
+                boot_ms,
+                preempted_after_ms,
+            };
+            instances.insert(
+                id.clone(),
+                SimInstance {
+                    record,
+                    command: spec.command.clone(),
+                    agent: agent_settings(spec),
+                    resume_from: spec.env.get("KILN_RESUME_FROM").cloned(),
+                    exit: None,
+                    signals: None,
+                    rng,
+                },
+            );
+        }
+        tokio::time::sleep(self.wall(boot_ms)).await;
+        Ok(Instance {
+            provider: "sim",
+            job_id: spec.job_id.clone(),
+            attempt: spec.attempt,
+            id,
+            scratch_dir: PathBuf::new(),
+        })
+    }
+
+    async fn start(&self, instance: &mut Instance) -> Result<OutputStream> {
+        let (exit_tx, exit_rx) = watch::channel(None);
+        let (signals_tx, mut signals_rx) = mpsc::unbounded_channel();
+        let (record, command, agent, resume_from) = {
+            let mut instances = self.instances.lock().expect("sim lock");
+            let sim = instances
+                .get_mut(&instance.id)
+                .ok_or_else(|| Error::Capacity("the instance is gone".into()))?;
+            sim.exit = Some(exit_rx);
+            sim.signals = Some(signals_tx);
+            let _ = sim.rng.random::<u64>();
+            (
+                sim.record.clone(),
+                sim.command.clone(),
+                sim.agent.clone(),
+                sim.resume_from.clone(),
+            )
+        };
+        // An agent runs until told to stop: a year stands for "no end of its own".
+        let (run_ms, code) = match agent {
+            Some(_) => (365 * 86_400_000, 0),
+            None => behaviour(&command),
+        };
+        let run = self.wall(run_ms);
+        let preemption = record.preempted_after_ms.filter(|&after| after < run_ms);
+        // A batch worker's agent: it ends the instance when item-batch tells it to stop.
+        let agent_stop = tokio_util::sync::CancellationToken::new();
+        let mut agent_done = match agent {
+            Some(settings) => {
+                let stop = agent_stop.clone();
+                let task = tokio::spawn(async move {
+                    match kiln_agent::run(settings, kiln_agent::Runner::BuiltinsOnly, stop).await {
+                        Ok(kiln_agent::Ended::Stopped(_)) => 0,
+                        Ok(kiln_agent::Ended::Terminated) => 128 + 15,
+                        Err(_) => 1,
+                    }
+                });
+                Some(task)
+            }
+            None => None,
+        };
+        let notice = self.wall(self.config.notice_ms);
+        let preemptions = self.preemptions_tx.clone();
+        let job_id = instance.job_id.clone();
+        let notify_at = preemption.map(|after| self.wall(after.saturating_sub(self.config.notice_ms)));
+        let notice_ms = self.config.notice_ms;
+        tokio::spawn(async move {
+            let started = tokio::time::Instant::now();
+            let agent_ended = async {
+                match agent_done.as_mut() {
+                    Some(task) => task.await.unwrap_or(1),
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::pin!(agent_ended);
+            let exit_code = loop {
+                let notify = async {
+                    match notify_at {
+                        Some(at) => tokio::time::sleep_until(started + at).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    _ = tokio::time::sleep_until(started + run) => break code,
+                    code = &mut agent_ended => break code,
+                    signal = signals_rx.recv() => match signal {
+                        Some(Signal::SIGKILL) | None => break 128 + 9,
+                        Some(Signal::SIGTERM) => break 128 + 15,
+                        Some(_) => {}
+                    },
+                    _ = notify => {
+                        let _ = preemptions.send(Preemption { job_id: job_id.clone(), notice: Duration::from_millis(notice_ms) }).await;
+                        // The cloud takes the machine back after the notice, whatever the job does.
+                        tokio::select! {
+                            _ = tokio::time::sleep(notice) => break 128 + 9,
+                            signal = signals_rx.recv() => break match signal {
+                                Some(Signal::SIGTERM) => 128 + 15,
+                                _ => 128 + 9,
+                            },
+                        }
+                    }
+                }
+            };
+            // Whatever ended the instance ends its agent (a preempted worker's items go back).
+            agent_stop.cancel();
+            let _ = exit_tx.send(Some(Exit {
+                code: exit_code,
+                oom_killed: false,
+            }));
+        });
+        let mut line = format!(
+            "sim: {} ({}) booted in {} ms",
+            record.instance_type,
+            if record.spot { "spot" } else { "on-demand" },
+            record.boot_ms
+        );
+        if let Some(resume_from) = &resume_from {
+            line.push_str(&format!("; KILN_RESUME_FROM={resume_from}"));
+        }
+        Ok(Box::pin(futures::stream::iter([(
+            LogStream::Stdout,
+            Bytes::from(line + "\n"),
+        )])))
+    }
+
+    async fn signal(&self, instance: &Instance, signal: Signal) -> Result<()> {
+        if let Some(signals) = self
+            .instances
+            .lock()
+            .expect("sim lock")
+            .get(&instance.id)
+            .and_then(|i| i.signals.clone())
+        {
+            let _ = signals.send(signal);
+        }
+        Ok(())
+    }
+
+    async fn wait(&self, instance: &Instance) -> Result<Exit> {
+        let exit = self
+            .instances
+            .lock()
+            .expect("sim lock")
+            .get(&instance.id)
+            .and_then(|i| i.exit.clone());
+        let Some(mut exit) = exit else {
+            return Ok(Exit {
+                code: -1,
+                oom_killed: false,
+            });
+        };
+        let exit = exit
+            .wait_for(Option::is_some)
+            .await
+            .map_err(|e| Error::Capacity(e.to_string()))?;
+        Ok(exit.expect("waited for some"))
+    }
+
+    async fn outputs(&self, _instance: &Instance) -> Result<Outputs> {
+        Ok(Outputs::None)
+    }
+
+    async fn stats(&self, _instance: &Instance) -> Result<Option<InstanceStats>> {
+        Ok(None)
+    }
+
+    async fn release(&self, instance: &Instance) -> Result<()> {
+        if let Some(sim) = self.instances.lock().expect("sim lock").remove(&instance.id)
+            && let Some(signals) = sim.signals
+        {
+            let _ = signals.send(Signal::SIGKILL);
+        }
+        Ok(())
+    }
+
+    async fn capacity(&self) -> Result<Capacity> {
+        let largest = |f: fn(&InstanceType) -> i64| self.config.instance_types.iter().map(f).max().unwrap_or(0);
+        let count = i64::try_from(self.config.max_instances).unwrap_or(i64::MAX);
+        Ok(Capacity {
+            cpu_millis: largest(|t| t.cpu_millis).saturating_mul(count),
+            memory_bytes: largest(|t| t.memory_bytes).saturating_mul(count),
+            gpus: u32::try_from(largest(|t| i64::from(t.gpus)).saturating_mul(count)).unwrap_or(u32::MAX),
+        })
+    }
+
+    fn offer(&self) -> Offer {
+        // The biggest job the cloud takes (each resource's largest type), priced as a share of
+        // the type with the most CPU: an estimate, as the catalogue mixes shapes.
+        let types = &self.config.instance_types;
+        let largest = types.iter().max_by_key(|t| (t.cpu_millis, t.memory_bytes));
+        Offer {
+            instance: Some(Capacity {
+                cpu_millis: types.iter().map(|t| t.cpu_millis).max().unwrap_or(0),
+                memory_bytes: types.iter().map(|t| t.memory_bytes).max().unwrap_or(0),
+                gpus: types.iter().map(|t| t.gpus).max().unwrap_or(0),
+            }),
+            on_demand_per_hour: largest.map_or(0.0, |t| t.on_demand_per_hour),
+            spot_per_hour: largest.map_or(0.0, |t| t.spot_per_hour),
+            spot: self.config.spot,
+            time_scale: self.config.time_scale,
+        }
+    }
+
+    fn preemptions(&self) -> Option<mpsc::Receiver<Preemption>> {
+        self.preemptions_rx.lock().expect("sim lock").take()
+    }
+
+    async fn recover(
+        &self,
+        _job_id: &str,
+        _attempt: i32,
+        _instance_id: &str,
+        _scratch_dir: PathBuf,
+    ) -> Result<Option<Instance>> {
+        // A simulated cloud lives in its runner: nothing outlives a restart.
+        Ok(None)
+    }
+
+    async fn release_leftovers(&self, _runner_id: &str, _keep: &[String]) -> Result<usize> {
+        Ok(0)
+    }
+}
