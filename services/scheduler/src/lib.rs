@@ -22,7 +22,7 @@ use futures::StreamExt;
 use kiln_core::events::{preempt_job, publish_job_change, republish_pending};
 use kiln_core::lease::Lease;
 use kiln_core::scheduling::{Market, SPOT_PREEMPTION};
-use kiln_core::store::{Change, Store, StoreError};
+use kiln_core::store::{Change, JobRecord, Store, StoreError};
 use kiln_core::streams::{Nats, NatsError};
 use kiln_core::{JobState, streams, subjects};
 use kiln_proto::v1 as pb;
@@ -209,6 +209,11 @@ pub async fn pass(config: &Config, store: &Store, nats: &Nats, state: &Mutex<Pas
             Err(StoreError::JobNotFound { .. }) => continue,
             Err(error) => return Err(error.into()),
         };
+        let victim = match unschedule(store, nats, victim, &preemption.for_job).await? {
+            Some(started) => started,
+            // Taken back before any runner took it: no work lost, no token spent.
+            None => continue,
+        };
         tracing::warn!(victim = %victim.id, for_job = %preemption.for_job, "preempting a job");
         preempt_job(nats, &victim, &preemption.for_job).await?;
         let mut state = state.lock().expect("pass state lock");
@@ -223,6 +228,31 @@ pub async fn pass(config: &Config, store: &Store, nats: &Nats, state: &Mutex<Pas
     // Unpublished SCHEDULED changes (a publish failed above, or in an earlier pass).
     republish_pending(nats, store, &[JobState::Scheduled]).await?;
     Ok(placed)
+}
+
+/// A victim still SCHEDULED is queued again by compare-and-set before a runner takes it (no
+/// runner holds it yet, so a control message would find nobody); its launch goes stale. Returns
+/// the victim to send the preemption to when a runner took it first (or it was past SCHEDULED).
+async fn unschedule(store: &Store, nats: &Nats, victim: JobRecord, for_job: &str) -> Result<Option<JobRecord>> {
+    if victim.state()? != JobState::Scheduled {
+        return Ok(Some(victim));
+    }
+    let change = Change {
+        reason: Some(format!("preempted for {for_job} before it started; queued again")),
+        ..Change::default()
+    };
+    match store.transition(&victim, JobState::Queued, change).await {
+        Ok(queued) => {
+            tracing::warn!(victim = %queued.id, for_job, "taking back a scheduled job");
+            if let Err(error) = publish_job_change(nats, store, &queued).await {
+                tracing::warn!(job_id = %queued.id, error = %error, "publish failed");
+            }
+            Ok(None)
+        }
+        // A runner took it in the meantime: it holds it now, and the control reaches it.
+        Err(StoreError::Conflict { .. }) => Ok(Some(store.job(&victim.id).await?)),
+        Err(error) => Err(error.into()),
+    }
 }
 
 /// Saves the pools' preemption rates for the next leader when they are due.

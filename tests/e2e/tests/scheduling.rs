@@ -380,3 +380,43 @@ async fn a_new_leader_knows_the_preemption_rate_the_last_one_learnt() {
     );
     successor.stop().await;
 }
+
+#[tokio::test]
+async fn a_victim_no_runner_took_yet_is_queued_again_for_a_higher_priority() {
+    let stack = Stack::start_without_runner().await;
+    // A pool a runner reported but that nobody serves: its launches stay unread, so a job
+    // placed there stays SCHEDULED, where no runner would see a control message.
+    let nats = kiln_core::streams::connect(&stack.nats.config()).await.unwrap();
+    let report = kiln_core::capacity::CapacityReport {
+        runner_id: "gone-1".into(),
+        pool: "gone".into(),
+        provider: "sim".into(),
+        cpu_millis: 2000,
+        memory_bytes: 4 * GIB,
+        gpus: 0,
+        updated_at_ms: kiln_core::ids::now_ms(),
+        instance: kiln_core::capacity::Instance::default(),
+        on_demand_per_hour: 0.1,
+        spot_per_hour: 0.0,
+        spot: false,
+    };
+    kiln_core::capacity::report(&nats, &report).await.unwrap();
+    let low = stack.submit_spec(job_spec(&["sleep", "600"], 2000, 0)).await;
+    stack.wait_for_state(&low.id, pb::JobState::Scheduled).await;
+
+    let high = stack
+        .submit_spec(pb::JobSpec {
+            priority_class: "high".into(),
+            ..job_spec(&["sleep", "600"], 2000, 0)
+        })
+        .await;
+    let high = stack.wait_for_state(&high.id, pb::JobState::Scheduled).await;
+    let low = stack.get(&low.id).await;
+    assert_eq!(state(&low), pb::JobState::Queued, "{low:?}");
+    assert_eq!(
+        low.reason,
+        format!("preempted for {} before it started; queued again", high.id)
+    );
+    // Nothing ran, so nothing counts: the same attempt, no preemption.
+    assert_eq!((low.attempt, low.preemptions), (1, 0), "{low:?}");
+}
