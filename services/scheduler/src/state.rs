@@ -107,8 +107,12 @@ impl PassState {
 
     /// Becoming leader: the rates are the ones the last leader saved (none when nothing was
     /// saved), not what this scheduler saw as a standby, which counted preemptions but no
-    /// exposure. Exposure is counted from the first pass on.
-    pub fn take_over(&mut self, saved: HashMap<String, policy::PreemptionRate>) {
+    /// exposure; they decay with this scheduler's half-life from now on. Exposure is counted
+    /// from the first pass on.
+    pub fn take_over(&mut self, mut saved: HashMap<String, policy::PreemptionRate>) {
+        for rate in saved.values_mut() {
+            rate.set_half_life(self.half_life_hours);
+        }
         self.rates = saved;
         self.last_exposure_ms = None;
         self.preempted_since_save = false;
@@ -240,6 +244,23 @@ mod tests {
             (learnt - 1.0).abs() > 0.1,
             "the leader's rate ({learnt}/h) must differ from the standby's guess"
         );
+
+        // A successor configured with a 1-hour half-life decays what it took over with it: an
+        // hour on, the 3 preemptions over 4 instance-hours weigh half, 1.5 / (2 + 1).
+        let mut hasty = PassState::new(&Config {
+            preemption_half_life_hours: 1.0,
+            ..Config::default()
+        });
+        hasty.take_over(
+            SavedRates::open(&nats)
+                .await
+                .expect("bucket")
+                .load()
+                .await
+                .expect("load"),
+        );
+        let later = hasty.rates["gpu"].rate_per_hour(now_ms() + 3_600_000);
+        assert!((later - 0.5).abs() < 1e-3, "an hour later: {later}/h");
     }
 
     #[tokio::test]

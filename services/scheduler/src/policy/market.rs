@@ -87,6 +87,11 @@ impl PreemptionRate {
         }
     }
 
+    /// Decays with `half_life_hours` from now on (what was decayed so far stays).
+    pub fn set_half_life(&mut self, half_life_hours: f64) {
+        self.half_life_hours = half_life_hours.max(f64::MIN_POSITIVE);
+    }
+
     /// Counts one spot preemption at `now_ms`.
     pub fn observe_preemption(&mut self, now_ms: i64) {
         self.decay_to(now_ms);
