@@ -8,7 +8,8 @@
 //! job is placed once even if two schedulers ever believe they lead) and published on
 //! `kiln.launch.<pool>`; each priority preemption is sent to its runner. Job events on
 //! `KILN_JOBS` (one consumer per scheduler) wake a pass and feed the pools' spot preemption
-//! rates; a timer covers the rest. A new leader first publishes SCHEDULED changes that were
+//! rates, which the leader saves in the `kiln_scheduler` bucket for its successor
+//! ([`state`]); a timer covers the rest. A new leader first publishes SCHEDULED changes that were
 //! committed but not published (reconciler).
 #![forbid(unsafe_code)]
 
