@@ -35,6 +35,17 @@ fn cloud(instance: InstanceType, count: usize, spot: bool) -> SimConfig {
     }
 }
 
+/// Ten spot CPU boxes, 1000 times faster than the clock, where a simulated hour of work is all
+/// but sure to be preempted (20 an hour), with a 30 s notice.
+fn stormy_spot() -> SimConfig {
+    SimConfig {
+        time_scale: 1000.0,
+        preemptions_per_hour: 20.0,
+        notice_ms: 30_000,
+        ..cloud(cpu_box(), 10, true)
+    }
+}
+
 fn gpu_box() -> InstanceType {
     InstanceType {
         name: "g.xlarge".into(),
@@ -263,14 +274,7 @@ async fn spot_preemptions_resume_the_job_and_then_it_runs_on_demand() {
     config.max_restart_probability = 1.0;
     stack.scheduler.take().unwrap().stop().await;
     stack.scheduler = Some(spawn_scheduler(config).await);
-    let sim = SimConfig {
-        time_scale: 1000.0,
-        // A simulated hour of work is preempted every time on spot.
-        preemptions_per_hour: 20.0,
-        notice_ms: 30_000,
-        ..cloud(cpu_box(), 10, true)
-    };
-    stack.runner = Some(stack.spawn_runner(sim_runner(&stack, sim)).await);
+    stack.runner = Some(stack.spawn_runner(sim_runner(&stack, stormy_spot())).await);
     let job = stack.submit_spec(job_spec(&["sleep", "3600"], 1000, 0)).await;
     let done = stack.wait_for_state(&job.id, pb::JobState::Succeeded).await;
     assert_eq!((done.attempt, done.preemptions), (3, 2), "{done:?}");
@@ -338,14 +342,7 @@ async fn a_standby_takes_over_and_no_job_is_launched_twice() {
 #[tokio::test]
 async fn a_new_leader_knows_the_preemption_rate_the_last_one_learnt() {
     let mut stack = Stack::start_without_runner().await;
-    let sim = SimConfig {
-        time_scale: 1000.0,
-        // A simulated hour of work on spot is all but sure to be preempted.
-        preemptions_per_hour: 20.0,
-        notice_ms: 30_000,
-        ..cloud(cpu_box(), 10, true)
-    };
-    stack.runner = Some(stack.spawn_runner(sim_runner(&stack, sim)).await);
+    stack.runner = Some(stack.spawn_runner(sim_runner(&stack, stormy_spot())).await);
     // The first job goes to spot (nothing observed yet) and teaches the leader the pool's rate.
     let first = stack.submit_spec(job_spec(&["sleep", "3600"], 1000, 0)).await;
     let first = stack.wait_for_state(&first.id, pb::JobState::Succeeded).await;
