@@ -100,26 +100,27 @@ def test_a_run_outside_kiln_logs_every_point_once(up):
     assert job.spec.name == "notebook"
 
 
-def test_a_full_buffer_waits_rather_than_drops(up):
+def small_run(name, batch_points, buffer_points):
+    """A run outside kiln with a buffer of the given size, flushed every 10 ms."""
     api, logs, token = _endpoints()
     jobs, _, metadata = stubs()
-    created = jobs.CreateRun(job_pb2.CreateRunRequest(name="tiny-buffer"), metadata=metadata)
-    run = Run(job_id=created.id, logs_address=logs, token=token, api_address=api, external=True,
-              batch_points=5, buffer_points=10, interval=0.01)
+    created = jobs.CreateRun(job_pb2.CreateRunRequest(name=name), metadata=metadata)
+    return Run(job_id=created.id, logs_address=logs, token=token, api_address=api, external=True,
+               batch_points=batch_points, buffer_points=buffer_points, interval=0.01)
+
+
+def test_a_full_buffer_waits_rather_than_drops(up):
+    run = small_run("tiny-buffer", batch_points=5, buffer_points=10)
     for step in range(2_000):
         run.log({"x": float(step)}, step=step)
         assert run._logged - run._settled <= 10, "the buffer holds at most buffer_points points"
     run.finish()
-    assert series(created.id, "x", 2_000).total_points == 2_000
+    assert series(run.job_id, "x", 2_000).total_points == 2_000
 
 
 def test_log_series_stores_many_values_at_once_and_waits_for_room(up):
-    api, logs, token = _endpoints()
-    jobs, _, metadata = stubs()
-    created = jobs.CreateRun(job_pb2.CreateRunRequest(name="series"), metadata=metadata)
     # A buffer smaller than the series: it goes in parts, each waiting for room.
-    run = Run(job_id=created.id, logs_address=logs, token=token, api_address=api, external=True,
-              batch_points=100, buffer_points=1_000, interval=0.01)
+    run = small_run("series", batch_points=100, buffer_points=1_000)
     run.log({"lr": 0.5})  # step 0
     run.log_series("lr", (0.1 * n for n in range(5_000)))  # steps 1 to 5,000
     run.log_series("lr", [math.nan, math.inf], steps=[10_000, 20_000])
@@ -127,7 +128,7 @@ def test_log_series_stores_many_values_at_once_and_waits_for_room(up):
     with pytest.raises(ValueError, match="2 steps for 3 values"):
         run.log_series("lr", [1, 2, 3], steps=[1, 2])
     run.finish()
-    lr = series(created.id, "lr", 5_004)
+    lr = series(run.job_id, "lr", 5_004)
     steps = [p.step for p in lr.points]
     assert steps == list(range(5_001)) + [10_000, 20_000, 20_001]
     assert lr.points[0].value == 0.5 and lr.points[5_000].value == pytest.approx(499.9)

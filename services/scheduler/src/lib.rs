@@ -13,7 +13,6 @@
 //! committed but not published (reconciler).
 #![forbid(unsafe_code)]
 
-use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -164,20 +163,17 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
 
 /// One scheduling pass: place what the policy places, send its preemptions.
 pub async fn pass(config: &Config, store: &Store, nats: &Nats, state: &Mutex<PassState>) -> Result<usize> {
-    let (budget, fair_share_budget) = state.lock().expect("pass state lock").budgets();
+    let ((budget, fair_share_budget), rates) = {
+        let mut state = state.lock().expect("pass state lock");
+        (state.budgets(), state.rates_per_hour())
+    };
     let mut settings = input::settings(config, budget);
     settings.fair_share_preemption_budget = fair_share_budget;
-    let rates = state.lock().expect("pass state lock").rates_per_hour();
     let mut read = input::read(store, nats, settings, |pool| rates.get(pool).copied().unwrap_or(0.0)).await?;
-    {
-        let mut state = state.lock().expect("pass state lock");
-        let active: HashSet<&str> = read.input.running.iter().map(|job| job.id.as_str()).collect();
-        state.preempting.retain(|victim| active.contains(victim.as_str()));
-        for job in &mut read.input.running {
-            job.stopping |= state.preempting.contains(&job.id);
-        }
-        state.count_exposure(&read.input.running);
-    }
+    state
+        .lock()
+        .expect("pass state lock")
+        .observe_running(&mut read.input.running);
     if read.queued.is_empty() {
         return Ok(0);
     }
@@ -217,14 +213,10 @@ pub async fn pass(config: &Config, store: &Store, nats: &Nats, state: &Mutex<Pas
         };
         tracing::warn!(victim = %victim.id, for_job = %preemption.for_job, "preempting a job");
         preempt_job(nats, &victim, &preemption.for_job).await?;
-        let mut state = state.lock().expect("pass state lock");
-        let tokens = if preemption.fair_share {
-            &mut state.fair_share_tokens
-        } else {
-            &mut state.tokens
-        };
-        *tokens = (*tokens - 1.0).max(0.0);
-        state.preempting.insert(victim.id);
+        state
+            .lock()
+            .expect("pass state lock")
+            .preempted(victim.id, preemption.fair_share);
     }
     // Unpublished SCHEDULED changes (a publish failed above, or in an earlier pass).
     republish_pending(nats, store, &[JobState::Scheduled]).await?;

@@ -26,15 +26,15 @@ pub struct PassState {
     /// When the rates were last saved, and whether a preemption changed them since.
     saved_ms: i64,
     preempted_since_save: bool,
-    pub(crate) tokens: f64,
+    tokens: f64,
     tokens_per_minute: f64,
     /// Fair-share preemptions have a bucket of their own, refilled at the same time.
-    pub(crate) fair_share_tokens: f64,
+    fair_share_tokens: f64,
     fair_share_tokens_per_minute: f64,
     last_refill_ms: i64,
     /// Victims of priority preemptions ordered and not yet gone: they count as stopping, so no
     /// pass orders more victims for the same job.
-    pub(crate) preempting: HashSet<String>,
+    preempting: HashSet<String>,
 }
 
 impl PassState {
@@ -76,8 +76,31 @@ impl PassState {
             .collect()
     }
 
+    /// Takes in a pass's active jobs: victims ordered earlier count as stopping while they are
+    /// active (and are forgotten once gone), and spot jobs add to their pools' exposure.
+    pub fn observe_running(&mut self, running: &mut [policy::RunningJob]) {
+        let active: HashSet<&str> = running.iter().map(|job| job.id.as_str()).collect();
+        self.preempting.retain(|victim| active.contains(victim.as_str()));
+        for job in running.iter_mut() {
+            job.stopping |= self.preempting.contains(&job.id);
+        }
+        self.count_exposure(running);
+    }
+
+    /// Records a preemption sent to `victim`: a token of its bucket spent, and the victim
+    /// counted as stopping until it is gone.
+    pub fn preempted(&mut self, victim: String, fair_share: bool) {
+        let tokens = if fair_share {
+            &mut self.fair_share_tokens
+        } else {
+            &mut self.tokens
+        };
+        *tokens = (*tokens - 1.0).max(0.0);
+        self.preempting.insert(victim);
+    }
+
     /// Adds the spot instance-hours since the last pass to each pool's exposure.
-    pub fn count_exposure(&mut self, running: &[policy::RunningJob]) {
+    fn count_exposure(&mut self, running: &[policy::RunningJob]) {
         let now = now_ms();
         let since = self.last_exposure_ms.replace(now).unwrap_or(now);
         let hours = (now - since).max(0) as f64 / 3_600_000.0;
