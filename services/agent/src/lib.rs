@@ -34,8 +34,9 @@ pub const KEPT_BYTES: usize = 16 * 1024;
 /// Wait between reconnects, at most.
 const RECONNECT_MAX: Duration = Duration::from_secs(5);
 
-/// Where to work and for whom: `KILN_ITEMS_ADDR`, `KILN_TOKEN`, `KILN_BATCH_ID`, and
-/// `KILN_AGENT_SLOTS` (items at once, default 1).
+/// Where to work and for whom: `KILN_ITEMS_ADDR` (one item-batch URL, or several separated by
+/// commas: replicas, tried in turn), `KILN_TOKEN`, `KILN_BATCH_ID`, and `KILN_AGENT_SLOTS` (items
+/// at once, default 1).
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub addr: String,
@@ -89,10 +90,7 @@ type Running = Arc<Mutex<HashMap<String, (u32, u32)>>>;
 
 /// Works for a batch until told to stop or `shutdown` is cancelled.
 pub async fn run(settings: Settings, runner: Runner, shutdown: CancellationToken) -> Result<Ended, String> {
-    let endpoint = Endpoint::from_shared(settings.addr.clone())
-        .map_err(|e| format!("KILN_ITEMS_ADDR {:?} is not a URL: {e}", settings.addr))?
-        .connect_timeout(Duration::from_secs(5))
-        .tcp_nodelay(true);
+    let endpoints = endpoints(&settings.addr)?;
     let bearer: MetadataValue<_> = format!("Bearer {}", settings.token)
         .parse()
         .map_err(|_| "KILN_TOKEN is not a valid header value".to_string())?;
@@ -103,18 +101,19 @@ pub async fn run(settings: Settings, runner: Runner, shutdown: CancellationToken
     // Cancelled to kill running items (a cancelled batch, or termination).
     let kill = CancellationToken::new();
     let mut backoff = Duration::from_millis(100);
+    // Which replica to try next: a failed connect or a broken session moves on to the next one.
+    let mut next = 0;
     loop {
         if shutdown.is_cancelled() {
             kill.cancel();
             return Ok(Ended::Terminated);
         }
+        let (addr, endpoint) = &endpoints[next % endpoints.len()];
+        next += 1;
         let channel = match endpoint.connect().await {
             Ok(channel) => channel,
             Err(error) => {
-                eprintln!(
-                    "kiln-agent: cannot reach item-batch at {}: {error}; retrying",
-                    settings.addr
-                );
+                eprintln!("kiln-agent: cannot reach item-batch at {addr}: {error}; retrying");
                 tokio::select! {
                     _ = shutdown.cancelled() => {}
                     _ = tokio::time::sleep(backoff) => {}
@@ -148,6 +147,26 @@ pub async fn run(settings: Settings, runner: Runner, shutdown: CancellationToken
             }
         }
     }
+}
+
+/// The item-batch endpoints of `KILN_ITEMS_ADDR`, in the order given.
+fn endpoints(addrs: &str) -> Result<Vec<(String, Endpoint)>, String> {
+    let endpoints = addrs
+        .split(',')
+        .map(str::trim)
+        .filter(|addr| !addr.is_empty())
+        .map(|addr| {
+            let endpoint = Endpoint::from_shared(addr.to_string())
+                .map_err(|e| format!("KILN_ITEMS_ADDR {addr:?} is not a URL: {e}"))?
+                .connect_timeout(Duration::from_secs(5))
+                .tcp_nodelay(true);
+            Ok((addr.to_string(), endpoint))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    if endpoints.is_empty() {
+        return Err(format!("KILN_ITEMS_ADDR {addrs:?} names no item-batch URL"));
+    }
+    Ok(endpoints)
 }
 
 enum SessionError {
@@ -460,6 +479,19 @@ async fn read_lines(pipe: impl tokio::io::AsyncRead + Unpin, stream: pb::LogStre
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn items_addr_may_name_several_replicas() {
+        let parsed = endpoints("http://127.0.0.1:7075, http://127.0.0.2:7075,").unwrap();
+        let addrs: Vec<&str> = parsed.iter().map(|(addr, _)| addr.as_str()).collect();
+        assert_eq!(addrs, ["http://127.0.0.1:7075", "http://127.0.0.2:7075"]);
+        assert!(endpoints(" , ").unwrap_err().contains("names no item-batch URL"));
+        assert!(
+            endpoints("http://ok:1,not a url")
+                .unwrap_err()
+                .contains("\"not a url\"")
+        );
+    }
 
     #[test]
     fn the_tail_keeps_the_last_lines_within_bounds() {

@@ -32,6 +32,8 @@ pub const ITEM_RESULTS_ALL: &str = "kiln.itemres.>";
 
 /// The lease in `kiln_leases` whose holder is the leading scheduler.
 pub const LEASE_SCHEDULER: &str = "scheduler";
+/// The lease in `kiln_leases` whose holder is the item-batch replica running the autoscaler.
+pub const LEASE_ITEM_BATCH_SCALER: &str = "item-batch-scaler";
 /// Durable consumer of the log writers on `KILN_LOGS`, shared by all log-ingest replicas.
 pub const CONSUMER_LOG_INGEST: &str = "log-ingest";
 

@@ -24,6 +24,11 @@ pub struct Config {
     pub agent_path: PathBuf,
     /// How often the autoscaler looks at every live batch, in milliseconds.
     pub scale_interval_ms: u64,
+    /// This replica's name in the scaler's leader lease; empty picks a random one.
+    pub instance_name: String,
+    /// How long the scaler leader's lease lasts without renewal: a standby replica takes over
+    /// the scaler within it. Under 30 s (the lease bucket's max age).
+    pub lease_ttl_ms: u64,
     /// A worker that had nothing to do for this long is told to stop, in milliseconds.
     pub idle_stop_ms: u64,
     /// How long an item may go without a heartbeat before JetStream gives it to another worker,
@@ -44,6 +49,8 @@ impl Default for Config {
             advertise_url: String::new(),
             agent_path: PathBuf::new(),
             scale_interval_ms: 1_000,
+            instance_name: String::new(),
+            lease_ttl_ms: 10_000,
             idle_stop_ms: 10_000,
             ack_wait_secs: 30,
             retry_backoff_ms: 1_000,
@@ -58,6 +65,12 @@ impl ServiceConfig for Config {
         self.nats.validate(&mut problems);
         if self.scale_interval_ms == 0 {
             problems.push("scale-interval-ms must be at least 1".into());
+        }
+        if !(300..30_000).contains(&self.lease_ttl_ms) {
+            problems.push(format!(
+                "lease-ttl-ms is {}; give 300 to 29999 (the lease bucket forgets entries after 30 s)",
+                self.lease_ttl_ms
+            ));
         }
         if self.ack_wait_secs < 10 {
             problems.push(format!(

@@ -404,16 +404,17 @@ impl ItemBatch {
 
     pub async fn serve(self, shutdown: CancellationToken) -> Result<()> {
         let shared = self.shared;
-        let tasks = [
-            tokio::spawn(kiln_core::intake::run(
-                shared.nats.clone(),
-                results::RESULTS,
-                1000,
-                Arc::new(results::ResultWriter { shared: shared.clone() }),
-                shutdown.clone(),
-            )),
-            tokio::spawn(scaler::run(shared.clone(), shutdown.clone())),
-        ];
+        // A JoinSet aborts its tasks when dropped, so a serve future dropped mid-flight takes
+        // the intake and the scaler with it, as a process exit would.
+        let mut tasks = tokio::task::JoinSet::new();
+        tasks.spawn(kiln_core::intake::run(
+            shared.nats.clone(),
+            results::RESULTS,
+            1000,
+            Arc::new(results::ResultWriter { shared: shared.clone() }),
+            shutdown.clone(),
+        ));
+        tasks.spawn(scaler::run(shared.clone(), shutdown.clone()));
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
         health_reporter
             .set_serving::<BatchServiceServer<grpc::BatchApi>>()
@@ -432,9 +433,7 @@ impl ItemBatch {
             )
             .await;
         shutdown.cancel();
-        for task in tasks {
-            let _ = task.await;
-        }
+        while tasks.join_next().await.is_some() {}
         served?;
         Ok(())
     }

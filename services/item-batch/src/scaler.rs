@@ -4,17 +4,22 @@
 //! worker, at most `max_workers`, none when there is no backlog. Workers leave by themselves when
 //! they run out of work (their sessions tell them to stop), so the batch scales to zero.
 //!
-//! One item-batch replica runs the scaler; several would each ask for workers (leader election
-//! arrives with the scheduler's high availability).
+//! Every replica serves gRPC and intake, but only one runs the scaler: the holder of the
+//! `item-batch-scaler` lease in `kiln_leases` ([`kiln_core::lease`]). Standbys keep trying and
+//! take over within the lease TTL. A leader checks it still holds the lease before it asks for
+//! or stops workers, and counts the workers the last leader asked for (they are job rows), so a
+//! hand-over asks for none twice. Standbys still sample their batches' counters, so the rate and
+//! ETA they answer with are as good as the leader's.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use kiln_core::JobState;
 use kiln_core::events::{publish_job_change, stop_job};
+use kiln_core::lease::Lease;
 use kiln_core::scheduling::MarketPolicy;
 use kiln_core::store::{JobRecord, NewJob};
+use kiln_core::{JobState, subjects};
 use kiln_proto::v1 as pb;
 use tokio_util::sync::CancellationToken;
 
@@ -34,40 +39,93 @@ const SUBMIT_CONCURRENCY: usize = 32;
 pub const AGENT_IN_CONTAINER: &str = "/kiln/bin/kiln-agent";
 
 /// Passes run every `scale-interval-ms`, and sooner when outcomes arrive (so a batch is done as
-/// soon as its last item is), but at most every [`MIN_PASS_GAP`].
+/// soon as its last item is), but at most every [`MIN_PASS_GAP`]. Only the lease holder tends
+/// batches; the others sample them.
 pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
+    let name = if shared.config.instance_name.is_empty() {
+        format!("item-batch-{}", kiln_core::ids::new_id())
+    } else {
+        shared.config.instance_name.clone()
+    };
+    let ttl = Duration::from_millis(shared.config.lease_ttl_ms);
+    let mut lease = loop {
+        match Lease::new(&shared.nats, subjects::LEASE_ITEM_BATCH_SCALER, &name, ttl).await {
+            Ok(lease) => break lease,
+            Err(error) => tracing::warn!(error = %error, "cannot open the scaler lease; retrying"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    };
     let interval = Duration::from_millis(shared.config.scale_interval_ms);
+    let renew_every = ttl / 3;
+    let mut last_tick: Option<tokio::time::Instant> = None;
+    let mut leading = false;
     let mut woken = false;
     while !shutdown.is_cancelled() {
-        if let Err(error) = pass(&shared, woken).await {
+        if last_tick.is_none_or(|at| at.elapsed() >= renew_every) {
+            last_tick = Some(tokio::time::Instant::now());
+            if let Err(error) = lease.tick().await {
+                tracing::warn!(error = %error, "cannot reach the scaler lease; not scaling");
+            }
+        }
+        if lease.is_held() != leading {
+            leading = lease.is_held();
+            tracing::info!(name, leading, "item-batch scaler leadership changed");
+        }
+        let passed = if leading {
+            pass(&shared, woken, &|| lease.is_held()).await
+        } else {
+            sample_live(&shared).await
+        };
+        if let Err(error) = passed {
             tracing::warn!(error = %error, "scaling pass failed");
         }
+        // Wake for the next renewal too, so a slow interval cannot let the lease lapse.
+        let nap = interval.min(renew_every);
         woken = tokio::select! {
             _ = shutdown.cancelled() => false,
-            _ = tokio::time::sleep(interval) => false,
+            _ = tokio::time::sleep(nap) => false,
             _ = shared.wake.notified() => {
                 tokio::time::sleep(MIN_PASS_GAP.min(interval)).await;
                 true
             }
         };
     }
+    if let Err(error) = lease.release().await {
+        tracing::warn!(error = %error, "cannot release the scaler lease; a standby takes over when it expires");
+    }
+}
+
+/// A standby's pass: the counters of every live batch, for the rate and ETA it answers with.
+async fn sample_live(shared: &Shared) -> Result<()> {
+    for batch in shared.batches.list_batches(None, false).await? {
+        let tally = shared.batches.tally(&batch.id).await?;
+        shared.sample(&batch.id, tally.finished());
+    }
+    Ok(())
 }
 
 /// One look at every live batch; a pass woken by outcomes only looks at sealed batches that
-/// have no backlog left (one index probe each), to end them at once.
-pub async fn pass(shared: &Shared, woken: bool) -> Result<()> {
+/// have no backlog left (one index probe each), to end them at once. `leading` tells whether
+/// this replica still holds the scaler lease; workers are asked for or stopped only while it does.
+pub async fn pass(shared: &Shared, woken: bool, leading: &(dyn Fn() -> bool + Sync)) -> Result<()> {
     for batch in shared.batches.list_batches(None, false).await? {
         if woken && (batch.state != store::SEALED || shared.batches.has_backlog(&batch.id).await?) {
             continue;
         }
-        if let Err(error) = tend(shared, &batch).await {
+        if !leading() {
+            return Ok(());
+        }
+        if let Err(error) = tend(shared, &batch, leading).await {
             tracing::warn!(batch_id = %batch.id, error = %error, "cannot tend batch");
         }
     }
     Ok(())
 }
 
-async fn tend(shared: &Shared, batch: &BatchRecord) -> Result<()> {
+async fn tend(shared: &Shared, batch: &BatchRecord, leading: &(dyn Fn() -> bool + Sync)) -> Result<()> {
     shared.publish_unpublished(&batch.id).await?;
     let tally = shared.batches.tally(&batch.id).await?;
     shared.sample(&batch.id, tally.finished());
@@ -90,6 +148,9 @@ async fn tend(shared: &Shared, batch: &BatchRecord) -> Result<()> {
     let spec = Spec::from_json(&batch.spec_json)?;
     let live = shared.store.live_batch_workers(&batch.id).await?;
     let wanted = desired_workers(&tally, spec.max_workers, shared.rate(&batch.id), live.len());
+    if !leading() {
+        return Ok(());
+    }
     if wanted < live.len() {
         stop_unstarted(shared, live, wanted).await?;
     } else if wanted > live.len() {

@@ -275,9 +275,23 @@ impl Stack {
     }
 
     pub async fn batches_client(&self) -> BatchServiceClient<Authed> {
-        let addr = self.batches_addr.expect("item-batch is started");
+        self.batches_client_at(self.batches_addr.expect("item-batch is started"))
+            .await
+    }
+
+    /// A client of the item-batch replica at `addr`.
+    pub async fn batches_client_at(&self, addr: SocketAddr) -> BatchServiceClient<Authed> {
         BatchServiceClient::with_interceptor(Self::channel(addr).await, BearerInterceptor::new(&self.token))
             .max_encoding_message_size(16 << 20)
+    }
+
+    /// Starts one more item-batch replica, beside the stack's own; the caller holds it.
+    pub async fn spawn_item_batch(&self, config: kiln_item_batch::Config) -> (ServiceHandle, SocketAddr) {
+        let service = kiln_item_batch::ItemBatch::bind(config)
+            .await
+            .expect("item-batch binds");
+        let addr = service.local_addr();
+        (ServiceHandle::spawn(|token| service.serve(token)), addr)
     }
 
     pub async fn spawn_runner(&self, config: kiln_runner::Config) -> ServiceHandle {
@@ -334,7 +348,10 @@ impl Stack {
         let response = self
             .jobs()
             .await
-            .submit_job(pb::SubmitJobRequest { spec: Some(spec) })
+            .submit_job(pb::SubmitJobRequest {
+                spec: Some(spec),
+                ..Default::default()
+            })
             .await;
         response.expect("submit").into_inner().job.expect("job")
     }

@@ -116,18 +116,18 @@ impl DockerProvider {
         })
     }
 
-    /// Rewrites a loopback URL of kiln (`http://127.0.0.1:7070`) to the host's address on the
-    /// bridge, which the container can reach; other values are left as they are.
+    /// Rewrites loopback URLs of kiln (`http://127.0.0.1:7070`, each of a comma-separated list)
+    /// to the host's address on the bridge, which the container can reach; other values are
+    /// left as they are.
     fn reachable(&self, value: &str) -> String {
         let Some(gateway) = &self.gateway else {
             return value.to_string();
         };
-        for loopback in ["//127.0.0.1:", "//localhost:", "//0.0.0.0:"] {
-            if value.contains(loopback) {
-                return value.replacen(loopback, &format!("//{gateway}:"), 1);
-            }
-        }
-        value.to_string()
+        ["//127.0.0.1:", "//localhost:", "//0.0.0.0:"]
+            .iter()
+            .fold(value.to_string(), |value, loopback| {
+                value.replace(loopback, &format!("//{gateway}:"))
+            })
     }
 
     fn labels(spec_job: &str, attempt: i32, runner_id: &str) -> HashMap<String, String> {
