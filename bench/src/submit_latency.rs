@@ -92,7 +92,10 @@ async fn kiln_submit_to_running(api: &str, token: &str, image: &str) -> Result<D
     };
     let started = Instant::now();
     let job = jobs
-        .submit_job(pb::SubmitJobRequest { spec: Some(spec) })
+        .submit_job(pb::SubmitJobRequest {
+            spec: Some(spec),
+            ..Default::default()
+        })
         .await?
         .into_inner()
         .job

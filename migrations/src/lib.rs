@@ -10,6 +10,7 @@ mod m0002_images_and_datasets;
 mod m0003_batches;
 mod m0004_scheduling;
 mod m0005_weights;
+mod m0006_submit_keys;
 
 /// Migrator lists every migration in order.
 pub struct Migrator;
@@ -23,6 +24,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0003_batches::Migration),
             Box::new(m0004_scheduling::Migration),
             Box::new(m0005_weights::Migration),
+            Box::new(m0006_submit_keys::Migration),
         ]
     }
 }

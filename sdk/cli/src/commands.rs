@@ -13,6 +13,9 @@ use crate::client::{self, Clients};
 use crate::format::{self, job_json, state_name};
 use crate::pack;
 
+/// A submit is retried while the api is unavailable, with doubling waits up to this one.
+const SUBMIT_RETRY_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Output {
     Table,
@@ -106,13 +109,23 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
             _ => pb::Market::Unspecified,
         } as i32,
     };
-    let job = clients
-        .jobs
-        .submit_job(pb::SubmitJobRequest { spec: Some(spec) })
-        .await?
-        .into_inner()
-        .job
-        .context("the server answered without a job")?;
+    // One key for this submit and its retries: an answer lost with a dying api replica is
+    // retried without making a second job.
+    let request = pb::SubmitJobRequest {
+        spec: Some(spec),
+        idempotency_key: kiln_core::ids::new_id(),
+    };
+    let mut delay = std::time::Duration::from_millis(200);
+    let job = loop {
+        match clients.jobs.submit_job(request.clone()).await {
+            Err(status) if status.code() == tonic::Code::Unavailable && delay < SUBMIT_RETRY_LIMIT => {
+                eprintln!("kiln: the api is unavailable ({}); retrying", status.message());
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+            answer => break answer?.into_inner().job.context("the server answered without a job")?,
+        }
+    };
     if !args.follow {
         println!("{}", job.id);
         return Ok(ExitCode::SUCCESS);

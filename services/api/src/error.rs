@@ -14,6 +14,8 @@ pub enum Error {
     ArtifactMissing { digest: String },
     #[error("dataset {name} does not exist; create it with `kiln dataset create`")]
     DatasetMissing { name: String },
+    #[error("idempotency key {key:?} was used for job {job_id} with another spec; use a new key for a new job")]
+    SubmitKeyReused { key: String, job_id: String },
     #[error("dataset {name} exists already; datasets are immutable, pick another name")]
     DatasetExists { name: String },
     #[error("job {job_id} has no output {path}")]
@@ -57,7 +59,7 @@ impl Error {
             Error::JobNotFound { .. } | Error::OutputMissing { .. } => ErrorKind::NotFound,
             Error::ArtifactMissing { .. } => ErrorKind::FailedPrecondition,
             Error::DatasetMissing { .. } => ErrorKind::FailedPrecondition,
-            Error::DatasetExists { .. } => ErrorKind::AlreadyExists,
+            Error::DatasetExists { .. } | Error::SubmitKeyReused { .. } => ErrorKind::AlreadyExists,
             Error::TooLarge(_) | Error::QuotaExceeded(_) => ErrorKind::ResourceExhausted,
             Error::PermissionDenied(_) => ErrorKind::PermissionDenied,
             Error::NotFound(_) => ErrorKind::NotFound,

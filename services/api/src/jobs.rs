@@ -41,8 +41,12 @@ impl JobsApi {
         visible_job(&self.store, principal, job_id).await
     }
 
-    async fn submit(&self, principal: &Principal, spec: Option<pb::JobSpec>) -> Result<JobRecord> {
-        let new = validate_spec(principal, spec)?;
+    async fn submit(&self, principal: &Principal, request: pb::SubmitJobRequest) -> Result<JobRecord> {
+        let mut new = validate_spec(principal, request.spec)?;
+        new.submit_key = validate_submit_key(request.idempotency_key)?;
+        if let Some(existing) = self.submitted_before(&new).await? {
+            return Ok(existing);
+        }
         if !new.code_digest.is_empty() && self.store.artifact(&new.code_digest).await?.is_none() {
             return Err(Error::ArtifactMissing {
                 digest: new.code_digest,
@@ -53,13 +57,45 @@ impl JobsApi {
                 return Err(Error::DatasetMissing { name: name.clone() });
             }
         }
-        let job = crate::quotas::submit_within_quota(&self.store, principal, new).await?;
+        let job = match crate::quotas::submit_within_quota(&self.store, principal, new.clone()).await {
+            // A concurrent submit with the same key won the insert: answer with its job.
+            Err(Error::Store(error)) if error.is_unique_violation() && !new.submit_key.is_empty() => {
+                return self.submitted_before(&new).await?.ok_or(Error::Store(error));
+            }
+            submitted => submitted?,
+        };
         tracing::info!(job_id = %job.id, owner = %principal.user_name, "job submitted");
         // The job is durable now; a failed publish is re-driven by the reconciler.
         if let Err(error) = publish_job_change(&self.nats, &self.store, &job).await {
             tracing::warn!(job_id = %job.id, error = %error, "publish failed; the reconciler will retry");
         }
         Ok(job)
+    }
+
+    /// The job an earlier submit with the same idempotency key made, when it was for the same
+    /// spec; a key reused for another spec is refused.
+    async fn submitted_before(&self, new: &NewJob) -> Result<Option<JobRecord>> {
+        if new.submit_key.is_empty() {
+            return Ok(None);
+        }
+        let Some(existing) = self.store.job_by_submit_key(&new.owner_id, &new.submit_key).await? else {
+            return Ok(None);
+        };
+        let same = existing.name == new.name
+            && existing.project == new.project
+            && existing.command()? == new.command
+            && existing.cpu_millis == new.cpu_millis
+            && existing.memory_bytes == new.memory_bytes
+            && existing.code_digest == new.code_digest
+            && existing.image == new.image;
+        if !same {
+            return Err(Error::SubmitKeyReused {
+                key: new.submit_key.clone(),
+                job_id: existing.id,
+            });
+        }
+        tracing::info!(job_id = %existing.id, "submit retried with its idempotency key; same job");
+        Ok(Some(existing))
     }
 
     /// Why a job waits: what the scheduler's next pass would decide about it.
@@ -281,7 +317,21 @@ fn validate_spec(principal: &Principal, spec: Option<pb::JobSpec>) -> Result<New
         batch_id: String::new(),
         priority_class: class.name.to_string(),
         market_policy: MarketPolicy::from_proto(market),
+        submit_key: String::new(),
     })
+}
+
+/// Longest idempotency key of a submit.
+const MAX_SUBMIT_KEY_BYTES: usize = 128;
+
+/// Checks a submit's idempotency key: empty (none), or up to 128 printable ASCII characters.
+fn validate_submit_key(key: String) -> Result<String> {
+    if key.len() > MAX_SUBMIT_KEY_BYTES || !key.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(Error::InvalidArgument(format!(
+            "idempotency_key must be at most {MAX_SUBMIT_KEY_BYTES} printable ASCII characters without spaces (a UUID is a good key)"
+        )));
+    }
+    Ok(key)
 }
 
 /// Most GPUs one job may ask for.
@@ -315,7 +365,7 @@ impl JobService for JobsApi {
         request: Request<pb::SubmitJobRequest>,
     ) -> Result<Response<pb::SubmitJobResponse>, Status> {
         let principal = user_principal(&request)?;
-        let job = self.submit(&principal, request.into_inner().spec).await?;
+        let job = self.submit(&principal, request.into_inner()).await?;
         Ok(Response::new(pb::SubmitJobResponse {
             job: Some(job.to_proto()),
         }))

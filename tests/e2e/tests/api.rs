@@ -59,7 +59,10 @@ async fn calls_without_a_valid_token_are_unauthenticated() {
 async fn bad_input_is_refused_with_a_useful_message() {
     let stack = Stack::start_without_runner().await;
     let mut jobs = stack.jobs().await;
-    let submit = |spec: pb::JobSpec| pb::SubmitJobRequest { spec: Some(spec) };
+    let submit = |spec: pb::JobSpec| pb::SubmitJobRequest {
+        spec: Some(spec),
+        ..Default::default()
+    };
     let mut cases: Vec<(pb::JobSpec, &str)> = Vec::new();
     let mut zero_cpu = spec(&["true"]);
     zero_cpu.resources = Some(pb::Resources {
@@ -154,6 +157,7 @@ async fn users_see_only_their_jobs() {
     let ada_job = ada_jobs
         .submit_job(pb::SubmitJobRequest {
             spec: Some(spec(&["true"])),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -310,4 +314,81 @@ async fn runs_outside_kiln_are_created_and_finished() {
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument);
+}
+
+#[tokio::test]
+async fn a_submit_retried_with_its_idempotency_key_makes_one_job() {
+    let stack = Stack::start_without_runner().await;
+    let keyed = |command: &str, key: &str| pb::SubmitJobRequest {
+        spec: Some(spec(&[command])),
+        idempotency_key: key.into(),
+    };
+    let mut jobs = stack.jobs().await;
+    let first = jobs
+        .submit_job(keyed("true", "retry-1"))
+        .await
+        .unwrap()
+        .into_inner()
+        .job
+        .unwrap();
+    let again = jobs
+        .submit_job(keyed("true", "retry-1"))
+        .await
+        .unwrap()
+        .into_inner()
+        .job
+        .unwrap();
+    assert_eq!(again.id, first.id, "a retry gets the job of the first submit");
+    let listed = jobs
+        .list_jobs(pb::ListJobsRequest { all: true, limit: 0 })
+        .await
+        .unwrap()
+        .into_inner()
+        .jobs;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+
+    // The same key for another spec is refused, naming the job it made.
+    let status = jobs.submit_job(keyed("false", "retry-1")).await.unwrap_err();
+    assert_eq!(status.code(), Code::AlreadyExists, "{status:?}");
+    assert!(status.message().contains(&first.id), "{status:?}");
+
+    // Keys are per user: another user's equal key is another job.
+    let ada = stack.store.create_user("ada", false).await.unwrap();
+    let ada_token = stack
+        .store
+        .create_token(&ada.id, "cli", Scope::User)
+        .await
+        .unwrap()
+        .token;
+    let theirs = stack
+        .jobs_as(&ada_token)
+        .await
+        .submit_job(keyed("true", "retry-1"))
+        .await
+        .unwrap()
+        .into_inner()
+        .job
+        .unwrap();
+    assert_ne!(theirs.id, first.id);
+
+    // Concurrent submits with one key: one job, every answer naming it.
+    let answers = futures::future::join_all((0..8).map(|_| {
+        let mut jobs = jobs.clone();
+        async move {
+            jobs.submit_job(keyed("true", "race"))
+                .await
+                .unwrap()
+                .into_inner()
+                .job
+                .unwrap()
+                .id
+        }
+    }))
+    .await;
+    assert!(answers.iter().all(|id| *id == answers[0]), "{answers:?}");
+
+    for bad in ["has space", &"k".repeat(129)] {
+        let status = jobs.submit_job(keyed("true", bad)).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{bad:?}: {status:?}");
+    }
 }

@@ -184,7 +184,10 @@ async fn a_dataset_is_mounted_read_only() {
     let status = stack
         .jobs()
         .await
-        .submit_job(pb::SubmitJobRequest { spec: Some(missing) })
+        .submit_job(pb::SubmitJobRequest {
+            spec: Some(missing),
+            ..Default::default()
+        })
         .await
         .unwrap_err();
     assert_eq!(status.code(), tonic::Code::FailedPrecondition);

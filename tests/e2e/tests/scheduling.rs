@@ -103,7 +103,10 @@ async fn submit_as(stack: &Stack, token: &str, spec: pb::JobSpec) -> Result<pb::
     let response = stack
         .jobs_as(token)
         .await
-        .submit_job(pb::SubmitJobRequest { spec: Some(spec) })
+        .submit_job(pb::SubmitJobRequest {
+            spec: Some(spec),
+            ..Default::default()
+        })
         .await?;
     Ok(response.into_inner().job.unwrap())
 }

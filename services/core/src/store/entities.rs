@@ -90,6 +90,8 @@ pub mod job {
         /// Cost of the attempts so far, and what on-demand would have cost, in millionths.
         pub cost_micros: i64,
         pub on_demand_cost_micros: i64,
+        /// The client's idempotency key of the submit, unique per owner; NULL for none.
+        pub submit_key: Option<String>,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -31,6 +31,9 @@ pub struct NewJob {
     /// A priority class name (checked by the caller); empty is `normal`.
     pub priority_class: String,
     pub market_policy: MarketPolicy,
+    /// The client's idempotency key (empty for none): a second submit with the same key by
+    /// the same owner finds the first job instead of making another.
+    pub submit_key: String,
 }
 
 /// The pool of runs that execute outside kiln (they hold no capacity of any pool).
@@ -112,6 +115,15 @@ impl Store {
         };
         self.insert_record(new, JobState::Running, EXTERNAL_POOL, "external")
             .await
+    }
+
+    /// The job an owner submitted with an idempotency key, if any.
+    pub async fn job_by_submit_key(&self, owner_id: &str, submit_key: &str) -> StoreResult<Option<JobRecord>> {
+        Ok(Jobs::find()
+            .filter(job::Column::OwnerId.eq(owner_id))
+            .filter(job::Column::SubmitKey.eq(submit_key))
+            .one(&self.db)
+            .await?)
     }
 
     /// Returns a job, or `JobNotFound`.
@@ -331,6 +343,7 @@ pub(super) fn new_record(new: NewJob, state: JobState, pool: &str, instance_id: 
         resume_from: Set(String::new()),
         cost_micros: Set(0),
         on_demand_cost_micros: Set(0),
+        submit_key: Set(Some(new.submit_key).filter(|key| !key.is_empty())),
     })
 }
 

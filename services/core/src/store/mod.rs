@@ -46,6 +46,12 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// Whether a write broke a unique constraint (a racing insert of the same key won).
+    pub fn is_unique_violation(&self) -> bool {
+        matches!(self, StoreError::Db(error)
+            if matches!(error.sql_err(), Some(sea_orm::SqlErr::UniqueConstraintViolation(_))))
+    }
+
     pub fn kind(&self) -> ErrorKind {
         match self {
             StoreError::JobNotFound { .. } => ErrorKind::NotFound,
@@ -53,6 +59,7 @@ impl StoreError {
             StoreError::SchemaNotCurrent { .. } => ErrorKind::Unavailable,
             StoreError::Corrupt(_) => ErrorKind::Internal,
             StoreError::Db(DbErr::ConnectionAcquire(_) | DbErr::Conn(_)) => ErrorKind::Unavailable,
+            error if error.is_unique_violation() => ErrorKind::AlreadyExists,
             StoreError::Db(_) => ErrorKind::Internal,
         }
     }
