@@ -11,6 +11,7 @@ mod m0003_batches;
 mod m0004_scheduling;
 mod m0005_weights;
 mod m0006_submit_keys;
+mod m0007_requested_pools;
 
 /// Migrator lists every migration in order.
 pub struct Migrator;
@@ -25,6 +26,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0004_scheduling::Migration),
             Box::new(m0005_weights::Migration),
             Box::new(m0006_submit_keys::Migration),
+            Box::new(m0007_requested_pools::Migration),
         ]
     }
 }

@@ -119,6 +119,9 @@ pub struct CreateArgs {
     /// Run the workers on on-demand instances.
     #[arg(long)]
     on_demand: bool,
+    /// Run the workers only on this pool (default: any pool that fits).
+    #[arg(long)]
+    pool: Option<String>,
     #[arg(last = true, required = true)]
     command: Vec<String>,
 }
@@ -146,6 +149,7 @@ pub async fn batch(command: BatchCommand) -> Result<ExitCode> {
                 } else {
                     pb::Market::Unspecified as i32
                 },
+                pool: args.pool.unwrap_or_default(),
             };
             let batch = clients
                 .batches

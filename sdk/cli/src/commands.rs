@@ -66,6 +66,9 @@ pub struct RunArgs {
     /// Run on on-demand instances only (the default, auto, lets the scheduler choose).
     #[arg(long)]
     pub on_demand: bool,
+    /// Run only on this pool (default: any pool that fits).
+    #[arg(long)]
+    pub pool: Option<String>,
     /// Stream the logs and exit with the job's exit code.
     #[arg(short, long)]
     pub follow: bool,
@@ -108,6 +111,7 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
             (_, true) => pb::Market::OnDemand,
             _ => pb::Market::Unspecified,
         } as i32,
+        pool: args.pool.unwrap_or_default(),
     };
     // One key for this submit and its retries: an answer lost with a dying api replica is
     // retried without making a second job.

@@ -87,7 +87,8 @@ impl JobsApi {
             && existing.cpu_millis == new.cpu_millis
             && existing.memory_bytes == new.memory_bytes
             && existing.code_digest == new.code_digest
-            && existing.image == new.image;
+            && existing.image == new.image
+            && existing.requested_pool == new.requested_pool;
         if !same {
             return Err(Error::SubmitKeyReused {
                 key: new.submit_key.clone(),
@@ -301,6 +302,9 @@ fn validate_spec(principal: &Principal, spec: Option<pb::JobSpec>) -> Result<New
     })?;
     let market = pb::Market::try_from(spec.market)
         .map_err(|_| Error::InvalidArgument(format!("market {} is not a market", spec.market)))?;
+    if !spec.pool.is_empty() {
+        subjects::validate_token("pool", &spec.pool).map_err(Error::InvalidArgument)?;
+    }
     Ok(NewJob {
         owner_id: principal.user_id.clone(),
         project,
@@ -318,6 +322,7 @@ fn validate_spec(principal: &Principal, spec: Option<pb::JobSpec>) -> Result<New
         priority_class: class.name.to_string(),
         market_policy: MarketPolicy::from_proto(market),
         submit_key: String::new(),
+        requested_pool: spec.pool,
     })
 }
 

@@ -221,6 +221,7 @@ async fn submit_worker(shared: &Shared, batch: &BatchRecord, spec: &Spec) -> Res
             image: spec.image.clone(),
             batch_id: batch.id.clone(),
             market_policy: MarketPolicy::from_proto(pb::Market::try_from(spec.market).unwrap_or_default()),
+            requested_pool: spec.pool.clone(),
             ..NewJob::default()
         })
         .await?;

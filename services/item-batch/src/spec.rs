@@ -31,6 +31,9 @@ pub struct Spec {
     pub item_timeout_secs: u64,
     pub max_workers: u32,
     pub market: i32,
+    /// The pool the workers run on; empty for any.
+    #[serde(default)]
+    pub pool: String,
 }
 
 impl Spec {
@@ -61,6 +64,9 @@ impl Spec {
                 "max_workers {} is more than {LARGEST_MAX_WORKERS}",
                 spec.max_workers
             )));
+        }
+        if !spec.pool.is_empty() {
+            kiln_core::subjects::validate_token("pool", &spec.pool).map_err(Error::InvalidArgument)?;
         }
         if pb::Market::try_from(spec.market).is_err() {
             return Err(Error::InvalidArgument(format!(
@@ -102,6 +108,7 @@ impl Spec {
                 spec.max_workers
             },
             market: spec.market,
+            pool: spec.pool,
         })
     }
 
@@ -119,6 +126,7 @@ impl Spec {
             item_timeout_secs: self.item_timeout_secs,
             max_workers: self.max_workers,
             market: self.market,
+            pool: self.pool.clone(),
         }
     }
 

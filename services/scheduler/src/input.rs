@@ -41,6 +41,7 @@ pub async fn read(store: &Store, nats: &Nats, settings: Settings, rate_of: impl 
             market: MarketPolicy::parse(&job.market_policy),
             preemptions: u32::try_from(job.preemptions).unwrap_or(0),
             expected_runtime_secs: job.max_runtime_secs as f64,
+            pool: job.requested_pool.clone(),
         })
         .collect();
     let running: Vec<RunningJob> = active

@@ -244,3 +244,46 @@ async fn a_preempted_job_finds_its_checkpoint_in_its_next_attempt() {
     // And it is synced again with attempt 2's outputs.
     assert_eq!(output(&stack, &job.id, "ckpt/step.txt").await.unwrap(), "step-42\n");
 }
+
+#[tokio::test]
+async fn a_job_runs_only_on_the_pool_it_names() {
+    let stack = Stack::start().await;
+    let mut nowhere = spec(&["true"]);
+    nowhere.pool = "gpu-big".into();
+    let waiting = stack.submit_spec(nowhere).await;
+    let mut here = spec(&["true"]);
+    here.pool = "local".into();
+    let ran = stack.submit_spec(here).await;
+    let done = stack.wait_for_state(&ran.id, pb::JobState::Succeeded).await;
+    assert_eq!(done.pool, "local");
+    assert_eq!(done.spec.unwrap().pool, "local");
+    // The other one waits, and says why.
+    let still = stack.get(&waiting.id).await;
+    assert_eq!(still.state, pb::JobState::Queued as i32, "{still:?}");
+    let explanation = stack
+        .jobs()
+        .await
+        .explain_job(pb::GetJobRequest {
+            job_id: waiting.id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        explanation.summary.contains("it asks for pool gpu-big"),
+        "{explanation:?}"
+    );
+    // A pool name that cannot be a pool is refused at submit.
+    let mut bad = spec(&["true"]);
+    bad.pool = "no spaces".into();
+    let status = stack
+        .jobs()
+        .await
+        .submit_job(pb::SubmitJobRequest {
+            spec: Some(bad),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+}

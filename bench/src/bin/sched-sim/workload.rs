@@ -190,6 +190,7 @@ pub(crate) fn pending_job(id: usize, spec: &JobSpec, preemptions: u32) -> Pendin
         market: spec.market,
         preemptions,
         expected_runtime_secs: spec.expected_runtime_secs,
+        pool: String::new(),
     }
 }
 

@@ -92,6 +92,8 @@ pub mod job {
         pub on_demand_cost_micros: i64,
         /// The client's idempotency key of the submit, unique per owner; NULL for none.
         pub submit_key: Option<String>,
+        /// The one pool the job may run on; empty for any pool that fits.
+        pub requested_pool: String,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -34,6 +34,8 @@ pub struct NewJob {
     /// The client's idempotency key (empty for none): a second submit with the same key by
     /// the same owner finds the first job instead of making another.
     pub submit_key: String,
+    /// The one pool the job may run on; empty for any pool that fits.
+    pub requested_pool: String,
 }
 
 /// The pool of runs that execute outside kiln (they hold no capacity of any pool).
@@ -344,6 +346,7 @@ pub(super) fn new_record(new: NewJob, state: JobState, pool: &str, instance_id: 
         cost_micros: Set(0),
         on_demand_cost_micros: Set(0),
         submit_key: Set(Some(new.submit_key).filter(|key| !key.is_empty())),
+        requested_pool: Set(new.requested_pool),
     })
 }
 
@@ -373,6 +376,7 @@ impl JobRecord {
                 datasets: self.datasets().unwrap_or_default(),
                 priority_class: self.priority_class.clone(),
                 market: MarketPolicy::parse(&self.market_policy).to_proto() as i32,
+                pool: self.requested_pool.clone(),
             }),
             state: state as i32,
             version: self.version,

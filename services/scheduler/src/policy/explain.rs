@@ -18,7 +18,12 @@ pub enum Wait {
     },
     /// No pool could hold it even when empty (among those offering spot, when it insists on
     /// spot). It does not hold up other jobs.
-    NoPoolFits { asked: Resources, market: MarketPolicy },
+    /// `pool` is the one it asked for, if any.
+    NoPoolFits {
+        asked: Resources,
+        market: MarketPolicy,
+        pool: String,
+    },
     /// Every pool that could hold it lacks room now. `pools` lists what each has free for it;
     /// `reserved_on` names the pool whose room is held for it as it frees up.
     NoCapacity {
@@ -65,13 +70,20 @@ impl fmt::Display for Wait {
                 }
                 Ok(())
             }
-            Wait::NoPoolFits { asked, market } => {
-                let pools = if *market == MarketPolicy::Spot {
-                    "pool offering spot"
+            Wait::NoPoolFits { asked, market, pool } => {
+                let spot = if *market == MarketPolicy::Spot {
+                    " offering spot"
                 } else {
-                    "pool"
+                    ""
                 };
-                write!(f, "no {pools} can hold it even when empty (it asks {asked})")
+                if pool.is_empty() {
+                    write!(f, "no pool{spot} can hold it even when empty (it asks {asked})")
+                } else {
+                    write!(
+                        f,
+                        "it asks for pool {pool}, and no runner of that pool{spot} can hold it even when empty (it asks {asked})"
+                    )
+                }
             }
             Wait::NoCapacity { pools, reserved_on } => {
                 f.write_str("no pool that can hold it has room now (free: ")?;

@@ -168,6 +168,8 @@ pub struct PendingJob {
     pub preemptions: u32,
     /// The user's estimate of its runtime; 0 when unknown.
     pub expected_runtime_secs: f64,
+    /// The one pool it may run on; empty for any.
+    pub pool: String,
 }
 
 /// A job that holds resources: from SCHEDULED until its instance is released.

@@ -35,6 +35,7 @@ fn job(id: &str, user: &str, project: &str, resources: Resources, submitted_at_m
         market: MarketPolicy::Auto,
         preemptions: 0,
         expected_runtime_secs: 0.0,
+        pool: String::new(),
     }
 }
 
@@ -1110,4 +1111,31 @@ fn jain_index_is_one_when_equal_and_one_over_n_when_one_has_all() {
     assert!((jain_index(&[1.0, 0.0, 0.0, 0.0]) - 0.25).abs() < 1e-12);
     assert!((jain_index(&[1.0, 2.0]) - 0.9).abs() < 1e-12);
     assert_eq!(jain_index(&[]), 1.0);
+}
+
+// === requested pools ===
+
+#[test]
+fn a_job_that_names_a_pool_runs_only_there() {
+    let mut cheap = pool("cheap", res(8.0, 32, 0));
+    cheap.on_demand_per_hour = 0.1;
+    let dear = pool("dear", res(8.0, 32, 0));
+    let mut pinned = job("pinned", "alice", "p", res(1.0, 1, 0), 1);
+    pinned.pool = "dear".into();
+    let free = job("free", "alice", "p", res(1.0, 1, 0), 2);
+    let mut nowhere = job("nowhere", "alice", "p", res(1.0, 1, 0), 3);
+    nowhere.pool = "absent".into();
+    let input = input(vec![pinned, free, nowhere], vec![], vec![cheap, dear]);
+    let plan = plan(&input);
+    let pool_of = |id: &str| {
+        plan.placements
+            .iter()
+            .find(|placement| input.pending[placement.job].id == id)
+            .map(|placement| placement.pool.clone())
+    };
+    assert_eq!(pool_of("pinned").as_deref(), Some("dear"));
+    assert_eq!(pool_of("free").as_deref(), Some("cheap"));
+    assert_eq!(pool_of("nowhere"), None);
+    let wait = wait_of(&input, &plan, "nowhere").to_string();
+    assert!(wait.contains("it asks for pool absent"), "{wait}");
 }

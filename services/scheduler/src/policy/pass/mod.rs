@@ -303,6 +303,7 @@ impl<'a> Pass<'a> {
             let reason = Wait::NoPoolFits {
                 asked: job.resources,
                 market: job.market,
+                pool: job.pool.clone(),
             };
             self.wait(job_index, ahead, reason);
             return Step::Skipped;

@@ -343,7 +343,11 @@ impl Pass<'_> {
 /// The pools that could hold the job when empty and serve its market. A job without GPUs stays
 /// off GPU pools when a pool without GPUs could hold it, so GPU pools are kept for GPU work.
 pub(super) fn eligible_pools(pools: &[Pool], job: &PendingJob) -> Vec<usize> {
-    let serves = |pool: &Pool| pool.holds(&job.resources) && (job.market != MarketPolicy::Spot || pool.spot_available);
+    let serves = |pool: &Pool| {
+        (job.pool.is_empty() || pool.name == job.pool)
+            && pool.holds(&job.resources)
+            && (job.market != MarketPolicy::Spot || pool.spot_available)
+    };
     let avoid_gpu_pools = job.resources.gpus == 0 && pools.iter().any(|pool| pool.capacity.gpus == 0 && serves(pool));
     (0..pools.len())
         .filter(|&index| serves(&pools[index]) && !(avoid_gpu_pools && pools[index].capacity.gpus > 0))
