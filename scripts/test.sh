@@ -134,12 +134,16 @@ log "cargo deny"
 # runs offline, and so never tries to fetch that database.
 cargo fetch --locked
 cargo deny --offline --locked check bans licenses sources
+# The SDK's venv comes first: the topology's chaos test runs a job that logs through it.
+log "python SDK: pip install ./sdk/python"
+sdk_venv="$repo/target/sdk-venv"
+[ -x "$sdk_venv/bin/python" ] || python3 -m venv "$sdk_venv"
+"$sdk_venv/bin/pip" install -q --disable-pip-version-check "$repo/sdk/python[test]"
+export KILN_TEST_PYTHON="$sdk_venv/bin/python"
+
 log "cargo test"
 cargo test --workspace --locked
 
 # --- the Python SDK, against a real `kiln up` ---------------------------------------------------
-log "python SDK: pip install ./sdk/python, pytest"
-sdk_venv="$repo/target/sdk-venv"
-[ -x "$sdk_venv/bin/python" ] || python3 -m venv "$sdk_venv"
-"$sdk_venv/bin/pip" install -q --disable-pip-version-check "$repo/sdk/python[test]"
+log "python SDK: pytest"
 KILN_BIN="$repo/target/debug/kiln" "$sdk_venv/bin/pytest" -q "$repo/sdk/python/tests"
