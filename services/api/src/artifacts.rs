@@ -98,6 +98,8 @@ impl ArtifactsApi {
                     )));
                 }
                 hasher.update(&chunk);
+                // At most 4 parts in flight: a fast client never fills the api's memory.
+                writer.wait_for_capacity(4).await?;
                 writer.write(&chunk);
             }
             if received != header.size {

@@ -76,7 +76,7 @@ impl Api {
 
     /// Serves until `shutdown` is cancelled.
     pub async fn serve(self, shutdown: CancellationToken) -> Result<()> {
-        let objects = objects::open(&self.config.objects)?;
+        let objects = objects::connect(&self.config.objects).await?;
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
         health_reporter.set_serving::<JobServiceServer<jobs::JobsApi>>().await;
         let jobs = jobs::JobsApi {

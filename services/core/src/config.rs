@@ -154,19 +154,27 @@ impl NatsConfig {
     }
 }
 
-/// ObjectStoreConfig says where blobs (code bundles, outputs) live.
+/// ObjectStoreConfig says where blobs (code bundles, outputs, datasets) live: a local directory
+/// or an S3 bucket. Empty S3 settings fall back to the usual `AWS_*` variables
+/// (`ObjectStoreConfig::apply_env`); `validate` and `open` are in [`crate::objects`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
 pub struct ObjectStoreConfig {
-    /// Local directory holding the blobs (the embedded store).
-    pub root: PathBuf,
+    /// `file:///abs/path` or a plain path (a local directory), or `s3://bucket[/prefix]`.
+    pub url: String,
+    /// The S3 endpoint of an S3-compatible server (`http://127.0.0.1:7070`); empty for AWS's.
+    pub endpoint: String,
+    /// The S3 region; empty for `AWS_REGION`, else `us-east-1`.
+    pub region: String,
+    pub access_key_id: String,
+    pub secret_access_key: Secret,
+    /// Allows an `http://` endpoint (no TLS).
+    pub allow_http: bool,
 }
 
 impl Default for ObjectStoreConfig {
     fn default() -> Self {
-        ObjectStoreConfig {
-            root: PathBuf::from("./data/objects"),
-        }
+        ObjectStoreConfig::local("./data/objects")
     }
 }
 

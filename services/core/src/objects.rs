@@ -1,21 +1,10 @@
-//! The blob store (code bundles, outputs): `object_store` over a local directory for now.
+//! The blob store (code bundles, outputs, datasets): `object_store` over a local directory or
+//! an S3 bucket ([`open`] or [`connect`], from `objects.url`), and the paths kiln keeps its blobs under.
 
-use std::sync::Arc;
+mod store;
 
-use object_store::ObjectStore;
-use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
-
-use crate::config::ObjectStoreConfig;
-
-/// Opens the object store, creating its root directory.
-pub fn open(config: &ObjectStoreConfig) -> Result<Arc<dyn ObjectStore>, object_store::Error> {
-    std::fs::create_dir_all(&config.root).map_err(|source| object_store::Error::Generic {
-        store: "local",
-        source: Box::new(source),
-    })?;
-    Ok(Arc::new(LocalFileSystem::new_with_prefix(&config.root)?))
-}
+pub use store::{ObjectLocation, connect, open};
 
 /// Where the blob with this sha256 digest lives.
 pub fn artifact_path(digest: &str) -> ObjectPath {

@@ -15,6 +15,10 @@ use crate::config::{self, ConfigError};
 pub trait ServiceConfig: Serialize + DeserializeOwned + Default + Debug {
     /// Checks every value and reports all problems at once.
     fn validate(&self) -> Result<(), ConfigError>;
+
+    /// Completes the loaded configuration from variables outside kiln's own `KILN_*` layer
+    /// (the `AWS_*` fallbacks of the object store), before `validate`.
+    fn apply_env(&mut self, _env: &std::collections::HashMap<String, String>) {}
 }
 
 /// Turns a list of problems into a result.
@@ -46,7 +50,9 @@ pub fn load_config<C: ServiceConfig>(
     args: &CommonArgs,
     overrides: &impl Serialize,
 ) -> Result<C, ConfigError> {
-    let config: C = config::load(service, args.config.as_deref(), &config::process_env(), overrides)?;
+    let env = config::process_env();
+    let mut config: C = config::load(service, args.config.as_deref(), &env, overrides)?;
+    config.apply_env(&env);
     config.validate()?;
     Ok(config)
 }

@@ -95,3 +95,22 @@ pub async fn postgres_config() -> DatabaseConfig {
         max_connections: 4,
     }
 }
+
+/// An object store under a fresh prefix (`<what>-<id>`) of the test S3 bucket: the versitygw
+/// that scripts/test.sh starts (`KILN_TEST_S3_ENDPOINT`, `KILN_TEST_S3_BUCKET`,
+/// `KILN_TEST_S3_ACCESS_KEY_ID`, `KILN_TEST_S3_SECRET_ACCESS_KEY`).
+pub fn s3_objects_config(what: &str) -> crate::config::ObjectStoreConfig {
+    let var = |name: &str| {
+        std::env::var(name).unwrap_or_else(|_| {
+            panic!("{name} is not set: run the tests through scripts/test.sh, which starts versitygw (S3)")
+        })
+    };
+    crate::config::ObjectStoreConfig {
+        url: format!("s3://{}/{what}-{}", var("KILN_TEST_S3_BUCKET"), crate::ids::new_id()),
+        endpoint: var("KILN_TEST_S3_ENDPOINT"),
+        access_key_id: var("KILN_TEST_S3_ACCESS_KEY_ID"),
+        secret_access_key: crate::config::Secret::new(var("KILN_TEST_S3_SECRET_ACCESS_KEY")),
+        allow_http: true,
+        ..crate::config::ObjectStoreConfig::default()
+    }
+}

@@ -95,29 +95,20 @@ impl BatchService for BatchApi {
         let principal = user_principal(&request)?;
         let request = request.into_inner();
         let batch = self.visible(&principal, &request.batch_id).await?;
-        let uris = match request.source {
+        let (added, duplicates) = match request.source {
             Some(pb::add_items_from_objects_request::Source::Prefix(prefix)) => {
-                self.shared.list_objects(&prefix).await?
+                crate::sources::add_from_prefix(&self.shared, &batch.id, &prefix).await?
             }
             Some(pb::add_items_from_objects_request::Source::Manifest(path)) => {
-                self.shared.read_manifest(&path).await?
+                crate::sources::add_from_manifest(&self.shared, &batch.id, &path).await?
             }
             None => return Err(Error::InvalidArgument("give a prefix or a manifest".into()).into()),
         };
-        let mut response = pb::AddItemsResponse::default();
-        for chunk in uris.chunks(MAX_ITEMS_PER_MESSAGE) {
-            let items = chunk
-                .iter()
-                .map(|uri| pb::Item {
-                    key: String::new(),
-                    uri: uri.clone(),
-                    params: Default::default(),
-                })
-                .collect();
-            let (added, duplicates) = self.shared.add(&batch.id, check_items(items)?).await?;
-            response.added += added;
-            response.duplicates += duplicates;
-        }
+        let mut response = pb::AddItemsResponse {
+            added,
+            duplicates,
+            ..Default::default()
+        };
         response.total = self.shared.batches.tally(&batch.id).await?.total;
         Ok(Response::new(response))
     }
@@ -278,7 +269,7 @@ impl BatchApi {
 }
 
 /// Checks items and fills in their keys (the URI when none is given).
-fn check_items(items: Vec<pb::Item>) -> Result<Vec<NewItem>> {
+pub(crate) fn check_items(items: Vec<pb::Item>) -> Result<Vec<NewItem>> {
     if items.len() > MAX_ITEMS_PER_MESSAGE {
         return Err(Error::TooLarge(format!(
             "{} items in one message; send at most {MAX_ITEMS_PER_MESSAGE} per message",

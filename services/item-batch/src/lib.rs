@@ -3,7 +3,8 @@
 //! holds a [`work`] session with item-batch; outcomes go through `KILN_ITEM_RESULTS` into the
 //! items' rows ([`results`]); the [`scaler`] asks for workers by the backlog and ends batches.
 //!
-//! - [`grpc`]: `BatchService`; [`work`]: `ItemWorkService` (the agents' sessions);
+//! - [`grpc`]: `BatchService`, with `sources` streaming items from object storage; [`work`]:
+//!   `ItemWorkService` (the agents' sessions);
 //! - [`store`]: batches, items, attempts; [`spec`] and [`template`]: what a batch runs.
 #![forbid(unsafe_code)]
 
@@ -13,7 +14,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::consumer::{self, pull};
-use futures::StreamExt;
 use kiln_core::auth::AuthLayer;
 use kiln_core::events::stop_job;
 use kiln_core::store::Store;
@@ -22,7 +22,7 @@ use kiln_core::subjects;
 use kiln_proto::v1 as pb;
 use kiln_proto::v1::batch_service_server::BatchServiceServer;
 use kiln_proto::v1::item_work_service_server::ItemWorkServiceServer;
-use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::ObjectStore;
 use prost::Message;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -33,6 +33,7 @@ pub mod error;
 pub mod grpc;
 pub mod results;
 pub mod scaler;
+mod sources;
 pub mod spec;
 pub mod store;
 pub mod template;
@@ -239,44 +240,6 @@ impl Shared {
         Ok(())
     }
 
-    /// Lists the objects under a prefix, as item URIs (their paths in the object store).
-    async fn list_objects(&self, prefix: &str) -> Result<Vec<String>> {
-        let prefix = kiln_core::objects::relative_path(prefix)
-            .ok_or_else(|| Error::InvalidArgument(format!("{prefix:?} is not a relative object path")))?;
-        let mut listing = self.objects.list(Some(&prefix));
-        let mut uris = Vec::new();
-        while let Some(meta) = listing.next().await {
-            uris.push(meta?.location.to_string());
-        }
-        uris.sort();
-        if uris.is_empty() {
-            return Err(Error::InvalidArgument(format!("no objects under {prefix}")));
-        }
-        Ok(uris)
-    }
-
-    /// Reads a manifest object: one URI per line; blank lines and lines starting with # are
-    /// skipped.
-    async fn read_manifest(&self, path: &str) -> Result<Vec<String>> {
-        let location = kiln_core::objects::relative_path(path)
-            .ok_or_else(|| Error::InvalidArgument(format!("{path:?} is not a relative object path")))?;
-        let bytes = match self.objects.get(&location).await {
-            Ok(object) => object.bytes().await?,
-            Err(object_store::Error::NotFound { .. }) => {
-                return Err(Error::InvalidArgument(format!("manifest {location} does not exist")));
-            }
-            Err(error) => return Err(error.into()),
-        };
-        let text = String::from_utf8(bytes.to_vec())
-            .map_err(|_| Error::InvalidArgument(format!("manifest {location} is not UTF-8 text")))?;
-        Ok(text
-            .lines()
-            .map(str::trim)
-            .filter(|line| !line.is_empty() && !line.starts_with('#'))
-            .map(str::to_string)
-            .collect())
-    }
-
     /// Records a batch's progress for its rate and ETA.
     fn sample(&self, batch_id: &str, finished: u64) {
         let mut progress = self.progress.lock().expect("progress lock");
@@ -368,7 +331,7 @@ impl ItemBatch {
         let store = Store::connect(&config.database).await?;
         store.wait_for_schema(SCHEMA_WAIT).await?;
         let nats = streams::connect(&config.nats).await?;
-        let objects = kiln_core::objects::open(&config.objects)?;
+        let objects = kiln_core::objects::connect(&config.objects).await?;
         let listener = TcpListener::bind(config.grpc.listen)
             .await
             .map_err(|source| Error::Bind {

@@ -128,10 +128,15 @@ impl Default for Config {
 }
 
 impl ServiceConfig for Config {
+    fn apply_env(&mut self, env: &std::collections::HashMap<String, String>) {
+        self.objects.apply_env(env);
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
         let mut problems = Vec::new();
         self.database.validate(&mut problems);
         self.nats.validate(&mut problems);
+        self.objects.validate(&mut problems);
         if let Err(problem) = validate_token("runner-id", &self.runner_id) {
             problems.push(problem);
         }

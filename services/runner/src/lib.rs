@@ -119,7 +119,7 @@ impl Runner {
         let store = Store::connect(&config.database).await?;
         store.wait_for_schema(SCHEMA_WAIT).await?;
         let nats = streams::connect(&config.nats).await?;
-        let objects = objects::open(&config.objects)?;
+        let objects = objects::connect(&config.objects).await?;
         tokio::fs::create_dir_all(&config.work_dir)
             .await
             .map_err(Error::io(format!("cannot create {}", config.work_dir.display())))?;

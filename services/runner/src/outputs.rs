@@ -272,14 +272,23 @@ fn put(handle: &Handle, objects: &dyn ObjectStore, location: &ObjectPath, mut re
     let mut size = first.len() as u64;
     writer.write(&first);
     let mut buffer = vec![0u8; PART];
-    loop {
-        let read = reader.read(&mut buffer).map_err(Error::io("cannot read an output"))?;
-        if read == 0 {
-            break;
+    // At most 4 parts in flight: memory stays bounded however slow the store is.
+    let streamed: Result<()> = loop {
+        let read = match reader.read(&mut buffer) {
+            Ok(0) => break Ok(()),
+            Ok(read) => read,
+            Err(error) => break Err(Error::io("cannot read an output")(error)),
+        };
+        if let Err(error) = handle.block_on(writer.wait_for_capacity(4)) {
+            break Err(error.into());
         }
-        handle.block_on(writer.wait_for_capacity(4))?;
         writer.write(&buffer[..read]);
         size += read as u64;
+    };
+    if let Err(error) = streamed {
+        // An upload left open would keep its parts (and their storage) on S3.
+        let _ = handle.block_on(writer.abort());
+        return Err(error);
     }
     handle.block_on(writer.finish())?;
     Ok(size)

@@ -127,8 +127,22 @@ impl Stack {
         stack
     }
 
+    /// Starts api, log-ingest, scheduler and one runner (`runner-1`, pool `local`), keeping
+    /// blobs in `objects` (an S3 bucket: `kiln_core::testing::s3_objects_config`).
+    pub async fn start_with_objects(objects: ObjectStoreConfig) -> Stack {
+        let mut stack = Stack::start_services(Some(objects)).await;
+        stack.runner = Some(stack.spawn_runner(stack.runner_config("runner-1")).await);
+        stack
+    }
+
     /// Starts api, log-ingest and the scheduler.
     pub async fn start_without_runner() -> Stack {
+        Stack::start_services(None).await
+    }
+
+    /// Starts api, log-ingest and the scheduler, with blobs in `objects`, else in `objects/` of
+    /// the stack's temp dir.
+    async fn start_services(objects: Option<ObjectStoreConfig>) -> Stack {
         // Service logs only when asked for (KILN_LOG=info cargo test …): they are not captured.
         if std::env::var_os("KILN_LOG").is_some() {
             kiln_core::telemetry::init(false);
@@ -136,9 +150,7 @@ impl Stack {
         let nats = NatsServer::start();
         let dir = tempfile::tempdir().expect("temp dir");
         let database = sqlite_config(dir.path());
-        let objects = ObjectStoreConfig {
-            root: dir.path().join("objects"),
-        };
+        let objects = objects.unwrap_or_else(|| ObjectStoreConfig::local(dir.path().join("objects")));
         let (api, api_addr) = start_api(&nats, &database, &objects, dir.path()).await;
         let token = std::fs::read_to_string(dir.path().join("admin.token"))
             .expect("admin token")
@@ -181,6 +193,13 @@ impl Stack {
     /// A scheduler configuration for this stack (a pass at least every 100 ms, a 1.5 s lease).
     pub fn scheduler_config(&self, name: &str) -> kiln_scheduler::Config {
         scheduler_config(&self.nats, &self.database, name)
+    }
+
+    /// The directory of this stack's object store (the default, local one).
+    pub fn objects_dir(&self) -> std::path::PathBuf {
+        self.objects
+            .local_dir()
+            .expect("this stack's object store is a local directory")
     }
 
     /// Restarts the api (after a crash of it).

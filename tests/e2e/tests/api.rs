@@ -225,13 +225,13 @@ async fn the_same_bundle_is_stored_once() {
     assert!(stat.exists);
     assert_eq!(stat.size, bytes.len() as u64);
 
-    let stored: Vec<_> = std::fs::read_dir(stack.objects.root.join("artifacts/sha256"))
+    let stored: Vec<_> = std::fs::read_dir(stack.objects_dir().join("artifacts/sha256"))
         .unwrap()
         .map(|entry| entry.unwrap().file_name().into_string().unwrap())
         .collect();
     assert_eq!(stored, std::slice::from_ref(&digest));
     assert_eq!(
-        std::fs::read(stack.objects.root.join("artifacts/sha256").join(&digest)).unwrap(),
+        std::fs::read(stack.objects_dir().join("artifacts/sha256").join(&digest)).unwrap(),
         bytes
     );
 }
@@ -253,7 +253,7 @@ async fn corrupt_uploads_store_nothing() {
         .unwrap()
         .into_inner();
     assert!(!stat.exists);
-    let dir = stack.objects.root.join("artifacts/sha256");
+    let dir = stack.objects_dir().join("artifacts/sha256");
     let stored = std::fs::read_dir(&dir).map(|entries| entries.count()).unwrap_or(0);
     assert_eq!(stored, 0);
 }

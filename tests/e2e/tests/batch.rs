@@ -330,12 +330,12 @@ async fn items_come_from_object_storage_and_dead_ones_can_be_retried() {
     let stack = started().await;
     // Objects under a prefix, and a manifest.
     for name in ["a", "b", "c"] {
-        let path = stack.objects.root.join("inbox").join(name);
+        let path = stack.objects_dir().join("inbox").join(name);
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(path, name).unwrap();
     }
     std::fs::write(
-        stack.objects.root.join("manifest.txt"),
+        stack.objects_dir().join("manifest.txt"),
         "# uris\nmem://x\n\nmem://y\ninbox/a\n",
     )
     .unwrap();

@@ -48,10 +48,11 @@ pub struct InstanceSpec {
     pub market: Market,
     /// The GPU indices the runner gave the job (`gpus` of them).
     pub gpu_devices: Vec<u32>,
-    /// The code bundle (tar.gz, already checked by [`crate::bundle::check`]).
-    pub code: Option<Bytes>,
-    /// Datasets by name (tar.gz archives, already checked).
-    pub datasets: Vec<(String, Bytes)>,
+    /// The code bundle: a tar.gz on the runner's host, in the scratch dir, already checked by
+    /// [`crate::bundle::check`] (streamed there from object storage, never whole in memory).
+    pub code: Option<PathBuf>,
+    /// Datasets by name: tar.gz archives on the runner's host, already checked.
+    pub datasets: Vec<(String, PathBuf)>,
     /// For a batch worker in a container: a tar holding `kiln/bin/kiln-agent`, unpacked at the
     /// container's root before it starts.
     pub agent: Option<Bytes>,

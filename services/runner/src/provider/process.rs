@@ -14,7 +14,6 @@ use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::sync::Mutex;
 
-use bytes::Bytes;
 use futures::StreamExt;
 use kiln_proto::v1::LogStream;
 use nix::sys::signal::{Signal, killpg};
@@ -58,21 +57,11 @@ fn io(what: String) -> impl FnOnce(std::io::Error) -> Error {
     Error::io(what)
 }
 
-/// An archive to unpack: in memory (code, datasets) or a file on the runner's host (restored
-/// outputs).
-enum Archive {
-    Bytes(Bytes),
-    File(PathBuf),
-}
-
-/// Unpacks an archive into `dir` on a blocking thread.
-async fn unpack_into(archive: Archive, dir: PathBuf) -> Result<()> {
-    tokio::task::spawn_blocking(move || match archive {
-        Archive::Bytes(bytes) => crate::bundle::unpack(bytes.as_ref(), &dir, MAX_UNPACKED_BYTES),
-        Archive::File(path) => {
-            let file = std::fs::File::open(&path).map_err(io(format!("cannot read {}", path.display())))?;
-            crate::bundle::unpack(std::io::BufReader::new(file), &dir, MAX_UNPACKED_BYTES)
-        }
+/// Unpacks a tar.gz on the runner's host into `dir` on a blocking thread, streamed from the file.
+async fn unpack_into(archive: PathBuf, dir: PathBuf) -> Result<()> {
+    tokio::task::spawn_blocking(move || {
+        let file = std::fs::File::open(&archive).map_err(io(format!("cannot read {}", archive.display())))?;
+        crate::bundle::unpack(std::io::BufReader::new(file), &dir, MAX_UNPACKED_BYTES)
     })
     .await
     .map_err(|e| Error::BadBundle(e.to_string()))?
@@ -137,17 +126,17 @@ impl Provider for ProcessProvider {
                 .map_err(io(format!("cannot create {}", path.display())))?;
         }
         if let Some(code) = &spec.code {
-            unpack_into(Archive::Bytes(code.clone()), dir.join("code")).await?;
+            unpack_into(code.clone(), dir.join("code")).await?;
         }
         if let Some(restore) = &spec.restore {
-            unpack_into(Archive::File(restore.clone()), dir.join("outputs")).await?;
+            unpack_into(restore.clone(), dir.join("outputs")).await?;
         }
         for (name, archive) in &spec.datasets {
             let path = dir.join("data").join(name);
             tokio::fs::create_dir_all(&path)
                 .await
                 .map_err(io(format!("cannot create {}", path.display())))?;
-            unpack_into(Archive::Bytes(archive.clone()), path.clone()).await?;
+            unpack_into(archive.clone(), path.clone()).await?;
             let read_only = path.clone();
             tokio::task::spawn_blocking(move || set_writable(&read_only, false))
                 .await

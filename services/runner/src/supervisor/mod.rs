@@ -198,9 +198,11 @@ async fn execute(
         Err(error) => return (not_started(error), job, None),
     };
     let provisioned = ctx.provider.provision(&spec).await;
-    // The provider has put the restored outputs in place (or failed): the archive is done with.
-    if let Some(restore) = &spec.restore {
-        remove_file(restore).await;
+    // The provider has put the code, datasets and restored outputs in place (or failed): their
+    // archives on this host are done with.
+    let archives = spec.code.iter().chain(spec.datasets.iter().map(|(_, archive)| archive));
+    for archive in archives.chain(spec.restore.iter()) {
+        remove_file(archive).await;
     }
     drop(spec);
     let mut instance = match provisioned {

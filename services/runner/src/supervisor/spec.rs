@@ -2,13 +2,16 @@
 //! attempts synced (for a resumed attempt), kiln-agent for batch workers, and the environment
 //! with the job's token.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
+use futures::StreamExt;
 use kiln_core::auth::Scope;
 use kiln_core::objects::artifact_path;
 use kiln_core::store::JobRecord;
 use object_store::ObjectStoreExt;
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt;
 
 use super::end::market_of;
 use super::remove_file;
@@ -20,16 +23,51 @@ use crate::provider::{InstanceSpec, OUTPUTS_DIR};
 /// The restored outputs of a resumed attempt, in its scratch dir until the instance is provisioned.
 const RESTORE_ARCHIVE: &str = "restore.tar.gz";
 
-/// Reads an archive from object storage and checks it before any engine unpacks it.
-async fn fetch_archive(ctx: &Context, digest: &str, what: &str) -> Result<Bytes> {
-    let archive = ctx.objects.get(&artifact_path(digest)).await?.bytes().await?;
-    let checked = archive.clone();
+/// Streams the archive with this sha256 from object storage into `dest` (never whole in
+/// memory), checking its digest on the way, then checks the file before any engine unpacks it.
+async fn fetch_archive(ctx: &Context, digest: &str, dest: PathBuf, what: &str) -> Result<PathBuf> {
+    let mut chunks = ctx.objects.get(&artifact_path(digest)).await?.into_stream();
+    if let Some(dir) = dest.parent() {
+        tokio::fs::create_dir_all(dir)
+            .await
+            .map_err(Error::io(format!("cannot create {}", dir.display())))?;
+    }
+    let cannot_write = || Error::io(format!("cannot write {}", dest.display()));
+    let mut file = tokio::fs::File::create(&dest).await.map_err(cannot_write())?;
+    let mut hasher = Sha256::new();
+    let mut size: u64 = 0;
+    while let Some(chunk) = chunks.next().await {
+        let chunk = chunk?;
+        size += chunk.len() as u64;
+        if size > MAX_UNPACKED_BYTES {
+            return Err(Error::BadBundle(format!(
+                "{what}: larger than {MAX_UNPACKED_BYTES} bytes"
+            )));
+        }
+        hasher.update(&chunk);
+        file.write_all(&chunk).await.map_err(cannot_write())?;
+    }
+    file.flush().await.map_err(cannot_write())?;
+    drop(file);
+    let actual = hex::encode(hasher.finalize());
+    if actual != digest {
+        return Err(Error::BadBundle(format!(
+            "{what}: the stored archive has sha256 {actual}, not {digest}"
+        )));
+    }
+    let checked = dest.clone();
     let what = what.to_string();
-    tokio::task::spawn_blocking(move || crate::bundle::check(checked.as_ref(), MAX_UNPACKED_BYTES))
-        .await
-        .map_err(|e| Error::BadBundle(e.to_string()))?
-        .map_err(|error| Error::BadBundle(format!("{what}: {error}")))?;
-    Ok(archive)
+    tokio::task::spawn_blocking(move || {
+        let file = std::fs::File::open(&checked).map_err(Error::io(format!("cannot read {}", checked.display())))?;
+        crate::bundle::check(std::io::BufReader::new(file), MAX_UNPACKED_BYTES)
+    })
+    .await
+    .map_err(|e| Error::BadBundle(e.to_string()))?
+    .map_err(|error| match error {
+        Error::BadBundle(why) => Error::BadBundle(format!("{what}: {why}")),
+        other => other,
+    })?;
+    Ok(dest)
 }
 
 /// Everything the instance needs: code, datasets, environment (with the job's token).
@@ -37,24 +75,24 @@ pub(super) async fn instance_spec(
     ctx: &Context,
     job: &JobRecord,
     gpu_devices: &[u32],
-    scratch_dir: &std::path::Path,
+    scratch_dir: &Path,
 ) -> Result<InstanceSpec> {
     let code = if job.code_digest.is_empty() {
         None
     } else {
-        Some(fetch_archive(ctx, &job.code_digest, "code bundle").await?)
+        let dest = scratch_dir.join("code.tar.gz");
+        Some(fetch_archive(ctx, &job.code_digest, dest, "code bundle").await?)
     };
     let mut datasets = Vec::new();
-    for name in job.datasets()? {
+    for (index, name) in job.datasets()?.into_iter().enumerate() {
         let dataset = ctx
             .store
             .dataset(&name)
             .await?
             .ok_or_else(|| Error::BadBundle(format!("dataset {name} does not exist")))?;
-        datasets.push((
-            name.clone(),
-            fetch_archive(ctx, &dataset.digest, &format!("dataset {name}")).await?,
-        ));
+        let dest = scratch_dir.join(format!("dataset-{index}.tar.gz"));
+        let archive = fetch_archive(ctx, &dataset.digest, dest, &format!("dataset {name}")).await?;
+        datasets.push((name, archive));
     }
     let restore = if job.resume_from.is_empty() {
         None
@@ -104,7 +142,7 @@ pub(super) async fn instance_spec(
 /// scratch dir; `None` when there is nothing to restore. The archive needs no second check:
 /// `pack_synced` writes only regular files under paths `relative_path` accepted, within the
 /// limit (and the process provider's unpack refuses escapes anyway).
-async fn restore_archive(ctx: &Context, job: &JobRecord, scratch_dir: &std::path::Path) -> Result<Option<PathBuf>> {
+async fn restore_archive(ctx: &Context, job: &JobRecord, scratch_dir: &Path) -> Result<Option<PathBuf>> {
     let prefix = object_store::path::Path::parse(&job.resume_from)
         .map_err(|e| Error::Restore(format!("bad prefix {:?}: {e}", job.resume_from)))?;
     let archive = scratch_dir.join(RESTORE_ARCHIVE);

@@ -63,7 +63,7 @@ impl DockerProvider {
         &self,
         image: &str,
         volume: &str,
-        archive: bytes::Bytes,
+        archive: &std::path::Path,
         labels: &HashMap<String, String>,
     ) -> Result<()> {
         let body = ContainerCreateBody {
@@ -81,15 +81,7 @@ impl DockerProvider {
             .create_container(None::<bollard::query_parameters::CreateContainerOptions>, body)
             .await
             .map_err(docker_error("create a loader container"))?;
-        let upload = self
-            .docker
-            .upload_to_container(
-                &loader.id,
-                Some(UploadToContainerOptionsBuilder::new().path("/load").build()),
-                bollard::body_full(archive),
-            )
-            .await
-            .map_err(docker_error("load a volume"));
+        let upload = self.upload_file(&loader.id, "/load", archive, "load a volume").await;
         self.remove_container(&loader.id).await?;
         upload
     }
@@ -180,7 +172,7 @@ impl DockerProvider {
         for (name, archive) in &spec.datasets {
             let volume = volume_name(&spec.job_id, spec.attempt, &format!("data-{name}"));
             self.create_volume(&volume, &labels).await?;
-            self.load_volume(&spec.image, &volume, archive.clone(), &labels).await?;
+            self.load_volume(&spec.image, &volume, archive, &labels).await?;
             mounts.push(volume_mount(&volume, &format!("{DATA_DIR}/{name}"), true));
         }
         let mut env: Vec<String> = spec
@@ -257,11 +249,11 @@ impl DockerProvider {
                 .await?;
         }
         if let Some(code) = &spec.code {
-            self.upload(container, CODE_DIR, code.clone(), "upload the code")
-                .await?;
+            self.upload_file(container, CODE_DIR, code, "upload the code").await?;
         }
         if let Some(restore) = &spec.restore {
-            self.restore_outputs(container, restore).await?;
+            self.upload_file(container, OUTPUTS_DIR, restore, "restore the outputs")
+                .await?;
         }
         Ok(())
     }
@@ -275,13 +267,14 @@ impl DockerProvider {
             .map_err(docker_error(what))
     }
 
-    /// Uploads a resumed attempt's restored outputs (a checked tar.gz on the runner's host) into
-    /// the created container's outputs volume, streamed from the file.
-    async fn restore_outputs(&self, container: &str, archive: &std::path::Path) -> Result<()> {
+    /// Unpacks a tar (or tar.gz) on the runner's host into a created container at `path`,
+    /// streamed from the file through the engine's archive API: the code, a dataset into its
+    /// loader, a resumed attempt's restored outputs.
+    async fn upload_file(&self, container: &str, path: &str, archive: &std::path::Path, what: &str) -> Result<()> {
         let file = tokio::fs::File::open(archive)
             .await
             .map_err(Error::io(format!("cannot read {}", archive.display())))?;
-        let options = UploadToContainerOptionsBuilder::new().path(OUTPUTS_DIR).build();
+        let options = UploadToContainerOptionsBuilder::new().path(path).build();
         self.docker
             .upload_to_container(
                 container,
@@ -289,7 +282,7 @@ impl DockerProvider {
                 bollard::body_try_stream(tokio_util::io::ReaderStream::new(file)),
             )
             .await
-            .map_err(docker_error("restore the outputs"))
+            .map_err(docker_error(what))
     }
 
     pub(super) async fn start_instance(&self, instance: &mut Instance) -> Result<OutputStream> {

@@ -1,0 +1,200 @@
+//! Items from object storage: the objects under a prefix (their paths as URIs), or the lines of
+//! a manifest object. Both are read as streams and added in messages of at most
+//! [`MAX_ITEMS_PER_MESSAGE`], so neither a listing of millions of objects nor a manifest of
+//! gigabytes is ever held whole; items go in listing order (lexicographic on S3).
+
+use futures::StreamExt;
+use kiln_proto::v1 as pb;
+use object_store::ObjectStoreExt;
+
+use crate::Shared;
+use crate::error::{Error, Result};
+use crate::grpc::{MAX_ITEMS_PER_MESSAGE, MAX_URI_BYTES, check_items};
+
+/// Adds URIs to a batch a message at a time, counting what was added.
+struct Adder<'a> {
+    shared: &'a Shared,
+    batch_id: &'a str,
+    pending: Vec<String>,
+    seen: u64,
+    added: u64,
+    duplicates: u64,
+}
+
+impl<'a> Adder<'a> {
+    fn new(shared: &'a Shared, batch_id: &'a str) -> Self {
+        Adder {
+            shared,
+            batch_id,
+            pending: Vec::new(),
+            seen: 0,
+            added: 0,
+            duplicates: 0,
+        }
+    }
+
+    async fn push(&mut self, uri: String) -> Result<()> {
+        self.pending.push(uri);
+        self.seen += 1;
+        if self.pending.len() == MAX_ITEMS_PER_MESSAGE {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    async fn flush(&mut self) -> Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let items = self
+            .pending
+            .drain(..)
+            .map(|uri| pb::Item {
+                key: String::new(),
+                uri,
+                params: Default::default(),
+            })
+            .collect();
+        let (added, duplicates) = self.shared.add(self.batch_id, check_items(items)?).await?;
+        self.added += added;
+        self.duplicates += duplicates;
+        Ok(())
+    }
+
+    /// Adds what is left; returns (added, duplicates).
+    async fn finish(mut self) -> Result<(u64, u64)> {
+        self.flush().await?;
+        Ok((self.added, self.duplicates))
+    }
+}
+
+/// Adds the objects under `prefix` as items; returns (added, duplicates).
+pub(crate) async fn add_from_prefix(shared: &Shared, batch_id: &str, prefix: &str) -> Result<(u64, u64)> {
+    let prefix = kiln_core::objects::relative_path(prefix)
+        .ok_or_else(|| Error::InvalidArgument(format!("{prefix:?} is not a relative object path")))?;
+    let mut adder = Adder::new(shared, batch_id);
+    let mut listing = shared.objects.list(Some(&prefix));
+    while let Some(meta) = listing.next().await {
+        adder.push(meta?.location.to_string()).await?;
+    }
+    if adder.seen == 0 {
+        return Err(Error::InvalidArgument(format!("no objects under {prefix}")));
+    }
+    adder.finish().await
+}
+
+/// Adds the lines of a manifest object as items, one URI per line (blank lines and lines
+/// starting with # are skipped); returns (added, duplicates).
+pub(crate) async fn add_from_manifest(shared: &Shared, batch_id: &str, path: &str) -> Result<(u64, u64)> {
+    let location = kiln_core::objects::relative_path(path)
+        .ok_or_else(|| Error::InvalidArgument(format!("{path:?} is not a relative object path")))?;
+    let mut chunks = match shared.objects.get(&location).await {
+        Ok(object) => object.into_stream(),
+        Err(object_store::Error::NotFound { .. }) => {
+            return Err(Error::InvalidArgument(format!("manifest {location} does not exist")));
+        }
+        Err(error) => return Err(error.into()),
+    };
+    let mut adder = Adder::new(shared, batch_id);
+    let mut lines = ManifestLines::default();
+    while let Some(chunk) = chunks.next().await {
+        for line in lines.feed(&chunk?).map_err(|why| manifest_error(&location, why))? {
+            adder.push(line).await?;
+        }
+    }
+    if let Some(line) = lines.finish().map_err(|why| manifest_error(&location, why))? {
+        adder.push(line).await?;
+    }
+    adder.finish().await
+}
+
+fn manifest_error(location: &object_store::path::Path, why: String) -> Error {
+    Error::InvalidArgument(format!("manifest {location}: {why}"))
+}
+
+/// Splits a manifest's bytes into its item lines as they arrive, holding at most one line.
+#[derive(Default)]
+struct ManifestLines {
+    /// The start of a line whose end has not arrived yet.
+    partial: Vec<u8>,
+    /// Lines read so far, for messages.
+    number: u64,
+}
+
+impl ManifestLines {
+    /// Returns the item lines `bytes` completes.
+    fn feed(&mut self, mut bytes: &[u8]) -> std::result::Result<Vec<String>, String> {
+        let mut lines = Vec::new();
+        while let Some(end) = bytes.iter().position(|b| *b == b'\n') {
+            self.partial.extend_from_slice(&bytes[..end]);
+            bytes = &bytes[end + 1..];
+            let line = std::mem::take(&mut self.partial);
+            lines.extend(self.line(line)?);
+        }
+        self.partial.extend_from_slice(bytes);
+        self.check_length()?;
+        Ok(lines)
+    }
+
+    /// Returns the last line when the manifest does not end with a newline.
+    fn finish(mut self) -> std::result::Result<Option<String>, String> {
+        let line = std::mem::take(&mut self.partial);
+        self.line(line)
+    }
+
+    fn check_length(&self) -> std::result::Result<(), String> {
+        // A URI of MAX_URI_BYTES, and room for blanks around it and a \r.
+        if self.partial.len() > MAX_URI_BYTES + 64 {
+            return Err(format!("line {} is longer than {MAX_URI_BYTES} bytes", self.number + 1));
+        }
+        Ok(())
+    }
+
+    fn line(&mut self, line: Vec<u8>) -> std::result::Result<Option<String>, String> {
+        self.number += 1;
+        if line.len() > MAX_URI_BYTES + 64 {
+            return Err(format!("line {} is longer than {MAX_URI_BYTES} bytes", self.number));
+        }
+        let text = String::from_utf8(line).map_err(|_| format!("line {} is not UTF-8 text", self.number))?;
+        let text = text.trim();
+        if text.is_empty() || text.starts_with('#') {
+            return Ok(None);
+        }
+        Ok(Some(text.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_split_across_chunks_come_out_whole() {
+        let mut lines = ManifestLines::default();
+        let mut got = Vec::new();
+        for chunk in ["# uris\nmem:", "//x\r\n\n  mem://y  \ninbox", "/a"] {
+            got.extend(lines.feed(chunk.as_bytes()).unwrap());
+        }
+        got.extend(lines.finish().unwrap());
+        assert_eq!(got, ["mem://x", "mem://y", "inbox/a"]);
+    }
+
+    #[test]
+    fn an_endless_line_is_refused_without_being_held() {
+        let mut lines = ManifestLines::default();
+        let chunk = vec![b'x'; 1024];
+        let error = (0..100)
+            .find_map(|_| lines.feed(&chunk).err())
+            .expect("a long line is refused");
+        assert!(error.contains("line 1 is longer"), "{error}");
+        assert!(lines.partial.len() < MAX_URI_BYTES + 2048);
+
+        let mut lines = ManifestLines::default();
+        assert!(
+            lines
+                .feed(b"ok\n\xff\xfe\n")
+                .unwrap_err()
+                .contains("line 2 is not UTF-8")
+        );
+    }
+}
