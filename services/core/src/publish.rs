@@ -44,6 +44,18 @@ async fn publish_once(js: &jetstream::Context, subject: &str, msg_id: &str, payl
     Ok(())
 }
 
+/// Publishes a message with a JetStream message id once and waits until the stream has stored
+/// it, for callers whose outbox sends it again after a failure (job changes): they are not held
+/// up while a stream elects its leader.
+pub async fn try_publish(js: &jetstream::Context, subject: String, msg_id: &str, payload: Bytes) -> Result<(), NatsError> {
+    publish_once(js, &subject, msg_id, payload)
+        .await
+        .map_err(|error| NatsError::Publish {
+            subject,
+            message: error.to_string(),
+        })
+}
+
 /// Publishes a message with a JetStream message id and waits until the stream has stored it,
 /// sending it again after failures for up to [`PUBLISH_WINDOW`]. Publishing the same id again
 /// within the duplicate window stores nothing new.

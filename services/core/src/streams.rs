@@ -14,7 +14,7 @@ use crate::config::NatsConfig;
 use crate::error::ErrorKind;
 use crate::subjects::*;
 
-pub use crate::publish::{Pipeline, backoff, publish, publish_all};
+pub use crate::publish::{Pipeline, backoff, publish, publish_all, try_publish};
 
 /// How long [`connect`] keeps trying to reach NATS and set the streams up before it gives up.
 const CONNECT_WINDOW: Duration = Duration::from_secs(30);
