@@ -29,7 +29,9 @@ pub fn backoff(attempt: u32) -> Duration {
 fn transient(error: &PublishError) -> bool {
     !matches!(
         error.kind(),
-        PublishErrorKind::MaxPayloadExceeded | PublishErrorKind::WrongLastMessageId | PublishErrorKind::WrongLastSequence
+        PublishErrorKind::MaxPayloadExceeded
+            | PublishErrorKind::WrongLastMessageId
+            | PublishErrorKind::WrongLastSequence
     )
 }
 
@@ -37,7 +39,12 @@ fn message(msg_id: &str, payload: Bytes) -> PublishMessage {
     PublishMessage::build().payload(payload).message_id(msg_id)
 }
 
-async fn publish_once(js: &jetstream::Context, subject: &str, msg_id: &str, payload: Bytes) -> Result<(), PublishError> {
+async fn publish_once(
+    js: &jetstream::Context,
+    subject: &str,
+    msg_id: &str,
+    payload: Bytes,
+) -> Result<(), PublishError> {
     js.send_publish(subject.to_string(), message(msg_id, payload))
         .await?
         .await?;
@@ -47,7 +54,12 @@ async fn publish_once(js: &jetstream::Context, subject: &str, msg_id: &str, payl
 /// Publishes a message with a JetStream message id once and waits until the stream has stored
 /// it, for callers whose outbox sends it again after a failure (job changes): they are not held
 /// up while a stream elects its leader.
-pub async fn try_publish(js: &jetstream::Context, subject: String, msg_id: &str, payload: Bytes) -> Result<(), NatsError> {
+pub async fn try_publish(
+    js: &jetstream::Context,
+    subject: String,
+    msg_id: &str,
+    payload: Bytes,
+) -> Result<(), NatsError> {
     publish_once(js, &subject, msg_id, payload)
         .await
         .map_err(|error| NatsError::Publish {
@@ -161,7 +173,11 @@ impl Pipeline {
 
 /// Publishes messages (message id, payload) to one subject through a [`Pipeline`] of 1024, and
 /// returns once JetStream has stored every one.
-pub async fn publish_all(js: &jetstream::Context, subject: &str, messages: Vec<(String, Bytes)>) -> Result<(), NatsError> {
+pub async fn publish_all(
+    js: &jetstream::Context,
+    subject: &str,
+    messages: Vec<(String, Bytes)>,
+) -> Result<(), NatsError> {
     let mut pipeline = Pipeline::new(js.clone(), subject, 1024);
     for (msg_id, payload) in messages {
         pipeline.send(msg_id, payload).await?;

@@ -205,7 +205,11 @@ pub async fn ensure_streams(js: &jetstream::Context, replicas: usize) -> Result<
 }
 
 /// Updates a stream that has other replicas than `replicas` to them.
-async fn ensure_replicas(js: &jetstream::Context, mut config: stream::Config, replicas: usize) -> Result<(), NatsError> {
+async fn ensure_replicas(
+    js: &jetstream::Context,
+    mut config: stream::Config,
+    replicas: usize,
+) -> Result<(), NatsError> {
     let had = config.num_replicas;
     if had == replicas {
         return Ok(());

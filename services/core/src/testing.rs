@@ -254,7 +254,10 @@ async fn healthz(port: u16) -> Option<String> {
         let response = String::from_utf8_lossy(&response);
         Some(format!("{} {}", response.lines().next()?, response.lines().last()?))
     };
-    tokio::time::timeout(Duration::from_secs(2), exchange).await.ok().flatten()
+    tokio::time::timeout(Duration::from_secs(2), exchange)
+        .await
+        .ok()
+        .flatten()
 }
 
 impl Drop for NatsCluster {

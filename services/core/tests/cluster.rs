@@ -28,7 +28,10 @@ async fn assert_replicas(nats: &streams::Nats, replicas: usize, current: usize) 
             if cluster.leader.is_some() && followers == current {
                 break;
             }
-            assert!(tokio::time::Instant::now() < deadline, "{name} is not replicated: {cluster:?}");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{name} is not replicated: {cluster:?}"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -61,9 +64,14 @@ async fn three_replicas_on_a_single_server_is_a_clear_error() {
         replicas: 3,
         ..server.config()
     };
-    let error = streams::connect(&config).await.expect_err("one server cannot hold three replicas");
+    let error = streams::connect(&config)
+        .await
+        .expect_err("one server cannot hold three replicas");
     let message = error.to_string();
-    assert!(message.contains("needs a JetStream cluster of at least 3 servers"), "{message}");
+    assert!(
+        message.contains("needs a JetStream cluster of at least 3 servers"),
+        "{message}"
+    );
 }
 
 #[tokio::test]
@@ -71,7 +79,9 @@ async fn a_list_of_servers_reaches_the_live_ones() {
     let mut cluster = NatsCluster::start().await;
     cluster.kill(0);
     // One server of the list is dead: the client finds a live one.
-    let nats = streams::connect(&cluster.config()).await.expect("connect past a dead node");
+    let nats = streams::connect(&cluster.config())
+        .await
+        .expect("connect past a dead node");
     assert_replicas(&nats, 3, 1).await;
 }
 

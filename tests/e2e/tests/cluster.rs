@@ -30,7 +30,14 @@ async fn streams_and_buckets_are_replicated_three_ways() {
     let mut names: Vec<String> = stream_configs(3).into_iter().map(|c| c.name).collect();
     names.extend(BUCKETS.iter().map(|(bucket, _)| bucket_stream(bucket)));
     for name in names {
-        let info = js.get_stream(&name).await.expect("stream").info().await.expect("info").clone();
+        let info = js
+            .get_stream(&name)
+            .await
+            .expect("stream")
+            .info()
+            .await
+            .expect("info")
+            .clone();
         assert_eq!(info.config.num_replicas, 3, "{name}");
         let cluster = info.cluster.expect("cluster info");
         assert!(cluster.leader.is_some(), "{name}: {cluster:?}");
@@ -49,14 +56,24 @@ async fn jobs_run_through_each_node_dying_once() {
             let request = pb::SubmitJobRequest {
                 spec: Some(job_spec(n)),
             };
-            let job = jobs_client.submit_job(request).await.expect("submit").into_inner().job.unwrap();
+            let job = jobs_client
+                .submit_job(request)
+                .await
+                .expect("submit")
+                .into_inner()
+                .job
+                .unwrap();
             ids.push(job.id);
             tokio::time::sleep(Duration::from_millis(1500)).await;
         }
         ids
     });
-    for index in 0..NatsCluster::SIZE {
+    // Each round kills the node leading a stream the running jobs write to, so that their
+    // publishes meet an election, and starts it again two seconds later.
+    let js = async_nats::jetstream::new(stack.nats.client().await);
+    for stream in [subjects::STREAM_METRICS, subjects::STREAM_LOGS, subjects::STREAM_JOBS] {
         tokio::time::sleep(Duration::from_secs(4)).await;
+        let index = leader_of(&js, stream).await;
         stack.nats.cluster().kill(index);
         tokio::time::sleep(Duration::from_secs(2)).await;
         stack.nats.cluster().restart(index).await;
@@ -65,11 +82,18 @@ async fn jobs_run_through_each_node_dying_once() {
 
     for (n, id) in ids.iter().enumerate() {
         let code = (n % 3) as i32;
-        let want = if code == 0 { pb::JobState::Succeeded } else { pb::JobState::Failed };
+        let want = if code == 0 {
+            pb::JobState::Succeeded
+        } else {
+            pb::JobState::Failed
+        };
         let job = stack
             .wait_for(id, "the job to end", |job| {
                 pb::JobState::try_from(job.state).is_ok_and(|state| {
-                    matches!(state, pb::JobState::Succeeded | pb::JobState::Failed | pb::JobState::Lost | pb::JobState::Stopped)
+                    matches!(
+                        state,
+                        pb::JobState::Succeeded | pb::JobState::Failed | pb::JobState::Lost | pb::JobState::Stopped
+                    )
                 })
             })
             .await;
@@ -86,6 +110,23 @@ async fn jobs_run_through_each_node_dying_once() {
 
         assert_lines_once(&stack, n, id).await;
         assert_points_once(&stack, n, id).await;
+    }
+}
+
+/// The index of the node leading `stream` (asked again while it has none).
+async fn leader_of(js: &async_nats::jetstream::Context, stream: &str) -> usize {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        if let Ok(mut handle) = js.get_stream(stream).await
+            && let Ok(info) = handle.info().await
+            && let Some(leader) = info.cluster.as_ref().and_then(|c| c.leader.clone())
+        {
+            return (0..NatsCluster::SIZE)
+                .find(|index| NatsCluster::server_name(*index) == leader)
+                .expect("a node of the cluster leads");
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{stream} has no leader");
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -125,7 +166,12 @@ async fn assert_points_once(stack: &Stack, n: usize, job_id: &str) {
             .filter_map(|batch| batch.points.first().map(|p| p.step))
             .collect();
         let want: Vec<i64> = (1..=published.len() as i64).collect();
-        assert_eq!(published, want, "job {n}'s metric steps on {}", subjects::STREAM_METRICS);
+        assert_eq!(
+            published,
+            want,
+            "job {n}'s metric steps on {}",
+            subjects::STREAM_METRICS
+        );
         let request = pb::QueryMetricsRequest {
             job_ids: vec![job_id.to_string()],
             keys: vec![HOST_CPU_PERCENT.to_string()],
