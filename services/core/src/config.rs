@@ -125,12 +125,13 @@ impl DatabaseConfig {
     }
 }
 
-/// NatsConfig points at the NATS server with JetStream.
+/// NatsConfig points at the NATS server with JetStream, or at servers of one cluster.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
 pub struct NatsConfig {
+    /// One server URL, or several separated by commas (`nats://a:4222,nats://b:4222`).
     pub url: String,
-    /// Replicas of each stream: 1 for a single server, 3 for a cluster.
+    /// Replicas of each stream and bucket: 1 for a single server, 3 for a cluster.
     pub replicas: usize,
 }
 
@@ -144,9 +145,22 @@ impl Default for NatsConfig {
 }
 
 impl NatsConfig {
+    /// The server URLs of `url`, trimmed, empty parts left out.
+    pub fn servers(&self) -> Vec<&str> {
+        self.url.split(',').map(str::trim).filter(|s| !s.is_empty()).collect()
+    }
+
     pub fn validate(&self, problems: &mut Vec<String>) {
-        if !self.url.starts_with("nats://") && !self.url.starts_with("tls://") {
-            problems.push(format!("nats.url {:?} must start with nats:// or tls://", self.url));
+        let servers = self.servers();
+        if servers.is_empty() {
+            problems.push("nats.url is empty: give one server URL or several separated by commas".into());
+        }
+        for server in servers {
+            if !server.starts_with("nats://") && !server.starts_with("tls://") {
+                problems.push(format!("nats.url {server:?} must start with nats:// or tls://"));
+            } else if let Err(error) = server.parse::<async_nats::ServerAddr>() {
+                problems.push(format!("nats.url {server:?} is not a server URL: {error}"));
+            }
         }
         if !(1..=5).contains(&self.replicas) {
             problems.push(format!("nats.replicas {} must be between 1 and 5", self.replicas));
@@ -332,6 +346,34 @@ mod tests {
         }
         .validate(&mut problems);
         assert_eq!(problems.len(), 2, "{problems:?}");
+    }
+
+    #[test]
+    fn every_server_of_a_list_is_checked() {
+        let config = NatsConfig {
+            url: " nats://a:4222, nats://b:4222 ,tls://c:4222".into(),
+            replicas: 3,
+        };
+        assert_eq!(config.servers(), ["nats://a:4222", "nats://b:4222", "tls://c:4222"]);
+        let mut problems = Vec::new();
+        config.validate(&mut problems);
+        assert!(problems.is_empty(), "{problems:?}");
+        let mut problems = Vec::new();
+        NatsConfig {
+            url: "nats://a:4222,http://b:4222,nats://c:notaport".into(),
+            replicas: 3,
+        }
+        .validate(&mut problems);
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(problems[0].contains("http://b:4222"), "{problems:?}");
+        assert!(problems[1].contains("nats://c:notaport"), "{problems:?}");
+        let mut problems = Vec::new();
+        NatsConfig {
+            url: " , ".into(),
+            replicas: 1,
+        }
+        .validate(&mut problems);
+        assert_eq!(problems.len(), 1, "{problems:?}");
     }
 
     #[test]

@@ -4,6 +4,9 @@
 //! marked published. A crash in between leaves `published_version < version`, and the
 //! reconciler of the service owning that state publishes again on start; JetStream drops the
 //! duplicate within its window and every consumer checks versions, so nothing is applied twice.
+//! A job change is therefore published once ([`try_publish`]) and left to the reconciler when
+//! that fails (a cluster electing a stream leader), rather than hold its caller up; a control
+//! request has no outbox and is sent again until stored ([`publish`]).
 
 use bytes::Bytes;
 use kiln_proto::v1 as pb;
@@ -12,7 +15,7 @@ use prost::Message;
 use crate::Error;
 use crate::state::JobState;
 use crate::store::{Change, JobRecord, Store, StoreError};
-use crate::streams::{Nats, publish};
+use crate::streams::{Nats, publish, try_publish};
 use crate::subjects;
 
 /// Publishes the job's current state (and, for SCHEDULED, its launch request), then records it
@@ -33,14 +36,14 @@ pub async fn publish_job_change(nats: &Nats, store: &Store, job: &JobRecord) -> 
     } else {
         subjects::job_event(&job.id)
     };
-    publish(&nats.jetstream, subject, &msg_id, Bytes::from(event.encode_to_vec())).await?;
+    try_publish(&nats.jetstream, subject, &msg_id, Bytes::from(event.encode_to_vec())).await?;
     if state == JobState::Scheduled {
         let launch = pb::LaunchRequest {
             job_id: job.id.clone(),
             version: job.version,
             attempt: job.attempt,
         };
-        publish(
+        try_publish(
             &nats.jetstream,
             subjects::launch(&job.pool),
             &msg_id,

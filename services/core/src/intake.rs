@@ -1,7 +1,9 @@
 //! Durable intake from JetStream: takes records from a stream in batches (one durable consumer
 //! per intake, shared by every replica), hands each batch to a [`BatchWriter`], then acks it. A
 //! crash before the ack means redelivery, so writers must make a second write of a record
-//! harmless (log-ingest keys points and lines, item-batch applies each outcome once).
+//! harmless (log-ingest keys points and lines, item-batch applies each outcome once). A consumer
+//! that fails (its leader died in a cluster, the connection dropped) is made again after a
+//! pause, whatever the error: the intake ends only at shutdown.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -92,11 +94,23 @@ async fn consume(
             .await
             .map_err(nats_error)?;
         let mut messages = Vec::with_capacity(batch_size);
+        // A batch cut short (the consumer's leader died, the client is reconnecting): what came
+        // is written and acked first, so it is not delivered again after the ack wait.
+        let mut cut_short = None;
         while let Some(message) = batch.next().await {
-            messages.push(message.map_err(nats_error)?);
+            match message {
+                Ok(message) => messages.push(message),
+                Err(error) => {
+                    cut_short = Some(nats_error(error));
+                    break;
+                }
+            }
         }
         if messages.is_empty() {
-            continue;
+            match cut_short {
+                Some(error) => return Err(error),
+                None => continue,
+            }
         }
         let received = messages
             .iter()
@@ -111,6 +125,9 @@ async fn consume(
         writer.write(&received).await?;
         for message in &messages {
             message.ack().await.map_err(nats_error)?;
+        }
+        if let Some(error) = cut_short {
+            return Err(error);
         }
     }
     Ok(())

@@ -4,6 +4,7 @@
 //! - [`error`]: [`ErrorKind`] and its one mapping to gRPC codes;
 //! - [`ids`]: UUIDv7 ids and clocks;
 //! - [`subjects`] and [`streams`]: every JetStream name, declared once, and their creation;
+//! - [`publish`]: publishing with a message id, sent again while a cluster elects a leader;
 //! - [`state`] and [`store`]: the job state machine and the metadata store (sea-orm);
 //! - [`events`]: publishing committed changes (the outbox) and re-driving unpublished ones;
 //! - [`intake`]: consuming a stream in batches, acking after the write;
@@ -20,6 +21,7 @@ pub mod ids;
 pub mod intake;
 pub mod lease;
 pub mod objects;
+pub mod publish;
 pub mod scheduling;
 pub mod service;
 pub mod shutdown;

@@ -1,18 +1,29 @@
-//! Connecting to NATS, creating the streams and buckets idempotently, and publishing with a
-//! message id so JetStream drops duplicates.
+//! Connecting to NATS (one server or a cluster), creating the streams and buckets idempotently
+//! with the configured replicas, and publishing with a message id so JetStream drops duplicates.
+//!
+//! A node of a cluster may die at any time: the client reconnects forever (to any server of
+//! `nats.url` or that the cluster advertises), and a publish that fails or times out while a
+//! stream elects a new leader is sent again with the same message id (see [`publish`]).
 
 use std::time::Duration;
 
 use async_nats::jetstream::{self, kv, stream};
-use bytes::Bytes;
+use tokio::time::Instant;
 
 use crate::config::NatsConfig;
 use crate::error::ErrorKind;
 use crate::subjects::*;
 
+pub use crate::publish::{Pipeline, backoff, publish, publish_all, try_publish};
+
+/// How long [`connect`] keeps trying to reach NATS and set the streams up before it gives up.
+const CONNECT_WINDOW: Duration = Duration::from_secs(30);
+
 /// NatsError is a failure talking to NATS.
 #[derive(Debug, thiserror::Error)]
 pub enum NatsError {
+    #[error("nats.url {url:?} is not a server URL: {message}")]
+    Url { url: String, message: String },
     #[error("cannot connect to NATS at {url}: {source}")]
     Connect {
         url: String,
@@ -28,7 +39,10 @@ pub enum NatsError {
 
 impl NatsError {
     pub fn kind(&self) -> ErrorKind {
-        ErrorKind::Unavailable
+        match self {
+            NatsError::Url { .. } => ErrorKind::InvalidArgument,
+            _ => ErrorKind::Unavailable,
+        }
     }
 }
 
@@ -39,22 +53,76 @@ pub struct Nats {
     pub jetstream: jetstream::Context,
 }
 
-/// Connects to NATS, failing fast when it is not reachable, and makes sure every stream and
-/// bucket exists.
+/// Connects to the servers of `nats.url` and makes sure every stream and bucket exists with
+/// `nats.replicas`. Both are retried with backoff for [`CONNECT_WINDOW`] (a cluster may still be
+/// electing its leaders); after that the last error is returned. Once connected, the client
+/// reconnects forever.
 pub async fn connect(config: &NatsConfig) -> Result<Nats, NatsError> {
-    let client = async_nats::ConnectOptions::new()
-        .name("kiln")
-        .connection_timeout(Duration::from_secs(5))
-        .connect(config.url.as_str())
-        .await
-        .map_err(|source| NatsError::Connect {
-            url: config.url.clone(),
-            source,
-        })?;
+    let servers = config
+        .servers()
+        .into_iter()
+        .map(|url| {
+            url.parse::<async_nats::ServerAddr>().map_err(|e| NatsError::Url {
+                url: url.to_string(),
+                message: e.to_string(),
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let deadline = Instant::now() + CONNECT_WINDOW;
+    let mut attempt = 0;
+    let client = loop {
+        let options = async_nats::ConnectOptions::new()
+            .name("kiln")
+            .connection_timeout(Duration::from_secs(5))
+            .max_reconnects(None)
+            .reconnect_delay_callback(|attempts| backoff(u32::try_from(attempts).unwrap_or(u32::MAX)))
+            .event_callback(|event| async move {
+                match event {
+                    async_nats::Event::Connected => tracing::info!("connected to NATS"),
+                    async_nats::Event::Disconnected => tracing::warn!("disconnected from NATS; reconnecting"),
+                    other => tracing::info!(event = %other, "NATS connection event"),
+                }
+            });
+        match options.connect(servers.clone()).await {
+            Ok(client) => break client,
+            Err(source) if Instant::now() + backoff(attempt) >= deadline => {
+                return Err(NatsError::Connect {
+                    url: config.url.clone(),
+                    source,
+                });
+            }
+            Err(error) => {
+                tracing::warn!(url = %config.url, error = %error, "cannot connect to NATS; retrying");
+                tokio::time::sleep(backoff(attempt)).await;
+                attempt += 1;
+            }
+        }
+    };
+    if config.replicas > 1 && client.server_info().cluster.is_none() {
+        return Err(NatsError::Setup {
+            name: "every stream".into(),
+            message: format!(
+                "nats.replicas = {} needs a JetStream cluster of at least {} servers, and {} is a single server: set nats.replicas = 1 or point nats.url at a cluster",
+                config.replicas,
+                config.replicas,
+                client.server_info().server_name
+            ),
+        });
+    }
     let jetstream = jetstream::new(client.clone());
-    let nats = Nats { client, jetstream };
-    ensure_streams(&nats.jetstream, config.replicas).await?;
-    Ok(nats)
+    let mut attempt = 0;
+    loop {
+        match ensure_streams(&jetstream, config.replicas).await {
+            Ok(()) => break,
+            Err(error) if Instant::now() + backoff(attempt) >= deadline => return Err(error),
+            Err(error) => {
+                tracing::warn!(error = %error, "cannot set the streams up yet; retrying");
+                tokio::time::sleep(backoff(attempt)).await;
+                attempt += 1;
+            }
+        }
+    }
+    Ok(Nats { client, jetstream })
 }
 
 /// Returns the configuration of every stream kiln uses.
@@ -82,104 +150,94 @@ pub fn stream_configs(replicas: usize) -> Vec<stream::Config> {
     ]
 }
 
-/// Creates every stream and KV bucket that does not exist yet; existing ones are kept as they
-/// are, so every service can call this at start.
+/// The KV buckets kiln uses, with the max age of their entries.
+pub const BUCKETS: [(&str, Duration); 3] = [
+    (BUCKET_LEASES, Duration::from_secs(30)),
+    (BUCKET_CAPACITY, Duration::from_secs(60)),
+    // Kept until overwritten (a max age of zero is none).
+    (BUCKET_SCHEDULER, Duration::ZERO),
+];
+
+/// The stream behind a KV bucket.
+pub fn bucket_stream(bucket: &str) -> String {
+    format!("KV_{bucket}")
+}
+
+/// Creates every stream and KV bucket that does not exist yet, so every service can call this
+/// at start. Existing ones are kept as they are, except their replicas: one with other replicas
+/// than `replicas` is updated to them (JetStream moves the data), or the error says why not.
 pub async fn ensure_streams(js: &jetstream::Context, replicas: usize) -> Result<(), NatsError> {
+    let setup = |name: &str, error: &dyn std::fmt::Display| NatsError::Setup {
+        name: name.to_string(),
+        message: with_replicas_hint(error.to_string(), replicas),
+    };
     for config in stream_configs(replicas) {
         let name = config.name.clone();
-        js.get_or_create_stream(config).await.map_err(|e| NatsError::Setup {
-            name,
-            message: e.to_string(),
-        })?;
+        let stream = js.get_or_create_stream(config).await.map_err(|e| setup(&name, &e))?;
+        ensure_replicas(js, stream.cached_info().config.clone(), replicas).await?;
     }
-    for (bucket, ttl) in [
-        (BUCKET_LEASES, Duration::from_secs(30)),
-        (BUCKET_CAPACITY, Duration::from_secs(60)),
-        // Kept until overwritten (a max age of zero is none).
-        (BUCKET_SCHEDULER, Duration::ZERO),
-    ] {
-        if js.get_key_value(bucket).await.is_ok() {
-            continue;
+    for (bucket, ttl) in BUCKETS {
+        if js.get_key_value(bucket).await.is_err() {
+            let created = js
+                .create_key_value(kv::Config {
+                    bucket: bucket.to_string(),
+                    history: 1,
+                    max_age: ttl,
+                    num_replicas: replicas,
+                    ..Default::default()
+                })
+                .await;
+            // Another service may have created it in the meantime.
+            if let Err(error) = created
+                && js.get_key_value(bucket).await.is_err()
+            {
+                return Err(setup(bucket, &error));
+            }
         }
-        let created = js
-            .create_key_value(kv::Config {
-                bucket: bucket.to_string(),
-                history: 1,
-                max_age: ttl,
-                num_replicas: replicas,
-                ..Default::default()
-            })
-            .await;
-        // Another service may have created it in the meantime.
-        if let Err(error) = created
-            && js.get_key_value(bucket).await.is_err()
-        {
-            return Err(NatsError::Setup {
-                name: bucket.to_string(),
-                message: error.to_string(),
-            });
-        }
+        let mut stream = js
+            .get_stream(bucket_stream(bucket))
+            .await
+            .map_err(|e| setup(bucket, &e))?;
+        let info = stream.info().await.map_err(|e| setup(bucket, &e))?;
+        ensure_replicas(js, info.config.clone(), replicas).await?;
     }
     Ok(())
+}
+
+/// Updates a stream that has other replicas than `replicas` to them.
+async fn ensure_replicas(
+    js: &jetstream::Context,
+    mut config: stream::Config,
+    replicas: usize,
+) -> Result<(), NatsError> {
+    let had = config.num_replicas;
+    if had == replicas {
+        return Ok(());
+    }
+    tracing::warn!(stream = %config.name, had, replicas, "the stream has other replicas than nats.replicas; updating it");
+    config.num_replicas = replicas;
+    let name = config.name.clone();
+    js.update_stream(config).await.map_err(|e| NatsError::Setup {
+        name,
+        message: with_replicas_hint(
+            format!("it has {had} replicas and nats.replicas is {replicas}; changing them failed: {e}"),
+            replicas,
+        ),
+    })?;
+    Ok(())
+}
+
+fn with_replicas_hint(message: String, replicas: usize) -> String {
+    if replicas > 1 {
+        format!("{message} (nats.replicas = {replicas} needs a JetStream cluster of at least {replicas} servers)")
+    } else {
+        message
+    }
 }
 
 /// The longest log line on `KILN_LOGS`, in bytes: runners cut longer output into pieces of this
 /// size, and WriteLogs refuses longer lines.
 pub const MAX_LOG_LINE_BYTES: usize = 16 * 1024;
-
-/// Publishes a message with a JetStream message id and waits until the stream has stored it.
-/// Publishing the same id again within the duplicate window stores nothing new.
-pub async fn publish(js: &jetstream::Context, subject: String, msg_id: &str, payload: Bytes) -> Result<(), NatsError> {
-    let publish = jetstream::message::PublishMessage::build()
-        .payload(payload)
-        .message_id(msg_id);
-    let ack = js
-        .send_publish(subject.clone(), publish)
-        .await
-        .map_err(|e| NatsError::Publish {
-            subject: subject.clone(),
-            message: e.to_string(),
-        })?;
-    ack.await.map_err(|e| NatsError::Publish {
-        subject,
-        message: e.to_string(),
-    })?;
-    Ok(())
-}
-
-/// Publishes messages (message id, payload) to one subject with up to `IN_FLIGHT` awaiting their
-/// acks, and returns once JetStream has acknowledged every one.
-pub async fn publish_all(
-    js: &jetstream::Context,
-    subject: &str,
-    messages: Vec<(String, Bytes)>,
-) -> Result<(), NatsError> {
-    const IN_FLIGHT: usize = 1024;
-    let failed = |e: &dyn std::fmt::Display| NatsError::Publish {
-        subject: subject.to_string(),
-        message: e.to_string(),
-    };
-    let mut acks = std::collections::VecDeque::with_capacity(IN_FLIGHT);
-    for (msg_id, payload) in messages {
-        let publish = jetstream::message::PublishMessage::build()
-            .payload(payload)
-            .message_id(msg_id);
-        acks.push_back(
-            js.send_publish(subject.to_string(), publish)
-                .await
-                .map_err(|e| failed(&e))?,
-        );
-        if acks.len() >= IN_FLIGHT
-            && let Some(oldest) = acks.pop_front()
-        {
-            oldest.await.map_err(|e| failed(&e))?;
-        }
-    }
-    for ack in acks {
-        ack.await.map_err(|e| failed(&e))?;
-    }
-    Ok(())
-}
 
 #[cfg(test)]
 mod tests {

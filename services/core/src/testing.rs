@@ -2,6 +2,7 @@
 //!
 //! `scripts/test.sh` installs `nats-server` and starts Postgres, exporting
 //! `KILN_TEST_DATABASE_URL`; a test that needs one and finds it missing fails loudly.
+//! [`NatsServer`] is one `nats-server -js`, [`NatsCluster`] three clustered ones.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -28,18 +29,18 @@ pub struct NatsServer {
 impl NatsServer {
     /// Starts a server and waits until it accepts connections.
     pub fn start() -> NatsServer {
-        let binary = std::env::var("KILN_TEST_NATS_SERVER").unwrap_or_else(|_| "nats-server".into());
+        let binary = nats_server_binary();
         let dir = tempfile::tempdir().expect("temp dir");
-        let port = free_port();
-        let child = Command::new(&binary)
-            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!("cannot start {binary} ({e}): run the tests through scripts/test.sh, which installs nats-server")
-            });
+        let port = free_port().to_string();
+        let child = spawn_nats_server(
+            &binary,
+            &["-js", "-a", "127.0.0.1", "-p", &port, "-sd"]
+                .map(std::ffi::OsStr::new)
+                .into_iter()
+                .chain([dir.path().as_os_str()])
+                .collect::<Vec<_>>(),
+        );
+        let port: u16 = port.parse().expect("a port");
         let deadline = Instant::now() + Duration::from_secs(10);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(Instant::now() < deadline, "nats-server did not start on port {port}");
@@ -64,6 +65,206 @@ impl Drop for NatsServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// The nats-server binary of the tests (`KILN_TEST_NATS_SERVER`, else `nats-server` on `PATH`).
+fn nats_server_binary() -> String {
+    std::env::var("KILN_TEST_NATS_SERVER").unwrap_or_else(|_| "nats-server".into())
+}
+
+fn spawn_nats_server(binary: &str, args: &[&std::ffi::OsStr]) -> Child {
+    Command::new(binary)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("cannot start {binary} ({e}): run the tests through scripts/test.sh, which installs nats-server")
+        })
+}
+
+/// Three `nats-server`s with JetStream clustered over routes on loopback (cluster `kiln-test`,
+/// servers `n0`, `n1`, `n2`, each with its own store directory and config file), for tests of
+/// what happens when one dies. Every node is killed on drop.
+pub struct NatsCluster {
+    /// The client URLs of the three nodes, comma-separated (what `nats.url` takes).
+    pub url: String,
+    nodes: Vec<ClusterNode>,
+    binary: String,
+    dir: tempfile::TempDir,
+}
+
+struct ClusterNode {
+    port: u16,
+    http_port: u16,
+    config: PathBuf,
+    child: Option<Child>,
+}
+
+impl NatsCluster {
+    pub const SIZE: usize = 3;
+
+    /// Starts the three nodes and waits until each is healthy: routed, with a JetStream meta
+    /// leader elected.
+    pub async fn start() -> NatsCluster {
+        let binary = nats_server_binary();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut ports = std::collections::BTreeSet::new();
+        while ports.len() < 3 * Self::SIZE {
+            ports.insert(free_port());
+        }
+        let ports: Vec<u16> = ports.into_iter().collect();
+        let route_ports = &ports[2 * Self::SIZE..];
+        let routes: Vec<String> = route_ports
+            .iter()
+            .map(|port| format!("\"nats-route://127.0.0.1:{port}\""))
+            .collect();
+        let mut nodes = Vec::new();
+        for index in 0..Self::SIZE {
+            let name = Self::server_name(index);
+            let config = dir.path().join(format!("{name}.conf"));
+            let text = format!(
+                "server_name: \"{name}\"\nlisten: \"127.0.0.1:{port}\"\nhttp: \"127.0.0.1:{http}\"\n\
+                 log_file: \"{log}\"\njetstream {{ store_dir: \"{store}\" }}\n\
+                 cluster {{\n  name: \"kiln-test\"\n  listen: \"127.0.0.1:{route}\"\n  routes: [{routes}]\n}}\n",
+                port = ports[index],
+                http = ports[Self::SIZE + index],
+                log = dir.path().join(format!("{name}.log")).display(),
+                store = dir.path().join(&name).display(),
+                route = route_ports[index],
+                routes = routes.join(", "),
+            );
+            std::fs::write(&config, text).expect("write a nats-server config");
+            nodes.push(ClusterNode {
+                port: ports[index],
+                http_port: ports[Self::SIZE + index],
+                config,
+                child: None,
+            });
+        }
+        let url = nodes
+            .iter()
+            .map(|node| format!("nats://127.0.0.1:{}", node.port))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut cluster = NatsCluster {
+            url,
+            nodes,
+            binary,
+            dir,
+        };
+        for index in 0..Self::SIZE {
+            cluster.spawn(index);
+        }
+        for index in 0..Self::SIZE {
+            cluster.wait_healthy(index).await;
+        }
+        cluster
+    }
+
+    /// The `server_name` of node `index`.
+    pub fn server_name(index: usize) -> String {
+        format!("n{index}")
+    }
+
+    /// The client URL of each node.
+    pub fn urls(&self) -> Vec<String> {
+        self.url.split(',').map(str::to_string).collect()
+    }
+
+    /// A configuration with every node and three replicas.
+    pub fn config(&self) -> NatsConfig {
+        NatsConfig {
+            url: self.url.clone(),
+            replicas: Self::SIZE,
+        }
+    }
+
+    /// Kills node `index` with SIGKILL (no lame duck, nothing flushed) and reaps it.
+    pub fn kill(&mut self, index: usize) {
+        if let Some(mut child) = self.nodes[index].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts node `index` again, on the same ports with the same store, and waits until it is
+    /// healthy (routed and its JetStream assets current).
+    pub async fn restart(&mut self, index: usize) {
+        self.kill(index);
+        self.start_node(index);
+        self.wait_healthy(index).await;
+    }
+
+    /// Starts node `index` (killed before) without waiting for it: a node alone cannot be
+    /// healthy while the others are down.
+    pub fn start_node(&mut self, index: usize) {
+        if self.nodes[index].child.is_none() {
+            self.spawn(index);
+        }
+    }
+
+    /// Waits until node `index` says it is healthy (`/healthz`: JetStream up, a meta leader
+    /// known, its streams and consumers current).
+    pub async fn wait_healthy(&self, index: usize) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match healthz(self.nodes[index].http_port).await {
+                Some(status) if status.contains(" 200 ") => return,
+                status => assert!(
+                    Instant::now() < deadline,
+                    "{} is not healthy ({status:?}); its log:\n{}",
+                    Self::server_name(index),
+                    self.log_tail(index)
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The last lines of node `index`'s log, for a failure message.
+    pub fn log_tail(&self, index: usize) -> String {
+        let log = self.dir.path().join(format!("{}.log", Self::server_name(index)));
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    fn spawn(&mut self, index: usize) {
+        let node = &mut self.nodes[index];
+        node.child = Some(spawn_nats_server(
+            &self.binary,
+            &[std::ffi::OsStr::new("-c"), node.config.as_os_str()],
+        ));
+    }
+}
+
+/// The status line of `GET /healthz` on a monitoring port, if it answers.
+async fn healthz(port: u16) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+        stream
+            .write_all(b"GET /healthz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            .await
+            .ok()?;
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).await.ok()?;
+        let response = String::from_utf8_lossy(&response);
+        Some(format!("{} {}", response.lines().next()?, response.lines().last()?))
+    };
+    tokio::time::timeout(Duration::from_secs(2), exchange)
+        .await
+        .ok()
+        .flatten()
+}
+
+impl Drop for NatsCluster {
+    fn drop(&mut self) {
+        for index in 0..self.nodes.len() {
+            self.kill(index);
+        }
     }
 }
 

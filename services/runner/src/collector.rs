@@ -2,7 +2,9 @@
 //! `sys/...` keys: the instance's CPU and memory (from the engine's stats, or /proc for a
 //! process), the host's CPU and memory (sysinfo), and its GPUs' utilisation (NVML) when it has
 //! any. Each batch's message id is `<job>:<attempt>:sys:<step>`, so a retried publish is kept
-//! once.
+//! once. Batches are published in order by a task of their own, which sends each again until
+//! stored and outlives the sampling (aborted when the job ends) until it has sent what was
+//! sampled: a stream electing its leader delays the points, it does not lose them.
 
 use std::time::Duration;
 
@@ -22,9 +24,23 @@ pub const HOST_CPU_PERCENT: &str = "sys/host_cpu_percent";
 pub const HOST_MEMORY_USED_BYTES: &str = "sys/host_memory_used_bytes";
 pub const GPU_PERCENT: &str = "sys/gpu_percent";
 
+/// Batches sampled and not yet published, at most; sampling waits when they are.
+const QUEUED_BATCHES: usize = 64;
+
 /// Samples and publishes until the task is aborted (when the job ends).
 pub(crate) async fn collect(ctx: Context, instance: Instance, gpu_devices: Vec<u32>) {
     let interval = Duration::from_millis(ctx.config.metrics_interval_ms);
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<(String, Bytes)>(QUEUED_BATCHES);
+    let js = ctx.nats.jetstream.clone();
+    let job_id = instance.job_id.clone();
+    tokio::spawn(async move {
+        let subject = subjects::metrics(&job_id);
+        while let Some((msg_id, payload)) = rx.recv().await {
+            if let Err(error) = publish(&js, subject.clone(), &msg_id, payload).await {
+                tracing::warn!(job_id = %job_id, error = %error, "cannot publish system metrics");
+            }
+        }
+    });
     // Host figures are skipped where sysinfo cannot read the system.
     let mut system = sysinfo::System::new().ok();
     let mut step: i64 = 0;
@@ -68,16 +84,8 @@ pub(crate) async fn collect(ctx: Context, instance: Instance, gpu_devices: Vec<u
             columns: None,
         };
         let msg_id = format!("{}:{}:sys:{step}", instance.job_id, instance.attempt);
-        let payload = Bytes::from(batch.encode_to_vec());
-        if let Err(error) = publish(
-            &ctx.nats.jetstream,
-            subjects::metrics(&instance.job_id),
-            &msg_id,
-            payload,
-        )
-        .await
-        {
-            tracing::warn!(job_id = %instance.job_id, error = %error, "cannot publish system metrics");
+        if tx.send((msg_id, Bytes::from(batch.encode_to_vec()))).await.is_err() {
+            return;
         }
     }
 }

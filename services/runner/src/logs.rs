@@ -5,12 +5,9 @@
 //! stored once. Up to [`IN_FLIGHT`] publishes await their acks at a time. The last record of an
 //! attempt has `end` set.
 
-use std::collections::VecDeque;
-
-use async_nats::jetstream::context::PublishAckFuture;
 use futures::StreamExt;
 use kiln_core::ids::now_ms;
-use kiln_core::streams::{MAX_LOG_LINE_BYTES, Nats, NatsError};
+use kiln_core::streams::{MAX_LOG_LINE_BYTES, Nats, NatsError, Pipeline};
 use kiln_core::subjects;
 use kiln_proto::v1::{LogRecord, LogStream};
 use prost::Message;
@@ -109,8 +106,9 @@ async fn publish_lines(
     attempt: i32,
     mut rx: mpsc::Receiver<(LogStream, String)>,
 ) -> Result<u64, NatsError> {
-    let subject = subjects::logs(&job_id);
-    let mut in_flight: VecDeque<PublishAckFuture> = VecDeque::new();
+    // A publish that fails is sent again (with the lines after it) by the pipeline, so a
+    // cluster node dying mid-job loses no line.
+    let mut pipeline = Pipeline::new(nats.jetstream.clone(), subjects::logs(&job_id), IN_FLIGHT);
     let mut seq: u64 = 0;
     let mut next = rx.recv().await;
     loop {
@@ -127,37 +125,13 @@ async fn publish_lines(
             end,
         };
         let msg_id = format!("{job_id}:{attempt}:{seq}");
-        let publish = async_nats::jetstream::message::PublishMessage::build()
-            .payload(record.encode_to_vec().into())
-            .message_id(msg_id);
-        let ack = nats
-            .jetstream
-            .send_publish(subject.clone(), publish)
-            .await
-            .map_err(|e| NatsError::Publish {
-                subject: subject.clone(),
-                message: e.to_string(),
-            })?;
-        in_flight.push_back(ack);
-        if in_flight.len() >= IN_FLIGHT
-            && let Some(oldest) = in_flight.pop_front()
-        {
-            oldest.await.map_err(|e| NatsError::Publish {
-                subject: subject.clone(),
-                message: e.to_string(),
-            })?;
-        }
+        pipeline.send(msg_id, record.encode_to_vec().into()).await?;
         if end {
             break;
         }
         next = rx.recv().await;
     }
-    for ack in in_flight {
-        ack.await.map_err(|e| NatsError::Publish {
-            subject: subject.clone(),
-            message: e.to_string(),
-        })?;
-    }
+    pipeline.flush().await?;
     Ok(seq - 1)
 }
 

@@ -1,14 +1,15 @@
 //! kiln-e2e: starts the services' libraries in-process, on port 0, against a real `nats-server`
 //! (one per test) and a SQLite file in a temp dir, and hands out authenticated clients.
+//! [`Stack::start_on_cluster`] runs them on a three-node NATS cluster with three replicas.
 #![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use kiln_core::auth::BearerInterceptor;
-use kiln_core::config::{DatabaseConfig, GrpcConfig, ObjectStoreConfig};
+use kiln_core::config::{DatabaseConfig, GrpcConfig, NatsConfig, ObjectStoreConfig};
 use kiln_core::store::Store;
-use kiln_core::testing::{NatsServer, sqlite_config};
+use kiln_core::testing::{NatsCluster, NatsServer, sqlite_config};
 use kiln_proto::v1 as pb;
 use kiln_proto::v1::artifact_service_client::ArtifactServiceClient;
 use kiln_proto::v1::batch_service_client::BatchServiceClient;
@@ -60,9 +61,47 @@ impl ServiceHandle {
     }
 }
 
+/// The NATS of a stack: one server, or a cluster (`cluster` set) the services reach through
+/// the URLs of all its nodes.
+pub struct StackNats {
+    /// The server's URL, or every node's, comma-separated.
+    pub url: String,
+    config: NatsConfig,
+    _server: Option<NatsServer>,
+    pub cluster: Option<NatsCluster>,
+}
+
+impl StackNats {
+    /// One nats-server of its own.
+    fn server() -> StackNats {
+        let server = NatsServer::start();
+        StackNats {
+            url: server.url.clone(),
+            config: server.config(),
+            _server: Some(server),
+            cluster: None,
+        }
+    }
+
+    pub fn config(&self) -> NatsConfig {
+        self.config.clone()
+    }
+
+    /// The cluster of a stack started with [`Stack::start_on_cluster`].
+    pub fn cluster(&mut self) -> &mut NatsCluster {
+        self.cluster.as_mut().expect("the stack runs on a NatsCluster")
+    }
+
+    /// A plain client of these servers (for reading streams back).
+    pub async fn client(&self) -> async_nats::Client {
+        let servers: Vec<&str> = self.url.split(',').collect();
+        async_nats::connect(servers).await.expect("connect to NATS")
+    }
+}
+
 /// The kiln services in this process (item-batch when started with [`Stack::start_item_batch`]).
 pub struct Stack {
-    pub nats: NatsServer,
+    pub nats: StackNats,
     pub dir: tempfile::TempDir,
     pub database: DatabaseConfig,
     pub objects: ObjectStoreConfig,
@@ -130,24 +169,41 @@ impl Stack {
     /// Starts api, log-ingest, scheduler and one runner (`runner-1`, pool `local`), keeping
     /// blobs in `objects` (an S3 bucket: `kiln_core::testing::s3_objects_config`).
     pub async fn start_with_objects(objects: ObjectStoreConfig) -> Stack {
-        let mut stack = Stack::start_services(Some(objects)).await;
+        let mut stack = Stack::start_services(StackNats::server(), Some(objects)).await;
         stack.runner = Some(stack.spawn_runner(stack.runner_config("runner-1")).await);
         stack
     }
 
     /// Starts api, log-ingest and the scheduler.
     pub async fn start_without_runner() -> Stack {
-        Stack::start_services(None).await
+        Stack::start_services(StackNats::server(), None).await
     }
 
-    /// Starts api, log-ingest and the scheduler, with blobs in `objects`, else in `objects/` of
-    /// the stack's temp dir.
-    async fn start_services(objects: Option<ObjectStoreConfig>) -> Stack {
+    /// Starts api, log-ingest, the scheduler and `runner-1` on a three-node NATS cluster, with
+    /// `nats.replicas = 3` and every node's URL in `nats.url`.
+    pub async fn start_on_cluster() -> Stack {
+        let cluster = NatsCluster::start().await;
+        let mut stack = Stack::start_services(
+            StackNats {
+                url: cluster.url.clone(),
+                config: cluster.config(),
+                _server: None,
+                cluster: Some(cluster),
+            },
+            None,
+        )
+        .await;
+        stack.runner = Some(stack.spawn_runner(stack.runner_config("runner-1")).await);
+        stack
+    }
+
+    /// Starts api, log-ingest and the scheduler on `nats`, with blobs in `objects`, else in
+    /// `objects/` of the stack's temp dir.
+    async fn start_services(nats: StackNats, objects: Option<ObjectStoreConfig>) -> Stack {
         // Service logs only when asked for (KILN_LOG=info cargo test …): they are not captured.
         if std::env::var_os("KILN_LOG").is_some() {
             kiln_core::telemetry::init(false);
         }
-        let nats = NatsServer::start();
         let dir = tempfile::tempdir().expect("temp dir");
         let database = sqlite_config(dir.path());
         let objects = objects.unwrap_or_else(|| ObjectStoreConfig::local(dir.path().join("objects")));
@@ -431,7 +487,7 @@ impl Stack {
 }
 
 fn api_config(
-    nats: &NatsServer,
+    nats: &StackNats,
     database: &DatabaseConfig,
     objects: &ObjectStoreConfig,
     dir: &std::path::Path,
@@ -449,7 +505,7 @@ fn api_config(
 }
 
 async fn start_api(
-    nats: &NatsServer,
+    nats: &StackNats,
     database: &DatabaseConfig,
     objects: &ObjectStoreConfig,
     dir: &std::path::Path,
@@ -598,32 +654,48 @@ pub async fn output(stack: &Stack, job_id: &str, path: &str) -> Result<String, t
     Ok(String::from_utf8_lossy(&data).into_owned())
 }
 
-/// Every message stored so far on `subject` of `stream`, in order.
+/// Every message stored so far on `subject` of `stream`, in order. Read again after an error
+/// (on a cluster, a new consumer may have no leader for a moment).
 pub async fn stored_messages(stack: &Stack, stream: &str, subject: String) -> Vec<bytes::Bytes> {
+    let js = async_nats::jetstream::new(stack.nats.client().await);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        match read_stored(&js, stream, &subject).await {
+            Ok(payloads) => return payloads,
+            Err(_) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(error) => panic!("cannot read {subject} from {stream}: {error}"),
+        }
+    }
+}
+
+async fn read_stored(
+    js: &async_nats::jetstream::Context,
+    stream: &str,
+    subject: &str,
+) -> Result<Vec<bytes::Bytes>, Box<dyn std::error::Error + Send + Sync>> {
     use async_nats::jetstream::consumer::pull;
     use futures::StreamExt;
-    let js = async_nats::jetstream::new(async_nats::connect(&stack.nats.url).await.expect("connect"));
-    let stream = js.get_stream(stream).await.expect("stream");
+    let stream = js.get_stream(stream).await?;
     let consumer = stream
         .create_consumer(pull::Config {
-            filter_subject: subject,
+            filter_subject: subject.to_string(),
             ack_policy: async_nats::jetstream::consumer::AckPolicy::None,
             ..Default::default()
         })
-        .await
-        .expect("consumer");
+        .await?;
     let mut messages = consumer
         .fetch()
         .max_messages(10_000)
         .expires(Duration::from_millis(500))
         .messages()
-        .await
-        .expect("fetch");
+        .await?;
     let mut payloads = Vec::new();
     while let Some(message) = messages.next().await {
-        payloads.push(message.expect("message").payload.clone());
+        payloads.push(message?.payload.clone());
     }
-    payloads
+    Ok(payloads)
 }
 
 /// The metric batches published for a job so far (read back from `KILN_METRICS`).
@@ -694,7 +766,7 @@ pub async fn job_events(stack: &Stack, job_id: &str) -> Vec<pb::JobEvent> {
 }
 
 /// A scheduler configuration for a stack.
-pub fn scheduler_config(nats: &NatsServer, database: &DatabaseConfig, name: &str) -> kiln_scheduler::Config {
+pub fn scheduler_config(nats: &StackNats, database: &DatabaseConfig, name: &str) -> kiln_scheduler::Config {
     kiln_scheduler::Config {
         grpc: ephemeral(),
         database: database.clone(),

@@ -233,13 +233,14 @@ async fn execute(
         }
     };
     tracing::info!(job_id = %job.id, instance = %instance.id, "job running");
-    publish(ctx, &job).await;
     let reader = shipper.ship(output);
     let collector = tokio::spawn(crate::collector::collect(
         ctx.clone(),
         instance.clone(),
         gpu_devices.clone(),
     ));
+    // After the output and metrics are taken care of: the publish may wait for a stream leader.
+    publish(ctx, &job).await;
     let (exit, stopped) = watch(ctx, &job, &instance, gpu_devices, controls, shutdown).await;
     collector.abort();
     // Whatever the job left behind goes too, so its output streams end.
