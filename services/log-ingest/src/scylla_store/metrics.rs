@@ -1,76 +1,27 @@
-//! The production metric store: ScyllaDB through the `scylla` driver (token-aware routing by
-//! default), with prepared statements, bounded write concurrency and a retry on failed writes.
-//! The schema is `migrations/cql/0001_metrics.cql`. Tests run it against Apache Cassandra 5,
-//! which speaks the same CQL.
+//! The metric store on ScyllaDB. The schema is `migrations/cql/0001_metrics.cql`.
 //!
-//! Points are partitioned by (job, key, bucket of [`BUCKET_STEPS`] steps). Writing a point again
-//! overwrites it with the same value, so redelivery never duplicates one.
+//! Points are partitioned by (job, key, bucket of [`BUCKET_STEPS`] steps); a batch's points are
+//! written partition by partition, [`ROWS_PER_BATCH`] rows per unlogged batch, several batches
+//! in flight.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 use scylla::client::session::Session;
-use scylla::client::session_builder::SessionBuilder;
 use scylla::statement::prepared::PreparedStatement;
-use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use super::{ScyllaConfig, bounded, cql_error, prepare, write_batch};
+use crate::error::Result;
 use crate::points::{MetricStore, Point, Sampler, Series};
 
 /// Steps per partition.
 pub const BUCKET_STEPS: i64 = 100_000;
+/// Rows per unlogged batch: about 80 bytes each, well under the batch size warning (128 KiB on
+/// ScyllaDB).
+pub const ROWS_PER_BATCH: usize = 1000;
 
-/// Where the ScyllaDB cluster is, and how the metric tables are made.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
-pub struct ScyllaConfig {
-    /// Contact points, `host:port`.
-    pub nodes: Vec<String>,
-    pub keyspace: String,
-    pub replication_factor: u32,
-    /// Points expire after this many seconds; 0 keeps them.
-    pub ttl_secs: u64,
-    /// Writes in flight at once, at most.
-    pub write_concurrency: usize,
-}
-
-impl Default for ScyllaConfig {
-    fn default() -> Self {
-        ScyllaConfig {
-            nodes: vec!["127.0.0.1:9042".into()],
-            keyspace: "kiln".into(),
-            replication_factor: 1,
-            ttl_secs: 0,
-            write_concurrency: 256,
-        }
-    }
-}
-
-impl ScyllaConfig {
-    pub fn validate(&self, problems: &mut Vec<String>) {
-        if self.nodes.is_empty() {
-            problems.push("scylla.nodes must name at least one node".into());
-        }
-        let valid_keyspace = !self.keyspace.is_empty()
-            && self.keyspace.len() <= 48
-            && self.keyspace.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-            && !self.keyspace.starts_with('_');
-        if !valid_keyspace {
-            problems.push(format!(
-                "scylla.keyspace {:?} must be 1 to 48 letters, digits or '_'",
-                self.keyspace
-            ));
-        }
-        if self.write_concurrency == 0 {
-            problems.push("scylla.write-concurrency must be at least 1".into());
-        }
-    }
-}
-
-fn cql_error(what: &str) -> impl FnOnce(&dyn std::fmt::Display) -> Error + '_ {
-    move |error| Error::LogStore(format!("scylla: cannot {what}: {error}"))
-}
+/// A point's row: job, key, bucket, step, value, time.
+type PointRow<'a> = (&'a str, &'a str, i64, i64, f64, i64);
 
 /// Prepared statements of the store.
 struct Statements {
@@ -93,42 +44,12 @@ pub struct ScyllaMetricStore {
 }
 
 impl ScyllaMetricStore {
-    /// Connects, applies the CQL schema, and prepares the statements.
-    pub async fn open(config: &ScyllaConfig) -> Result<ScyllaMetricStore> {
-        let session = SessionBuilder::new()
-            .known_nodes(&config.nodes)
-            .build()
-            .await
-            .map_err(|e| cql_error("connect")(&e))?;
-        let schema = include_str!("../../../migrations/cql/0001_metrics.cql")
-            .replace("${keyspace}", &config.keyspace)
-            .replace("${replication}", &config.replication_factor.to_string())
-            .replace("${ttl}", &config.ttl_secs.to_string());
-        let statements: Vec<String> = schema
-            .lines()
-            .filter(|line| !line.trim_start().starts_with("--"))
-            .collect::<Vec<_>>()
-            .join("\n")
-            .split(';')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(str::to_string)
-            .collect();
-        for statement in statements {
-            session
-                .query_unpaged(statement, ())
-                .await
-                .map_err(|e| cql_error("apply the schema")(&e))?;
-        }
+    /// Prepares the statements on a session [`super::connect`] made.
+    pub async fn new(session: Arc<Session>, config: &ScyllaConfig) -> Result<ScyllaMetricStore> {
         let ks = &config.keyspace;
         let prepare = |cql: String| {
             let session = &session;
-            async move {
-                session
-                    .prepare(cql)
-                    .await
-                    .map_err(|e| cql_error("prepare a statement")(&e))
-            }
+            async move { prepare(session, cql).await }
         };
         let statements = Statements {
             insert_point: prepare(format!(
@@ -164,26 +85,10 @@ impl ScyllaMetricStore {
             .await?,
         };
         Ok(ScyllaMetricStore {
-            session: Arc::new(session),
+            session,
             statements: Arc::new(statements),
             write_concurrency: config.write_concurrency,
         })
-    }
-
-    /// Runs one write, once more if it fails (a timeout or a node going away).
-    async fn write(
-        session: &Session,
-        statement: &PreparedStatement,
-        values: impl scylla::serialize::row::SerializeRow,
-    ) -> Result<()> {
-        let mut last = None;
-        for _ in 0..2 {
-            match session.execute_unpaged(statement, &values).await {
-                Ok(_) => return Ok(()),
-                Err(error) => last = Some(error),
-            }
-        }
-        Err(cql_error("write a point")(&last.expect("a failed attempt")))
     }
 
     async fn buckets(&self, job_id: &str, key: &str, min_step: i64, max_step: i64) -> Result<Vec<i64>> {
@@ -210,47 +115,51 @@ impl ScyllaMetricStore {
 #[async_trait::async_trait]
 impl MetricStore for ScyllaMetricStore {
     async fn append(&self, points: Vec<Point>) -> Result<()> {
-        let points = points.as_slice();
-        let (session, statements) = (&self.session, &self.statements);
-        let mut series: BTreeMap<(&str, &str), Vec<i64>> = BTreeMap::new();
-        for point in points {
-            series
-                .entry((&point.job_id, &point.key))
-                .or_default()
-                .push(point.step.div_euclid(BUCKET_STEPS));
+        let (session, statements) = (&*self.session, &*self.statements);
+        // Rows in partition order, then step order: each partition's rows are one run.
+        let mut rows: Vec<PointRow<'_>> = points
+            .iter()
+            .map(|p| {
+                (
+                    &*p.job_id,
+                    &*p.key,
+                    p.step.div_euclid(BUCKET_STEPS),
+                    p.step,
+                    p.value,
+                    p.timestamp_ms,
+                )
+            })
+            .collect();
+        rows.sort_by(|a, b| (a.0, a.1, a.2, a.3).cmp(&(b.0, b.1, b.2, b.3)));
+        let batches: Vec<&[PointRow<'_>]> = rows
+            .chunk_by(|a, b| (a.0, a.1, a.2) == (b.0, b.1, b.2))
+            .flat_map(|partition| partition.chunks(ROWS_PER_BATCH))
+            .collect();
+        let mut keys: Vec<(&str, &str)> = rows.iter().map(|r| (r.0, r.1)).collect();
+        keys.dedup();
+        let mut buckets: Vec<(&str, &str, i64)> = rows.iter().map(|r| (r.0, r.1, r.2)).collect();
+        buckets.dedup();
+        let mut writes = Vec::with_capacity(batches.len());
+        for batch in batches {
+            writes.push(write_batch(session, &statements.insert_point, batch, "write points"));
         }
-        // Owned tasks, at most `write_concurrency` in flight.
-        let mut in_flight = tokio::task::JoinSet::new();
-        for point in points {
-            while in_flight.len() >= self.write_concurrency {
-                in_flight
-                    .join_next()
-                    .await
-                    .expect("tasks in flight")
-                    .map_err(|e| cql_error("write a point")(&e))??;
-            }
-            let (session, statements) = (self.session.clone(), self.statements.clone());
-            let values = (
-                point.job_id.clone(),
-                point.key.clone(),
-                point.step.div_euclid(BUCKET_STEPS),
-                point.step,
-                point.value,
-                point.timestamp_ms,
-            );
-            in_flight.spawn(async move { Self::write(&session, &statements.insert_point, values).await });
+        bounded(writes, self.write_concurrency).await?;
+        // The series and partitions listed, one batch per partition of the listing tables.
+        let mut writes = Vec::new();
+        for batch in keys.chunk_by(|a, b| a.0 == b.0) {
+            writes.push(write_batch(session, &statements.insert_key, batch, "list a key"));
         }
-        while let Some(done) = in_flight.join_next().await {
-            done.map_err(|e| cql_error("write a point")(&e))??;
+        bounded(writes, self.write_concurrency).await?;
+        let mut writes = Vec::new();
+        for batch in buckets.chunk_by(|a, b| (a.0, a.1) == (b.0, b.1)) {
+            writes.push(write_batch(
+                session,
+                &statements.insert_bucket,
+                batch,
+                "list a partition",
+            ));
         }
-        for ((job_id, key), mut buckets) in series {
-            Self::write(session, &statements.insert_key, (job_id, key)).await?;
-            buckets.sort_unstable();
-            buckets.dedup();
-            for bucket in buckets {
-                Self::write(session, &statements.insert_bucket, (job_id, key, bucket)).await?;
-            }
-        }
+        bounded(writes, self.write_concurrency).await?;
         Ok(())
     }
 
