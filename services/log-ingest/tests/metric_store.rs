@@ -83,7 +83,8 @@ async fn downsampling_keeps_the_extremes(store: Box<dyn MetricStore>) {
 }
 
 async fn a_redelivered_batch_of_many_partitions_stores_nothing_twice(store: Box<dyn MetricStore>) {
-    // Several series, each across a partition boundary and longer than one write request.
+    // Several series, each across a partition boundary and longer than one write request (and
+    // one chunk of the Scylla store).
     let mut points = Vec::new();
     for job in ["j1", "j2"] {
         for key in ["loss", "acc", "lr"] {
@@ -92,6 +93,8 @@ async fn a_redelivered_batch_of_many_partitions_stores_nothing_twice(store: Box<
     }
     points.push(point("j1", "loss", 100_001, f64::NAN));
     points.retain(|p| !(p.step == 100_001 && p.value == 100_001.0 && &*p.key == "loss" && &*p.job_id == "j1"));
+    // First regrouped (every third point, as another batch), then whole, then whole again.
+    store.append(points.iter().step_by(3).cloned().collect()).await.unwrap();
     store.append(points.clone()).await.unwrap();
     points.reverse();
     store.append(points).await.unwrap();

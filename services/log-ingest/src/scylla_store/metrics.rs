@@ -1,8 +1,8 @@
 //! The metric store on ScyllaDB. The schema is `migrations/cql/0001_metrics.cql`.
 //!
-//! Points are partitioned by (job, key, bucket of [`BUCKET_STEPS`] steps); a batch's points are
-//! written partition by partition, [`ROWS_PER_BATCH`] rows per unlogged batch, several batches
-//! in flight.
+//! Points are partitioned by (job, key, bucket of [`BUCKET_STEPS`] steps) and stored in chunks
+//! of consecutive steps (see [`chunks`]); a batch's chunks are written partition by partition,
+//! a few per unlogged batch, several batches in flight.
 
 use std::sync::Arc;
 
@@ -10,30 +10,31 @@ use futures::{StreamExt, TryStreamExt};
 use scylla::client::session::Session;
 use scylla::statement::prepared::PreparedStatement;
 
+use super::chunks::{self, Chunk, Sample, pack};
 use super::{ScyllaConfig, bounded, cql_error, prepare, write_batch};
 use crate::error::Result;
 use crate::points::{MetricStore, Point, Sampler, Series};
 
 /// Steps per partition.
 pub const BUCKET_STEPS: i64 = 100_000;
-/// Rows per unlogged batch: about 80 bytes each, well under the batch size warning (128 KiB on
+/// Chunks per unlogged batch: up to 24 KiB each, under the batch size warning (128 KiB on
 /// ScyllaDB).
-pub const ROWS_PER_BATCH: usize = 1000;
+const CHUNKS_PER_BATCH: usize = 4;
 
-/// A point's row: job, key, bucket, step, value, time.
-type PointRow<'a> = (&'a str, &'a str, i64, i64, f64, i64);
+/// A chunk's row: job, key, bucket, last step, first step, digest, steps, data.
+type ChunkRow<'a> = (&'a str, &'a str, i64, i64, i64, i64, &'a [u8], &'a [u8]);
 
 /// Prepared statements of the store.
 struct Statements {
-    insert_point: PreparedStatement,
+    insert_chunk: PreparedStatement,
     insert_key: PreparedStatement,
     insert_bucket: PreparedStatement,
     select_keys: PreparedStatement,
     select_buckets: PreparedStatement,
     select_last_bucket: PreparedStatement,
-    select_summary: PreparedStatement,
-    select_points: PreparedStatement,
-    select_last_point: PreparedStatement,
+    select_steps: PreparedStatement,
+    select_chunks: PreparedStatement,
+    select_last_chunk: PreparedStatement,
 }
 
 /// The metric store on ScyllaDB.
@@ -51,9 +52,13 @@ impl ScyllaMetricStore {
             let session = &session;
             async move { prepare(session, cql).await }
         };
+        let paged = |mut statement: PreparedStatement, rows: i32| {
+            statement.set_page_size(rows);
+            statement
+        };
         let statements = Statements {
-            insert_point: prepare(format!(
-                "INSERT INTO {ks}.metric_points (job_id, key, bucket, step, value, ts_ms) VALUES (?, ?, ?, ?, ?, ?)"
+            insert_chunk: prepare(format!(
+                "INSERT INTO {ks}.metric_chunks (job_id, key, bucket, last_step, first_step, digest, steps, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
             ))
             .await?,
             insert_key: prepare(format!("INSERT INTO {ks}.metric_keys (job_id, key) VALUES (?, ?)")).await?,
@@ -67,20 +72,22 @@ impl ScyllaMetricStore {
                 "SELECT bucket FROM {ks}.metric_buckets WHERE job_id = ? AND key = ? ORDER BY bucket DESC LIMIT 1"
             ))
             .await?,
-            select_summary: prepare(format!(
-                "SELECT COUNT(*), MIN(step), MAX(step) FROM {ks}.metric_points WHERE job_id = ? AND key = ? AND bucket = ? AND step >= ? AND step <= ?"
-            ))
-            .await?,
-            select_points: {
-                let mut statement = prepare(format!(
-                    "SELECT step, value, ts_ms FROM {ks}.metric_points WHERE job_id = ? AND key = ? AND bucket = ? AND step >= ? AND step <= ?"
+            select_steps: paged(
+                prepare(format!(
+                    "SELECT first_step, steps FROM {ks}.metric_chunks WHERE job_id = ? AND key = ? AND bucket = ? AND last_step >= ?"
                 ))
-                .await?;
-                statement.set_page_size(5000);
-                statement
-            },
-            select_last_point: prepare(format!(
-                "SELECT step, value, ts_ms FROM {ks}.metric_points WHERE job_id = ? AND key = ? AND bucket = ? ORDER BY step DESC LIMIT 1"
+                .await?,
+                100,
+            ),
+            select_chunks: paged(
+                prepare(format!(
+                    "SELECT first_step, steps, data FROM {ks}.metric_chunks WHERE job_id = ? AND key = ? AND bucket = ? AND last_step >= ?"
+                ))
+                .await?,
+                50,
+            ),
+            select_last_chunk: prepare(format!(
+                "SELECT steps, data FROM {ks}.metric_chunks WHERE job_id = ? AND key = ? AND bucket = ? ORDER BY last_step DESC LIMIT 1"
             ))
             .await?,
         };
@@ -89,6 +96,23 @@ impl ScyllaMetricStore {
             statements: Arc::new(statements),
             write_concurrency: config.write_concurrency,
         })
+    }
+
+    /// The rows of a paged query, as a stream.
+    async fn rows<R>(
+        &self,
+        statement: &PreparedStatement,
+        values: impl scylla::serialize::row::SerializeRow,
+    ) -> Result<scylla::client::pager::TypedRowStream<R>>
+    where
+        R: for<'frame, 'metadata> scylla::deserialize::row::DeserializeRow<'frame, 'metadata> + 'static,
+    {
+        self.session
+            .execute_iter(statement.clone(), values)
+            .await
+            .map_err(|e| cql_error("read points")(&e))?
+            .rows_stream::<R>()
+            .map_err(|e| cql_error("read points")(&e))
     }
 
     async fn buckets(&self, job_id: &str, key: &str, min_step: i64, max_step: i64) -> Result<Vec<i64>> {
@@ -116,50 +140,72 @@ impl ScyllaMetricStore {
 impl MetricStore for ScyllaMetricStore {
     async fn append(&self, points: Vec<Point>) -> Result<()> {
         let (session, statements) = (&*self.session, &*self.statements);
-        // Rows in partition order, then step order: each partition's rows are one run.
-        let mut rows: Vec<PointRow<'_>> = points
+        // Points in partition order, then step order (a stable sort: a repeated step keeps its
+        // first point), packed into chunks partition by partition.
+        let mut sorted: Vec<&Point> = points.iter().collect();
+        sorted.sort_by(|a, b| {
+            (&*a.job_id, &*a.key, a.step.div_euclid(BUCKET_STEPS), a.step).cmp(&(
+                &*b.job_id,
+                &*b.key,
+                b.step.div_euclid(BUCKET_STEPS),
+                b.step,
+            ))
+        });
+        let mut chunks: Vec<(&str, &str, i64, Chunk)> = Vec::new();
+        for partition in sorted.chunk_by(|a, b| {
+            (&*a.job_id, &*a.key, a.step.div_euclid(BUCKET_STEPS))
+                == (&*b.job_id, &*b.key, b.step.div_euclid(BUCKET_STEPS))
+        }) {
+            let first = partition[0];
+            let bucket = first.step.div_euclid(BUCKET_STEPS);
+            let samples: Vec<Sample> = partition.iter().map(|p| (p.step, p.value, p.timestamp_ms)).collect();
+            chunks.extend(
+                pack(&samples)
+                    .into_iter()
+                    .map(|chunk| (&*first.job_id, &*first.key, bucket, chunk)),
+            );
+        }
+        let rows: Vec<ChunkRow<'_>> = chunks
             .iter()
-            .map(|p| {
+            .map(|(job, key, bucket, c)| {
                 (
-                    &*p.job_id,
-                    &*p.key,
-                    p.step.div_euclid(BUCKET_STEPS),
-                    p.step,
-                    p.value,
-                    p.timestamp_ms,
+                    *job,
+                    *key,
+                    *bucket,
+                    c.last_step,
+                    c.first_step,
+                    c.digest,
+                    &c.steps[..],
+                    &c.data[..],
                 )
             })
             .collect();
-        rows.sort_by(|a, b| (a.0, a.1, a.2, a.3).cmp(&(b.0, b.1, b.2, b.3)));
-        let batches: Vec<&[PointRow<'_>]> = rows
-            .chunk_by(|a, b| (a.0, a.1, a.2) == (b.0, b.1, b.2))
-            .flat_map(|partition| partition.chunks(ROWS_PER_BATCH))
-            .collect();
+        let mut writes = Vec::new();
+        for partition in rows.chunk_by(|a, b| (a.0, a.1, a.2) == (b.0, b.1, b.2)) {
+            for batch in partition.chunks(CHUNKS_PER_BATCH) {
+                writes.push(write_batch(session, &statements.insert_chunk, batch, "write points"));
+            }
+        }
+        bounded(writes, self.write_concurrency).await?;
+        // The series and partitions listed, one batch per partition of the listing tables.
         let mut keys: Vec<(&str, &str)> = rows.iter().map(|r| (r.0, r.1)).collect();
         keys.dedup();
         let mut buckets: Vec<(&str, &str, i64)> = rows.iter().map(|r| (r.0, r.1, r.2)).collect();
         buckets.dedup();
-        let mut writes = Vec::with_capacity(batches.len());
-        for batch in batches {
-            writes.push(write_batch(session, &statements.insert_point, batch, "write points"));
-        }
-        bounded(writes, self.write_concurrency).await?;
-        // The series and partitions listed, one batch per partition of the listing tables.
-        let mut writes = Vec::new();
+        let (mut listed, mut partitions) = (Vec::new(), Vec::new());
         for batch in keys.chunk_by(|a, b| a.0 == b.0) {
-            writes.push(write_batch(session, &statements.insert_key, batch, "list a key"));
+            listed.push(write_batch(session, &statements.insert_key, batch, "list a key"));
         }
-        bounded(writes, self.write_concurrency).await?;
-        let mut writes = Vec::new();
         for batch in buckets.chunk_by(|a, b| (a.0, a.1) == (b.0, b.1)) {
-            writes.push(write_batch(
+            partitions.push(write_batch(
                 session,
                 &statements.insert_bucket,
                 batch,
                 "list a partition",
             ));
         }
-        bounded(writes, self.write_concurrency).await?;
+        let concurrency = self.write_concurrency;
+        futures::future::try_join(bounded(listed, concurrency), bounded(partitions, concurrency)).await?;
         Ok(())
     }
 
@@ -179,47 +225,43 @@ impl MetricStore for ScyllaMetricStore {
 
     async fn series(&self, job_id: &str, key: &str, min_step: i64, max_step: i64, max_points: usize) -> Result<Series> {
         let buckets = self.buckets(job_id, key, min_step, max_step).await?;
-        let (mut total, mut lo, mut hi) = (0u64, i64::MAX, i64::MIN);
+        // First the steps alone, for the sampler's range; then the points, partition by
+        // partition, merged and sampled in step order.
+        let (mut lo, mut hi) = (i64::MAX, i64::MIN);
         for &bucket in &buckets {
-            let result = self
-                .session
-                .execute_unpaged(
-                    &self.statements.select_summary,
-                    (job_id, key, bucket, min_step, max_step),
-                )
-                .await
-                .map_err(|e| cql_error("count points")(&e))?
-                .into_rows_result()
-                .map_err(|e| cql_error("count points")(&e))?;
-            let (count, first, last) = result
-                .single_row::<(i64, Option<i64>, Option<i64>)>()
-                .map_err(|e| cql_error("count points")(&e))?;
-            total += u64::try_from(count).unwrap_or(0);
-            lo = lo.min(first.unwrap_or(i64::MAX));
-            hi = hi.max(last.unwrap_or(i64::MIN));
+            let mut rows = self
+                .rows::<(i64, Vec<u8>)>(&self.statements.select_steps, (job_id, key, bucket, min_step))
+                .await?;
+            while let Some(row) = rows.next().await {
+                let (first_step, packed) = row.map_err(|e| cql_error("read steps")(&e))?;
+                if first_step <= max_step {
+                    for step in chunks::steps(&packed).filter(|s| (min_step..=max_step).contains(s)) {
+                        (lo, hi) = (lo.min(step), hi.max(step));
+                    }
+                }
+            }
         }
-        if total == 0 {
+        if lo > hi {
             return Ok(Series {
                 points: Vec::new(),
-                total,
+                total: 0,
             });
         }
         let mut sampler = Sampler::new(lo, hi, max_points);
         for &bucket in &buckets {
-            let rows = self
-                .session
-                .execute_iter(
-                    self.statements.select_points.clone(),
-                    (job_id, key, bucket, min_step, max_step),
-                )
-                .await
-                .map_err(|e| cql_error("read points")(&e))?;
-            let mut rows = rows
-                .rows_stream::<(i64, Option<f64>, i64)>()
-                .map_err(|e| cql_error("read points")(&e))?;
+            let mut points: Vec<Sample> = Vec::new();
+            let mut rows = self
+                .rows::<(i64, Vec<u8>, Vec<u8>)>(&self.statements.select_chunks, (job_id, key, bucket, min_step))
+                .await?;
             while let Some(row) = rows.next().await {
-                let (step, value, timestamp_ms) = row.map_err(|e| cql_error("read points")(&e))?;
-                sampler.add(step, value.unwrap_or(f64::NAN), timestamp_ms);
+                let (first_step, steps, data) = row.map_err(|e| cql_error("read points")(&e))?;
+                if first_step <= max_step {
+                    points.extend(chunks::samples(&steps, &data).filter(|p| (min_step..=max_step).contains(&p.0)));
+                }
+            }
+            chunks::merge(&mut points);
+            for (step, value, timestamp_ms) in points {
+                sampler.add(step, value, timestamp_ms);
             }
         }
         Ok(sampler.finish(job_id, key))
@@ -241,19 +283,21 @@ impl MetricStore for ScyllaMetricStore {
         };
         let result = self
             .session
-            .execute_unpaged(&self.statements.select_last_point, (job_id, key, bucket))
+            .execute_unpaged(&self.statements.select_last_chunk, (job_id, key, bucket))
             .await
             .map_err(|e| cql_error("read the last point")(&e))?
             .into_rows_result()
             .map_err(|e| cql_error("read the last point")(&e))?;
-        Ok(result
-            .maybe_first_row::<(i64, Option<f64>, i64)>()
-            .map_err(|e| cql_error("read the last point")(&e))?
+        let chunk = result
+            .maybe_first_row::<(Vec<u8>, Vec<u8>)>()
+            .map_err(|e| cql_error("read the last point")(&e))?;
+        Ok(chunk
+            .and_then(|(steps, data)| chunks::samples(&steps, &data).last())
             .map(|(step, value, timestamp_ms)| Point {
                 job_id: job_id.into(),
                 key: key.into(),
                 step,
-                value: value.unwrap_or(f64::NAN),
+                value,
                 timestamp_ms,
             }))
     }

@@ -4,8 +4,9 @@
 //! run both against Apache Cassandra 5, which speaks the same CQL.
 //!
 //! Writes go in unlogged batches of one partition each: a single-partition batch is one mutation
-//! for the node (atomic and isolated), and costs one request instead of one per row. Writing a
-//! row again overwrites it with the same value, so redelivery never duplicates one.
+//! for the node (atomic and isolated), and costs one request instead of one per row. Metric
+//! points go in rows of up to 1,024 consecutive steps each ([`chunks`]). Writing a row again
+//! overwrites it with the same value, so redelivery never duplicates one.
 
 use std::sync::Arc;
 
@@ -17,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
+pub mod chunks;
 mod logs;
 mod metrics;
 
