@@ -51,8 +51,11 @@ pub struct UpArgs {
     pub docker_host: Option<String>,
     /// Where metric points are kept: sqlite (under KILN_HOME) or scylla.
     #[arg(long, value_enum, default_value = "sqlite")]
-    pub metric_store: MetricStoreArg,
-    /// ScyllaDB (or Cassandra) contact points for --metric-store scylla, host:port, comma-separated.
+    pub metric_store: StoreArg,
+    /// Where log lines are kept: sqlite (under KILN_HOME) or scylla.
+    #[arg(long, value_enum, default_value = "sqlite")]
+    pub log_store: StoreArg,
+    /// ScyllaDB (or Cassandra) contact points for the scylla stores, host:port, comma-separated.
     #[arg(long, default_value = "127.0.0.1:9042")]
     pub scylla_nodes: String,
     /// Time a stopped job gets between SIGTERM and SIGKILL, in seconds.
@@ -61,9 +64,18 @@ pub struct UpArgs {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum MetricStoreArg {
+pub enum StoreArg {
     Sqlite,
     Scylla,
+}
+
+impl From<StoreArg> for kiln_log_ingest::StoreKind {
+    fn from(store: StoreArg) -> Self {
+        match store {
+            StoreArg::Sqlite => kiln_log_ingest::StoreKind::Sqlite,
+            StoreArg::Scylla => kiln_log_ingest::StoreKind::Scylla,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -239,14 +251,12 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str) -> Result<()> {
         grpc: GrpcConfig { listen: args.logs_addr },
         database: database.clone(),
         nats: nats.clone(),
-        log_store: kiln_log_ingest::config::LogStoreConfig {
-            sqlite_path: home.join("logs.db"),
-            metrics_sqlite_path: home.join("metrics.db"),
+        sqlite: kiln_log_ingest::config::SqliteConfig {
+            logs_path: home.join("logs.db"),
+            metrics_path: home.join("metrics.db"),
         },
-        metric_store: match args.metric_store {
-            MetricStoreArg::Sqlite => kiln_log_ingest::config::MetricStoreKind::Sqlite,
-            MetricStoreArg::Scylla => kiln_log_ingest::config::MetricStoreKind::Scylla,
-        },
+        log_store: args.log_store.into(),
+        metric_store: args.metric_store.into(),
         scylla: kiln_log_ingest::scylla_store::ScyllaConfig {
             nodes: args.scylla_nodes.split(',').map(str::to_string).collect(),
             ..Default::default()

@@ -234,8 +234,9 @@ def test_killing_log_ingest_mid_load_loses_nothing_and_duplicates_nothing(up):
         "KILN_LOG": "warn",
         "KILN_LOG_INGEST__DATABASE__URL": f"sqlite://{home / 'kiln.db'}?mode=rwc",
         "KILN_LOG_INGEST__NATS__URL": nats,
-        "KILN_LOG_INGEST__LOG_STORE__SQLITE_PATH": str(home / "logs.db"),
-        "KILN_LOG_INGEST__LOG_STORE__METRICS_SQLITE_PATH": str(home / "metrics.db"),
+        # The same SQLite files as kiln up's log-ingest: the same holder of the log-ingest lease.
+        "KILN_LOG_INGEST__SQLITE__LOGS_PATH": str(home / "logs.db"),
+        "KILN_LOG_INGEST__SQLITE__METRICS_PATH": str(home / "metrics.db"),
     }
     binary = str(pathlib.Path(KILN).with_name("kiln-log-ingest"))
 

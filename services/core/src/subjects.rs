@@ -34,6 +34,9 @@ pub const ITEM_RESULTS_ALL: &str = "kiln.itemres.>";
 pub const LEASE_SCHEDULER: &str = "scheduler";
 /// The lease in `kiln_leases` whose holder is the item-batch replica running the autoscaler.
 pub const LEASE_ITEM_BATCH_SCALER: &str = "item-batch-scaler";
+/// The lease in `kiln_leases` held by the log-ingest whose stores are embedded (SQLite): the
+/// only one a NATS account may have.
+pub const LEASE_LOG_INGEST: &str = "log-ingest";
 /// Durable consumer of the log writers on `KILN_LOGS`, shared by all log-ingest replicas.
 pub const CONSUMER_LOG_INGEST: &str = "log-ingest";
 

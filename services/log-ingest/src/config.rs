@@ -17,38 +17,54 @@ pub struct Config {
     /// The metadata database, for tokens and job ownership.
     pub database: DatabaseConfig,
     pub nats: NatsConfig,
-    pub log_store: LogStoreConfig,
-    /// Where metric points are kept: `sqlite` (embedded) or `scylla`.
-    pub metric_store: MetricStoreKind,
+    /// Where log lines are kept: `sqlite` (embedded, one replica) or `scylla` (shared).
+    pub log_store: StoreKind,
+    /// Where metric points are kept: `sqlite` (embedded, one replica) or `scylla` (shared).
+    pub metric_store: StoreKind,
+    /// The files of the embedded stores.
+    pub sqlite: SqliteConfig,
     pub scylla: ScyllaConfig,
     /// Messages taken from JetStream and written in one batch, at most.
     pub batch_size: usize,
 }
 
-/// The metric store to use.
+/// A store of log lines or metric points. An embedded SQLite store belongs to one log-ingest:
+/// with it, log-ingest takes the `log-ingest` lease at start, so a second replica on the same
+/// NATS account refuses to start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum MetricStoreKind {
+pub enum StoreKind {
     Sqlite,
     Scylla,
 }
 
-/// Where log lines are stored.
+/// The files of the embedded stores.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
-pub struct LogStoreConfig {
+pub struct SqliteConfig {
     /// SQLite file of the embedded log store.
-    pub sqlite_path: PathBuf,
+    pub logs_path: PathBuf,
     /// SQLite file of the embedded metric store.
-    pub metrics_sqlite_path: PathBuf,
+    pub metrics_path: PathBuf,
 }
 
-impl Default for LogStoreConfig {
+impl Default for SqliteConfig {
     fn default() -> Self {
-        LogStoreConfig {
-            sqlite_path: PathBuf::from("./data/logs.db"),
-            metrics_sqlite_path: PathBuf::from("./data/metrics.db"),
+        SqliteConfig {
+            logs_path: PathBuf::from("./data/logs.db"),
+            metrics_path: PathBuf::from("./data/metrics.db"),
         }
+    }
+}
+
+impl Config {
+    /// Whether either store is embedded (so this log-ingest must be the only one).
+    pub fn uses_sqlite(&self) -> bool {
+        self.log_store == StoreKind::Sqlite || self.metric_store == StoreKind::Sqlite
+    }
+
+    pub fn uses_scylla(&self) -> bool {
+        self.log_store == StoreKind::Scylla || self.metric_store == StoreKind::Scylla
     }
 }
 
@@ -58,8 +74,9 @@ impl Default for Config {
             grpc: GrpcConfig::local(DEFAULT_PORT),
             database: DatabaseConfig::default(),
             nats: NatsConfig::default(),
-            log_store: LogStoreConfig::default(),
-            metric_store: MetricStoreKind::Sqlite,
+            log_store: StoreKind::Sqlite,
+            metric_store: StoreKind::Sqlite,
+            sqlite: SqliteConfig::default(),
             scylla: ScyllaConfig::default(),
             batch_size: 500,
         }
@@ -71,7 +88,7 @@ impl ServiceConfig for Config {
         let mut problems = Vec::new();
         self.database.validate(&mut problems);
         self.nats.validate(&mut problems);
-        if self.metric_store == MetricStoreKind::Scylla {
+        if self.uses_scylla() {
             self.scylla.validate(&mut problems);
         }
         if !(1..=10_000).contains(&self.batch_size) {

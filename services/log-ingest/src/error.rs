@@ -22,6 +22,10 @@ pub enum Error {
     Store(#[from] StoreError),
     #[error(transparent)]
     Nats(#[from] NatsError),
+    #[error(
+        "another log-ingest ({holder}) serves this NATS account with its own SQLite store; two would split a job's logs: set log-store = \"scylla\" and metric-store = \"scylla\" to run replicas"
+    )]
+    AnotherLogIngest { holder: String },
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: std::net::SocketAddr,
@@ -38,7 +42,7 @@ impl Error {
             Error::JobNotFound { .. } => ErrorKind::NotFound,
             Error::PermissionDenied(_) => ErrorKind::PermissionDenied,
             Error::TooLarge(_) => ErrorKind::ResourceExhausted,
-            Error::FailedPrecondition(_) => ErrorKind::FailedPrecondition,
+            Error::FailedPrecondition(_) | Error::AnotherLogIngest { .. } => ErrorKind::FailedPrecondition,
             Error::Store(error) => error.kind(),
             Error::Nats(error) => error.kind(),
             Error::LogStore(_) | Error::Bind { .. } | Error::Serve(_) => ErrorKind::Internal,

@@ -3,7 +3,9 @@
 //! - [`writer`]: consumes `KILN_LOGS` in batches into the [`store::LogStore`], acking after the
 //!   write; then wakes the followers of the jobs it wrote;
 //! - [`grpc`]: `LogService.GetLogs`, with follow (a live tail that ends when the job ends);
-//! - [`store`]: the store trait and its embedded SQLite implementation.
+//! - [`store`], [`points`]: the store traits and their embedded SQLite implementations;
+//! - [`scylla_store`]: both stores on ScyllaDB, shared by every replica;
+//! - [`sole`]: with a SQLite store, the lease that keeps a second log-ingest out.
 #![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
@@ -23,10 +25,11 @@ pub mod error;
 pub mod grpc;
 pub mod points;
 pub mod scylla_store;
+pub mod sole;
 pub mod store;
 pub mod writer;
 
-pub use config::Config;
+pub use config::{Config, StoreKind};
 pub use error::{Error, Result};
 
 const SCHEMA_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
@@ -39,6 +42,7 @@ pub struct LogIngest {
     nats: Nats,
     logs: Arc<dyn store::LogStore>,
     points: Arc<dyn points::MetricStore>,
+    lease: Option<sole::SoleLease>,
 }
 
 impl LogIngest {
@@ -46,14 +50,24 @@ impl LogIngest {
         let store = Store::connect(&config.database).await?;
         store.wait_for_schema(SCHEMA_WAIT).await?;
         let nats = streams::connect(&config.nats).await?;
-        let logs: Arc<dyn store::LogStore> =
-            Arc::new(store::SqliteLogStore::open(&config.log_store.sqlite_path).await?);
-        let points: Arc<dyn points::MetricStore> = match config.metric_store {
-            config::MetricStoreKind::Sqlite => {
-                Arc::new(points::SqliteMetricStore::open(&config.log_store.metrics_sqlite_path).await?)
-            }
-            config::MetricStoreKind::Scylla => Arc::new(scylla_store::ScyllaMetricStore::open(&config.scylla).await?),
+        let scylla = match config.uses_scylla() {
+            true => Some(scylla_store::connect(&config.scylla).await?),
+            false => None,
         };
+        let logs: Arc<dyn store::LogStore> = match &scylla {
+            Some(session) if config.log_store == StoreKind::Scylla => {
+                Arc::new(scylla_store::ScyllaLogStore::new(session.clone(), &config.scylla).await?)
+            }
+            _ => Arc::new(store::SqliteLogStore::open(&config.sqlite.logs_path).await?),
+        };
+        let points: Arc<dyn points::MetricStore> = match &scylla {
+            Some(session) if config.metric_store == StoreKind::Scylla => {
+                Arc::new(scylla_store::ScyllaMetricStore::new(session.clone(), &config.scylla).await?)
+            }
+            _ => Arc::new(points::SqliteMetricStore::open(&config.sqlite.metrics_path).await?),
+        };
+        // After the stores are open: the lease's holder name has their files' real paths.
+        let lease = sole::SoleLease::take(&nats, &config).await?;
         let listener = TcpListener::bind(config.grpc.listen)
             .await
             .map_err(|source| Error::Bind {
@@ -67,6 +81,7 @@ impl LogIngest {
             nats,
             logs,
             points,
+            lease,
         })
     }
 
@@ -75,6 +90,8 @@ impl LogIngest {
     }
 
     pub async fn serve(self, shutdown: CancellationToken) -> Result<()> {
+        let addr = self.local_addr();
+        let held = self.lease.map(|lease| tokio::spawn(lease.hold(shutdown.clone())));
         let (written, _) = broadcast::channel(1024);
         let log_writer = Arc::new(writer::LogWriter {
             store: self.logs.clone(),
@@ -110,7 +127,7 @@ impl LogIngest {
             points: self.points.clone(),
             known_keys: Default::default(),
         };
-        tracing::info!(addr = %self.local_addr(), "log-ingest serving");
+        tracing::info!(%addr, "log-ingest serving");
         let served = tonic::transport::Server::builder()
             .layer(AuthLayer::new(Arc::new(self.store.clone())))
             .add_service(health_service)
@@ -123,6 +140,12 @@ impl LogIngest {
         shutdown.cancel();
         for writer in writers {
             let _ = writer.await;
+        }
+        if let Some(held) = held {
+            let lease = held
+                .await
+                .map_err(|e| Error::LogStore(format!("the lease task failed: {e}")))??;
+            lease.release().await;
         }
         served?;
         Ok(())

@@ -1,4 +1,5 @@
-//! Where log lines are kept: [`LogStore`], and its embedded SQLite implementation.
+//! Where log lines are kept: [`LogStore`], and its embedded SQLite implementation (the ScyllaDB
+//! one is `scylla_store::ScyllaLogStore`; `tests/log_store.rs` runs the same suite on both).
 //!
 //! Lines are keyed by (job, attempt, seq), where seq is the line's sequence in the `KILN_LOGS`
 //! stream: writing a line again changes nothing, so JetStream redelivery never duplicates a line,
@@ -152,63 +153,5 @@ impl LogStore for SqliteLogStore {
             }),
             None => Ok(Cursor::default()),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn line(job_id: &str, attempt: i32, seq: i64, text: &str) -> StoredLine {
-        StoredLine {
-            job_id: job_id.into(),
-            attempt,
-            seq,
-            stream: 1,
-            timestamp_ms: 7,
-            text: text.into(),
-            end: false,
-        }
-    }
-
-    #[tokio::test]
-    async fn lines_are_stored_once_and_read_in_order() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SqliteLogStore::open(&dir.path().join("logs.db")).await.unwrap();
-        let batch: Vec<StoredLine> = (1..=1200)
-            .map(|seq| line("j1", 1, seq, &format!("line {seq}")))
-            .collect();
-        store.append(&batch).await.unwrap();
-        // Redelivery of part of the batch, and a second attempt written first.
-        store
-            .append(&[line("j1", 2, 1, "retry"), batch[5].clone()])
-            .await
-            .unwrap();
-        store.append(&[line("j2", 1, 1, "other job")]).await.unwrap();
-
-        let all = store.read("j1", Cursor::default(), 5000).await.unwrap();
-        assert_eq!(all.len(), 1201);
-        assert_eq!(all[0].text, "line 1");
-        assert_eq!(all[1199].text, "line 1200");
-        assert_eq!(all[1200].text, "retry");
-
-        let after = store.read("j1", Cursor { attempt: 1, seq: 1199 }, 10).await.unwrap();
-        assert_eq!(
-            after.iter().map(|l| l.text.as_str()).collect::<Vec<_>>(),
-            ["line 1200", "retry"]
-        );
-        assert!(store.read("nope", Cursor::default(), 10).await.unwrap().is_empty());
-
-        let tail = store.tail_cursor("j1", 2).await.unwrap();
-        let last: Vec<String> = store
-            .read("j1", tail, 10)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|l| l.text)
-            .collect();
-        assert_eq!(last, ["line 1200", "retry"]);
-        assert_eq!(store.tail_cursor("j1", 5000).await.unwrap(), Cursor::default());
-        assert_eq!(store.tail_cursor("nope", 3).await.unwrap(), Cursor::default());
     }
 }

@@ -82,6 +82,36 @@ async fn downsampling_keeps_the_extremes(store: Box<dyn MetricStore>) {
     assert!(series.points.windows(2).all(|w| w[0].step < w[1].step));
 }
 
+async fn a_redelivered_batch_of_many_partitions_stores_nothing_twice(store: Box<dyn MetricStore>) {
+    // Several series, each across a partition boundary and longer than one write request (and
+    // one chunk of the Scylla store).
+    let mut points = Vec::new();
+    for job in ["j1", "j2"] {
+        for key in ["loss", "acc", "lr"] {
+            points.extend((97_500..102_500).map(|step| point(job, key, step, step as f64)));
+        }
+    }
+    points.push(point("j1", "loss", 100_001, f64::NAN));
+    points.retain(|p| !(p.step == 100_001 && p.value == 100_001.0 && &*p.key == "loss" && &*p.job_id == "j1"));
+    // First regrouped (every third point, as another batch), then whole, then whole again.
+    store.append(points.iter().step_by(3).cloned().collect()).await.unwrap();
+    store.append(points.clone()).await.unwrap();
+    points.reverse();
+    store.append(points).await.unwrap();
+    for job in ["j1", "j2"] {
+        assert_eq!(store.keys(job).await.unwrap(), ["acc", "loss", "lr"]);
+        for key in ["loss", "acc", "lr"] {
+            let series = store.series(job, key, i64::MIN, i64::MAX, 20_000).await.unwrap();
+            assert_eq!(series.total, 5_000, "{job} {key}");
+            assert_eq!(series.points.len(), 5_000);
+            assert!(series.points.windows(2).all(|w| w[0].step + 1 == w[1].step));
+        }
+    }
+    let loss = store.series("j1", "loss", 100_001, 100_001, 10).await.unwrap();
+    assert!(loss.points[0].value.is_nan());
+    assert_eq!(store.latest("j2", "lr").await.unwrap().unwrap().step, 102_499);
+}
+
 macro_rules! store_suite {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
@@ -106,7 +136,8 @@ macro_rules! store_suite {
                         keyspace: format!("kiln_test_{}", kiln_core::ids::new_id().replace('-', "")),
                         ..Default::default()
                     };
-                    let store = kiln_log_ingest::scylla_store::ScyllaMetricStore::open(&config).await.unwrap();
+                    let session = kiln_log_ingest::scylla_store::connect(&config).await.unwrap();
+                    let store = kiln_log_ingest::scylla_store::ScyllaMetricStore::new(session, &config).await.unwrap();
                     super::$name(Box::new(store)).await;
                 }
             )*
@@ -118,4 +149,5 @@ store_suite!(
     points_are_stored_once_and_special_values_survive,
     series_across_partitions_come_back_in_order,
     downsampling_keeps_the_extremes,
+    a_redelivered_batch_of_many_partitions_stores_nothing_twice,
 );

@@ -217,9 +217,9 @@ impl Stack {
             grpc: ephemeral(),
             database: database.clone(),
             nats: nats.config(),
-            log_store: kiln_log_ingest::config::LogStoreConfig {
-                sqlite_path: dir.path().join("logs.db"),
-                metrics_sqlite_path: dir.path().join("metrics.db"),
+            sqlite: kiln_log_ingest::config::SqliteConfig {
+                logs_path: dir.path().join("logs.db"),
+                metrics_path: dir.path().join("metrics.db"),
             },
             ..Default::default()
         })

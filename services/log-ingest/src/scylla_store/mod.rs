@@ -1,0 +1,190 @@
+//! The production stores on ScyllaDB through the `scylla` driver (token-aware routing by
+//! default): [`ScyllaMetricStore`] for points and [`ScyllaLogStore`] for lines, sharing one
+//! session. [`connect`] applies the CQL schema (`migrations/cql/*.cql`, in order) at start. Tests
+//! run both against Apache Cassandra 5, which speaks the same CQL.
+//!
+//! Writes go in unlogged batches of one partition each: a single-partition batch is one mutation
+//! for the node (atomic and isolated), and costs one request instead of one per row. Metric
+//! points go in rows of up to 1,024 consecutive steps each ([`chunks`]). Writing a row again
+//! overwrites it with the same value, so redelivery never duplicates one.
+
+use std::sync::Arc;
+
+use scylla::client::session::Session;
+use scylla::client::session_builder::SessionBuilder;
+use scylla::statement::batch::{Batch, BatchType};
+use scylla::statement::prepared::PreparedStatement;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+pub mod chunks;
+mod logs;
+mod metrics;
+
+pub use logs::{LOG_BUCKET_SEQS, ScyllaLogStore};
+pub use metrics::{BUCKET_STEPS, ScyllaMetricStore};
+
+/// The CQL schema files, applied in this order; every statement is idempotent.
+const SCHEMA: [&str; 2] = [
+    include_str!("../../../../migrations/cql/0001_metrics.cql"),
+    include_str!("../../../../migrations/cql/0002_logs.cql"),
+];
+
+/// Where the ScyllaDB cluster is, and how the tables are made.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct ScyllaConfig {
+    /// Contact points, `host:port`.
+    pub nodes: Vec<String>,
+    pub keyspace: String,
+    pub replication_factor: u32,
+    /// Points and lines expire after this many seconds; 0 keeps them.
+    pub ttl_secs: u64,
+    /// Write requests (batches of one partition) in flight at once, at most.
+    pub write_concurrency: usize,
+}
+
+impl Default for ScyllaConfig {
+    fn default() -> Self {
+        ScyllaConfig {
+            nodes: vec!["127.0.0.1:9042".into()],
+            keyspace: "kiln".into(),
+            replication_factor: 1,
+            ttl_secs: 0,
+            write_concurrency: 32,
+        }
+    }
+}
+
+impl ScyllaConfig {
+    pub fn validate(&self, problems: &mut Vec<String>) {
+        if self.nodes.is_empty() {
+            problems.push("scylla.nodes must name at least one node".into());
+        }
+        let valid_keyspace = !self.keyspace.is_empty()
+            && self.keyspace.len() <= 48
+            && self.keyspace.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && !self.keyspace.starts_with('_');
+        if !valid_keyspace {
+            problems.push(format!(
+                "scylla.keyspace {:?} must be 1 to 48 letters, digits or '_'",
+                self.keyspace
+            ));
+        }
+        if self.write_concurrency == 0 {
+            problems.push("scylla.write-concurrency must be at least 1".into());
+        }
+    }
+}
+
+pub(crate) fn cql_error(what: &str) -> impl FnOnce(&dyn std::fmt::Display) -> Error + '_ {
+    move |error| Error::LogStore(format!("scylla: cannot {what}: {error}"))
+}
+
+/// Connects to the cluster and applies the CQL schema.
+pub async fn connect(config: &ScyllaConfig) -> Result<Arc<Session>> {
+    let session = SessionBuilder::new()
+        .known_nodes(&config.nodes)
+        .build()
+        .await
+        .map_err(|e| cql_error("connect")(&e))?;
+    for file in SCHEMA {
+        for statement in schema_statements(file, config) {
+            session
+                .query_unpaged(statement, ())
+                .await
+                .map_err(|e| cql_error("apply the schema")(&e))?;
+        }
+    }
+    Ok(Arc::new(session))
+}
+
+/// The statements of a schema file, its placeholders filled in and its comments dropped.
+fn schema_statements(file: &str, config: &ScyllaConfig) -> Vec<String> {
+    let schema = file
+        .replace("${keyspace}", &config.keyspace)
+        .replace("${replication}", &config.replication_factor.to_string())
+        .replace("${ttl}", &config.ttl_secs.to_string());
+    schema
+        .lines()
+        .filter(|line| !line.trim_start().starts_with("--"))
+        .collect::<Vec<_>>()
+        .join("\n")
+        .split(';')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+pub(crate) async fn prepare(session: &Session, cql: String) -> Result<PreparedStatement> {
+    session
+        .prepare(cql)
+        .await
+        .map_err(|e| cql_error("prepare a statement")(&e))
+}
+
+/// Writes rows of one partition in one unlogged batch of `insert`, once more if it fails (a
+/// timeout or a node going away): the rows are the same, so a second write changes nothing.
+pub(crate) async fn write_batch<R>(session: &Session, insert: &PreparedStatement, rows: &[R], what: &str) -> Result<()>
+where
+    R: scylla::serialize::row::SerializeRow,
+{
+    let mut batch = Batch::new(BatchType::Unlogged);
+    for _ in rows {
+        batch.append_statement(insert.clone());
+    }
+    batch.set_is_idempotent(true);
+    let mut last = None;
+    for _ in 0..2 {
+        match session.batch(&batch, rows).await {
+            Ok(_) => return Ok(()),
+            Err(error) => last = Some(error),
+        }
+    }
+    Err(cql_error(what)(&last.expect("a failed attempt")))
+}
+
+/// Awaits `writes`, at most `limit` at once; the first error ends it.
+pub(crate) async fn bounded<F>(writes: Vec<F>, limit: usize) -> Result<()>
+where
+    F: std::future::Future<Output = Result<()>>,
+{
+    use futures::StreamExt;
+    let mut running = futures::stream::FuturesUnordered::new();
+    for write in writes {
+        if running.len() >= limit {
+            running.next().await.expect("writes are running")?;
+        }
+        running.push(write);
+    }
+    while let Some(done) = running.next().await {
+        done?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_files_split_into_filled_statements() {
+        let config = ScyllaConfig {
+            keyspace: "ks".into(),
+            ttl_secs: 60,
+            ..Default::default()
+        };
+        let statements: Vec<String> = SCHEMA.iter().flat_map(|f| schema_statements(f, &config)).collect();
+        assert!(statements[0].starts_with("CREATE KEYSPACE IF NOT EXISTS ks"));
+        assert!(statements.iter().any(|s| s.contains("ks.log_lines")));
+        assert!(statements.iter().all(|s| !s.contains("${") && !s.contains("--")));
+        assert!(
+            statements
+                .iter()
+                .filter(|s| s.contains("TABLE"))
+                .all(|s| s.contains("IF NOT EXISTS"))
+        );
+    }
+}
