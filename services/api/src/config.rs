@@ -22,6 +22,8 @@ pub struct Config {
     pub max_artifact_bytes: u64,
     /// How often unpublished changes are re-driven, in milliseconds.
     pub reconcile_interval_ms: u64,
+    /// How long `ExplainJob` waits for the scheduler leader's answer, in milliseconds.
+    pub explain_timeout_ms: u64,
 }
 
 impl Default for Config {
@@ -34,6 +36,7 @@ impl Default for Config {
             bootstrap_token_file: PathBuf::from("./data/admin.token"),
             max_artifact_bytes: 2 << 30,
             reconcile_interval_ms: if cfg!(test) { 200 } else { 5_000 },
+            explain_timeout_ms: 5_000,
         }
     }
 }
@@ -53,6 +56,9 @@ impl ServiceConfig for Config {
         }
         if self.reconcile_interval_ms == 0 {
             problems.push("reconcile-interval-ms must be at least 1".into());
+        }
+        if self.explain_timeout_ms == 0 {
+            problems.push("explain-timeout-ms must be at least 1".into());
         }
         problems_to_result(problems)
     }

@@ -36,9 +36,12 @@ pub enum Error {
     Core(#[from] kiln_core::Error),
     #[error(transparent)]
     Nats(#[from] NatsError),
-    /// Reading what the scheduler decides from (for explanations and quota checks).
-    #[error(transparent)]
-    Scheduler(kiln_scheduler::Error),
+    /// No scheduler leader answered an explain request in time.
+    #[error("no scheduler leader answered within {waited:?}; is a kiln-scheduler running?")]
+    SchedulerUnavailable { waited: std::time::Duration },
+    /// The scheduler leader answered, but could not explain (its message), or not readably.
+    #[error("the scheduler could not explain the job: {0}")]
+    SchedulerFailed(String),
     #[error("object store: {0}")]
     Objects(#[from] object_store::Error),
     #[error("cannot write {path}: {source}")]
@@ -66,7 +69,8 @@ impl Error {
             Error::Store(error) => error.kind(),
             Error::Core(error) => error.kind(),
             Error::Nats(error) => error.kind(),
-            Error::Scheduler(error) => error.kind(),
+            Error::SchedulerUnavailable { .. } => ErrorKind::Unavailable,
+            Error::SchedulerFailed(_) => ErrorKind::Internal,
             Error::Objects(_) | Error::Io { .. } | Error::Bind { .. } | Error::Serve(_) => ErrorKind::Internal,
         }
     }

@@ -11,11 +11,12 @@ use kiln_core::events::{publish_job_change, stop_job};
 use kiln_core::ids::parse_id;
 use kiln_core::scheduling::{MarketPolicy, PRIORITY_CLASSES, priority_class};
 use kiln_core::store::{Change, JobRecord, NewJob, Store, StoreError};
-use kiln_core::streams::Nats;
+use kiln_core::streams::{Nats, request};
 use kiln_core::{JobState, subjects};
 use kiln_proto::v1 as pb;
+use kiln_proto::v1::explain_reply::Outcome;
 use kiln_proto::v1::job_service_server::JobService;
-use kiln_scheduler::{input, policy};
+use prost::Message;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
@@ -34,6 +35,8 @@ pub struct JobsApi {
     pub(crate) store: Store,
     pub(crate) nats: Nats,
     pub(crate) watch_poll: Duration,
+    /// How long an explanation waits for the scheduler leader.
+    pub(crate) explain_timeout: Duration,
 }
 
 impl JobsApi {
@@ -99,7 +102,8 @@ impl JobsApi {
         Ok(Some(existing))
     }
 
-    /// Why a job waits: what the scheduler's next pass would decide about it.
+    /// Why a job waits: what the scheduler's next pass decides about it (the leader answers for
+    /// a queued job), or what it is doing when it does not wait.
     async fn explain(&self, principal: &Principal, job_id: &str) -> Result<pb::Explanation> {
         let job = self.visible_job(principal, job_id).await?;
         let state = job.state()?;
@@ -132,57 +136,32 @@ impl JobsApi {
             };
             return Ok(explanation);
         }
-        let config = kiln_scheduler::Config::default();
-        let settings = input::settings(&config, usize::try_from(config.preemptions_per_minute).unwrap_or(0));
-        let read = input::read(&self.store, &self.nats, settings, |_| 0.0)
-            .await
-            .map_err(Error::Scheduler)?;
-        let Some(index) = read.queued.iter().position(|queued| queued.id == job.id) else {
-            explanation.summary = "it left the queue while this was being read; ask again".into();
-            return Ok(explanation);
+        self.explain_queued(&job.id).await
+    }
+
+    /// Asks the scheduler leader about a queued job: it explains from its own configuration and
+    /// learnt preemption rates, what its next pass acts on.
+    async fn explain_queued(&self, job_id: &str) -> Result<pb::Explanation> {
+        let asked = pb::ExplainRequest {
+            job_id: job_id.to_string(),
         };
-        let plan = policy::plan(&read.input);
-        let pending = &read.input.pending[index];
-        explanation.details.push(format!(
-            "asks {} at priority {} ({}), market {}",
-            pending.resources,
-            job.priority_class,
-            pending.priority,
-            pending.market.as_str()
-        ));
-        match plan.wait_of(index) {
-            Some(wait) => {
-                explanation.summary = wait.to_string();
-                explanation.jobs_ahead = u32::try_from(wait.ahead.total()).unwrap_or(u32::MAX);
-                explanation.details.push(wait.ahead.to_string());
-            }
-            None => {
-                let placement = plan.placements.iter().find(|placement| placement.job == index);
-                explanation.summary = match placement {
-                    Some(placement) => format!(
-                        "it starts at the scheduler's next pass, on pool {} ({})",
-                        placement.pool, placement.market
-                    ),
-                    None => "it starts at the scheduler's next pass".into(),
-                };
-            }
+        let answer = request(
+            &self.nats,
+            subjects::SCHEDULER_EXPLAIN,
+            asked.encode_to_vec().into(),
+            self.explain_timeout,
+        )
+        .await?
+        .ok_or(Error::SchedulerUnavailable {
+            waited: self.explain_timeout,
+        })?;
+        let reply = pb::ExplainReply::decode(answer.as_ref())
+            .map_err(|error| Error::SchedulerFailed(format!("unreadable answer: {error}")))?;
+        match reply.outcome {
+            Some(Outcome::Explanation(explanation)) => Ok(explanation),
+            Some(Outcome::Error(message)) => Err(Error::SchedulerFailed(message)),
+            None => Err(Error::SchedulerFailed("an empty answer".into())),
         }
-        for pool in &read.input.pools {
-            let held: policy::Resources = read
-                .input
-                .running
-                .iter()
-                .filter(|running| running.pool == pool.name)
-                .map(|running| running.resources)
-                .fold(policy::Resources::ZERO, |sum, r| sum + r);
-            explanation.details.push(format!(
-                "pool {}: {} of {} free",
-                pool.name,
-                (pool.capacity - held).clamp_negative(),
-                pool.capacity
-            ));
-        }
-        Ok(explanation)
     }
 
     async fn stop(&self, principal: &Principal, job_id: &str) -> Result<JobRecord> {

@@ -83,6 +83,7 @@ impl Api {
             store: self.store.clone(),
             nats: self.nats.clone(),
             watch_poll: Duration::from_secs(1),
+            explain_timeout: Duration::from_millis(self.config.explain_timeout_ms),
         };
         let artifacts = artifacts::ArtifactsApi {
             store: self.store.clone(),

@@ -3,11 +3,11 @@
 //! memory, GPUs, running jobs) by the scheduler, which makes a job over them wait.
 
 use kiln_core::auth::{Principal, user_principal};
+use kiln_core::quotas;
 use kiln_core::scheduling::QuotaScope;
 use kiln_core::store::{JobRecord, NewJob, QuotaRecord, Store};
 use kiln_proto::v1 as pb;
 use kiln_proto::v1::quota_service_server::QuotaService;
-use kiln_scheduler::{input, policy};
 use tonic::{Request, Response, Status};
 
 use crate::error::{Error, Result};
@@ -61,15 +61,14 @@ fn parse_scope(text: &str) -> Result<QuotaScope> {
 /// queued-jobs quota (the message names the quota). Counted and inserted as one step for all
 /// api replicas ([`Store::insert_job_admitted`]), so concurrent submits cannot pass it together.
 pub(crate) async fn submit_within_quota(store: &Store, principal: &Principal, new: NewJob) -> Result<JobRecord> {
-    let quotas = input::quotas(store).await.map_err(Error::Scheduler)?;
+    let quotas = quotas::read(store).await?;
     if quotas.iter().all(|quota| quota.queued_jobs.is_none()) {
         return Ok(store.insert_job(new).await?);
     }
     let project = new.project.clone();
     store
         .insert_job_admitted(new, |counts| {
-            let queued = input::queued_by_scope(counts, &principal.user_name, &project);
-            policy::check_submit(&quotas, &queued, &principal.user_name, &project)
+            quotas::check_submit(&quotas, &counts, &principal.user_name, &project)
         })
         .await?
         .map_err(|exceeded| {

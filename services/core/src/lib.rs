@@ -9,6 +9,7 @@
 //! - [`events`]: publishing committed changes (the outbox) and re-driving unpublished ones;
 //! - [`intake`]: consuming a stream in batches, acking after the write;
 //! - [`auth`]: bearer tokens, the server auth layer and the client interceptor;
+//! - [`scheduling`] and [`quotas`]: the names and quota checks the scheduler and the api share;
 //! - [`objects`]: the blob store; [`telemetry`] and [`shutdown`]: process plumbing.
 #![forbid(unsafe_code)]
 
@@ -22,6 +23,7 @@ pub mod intake;
 pub mod lease;
 pub mod objects;
 pub mod publish;
+pub mod quotas;
 pub mod scheduling;
 pub mod service;
 pub mod shutdown;

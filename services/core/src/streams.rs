@@ -239,6 +239,38 @@ fn with_replicas_hint(message: String, replicas: usize) -> String {
 /// size, and WriteLogs refuses longer lines.
 pub const MAX_LOG_LINE_BYTES: usize = 16 * 1024;
 
+/// How often [`request`] asks again while nobody listens on the subject.
+const NO_RESPONDERS_RETRY: Duration = Duration::from_millis(100);
+
+/// Asks `subject` over core NATS request/reply and waits up to `timeout` for the answer; `None`
+/// when none came in time. While nobody listens (no responders: a leader between terms, or none
+/// started yet) it asks again every 100 ms until the timeout, so a short gap in leadership is
+/// not an error.
+pub async fn request(
+    nats: &Nats,
+    subject: &str,
+    payload: Bytes,
+    timeout: Duration,
+) -> Result<Option<Bytes>, NatsError> {
+    use async_nats::RequestErrorKind;
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            return Ok(None);
+        }
+        let ask = async_nats::Request::new().payload(payload.clone()).timeout(Some(left));
+        match nats.client.send_request(subject.to_string(), ask).await {
+            Ok(answer) => return Ok(Some(answer.payload)),
+            Err(error) if error.kind() == RequestErrorKind::TimedOut => return Ok(None),
+            Err(error) if error.kind() == RequestErrorKind::NoResponders => {
+                tokio::time::sleep(NO_RESPONDERS_RETRY.min(left)).await;
+            }
+            Err(error) => return Err(NatsError::Other(format!("request on {subject}: {error}"))),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

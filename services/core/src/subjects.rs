@@ -9,6 +9,8 @@
 //! | `KILN_LOGS` | `kiln.logs.<job>`, `kiln.logs.item.<batch>` | limits (short) | runner, agent → log-ingest |
 //! | `KILN_ITEMS` | `kiln.items.<batch>` | work queue | item-batch → kiln-agent |
 //! | `KILN_ITEM_RESULTS` | `kiln.itemres.<batch>` | limits | kiln-agent → item-batch |
+//!
+//! Request/reply on core NATS (no stream): [`SCHEDULER_EXPLAIN`], api → scheduler leader.
 
 pub const STREAM_JOBS: &str = "KILN_JOBS";
 pub const STREAM_LAUNCH: &str = "KILN_LAUNCH";
@@ -29,6 +31,10 @@ pub const METRICS_ALL: &str = "kiln.metrics.>";
 pub const LOGS_ALL: &str = "kiln.logs.>";
 pub const ITEMS_ALL: &str = "kiln.items.>";
 pub const ITEM_RESULTS_ALL: &str = "kiln.itemres.>";
+
+/// Request/reply: the api asks the scheduler leader why a queued job waits (`ExplainRequest`,
+/// answered with an `ExplainReply`). Only the leader subscribes, so standbys stay silent.
+pub const SCHEDULER_EXPLAIN: &str = "kiln.scheduler.explain";
 
 /// The lease in `kiln_leases` whose holder is the leading scheduler.
 pub const LEASE_SCHEDULER: &str = "scheduler";

@@ -1,17 +1,21 @@
 //! What a pass decides from, read from the store and the capacity bucket, in the policy's
-//! terms: queued jobs, the jobs that hold capacity, pools, quotas, weights. The api's `ExplainJob` reads
-//! the same, so an explanation is what the scheduler's next pass would decide.
+//! terms: queued jobs, the jobs that hold capacity, pools, quotas, weights. The leader's answers
+//! to `kiln explain` read it the same way ([`read_as_leader`]), so an explanation is what its
+//! next pass decides.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
 
 use kiln_core::capacity::{self, PoolCapacity};
 use kiln_core::scheduling::{MarketPolicy, QuotaScope, class_of_priority};
 use kiln_core::store::{EXTERNAL_POOL, JobRecord, QuotaRecord, Store};
 use kiln_core::streams::Nats;
-use kiln_core::{JobState, scheduling};
+use kiln_core::{JobState, quotas, scheduling};
 
+use crate::Config;
 use crate::error::Result;
-use crate::policy::{Input, PendingJob, Pool, Quota, Resources, RunningJob, Settings, Weights};
+use crate::policy::{Input, PendingJob, Pool, Resources, RunningJob, Settings, Weights};
+use crate::state::PassState;
 
 /// A pass's input, and the records of its pending jobs (`input.pending[i]` is `queued[i]`).
 pub struct Read {
@@ -68,7 +72,7 @@ pub async fn read(store: &Store, nats: &Nats, settings: Settings, rate_of: impl 
         .map(|job| (&job.project, &job.user))
         .chain(running.iter().map(|job| (&job.project, &job.user)));
     let weights = weights_of(&rows, members);
-    let quotas = quotas_of(rows);
+    let quotas = quotas::from_records(rows);
     Ok(Read {
         input: Input {
             pending,
@@ -98,11 +102,6 @@ pub fn pools(reported: &BTreeMap<String, PoolCapacity>, rate_of: impl Fn(&str) -
         .collect()
 }
 
-/// The quotas, in the policy's terms; a row whose scope does not parse is skipped with a warning.
-pub async fn quotas(store: &Store) -> Result<Vec<Quota>> {
-    Ok(quotas_of(store.quotas().await?))
-}
-
 /// The fair-share weights of the rows' scopes: a project's, and a user's in each project where
 /// `members` (project, user) shows them (a user's weight counts in every project they work in).
 fn weights_of<'a>(rows: &[QuotaRecord], members: impl Iterator<Item = (&'a String, &'a String)>) -> Weights {
@@ -128,37 +127,9 @@ fn weights_of<'a>(rows: &[QuotaRecord], members: impl Iterator<Item = (&'a Strin
     weights
 }
 
-fn quotas_of(rows: Vec<QuotaRecord>) -> Vec<Quota> {
-    let mut quotas = Vec::new();
-    for row in rows {
-        let Ok(scope) = QuotaScope::parse(&row.scope) else {
-            tracing::warn!(scope = %row.scope, "ignoring a quota with a malformed scope");
-            continue;
-        };
-        quotas.push(Quota {
-            scope,
-            cpu_millis: row.cpu_millis,
-            memory_bytes: row.memory_bytes,
-            gpus: row.gpus,
-            running_jobs: row.running_jobs,
-            queued_jobs: row.queued_jobs,
-        });
-    }
-    quotas
-}
-
-/// Counts of queued jobs by scope, for [`crate::policy::check_submit`].
-pub fn queued_by_scope(counts: kiln_core::store::QueuedCounts, user: &str, project: &str) -> HashMap<QuotaScope, i64> {
-    HashMap::from([
-        (QuotaScope::User(user.to_string()), counts.user),
-        (QuotaScope::Project(project.to_string()), counts.project),
-        (QuotaScope::Global, counts.global),
-    ])
-}
-
 /// The settings of a pass from the scheduler's configuration. The fair-share preemption budget
 /// is a full bucket; the leader's pass sets it from its own bucket.
-pub fn settings(config: &crate::Config, preemption_budget: usize) -> Settings {
+pub fn settings(config: &Config, preemption_budget: usize) -> Settings {
     Settings {
         max_restart_probability: config.max_restart_probability,
         max_spot_preemptions: config.max_spot_preemptions,
@@ -174,6 +145,27 @@ pub fn settings(config: &crate::Config, preemption_budget: usize) -> Settings {
         yield_within_project: config.yield_within_project,
         order: config.order,
     }
+}
+
+/// What the leader's pass decides from, now: the state, with the leader's preemption budgets,
+/// its pools' learnt preemption rates, and the victims it ordered counted as stopping. The pass
+/// and the answers to `kiln explain` both read through here, so they cannot disagree.
+pub async fn read_as_leader(config: &Config, store: &Store, nats: &Nats, state: &Mutex<PassState>) -> Result<Read> {
+    let ((budget, fair_share_budget), rates) = {
+        let mut pass_state = state.lock().expect("pass state lock");
+        (pass_state.budgets(), pass_state.rates_per_hour())
+    };
+    let mut pass_settings = settings(config, budget);
+    pass_settings.fair_share_preemption_budget = fair_share_budget;
+    let mut state_read = read(store, nats, pass_settings, |pool| {
+        rates.get(pool).copied().unwrap_or(0.0)
+    })
+    .await?;
+    state
+        .lock()
+        .expect("pass state lock")
+        .observe_running(&mut state_read.input.running);
+    Ok(state_read)
 }
 
 #[cfg(test)]
@@ -219,6 +211,6 @@ mod tests {
             (3.0, 3.0, 1.0)
         );
         // Limits still come through, weight or not.
-        assert_eq!(quotas_of(rows.to_vec()).len(), 4);
+        assert_eq!(quotas::from_records(rows.to_vec()).len(), 4);
     }
 }

@@ -10,7 +10,8 @@
 //! `KILN_JOBS` (one consumer per scheduler) wake a pass and feed the pools' spot preemption
 //! rates, which the leader saves in the `kiln_scheduler` bucket for its successor
 //! ([`state`]); a timer covers the rest. A new leader first publishes SCHEDULED changes that were
-//! committed but not published (reconciler).
+//! committed but not published (reconciler). While it leads it also answers `kiln explain` over
+//! NATS request/reply from the same reading as its pass ([`explain_service`]).
 #![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
@@ -28,12 +29,13 @@ use kiln_core::{JobState, streams, subjects};
 use kiln_proto::v1 as pb;
 use prost::Message;
 use tokio::net::TcpListener;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 pub mod config;
 pub mod error;
+pub mod explain_service;
 pub mod input;
 pub mod policy;
 pub mod state;
@@ -93,6 +95,14 @@ impl Scheduler {
             state.clone(),
             shutdown.clone(),
         ));
+        let (leading_tx, leading_rx) = watch::channel(false);
+        let explainer = explain_service::Explainer {
+            config: self.config.clone(),
+            store: self.store.clone(),
+            nats: self.nats.clone(),
+            state: state.clone(),
+        };
+        let explain = tokio::spawn(explainer.serve(leading_rx, shutdown.clone()));
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
         health_reporter
             .set_service_status("", tonic_health::ServingStatus::Serving)
@@ -132,6 +142,8 @@ impl Scheduler {
                         tracing::warn!(error = %error, "cannot re-drive unpublished changes");
                     }
                 }
+                // Explanations start from the rates taken over.
+                leading_tx.send_replace(leading);
             }
             if leading {
                 if let Err(error) = pass(&self.config, &self.store, &self.nats, &state).await {
@@ -148,7 +160,9 @@ impl Scheduler {
         if let Err(error) = lease.release().await {
             tracing::warn!(error = %error, "cannot give the lease up; it expires on its own");
         }
+        leading_tx.send_replace(false);
         let _ = events.await;
+        let _ = explain.await;
         health
             .await
             .map_err(|e| Error::Nats(NatsError::Other(e.to_string())))??;
@@ -163,17 +177,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
 
 /// One scheduling pass: place what the policy places, send its preemptions.
 pub async fn pass(config: &Config, store: &Store, nats: &Nats, state: &Mutex<PassState>) -> Result<usize> {
-    let ((budget, fair_share_budget), rates) = {
-        let mut state = state.lock().expect("pass state lock");
-        (state.budgets(), state.rates_per_hour())
-    };
-    let mut settings = input::settings(config, budget);
-    settings.fair_share_preemption_budget = fair_share_budget;
-    let mut read = input::read(store, nats, settings, |pool| rates.get(pool).copied().unwrap_or(0.0)).await?;
-    state
-        .lock()
-        .expect("pass state lock")
-        .observe_running(&mut read.input.running);
+    let read = input::read_as_leader(config, store, nats, state).await?;
     if read.queued.is_empty() {
         return Ok(0);
     }

@@ -20,6 +20,8 @@ use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
+pub mod sim;
+
 pub type Authed = InterceptedService<Channel, BearerInterceptor>;
 
 /// How long a test waits for something that should happen in well under a second.

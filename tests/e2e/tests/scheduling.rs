@@ -3,37 +3,11 @@
 
 use std::time::Duration;
 
-use kiln_core::auth::Scope;
+use kiln_e2e::sim::{GIB, cloud, cpu_box, explain, job_spec, sim_runner, submit_as, user};
 use kiln_e2e::{PATIENCE, Stack, job_events, spawn_scheduler};
 use kiln_proto::v1 as pb;
 use kiln_proto::v1::quota_service_client::QuotaServiceClient;
 use kiln_runner::provider::sim::{InstanceType, SimConfig};
-
-const GIB: i64 = 1 << 30;
-
-fn sim_runner(stack: &Stack, sim: SimConfig) -> kiln_runner::Config {
-    let mut config = stack.runner_config("sim-1");
-    config.provider = kiln_runner::ProviderKind::Sim;
-    config.cpu_millis = 0;
-    config.memory_bytes = 0;
-    config.metrics_interval_ms = 3_600_000;
-    config.sim = sim;
-    config
-}
-
-/// One instance type, `count` of them, booting at once.
-fn cloud(instance: InstanceType, count: usize, spot: bool) -> SimConfig {
-    SimConfig {
-        instance_types: vec![instance],
-        spot,
-        boot_min_ms: 10,
-        boot_max_ms: 50,
-        preemptions_per_hour: 0.0,
-        max_instances: count,
-        time_scale: 1.0,
-        ..SimConfig::default()
-    }
-}
 
 /// Ten spot CPU boxes, 1000 times faster than the clock, where a simulated hour of work is all
 /// but sure to be preempted (20 an hour), with a 30 s notice.
@@ -57,37 +31,9 @@ fn gpu_box() -> InstanceType {
     }
 }
 
-fn cpu_box() -> InstanceType {
-    InstanceType {
-        name: "c.large".into(),
-        cpu_millis: 2000,
-        memory_bytes: 4 * GIB,
-        gpus: 0,
-        on_demand_per_hour: 0.085,
-        spot_per_hour: 0.03,
-    }
-}
-
-fn job_spec(command: &[&str], cpu_millis: u32, gpus: u32) -> pb::JobSpec {
-    pb::JobSpec {
-        gpus,
-        resources: Some(pb::Resources {
-            cpu_millis,
-            memory_bytes: GIB as u64,
-        }),
-        ..kiln_e2e::spec(command)
-    }
-}
-
 /// A second user, `bob`, and a token of his.
 async fn bob(stack: &Stack) -> String {
-    let bob = stack.store.create_user("bob", false).await.unwrap();
-    stack
-        .store
-        .create_token(&bob.id, "test", Scope::User)
-        .await
-        .unwrap()
-        .token
+    user(stack, "bob").await
 }
 
 async fn quotas_as(stack: &Stack, token: &str) -> QuotaServiceClient<kiln_e2e::Authed> {
@@ -97,28 +43,6 @@ async fn quotas_as(stack: &Stack, token: &str) -> QuotaServiceClient<kiln_e2e::A
         .await
         .unwrap();
     QuotaServiceClient::with_interceptor(channel, kiln_core::auth::BearerInterceptor::new(token))
-}
-
-async fn submit_as(stack: &Stack, token: &str, spec: pb::JobSpec) -> Result<pb::Job, tonic::Status> {
-    let response = stack
-        .jobs_as(token)
-        .await
-        .submit_job(pb::SubmitJobRequest {
-            spec: Some(spec),
-            ..Default::default()
-        })
-        .await?;
-    Ok(response.into_inner().job.unwrap())
-}
-
-async fn explain(stack: &Stack, job_id: &str) -> pb::Explanation {
-    stack
-        .jobs()
-        .await
-        .explain_job(pb::GetJobRequest { job_id: job_id.into() })
-        .await
-        .unwrap()
-        .into_inner()
 }
 
 fn state(job: &pb::Job) -> pb::JobState {

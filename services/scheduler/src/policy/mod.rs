@@ -2,8 +2,8 @@
 //! jobs a higher priority preempts, and why every other job waits.
 //!
 //! Pure decision logic: plain data in ([`Input`]), plain data out ([`Plan`]); no I/O, no clock,
-//! no store types. The scheduler's pass, the api's `kiln explain` and the `sched-sim` study
-//! all call the same [`plan`].
+//! no store types. The scheduler's pass, its answers to `kiln explain` and the `sched-sim`
+//! study all call the same [`plan`].
 //!
 //! - [`plan`] orders the queue by priority, then weighted dominant-resource fair share (DRF):
 //!   by default ([`Order::FairShareRatio`]) users across projects by held share over their
@@ -21,7 +21,6 @@
 //!   the job's share once the job starts, so the order never inverts and nothing preempts back.
 //!   A budget of its own; priority preemption goes first.
 //! - [`choose_market`] picks spot or on-demand for `auto` from the pool's [`PreemptionRate`].
-//! - [`check_submit`] enforces the queued-jobs quota at submit.
 //! - [`Wait`] and [`JobWait`] say why a job waits, as data and as sentences.
 //! - [`jain_index`] measures fairness, for the study.
 
@@ -29,7 +28,6 @@ mod explain;
 mod market;
 mod model;
 mod pass;
-mod quota;
 #[cfg(test)]
 mod tests;
 
@@ -40,7 +38,6 @@ pub use model::{
     Settings, Weights,
 };
 pub use pass::{Placement, Plan, Preemption, plan, water_fill};
-pub use quota::{QuotaExceeded, check_submit};
 
 /// Jain's fairness index of `values`: `(Σx)² / (n · Σx²)`, 1 when all are equal, `1/n` when one
 /// has everything. An empty or all-zero slice counts as fair (1).

@@ -150,6 +150,7 @@ fn trim_decimals(value: f64) -> String {
 
 // === jobs and pools ===
 
+pub use kiln_core::quotas::Quota;
 pub use kiln_core::scheduling::{Market, MarketPolicy, QuotaScope};
 
 /// A queued job.
@@ -228,32 +229,6 @@ impl Pool {
 }
 
 // === quotas ===
-
-/// Limits of a scope; `None` is unlimited. The running limits (CPU, memory, GPUs, running jobs)
-/// count what the scope's jobs hold; `queued_jobs` is checked at submit by [`check_submit`](super::check_submit).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Quota {
-    pub scope: QuotaScope,
-    pub cpu_millis: Option<i64>,
-    pub memory_bytes: Option<i64>,
-    pub gpus: Option<i64>,
-    pub running_jobs: Option<i64>,
-    pub queued_jobs: Option<i64>,
-}
-
-impl Quota {
-    /// A quota with no limit set, to fill in.
-    pub fn unlimited(scope: QuotaScope) -> Quota {
-        Quota {
-            scope,
-            cpu_millis: None,
-            memory_bytes: None,
-            gpus: None,
-            running_jobs: None,
-            queued_jobs: None,
-        }
-    }
-}
 
 /// A running limit of a quota.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
