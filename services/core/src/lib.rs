@@ -7,6 +7,8 @@
 //! - [`state`] and [`store`]: the job state machine and the metadata store (sea-orm);
 //! - [`events`]: publishing committed changes (the outbox) and re-driving unpublished ones;
 //! - [`intake`]: consuming a stream in batches, acking after the write;
+//! - [`lease`] and [`runners`]: leader leases, and the runners' liveness leases and what is
+//!   done with a lost runner's jobs;
 //! - [`auth`]: bearer tokens, the server auth layer and the client interceptor;
 //! - [`objects`]: the blob store; [`telemetry`] and [`shutdown`]: process plumbing.
 #![forbid(unsafe_code)]
@@ -20,6 +22,7 @@ pub mod ids;
 pub mod intake;
 pub mod lease;
 pub mod objects;
+pub mod runners;
 pub mod scheduling;
 pub mod service;
 pub mod shutdown;
