@@ -1,5 +1,6 @@
-//! Runner capacity reports, kept in the `kiln_capacity` KV bucket keyed by runner id. A report
-//! expires with the bucket's max age, so a dead runner's capacity disappears on its own.
+//! Runner capacity reports, kept in the `kiln_capacity` KV bucket keyed by runner id. Only the
+//! reports of runners holding a live lease ([`crate::runners`]) count, so a dead runner's
+//! capacity stops counting within its lease TTL; the bucket's max age removes the report later.
 
 use std::collections::BTreeMap;
 
@@ -81,8 +82,9 @@ pub async fn withdraw(nats: &Nats, runner_id: &str) -> Result<(), NatsError> {
     Ok(())
 }
 
-/// Sums the live reports by pool.
+/// Sums by pool the reports of the runners whose lease is live.
 pub async fn pools(nats: &Nats) -> Result<BTreeMap<String, PoolCapacity>, NatsError> {
+    let live = crate::runners::live(nats).await?;
     let kv = nats
         .jetstream
         .get_key_value(BUCKET_CAPACITY)
@@ -99,6 +101,10 @@ pub async fn pools(nats: &Nats) -> Result<BTreeMap<String, PoolCapacity>, NatsEr
             tracing::warn!(key, "ignoring a malformed capacity report");
             continue;
         };
+        if !live.contains(&report.runner_id) {
+            tracing::debug!(runner_id = %report.runner_id, "ignoring the capacity of a runner without a live lease");
+            continue;
+        }
         let pool = pools.entry(report.pool).or_default();
         pool.cpu_millis += report.cpu_millis;
         pool.memory_bytes += report.memory_bytes;

@@ -1,4 +1,5 @@
-//! Leader election by lease in the `kiln_leases` bucket.
+//! Leases: leader election in the `kiln_leases` bucket, and runner liveness in `kiln_runners`
+//! (see [`crate::runners`]).
 //!
 //! The entry under a lease's name holds its holder and when it expires. A candidate takes an
 //! absent or expired lease, and the holder renews it, each with a compare-and-set on the
@@ -8,9 +9,11 @@
 //! leader does must still be safe if, in a partition, two believe they lead: the scheduler's
 //! transitions are compare-and-set on the job's version, so a job is placed once whatever happens.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use async_nats::jetstream::kv;
+use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
@@ -23,6 +26,16 @@ use crate::subjects::BUCKET_LEASES;
 pub struct LeaseHolder {
     pub holder: String,
     pub expires_at_ms: i64,
+    /// What the holder tells those who act when it is gone (a runner's pool and `on-lost`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<serde_json::Value>,
+}
+
+impl LeaseHolder {
+    /// Tells whether the lease still runs at `now_ms`.
+    pub fn is_live(&self, now_ms: i64) -> bool {
+        self.expires_at_ms >= now_ms
+    }
 }
 
 /// One candidate for a named lease.
@@ -31,6 +44,7 @@ pub struct Lease {
     name: String,
     holder: String,
     ttl: Duration,
+    data: Option<serde_json::Value>,
     held_until: Option<Instant>,
 }
 
@@ -41,14 +55,32 @@ fn other(error: impl std::fmt::Display) -> NatsError {
 impl Lease {
     /// `ttl` must stay under the bucket's max age (30 s), which removes abandoned entries.
     pub async fn new(nats: &Nats, name: &str, holder: &str, ttl: Duration) -> Result<Lease, NatsError> {
-        let kv = nats.jetstream.get_key_value(BUCKET_LEASES).await.map_err(other)?;
+        Lease::in_bucket(nats, BUCKET_LEASES, name, holder, ttl, None).await
+    }
+
+    /// A lease in `bucket` whose entry carries `data` besides its holder and expiry.
+    pub async fn in_bucket(
+        nats: &Nats,
+        bucket: &str,
+        name: &str,
+        holder: &str,
+        ttl: Duration,
+        data: Option<serde_json::Value>,
+    ) -> Result<Lease, NatsError> {
+        let kv = nats.jetstream.get_key_value(bucket).await.map_err(other)?;
         Ok(Lease {
             kv,
             name: name.to_string(),
             holder: holder.to_string(),
             ttl,
+            data,
             held_until: None,
         })
+    }
+
+    /// Until when this candidate leads (none: it does not).
+    pub fn held_until(&self) -> Option<Instant> {
+        self.held_until.filter(|until| Instant::now() < *until)
     }
 
     pub fn holder(&self) -> &str {
@@ -67,6 +99,7 @@ impl Lease {
         let value = serde_json::to_vec(&LeaseHolder {
             holder: self.holder.clone(),
             expires_at_ms: now_ms() + i64::try_from(self.ttl.as_millis()).unwrap_or(i64::MAX),
+            data: self.data.clone(),
         })
         .map_err(other)?;
         let written = match self.kv.entry(&self.name).await.map_err(other)? {
@@ -101,6 +134,7 @@ impl Lease {
             let expired = serde_json::to_vec(&LeaseHolder {
                 holder: self.holder.clone(),
                 expires_at_ms: 0,
+                data: self.data.clone(),
             })
             .map_err(other)?;
             let _ = self.kv.update(&self.name, expired.into(), entry.revision).await;
@@ -115,6 +149,30 @@ impl Lease {
             return Ok(None);
         };
         let holder = serde_json::from_slice::<LeaseHolder>(&entry.value).ok();
-        Ok(holder.filter(|h| entry.operation == kv::Operation::Put && h.expires_at_ms >= now_ms()))
+        Ok(holder.filter(|h| entry.operation == kv::Operation::Put && h.is_live(now_ms())))
+    }
+
+    /// Every lease entry of `bucket` by name, expired ones included (a deleted or unreadable
+    /// entry is left out).
+    pub async fn all(nats: &Nats, bucket: &str) -> Result<HashMap<String, LeaseHolder>, NatsError> {
+        let kv = nats.jetstream.get_key_value(bucket).await.map_err(other)?;
+        let mut keys = kv.keys().await.map_err(other)?;
+        let mut leases = HashMap::new();
+        while let Some(key) = keys.next().await {
+            let key = key.map_err(other)?;
+            let Some(entry) = kv.entry(&key).await.map_err(other)? else {
+                continue;
+            };
+            if entry.operation != kv::Operation::Put {
+                continue;
+            }
+            match serde_json::from_slice::<LeaseHolder>(&entry.value) {
+                Ok(holder) => {
+                    leases.insert(key, holder);
+                }
+                Err(_) => tracing::warn!(bucket, key, "ignoring a malformed lease"),
+            }
+        }
+        Ok(leases)
     }
 }

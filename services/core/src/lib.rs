@@ -8,6 +8,8 @@
 //! - [`state`] and [`store`]: the job state machine and the metadata store (sea-orm);
 //! - [`events`]: publishing committed changes (the outbox) and re-driving unpublished ones;
 //! - [`intake`]: consuming a stream in batches, acking after the write;
+//! - [`lease`] and [`runners`]: leader leases, and the runners' liveness leases and what is
+//!   done with a lost runner's jobs;
 //! - [`auth`]: bearer tokens, the server auth layer and the client interceptor;
 //! - [`scheduling`] and [`quotas`]: the names and quota checks the scheduler and the api share;
 //! - [`objects`]: the blob store; [`telemetry`] and [`shutdown`]: process plumbing.
@@ -24,6 +26,7 @@ pub mod lease;
 pub mod objects;
 pub mod publish;
 pub mod quotas;
+pub mod runners;
 pub mod scheduling;
 pub mod service;
 pub mod shutdown;

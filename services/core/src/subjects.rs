@@ -56,6 +56,8 @@ pub const CONSUMER_ITEM_RESULTS: &str = "item-batch-results";
 pub const BUCKET_LEASES: &str = "kiln_leases";
 /// KV bucket holding each runner's capacity report, keyed by runner id.
 pub const BUCKET_CAPACITY: &str = "kiln_capacity";
+/// KV bucket holding each runner's liveness lease, keyed by runner id.
+pub const BUCKET_RUNNERS: &str = "kiln_runners";
 /// KV bucket holding what the scheduling leader learnt and its successor takes over.
 pub const BUCKET_SCHEDULER: &str = "kiln_scheduler";
 /// Key in [`BUCKET_SCHEDULER`]: the pools' spot preemption rates, as JSON.

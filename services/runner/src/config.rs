@@ -3,6 +3,8 @@
 use std::path::PathBuf;
 
 use kiln_core::config::{ConfigError, DatabaseConfig, GrpcConfig, NatsConfig, ObjectStoreConfig};
+pub use kiln_core::runners::OnLost;
+use kiln_core::runners::{LostPolicy, RunnerLease};
 use kiln_core::service::{ServiceConfig, problems_to_result};
 use kiln_core::subjects::validate_token;
 use serde::{Deserialize, Serialize};
@@ -45,16 +47,6 @@ impl Default for IdleGpuConfig {
     }
 }
 
-/// What happens to a job whose runner went away while it ran.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum OnLost {
-    /// The job ends LOST.
-    Fail,
-    /// The job is queued again as a new attempt, up to `max-attempts`, then ends LOST.
-    Requeue,
-}
-
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
 pub struct Config {
@@ -89,9 +81,15 @@ pub struct Config {
     pub provider: ProviderKind,
     pub docker: DockerConfig,
     pub sim: SimConfig,
+    /// What happens to a job whose runner went away while it ran (this one restarted, or its
+    /// lease expired): `fail` ends it LOST, `requeue` queues it again.
     pub on_lost: OnLost,
     /// Attempts a job gets when `on-lost = "requeue"`.
     pub max_attempts: i32,
+    /// How long this runner's lease lasts without renewal (it renews every third of it): once
+    /// it lapses, the scheduling leader ends or queues again the runner's jobs and stops counting
+    /// its capacity, and the runner takes no launch until it holds the lease again.
+    pub lease_ttl_ms: u64,
     /// How often system metrics of running jobs are sampled, in milliseconds.
     pub metrics_interval_ms: u64,
     /// How often capacity is reported, in milliseconds.
@@ -121,6 +119,7 @@ impl Default for Config {
             sim: SimConfig::default(),
             on_lost: OnLost::Fail,
             max_attempts: 3,
+            lease_ttl_ms: 10_000,
             report_interval_ms: if cfg!(test) { 200 } else { 5_000 },
             metrics_interval_ms: 5_000,
         }
@@ -166,11 +165,33 @@ impl ServiceConfig for Config {
         if self.report_interval_ms == 0 {
             problems.push("report-interval-ms must be at least 1".into());
         }
+        if !(300..=600_000).contains(&self.lease_ttl_ms) {
+            problems.push(format!(
+                "lease-ttl-ms is {}; give 300 to 600000 (the runner bucket keeps an expired lease for an hour)",
+                self.lease_ttl_ms
+            ));
+        }
         problems_to_result(problems)
     }
 }
 
 impl Config {
+    /// What is done with this runner's jobs when it goes away.
+    pub fn lost_policy(&self) -> LostPolicy {
+        LostPolicy {
+            on_lost: self.on_lost,
+            max_attempts: self.max_attempts,
+        }
+    }
+
+    /// What this runner's lease tells the scheduler.
+    pub fn runner_lease(&self) -> RunnerLease {
+        RunnerLease {
+            pool: self.pool.clone(),
+            lost: self.lost_policy(),
+        }
+    }
+
     /// CPU offered, with 0 read as the machine's cores.
     pub fn offered_cpu_millis(&self) -> i64 {
         if self.cpu_millis > 0 {
@@ -195,4 +216,32 @@ fn machine_memory_bytes() -> Option<i64> {
     let line = meminfo.lines().find(|line| line.starts_with("MemTotal:"))?;
     let kib: i64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lease_ttl_is_checked_and_the_lease_carries_the_lost_policy() {
+        let config = Config {
+            on_lost: OnLost::Requeue,
+            max_attempts: 5,
+            pool: "gpu".into(),
+            ..Config::default()
+        };
+        assert!(config.validate().is_ok());
+        let lease = config.runner_lease();
+        assert_eq!((lease.pool.as_str(), lease.lost.on_lost, lease.lost.max_attempts), ("gpu", OnLost::Requeue, 5));
+        for lease_ttl_ms in [0, 299, 600_001] {
+            let config = Config {
+                lease_ttl_ms,
+                ..Config::default()
+            };
+            let Err(ConfigError::Invalid(problems)) = config.validate() else {
+                panic!("lease-ttl-ms {lease_ttl_ms} passed");
+            };
+            assert!(problems.len() == 1 && problems[0].starts_with("lease-ttl-ms"), "{problems:?}");
+        }
+    }
 }

@@ -1,5 +1,6 @@
 //! The launch consumer: pulls `kiln.launch.<pool>` one request at a time, checks the request is
-//! current and fits, moves the job SCHEDULED → PROVISIONING and hands it to a supervisor.
+//! current and fits and that this runner holds its lease, moves the job SCHEDULED → PROVISIONING
+//! and hands it to a supervisor.
 
 use std::time::Duration;
 
@@ -93,7 +94,8 @@ async fn accept_launch(
     if job.version != request.version || job.state()? != JobState::Scheduled {
         return Ok(Accepted::Stale);
     }
-    if !ctx.fits(&job) {
+    // Without its lease this runner may be counted as gone: another runner takes the launch.
+    if !ctx.lease.is_held() || !ctx.fits(&job) {
         return Ok(Accepted::NoRoom);
     }
     let wanted = u32::try_from(job.gpus).unwrap_or(u32::MAX);

@@ -7,12 +7,16 @@
 //! - control consumer: `kiln.control.>` (durable `control-<runner>`), stop requests for the jobs
 //!   this runner holds;
 //! - capacity reports to the `kiln_capacity` bucket, which the scheduler reads;
+//! - its lease in the `kiln_runners` bucket ([`liveness`]), renewed every third of
+//!   `lease-ttl-ms`: if it lapses, the scheduling leader ends or queues again this runner's jobs
+//!   and stops counting its capacity, and the runner takes no launch until it holds it again; a
+//!   supervisor that finds its job taken kills and releases the instance without writing the job;
 //! - reconciler: at start, jobs this runner held when it went away are ended (LOST, or queued
 //!   again, as `on-lost` says): their instances are killed, their outputs synced and the
 //!   instances released; anything else labelled with this runner is released too; unpublished
 //!   changes of its jobs are published again.
 //!
-//! `launch`, `control`, `report` and `reconcile` hold these four parts; this file binds the
+//! `launch`, `control`, `report`, `liveness` and `reconcile` hold these parts; this file binds the
 //! runner (its store, NATS, object storage and provider) and runs them side by side.
 #![forbid(unsafe_code)]
 
@@ -42,6 +46,7 @@ mod control;
 pub mod error;
 pub mod gpu;
 mod launch;
+mod liveness;
 pub mod logs;
 pub mod outputs;
 pub mod provider;
@@ -51,6 +56,8 @@ mod supervisor;
 
 pub use config::{Config, OnLost, ProviderKind};
 pub use error::{Error, Result};
+#[cfg(feature = "test-util")]
+pub use liveness::LeasePause;
 
 use control::{watch_controls, watch_preemptions};
 use launch::take_launches;
@@ -81,6 +88,8 @@ pub(crate) struct Context {
     sampler: Option<Arc<dyn GpuSampler>>,
     /// The agent archive for batch workers' containers, packed on first use.
     agent_archive: Arc<tokio::sync::OnceCell<bytes::Bytes>>,
+    /// Whether this runner holds its lease (launches are taken only while it does).
+    lease: Arc<liveness::LeaseStatus>,
 }
 
 impl Context {
@@ -157,6 +166,7 @@ impl Runner {
             gpus: Arc::new(Mutex::new(GpuPool::new(capacity.gpus))),
             sampler,
             agent_archive: Arc::default(),
+            lease: Arc::default(),
         };
         Ok(Runner { ctx, listener })
     }
@@ -170,12 +180,22 @@ impl Runner {
         self.ctx.provider.name()
     }
 
+    /// A handle that pauses this runner's lease renewals (tests: a runner cut off from NATS).
+    #[cfg(feature = "test-util")]
+    pub fn lease_pause(&self) -> LeasePause {
+        LeasePause(self.ctx.lease.clone())
+    }
+
     /// Runs until `shutdown` is cancelled. Dropping the returned future aborts every job task
     /// (their processes are killed), as a crash would.
     pub async fn serve(self, shutdown: CancellationToken) -> Result<()> {
         let ctx = self.ctx;
-        reconcile(&ctx).await?;
+        // Held until the jobs have ended, so the leader does not take them while they stop.
+        let lease = liveness::take_lease(&ctx).await?;
+        let lease_stop = CancellationToken::new();
         let mut tasks = JoinSet::new();
+        tasks.spawn(liveness::hold_lease(ctx.clone(), lease, lease_stop.clone()));
+        reconcile(&ctx).await?;
         tasks.spawn(report_capacity(ctx.clone(), shutdown.clone()));
         tasks.spawn(watch_controls(ctx.clone(), shutdown.clone()));
         if let Some(notices) = ctx.provider.preemptions() {
@@ -215,6 +235,7 @@ impl Runner {
         {
             tracing::warn!("jobs did not stop in time");
         }
+        lease_stop.cancel();
         while tasks.join_next().await.is_some() {}
         if let Err(error) = capacity::withdraw(&ctx.nats, &ctx.config.runner_id).await {
             tracing::warn!(error = %error, "cannot withdraw the capacity report");

@@ -6,7 +6,9 @@
 //! `kiln_capacity`, the quotas, and what active jobs hold ([`input::read`]); [`policy::plan`]
 //! orders and places them; each placement is moved QUEUED → SCHEDULED by compare-and-set (so a
 //! job is placed once even if two schedulers ever believe they lead) and published on
-//! `kiln.launch.<pool>`; each priority preemption is sent to its runner. Job events on
+//! `kiln.launch.<pool>`; each priority preemption is sent to its runner. Only runners holding a
+//! live lease count: the pass first ends or queues again the jobs of runners whose lease expired
+//! ([`lost`]), and their capacity reports are ignored. Job events on
 //! `KILN_JOBS` (one consumer per scheduler) wake a pass and feed the pools' spot preemption
 //! rates, which the leader saves in the `kiln_scheduler` bucket for its successor
 //! ([`state`]); a timer covers the rest. A new leader first publishes SCHEDULED changes that were
@@ -37,6 +39,7 @@ pub mod config;
 pub mod error;
 pub mod explain_service;
 pub mod input;
+pub mod lost;
 pub mod policy;
 pub mod state;
 
@@ -175,8 +178,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     Scheduler::bind(config).await?.serve(shutdown).await
 }
 
-/// One scheduling pass: place what the policy places, send its preemptions.
+/// One scheduling pass: take back the jobs of runners gone ([`lost`]), place what the policy
+/// places, send its preemptions.
 pub async fn pass(config: &Config, store: &Store, nats: &Nats, state: &Mutex<PassState>) -> Result<usize> {
+    lost::take_back(store, nats).await?;
     let read = input::read_as_leader(config, store, nats, state).await?;
     if read.queued.is_empty() {
         return Ok(0);

@@ -376,6 +376,13 @@ impl Stack {
         ServiceHandle::spawn(|token| runner.serve(token))
     }
 
+    /// Starts a runner whose lease renewals the returned handle pauses and resumes.
+    pub async fn spawn_runner_pausable(&self, config: kiln_runner::Config) -> (ServiceHandle, kiln_runner::LeasePause) {
+        let runner = kiln_runner::Runner::bind(config).await.expect("runner binds");
+        let pause = runner.lease_pause();
+        (ServiceHandle::spawn(|token| runner.serve(token)), pause)
+    }
+
     /// Starts a runner whose GPU utilisation comes from `sampler`.
     pub async fn spawn_runner_with_sampler(
         &self,

@@ -18,9 +18,8 @@ async fn a_job_whose_runner_crashed_ends_lost_and_its_process_is_killed() {
     let pid = pid_of(&running);
 
     stack.runner.take().unwrap().crash().await;
-    // Nothing moved the job while no runner was there.
-    assert_eq!(stack.get(&job.id).await.state, pb::JobState::Running as i32);
-
+    // Back within its lease's TTL (10 s), the runner ends the job itself; one that stays away
+    // longer has it ended by the scheduler (tests/leases.rs).
     stack.runner = Some(stack.spawn_runner(stack.runner_config("runner-1")).await);
     let lost = stack.wait_for_state(&job.id, pb::JobState::Lost).await;
     assert_eq!(lost.reason, "the runner restarted while the job ran");

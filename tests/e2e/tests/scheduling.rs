@@ -325,6 +325,15 @@ async fn a_victim_no_runner_took_yet_is_queued_again_for_a_higher_priority() {
         spot: false,
     };
     kiln_core::capacity::report(&nats, &report).await.unwrap();
+    // A report counts only while its runner's lease is live: one that outlasts the test.
+    let lease = kiln_core::runners::RunnerLease {
+        pool: "gone".into(),
+        lost: kiln_core::runners::LostPolicy::UNKNOWN,
+    };
+    let mut lease = kiln_core::runners::lease(&nats, "gone-1", std::time::Duration::from_secs(600), &lease)
+        .await
+        .unwrap();
+    assert!(lease.tick().await.unwrap());
     let low = stack.submit_spec(job_spec(&["sleep", "600"], 2000, 0)).await;
     stack.wait_for_state(&low.id, pb::JobState::Scheduled).await;
 

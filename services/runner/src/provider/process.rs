@@ -26,6 +26,9 @@ use super::{Capacity, Exit, Instance, InstanceSpec, InstanceStats, OutputStream,
 use crate::bundle::MAX_UNPACKED_BYTES;
 use crate::error::{Error, Result};
 
+/// The file in an instance's scratch directory holding its process id.
+const PID_FILE: &str = "pid";
+
 /// The command and environment of a provisioned, not yet started instance.
 type Launch = (Vec<String>, BTreeMap<String, String>);
 
@@ -177,6 +180,11 @@ impl Provider for ProcessProvider {
             .ok_or_else(|| Error::io("start")(std::io::Error::other("the instance was not provisioned")))?;
         let (mut child, pid) = spawn(&command, &env, &instance.scratch_dir.join("code"))?;
         instance.id = format!("pid:{pid}");
+        // A restarted runner finds the process of an attempt taken from it by this file.
+        let pid_file = instance.scratch_dir.join(PID_FILE);
+        if let Err(error) = tokio::fs::write(&pid_file, pid.to_string()).await {
+            tracing::warn!(path = %pid_file.display(), error = %error, "cannot record the job's pid");
+        }
         let stdout = child
             .stdout
             .take()
@@ -327,6 +335,14 @@ impl Provider for ProcessProvider {
             let name = entry.file_name().to_string_lossy().into_owned();
             let job_id = name.rsplit_once('-').map(|(job, _)| job).unwrap_or(&name);
             if !keep.iter().any(|kept| kept == job_id) {
+                // The process of an attempt taken from this runner while it was away.
+                let pid = tokio::fs::read_to_string(entry.path().join(PID_FILE)).await.ok();
+                if let Some(pid) = pid.and_then(|pid| pid.trim().parse::<i32>().ok())
+                    && is_job_process(pid, job_id)
+                {
+                    tracing::warn!(job_id, pid, "killing the process of a job this runner no longer holds");
+                    signal_group(pid, Signal::SIGKILL);
+                }
                 remove_scratch(entry.path()).await?;
                 released += 1;
             }
@@ -526,6 +542,31 @@ mod tests {
         assert_eq!(released, 1);
         assert!(dir.path().join("keep-1").try_exists().unwrap());
         assert!(!dir.path().join("gone-1").try_exists().unwrap());
+    }
+
+    #[tokio::test]
+    async fn the_process_of_a_leftover_is_killed_by_a_new_provider() {
+        let dir = tempfile::tempdir().unwrap();
+        // Started by the provider of a runner that crashed since.
+        let crashed = provider(dir.path());
+        let mut instance = crashed.provision(&spec(dir.path(), &["sleep", "600"])).await.unwrap();
+        let _output = crashed.start(&mut instance).await.unwrap();
+        let pid = instance_pid(&instance.id).unwrap();
+        assert!(is_job_process(pid, "j1"));
+        let released = provider(dir.path()).release_leftovers("r", &[]).await.unwrap();
+        assert_eq!(released, 1);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while is_job_process(pid, "j1") && !is_zombie(pid) {
+            assert!(std::time::Instant::now() < deadline, "the leftover process {pid} lives on");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// A killed child of this test process stays a zombie until its waiter reaps it.
+    fn is_zombie(pid: i32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|stat| stat.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+            .unwrap_or(true)
     }
 
     #[test]

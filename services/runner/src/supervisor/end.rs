@@ -1,5 +1,6 @@
 //! How an attempt's end is recorded: its end state and cost, a preempted job queued again as
-//! its next attempt, a job whose runner went away ended LOST or queued again.
+//! its next attempt, a job whose runner went away ended LOST or queued again
+//! ([`kiln_core::runners::lose_job`], shared with the scheduler).
 
 use kiln_core::JobState;
 use kiln_core::events::publish_job_change;
@@ -8,7 +9,6 @@ use kiln_core::store::{Change, JobRecord, StoreError};
 
 use super::{Outcome, StopReason};
 use crate::Context;
-use crate::config::OnLost;
 use crate::error::Result;
 
 /// Records the end of the attempt.
@@ -27,6 +27,11 @@ pub(super) async fn conclude(
         ..Change::default()
     };
     let (state, change) = match outcome.clone() {
+        // Never concluded: the new state is someone else's.
+        Outcome::Exited {
+            stopped: Some(StopReason::Taken),
+            ..
+        } => return Ok(()),
         Outcome::Exited {
             stopped: Some(StopReason::Shutdown),
             ..
@@ -141,39 +146,12 @@ async fn requeue_preempted(
     Ok(())
 }
 
-/// Ends a job whose runner went away: LOST, or queued again when the policy says so, resuming
-/// like a preempted job from the outputs synced so far (the callers sync what the dead attempt
-/// left before they call this).
+/// Ends a job whose runner went away (this one, restarted or shutting down): LOST, or queued
+/// again as `on-lost` says, resuming from the outputs synced so far (the callers sync what the
+/// dead attempt left before they call this). A job changed meanwhile is left as it is.
 pub(crate) async fn lose(ctx: &Context, job: &JobRecord, why: &str) -> Result<()> {
-    let requeue = ctx.config.on_lost == OnLost::Requeue && job.attempt < ctx.config.max_attempts;
-    let (state, change) = if requeue {
-        (
-            JobState::Queued,
-            Change {
-                reason: Some(format!("{why}; queued again")),
-                next_attempt: true,
-                resume_from: Some(kiln_core::objects::outputs_prefix(&job.id).to_string()),
-                ..Change::default()
-            },
-        )
-    } else {
-        (
-            JobState::Lost,
-            Change {
-                reason: Some(why.to_string()),
-                ..Change::default()
-            },
-        )
-    };
-    match ctx.store.transition(job, state, change).await {
-        Ok(changed) => {
-            tracing::warn!(job_id = %changed.id, state = %changed.state, why, "job lost its runner");
-            publish(ctx, &changed).await;
-            Ok(())
-        }
-        Err(StoreError::Conflict { .. }) => Ok(()),
-        Err(error) => Err(error.into()),
-    }
+    kiln_core::runners::lose_job(&ctx.nats, &ctx.store, job, ctx.config.lost_policy(), why).await?;
+    Ok(())
 }
 
 /// Publishes a committed change; a failure is re-driven by the reconciler.

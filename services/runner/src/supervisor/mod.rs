@@ -4,7 +4,10 @@
 //! attempts synced → provision an instance → start it → RUNNING → watch
 //! (logs, stop requests, the run-time limit, runner shutdown) → stop gracefully when asked
 //! (SIGTERM, grace period, SIGKILL) → SYNCING: outputs to object storage → release the instance
-//! → end state. The job runs with a token scoped to itself, revoked when it ends.
+//! → end state. The job runs with a token scoped to itself, revoked when it ends. An attempt
+//! taken from this runner (its lease lapsed and the scheduling leader ended the job or queued it
+//! again) is killed and its instance released, and nothing of it is written: not its outputs,
+//! which the next attempt may be restoring, nor its state, tokens or end.
 //!
 //! `spec` gathers what the instance is given, `end` records how the attempt ended; this
 //! module runs and watches it.
@@ -22,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Context;
 use crate::error::{Error, Result};
+use crate::liveness::Holding;
 use crate::logs::LogShipper;
 use crate::provider::{Exit, Instance};
 
@@ -32,8 +36,8 @@ use end::conclude;
 pub(crate) use end::{lose, publish};
 use spec::instance_spec;
 
-/// How often a running job's stop flag is read from the database, in case a control message
-/// was missed.
+/// How often a running job is read from the database: its stop flag, in case a control message
+/// was missed, and whether it was taken from this runner.
 const STOP_POLL: Duration = Duration::from_secs(2);
 /// How long the output readers may take to drain after the job ended.
 const DRAIN: Duration = Duration::from_secs(5);
@@ -49,6 +53,8 @@ pub(crate) struct Controls {
     pub notice_ms: Arc<AtomicU64>,
     /// The job a priority preemption makes room for (none for a spot preemption).
     pub preempted_for: Arc<std::sync::Mutex<Option<String>>>,
+    /// Cancelled when the job was found taken from this runner.
+    pub taken: CancellationToken,
 }
 
 impl Controls {
@@ -73,6 +79,8 @@ enum StopReason {
     IdleGpu,
     Preempted,
     Shutdown,
+    /// The job is no longer this runner's (see [`Controls::taken`]).
+    Taken,
 }
 
 /// How an attempt ended, as far as the runner knows.
@@ -107,6 +115,19 @@ pub(crate) async fn supervise(
     if let Err(error) = shipper.finish().await {
         tracing::warn!(job_id, error = %error, "shipping the job's logs failed");
     }
+    if controls.taken.is_cancelled() {
+        tracing::warn!(job_id, attempt = current.attempt, "the job was taken from this runner; releasing its instance");
+        match &instance {
+            Some(instance) => {
+                if let Err(error) = ctx.provider.release(instance).await {
+                    tracing::error!(job_id, error = %error, "cannot release the instance; it is released at the next restart");
+                }
+            }
+            None => remove_scratch(&scratch_dir).await,
+        }
+        ctx.release_active(&job_id);
+        return;
+    }
     let current = match &instance {
         Some(instance) => finish_instance(&ctx, current, instance).await,
         None => {
@@ -121,6 +142,11 @@ pub(crate) async fn supervise(
         let preempted_for = controls.preempted_for.lock().expect("controls lock").clone();
         match conclude(&ctx, current.clone(), &outcome, preempted_for).await {
             Ok(()) => break,
+            // Taken from this runner meanwhile: the new state stays.
+            Err(Error::Store(StoreError::Conflict { state, .. })) => {
+                tracing::warn!(job_id, state = %state, "the job changed while it ended here; its end is not recorded");
+                break;
+            }
             // A database that is briefly away; a conflict would not get better.
             Err(error @ Error::Store(StoreError::Db(_))) if attempt < 10 => {
                 tracing::warn!(job_id, attempt, error = %error, "cannot record the job's end; retrying");
@@ -209,6 +235,9 @@ async fn execute(
         Ok(instance) => instance,
         Err(error) => return (not_started(error), job, None),
     };
+    if controls.taken.is_cancelled() {
+        return (not_started(Error::Capacity("taken from this runner".into())), job, Some(instance));
+    }
     if controls.stop.is_cancelled() || ctx.store.job(&job.id).await.map(|j| j.stop_requested).unwrap_or(false) {
         let outcome = Outcome::NotStarted {
             reason: "stopped before it started".into(),
@@ -229,6 +258,12 @@ async fn execute(
         Ok(running) => running,
         Err(error) => {
             let _ = ctx.provider.signal(&instance, Signal::SIGKILL).await;
+            if let StoreError::Conflict { .. } = error
+                && let Ok(current) = ctx.store.job(&job.id).await
+                && Holding::of(&job).is_taken_by(Holding::of(&current))
+            {
+                controls.taken.cancel();
+            }
             return (not_started(error.into()), job, Some(instance));
         }
     };
@@ -294,8 +329,15 @@ async fn watch(
             }
             _ = &mut idle_gpu, if stopping.is_none() => stopping = Some(StopReason::IdleGpu),
             _ = tokio::time::sleep(STOP_POLL), if stopping.is_none() => {
-                if ctx.store.job(&job.id).await.map(|j| j.stop_requested).unwrap_or(false) {
-                    stopping = Some(StopReason::User);
+                match ctx.store.job(&job.id).await {
+                    Ok(current) if Holding::of(job).is_taken_by(Holding::of(&current)) => {
+                        tracing::warn!(job_id = %job.id, state = %current.state, attempt = current.attempt, "the job was taken from this runner: SIGKILL");
+                        controls.taken.cancel();
+                        let _ = ctx.provider.signal(instance, Signal::SIGKILL).await;
+                        return (wait.await, Some(StopReason::Taken));
+                    }
+                    Ok(current) if current.stop_requested => stopping = Some(StopReason::User),
+                    _ => {}
                 }
             }
         }

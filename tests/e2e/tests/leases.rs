@@ -1,0 +1,206 @@
+//! Runners that die are noticed: a runner whose lease expires has its jobs ended (or queued
+//! again) by the scheduling leader and its capacity forgotten; a runner that comes back finds
+//! its jobs taken and kills what it still runs of them without writing their state.
+
+use kiln_core::{JobState, subjects};
+use kiln_core::events::publish_job_change;
+use kiln_core::store::Change;
+use kiln_e2e::{Stack, pid_of, process_alive, wait_for_line};
+use kiln_proto::v1 as pb;
+
+/// A runner of this stack's pool `local` with a 1 s lease and a work dir of its own (a process
+/// runner removes what it does not hold from its work dir when it starts).
+fn leased_runner(stack: &Stack, runner_id: &str, on_lost: kiln_runner::OnLost) -> kiln_runner::Config {
+    kiln_runner::Config {
+        lease_ttl_ms: 1_000,
+        on_lost,
+        work_dir: stack.dir.path().join(format!("work-{runner_id}")),
+        ..stack.runner_config(runner_id)
+    }
+}
+
+/// Kills what a crashed runner left running (a test's own cleanup).
+fn kill_group(pid: i32) {
+    let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+}
+
+async fn pools(stack: &Stack) -> std::collections::BTreeMap<String, kiln_core::capacity::PoolCapacity> {
+    let nats = kiln_core::streams::connect(&stack.nats.config()).await.expect("nats");
+    kiln_core::capacity::pools(&nats).await.expect("pools")
+}
+
+/// The reasons of the job's QUEUED changes (published on `kiln.job.queued`), in order.
+async fn queued_reasons(stack: &Stack, job_id: &str) -> Vec<String> {
+    use prost::Message;
+    let messages = kiln_e2e::stored_messages(stack, subjects::STREAM_JOBS, subjects::JOB_QUEUED.into()).await;
+    messages
+        .iter()
+        .map(|payload| pb::JobEvent::decode(payload.as_ref()).expect("a job event"))
+        .filter(|event| event.job_id == job_id)
+        .map(|event| event.reason)
+        .collect()
+}
+
+/// Waits until process `pid` is gone.
+async fn wait_gone(pid: i32, what: &str) {
+    let deadline = tokio::time::Instant::now() + kiln_e2e::PATIENCE;
+    while process_alive(pid) {
+        assert!(tokio::time::Instant::now() < deadline, "{what}: process {pid} lives on");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_runner_that_never_comes_back_has_its_job_ended_lost_and_its_capacity_forgotten() {
+    let mut stack = Stack::start_without_runner().await;
+    let config = leased_runner(&stack, "runner-1", kiln_runner::OnLost::Fail);
+    stack.runner = Some(stack.spawn_runner(config).await);
+    let job = stack.submit(&["sleep", "600"]).await;
+    let running = stack.wait_for_state(&job.id, pb::JobState::Running).await;
+    assert!(pools(&stack).await.contains_key("local"));
+
+    stack.runner.take().unwrap().crash().await;
+    let lost = stack.wait_for_state(&job.id, pb::JobState::Lost).await;
+    assert_eq!(lost.reason, "its runner runner-1 stopped renewing its lease");
+    assert_eq!(lost.attempt, 1);
+    // Its report is still in the bucket (60 s max age), but it no longer counts.
+    let pools = pools(&stack).await;
+    assert!(!pools.contains_key("local"), "the dead runner's pool still counts: {pools:?}");
+    kill_group(pid_of(&running));
+}
+
+#[tokio::test]
+async fn with_requeue_a_job_whose_runner_never_comes_back_resumes_on_another_runner() {
+    let mut stack = Stack::start_without_runner().await;
+    let first = leased_runner(&stack, "runner-1", kiln_runner::OnLost::Requeue);
+    stack.runner = Some(stack.spawn_runner(first).await);
+    // Checkpoints the attempt number when stopped; the third attempt ends once it has resumed.
+    let script = r#"
+if [ -f "$KILN_RESUME_FROM/ckpt" ]; then
+  echo "attempt $KILN_ATTEMPT resumes $(cat "$KILN_RESUME_FROM/ckpt")"
+  [ "$KILN_ATTEMPT" = 3 ] && exit 0
+fi
+trap 'echo step-$KILN_ATTEMPT > "$KILN_OUTPUTS/ckpt"; exit 0' TERM
+echo ready
+sleep 600 &
+wait
+"#;
+    let job = stack.submit(&["sh", "-c", script]).await;
+    stack.wait_for_state(&job.id, pb::JobState::Running).await;
+    wait_for_line(&stack, &job.id, "ready").await;
+    // A preemption syncs the first attempt's checkpoint; the second runs on runner-1 too.
+    kiln_e2e::preempt(&stack, &job.id).await;
+    let second = stack
+        .wait_for(&job.id, "the second attempt", |j| {
+            j.attempt == 2 && j.state == pb::JobState::Running as i32
+        })
+        .await;
+    assert_eq!(second.runner_id, "runner-1");
+    wait_for_line(&stack, &job.id, "attempt 2 resumes step-1").await;
+
+    let other = leased_runner(&stack, "runner-2", kiln_runner::OnLost::Requeue);
+    let other = stack.spawn_runner(other).await;
+    stack.runner.take().unwrap().crash().await;
+    let done = stack.wait_for_state(&job.id, pb::JobState::Succeeded).await;
+    assert_eq!((done.attempt, done.runner_id.as_str()), (3, "runner-2"), "{done:?}");
+    assert_eq!(done.resume_from, format!("outputs/{}", job.id));
+    let lines = stack.log_lines(&job.id, false).await;
+    assert!(
+        lines.iter().any(|l| l.attempt == 3 && l.text == "attempt 3 resumes step-1"),
+        "{lines:?}"
+    );
+    // The scheduler queued it again, saying why.
+    let reasons = queued_reasons(&stack, &job.id).await;
+    assert_eq!(
+        reasons.last().map(String::as_str),
+        Some("its runner runner-1 stopped renewing its lease; queued again"),
+        "{reasons:?}"
+    );
+    kill_group(pid_of(&second));
+    other.stop().await;
+}
+
+#[tokio::test]
+async fn a_runner_whose_lease_lapsed_kills_its_taken_job_and_takes_no_launch_until_it_holds_it() {
+    let mut stack = Stack::start_without_runner().await;
+    let config = leased_runner(&stack, "runner-1", kiln_runner::OnLost::Fail);
+    let (runner, lease) = stack.spawn_runner_pausable(config).await;
+    stack.runner = Some(runner);
+    let job = stack.submit(&["sleep", "600"]).await;
+    let running = stack.wait_for_state(&job.id, pb::JobState::Running).await;
+    let pid = pid_of(&running);
+
+    // Cut off from NATS as far as its lease goes; it runs on and finds its job taken.
+    lease.pause();
+    let lost = stack.wait_for_state(&job.id, pb::JobState::Lost).await;
+    assert_eq!(lost.reason, "its runner runner-1 stopped renewing its lease");
+    wait_gone(pid, "the taken job").await;
+    assert!(!lease.is_held());
+
+    // A launch reaching it now waits (it is naked) until the runner holds its lease again.
+    let next = stack.submit(&["true"]).await;
+    let record = stack.store.job(&next.id).await.unwrap();
+    let change = Change {
+        pool: Some("local".into()),
+        ..Change::default()
+    };
+    let scheduled = stack
+        .store
+        .transition(&record, JobState::Scheduled, change)
+        .await
+        .expect("nothing scheduled it: the pool has no live runner");
+    let nats = kiln_core::streams::connect(&stack.nats.config()).await.unwrap();
+    publish_job_change(&nats, &stack.store, &scheduled).await.unwrap();
+    for _ in 0..20 {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let now = stack.get(&next.id).await;
+        assert_eq!(now.state, pb::JobState::Scheduled as i32, "a runner without its lease took a launch: {now:?}");
+    }
+    lease.resume();
+    stack.wait_for_state(&next.id, pb::JobState::Succeeded).await;
+
+    // The taken job's state is the scheduler's: LOST, not changed since.
+    let after = stack.get(&job.id).await;
+    assert_eq!((after.state, after.version), (lost.state, lost.version), "{after:?}");
+    let events = kiln_e2e::job_events(&stack, &job.id).await;
+    assert_eq!(events.last().map(|e| e.state), Some(pb::JobState::Lost as i32), "{events:?}");
+}
+
+#[tokio::test]
+async fn a_runner_back_after_its_job_was_queued_again_kills_the_old_attempt() {
+    let mut stack = Stack::start_without_runner().await;
+    let config = leased_runner(&stack, "runner-1", kiln_runner::OnLost::Requeue);
+    stack.runner = Some(stack.spawn_runner(config.clone()).await);
+    let job = stack.submit(&["sleep", "600"]).await;
+    let first = stack.wait_for_state(&job.id, pb::JobState::Running).await;
+
+    stack.runner.take().unwrap().crash().await;
+    // Queued again; no runner is left to take it.
+    let queued = stack
+        .wait_for(&job.id, "the job queued again", |j| {
+            j.attempt == 2 && j.state == pb::JobState::Queued as i32
+        })
+        .await;
+    assert!(process_alive(pid_of(&first)), "the crashed runner's job died with it");
+
+    stack.runner = Some(stack.spawn_runner(config).await);
+    let second = stack
+        .wait_for(&job.id, "the second attempt", |j| {
+            j.attempt == 2 && j.state == pb::JobState::Running as i32
+        })
+        .await;
+    // The restarted runner killed the first attempt's process instead of ending the job again.
+    wait_gone(pid_of(&first), "the first attempt").await;
+    assert_ne!(pid_of(&first), pid_of(&second));
+    assert_eq!(queued.reason, "its runner runner-1 stopped renewing its lease; queued again");
+    // Queued once, by the scheduler (the submit's QUEUED has no reason).
+    let reasons = queued_reasons(&stack, &job.id).await;
+    assert_eq!(reasons, ["", queued.reason.as_str()], "{reasons:?}");
+    stack
+        .jobs()
+        .await
+        .stop_job(pb::StopJobRequest { job_id: job.id.clone() })
+        .await
+        .unwrap();
+    stack.wait_for_state(&job.id, pb::JobState::Stopped).await;
+}
