@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use async_nats::jetstream::{self, kv, stream};
+use bytes::Bytes;
 use tokio::time::Instant;
 
 use crate::config::NatsConfig;

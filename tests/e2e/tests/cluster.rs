@@ -55,6 +55,7 @@ async fn jobs_run_through_each_node_dying_once() {
         for n in 0..JOBS {
             let request = pb::SubmitJobRequest {
                 spec: Some(job_spec(n)),
+                ..Default::default()
             };
             let job = jobs_client
                 .submit_job(request)
