@@ -55,7 +55,7 @@ cass_dir=""
 s3_dir=""
 cleanup() {
   if [ -n "$s3_dir" ]; then
-    [ ! -f "$s3_dir/versitygw.pid" ] || kill "$(cat "$s3_dir/versitygw.pid")" 2>/dev/null || true
+    "$repo/scripts/s3-server.sh" stop "$s3_dir"
     rm -rf "$s3_dir"
   fi
   if [ -n "$cass_dir" ]; then
@@ -109,30 +109,11 @@ KILN_TEST_IMAGE=$(DOCKER_HOST="$docker_host" "$repo/scripts/test-image.sh")
 log "docker engine $(DOCKER_HOST="$docker_host" docker version --format '{{.Server.Version}} (API {{.Server.APIVersion}})'), test image $KILN_TEST_IMAGE"
 
 # --- versitygw (S3) ---------------------------------------------------------------------------
-# Only on loopback; the root credentials go to it through its environment, not its command line.
 s3_dir=$(mktemp -d /tmp/kiln-test-s3.XXXXXX)
-s3_port=$(free_port)
-export KILN_TEST_S3_ENDPOINT="http://127.0.0.1:$s3_port"
-export KILN_TEST_S3_BUCKET=kiln-test
-export KILN_TEST_S3_ACCESS_KEY_ID=kiln-test
-export KILN_TEST_S3_SECRET_ACCESS_KEY
-KILN_TEST_S3_SECRET_ACCESS_KEY=$(python3 -c 'import secrets; print(secrets.token_hex(20))')
-log "starting versitygw on 127.0.0.1:$s3_port"
-mkdir "$s3_dir/root"
-ROOT_ACCESS_KEY_ID="$KILN_TEST_S3_ACCESS_KEY_ID" ROOT_SECRET_ACCESS_KEY="$KILN_TEST_S3_SECRET_ACCESS_KEY" \
-  "$KILN_TOOLS/bin/versitygw" --port "127.0.0.1:$s3_port" --health /health --quiet \
-  posix "$s3_dir/root" >"$s3_dir/versitygw.log" 2>&1 &
-echo $! >"$s3_dir/versitygw.pid"
-for _ in $(seq 1 100); do
-  curl -fs "$KILN_TEST_S3_ENDPOINT/health" >/dev/null 2>&1 && break
-  sleep 0.1
-done
-# CreateBucket, signed with SigV4 by curl; the payload hash is that of the empty body.
-curl -fsS -X PUT --aws-sigv4 "aws:amz:us-east-1:s3" \
-  --user "$KILN_TEST_S3_ACCESS_KEY_ID:$KILN_TEST_S3_SECRET_ACCESS_KEY" \
-  -H "x-amz-content-sha256: e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855" \
-  "$KILN_TEST_S3_ENDPOINT/$KILN_TEST_S3_BUCKET" >/dev/null ||
-  { cat "$s3_dir/versitygw.log" >&2; echo "test: versitygw did not start" >&2; exit 1; }
+"$repo/scripts/s3-server.sh" start "$s3_dir"
+# shellcheck disable=SC1091
+source "$s3_dir/env"
+log "versitygw on $KILN_TEST_S3_ENDPOINT"
 
 # --- cargo-machete and cargo-deny ------------------------------------------------------------
 # Test-only tools, so installed here rather than by setup.sh; built with the toolchain pinned in

@@ -149,6 +149,7 @@ pub fn job_json(job: &pb::Job) -> serde_json::Value {
         "resume_from": (!job.resume_from.is_empty()).then_some(&job.resume_from),
         "version": job.version,
         "pool": job.pool,
+        "requested_pool": (!spec.pool.is_empty()).then_some(&spec.pool),
         "runner": job.runner_id,
         "instance": job.instance_id,
         "stop_requested": job.stop_requested,

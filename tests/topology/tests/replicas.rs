@@ -1,0 +1,117 @@
+//! Replicas on the topology, driven by the `kiln` CLI as a person would: `kiln logs -f` on
+//! either log-ingest replica shows every line of a job, and a runner SIGKILLed for good has its
+//! job queued again and finished by the other runner.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use kiln_topology::{Options, Topology, binaries_dir};
+
+const PATIENCE: Duration = Duration::from_secs(180);
+
+/// Runs the CLI against the topology; `logs` picks the log-ingest replica.
+fn kiln(topology: &Topology, logs: &str, args: &[&str]) -> String {
+    let home = topology.dir.join("cli-home");
+    let output = Command::new(binaries_dir().join("kiln"))
+        .args(args)
+        .env("KILN_HOME", &home)
+        .env("KILN_ADDR", topology.url("api-1"))
+        .env("KILN_LOGS_ADDR", topology.url(logs))
+        .env("KILN_BATCH_ADDR", topology.url("item-batch-1"))
+        .env("KILN_TOKEN", &topology.token)
+        .output()
+        .expect("run kiln");
+    assert!(
+        output.status.success(),
+        "kiln {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).expect("utf-8 output")
+}
+
+fn status(topology: &Topology, job: &str) -> serde_json::Value {
+    serde_json::from_str(&kiln(topology, "log-ingest-1", &["status", job, "-o", "json"])).expect("status json")
+}
+
+fn wait_for(
+    topology: &Topology,
+    job: &str,
+    what: &str,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let now = status(topology, job);
+        if done(&now) {
+            return now;
+        }
+        assert!(Instant::now() < deadline, "job {job} never {what}: {now}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_on_either_replica_and_a_runner_lost_for_good() {
+    let mut topology = Topology::start(Options::from_env()).await;
+
+    // 1. Two log-ingest replicas on Scylla: following on either shows all the lines, in order.
+    let script = "i=0; while [ $i -lt 3000 ]; do echo \"line $i\"; i=$((i+1)); done; sleep 1";
+    let job = kiln(
+        &topology,
+        "log-ingest-1",
+        &["run", "--no-code", "--pool", "local", "--", "sh", "-c", script],
+    )
+    .trim()
+    .to_string();
+    let followers: Vec<std::thread::JoinHandle<String>> = ["log-ingest-1", "log-ingest-2"]
+        .into_iter()
+        .map(|replica| {
+            let (binary, home) = (binaries_dir().join("kiln"), topology.dir.join("cli-home"));
+            let env = [
+                ("KILN_HOME", home.display().to_string()),
+                ("KILN_ADDR", topology.url("api-1")),
+                ("KILN_LOGS_ADDR", topology.url(replica)),
+                ("KILN_TOKEN", topology.token.clone()),
+            ];
+            let job = job.clone();
+            std::thread::spawn(move || {
+                let output = Command::new(binary)
+                    .args(["logs", "-f", &job])
+                    .envs(env)
+                    .output()
+                    .expect("kiln logs -f");
+                assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+                String::from_utf8(output.stdout).expect("utf-8")
+            })
+        })
+        .collect();
+    let expected: Vec<String> = (0..3000).map(|n| format!("line {n}")).collect();
+    for (follower, replica) in followers.into_iter().zip(["log-ingest-1", "log-ingest-2"]) {
+        let shown: Vec<String> = follower.join().expect("follower").lines().map(str::to_string).collect();
+        assert!(
+            shown == expected,
+            "kiln logs -f on {replica} showed {} lines, not the 3000 in order",
+            shown.len()
+        );
+    }
+    let ended = wait_for(&topology, &job, "ended", |s| s["state"] == "SUCCEEDED");
+    assert_eq!(ended["exit_code"], 0);
+
+    // 2. A runner SIGKILLed and never restarted: its job is queued again (on-lost = requeue)
+    // once its lease expires, and the other runner finishes it.
+    let counter = "for i in 1 2 3 4 5 6 7 8; do sleep 0.5; done";
+    let job = kiln(
+        &topology,
+        "log-ingest-1",
+        &["run", "--no-code", "--pool", "local", "--", "sh", "-c", counter],
+    )
+    .trim()
+    .to_string();
+    let running = wait_for(&topology, &job, "ran", |s| s["state"] == "RUNNING");
+    let runner = running["runner"].as_str().expect("a runner").to_string();
+    topology.kill(&runner);
+    let done = wait_for(&topology, &job, "finished elsewhere", |s| s["state"] == "SUCCEEDED");
+    assert_ne!(done["runner"].as_str(), Some(runner.as_str()), "{done}");
+    assert_eq!(done["attempt"], 2, "{done}");
+    topology.stop();
+}
