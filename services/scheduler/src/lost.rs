@@ -12,11 +12,11 @@
 //! entry is gone altogether (the bucket forgets expired entries after an hour) is taken to have
 //! said `on-lost = "fail"`.
 
+use kiln_core::JobState;
 use kiln_core::ids::now_ms;
 use kiln_core::runners::{self, LostPolicy};
 use kiln_core::store::{EXTERNAL_POOL, Store};
 use kiln_core::streams::Nats;
-use kiln_core::JobState;
 
 use crate::error::Result;
 

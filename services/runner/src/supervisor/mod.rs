@@ -116,7 +116,11 @@ pub(crate) async fn supervise(
         tracing::warn!(job_id, error = %error, "shipping the job's logs failed");
     }
     if controls.taken.is_cancelled() {
-        tracing::warn!(job_id, attempt = current.attempt, "the job was taken from this runner; releasing its instance");
+        tracing::warn!(
+            job_id,
+            attempt = current.attempt,
+            "the job was taken from this runner; releasing its instance"
+        );
         match &instance {
             Some(instance) => {
                 if let Err(error) = ctx.provider.release(instance).await {
@@ -234,7 +238,11 @@ async fn execute(
         Err(error) => return (not_started(error), job, None),
     };
     if controls.taken.is_cancelled() {
-        return (not_started(Error::Capacity("taken from this runner".into())), job, Some(instance));
+        return (
+            not_started(Error::Capacity("taken from this runner".into())),
+            job,
+            Some(instance),
+        );
     }
     if controls.stop.is_cancelled() || ctx.store.job(&job.id).await.map(|j| j.stop_requested).unwrap_or(false) {
         let outcome = Outcome::NotStarted {
