@@ -212,11 +212,5 @@ async fn a_runner_back_after_its_job_was_queued_again_kills_the_old_attempt() {
     // Queued once, by the scheduler (the submit's QUEUED has no reason).
     let reasons = queued_reasons(&stack, &job.id).await;
     assert_eq!(reasons, ["", queued.reason.as_str()], "{reasons:?}");
-    stack
-        .jobs()
-        .await
-        .stop_job(pb::StopJobRequest { job_id: job.id.clone() })
-        .await
-        .unwrap();
-    stack.wait_for_state(&job.id, pb::JobState::Stopped).await;
+    stack.stop_job(&job.id).await;
 }
