@@ -232,7 +232,10 @@ mod tests {
         };
         assert!(config.validate().is_ok());
         let lease = config.runner_lease();
-        assert_eq!((lease.pool.as_str(), lease.lost.on_lost, lease.lost.max_attempts), ("gpu", OnLost::Requeue, 5));
+        assert_eq!(
+            (lease.pool.as_str(), lease.lost.on_lost, lease.lost.max_attempts),
+            ("gpu", OnLost::Requeue, 5)
+        );
         for lease_ttl_ms in [0, 299, 600_001] {
             let config = Config {
                 lease_ttl_ms,
@@ -241,7 +244,10 @@ mod tests {
             let Err(ConfigError::Invalid(problems)) = config.validate() else {
                 panic!("lease-ttl-ms {lease_ttl_ms} passed");
             };
-            assert!(problems.len() == 1 && problems[0].starts_with("lease-ttl-ms"), "{problems:?}");
+            assert!(
+                problems.len() == 1 && problems[0].starts_with("lease-ttl-ms"),
+                "{problems:?}"
+            );
         }
     }
 }

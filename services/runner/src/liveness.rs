@@ -5,7 +5,6 @@
 //! runner's jobs and no longer counts its capacity. Jobs taken meanwhile are noticed by their
 //! supervisors, which read their job every few seconds (see [`Holding`]).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -43,7 +42,7 @@ impl LeaseStatus {
 /// Pauses and resumes a runner's lease renewals, as if it were cut off from NATS.
 #[cfg(feature = "test-util")]
 #[derive(Debug, Clone)]
-pub struct LeasePause(pub(crate) Arc<LeaseStatus>);
+pub struct LeasePause(pub(crate) std::sync::Arc<LeaseStatus>);
 
 #[cfg(feature = "test-util")]
 impl LeasePause {
@@ -65,7 +64,8 @@ impl LeasePause {
 /// at once, live or not).
 pub(crate) async fn take_lease(ctx: &Context) -> Result<Lease> {
     let ttl = Duration::from_millis(ctx.config.lease_ttl_ms);
-    let mut lease = kiln_core::runners::lease(&ctx.nats, &ctx.config.runner_id, ttl, &ctx.config.runner_lease()).await?;
+    let mut lease =
+        kiln_core::runners::lease(&ctx.nats, &ctx.config.runner_id, ttl, &ctx.config.runner_lease()).await?;
     if !lease.tick().await? {
         tracing::warn!(runner_id = %ctx.config.runner_id, "cannot take this runner's lease yet; no launch is taken until it is held");
     }

@@ -12,11 +12,12 @@
 //! entry is gone altogether (the bucket forgets expired entries after an hour) is taken to have
 //! said `on-lost = "fail"`.
 
+use kiln_core::JobState;
+use kiln_core::events::republish_pending;
 use kiln_core::ids::now_ms;
 use kiln_core::runners::{self, LostPolicy};
 use kiln_core::store::{EXTERNAL_POOL, Store};
 use kiln_core::streams::Nats;
-use kiln_core::JobState;
 
 use crate::error::Result;
 
@@ -25,6 +26,8 @@ const HELD: [JobState; 3] = [JobState::Provisioning, JobState::Running, JobState
 
 /// Ends or queues again the jobs of runners whose lease expired; returns how many it changed.
 pub async fn take_back(store: &Store, nats: &Nats) -> Result<usize> {
+    // LOST changes committed here (or by a runner gone since) but not published.
+    republish_pending(nats, store, &[JobState::Lost]).await?;
     let held = store.jobs_in_states(&HELD).await?;
     let held: Vec<_> = held
         .into_iter()

@@ -449,6 +449,16 @@ impl Stack {
             .into_inner()
     }
 
+    /// Stops a job and waits until it is STOPPED.
+    pub async fn stop_job(&self, job_id: &str) -> pb::Job {
+        self.jobs()
+            .await
+            .stop_job(pb::StopJobRequest { job_id: job_id.into() })
+            .await
+            .expect("stop");
+        self.wait_for_state(job_id, pb::JobState::Stopped).await
+    }
+
     /// Waits until the job satisfies `done`, panicking with the job after [`PATIENCE`].
     pub async fn wait_for(&self, job_id: &str, what: &str, done: impl Fn(&pb::Job) -> bool) -> pb::Job {
         let deadline = tokio::time::Instant::now() + PATIENCE;

@@ -2,9 +2,9 @@
 //! again) by the scheduling leader and its capacity forgotten; a runner that comes back finds
 //! its jobs taken and kills what it still runs of them without writing their state.
 
-use kiln_core::{JobState, subjects};
 use kiln_core::events::publish_job_change;
 use kiln_core::store::Change;
+use kiln_core::{JobState, subjects};
 use kiln_e2e::{Stack, pid_of, process_alive, wait_for_line};
 use kiln_proto::v1 as pb;
 
@@ -65,7 +65,10 @@ async fn a_runner_that_never_comes_back_has_its_job_ended_lost_and_its_capacity_
     assert_eq!(lost.attempt, 1);
     // Its report is still in the bucket (60 s max age), but it no longer counts.
     let pools = pools(&stack).await;
-    assert!(!pools.contains_key("local"), "the dead runner's pool still counts: {pools:?}");
+    assert!(
+        !pools.contains_key("local"),
+        "the dead runner's pool still counts: {pools:?}"
+    );
     kill_group(pid_of(&running));
 }
 
@@ -106,7 +109,9 @@ wait
     assert_eq!(done.resume_from, format!("outputs/{}", job.id));
     let lines = stack.log_lines(&job.id, false).await;
     assert!(
-        lines.iter().any(|l| l.attempt == 3 && l.text == "attempt 3 resumes step-1"),
+        lines
+            .iter()
+            .any(|l| l.attempt == 3 && l.text == "attempt 3 resumes step-1"),
         "{lines:?}"
     );
     // The scheduler queued it again, saying why.
@@ -154,7 +159,11 @@ async fn a_runner_whose_lease_lapsed_kills_its_taken_job_and_takes_no_launch_unt
     for _ in 0..20 {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         let now = stack.get(&next.id).await;
-        assert_eq!(now.state, pb::JobState::Scheduled as i32, "a runner without its lease took a launch: {now:?}");
+        assert_eq!(
+            now.state,
+            pb::JobState::Scheduled as i32,
+            "a runner without its lease took a launch: {now:?}"
+        );
     }
     lease.resume();
     stack.wait_for_state(&next.id, pb::JobState::Succeeded).await;
@@ -163,7 +172,11 @@ async fn a_runner_whose_lease_lapsed_kills_its_taken_job_and_takes_no_launch_unt
     let after = stack.get(&job.id).await;
     assert_eq!((after.state, after.version), (lost.state, lost.version), "{after:?}");
     let events = kiln_e2e::job_events(&stack, &job.id).await;
-    assert_eq!(events.last().map(|e| e.state), Some(pb::JobState::Lost as i32), "{events:?}");
+    assert_eq!(
+        events.last().map(|e| e.state),
+        Some(pb::JobState::Lost as i32),
+        "{events:?}"
+    );
 }
 
 #[tokio::test]
@@ -192,15 +205,12 @@ async fn a_runner_back_after_its_job_was_queued_again_kills_the_old_attempt() {
     // The restarted runner killed the first attempt's process instead of ending the job again.
     wait_gone(pid_of(&first), "the first attempt").await;
     assert_ne!(pid_of(&first), pid_of(&second));
-    assert_eq!(queued.reason, "its runner runner-1 stopped renewing its lease; queued again");
+    assert_eq!(
+        queued.reason,
+        "its runner runner-1 stopped renewing its lease; queued again"
+    );
     // Queued once, by the scheduler (the submit's QUEUED has no reason).
     let reasons = queued_reasons(&stack, &job.id).await;
     assert_eq!(reasons, ["", queued.reason.as_str()], "{reasons:?}");
-    stack
-        .jobs()
-        .await
-        .stop_job(pb::StopJobRequest { job_id: job.id.clone() })
-        .await
-        .unwrap();
-    stack.wait_for_state(&job.id, pb::JobState::Stopped).await;
+    stack.stop_job(&job.id).await;
 }

@@ -557,7 +557,10 @@ mod tests {
         assert_eq!(released, 1);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while is_job_process(pid, "j1") && !is_zombie(pid) {
-            assert!(std::time::Instant::now() < deadline, "the leftover process {pid} lives on");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the leftover process {pid} lives on"
+            );
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
     }

@@ -116,7 +116,11 @@ pub(crate) async fn supervise(
         tracing::warn!(job_id, error = %error, "shipping the job's logs failed");
     }
     if controls.taken.is_cancelled() {
-        tracing::warn!(job_id, attempt = current.attempt, "the job was taken from this runner; releasing its instance");
+        tracing::warn!(
+            job_id,
+            attempt = current.attempt,
+            "the job was taken from this runner; releasing its instance"
+        );
         match &instance {
             Some(instance) => {
                 if let Err(error) = ctx.provider.release(instance).await {
@@ -235,10 +239,20 @@ async fn execute(
         Ok(instance) => instance,
         Err(error) => return (not_started(error), job, None),
     };
-    if controls.taken.is_cancelled() {
-        return (not_started(Error::Capacity("taken from this runner".into())), job, Some(instance));
+    let current = ctx.store.job(&job.id).await.ok();
+    if current
+        .as_ref()
+        .is_some_and(|current| Holding::of(&job).is_taken_by(Holding::of(current)))
+    {
+        controls.taken.cancel();
+        let outcome = Outcome::NotStarted {
+            reason: "taken from this runner before it started".into(),
+            exit_code: None,
+            stopped: false,
+        };
+        return (outcome, job, Some(instance));
     }
-    if controls.stop.is_cancelled() || ctx.store.job(&job.id).await.map(|j| j.stop_requested).unwrap_or(false) {
+    if controls.stop.is_cancelled() || current.is_some_and(|current| current.stop_requested) {
         let outcome = Outcome::NotStarted {
             reason: "stopped before it started".into(),
             exit_code: None,
