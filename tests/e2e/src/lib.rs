@@ -581,6 +581,16 @@ pub async fn output(stack: &Stack, job_id: &str, path: &str) -> Result<String, t
     Ok(String::from_utf8_lossy(&data).into_owned())
 }
 
+/// The files a job's synced outputs hold, through `ListOutputs`, sorted by path.
+pub async fn output_files(stack: &Stack, job_id: &str) -> Vec<pb::OutputFile> {
+    let request = pb::ListOutputsRequest {
+        job_id: job_id.into(),
+        prefix: String::new(),
+    };
+    let response = stack.artifacts().await.list_outputs(request).await;
+    response.expect("list outputs").into_inner().files
+}
+
 /// Every message stored so far on `subject` of `stream`, in order.
 pub async fn stored_messages(stack: &Stack, stream: &str, subject: String) -> Vec<bytes::Bytes> {
     use async_nats::jetstream::consumer::pull;

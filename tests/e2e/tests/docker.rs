@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use kiln_e2e::{
-    CHECKPOINTING_SCRIPT, Stack, bundle, docker, labelled, output, preempt, spec, test_image, upload, wait_for_line,
+    CHECKPOINTING_SCRIPT, Stack, bundle, docker, labelled, output, output_files, preempt, spec, test_image, upload,
+    wait_for_line,
 };
 use kiln_proto::v1 as pb;
 use kiln_runner::provider::docker::{LABEL_JOB, LABEL_RUNNER};
@@ -75,17 +76,7 @@ async fn a_container_job_runs_with_its_limits_and_its_outputs_are_synced() {
         ["training on mnist", "/kiln/code", "0", "no-socket"]
     );
     assert_eq!(stream(pb::LogStream::Stderr), ["oops"]);
-    let files = stack
-        .artifacts()
-        .await
-        .list_outputs(pb::ListOutputsRequest {
-            job_id: job.id.clone(),
-            prefix: String::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .files;
+    let files = output_files(&stack, &job.id).await;
     let paths: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
     assert_eq!(paths, ["ckpt/1.txt", "model.txt"]);
     assert_eq!(output(&stack, &job.id, "model.txt").await.unwrap(), "weights\n");

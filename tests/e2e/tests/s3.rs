@@ -5,7 +5,7 @@
 
 use futures::StreamExt;
 use kiln_core::testing::s3_objects_config;
-use kiln_e2e::{CHECKPOINTING_SCRIPT, Stack, bundle, output, preempt, spec, upload, wait_for_line};
+use kiln_e2e::{CHECKPOINTING_SCRIPT, Stack, bundle, output, output_files, preempt, spec, upload, wait_for_line};
 use kiln_proto::v1 as pb;
 use object_store::ObjectStoreExt;
 use object_store::path::Path as ObjectPath;
@@ -37,17 +37,7 @@ async fn a_job_on_s3_gets_its_code_and_its_outputs_come_back() {
 
     // Read back through the api.
     assert_eq!(output(&stack, &job.id, "ckpt/result.txt").await.unwrap(), "done\n");
-    let files = stack
-        .artifacts()
-        .await
-        .list_outputs(pb::ListOutputsRequest {
-            job_id: job.id.clone(),
-            prefix: String::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .files;
+    let files = output_files(&stack, &job.id).await;
     let listed: Vec<(&str, u64)> = files.iter().map(|file| (file.path.as_str(), file.size)).collect();
     assert_eq!(listed, [("big.bin", BIG_BYTES), ("ckpt/result.txt", 5)]);
     let mut chunks = stack
