@@ -673,6 +673,16 @@ pub async fn output(stack: &Stack, job_id: &str, path: &str) -> Result<String, t
     Ok(String::from_utf8_lossy(&data).into_owned())
 }
 
+/// The files a job's synced outputs hold, through `ListOutputs`, sorted by path.
+pub async fn output_files(stack: &Stack, job_id: &str) -> Vec<pb::OutputFile> {
+    let request = pb::ListOutputsRequest {
+        job_id: job_id.into(),
+        prefix: String::new(),
+    };
+    let response = stack.artifacts().await.list_outputs(request).await;
+    response.expect("list outputs").into_inner().files
+}
+
 /// Every message stored so far on `subject` of `stream`, in order. Read again after an error
 /// (on a cluster, a new consumer may have no leader for a moment).
 pub async fn stored_messages(stack: &Stack, stream: &str, subject: String) -> Vec<bytes::Bytes> {
@@ -769,6 +779,27 @@ echo ready
 sleep 60 &
 wait
 "#;
+
+/// Runs [`CHECKPOINTING_SCRIPT`] as `job_spec` (its command replaced), preempts its first
+/// attempt once ready, and checks that the second succeeds, finds the checkpoint and syncs it
+/// again. Returns the job and the second attempt's `resumed …` line, for the caller to check
+/// where `KILN_RESUME_FROM` pointed.
+pub async fn preempted_and_resumed(stack: &Stack, mut job_spec: pb::JobSpec) -> (pb::Job, String) {
+    job_spec.command = ["sh", "-c", CHECKPOINTING_SCRIPT].map(String::from).to_vec();
+    let job = stack.submit_spec(job_spec).await;
+    wait_for_line(stack, &job.id, "ready").await;
+    preempt(stack, &job.id).await;
+    let done = stack.wait_for_state(&job.id, pb::JobState::Succeeded).await;
+    assert_eq!((done.attempt, done.preemptions), (2, 1), "{done:?}");
+    let lines = stack.log_lines(&job.id, true).await;
+    let resumed: Vec<&str> = lines.iter().filter_map(|l| l.text.strip_prefix("resumed ")).collect();
+    let [resumed] = resumed[..] else {
+        panic!("one resumed line in {lines:?}");
+    };
+    assert_eq!(output(stack, &job.id, "ckpt/step.txt").await.unwrap(), "step-42\n");
+    let resumed = resumed.to_string();
+    (done, resumed)
+}
 
 /// The state changes published for a job (all but QUEUED), in order.
 pub async fn job_events(stack: &Stack, job_id: &str) -> Vec<pb::JobEvent> {

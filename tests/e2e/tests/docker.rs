@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use kiln_e2e::{
-    CHECKPOINTING_SCRIPT, Stack, bundle, docker, labelled, output, preempt, spec, test_image, upload, wait_for_line,
+    Stack, bundle, docker, labelled, output, output_files, preempt, preempted_and_resumed, spec, test_image, upload,
+    wait_for_line,
 };
 use kiln_proto::v1 as pb;
 use kiln_runner::provider::docker::{LABEL_JOB, LABEL_RUNNER};
@@ -75,17 +76,7 @@ async fn a_container_job_runs_with_its_limits_and_its_outputs_are_synced() {
         ["training on mnist", "/kiln/code", "0", "no-socket"]
     );
     assert_eq!(stream(pb::LogStream::Stderr), ["oops"]);
-    let files = stack
-        .artifacts()
-        .await
-        .list_outputs(pb::ListOutputsRequest {
-            job_id: job.id.clone(),
-            prefix: String::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .files;
+    let files = output_files(&stack, &job.id).await;
     let paths: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
     assert_eq!(paths, ["ckpt/1.txt", "model.txt"]);
     assert_eq!(output(&stack, &job.id, "model.txt").await.unwrap(), "weights\n");
@@ -308,15 +299,8 @@ async fn an_auto_runner_runs_image_jobs_in_containers_and_the_rest_as_processes(
 #[tokio::test]
 async fn a_preempted_container_finds_its_checkpoint_in_its_next_attempt() {
     let stack = Stack::start_docker().await;
-    let job = stack.submit_spec(image_spec(&["sh", "-c", CHECKPOINTING_SCRIPT])).await;
-    wait_for_line(&stack, &job.id, "ready").await;
-    preempt(&stack, &job.id).await;
-    let done = stack.wait_for_state(&job.id, pb::JobState::Succeeded).await;
-    assert_eq!((done.attempt, done.preemptions), (2, 1), "{done:?}");
-    let lines = stack.log_lines(&job.id, true).await;
-    let resumed: Vec<&str> = lines.iter().filter_map(|l| l.text.strip_prefix("resumed ")).collect();
-    assert_eq!(resumed, ["2 step-42 /kiln/outputs"], "{lines:?}");
-    assert_eq!(output(&stack, &job.id, "ckpt/step.txt").await.unwrap(), "step-42\n");
+    let (_, resumed) = preempted_and_resumed(&stack, image_spec(&[])).await;
+    assert_eq!(resumed, "2 step-42 /kiln/outputs");
     assert_nothing_left(&stack.docker_runner_id()).await;
 }
 

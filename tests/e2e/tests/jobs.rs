@@ -1,8 +1,6 @@
 //! Jobs end to end on the `process` provider: code, environment, logs, exit codes, stop.
 
-use kiln_e2e::{
-    CHECKPOINTING_SCRIPT, Stack, bundle, output, pid_of, preempt, process_alive, spec, upload, wait_for_line,
-};
+use kiln_e2e::{Stack, bundle, pid_of, preempted_and_resumed, process_alive, spec, upload};
 use kiln_proto::v1 as pb;
 
 fn texts(lines: &[pb::LogLine], stream: pb::LogStream) -> Vec<String> {
@@ -229,20 +227,13 @@ async fn logs_can_be_searched() {
 #[tokio::test]
 async fn a_preempted_job_finds_its_checkpoint_in_its_next_attempt() {
     let stack = Stack::start().await;
-    let job = stack.submit(&["sh", "-c", CHECKPOINTING_SCRIPT]).await;
-    wait_for_line(&stack, &job.id, "ready").await;
-    preempt(&stack, &job.id).await;
-    let done = stack.wait_for_state(&job.id, pb::JobState::Succeeded).await;
-    assert_eq!((done.attempt, done.preemptions), (2, 1), "{done:?}");
-    assert_eq!(done.resume_from, format!("outputs/{}", job.id), "{done:?}");
-    let lines = stack.log_lines(&job.id, true).await;
-    let resumed: Vec<&str> = lines.iter().filter_map(|l| l.text.strip_prefix("resumed ")).collect();
+    let (done, resumed) = preempted_and_resumed(&stack, spec(&[])).await;
+    assert_eq!(done.resume_from, format!("outputs/{}", done.id), "{done:?}");
     // The checkpoint of attempt 1 is in attempt 2's outputs directory, which KILN_RESUME_FROM
-    // names (the process provider's KILN_OUTPUTS, on the runner's host).
-    let outputs = stack.dir.path().join(format!("work/{}-2/outputs", job.id));
-    assert_eq!(resumed, [format!("2 step-42 {}", outputs.display())], "{lines:?}");
-    // And it is synced again with attempt 2's outputs.
-    assert_eq!(output(&stack, &job.id, "ckpt/step.txt").await.unwrap(), "step-42\n");
+    // names (the process provider's KILN_OUTPUTS, on the runner's host); and it is synced
+    // again with attempt 2's outputs.
+    let outputs = stack.dir.path().join(format!("work/{}-2/outputs", done.id));
+    assert_eq!(resumed, format!("2 step-42 {}", outputs.display()));
 }
 
 #[tokio::test]

@@ -5,7 +5,7 @@
 
 use futures::StreamExt;
 use kiln_core::testing::s3_objects_config;
-use kiln_e2e::{CHECKPOINTING_SCRIPT, Stack, bundle, output, preempt, spec, upload, wait_for_line};
+use kiln_e2e::{Stack, bundle, output, output_files, preempted_and_resumed, spec, upload};
 use kiln_proto::v1 as pb;
 use object_store::ObjectStoreExt;
 use object_store::path::Path as ObjectPath;
@@ -37,17 +37,7 @@ async fn a_job_on_s3_gets_its_code_and_its_outputs_come_back() {
 
     // Read back through the api.
     assert_eq!(output(&stack, &job.id, "ckpt/result.txt").await.unwrap(), "done\n");
-    let files = stack
-        .artifacts()
-        .await
-        .list_outputs(pb::ListOutputsRequest {
-            job_id: job.id.clone(),
-            prefix: String::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .files;
+    let files = output_files(&stack, &job.id).await;
     let listed: Vec<(&str, u64)> = files.iter().map(|file| (file.path.as_str(), file.size)).collect();
     assert_eq!(listed, [("big.bin", BIG_BYTES), ("ckpt/result.txt", 5)]);
     let mut chunks = stack
@@ -80,14 +70,7 @@ async fn a_job_on_s3_gets_its_code_and_its_outputs_come_back() {
 #[tokio::test]
 async fn a_preempted_job_on_s3_is_restored_from_its_synced_outputs() {
     let stack = Stack::start_with_objects(s3_objects_config("e2e")).await;
-    let job = stack.submit(&["sh", "-c", CHECKPOINTING_SCRIPT]).await;
-    wait_for_line(&stack, &job.id, "ready").await;
-    preempt(&stack, &job.id).await;
-    let done = stack.wait_for_state(&job.id, pb::JobState::Succeeded).await;
-    assert_eq!((done.attempt, done.preemptions), (2, 1), "{done:?}");
-    let lines = stack.log_lines(&job.id, true).await;
-    let resumed: Vec<&str> = lines.iter().filter_map(|l| l.text.strip_prefix("resumed ")).collect();
+    let (job, resumed) = preempted_and_resumed(&stack, spec(&[])).await;
     let outputs = stack.dir.path().join(format!("work/{}-2/outputs", job.id));
-    assert_eq!(resumed, [format!("2 step-42 {}", outputs.display())], "{lines:?}");
-    assert_eq!(output(&stack, &job.id, "ckpt/step.txt").await.unwrap(), "step-42\n");
+    assert_eq!(resumed, format!("2 step-42 {}", outputs.display()));
 }
