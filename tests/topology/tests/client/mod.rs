@@ -63,7 +63,7 @@ impl Clients {
             attempt += 1;
             match call(make(channel(url), BearerInterceptor::new(&self.token))).await {
                 Err(status) if transient(&status) && Instant::now() < deadline => {
-                    if attempt % 20 == 0 {
+                    if attempt.is_multiple_of(20) {
                         eprintln!("chaos: {what} still failing on {url}: {status}");
                     }
                     tokio::time::sleep(Duration::from_millis(200)).await;
