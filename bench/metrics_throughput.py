@@ -2,16 +2,17 @@
 MLflow tracking server, on this machine, in one run, with 1 and 4 client processes.
 
     python bench/metrics_throughput.py --kiln target/release/kiln [--points 200000]
-        [--mlflow-points 10000] [--cassandra HOST:PORT]
+        [--mlflow-points 10000] [--cassandra HOST:PORT] [--no-mlflow]
 
 MLflow's SQLite backend stores a few thousand points per second, so its clients send fewer
 points (--mlflow-points) to keep the run short; the rates are per second either way.
 
-- kiln: `kiln up --provider process` on a temp KILN_HOME (SQLite metric store; with
-  --cassandra, also `--metric-store scylla`). Each client process creates a run and hands its
-  points to the SDK's `Run` (batch_points=1000, so requests of 1,000 points) either 1,000 at a
-  time with `log_series` (as MLflow's client hands 1,000 to `log_batch`: like for like) or one
-  at a time with `log` (a training loop's shape; the interpreter's cost per call dominates);
+- kiln: `kiln up --provider process` on a temp KILN_HOME (SQLite stores; with --cassandra,
+  also `--metric-store scylla --log-store scylla`, the stores replicas share). Each client
+  process creates a run and hands its points to the SDK's `Run` (batch_points=1000, so
+  requests of 1,000 points) either 1,000 at a time with `log_series` (as MLflow's client hands
+  1,000 to `log_batch`: like for like) or one at a time with `log` (a training loop's shape;
+  the interpreter's cost per call dominates);
   the clock stops when QueryMetrics counts every point.
 - MLflow: `mlflow server` with its SQLite backend on 127.0.0.1; each client creates a run and
   sends `log_batch` requests of 1,000 points; the clock stops when every client is done
@@ -190,6 +191,7 @@ def main():
     parser.add_argument("--points", type=int, default=200_000, help="points per kiln client process")
     parser.add_argument("--mlflow-points", type=int, default=10_000, help="points per MLflow client process")
     parser.add_argument("--cassandra", help="host:port of a CQL node, to also measure the ScyllaDB store")
+    parser.add_argument("--no-mlflow", action="store_true", help="kiln's rows alone, without the ratios")
     args = parser.parse_args()
     rows = []
     like_for_like, per_step = "kiln (sqlite), log_series of 1,000", "kiln (sqlite), log() per point"
@@ -197,16 +199,17 @@ def main():
         rows.append(kiln_rate(args, count, "series", [], like_for_like))
         rows.append(kiln_rate(args, count, "log", [], per_step))
         if args.cassandra:
-            flags = ["--metric-store", "scylla", "--scylla-nodes", args.cassandra]
+            flags = ["--metric-store", "scylla", "--log-store", "scylla", "--scylla-nodes", args.cassandra]
             rows.append(kiln_rate(args, count, "series", flags, "kiln (scylla on cassandra 5), log_series"))
-        rows.append(mlflow_rate(args, count))
+        if not args.no_mlflow:
+            rows.append(mlflow_rate(args, count))
     print("metric points per second, end to end (client -> durable -> queryable), requests of 1,000 points;")
     print(f"{args.points} points per kiln client, {args.mlflow_points} per MLflow client")
     print(f"{'':42} {'clients':>7} {'points/s':>12} {'peak RSS':>10}")
     for label, count, rate, rss in rows:
         memory = "" if rss != rss else f"{rss:.0f} MB"
         print(f"{label:42} {count:>7} {rate:>12,.0f} {memory:>10}")
-    for count in (1, 4):
+    for count in () if args.no_mlflow else (1, 4):
         rate = {label: r for label, c, r, _ in rows if c == count}
         mlflow = rate["mlflow (sqlite backend)"]
         print(f"{count} client(s): kiln / mlflow = {rate[like_for_like] / mlflow:,.0f}x with 1,000 points per call "
