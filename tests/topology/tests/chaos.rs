@@ -464,6 +464,31 @@ fn a_mixed_workload_survives_a_chaos_loop() {
         pb::JobState::Succeeded,
         "the SDK job: {sdk:?}"
     );
+    // Every submit made one job, however often it was retried.
+    let listed = runtime.block_on(async {
+        clients
+            .jobs("list jobs", |mut client| async move {
+                let request = pb::ListJobsRequest {
+                    all: true,
+                    limit: 10_000,
+                };
+                client.list_jobs(request).await.map(|r| r.into_inner().jobs)
+            })
+            .await
+            .expect("list jobs")
+    });
+    let mut made: BTreeMap<String, usize> = BTreeMap::new();
+    for job in &listed {
+        let name = job.spec.as_ref().map(|spec| spec.name.clone()).unwrap_or_default();
+        if name == "sdk" || name.starts_with("job-") {
+            *made.entry(name).or_default() += 1;
+        }
+    }
+    assert_eq!(made.len(), jobs + 1, "jobs made: {made:?}");
+    assert!(
+        made.values().all(|count| *count == 1),
+        "a submit made two jobs: {made:?}"
+    );
     // Terminal means terminal: nothing moved any job after it ended.
     runtime.block_on(async {
         for (id, first) in &ended {

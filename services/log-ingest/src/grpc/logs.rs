@@ -1,6 +1,14 @@
 //! A job's lines: writing them to `KILN_LOGS`, searching the stored ones, and streaming them
 //! (with follow, until the job has ended and its last line is out).
+//!
+//! Replicas store different batches of `KILN_LOGS` side by side, so a job's later lines may be
+//! stored before its earlier ones. A follower therefore moves its cursor only over lines at or
+//! below the shared consumer's ack floor (every message up to it is stored, since writers ack
+//! after the write); lines above it are sent at once and remembered, so a re-read from the
+//! cursor sends each line once, and a late line is still found. The end of an attempt counts
+//! only once its end record is below the floor too.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use kiln_core::auth::Principal;
@@ -19,6 +27,8 @@ use crate::store::Cursor;
 const PAGE: u32 = 1000;
 /// A follower re-reads at least this often, in case a wake-up was missed.
 const FOLLOW_POLL: Duration = Duration::from_millis(500);
+/// How soon a follower reads again while lines it has seen are not yet below the ack floor.
+const FLOOR_POLL: Duration = Duration::from_millis(50);
 /// How long after a job's end a follower waits for an end marker that may never come (its
 /// runner died).
 const END_GRACE_MS: i64 = 3_000;
@@ -183,7 +193,10 @@ impl LogsApi {
         mut woken: broadcast::Receiver<String>,
         tx: &mpsc::Sender<Result<pb::LogLine, Status>>,
     ) -> Result<(), Status> {
+        // Everything up to `cursor` was sent and is below the ack floor; `sent` holds what was
+        // sent above it.
         let mut cursor = from;
+        let mut sent: BTreeSet<(i32, i64)> = BTreeSet::new();
         let mut ended_attempt = 0;
         // The job's state changes wake a follower too: its end comes after its last line.
         let mut job_events = match follow {
@@ -196,15 +209,27 @@ impl LogsApi {
             false => None,
         };
         loop {
+            // Read before the lines: whatever it covers is stored by the time they are read.
+            let floor = self.ack_floor().await;
             let lines = self.logs.read(job_id, cursor, PAGE).await?;
             let full_page = lines.len() == PAGE as usize;
+            let mut confirming = true;
+            let mut above_floor = false;
             for line in lines {
-                cursor = Cursor {
-                    attempt: line.attempt,
-                    seq: line.seq,
-                };
-                if line.end {
-                    ended_attempt = ended_attempt.max(line.attempt);
+                let position = (line.attempt, line.seq);
+                confirming &= floor.is_some_and(|floor| line.seq <= floor);
+                if confirming {
+                    cursor = Cursor {
+                        attempt: line.attempt,
+                        seq: line.seq,
+                    };
+                    if line.end {
+                        ended_attempt = ended_attempt.max(line.attempt);
+                    }
+                } else {
+                    above_floor = true;
+                }
+                if line.end || !sent.insert(position) {
                     continue;
                 }
                 let out = pb::LogLine {
@@ -218,10 +243,11 @@ impl LogsApi {
                     return Ok(());
                 }
             }
-            if full_page {
+            sent = sent.split_off(&(cursor.attempt, cursor.seq.saturating_add(1)));
+            if full_page && !above_floor {
                 continue;
             }
-            if !follow {
+            if !follow && !above_floor {
                 return Ok(());
             }
             let job = self.store.job(job_id).await.map_err(Error::from)?;
@@ -233,13 +259,30 @@ impl LogsApi {
                     return Ok(());
                 }
             }
+            let poll = if above_floor { FLOOR_POLL } else { FOLLOW_POLL };
             tokio::select! {
                 _ = wait_for(&mut woken, job_id) => {}
                 Some(_) = next_event(&mut job_events) => {}
-                _ = tokio::time::sleep(FOLLOW_POLL) => {}
+                _ = tokio::time::sleep(poll) => {}
                 _ = tx.closed() => return Ok(()),
             }
         }
+    }
+
+    /// The stream sequence up to which every `KILN_LOGS` message is stored (acked by a writer),
+    /// or `None` when NATS cannot say now.
+    async fn ack_floor(&self) -> Option<i64> {
+        let stream = self
+            .nats
+            .jetstream
+            .get_stream(kiln_core::subjects::STREAM_LOGS)
+            .await
+            .ok()?;
+        let info = stream
+            .consumer_info(kiln_core::subjects::CONSUMER_LOG_INGEST)
+            .await
+            .ok()?;
+        i64::try_from(info.ack_floor.stream_sequence).ok()
     }
 }
 
