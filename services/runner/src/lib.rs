@@ -39,6 +39,7 @@ pub mod bundle;
 pub mod collector;
 pub mod config;
 mod control;
+pub mod datasets;
 pub mod error;
 pub mod gpu;
 mod launch;
@@ -81,6 +82,7 @@ pub(crate) struct Context {
     sampler: Option<Arc<dyn GpuSampler>>,
     /// The agent archive for batch workers' containers, packed on first use.
     agent_archive: Arc<tokio::sync::OnceCell<bytes::Bytes>>,
+    datasets: datasets::DatasetCache,
 }
 
 impl Context {
@@ -130,6 +132,7 @@ impl Runner {
                 source,
             })?;
         let provider = connect_provider(&config).await?;
+        let datasets = datasets::DatasetCache::open(&config.dataset_cache, &config.work_dir, objects.clone()).await?;
         let mut capacity = provider.capacity().await?;
         // GPUs: configured, else those NVML finds, else the provider's own (a simulated cloud's).
         capacity.gpus = match config.gpus {
@@ -157,6 +160,7 @@ impl Runner {
             gpus: Arc::new(Mutex::new(GpuPool::new(capacity.gpus))),
             sampler,
             agent_archive: Arc::default(),
+            datasets,
         };
         Ok(Runner { ctx, listener })
     }

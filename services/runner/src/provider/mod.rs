@@ -50,8 +50,9 @@ pub struct InstanceSpec {
     pub gpu_devices: Vec<u32>,
     /// The code bundle (tar.gz, already checked by [`crate::bundle::check`]).
     pub code: Option<Bytes>,
-    /// Datasets by name (tar.gz archives, already checked).
-    pub datasets: Vec<(String, Bytes)>,
+    /// Datasets by name: their read-only directories in the runner's dataset cache, held for
+    /// the job until its instance is released.
+    pub datasets: Vec<(String, PathBuf)>,
     /// For a batch worker in a container: a tar holding `kiln/bin/kiln-agent`, unpacked at the
     /// container's root before it starts.
     pub agent: Option<Bytes>,

@@ -1,4 +1,5 @@
-//! What an attempt's instance is given: the checked code and datasets, the outputs earlier
+//! What an attempt's instance is given: the checked code, the datasets (from the runner's
+//! cache), the outputs earlier
 //! attempts synced (for a resumed attempt), kiln-agent for batch workers, and the environment
 //! with the job's token.
 
@@ -14,6 +15,7 @@ use super::end::market_of;
 use super::remove_file;
 use crate::Context;
 use crate::bundle::MAX_UNPACKED_BYTES;
+use crate::datasets::DatasetLease;
 use crate::error::{Error, Result};
 use crate::provider::{InstanceSpec, OUTPUTS_DIR};
 
@@ -32,12 +34,14 @@ async fn fetch_archive(ctx: &Context, digest: &str, what: &str) -> Result<Bytes>
     Ok(archive)
 }
 
-/// Everything the instance needs: code, datasets, environment (with the job's token).
+/// Everything the instance needs: code, datasets, environment (with the job's token). The
+/// datasets' cache entries are held in `leases` until the instance is released.
 pub(super) async fn instance_spec(
     ctx: &Context,
     job: &JobRecord,
     gpu_devices: &[u32],
     scratch_dir: &std::path::Path,
+    leases: &mut Vec<DatasetLease>,
 ) -> Result<InstanceSpec> {
     let code = if job.code_digest.is_empty() {
         None
@@ -50,11 +54,17 @@ pub(super) async fn instance_spec(
             .store
             .dataset(&name)
             .await?
-            .ok_or_else(|| Error::BadBundle(format!("dataset {name} does not exist")))?;
-        datasets.push((
-            name.clone(),
-            fetch_archive(ctx, &dataset.digest, &format!("dataset {name}")).await?,
-        ));
+            .ok_or_else(|| Error::Dataset(format!("{name} does not exist")))?;
+        let lease = ctx
+            .datasets
+            .acquire(&dataset.digest)
+            .await
+            .map_err(|error| match error {
+                Error::Dataset(message) => Error::Dataset(format!("{name}: {message}")),
+                other => other,
+            })?;
+        datasets.push((name.clone(), lease.path().to_path_buf()));
+        leases.push(lease);
     }
     let restore = if job.resume_from.is_empty() {
         None
