@@ -6,13 +6,15 @@
 
 use std::io::{IsTerminal, Write};
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result, bail};
-use futures::stream;
+use futures::{StreamExt, stream};
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln_proto::v1 as pb;
 use kiln_proto::v1::upload_artifact_request::Part;
 use sha2::{Digest, Sha256};
+use tokio::io::AsyncReadExt;
 
 use crate::client::Clients;
 
@@ -21,11 +23,32 @@ const CHUNK: usize = 1 << 20;
 /// Bundles above this size are refused: a job's code should not be a data set.
 const MAX_BUNDLE_BYTES: u64 = 1 << 30;
 
-/// A packed bundle.
+/// A packed bundle: a temporary file (removed on drop), never held in memory.
 pub struct Bundle {
-    pub bytes: Vec<u8>,
+    pub file: tempfile::NamedTempFile,
+    pub size: u64,
     pub digest: String,
     pub files: usize,
+}
+
+/// A writer that hashes and counts what goes through it.
+struct Hashing<W> {
+    inner: W,
+    hasher: Sha256,
+    size: u64,
+}
+
+impl<W: Write> Write for Hashing<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.size += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
 }
 
 /// A byte progress bar on stderr when it is a terminal; hidden otherwise.
@@ -45,7 +68,8 @@ pub fn pack(root: &Path) -> Result<Bundle> {
 }
 
 /// Packs `root` into a bundle; with `ignores`, what `.gitignore`, `.ignore` and `.kilnignore`
-/// exclude stays out (a dataset takes everything).
+/// exclude stays out (a dataset takes everything, at gzip's fastest level: datasets are large
+/// and often compressed already).
 pub fn pack_with(root: &Path, ignores: bool) -> Result<Bundle> {
     let mut paths = Vec::new();
     let walker = ignore::WalkBuilder::new(root)
@@ -67,9 +91,18 @@ pub fn pack_with(root: &Path, ignores: bool) -> Result<Bundle> {
         paths.push(entry.into_path());
     }
     paths.sort();
-    let encoder = flate2::GzBuilder::new()
-        .mtime(0)
-        .write(Vec::new(), flate2::Compression::default());
+    let file = tempfile::NamedTempFile::new().context("cannot create a temporary file for the bundle")?;
+    let hashing = Hashing {
+        inner: std::io::BufWriter::with_capacity(CHUNK, file.reopen()?),
+        hasher: Sha256::new(),
+        size: 0,
+    };
+    let level = if ignores {
+        flate2::Compression::default()
+    } else {
+        flate2::Compression::fast()
+    };
+    let encoder = flate2::GzBuilder::new().mtime(0).write(hashing, level);
     let mut builder = tar::Builder::new(encoder);
     builder.mode(tar::HeaderMode::Deterministic);
     builder.follow_symlinks(false);
@@ -80,16 +113,19 @@ pub fn pack_with(root: &Path, ignores: bool) -> Result<Bundle> {
             .append_path_with_name(path, relative)
             .with_context(|| format!("cannot pack {}", path.display()))?;
         files += 1;
+        if ignores && builder.get_ref().get_ref().size > MAX_BUNDLE_BYTES {
+            bail!("the working directory packs to more than {MAX_BUNDLE_BYTES} bytes; list data in .kilnignore");
+        }
     }
-    let bytes = builder.into_inner()?.finish()?;
-    if ignores && bytes.len() as u64 > MAX_BUNDLE_BYTES {
-        bail!(
-            "the working directory packs to {} bytes (limit {MAX_BUNDLE_BYTES}); list data in .kilnignore",
-            bytes.len()
-        );
-    }
-    let digest = hex::encode(Sha256::digest(&bytes));
-    Ok(Bundle { bytes, digest, files })
+    let mut hashing = builder.into_inner()?.finish()?;
+    hashing.flush()?;
+    let digest = hex::encode(hashing.hasher.finalize());
+    Ok(Bundle {
+        file,
+        size: hashing.size,
+        digest,
+        files,
+    })
 }
 
 /// Uploads the bundle unless the server has it. Returns true when it was uploaded.
@@ -104,7 +140,7 @@ pub async fn upload(clients: &mut Clients, bundle: &Bundle, what: &str) -> Resul
     if stat.exists {
         return Ok(false);
     }
-    let size = bundle.bytes.len() as u64;
+    let size = bundle.size;
     let progress = progress_bar(size, what);
     let header = pb::UploadArtifactRequest {
         part: Some(Part::Header(pb::ArtifactHeader {
@@ -112,20 +148,40 @@ pub async fn upload(clients: &mut Clients, bundle: &Bundle, what: &str) -> Resul
             size,
         })),
     };
-    let chunks: Vec<pb::UploadArtifactRequest> = bundle
-        .bytes
-        .chunks(CHUNK)
-        .map(|chunk| pb::UploadArtifactRequest {
-            part: Some(Part::Chunk(chunk.to_vec())),
-        })
-        .collect();
+    // Streamed from the file, a chunk at a time; a read error ends the stream early (the server
+    // then refuses the short upload) and is reported here.
+    let file = tokio::fs::File::from_std(bundle.file.reopen().context("cannot reopen the bundle")?);
+    let read_error: Arc<Mutex<Option<std::io::Error>>> = Arc::default();
+    let seen = read_error.clone();
     let bar = progress.clone();
-    let messages = stream::iter(std::iter::once(header).chain(chunks.into_iter().inspect(move |m| {
-        if let Some(Part::Chunk(chunk)) = &m.part {
-            bar.inc(chunk.len() as u64);
+    let chunks = stream::unfold(Some(file), move |file| {
+        let (seen, bar) = (seen.clone(), bar.clone());
+        async move {
+            let mut file = file?;
+            let mut buffer = vec![0u8; CHUNK];
+            match file.read(&mut buffer).await {
+                Ok(0) => None,
+                Ok(n) => {
+                    buffer.truncate(n);
+                    bar.inc(n as u64);
+                    let message = pb::UploadArtifactRequest {
+                        part: Some(Part::Chunk(buffer)),
+                    };
+                    Some((message, Some(file)))
+                }
+                Err(error) => {
+                    *seen.lock().expect("read error lock") = Some(error);
+                    None
+                }
+            }
         }
-    })));
-    let response = clients.artifacts.upload_artifact(messages).await?.into_inner();
+    });
+    let messages = stream::once(async { header }).chain(chunks);
+    let uploaded = clients.artifacts.upload_artifact(messages).await;
+    if let Some(error) = read_error.lock().expect("read error lock").take() {
+        return Err(error).context("cannot read the bundle");
+    }
+    let response = uploaded?.into_inner();
     progress.finish_and_clear();
     std::io::stderr().flush().ok();
     Ok(response.created)
@@ -151,7 +207,7 @@ mod tests {
     }
 
     fn names(bundle: &Bundle) -> Vec<String> {
-        let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(bundle.bytes.as_slice()));
+        let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(bundle.file.reopen().unwrap()));
         archive
             .entries()
             .unwrap()
