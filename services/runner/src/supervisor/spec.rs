@@ -22,9 +22,19 @@ use crate::provider::{InstanceSpec, OUTPUTS_DIR};
 /// The restored outputs of a resumed attempt, in its scratch dir until the instance is provisioned.
 const RESTORE_ARCHIVE: &str = "restore.tar.gz";
 
+/// Largest code bundle a runner reads (into memory); datasets go through the cache instead.
+const MAX_CODE_BUNDLE_BYTES: u64 = 2 << 30;
+
 /// Reads an archive from object storage and checks it before any engine unpacks it.
 async fn fetch_archive(ctx: &Context, digest: &str, what: &str) -> Result<Bytes> {
-    let archive = ctx.objects.get(&artifact_path(digest)).await?.bytes().await?;
+    let location = artifact_path(digest);
+    let size = ctx.objects.head(&location).await?.size;
+    if size > MAX_CODE_BUNDLE_BYTES {
+        return Err(Error::BadBundle(format!(
+            "{what} is {size} bytes; the limit is {MAX_CODE_BUNDLE_BYTES} (put data in a dataset)"
+        )));
+    }
+    let archive = ctx.objects.get(&location).await?.bytes().await?;
     let checked = archive.clone();
     let what = what.to_string();
     tokio::task::spawn_blocking(move || crate::bundle::check(checked.as_ref(), MAX_UNPACKED_BYTES))
