@@ -41,6 +41,8 @@ pub enum DatasetCommand {
     },
     /// List datasets.
     Ls,
+    /// Delete a dataset (its creator or an admin; refused while a queued or running job names it).
+    Rm { name: String },
 }
 
 pub async fn artifacts(command: ArtifactsCommand) -> Result<ExitCode> {
@@ -130,6 +132,15 @@ pub async fn dataset(command: DatasetCommand) -> Result<ExitCode> {
                 bundle.files,
                 bytes(dataset.size)
             );
+        }
+        DatasetCommand::Rm { name } => {
+            let request = pb::DeleteDatasetRequest { name: name.clone() };
+            let deleted = clients.datasets.delete_dataset(request).await?.into_inner();
+            if deleted.archive_deleted {
+                println!("dataset {name} deleted");
+            } else {
+                println!("dataset {name} deleted (its archive stays: another dataset names it)");
+            }
         }
         DatasetCommand::Ls => {
             let datasets = clients

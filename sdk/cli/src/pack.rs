@@ -2,9 +2,7 @@
 //!
 //! The bundle is a gzip-compressed tar of the files `.gitignore`, `.ignore` and `.kilnignore`
 //! do not exclude (`.git` never goes in), in sorted order with fixed times, owners and modes, so
-//! the same tree always gives the same sha256 and is stored once. It is written to a temp file
-//! and hashed on the way, then uploaded from that file a chunk at a time: a dataset of any size
-//! never sits in memory.
+//! the same tree always gives the same sha256 and is stored once.
 
 use std::io::{IsTerminal, Write};
 use std::path::Path;
@@ -25,32 +23,31 @@ const CHUNK: usize = 1 << 20;
 /// Bundles above this size are refused: a job's code should not be a data set.
 const MAX_BUNDLE_BYTES: u64 = 1 << 30;
 
-/// A packed bundle.
+/// A packed bundle: a temporary file (removed on drop), never held in memory.
 pub struct Bundle {
-    /// The tar.gz, in a temp file removed when the bundle is dropped.
     pub file: tempfile::NamedTempFile,
     pub size: u64,
     pub digest: String,
     pub files: usize,
 }
 
-/// Writes through to a file, hashing and counting what goes by.
-struct HashingWriter {
-    file: std::io::BufWriter<std::fs::File>,
+/// A writer that hashes and counts what goes through it.
+struct Hashing<W> {
+    inner: W,
     hasher: Sha256,
     size: u64,
 }
 
-impl Write for HashingWriter {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        let written = self.file.write(bytes)?;
-        self.hasher.update(&bytes[..written]);
-        self.size += written as u64;
-        Ok(written)
+impl<W: Write> Write for Hashing<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.size += n as u64;
+        Ok(n)
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        self.file.flush()
+        self.inner.flush()
     }
 }
 
@@ -71,7 +68,8 @@ pub fn pack(root: &Path) -> Result<Bundle> {
 }
 
 /// Packs `root` into a bundle; with `ignores`, what `.gitignore`, `.ignore` and `.kilnignore`
-/// exclude stays out (a dataset takes everything).
+/// exclude stays out (a dataset takes everything, at gzip's fastest level: datasets are large
+/// and often compressed already).
 pub fn pack_with(root: &Path, ignores: bool) -> Result<Bundle> {
     let mut paths = Vec::new();
     let walker = ignore::WalkBuilder::new(root)
@@ -93,15 +91,18 @@ pub fn pack_with(root: &Path, ignores: bool) -> Result<Bundle> {
         paths.push(entry.into_path());
     }
     paths.sort();
-    let file = tempfile::NamedTempFile::new().context("cannot create a temp file for the bundle")?;
-    let writer = HashingWriter {
-        file: std::io::BufWriter::new(file.reopen().context("cannot write the bundle")?),
+    let file = tempfile::NamedTempFile::new().context("cannot create a temporary file for the bundle")?;
+    let hashing = Hashing {
+        inner: std::io::BufWriter::with_capacity(CHUNK, file.reopen()?),
         hasher: Sha256::new(),
         size: 0,
     };
-    let encoder = flate2::GzBuilder::new()
-        .mtime(0)
-        .write(writer, flate2::Compression::default());
+    let level = if ignores {
+        flate2::Compression::default()
+    } else {
+        flate2::Compression::fast()
+    };
+    let encoder = flate2::GzBuilder::new().mtime(0).write(hashing, level);
     let mut builder = tar::Builder::new(encoder);
     builder.mode(tar::HeaderMode::Deterministic);
     builder.follow_symlinks(false);
@@ -112,19 +113,16 @@ pub fn pack_with(root: &Path, ignores: bool) -> Result<Bundle> {
             .append_path_with_name(path, relative)
             .with_context(|| format!("cannot pack {}", path.display()))?;
         files += 1;
+        if ignores && builder.get_ref().get_ref().size > MAX_BUNDLE_BYTES {
+            bail!("the working directory packs to more than {MAX_BUNDLE_BYTES} bytes; list data in .kilnignore");
+        }
     }
-    let mut writer = builder.into_inner()?.finish()?;
-    writer.flush().context("cannot write the bundle")?;
-    if ignores && writer.size > MAX_BUNDLE_BYTES {
-        bail!(
-            "the working directory packs to {} bytes (limit {MAX_BUNDLE_BYTES}); list data in .kilnignore",
-            writer.size
-        );
-    }
-    let digest = hex::encode(writer.hasher.finalize());
+    let mut hashing = builder.into_inner()?.finish()?;
+    hashing.flush()?;
+    let digest = hex::encode(hashing.hasher.finalize());
     Ok(Bundle {
         file,
-        size: writer.size,
+        size: hashing.size,
         digest,
         files,
     })
@@ -150,41 +148,40 @@ pub async fn upload(clients: &mut Clients, bundle: &Bundle, what: &str) -> Resul
             size,
         })),
     };
-    // Chunks read from the file as the upload asks for them; a read error ends the stream and
-    // is reported instead of the server's complaint about a short upload.
-    let file = tokio::fs::File::open(bundle.file.path())
-        .await
-        .context("cannot read the bundle")?;
+    // Streamed from the file, a chunk at a time; a read error ends the stream early (the server
+    // then refuses the short upload) and is reported here.
+    let file = tokio::fs::File::from_std(bundle.file.reopen().context("cannot reopen the bundle")?);
     let read_error: Arc<Mutex<Option<std::io::Error>>> = Arc::default();
-    let failed = read_error.clone();
+    let seen = read_error.clone();
     let bar = progress.clone();
-    let chunks = stream::unfold(file, move |mut file| {
-        let failed = failed.clone();
-        let bar = bar.clone();
+    let chunks = stream::unfold(Some(file), move |file| {
+        let (seen, bar) = (seen.clone(), bar.clone());
         async move {
-            let mut chunk = Vec::with_capacity(CHUNK);
-            match (&mut file).take(CHUNK as u64).read_to_end(&mut chunk).await {
+            let mut file = file?;
+            let mut buffer = vec![0u8; CHUNK];
+            match file.read(&mut buffer).await {
                 Ok(0) => None,
-                Ok(read) => {
-                    bar.inc(read as u64);
+                Ok(n) => {
+                    buffer.truncate(n);
+                    bar.inc(n as u64);
                     let message = pb::UploadArtifactRequest {
-                        part: Some(Part::Chunk(chunk)),
+                        part: Some(Part::Chunk(buffer)),
                     };
-                    Some((message, file))
+                    Some((message, Some(file)))
                 }
                 Err(error) => {
-                    *failed.lock().expect("read error slot") = Some(error);
+                    *seen.lock().expect("read error lock") = Some(error);
                     None
                 }
             }
         }
     });
-    let messages = stream::iter([header]).chain(chunks);
-    let response = clients.artifacts.upload_artifact(messages).await;
-    if let Some(error) = read_error.lock().expect("read error slot").take() {
-        return Err(anyhow::Error::new(error).context("cannot read the bundle"));
+    let messages = stream::once(async { header }).chain(chunks);
+    let uploaded = clients.artifacts.upload_artifact(messages).await;
+    if let Some(error) = read_error.lock().expect("read error lock").take() {
+        return Err(error).context("cannot read the bundle");
     }
-    let response = response?.into_inner();
+    let response = uploaded?.into_inner();
     progress.finish_and_clear();
     std::io::stderr().flush().ok();
     Ok(response.created)
@@ -210,8 +207,7 @@ mod tests {
     }
 
     fn names(bundle: &Bundle) -> Vec<String> {
-        let file = std::fs::File::open(bundle.file.path()).unwrap();
-        let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(file));
+        let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(bundle.file.reopen().unwrap()));
         archive
             .entries()
             .unwrap()
@@ -236,13 +232,6 @@ mod tests {
         let first = pack(tree().path()).unwrap();
         let second = pack(tree().path()).unwrap();
         assert_eq!(first.digest, second.digest);
-        let bytes = std::fs::read(first.file.path()).unwrap();
-        assert_eq!(bytes.len() as u64, first.size);
-        assert_eq!(
-            hex::encode(Sha256::digest(&bytes)),
-            first.digest,
-            "the digest is of the file"
-        );
         let dir = tree();
         std::fs::write(dir.path().join("src/train.py"), "print('changed')\n").unwrap();
         assert_ne!(pack(dir.path()).unwrap().digest, first.digest);

@@ -408,6 +408,19 @@ fn containers_datasets_and_artifacts_from_the_cli() {
     assert!(!only.path().join("model.txt").try_exists().unwrap());
     assert!(only.path().join("ckpt/1.pt").try_exists().unwrap());
 
+    // The job has ended: the dataset may go, once.
+    let output = up.kiln(&["dataset", "rm", "tiny"]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert_eq!(text(&output.stdout), "dataset tiny deleted\n");
+    assert!(!text(&up.kiln(&["dataset", "ls"]).stdout).contains("tiny"));
+    let output = up.kiln(&["dataset", "rm", "tiny"]);
+    assert!(!output.status.success());
+    assert!(
+        text(&output.stderr).contains("dataset tiny does not exist"),
+        "{}",
+        text(&output.stderr)
+    );
+
     let output = up.kiln(&[
         "run",
         "-f",

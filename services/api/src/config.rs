@@ -18,7 +18,8 @@ pub struct Config {
     pub objects: ObjectStoreConfig,
     /// Where the bootstrap admin token is written (mode 0600) when the first start creates it.
     pub bootstrap_token_file: PathBuf,
-    /// Largest artifact accepted, in bytes.
+    /// Largest artifact accepted, in bytes: a dataset's archive is one artifact, so this is the
+    /// largest dataset (runners cap code bundles themselves).
     pub max_artifact_bytes: u64,
     /// How often unpublished changes are re-driven, in milliseconds.
     pub reconcile_interval_ms: u64,
@@ -34,7 +35,7 @@ impl Default for Config {
             nats: NatsConfig::default(),
             objects: ObjectStoreConfig::default(),
             bootstrap_token_file: PathBuf::from("./data/admin.token"),
-            max_artifact_bytes: 2 << 30,
+            max_artifact_bytes: 1 << 40,
             reconcile_interval_ms: if cfg!(test) { 200 } else { 5_000 },
             explain_timeout_ms: 5_000,
         }

@@ -1,12 +1,18 @@
 //! `DatasetService`: names for uploaded archives, which jobs mount read-only.
 //!
 //! A dataset is immutable: its name points at one content-addressed archive for good, so a job
-//! always sees the data it was submitted with. Dataset names are shared by all users.
+//! always sees the data it was submitted with. Dataset names are shared by all users. Its
+//! creator or an admin may delete it once no job that has not ended names it; the archive goes
+//! with it unless another dataset (or a live job's code) is the same blob.
 
-use kiln_core::auth::user_principal;
+use std::sync::Arc;
+
+use kiln_core::auth::{Principal, user_principal};
+use kiln_core::objects::artifact_path;
 use kiln_core::store::Store;
 use kiln_proto::v1 as pb;
 use kiln_proto::v1::dataset_service_server::DatasetService;
+use object_store::{ObjectStore, ObjectStoreExt};
 use tonic::{Request, Response, Status};
 
 use crate::error::{Error, Result};
@@ -16,6 +22,7 @@ use crate::jobs::validate_dataset_name;
 #[derive(Clone)]
 pub struct DatasetsApi {
     pub(crate) store: Store,
+    pub(crate) objects: Arc<dyn ObjectStore>,
 }
 
 fn to_proto(dataset: kiln_core::store::entities::dataset::Model) -> pb::Dataset {
@@ -51,8 +58,53 @@ impl DatasetsApi {
     }
 }
 
+impl DatasetsApi {
+    async fn delete(&self, principal: &Principal, name: &str) -> Result<pb::DeleteDatasetResponse> {
+        let dataset = self
+            .store
+            .dataset(name)
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("dataset {name} does not exist")))?;
+        if dataset.created_by != principal.user_name && !principal.is_admin {
+            return Err(Error::PermissionDenied(format!(
+                "dataset {name} was created by {}; only they or an admin may delete it",
+                dataset.created_by
+            )));
+        }
+        if let Some(job_id) = self.store.live_job_naming_dataset(name).await? {
+            return Err(Error::DatasetInUse {
+                name: name.to_string(),
+                job_id,
+            });
+        }
+        if !self.store.delete_dataset(name).await? {
+            return Err(Error::NotFound(format!("dataset {name} does not exist")));
+        }
+        let archive_deleted = !self.store.blob_in_use(&dataset.digest).await?;
+        if archive_deleted {
+            // The record first: an upload of the same content then stores the blob again.
+            self.store.delete_artifact(&dataset.digest).await?;
+            match self.objects.delete(&artifact_path(&dataset.digest)).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+        tracing::info!(name, digest = %dataset.digest, archive_deleted, "dataset deleted");
+        Ok(pb::DeleteDatasetResponse { archive_deleted })
+    }
+}
+
 #[tonic::async_trait]
 impl DatasetService for DatasetsApi {
+    #[tracing::instrument(skip_all, fields(name = %request.get_ref().name))]
+    async fn delete_dataset(
+        &self,
+        request: Request<pb::DeleteDatasetRequest>,
+    ) -> Result<Response<pb::DeleteDatasetResponse>, Status> {
+        let principal = user_principal(&request)?;
+        Ok(Response::new(self.delete(&principal, &request.get_ref().name).await?))
+    }
+
     #[tracing::instrument(skip_all, fields(name = %request.get_ref().name))]
     async fn create_dataset(
         &self,

@@ -18,6 +18,10 @@ pub enum Error {
     SubmitKeyReused { key: String, job_id: String },
     #[error("dataset {name} exists already; datasets are immutable, pick another name")]
     DatasetExists { name: String },
+    #[error(
+        "dataset {name} is named by job {job_id}, which has not ended; delete it once no queued or running job needs it"
+    )]
+    DatasetInUse { name: String, job_id: String },
     #[error("job {job_id} has no output {path}")]
     OutputMissing { job_id: String, path: String },
     #[error("{0}")]
@@ -61,7 +65,7 @@ impl Error {
             Error::InvalidArgument(_) => ErrorKind::InvalidArgument,
             Error::JobNotFound { .. } | Error::OutputMissing { .. } => ErrorKind::NotFound,
             Error::ArtifactMissing { .. } => ErrorKind::FailedPrecondition,
-            Error::DatasetMissing { .. } => ErrorKind::FailedPrecondition,
+            Error::DatasetMissing { .. } | Error::DatasetInUse { .. } => ErrorKind::FailedPrecondition,
             Error::DatasetExists { .. } | Error::SubmitKeyReused { .. } => ErrorKind::AlreadyExists,
             Error::TooLarge(_) | Error::QuotaExceeded(_) => ErrorKind::ResourceExhausted,
             Error::PermissionDenied(_) => ErrorKind::PermissionDenied,

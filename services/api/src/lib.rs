@@ -87,7 +87,7 @@ impl Api {
         };
         let artifacts = artifacts::ArtifactsApi {
             store: self.store.clone(),
-            objects,
+            objects: objects.clone(),
             max_bytes: self.config.max_artifact_bytes,
         };
         let reconciler = tokio::spawn(reconcile(
@@ -104,6 +104,7 @@ impl Api {
             .add_service(ArtifactServiceServer::new(artifacts))
             .add_service(DatasetServiceServer::new(datasets::DatasetsApi {
                 store: self.store.clone(),
+                objects,
             }))
             .add_service(QuotaServiceServer::new(quotas::QuotasApi {
                 store: self.store.clone(),

@@ -9,6 +9,7 @@ use kiln_core::service::{ServiceConfig, problems_to_result};
 use kiln_core::subjects::validate_token;
 use serde::{Deserialize, Serialize};
 
+use crate::datasets::DatasetCacheConfig;
 use crate::provider::docker::DockerConfig;
 use crate::provider::sim::SimConfig;
 
@@ -69,6 +70,8 @@ pub struct Config {
     pub idle_gpu: IdleGpuConfig,
     /// Where jobs' code is unpacked and run.
     pub work_dir: PathBuf,
+    /// Datasets on this runner's disk, fetched once and shared by the jobs that name them.
+    pub dataset_cache: DatasetCacheConfig,
     /// Time between SIGTERM and SIGKILL when a job is stopped, in milliseconds.
     pub stop_grace_period_ms: u64,
     /// Address of the api, given to jobs as `KILN_API`.
@@ -110,6 +113,7 @@ impl Default for Config {
             gpus: 0,
             idle_gpu: IdleGpuConfig::default(),
             work_dir: PathBuf::from("./data/work"),
+            dataset_cache: DatasetCacheConfig::default(),
             stop_grace_period_ms: 10_000,
             api_url: "http://127.0.0.1:7070".into(),
             logs_url: "http://127.0.0.1:7071".into(),
@@ -147,6 +151,7 @@ impl ServiceConfig for Config {
         }
         self.docker.validate(&mut problems);
         self.sim.validate(&mut problems);
+        self.dataset_cache.validate(&self.work_dir, &mut problems);
         if !(0.0..=100.0).contains(&self.idle_gpu.threshold_percent) {
             problems.push("idle-gpu.threshold-percent must be between 0 and 100".into());
         }

@@ -22,6 +22,8 @@ pub enum Error {
     Capacity(String),
     #[error("docker: cannot {what}: {message}")]
     Docker { what: String, message: String },
+    #[error("dataset: {0}")]
+    Dataset(String),
     #[error("cannot restore the outputs of the earlier attempts: {0}")]
     Restore(String),
     #[error("{what}: {source}")]
@@ -54,7 +56,7 @@ impl Error {
             | Error::ImageUnsupported { .. } => ErrorKind::InvalidArgument,
             Error::Docker { .. } => ErrorKind::Unavailable,
             Error::Capacity(_) => ErrorKind::ResourceExhausted,
-            Error::Restore(_) => ErrorKind::FailedPrecondition,
+            Error::Restore(_) | Error::Dataset(_) => ErrorKind::FailedPrecondition,
             Error::Store(error) => error.kind(),
             Error::Core(error) => error.kind(),
             Error::Nats(error) => error.kind(),

@@ -43,6 +43,7 @@ pub mod bundle;
 pub mod collector;
 pub mod config;
 mod control;
+pub mod datasets;
 pub mod error;
 pub mod gpu;
 mod launch;
@@ -90,6 +91,7 @@ pub(crate) struct Context {
     agent_archive: Arc<tokio::sync::OnceCell<bytes::Bytes>>,
     /// Whether this runner holds its lease (launches are taken only while it does).
     lease: Arc<liveness::LeaseStatus>,
+    datasets: datasets::DatasetCache,
 }
 
 impl Context {
@@ -139,6 +141,7 @@ impl Runner {
                 source,
             })?;
         let provider = connect_provider(&config).await?;
+        let datasets = datasets::DatasetCache::open(&config.dataset_cache, &config.work_dir, objects.clone()).await?;
         let mut capacity = provider.capacity().await?;
         // GPUs: configured, else those NVML finds, else the provider's own (a simulated cloud's).
         capacity.gpus = match config.gpus {
@@ -167,6 +170,7 @@ impl Runner {
             sampler,
             agent_archive: Arc::default(),
             lease: Arc::default(),
+            datasets,
         };
         Ok(Runner { ctx, listener })
     }

@@ -13,6 +13,7 @@ use kiln_core::testing::{NatsCluster, NatsServer, sqlite_config};
 use kiln_proto::v1 as pb;
 use kiln_proto::v1::artifact_service_client::ArtifactServiceClient;
 use kiln_proto::v1::batch_service_client::BatchServiceClient;
+use kiln_proto::v1::dataset_service_client::DatasetServiceClient;
 use kiln_proto::v1::job_service_client::JobServiceClient;
 use kiln_proto::v1::log_service_client::LogServiceClient;
 use tokio::task::JoinHandle;
@@ -413,6 +414,14 @@ impl Stack {
 
     pub async fn artifacts(&self) -> ArtifactServiceClient<Authed> {
         ArtifactServiceClient::with_interceptor(Self::channel(self.api_addr).await, BearerInterceptor::new(&self.token))
+    }
+
+    pub async fn datasets(&self) -> DatasetServiceClient<Authed> {
+        self.datasets_as(&self.token).await
+    }
+
+    pub async fn datasets_as(&self, token: &str) -> DatasetServiceClient<Authed> {
+        DatasetServiceClient::with_interceptor(Self::channel(self.api_addr).await, BearerInterceptor::new(token))
     }
 
     pub async fn logs_client(&self) -> LogServiceClient<Authed> {

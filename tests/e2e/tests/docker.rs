@@ -152,7 +152,9 @@ async fn a_dataset_is_mounted_read_only() {
     let mut job_spec = image_spec(&[
         "sh",
         "-c",
-        "cat /kiln/data/numbers/train/x.txt; echo more >> /kiln/data/numbers/train/x.txt",
+        // The content, the mount's first option (a read-only bind of the runner's cache entry),
+        // and a write that must fail.
+        r#"cat /kiln/data/numbers/train/x.txt; awk '$5 == "/kiln/data/numbers" { split($6, o, ","); print o[1] }' /proc/self/mountinfo; echo more >> /kiln/data/numbers/train/x.txt"#,
     ]);
     job_spec.datasets = vec!["numbers".into()];
     let job = stack.submit_spec(job_spec).await;
@@ -164,9 +166,12 @@ async fn a_dataset_is_mounted_read_only() {
         .filter(|l| l.stream == pb::LogStream::Stdout as i32)
         .map(|l| l.text.as_str())
         .collect();
-    assert_eq!(stdout, ["1,2,3"]);
+    assert_eq!(stdout, ["1,2,3", "ro"]);
     assert!(
-        lines.iter().any(|l| l.text.contains("Read-only file system")),
+        // The files' modes refuse it first (no capability overrides them); the mount would too.
+        lines
+            .iter()
+            .any(|l| l.text.contains("Permission denied") || l.text.contains("Read-only file system")),
         "{lines:?}"
     );
 

@@ -41,8 +41,12 @@ async fn a_job_runs_its_code_and_its_logs_are_kept() {
         ]
     );
     assert_eq!(texts(&lines, pb::LogStream::Stderr), ["oops"]);
-    // The work dir is cleaned up.
-    let left: Vec<_> = std::fs::read_dir(stack.dir.path().join("work")).unwrap().collect();
+    // The work dir is cleaned up (the dataset cache, `.datasets`, stays).
+    let left: Vec<_> = std::fs::read_dir(stack.dir.path().join("work"))
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name())
+        .filter(|name| name != ".datasets")
+        .collect();
     assert!(left.is_empty(), "{left:?}");
 }
 

@@ -1,12 +1,23 @@
 //! Records of content-addressed blobs.
 
-use sea_orm::{ActiveValue::Set, EntityTrait};
+use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter};
 
 use sea_orm::QueryOrder;
 
-use super::entities::{artifact, dataset};
+use super::entities::{artifact, dataset, job};
 use super::{Store, StoreResult};
 use crate::ids::now_ms;
+use crate::state::JobState;
+
+/// States of a job that will still run (a preempted one is queued again).
+const LIVE: [JobState; 6] = [
+    JobState::Queued,
+    JobState::Scheduled,
+    JobState::Provisioning,
+    JobState::Running,
+    JobState::Syncing,
+    JobState::Preempted,
+];
 
 pub struct NewArtifact {
     pub digest: String,
@@ -76,5 +87,52 @@ impl Store {
             .order_by_asc(dataset::Column::Name)
             .all(&self.db)
             .await?)
+    }
+
+    /// Removes a dataset's name; false when there was none.
+    pub async fn delete_dataset(&self, name: &str) -> StoreResult<bool> {
+        let deleted = dataset::Entity::delete_by_id(name.to_string()).exec(&self.db).await?;
+        Ok(deleted.rows_affected > 0)
+    }
+
+    /// A job that will still run and names the dataset, if any.
+    pub async fn live_job_naming_dataset(&self, name: &str) -> StoreResult<Option<String>> {
+        // A superset by text (the list is JSON), then the exact check.
+        let quoted = serde_json::to_string(name).map_err(|e| super::StoreError::Corrupt(e.to_string()))?;
+        let candidates = job::Entity::find()
+            .filter(job::Column::State.is_in(LIVE.iter().map(|s| s.as_str())))
+            .filter(job::Column::DatasetsJson.contains(&quoted))
+            .all(&self.db)
+            .await?;
+        for candidate in candidates {
+            if candidate.datasets()?.iter().any(|named| named == name) {
+                return Ok(Some(candidate.id));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Tells whether a dataset, or a job that will still run (as its code), names the blob.
+    pub async fn blob_in_use(&self, digest: &str) -> StoreResult<bool> {
+        let named = dataset::Entity::find()
+            .filter(dataset::Column::Digest.eq(digest))
+            .one(&self.db)
+            .await?
+            .is_some();
+        let code = job::Entity::find()
+            .filter(job::Column::State.is_in(LIVE.iter().map(|s| s.as_str())))
+            .filter(job::Column::CodeDigest.eq(digest))
+            .one(&self.db)
+            .await?
+            .is_some();
+        Ok(named || code)
+    }
+
+    /// Forgets a blob's record (after the blob itself was deleted, or before).
+    pub async fn delete_artifact(&self, digest: &str) -> StoreResult<()> {
+        artifact::Entity::delete_by_id(digest.to_string())
+            .exec(&self.db)
+            .await?;
+        Ok(())
     }
 }

@@ -51,7 +51,8 @@ pub struct InstanceSpec {
     /// The code bundle: a tar.gz on the runner's host, in the scratch dir, already checked by
     /// [`crate::bundle::check`] (streamed there from object storage, never whole in memory).
     pub code: Option<PathBuf>,
-    /// Datasets by name: tar.gz archives on the runner's host, already checked.
+    /// Datasets by name: their read-only directories in the runner's dataset cache, held for
+    /// the job until its instance is released.
     pub datasets: Vec<(String, PathBuf)>,
     /// For a batch worker in a container: a tar holding `kiln/bin/kiln-agent`, unpacked at the
     /// container's root before it starts.

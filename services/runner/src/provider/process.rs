@@ -4,8 +4,9 @@
 //! variables), so nothing of the runner's environment, credentials included, leaks into it.
 //! Code, outputs and datasets are directories under the instance's scratch directory, named by
 //! `KILN_CODE`, `KILN_OUTPUTS` and `KILN_DATA` (and `KILN_RESUME_FROM`, the outputs directory
-//! holding a resumed attempt's restored outputs); datasets are made read-only by their modes, which
-//! a job running as root can override. Stopping signals the whole group. This provider does not
+//! holding a resumed attempt's restored outputs); `KILN_DATA/<name>` links to the dataset's
+//! directory in the runner's cache, read-only by its modes (which a job of the runner's own user,
+//! or root, could change: only containers isolate). Stopping signals the whole group. This provider does not
 //! enforce CPU or memory limits; the docker provider does.
 
 use std::collections::{BTreeMap, HashMap};
@@ -71,8 +72,8 @@ async fn unpack_into(archive: PathBuf, dir: PathBuf) -> Result<()> {
     .map(|_| ())
 }
 
-/// Sets the write bits of everything under `dir` (off for datasets, on again to remove them).
-fn set_writable(dir: &Path, writable: bool) -> std::io::Result<()> {
+/// Sets the write bits of everything under `dir` (on again to remove read-only trees).
+pub(crate) fn set_writable(dir: &Path, writable: bool) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let metadata = std::fs::symlink_metadata(dir)?;
     if metadata.file_type().is_symlink() {
@@ -134,17 +135,12 @@ impl Provider for ProcessProvider {
         if let Some(restore) = &spec.restore {
             unpack_into(restore.clone(), dir.join("outputs")).await?;
         }
-        for (name, archive) in &spec.datasets {
+        // The cache's read-only directory itself, through a link in the instance's data dir.
+        for (name, cached) in &spec.datasets {
             let path = dir.join("data").join(name);
-            tokio::fs::create_dir_all(&path)
+            tokio::fs::symlink(cached, &path)
                 .await
-                .map_err(io(format!("cannot create {}", path.display())))?;
-            unpack_into(archive.clone(), path.clone()).await?;
-            let read_only = path.clone();
-            tokio::task::spawn_blocking(move || set_writable(&read_only, false))
-                .await
-                .map_err(|e| Error::BadBundle(e.to_string()))?
-                .map_err(io(format!("cannot make {} read-only", path.display())))?;
+                .map_err(io(format!("cannot link {}", path.display())))?;
         }
         let mut env = spec.env.clone();
         env.insert("KILN_CODE".into(), dir.join("code").display().to_string());
@@ -333,6 +329,10 @@ impl Provider for ProcessProvider {
             .map_err(io("cannot list the work dir".into()))?
         {
             let name = entry.file_name().to_string_lossy().into_owned();
+            // Not an instance's: the dataset cache (`.datasets`) and the like.
+            if name.starts_with('.') {
+                continue;
+            }
             let job_id = name.rsplit_once('-').map(|(job, _)| job).unwrap_or(&name);
             if !keep.iter().any(|kept| kept == job_id) {
                 // The process of an attempt taken from this runner while it was away.

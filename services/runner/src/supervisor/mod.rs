@@ -1,8 +1,8 @@
 //! One job's life on this runner, from PROVISIONING to its end state.
 //!
-//! fetch and check the code, datasets and (for a resumed attempt) the outputs the earlier
-//! attempts synced → provision an instance → start it → RUNNING → watch
-//! (logs, stop requests, the run-time limit, runner shutdown) → stop gracefully when asked
+//! fetch and check the code, take the datasets from the runner's cache, fetch (for a resumed
+//! attempt) the outputs the earlier attempts synced → provision an instance → start it →
+//! RUNNING → watch (logs, stop requests, the run-time limit, runner shutdown) → stop gracefully when asked
 //! (SIGTERM, grace period, SIGKILL) → SYNCING: outputs to object storage → release the instance
 //! → end state. The job runs with a token scoped to itself, revoked when it ends. An attempt
 //! taken from this runner (its lease lapsed and the scheduling leader ended the job or queued it
@@ -71,6 +71,13 @@ impl Controls {
     }
 }
 
+/// What an attempt holds on the runner's host until its instance is released.
+struct Host {
+    scratch_dir: std::path::PathBuf,
+    /// The cache entries of the job's datasets.
+    datasets: Vec<crate::datasets::DatasetLease>,
+}
+
 /// Why the runner stopped a job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum StopReason {
@@ -105,10 +112,12 @@ pub(crate) async fn supervise(
     shutdown: CancellationToken,
 ) {
     let job_id = job.id.clone();
-    let scratch_dir = ctx.config.work_dir.join(format!("{}-{}", job.id, job.attempt));
     let shipper = LogShipper::start(ctx.nats.clone(), job.id.clone(), job.attempt);
-    let (outcome, current, instance) =
-        execute(&ctx, job, gpu_devices, &scratch_dir, &shipper, &controls, &shutdown).await;
+    let mut host = Host {
+        scratch_dir: ctx.config.work_dir.join(format!("{}-{}", job.id, job.attempt)),
+        datasets: Vec::new(),
+    };
+    let (outcome, current, instance) = execute(&ctx, job, gpu_devices, &mut host, &shipper, &controls, &shutdown).await;
     if let Outcome::NotStarted { reason, .. } = &outcome {
         shipper.line(LogStream::Stderr, format!("kiln: {reason}")).await;
     }
@@ -127,7 +136,7 @@ pub(crate) async fn supervise(
                     tracing::error!(job_id, error = %error, "cannot release the instance; it is released at the next restart");
                 }
             }
-            None => remove_scratch(&scratch_dir).await,
+            None => remove_scratch(&host.scratch_dir).await,
         }
         ctx.release_active(&job_id);
         return;
@@ -135,10 +144,11 @@ pub(crate) async fn supervise(
     let current = match &instance {
         Some(instance) => finish_instance(&ctx, current, instance).await,
         None => {
-            remove_scratch(&scratch_dir).await;
+            remove_scratch(&host.scratch_dir).await;
             current
         }
     };
+    drop(host);
     // The instance is released: its capacity is free before the end is reported.
     ctx.release_active(&job_id);
     let mut delay = Duration::from_millis(200);
@@ -218,12 +228,12 @@ async fn execute(
     ctx: &Context,
     job: JobRecord,
     gpu_devices: Vec<u32>,
-    scratch_dir: &std::path::Path,
+    host: &mut Host,
     shipper: &LogShipper,
     controls: &Controls,
     shutdown: &CancellationToken,
 ) -> (Outcome, JobRecord, Option<Instance>) {
-    let spec = match instance_spec(ctx, &job, &gpu_devices, scratch_dir).await {
+    let spec = match instance_spec(ctx, &job, &gpu_devices, &host.scratch_dir, &mut host.datasets).await {
         Ok(spec) => spec,
         Err(error) => return (not_started(error), job, None),
     };

@@ -1,4 +1,5 @@
-//! What an attempt's instance is given: the checked code and datasets, the outputs earlier
+//! What an attempt's instance is given: the checked code, the datasets (from the runner's
+//! cache), the outputs earlier
 //! attempts synced (for a resumed attempt), kiln-agent for batch workers, and the environment
 //! with the job's token.
 
@@ -17,6 +18,7 @@ use super::end::market_of;
 use super::remove_file;
 use crate::Context;
 use crate::bundle::MAX_UNPACKED_BYTES;
+use crate::datasets::DatasetLease;
 use crate::error::{Error, Result};
 use crate::provider::{InstanceSpec, OUTPUTS_DIR};
 
@@ -70,12 +72,14 @@ async fn fetch_archive(ctx: &Context, digest: &str, dest: PathBuf, what: &str) -
     Ok(dest)
 }
 
-/// Everything the instance needs: code, datasets, environment (with the job's token).
+/// Everything the instance needs: code, datasets, environment (with the job's token). The
+/// datasets' cache entries are held in `leases` until the instance is released.
 pub(super) async fn instance_spec(
     ctx: &Context,
     job: &JobRecord,
     gpu_devices: &[u32],
     scratch_dir: &Path,
+    leases: &mut Vec<DatasetLease>,
 ) -> Result<InstanceSpec> {
     let code = if job.code_digest.is_empty() {
         None
@@ -84,15 +88,22 @@ pub(super) async fn instance_spec(
         Some(fetch_archive(ctx, &job.code_digest, dest, "code bundle").await?)
     };
     let mut datasets = Vec::new();
-    for (index, name) in job.datasets()?.into_iter().enumerate() {
+    for name in job.datasets()? {
         let dataset = ctx
             .store
             .dataset(&name)
             .await?
-            .ok_or_else(|| Error::BadBundle(format!("dataset {name} does not exist")))?;
-        let dest = scratch_dir.join(format!("dataset-{index}.tar.gz"));
-        let archive = fetch_archive(ctx, &dataset.digest, dest, &format!("dataset {name}")).await?;
-        datasets.push((name, archive));
+            .ok_or_else(|| Error::Dataset(format!("{name} does not exist")))?;
+        let lease = ctx
+            .datasets
+            .acquire(&dataset.digest)
+            .await
+            .map_err(|error| match error {
+                Error::Dataset(message) => Error::Dataset(format!("{name}: {message}")),
+                other => other,
+            })?;
+        datasets.push((name.clone(), lease.path().to_path_buf()));
+        leases.push(lease);
     }
     let restore = if job.resume_from.is_empty() {
         None

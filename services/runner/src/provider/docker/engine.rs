@@ -58,34 +58,6 @@ impl DockerProvider {
         Ok(())
     }
 
-    /// Puts a checked tar.gz into a volume through a loader container that is never started.
-    async fn load_volume(
-        &self,
-        image: &str,
-        volume: &str,
-        archive: &std::path::Path,
-        labels: &HashMap<String, String>,
-    ) -> Result<()> {
-        let body = ContainerCreateBody {
-            image: Some(image.to_string()),
-            labels: Some(labels.clone()),
-            network_disabled: Some(true),
-            host_config: Some(HostConfig {
-                mounts: Some(vec![volume_mount(volume, "/load", false)]),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        let loader = self
-            .docker
-            .create_container(None::<bollard::query_parameters::CreateContainerOptions>, body)
-            .await
-            .map_err(docker_error("create a loader container"))?;
-        let upload = self.upload_file(&loader.id, "/load", archive, "load a volume").await;
-        self.remove_container(&loader.id).await?;
-        upload
-    }
-
     pub(super) async fn remove_container(&self, id: &str) -> Result<()> {
         let options = RemoveContainerOptionsBuilder::new().force(true).v(false).build();
         match self.docker.remove_container(id, Some(options)).await {
@@ -158,7 +130,8 @@ impl DockerProvider {
         Ok(())
     }
 
-    /// Creates the volumes (loading the datasets), the container, and uploads the code.
+    /// Creates the volumes, the container (datasets bind-mounted from the cache), and uploads
+    /// the code.
     pub(super) async fn create_instance(&self, spec: &InstanceSpec) -> Result<Instance> {
         let labels = DockerProvider::labels(&spec.job_id, spec.attempt, &spec.runner_id);
         let code_volume = volume_name(&spec.job_id, spec.attempt, "code");
@@ -169,11 +142,9 @@ impl DockerProvider {
             volume_mount(&code_volume, CODE_DIR, false),
             volume_mount(&outputs_volume, OUTPUTS_DIR, false),
         ];
-        for (name, archive) in &spec.datasets {
-            let volume = volume_name(&spec.job_id, spec.attempt, &format!("data-{name}"));
-            self.create_volume(&volume, &labels).await?;
-            self.load_volume(&spec.image, &volume, archive, &labels).await?;
-            mounts.push(volume_mount(&volume, &format!("{DATA_DIR}/{name}"), true));
+        // The runner's cache entry itself, read-only: the engine shares the runner's host.
+        for (name, cached) in &spec.datasets {
+            mounts.push(bind_mount(cached, &format!("{DATA_DIR}/{name}")));
         }
         let mut env: Vec<String> = spec
             .env
@@ -327,6 +298,17 @@ pub(super) fn volume_mount(volume: &str, target: &str, read_only: bool) -> Mount
         source: Some(volume.to_string()),
         typ: Some(MountType::VOLUME),
         read_only: Some(read_only),
+        ..Default::default()
+    }
+}
+
+/// A read-only bind mount of a directory of the runner's host.
+fn bind_mount(source: &std::path::Path, target: &str) -> Mount {
+    Mount {
+        target: Some(target.to_string()),
+        source: Some(source.display().to_string()),
+        typ: Some(MountType::BIND),
+        read_only: Some(true),
         ..Default::default()
     }
 }

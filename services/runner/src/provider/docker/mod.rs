@@ -7,10 +7,10 @@
 //!   forwards signals, no Docker socket, and the network of the configuration (never the host's
 //!   unless configured).
 //! - Volumes ("block storage" of the instance): the code at `/kiln/code` (the working
-//!   directory), outputs at `/kiln/outputs`, each dataset read-only at `/kiln/data/<name>`. The
-//!   code (and a resumed attempt's restored outputs) are uploaded into their volumes through the
-//!   engine's archive API before the start, and datasets through a short-lived loader
-//!   container, so a remote engine works the same.
+//!   directory), outputs at `/kiln/outputs`. The code (and a resumed attempt's restored
+//!   outputs) are uploaded into their volumes through the engine's archive API before the
+//!   start. Each dataset is a read-only bind mount at `/kiln/data/<name>` of its entry in the
+//!   runner's dataset cache, so datasets need the engine on the runner's host.
 //!
 //! `config` is the `[docker]` section of the runner's configuration; `engine` makes images,
 //! volumes and containers and fills a container before its start; this module drives the
