@@ -21,6 +21,9 @@ use crate::error::{Error, Result};
 /// How long the lease lasts without renewal (renewed every third of it).
 pub const TTL: Duration = Duration::from_secs(10);
 
+/// Tries at start to take the lease when its write does not go through.
+const TAKE_ATTEMPTS: usize = 10;
+
 /// The held lease of the one log-ingest with embedded stores.
 pub struct SoleLease {
     lease: Lease,
@@ -59,11 +62,20 @@ impl SoleLease {
             return Ok(None);
         }
         let mut lease = Lease::new(nats, LEASE_LOG_INGEST, &holder_name(config), TTL).await?;
-        if lease.tick().await? {
-            return Ok(Some(SoleLease {
-                lease,
-                nats: nats.clone(),
-            }));
+        // A write that did not go through (NATS busy) is tried again; another holder is final.
+        for _ in 0..TAKE_ATTEMPTS {
+            if lease.tick().await? {
+                return Ok(Some(SoleLease {
+                    lease,
+                    nats: nats.clone(),
+                }));
+            }
+            if let Ok(Some(current)) = Lease::current(nats, LEASE_LOG_INGEST).await
+                && current.holder != lease.holder()
+            {
+                return Err(Error::AnotherLogIngest { holder: current.holder });
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
         Err(Error::AnotherLogIngest {
             holder: current_holder(nats).await,
@@ -81,12 +93,16 @@ impl SoleLease {
             }
             match self.lease.tick().await {
                 Ok(true) => {}
-                Ok(false) => {
-                    let holder = current_holder(&self.nats).await;
-                    tracing::error!(holder, "another log-ingest took the log-ingest lease; stopping");
-                    shutdown.cancel();
-                    return Err(Error::AnotherLogIngest { holder });
-                }
+                // A renewal can also fail because its write did not go through (a NATS node
+                // died, a stream is electing a leader): only another holder stops this one.
+                Ok(false) => match Lease::current(&self.nats, LEASE_LOG_INGEST).await {
+                    Ok(Some(current)) if current.holder != self.lease.holder() => {
+                        tracing::error!(holder = %current.holder, "another log-ingest took the log-ingest lease; stopping");
+                        shutdown.cancel();
+                        return Err(Error::AnotherLogIngest { holder: current.holder });
+                    }
+                    _ => tracing::warn!("cannot renew the log-ingest lease now; retrying"),
+                },
                 Err(error) => tracing::warn!(error = %error, "cannot renew the log-ingest lease; retrying"),
             }
         }
