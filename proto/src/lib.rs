@@ -5,3 +5,5 @@ pub mod v1 {
     #![allow(clippy::all, clippy::pedantic)]
     tonic::include_proto!("kiln.v1");
 }
+
+include!(concat!(env!("OUT_DIR"), "/rpc_methods.rs"));

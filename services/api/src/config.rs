@@ -3,16 +3,21 @@
 use std::path::PathBuf;
 
 use kiln_core::config::{ConfigError, DatabaseConfig, GrpcConfig, NatsConfig, ObjectStoreConfig};
+use kiln_core::metrics::MetricsConfig;
 use kiln_core::service::{ServiceConfig, problems_to_result};
 use serde::{Deserialize, Serialize};
 
 /// Default port of the api.
 pub const DEFAULT_PORT: u16 = 7070;
 
+/// Default port of the api's `/metrics`.
+pub const DEFAULT_METRICS_PORT: u16 = 9470;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
 pub struct Config {
     pub grpc: GrpcConfig,
+    pub metrics: MetricsConfig,
     pub database: DatabaseConfig,
     pub nats: NatsConfig,
     pub objects: ObjectStoreConfig,
@@ -31,6 +36,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             grpc: GrpcConfig::local(DEFAULT_PORT),
+            metrics: MetricsConfig::local(DEFAULT_METRICS_PORT),
             database: DatabaseConfig::default(),
             nats: NatsConfig::default(),
             objects: ObjectStoreConfig::default(),
@@ -52,6 +58,7 @@ impl ServiceConfig for Config {
         self.database.validate(&mut problems);
         self.nats.validate(&mut problems);
         self.objects.validate(&mut problems);
+        self.metrics.validate(&mut problems);
         if self.max_artifact_bytes == 0 {
             problems.push("max-artifact-bytes must be at least 1".into());
         }

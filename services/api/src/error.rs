@@ -57,6 +57,8 @@ pub enum Error {
     },
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
+    #[error(transparent)]
+    Metrics(#[from] kiln_core::metrics::MetricsError),
 }
 
 impl Error {
@@ -76,6 +78,7 @@ impl Error {
             Error::SchedulerUnavailable { .. } => ErrorKind::Unavailable,
             Error::SchedulerFailed(_) => ErrorKind::Internal,
             Error::Objects(_) | Error::Io { .. } | Error::Bind { .. } | Error::Serve(_) => ErrorKind::Internal,
+            Error::Metrics(_) => ErrorKind::Internal,
         }
     }
 }

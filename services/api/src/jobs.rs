@@ -37,6 +37,7 @@ pub struct JobsApi {
     pub(crate) watch_poll: Duration,
     /// How long an explanation waits for the scheduler leader.
     pub(crate) explain_timeout: Duration,
+    pub(crate) metrics: crate::metrics::ApiMetrics,
 }
 
 impl JobsApi {
@@ -68,6 +69,12 @@ impl JobsApi {
             submitted => submitted?,
         };
         tracing::info!(job_id = %job.id, owner = %principal.user_name, "job submitted");
+        self.metrics
+            .jobs_submitted
+            .get_or_create(&crate::metrics::ProjectLabels {
+                project: job.project.clone(),
+            })
+            .inc();
         // The job is durable now; a failed publish is re-driven by the reconciler.
         if let Err(error) = publish_job_change(&self.nats, &self.store, &job).await {
             tracing::warn!(job_id = %job.id, error = %error, "publish failed; the reconciler will retry");

@@ -15,6 +15,8 @@ use std::time::Duration;
 
 use kiln_core::auth::AuthLayer;
 use kiln_core::events::republish_pending;
+use kiln_core::metrics::Metrics;
+use kiln_core::metrics::rpc::RpcMetricsLayer;
 use kiln_core::store::Store;
 use kiln_core::streams::Nats;
 use kiln_core::{JobState, objects, streams};
@@ -32,6 +34,7 @@ pub mod datasets;
 pub mod error;
 pub mod grpc;
 pub mod jobs;
+pub mod metrics;
 pub mod quotas;
 
 pub use config::Config;
@@ -43,6 +46,7 @@ pub struct Api {
     listener: TcpListener,
     store: Store,
     nats: Nats,
+    metrics: Metrics,
 }
 
 impl Api {
@@ -67,7 +71,18 @@ impl Api {
             listener,
             store,
             nats,
+            metrics: Metrics::default(),
         })
+    }
+
+    /// Registers the api's metrics in `metrics` (the process's registry) instead of a private one.
+    pub fn with_metrics(mut self, metrics: &Metrics) -> Api {
+        self.metrics = metrics.clone();
+        self
+    }
+
+    pub fn nats(&self) -> &Nats {
+        &self.nats
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -75,7 +90,10 @@ impl Api {
     }
 
     /// Serves until `shutdown` is cancelled.
-    pub async fn serve(self, shutdown: CancellationToken) -> Result<()> {
+    pub async fn serve(mut self, shutdown: CancellationToken) -> Result<()> {
+        let metrics = metrics::ApiMetrics::register(&self.metrics);
+        let rpc_metrics = RpcMetricsLayer::new(&self.metrics, "api");
+        self.store.count_transitions(&self.metrics, "api");
         let objects = objects::connect(&self.config.objects).await?;
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
         health_reporter.set_serving::<JobServiceServer<jobs::JobsApi>>().await;
@@ -84,6 +102,7 @@ impl Api {
             nats: self.nats.clone(),
             watch_poll: Duration::from_secs(1),
             explain_timeout: Duration::from_millis(self.config.explain_timeout_ms),
+            metrics: metrics.clone(),
         };
         let artifacts = artifacts::ArtifactsApi {
             store: self.store.clone(),
@@ -93,11 +112,13 @@ impl Api {
         let reconciler = tokio::spawn(reconcile(
             self.store.clone(),
             self.nats.clone(),
+            metrics,
             Duration::from_millis(self.config.reconcile_interval_ms),
             shutdown.clone(),
         ));
         tracing::info!(addr = %self.local_addr(), "api serving");
         let served = tonic::transport::Server::builder()
+            .layer(rpc_metrics)
             .layer(AuthLayer::new(std::sync::Arc::new(self.store.clone())))
             .add_service(health_service)
             .add_service(JobServiceServer::new(jobs))
@@ -121,18 +142,34 @@ impl Api {
     }
 }
 
-/// Runs the api until `shutdown` is cancelled.
+/// Runs the api until `shutdown` is cancelled, serving `/metrics` as `[metrics]` says.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
-    Api::bind(config).await?.serve(shutdown).await
+    let metrics = Metrics::default();
+    let api = Api::bind(config.clone()).await?.with_metrics(&metrics);
+    kiln_core::metrics::export(&config.metrics, &metrics, api.nats(), &shutdown).await?;
+    api.serve(shutdown).await
 }
 
 /// Publishes committed but unpublished changes of the states the api makes.
-async fn reconcile(store: Store, nats: Nats, interval: Duration, shutdown: CancellationToken) {
+/// Also counts the jobs not yet ended for `kiln_api_jobs`.
+async fn reconcile(
+    store: Store,
+    nats: Nats,
+    metrics: metrics::ApiMetrics,
+    interval: Duration,
+    shutdown: CancellationToken,
+) {
     loop {
         match republish_pending(&nats, &store, &[JobState::Queued, JobState::Stopped]).await {
             Ok(0) => {}
-            Ok(count) => tracing::info!(count, "re-drove unpublished job changes"),
+            Ok(count) => {
+                metrics.republished.inc_by(count as u64);
+                tracing::info!(count, "re-drove unpublished job changes");
+            }
             Err(error) => tracing::warn!(error = %error, "reconcile failed; retrying"),
+        }
+        if let Err(error) = metrics.count_jobs(&store).await {
+            tracing::warn!(error = %error, "cannot count the jobs for kiln_api_jobs");
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,

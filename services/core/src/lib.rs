@@ -23,6 +23,7 @@ pub mod events;
 pub mod ids;
 pub mod intake;
 pub mod lease;
+pub mod metrics;
 pub mod objects;
 pub mod publish;
 pub mod quotas;

@@ -121,6 +121,23 @@ pub fn consumer_control(runner_id: &str) -> String {
     format!("control-{runner_id}")
 }
 
+/// The kind of a consumer, the label its lag is exported under: consumers of one batch or one
+/// runner are summed as `items` and `control`; a pool's launch consumer and the shared ones keep
+/// their names; anything else (an ephemeral consumer) is `ephemeral`.
+pub fn consumer_kind(name: &str) -> &str {
+    if name.starts_with("items-") {
+        "items"
+    } else if name.starts_with("control-") {
+        "control"
+    } else if name.starts_with("runner-")
+        || [CONSUMER_LOG_INGEST, CONSUMER_METRICS, CONSUMER_ITEM_RESULTS].contains(&name)
+    {
+        name
+    } else {
+        "ephemeral"
+    }
+}
+
 /// Checks that a pool or runner name can be used as a subject token and consumer name.
 pub fn validate_token(what: &str, name: &str) -> Result<(), String> {
     let valid =

@@ -22,6 +22,8 @@ pub fn free_port() -> u16 {
 /// A `nats-server -js` child with its own store directory, killed on drop.
 pub struct NatsServer {
     pub url: String,
+    /// The port of its monitoring endpoint (`-m`: `/varz`, `/healthz`).
+    pub monitor_port: u16,
     child: Child,
     _dir: tempfile::TempDir,
 }
@@ -32,9 +34,11 @@ impl NatsServer {
         let binary = nats_server_binary();
         let dir = tempfile::tempdir().expect("temp dir");
         let port = free_port().to_string();
+        let monitor_port = free_port();
+        let monitor = monitor_port.to_string();
         let child = spawn_nats_server(
             &binary,
-            &["-js", "-a", "127.0.0.1", "-p", &port, "-sd"]
+            &["-js", "-a", "127.0.0.1", "-p", &port, "-m", &monitor, "-sd"]
                 .map(std::ffi::OsStr::new)
                 .into_iter()
                 .chain([dir.path().as_os_str()])
@@ -48,9 +52,15 @@ impl NatsServer {
         }
         NatsServer {
             url: format!("nats://127.0.0.1:{port}"),
+            monitor_port,
             child,
             _dir: dir,
         }
+    }
+
+    /// The base URL of its monitoring endpoint, what `metrics.nats-monitor` takes.
+    pub fn monitor_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.monitor_port)
     }
 
     pub fn config(&self) -> NatsConfig {
@@ -314,4 +324,48 @@ pub fn s3_objects_config(what: &str) -> crate::config::ObjectStoreConfig {
         allow_http: true,
         ..crate::config::ObjectStoreConfig::default()
     }
+}
+
+/// GETs `url` and returns the body; panics with the reason when it cannot.
+pub async fn http_get(url: &str) -> String {
+    let response = reqwest::get(url).await.unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    let status = response.status();
+    let body = response.text().await.unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    assert!(status.is_success(), "GET {url}: {status}: {body}");
+    body
+}
+
+/// The promtool binary of the tests (`KILN_TEST_PROMTOOL`, else `promtool` on `PATH`; Debian's
+/// `prometheus` package, installed by scripts/setup.sh).
+pub fn promtool_binary() -> String {
+    std::env::var("KILN_TEST_PROMTOOL").unwrap_or_else(|_| "promtool".into())
+}
+
+/// Runs `promtool check metrics` on an exposition and panics with its complaints unless it
+/// finds none.
+pub fn promtool_check_metrics(exposition: &str) {
+    use std::io::Write;
+    let binary = promtool_binary();
+    let mut child = Command::new(&binary)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("cannot start {binary} ({e}): scripts/setup.sh installs Debian's prometheus package")
+        });
+    child
+        .stdin
+        .take()
+        .expect("piped stdin")
+        .write_all(exposition.as_bytes())
+        .expect("write to promtool");
+    let output = child.wait_with_output().expect("promtool runs");
+    assert!(
+        output.status.success() && output.stdout.is_empty() && output.stderr.is_empty(),
+        "promtool check metrics found problems:\n{}{}\nin:\n{exposition}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
 }

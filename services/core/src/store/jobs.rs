@@ -265,7 +265,35 @@ impl Store {
                 state: current.state,
             });
         }
+        if let Some(transitions) = &self.transitions {
+            transitions
+                .get_or_create(&super::TransitionLabels { state: to.as_str() })
+                .inc();
+        }
         self.job(&job.id).await
+    }
+
+    /// Counts the jobs not yet ended by state and pool (the pool they run in, or asked for, or
+    /// `""` while queued without one).
+    pub async fn count_active_jobs(&self) -> StoreResult<Vec<(String, String, i64)>> {
+        use sea_orm::QuerySelect;
+        let active: Vec<&str> = JobState::ALL
+            .iter()
+            .filter(|state| !state.is_terminal())
+            .map(|state| state.as_str())
+            .collect();
+        let rows: Vec<(String, String, i64)> = Jobs::find()
+            .select_only()
+            .column(Column::State)
+            .column(Column::Pool)
+            .column_as(Column::Id.count(), "count")
+            .filter(Column::State.is_in(active))
+            .group_by(Column::State)
+            .group_by(Column::Pool)
+            .into_tuple()
+            .all(&self.db)
+            .await?;
+        Ok(rows)
     }
 
     /// Records that the job's changes up to `version` are published.

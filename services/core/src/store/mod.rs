@@ -71,9 +71,32 @@ pub type StoreResult<T> = Result<T, StoreError>;
 #[derive(Clone, Debug)]
 pub struct Store {
     db: DatabaseConnection,
+    /// `kiln_<service>_job_transitions_total{state}`, once [`Store::count_transitions`] ran.
+    transitions: Option<
+        prometheus_client::metrics::family::Family<TransitionLabels, prometheus_client::metrics::counter::Counter>,
+    >,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub(crate) struct TransitionLabels {
+    pub(crate) state: &'static str,
 }
 
 impl Store {
+    /// Counts the job transitions this store makes as `kiln_<service>_job_transitions_total`,
+    /// by the state moved to. Each service counts its own: a dashboard sums them.
+    pub fn count_transitions(&mut self, metrics: &crate::metrics::Metrics, service: &str) {
+        let family = prometheus_client::metrics::family::Family::default();
+        metrics.register(service, |registry| {
+            registry.register(
+                "job_transitions",
+                "Job state changes this service made, by the state moved to",
+                family.clone(),
+            )
+        });
+        self.transitions = Some(family);
+    }
+
     /// Connects to the database; for SQLite it creates the file's directory and turns on WAL so
     /// several services can share the file.
     pub async fn connect(config: &DatabaseConfig) -> StoreResult<Store> {
@@ -96,12 +119,12 @@ impl Store {
         if config.url.is_sqlite() {
             db.execute_unprepared("PRAGMA journal_mode=WAL").await?;
         }
-        Ok(Store { db })
+        Ok(Store { db, transitions: None })
     }
 
     /// Wraps an existing connection.
     pub fn from_connection(db: DatabaseConnection) -> Store {
-        Store { db }
+        Store { db, transitions: None }
     }
 
     pub fn connection(&self) -> &DatabaseConnection {
