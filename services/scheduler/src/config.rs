@@ -1,6 +1,7 @@
 //! The scheduler's configuration.
 
 use kiln_core::config::{ConfigError, DatabaseConfig, GrpcConfig, NatsConfig};
+use kiln_core::metrics::MetricsConfig;
 use kiln_core::service::{ServiceConfig, problems_to_result};
 use serde::{Deserialize, Serialize};
 
@@ -8,11 +9,16 @@ use crate::policy::Order;
 
 pub const DEFAULT_PORT: u16 = 7073;
 
+/// Default port of the scheduler's `/metrics`.
+pub const DEFAULT_METRICS_PORT: u16 = 9473;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
 pub struct Config {
     /// Health endpoint.
     pub grpc: GrpcConfig,
+    /// `/metrics`; the scheduler reports the JetStream consumer lag by default.
+    pub metrics: MetricsConfig,
     pub database: DatabaseConfig,
     pub nats: NatsConfig,
     /// Longest wait between scheduling passes, in milliseconds; job events wake it sooner.
@@ -53,6 +59,10 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             grpc: GrpcConfig::local(DEFAULT_PORT),
+            metrics: MetricsConfig {
+                consumer_lag: true,
+                ..MetricsConfig::local(DEFAULT_METRICS_PORT)
+            },
             database: DatabaseConfig::default(),
             nats: NatsConfig::default(),
             pass_interval_ms: if cfg!(test) { 100 } else { 1_000 },
@@ -75,6 +85,7 @@ impl ServiceConfig for Config {
         let mut problems = Vec::new();
         self.database.validate(&mut problems);
         self.nats.validate(&mut problems);
+        self.metrics.validate(&mut problems);
         if self.pass_interval_ms == 0 {
             problems.push("pass-interval-ms must be at least 1".into());
         }

@@ -24,6 +24,8 @@ use async_nats::jetstream::consumer::{self, pull};
 use futures::StreamExt;
 use kiln_core::events::{preempt_job, publish_job_change, republish_pending};
 use kiln_core::lease::Lease;
+use kiln_core::metrics::Metrics;
+use kiln_core::metrics::rpc::RpcMetricsLayer;
 use kiln_core::scheduling::{Market, SPOT_PREEMPTION};
 use kiln_core::store::{Change, JobRecord, Store, StoreError};
 use kiln_core::streams::{Nats, NatsError};
@@ -40,6 +42,7 @@ pub mod error;
 pub mod explain_service;
 pub mod input;
 pub mod lost;
+pub mod metrics;
 pub mod policy;
 pub mod state;
 
@@ -56,6 +59,7 @@ pub struct Scheduler {
     listener: TcpListener,
     store: Store,
     nats: Nats,
+    metrics: Metrics,
 }
 
 impl Scheduler {
@@ -74,14 +78,29 @@ impl Scheduler {
             listener,
             store,
             nats,
+            metrics: Metrics::default(),
         })
+    }
+
+    /// Registers the scheduler's metrics in `metrics` (the process's registry) instead of a
+    /// private one.
+    pub fn with_metrics(mut self, metrics: &Metrics) -> Scheduler {
+        self.metrics = metrics.clone();
+        self
+    }
+
+    pub fn nats(&self) -> &Nats {
+        &self.nats
     }
 
     pub fn local_addr(&self) -> SocketAddr {
         self.listener.local_addr().expect("a bound listener has an address")
     }
 
-    pub async fn serve(self, shutdown: CancellationToken) -> Result<()> {
+    pub async fn serve(mut self, shutdown: CancellationToken) -> Result<()> {
+        let metrics = metrics::SchedulerMetrics::register(&self.metrics);
+        let rpc_metrics = RpcMetricsLayer::new(&self.metrics, "scheduler");
+        self.store.count_transitions(&self.metrics, "scheduler");
         let name = if self.config.instance_name.is_empty() {
             format!("scheduler-{}", kiln_core::ids::new_id())
         } else {
@@ -94,6 +113,7 @@ impl Scheduler {
         let wake = Arc::new(Notify::new());
         let events = tokio::spawn(watch_job_events(
             self.nats.clone(),
+            metrics.clone(),
             wake.clone(),
             state.clone(),
             shutdown.clone(),
@@ -112,6 +132,7 @@ impl Scheduler {
             .await;
         let health = tokio::spawn(
             tonic::transport::Server::builder()
+                .layer(rpc_metrics)
                 .add_service(health_service)
                 .serve_with_incoming_shutdown(
                     TcpListenerStream::new(self.listener),
@@ -133,6 +154,7 @@ impl Scheduler {
             let now_leading = lease.is_held();
             if now_leading != leading {
                 leading = now_leading;
+                metrics.leading(leading);
                 tracing::info!(name, leading, "leadership changed");
                 if leading {
                     // What the pools taught the last leader.
@@ -149,7 +171,7 @@ impl Scheduler {
                 leading_tx.send_replace(leading);
             }
             if leading {
-                if let Err(error) = pass(&self.config, &self.store, &self.nats, &state).await {
+                if let Err(error) = pass(&self.config, &self.store, &self.nats, &state, &metrics).await {
                     tracing::warn!(error = %error, "scheduling pass failed; retrying");
                 }
                 save_rates(&saved_rates, &state).await;
@@ -173,20 +195,45 @@ impl Scheduler {
     }
 }
 
-/// Runs the scheduler until `shutdown` is cancelled.
+/// Runs the scheduler until `shutdown` is cancelled, serving `/metrics` as `[metrics]` says.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
-    Scheduler::bind(config).await?.serve(shutdown).await
+    let metrics = Metrics::default();
+    let scheduler = Scheduler::bind(config.clone()).await?.with_metrics(&metrics);
+    kiln_core::metrics::export(&config.metrics, &metrics, scheduler.nats(), &shutdown).await?;
+    scheduler.serve(shutdown).await
 }
 
 /// One scheduling pass: take back the jobs of runners gone ([`lost`]), place what the policy
 /// places, send its preemptions.
-pub async fn pass(config: &Config, store: &Store, nats: &Nats, state: &Mutex<PassState>) -> Result<usize> {
-    lost::take_back(store, nats).await?;
+pub async fn pass(
+    config: &Config,
+    store: &Store,
+    nats: &Nats,
+    state: &Mutex<PassState>,
+    metrics: &metrics::SchedulerMetrics,
+) -> Result<usize> {
+    let started = std::time::Instant::now();
+    let placed = place(config, store, nats, state, metrics).await;
+    metrics.pass_took(started.elapsed().as_secs_f64());
+    placed
+}
+
+async fn place(
+    config: &Config,
+    store: &Store,
+    nats: &Nats,
+    state: &Mutex<PassState>,
+    metrics: &metrics::SchedulerMetrics,
+) -> Result<usize> {
+    metrics.lost(lost::take_back(store, nats).await?);
     let read = input::read_as_leader(config, store, nats, state).await?;
+    metrics.read(&read.input);
     if read.queued.is_empty() {
+        metrics.planned(&policy::Plan::default());
         return Ok(0);
     }
     let plan = policy::plan(&read.input);
+    metrics.planned(&plan);
     let mut placed = 0;
     for placement in &plan.placements {
         let job = &read.queued[placement.job];
@@ -198,6 +245,7 @@ pub async fn pass(config: &Config, store: &Store, nats: &Nats, state: &Mutex<Pas
         match store.transition(job, JobState::Scheduled, change).await {
             Ok(scheduled) => {
                 tracing::info!(job_id = %scheduled.id, pool = %placement.pool, market = %placement.market, "job scheduled");
+                metrics.placed(&placement.pool, placement.market, job.updated_at_ms);
                 placed += 1;
                 // A failed publish is re-driven by the reconciler.
                 if let Err(error) = publish_job_change(nats, store, &scheduled).await {
@@ -269,9 +317,15 @@ async fn save_rates(saved_rates: &SavedRates, state: &Mutex<PassState>) {
 }
 
 /// Wakes a pass on every job event, and counts spot preemptions.
-async fn watch_job_events(nats: Nats, wake: Arc<Notify>, state: Arc<Mutex<PassState>>, shutdown: CancellationToken) {
+async fn watch_job_events(
+    nats: Nats,
+    metrics: metrics::SchedulerMetrics,
+    wake: Arc<Notify>,
+    state: Arc<Mutex<PassState>>,
+    shutdown: CancellationToken,
+) {
     loop {
-        match consume_job_events(&nats, &wake, &state, &shutdown).await {
+        match consume_job_events(&nats, &metrics, &wake, &state, &shutdown).await {
             Ok(()) => return,
             Err(error) => {
                 tracing::warn!(error = %error, "job event consumer failed; restarting");
@@ -286,6 +340,7 @@ async fn watch_job_events(nats: Nats, wake: Arc<Notify>, state: Arc<Mutex<PassSt
 
 async fn consume_job_events(
     nats: &Nats,
+    metrics: &metrics::SchedulerMetrics,
     wake: &Notify,
     state: &Mutex<PassState>,
     shutdown: &CancellationToken,
@@ -322,6 +377,7 @@ async fn consume_job_events(
                     && event.reason == SPOT_PREEMPTION
                 {
                     state.lock().expect("pass state lock").observe_preemption(&event.pool);
+                    metrics.spot_preempted();
                 }
                 wake.notify_one();
             }

@@ -118,6 +118,8 @@ pub struct Stack {
     pub logs: Option<ServiceHandle>,
     pub batches: Option<ServiceHandle>,
     pub batches_addr: Option<SocketAddr>,
+    /// The registry the stack's own api and scheduler count into.
+    pub metrics: kiln_core::metrics::Metrics,
 }
 
 /// The workspace's kiln-agent (built with the workspace: `cargo build --workspace`).
@@ -210,7 +212,8 @@ impl Stack {
         let dir = tempfile::tempdir().expect("temp dir");
         let database = sqlite_config(dir.path());
         let objects = objects.unwrap_or_else(|| ObjectStoreConfig::local(dir.path().join("objects")));
-        let (api, api_addr) = start_api(&nats, &database, &objects, dir.path()).await;
+        let metrics = kiln_core::metrics::Metrics::default();
+        let (api, api_addr) = start_api(&nats, &database, &objects, dir.path(), &metrics).await;
         let token = std::fs::read_to_string(dir.path().join("admin.token"))
             .expect("admin token")
             .trim()
@@ -230,7 +233,11 @@ impl Stack {
         .expect("log-ingest binds");
         let logs_addr = logs_service.local_addr();
         let logs = ServiceHandle::spawn(|token| logs_service.serve(token));
-        let scheduler = spawn_scheduler(scheduler_config(&nats, &database, "scheduler-1")).await;
+        let scheduler = kiln_scheduler::Scheduler::bind(scheduler_config(&nats, &database, "scheduler-1"))
+            .await
+            .expect("scheduler binds")
+            .with_metrics(&metrics);
+        let scheduler = ServiceHandle::spawn(|token| scheduler.serve(token));
         Stack {
             nats,
             dir,
@@ -246,6 +253,7 @@ impl Stack {
             logs: Some(logs),
             batches: None,
             batches_addr: None,
+            metrics,
         }
     }
 
@@ -537,9 +545,13 @@ async fn start_api(
     database: &DatabaseConfig,
     objects: &ObjectStoreConfig,
     dir: &std::path::Path,
+    metrics: &kiln_core::metrics::Metrics,
 ) -> (ServiceHandle, SocketAddr) {
     let config = api_config(nats, database, objects, dir, ephemeral().listen);
-    let api = kiln_api::Api::bind(config).await.expect("api binds");
+    let api = kiln_api::Api::bind(config)
+        .await
+        .expect("api binds")
+        .with_metrics(metrics);
     let addr = api.local_addr();
     (ServiceHandle::spawn(|token| api.serve(token)), addr)
 }
