@@ -1,6 +1,6 @@
 //! The api's metrics (`kiln_api_*`), registered once at start.
 
-use kiln_core::metrics::Metrics;
+use kiln_core::metrics::{Metrics, RegistryExt};
 use kiln_core::store::Store;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -31,19 +31,19 @@ impl ApiMetrics {
         metrics.register("api", |registry| {
             kiln_core::metrics::register_build_info(registry);
             let jobs_submitted = Family::default();
-            registry.register(
+            registry.add(
                 "jobs_submitted",
                 "Jobs accepted by SubmitJob, by project",
                 jobs_submitted.clone(),
             );
             let republished = Counter::default();
-            registry.register(
+            registry.add(
                 "reconciler_republished",
                 "Job changes committed but not published that the reconciler published",
                 republished.clone(),
             );
             let jobs = Family::default();
-            registry.register(
+            registry.add(
                 "jobs",
                 "Jobs not yet ended, by state and pool, as of the reconciler's last pass",
                 jobs.clone(),

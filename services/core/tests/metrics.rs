@@ -23,7 +23,7 @@ async fn the_endpoint_serves_the_registry_and_nats_lag() {
     let mut text = String::new();
     for _ in 0..50 {
         text = testing::http_get(&url).await;
-        if text.contains("kiln_nats_server_connections") && text.contains("kiln_nats_stream_messages") {
+        if text.contains("kiln_nats_server_connections{") && text.contains("kiln_nats_stream_messages{") {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 
-use kiln_core::metrics::{HistogramFamily, Metrics, seconds_histogram, slow_seconds_histogram};
+use kiln_core::metrics::{HistogramFamily, Metrics, RegistryExt, seconds_histogram, slow_seconds_histogram};
 use kiln_core::scheduling::{Market, QuotaScope};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -109,61 +109,61 @@ impl SchedulerMetrics {
                 preemptions: Family::default(),
                 lost_jobs: Counter::default(),
             };
-            r.register_with_unit(
+            r.add_with_unit(
                 "pass_duration",
                 "Time a scheduling pass of the leader took",
                 Unit::Seconds,
                 m.pass_duration.clone(),
             );
-            r.register("passes", "Scheduling passes the leader ran", m.passes.clone());
-            r.register("leader", "1 while this scheduler holds the leader lease", m.leader.clone());
-            r.register(
+            r.add("passes", "Scheduling passes the leader ran", m.passes.clone());
+            r.add("leader", "1 while this scheduler holds the leader lease", m.leader.clone());
+            r.add(
                 "pending_jobs",
                 "QUEUED jobs at the leader's last pass, by the pool they asked for (any: none)",
                 m.pending.clone(),
             );
-            r.register(
+            r.add(
                 "waiting_jobs",
                 "QUEUED jobs the last pass did not place, by why they wait",
                 m.waiting.clone(),
             );
-            r.register(
+            r.add(
                 "running_jobs",
                 "Jobs holding resources (SCHEDULED until released), by pool and market",
                 m.running.clone(),
             );
-            r.register(
+            r.add(
                 "held",
                 "Resources held by those jobs, by pool, market and resource (cpu in cores, memory in bytes, gpu in GPUs)",
                 m.held.clone(),
             );
-            r.register(
+            r.add(
                 "capacity",
                 "What the pools' live runners report, by resource (cpu in cores, memory in bytes, gpu in GPUs)",
                 m.capacity.clone(),
             );
-            r.register_with_unit(
+            r.add_with_unit(
                 "queue_wait",
                 "Time placed jobs waited in QUEUED, by pool",
                 Unit::Seconds,
                 m.queue_wait.clone(),
             );
-            r.register(
+            r.add(
                 "placements",
                 "Jobs placed (QUEUED to SCHEDULED), by pool and market",
                 m.placements.clone(),
             );
-            r.register(
+            r.add(
                 "quota_refusals",
                 "Jobs a pass held back for a running quota, by the quota's scope kind (global, project, user); a job waiting through several passes counts in each",
                 m.quota_refusals.clone(),
             );
-            r.register(
+            r.add(
                 "preemptions",
                 "Preemptions by cause: priority and fair-share ordered by the scheduler, spot taken back by the provider",
                 m.preemptions.clone(),
             );
-            r.register(
+            r.add(
                 "lost_jobs",
                 "Jobs of runners whose lease lapsed that the leader ended or queued again",
                 m.lost_jobs.clone(),

@@ -17,7 +17,7 @@
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry, Unit};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
@@ -71,6 +71,61 @@ pub fn bytes_histogram() -> Histogram {
     Histogram::new(BYTES_BUCKETS)
 }
 
+/// Registration that keeps a family in the exposition (its `# HELP` and `# TYPE`) before its
+/// first sample, so every metric a service has shows at `/metrics` from the start and the
+/// metrics reference ([`reference`]) lists them all. Use it instead of `Registry::register`.
+pub trait RegistryExt {
+    fn add(&mut self, name: &str, help: &str, metric: impl Metric);
+    fn add_with_unit(&mut self, name: &str, help: &str, unit: Unit, metric: impl Metric);
+}
+
+impl RegistryExt for Registry {
+    fn add(&mut self, name: &str, help: &str, metric: impl Metric) {
+        self.register(name, help, Described(metric));
+    }
+
+    fn add_with_unit(&mut self, name: &str, help: &str, unit: Unit, metric: impl Metric) {
+        self.register_with_unit(name, help, unit, Described(metric));
+    }
+}
+
+/// A metric that is never empty to the encoder.
+#[derive(Debug)]
+struct Described<M>(M);
+
+impl<M: Metric> prometheus_client::encoding::EncodeMetric for Described<M> {
+    fn encode(&self, encoder: prometheus_client::encoding::MetricEncoder) -> Result<(), std::fmt::Error> {
+        self.0.encode(encoder)
+    }
+
+    fn metric_type(&self) -> prometheus_client::metrics::MetricType {
+        self.0.metric_type()
+    }
+}
+
+/// The metrics reference: one markdown table row per family of `exposition` (name, type,
+/// help), as the README's "Metrics reference" lists them.
+pub fn reference(exposition: &str) -> String {
+    let mut rows = Vec::new();
+    let mut help = std::collections::HashMap::new();
+    for line in exposition.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, text) = rest.split_once(' ').unwrap_or((rest, ""));
+            help.insert(name.to_string(), text.to_string());
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap_or((rest, ""));
+            rows.push((name.to_string(), kind.to_string()));
+        }
+    }
+    rows.sort();
+    let mut table = String::from("| metric | type | what it counts |\n|---|---|---|\n");
+    for (name, kind) in rows {
+        let text = help.get(&name).map(String::as_str).unwrap_or("");
+        table.push_str(&format!("| `{name}` | {kind} | {} |\n", text.replace('|', "\\|")));
+    }
+    table
+}
+
 /// Registers `build_info{version}` = 1 (the crate version of kiln-core, which every service
 /// shares), so a scrape tells which release answers.
 pub fn register_build_info(registry: &mut Registry) {
@@ -83,7 +138,7 @@ pub fn register_build_info(registry: &mut Registry) {
         version: env!("CARGO_PKG_VERSION"),
     })
     .set(1);
-    registry.register("build_info", "1, labelled with the version of kiln serving", info);
+    registry.add("build_info", "1, labelled with the version of kiln serving", info);
 }
 
 /// The process's registry. Cloning shares it.

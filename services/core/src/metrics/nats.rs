@@ -85,9 +85,18 @@ struct VarzApi {
     errors: u64,
 }
 
+/// The collector of `kiln_nats_*`.
 #[derive(Debug, Clone, Default)]
-struct NatsCollector {
+pub struct NatsCollector {
     snapshot: Arc<Mutex<Snapshot>>,
+}
+
+/// Registers the `kiln_nats_*` families, empty until a refresher fills them (the metrics
+/// reference registers them so).
+pub fn register(metrics: &Metrics) -> NatsCollector {
+    let collector = NatsCollector::default();
+    metrics.register_root(|registry| registry.register_collector(Box::new(collector.clone())));
+    collector
 }
 
 /// Registers the collector and starts its refresher when the configuration asks for either
@@ -96,8 +105,7 @@ pub(super) fn start(config: &MetricsConfig, metrics: &Metrics, nats: &Nats, shut
     if !config.consumer_lag && config.nats_monitor.is_empty() {
         return;
     }
-    let collector = NatsCollector::default();
-    metrics.register_root(|registry| registry.register_collector(Box::new(collector.clone())));
+    let collector = register(metrics);
     let nats = config.consumer_lag.then(|| nats.clone());
     let monitors = config.nats_monitor.clone();
     let interval = Duration::from_millis(config.refresh_ms);
@@ -191,7 +199,8 @@ struct MonitorLabels {
     url: String,
 }
 
-/// Encodes one family of values under `name`.
+/// Encodes one family of values under `name`; its descriptor even when it has no values (a
+/// server not answering yet), as [`super::RegistryExt`] does for the other families.
 fn family<L, M>(
     encoder: &mut DescriptorEncoder,
     name: &str,
@@ -200,13 +209,9 @@ fn family<L, M>(
 ) -> Result<(), std::fmt::Error>
 where
     L: prometheus_client::encoding::EncodeLabelSet,
-    M: EncodeMetric,
+    M: EncodeMetric + prometheus_client::metrics::TypedMetric,
 {
-    let mut rows = rows.into_iter().peekable();
-    let Some((_, first)) = rows.peek() else {
-        return Ok(());
-    };
-    let mut metric_encoder = encoder.encode_descriptor(name, help, None, first.metric_type())?;
+    let mut metric_encoder = encoder.encode_descriptor(name, help, None, M::TYPE)?;
     for (labels, metric) in rows {
         metric.encode(metric_encoder.encode_family(&labels)?)?;
     }
@@ -261,14 +266,14 @@ impl Collector for NatsCollector {
                 .iter()
                 .map(|(name, (_, bytes))| (stream(name), ConstGauge::new(*bytes as i64))),
         )?;
-        if let Some(up) = snapshot.jetstream_up {
-            family(
-                &mut encoder,
-                "kiln_nats_jetstream_up",
-                "1 when the last read of the JetStream consumers succeeded",
-                [(StreamLabels { stream: "all".into() }, ConstGauge::new(i64::from(up)))],
-            )?;
-        }
+        family(
+            &mut encoder,
+            "kiln_nats_jetstream_up",
+            "1 when the last read of the JetStream consumers succeeded",
+            snapshot
+                .jetstream_up
+                .map(|up| (StreamLabels { stream: "all".into() }, ConstGauge::new(i64::from(up)))),
+        )?;
         family(
             &mut encoder,
             "kiln_nats_server_up",

@@ -17,7 +17,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use tonic::body::Body;
 
-use super::{HistogramFamily, Metrics, seconds_histogram};
+use super::{HistogramFamily, Metrics, RegistryExt, seconds_histogram};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct MethodLabels {
@@ -49,15 +49,15 @@ impl RpcMetricsLayer {
     pub fn new(metrics: &Metrics, service: &str) -> Self {
         let rpc = metrics.register(service, |registry| {
             let requests = Family::default();
-            registry.register("rpc_requests", "gRPC calls received, by method", requests.clone());
+            registry.add("rpc_requests", "gRPC calls received, by method", requests.clone());
             let errors = Family::default();
-            registry.register(
+            registry.add(
                 "rpc_errors",
                 "gRPC calls answered with a code other than OK, by method and code",
                 errors.clone(),
             );
             let duration = HistogramFamily::new_with_constructor(seconds_histogram as fn() -> _);
-            registry.register_with_unit(
+            registry.add_with_unit(
                 "rpc_duration",
                 "Time from a gRPC call's arrival to the end of its answer (of its stream, for streams), by method",
                 prometheus_client::registry::Unit::Seconds,

@@ -88,7 +88,8 @@ impl Store {
     pub fn count_transitions(&mut self, metrics: &crate::metrics::Metrics, service: &str) {
         let family = prometheus_client::metrics::family::Family::default();
         metrics.register(service, |registry| {
-            registry.register(
+            use crate::metrics::RegistryExt;
+            registry.add(
                 "job_transitions",
                 "Job state changes this service made, by the state moved to",
                 family.clone(),
