@@ -69,8 +69,6 @@ resource "aws_instance" "this" {
   user_data              = var.user_data[count.index]
   monitoring             = true
   ebs_optimized          = true
-  # A changed user data replaces the node (NATS and Scylla: one at a time, with -target).
-  user_data_replace_on_change = false
 
   metadata_options {
     http_endpoint               = "enabled"
@@ -104,8 +102,9 @@ resource "aws_instance" "this" {
   tags = { Name = "${var.name}-${count.index}" }
 
   lifecycle {
-    # A new image does not replace running nodes; roll them deliberately.
-    ignore_changes = [ami]
+    # A new image or user data (cloud-init runs it on the first boot only) changes no running
+    # node: roll them one at a time, `tofu apply -replace='module.nats.module.nodes.aws_instance.this[0]'`.
+    ignore_changes = [ami, user_data]
   }
 }
 
