@@ -39,7 +39,7 @@ output "scylla_contact_points" {
 }
 
 output "api_url" {
-  description = "The api, for `kiln --api` inside the VPC."
+  description = "The api, for KILN_ADDR inside the VPC."
   value       = "http://api.${var.private_zone}:7070"
 }
 

@@ -107,7 +107,7 @@ resource "aws_autoscaling_group" "this" {
     launch_template {
       launch_template_specification {
         launch_template_id = aws_launch_template.this.id
-        version            = "$Latest"
+        version            = aws_launch_template.this.latest_version
       }
 
       dynamic "override" {
