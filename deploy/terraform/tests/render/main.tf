@@ -13,12 +13,12 @@ locals {
 
   sample = {
     instance                  = "kiln-api-0"
-    nats_urls                 = "nats://10.40.128.10:4222,nats://10.40.144.10:4222,nats://10.40.160.10:4222"
+    nats_urls                 = "nats://10.40.128.8:4222,nats://10.40.144.8:4222,nats://10.40.160.8:4222"
     nats_replicas             = 3
     objects_url               = "s3://kiln-bucket/kiln"
     region                    = "eu-west-1"
-    batch_urls                = "http://10.40.128.60:7075,http://10.40.144.60:7075"
-    scylla_nodes              = "\"10.40.128.20:9042\", \"10.40.144.20:9042\""
+    batch_urls                = "http://10.40.128.48:7075,http://10.40.144.48:7075"
+    scylla_nodes              = "\"10.40.128.16:9042\", \"10.40.144.16:9042\""
     scylla_keyspace           = "kiln"
     scylla_replication_factor = 3
   }
@@ -69,7 +69,7 @@ locals {
       nats = templatefile("${path.module}/../../modules/nats/user-data.sh.tftpl", {
         server_name         = "kiln-nats-0"
         cluster_name        = "kiln-nats"
-        routes              = "nats://10.40.128.10:6222,nats://10.40.144.10:6222"
+        routes              = "nats://10.40.128.8:6222,nats://10.40.144.8:6222"
         nats_server_version = "2.15.1"
         max_file_store_gb   = 90
       })
