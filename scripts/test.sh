@@ -156,6 +156,7 @@ sdk_venv="$repo/target/sdk-venv"
 "$sdk_venv/bin/pip" install -q --disable-pip-version-check "$repo/sdk/python[test]"
 export KILN_TEST_PYTHON="$sdk_venv/bin/python"
 
+"$repo/scripts/terraform-check.sh" # deploy/terraform: tofu fmt, tflint, rendered templates, checkov
 log "cargo test"
 cargo test --workspace --locked
 

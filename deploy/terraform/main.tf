@@ -1,0 +1,209 @@
+# kiln on AWS: a VPC, the kiln key, the bucket, RDS Postgres, NATS and Scylla clusters, the kiln
+# services and one Auto Scaling group per runner pool. See README.md.
+provider "aws" {
+  region = var.region
+
+  default_tags {
+    tags = {
+      "kiln:deployment" = var.name
+      "managed-by"      = "terraform"
+    }
+  }
+}
+
+data "aws_ssm_parameter" "ami" {
+  name = var.ami_ssm_parameter
+}
+
+data "aws_ssm_parameter" "gpu_ami" {
+  count = anytrue([for p in var.pools : p.gpu && p.ami_id == null]) ? 1 : 0
+  name  = var.gpu_ami_ssm_parameter
+}
+
+data "aws_ami" "scylla" {
+  count       = var.scylla_ami_id == null ? 1 : 0
+  owners      = ["797456418907"]
+  most_recent = true
+
+  filter {
+    name   = "name"
+    values = [var.scylla_ami_name]
+  }
+
+  filter {
+    name   = "architecture"
+    values = ["x86_64"]
+  }
+}
+
+locals {
+  azs            = length(var.availability_zones) > 0 ? var.availability_zones : [for z in ["a", "b", "c"] : "${var.region}${z}"]
+  vpc_cidr       = var.vpc_cidr
+  client_cidrs   = length(var.client_cidrs) > 0 ? var.client_cidrs : [var.vpc_cidr]
+  metrics_cidrs  = length(var.metrics_cidrs) > 0 ? var.metrics_cidrs : [var.vpc_cidr]
+  release_prefix = "releases/${var.kiln_version}"
+
+  # The address plan: node i of a set is host (offset + i div AZs) of private subnet i mod AZs,
+  # inside the first /26 of each subnet, which is reserved for explicit addresses.
+  plan = {
+    # 8 hosts per set and subnet: enough for 9 replicas over 2 AZs, and 48 + 4 stays in the /26.
+    nats       = { offset = 8, count = 3 }
+    scylla     = { offset = 16, count = 3 }
+    api        = { offset = 24, count = var.service_replicas }
+    scheduler  = { offset = 32, count = var.service_replicas }
+    log-ingest = { offset = 40, count = var.service_replicas }
+    item-batch = { offset = 48, count = var.service_replicas }
+  }
+  ips = { for set, p in local.plan : set => [for i in range(p.count) :
+    cidrhost(module.network.private_subnet_cidrs[i % length(local.azs)], p.offset + floor(i / length(local.azs)))
+  ] }
+
+  database = {
+    host       = module.postgres.address
+    port       = module.postgres.port
+    name       = module.postgres.database
+    secret_arn = module.postgres.master_user_secret_arn
+  }
+}
+
+module "kms" {
+  source                                 = "./modules/kms"
+  name                                   = var.name
+  create_autoscaling_service_linked_role = var.create_autoscaling_service_linked_role
+}
+
+module "network" {
+  source                  = "./modules/network"
+  name                    = var.name
+  cidr                    = local.vpc_cidr
+  azs                     = local.azs
+  single_nat_gateway      = var.single_nat_gateway
+  kms_key_arn             = module.kms.arn
+  flow_log_retention_days = var.flow_log_retention_days
+}
+
+module "security_groups" {
+  source        = "./modules/security-groups"
+  name          = var.name
+  vpc_id        = module.network.vpc_id
+  vpc_cidr      = local.vpc_cidr
+  client_cidrs  = local.client_cidrs
+  metrics_cidrs = local.metrics_cidrs
+}
+
+module "objects" {
+  source                  = "./modules/objects"
+  name                    = var.name
+  kms_key_arn             = module.kms.arn
+  noncurrent_version_days = var.noncurrent_version_days
+}
+
+# kiln HEADs this object at start to check the store answers; it exists so that a runner,
+# which may not list the bucket outside outputs/, gets a 200 rather than a 403.
+resource "aws_s3_object" "connect_probe" {
+  bucket     = module.objects.bucket
+  key        = "${var.objects_prefix}/kiln-connect-probe"
+  content    = ""
+  kms_key_id = module.kms.arn
+}
+
+module "postgres" {
+  source                      = "./modules/postgres"
+  name                        = var.name
+  subnet_ids                  = module.network.private_subnet_ids
+  security_group_id           = module.security_groups.ids["postgres"]
+  kms_key_arn                 = module.kms.arn
+  engine_version              = var.postgres.engine_version
+  instance_class              = var.postgres.instance_class
+  allocated_storage_gb        = var.postgres.allocated_storage_gb
+  max_allocated_storage_gb    = var.postgres.max_allocated_storage_gb
+  multi_az                    = var.postgres.multi_az
+  backup_retention_days       = var.postgres.backup_retention_days
+  iam_database_authentication = var.postgres.iam_database_authentication
+  deletion_protection         = var.postgres.deletion_protection
+}
+
+module "nats" {
+  source              = "./modules/nats"
+  name                = var.name
+  private_ips         = local.ips["nats"]
+  subnet_ids          = module.network.private_subnet_ids
+  ami_id              = data.aws_ssm_parameter.ami.insecure_value
+  instance_type       = var.nats_instance_type
+  security_group_id   = module.security_groups.ids["nats"]
+  kms_key_arn         = module.kms.arn
+  data_volume_gb      = var.nats_volume_gb
+  nats_server_version = var.nats_server_version
+  depends_on          = [module.network]
+}
+
+module "scylla" {
+  source            = "./modules/scylla"
+  name              = var.name
+  private_ips       = local.ips["scylla"]
+  subnet_ids        = module.network.private_subnet_ids
+  ami_id            = var.scylla_ami_id != null ? var.scylla_ami_id : data.aws_ami.scylla[0].id
+  instance_type     = var.scylla_instance_type
+  security_group_id = module.security_groups.ids["scylla"]
+  kms_key_arn       = module.kms.arn
+  depends_on        = [module.network]
+}
+
+module "services" {
+  source = "./modules/services"
+  name   = var.name
+  region = var.region
+  private_ips = {
+    api        = local.ips["api"]
+    scheduler  = local.ips["scheduler"]
+    log-ingest = local.ips["log-ingest"]
+    item-batch = local.ips["item-batch"]
+  }
+  subnet_ids                = module.network.private_subnet_ids
+  instance_types            = var.service_instance_types
+  ami_id                    = data.aws_ssm_parameter.ami.insecure_value
+  security_group_ids        = module.security_groups.ids
+  kms_key_arn               = module.kms.arn
+  bucket                    = module.objects.bucket
+  bucket_arn                = module.objects.arn
+  objects_prefix            = var.objects_prefix
+  release_prefix            = local.release_prefix
+  nats_urls                 = module.nats.urls
+  nats_replicas             = 3
+  database                  = local.database
+  scylla_nodes              = module.scylla.contact_points
+  scylla_keyspace           = "kiln"
+  scylla_replication_factor = 3
+  depends_on                = [module.network, aws_s3_object.connect_probe]
+}
+
+module "runner_pool" {
+  source                          = "./modules/runner-pool"
+  for_each                        = var.pools
+  name                            = var.name
+  pool                            = each.key
+  region                          = var.region
+  instance_types                  = each.value.instance_types
+  on_demand_base_capacity         = each.value.on_demand_base
+  on_demand_percentage_above_base = each.value.on_demand_percentage_above_base
+  min_size                        = each.value.min_size
+  max_size                        = each.value.max_size
+  desired_capacity                = each.value.desired
+  gpu                             = each.value.gpu
+  ami_id = coalesce(each.value.ami_id,
+  each.value.gpu ? one(data.aws_ssm_parameter.gpu_ami[*].insecure_value) : data.aws_ssm_parameter.ami.insecure_value)
+  volume_gb         = each.value.volume_gb
+  subnet_ids        = module.network.private_subnet_ids
+  security_group_id = module.security_groups.ids["runner"]
+  kms_key_arn       = module.kms.arn
+  bucket            = module.objects.bucket
+  bucket_arn        = module.objects.arn
+  objects_prefix    = var.objects_prefix
+  release_prefix    = local.release_prefix
+  nats_urls         = module.nats.urls
+  nats_replicas     = 3
+  database          = local.database
+  api_url           = "http://api.${var.private_zone}:7070"
+  logs_url          = "http://log-ingest.${var.private_zone}:7071"
+  depends_on        = [aws_s3_object.connect_probe]
+}

@@ -1,0 +1,124 @@
+variable "name" {
+  description = "Name prefix."
+  type        = string
+}
+
+variable "pool" {
+  description = "The kiln pool these runners serve (`pool` in the runner's config)."
+  type        = string
+}
+
+variable "region" {
+  description = "The AWS region."
+  type        = string
+}
+
+variable "instance_types" {
+  description = "Instance types the group may launch, most preferred first (one launch template override each)."
+  type        = list(string)
+}
+
+variable "on_demand_base_capacity" {
+  description = "Instances that are always on-demand, before any spot instance."
+  type        = number
+}
+
+variable "on_demand_percentage_above_base" {
+  description = "Percentage of on-demand instances above the base (0: all spot)."
+  type        = number
+}
+
+variable "min_size" {
+  description = "Fewest instances (0: the pool may be empty)."
+  type        = number
+}
+
+variable "max_size" {
+  description = "Most instances."
+  type        = number
+}
+
+variable "desired_capacity" {
+  description = "Instances at creation; afterwards whoever scales the pool sets it (ignored by later applies)."
+  type        = number
+}
+
+variable "gpu" {
+  description = "GPU instances: the image has the NVIDIA driver and container toolkit, and docker runs GPU jobs with them."
+  type        = bool
+}
+
+variable "ami_id" {
+  description = "The image: Amazon Linux 2023, or for GPU pools an AL2023 image with the NVIDIA driver, docker and the NVIDIA container toolkit."
+  type        = string
+}
+
+variable "volume_gb" {
+  description = "Root volume size: images, jobs' work directories, the dataset cache."
+  type        = number
+}
+
+variable "subnet_ids" {
+  description = "Private subnets, one per AZ."
+  type        = list(string)
+}
+
+variable "security_group_id" {
+  description = "The runner security group."
+  type        = string
+}
+
+variable "kms_key_arn" {
+  description = "The kiln key (volumes, S3 objects, the database secret)."
+  type        = string
+}
+
+variable "bucket" {
+  description = "The kiln bucket's name."
+  type        = string
+}
+
+variable "bucket_arn" {
+  description = "The kiln bucket's ARN."
+  type        = string
+}
+
+variable "objects_prefix" {
+  description = "The prefix of kiln's blobs in the bucket."
+  type        = string
+}
+
+variable "release_prefix" {
+  description = "The prefix of the kiln release's binaries in the bucket."
+  type        = string
+}
+
+variable "nats_urls" {
+  description = "NATS client URLs, comma-separated."
+  type        = string
+}
+
+variable "nats_replicas" {
+  description = "Replicas of kiln's streams and buckets."
+  type        = number
+}
+
+variable "database" {
+  description = "Where Postgres is, and the secret that holds its master password."
+  type = object({
+    host       = string
+    port       = number
+    name       = string
+    secret_arn = string
+  })
+}
+
+variable "api_url" {
+  description = "The api's address, given to jobs as KILN_API."
+  type        = string
+}
+
+variable "logs_url" {
+  description = "log-ingest's address, given to jobs as KILN_LOGS."
+  type        = string
+}

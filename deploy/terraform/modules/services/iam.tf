@@ -1,0 +1,82 @@
+# What each service may do in AWS, and nothing else:
+#   every service: read its own binary of the release, read the database secret;
+#   api:        read, write and delete kiln's blobs (code bundles, datasets, outputs);
+#   item-batch: read and list kiln's blobs (AddItemsFromObjects: prefixes and manifests);
+#   scheduler, log-ingest: no S3 at all.
+# Blobs are SSE-KMS: reading needs kms:Decrypt, writing kms:GenerateDataKey, both only through S3.
+locals {
+  blobs = "${var.bucket_arn}/${var.objects_prefix}/*"
+  s3_access = {
+    api = {
+      object_actions = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"]
+      kms_actions    = ["kms:Decrypt", "kms:GenerateDataKey"]
+    }
+    item-batch = {
+      object_actions = ["s3:GetObject"]
+      kms_actions    = ["kms:Decrypt"]
+    }
+  }
+}
+
+data "aws_iam_policy_document" "service" {
+  for_each = local.services
+
+  statement {
+    sid       = "ReadRelease"
+    actions   = ["s3:GetObject"]
+    resources = ["${var.bucket_arn}/${var.release_prefix}/${each.value.binary}"]
+  }
+
+  statement {
+    sid       = "ReadDatabaseSecret"
+    actions   = ["secretsmanager:GetSecretValue"]
+    resources = [var.database.secret_arn]
+  }
+
+  # The release objects and the secret are encrypted with the kiln key.
+  statement {
+    sid       = "DecryptReleaseAndSecret"
+    actions   = ["kms:Decrypt"]
+    resources = [var.kms_key_arn]
+    condition {
+      test     = "StringEquals"
+      variable = "kms:ViaService"
+      values   = ["s3.${var.region}.amazonaws.com", "secretsmanager.${var.region}.amazonaws.com"]
+    }
+  }
+
+  dynamic "statement" {
+    for_each = contains(keys(local.s3_access), each.key) ? [local.s3_access[each.key]] : []
+    content {
+      sid       = "Blobs"
+      actions   = statement.value.object_actions
+      resources = [local.blobs]
+    }
+  }
+
+  # Listing the bucket without a prefix condition: a read of a missing blob then answers 404
+  # (not 403), which kiln reports as "not found". It shows key names only, of a bucket that
+  # holds nothing but kiln's blobs and releases.
+  dynamic "statement" {
+    for_each = contains(keys(local.s3_access), each.key) ? [1] : []
+    content {
+      sid       = "ListBlobs"
+      actions   = ["s3:ListBucket"]
+      resources = [var.bucket_arn]
+    }
+  }
+
+  dynamic "statement" {
+    for_each = contains(keys(local.s3_access), each.key) ? [local.s3_access[each.key]] : []
+    content {
+      sid       = "BlobsKey"
+      actions   = statement.value.kms_actions
+      resources = [var.kms_key_arn]
+      condition {
+        test     = "StringEquals"
+        variable = "kms:ViaService"
+        values   = ["s3.${var.region}.amazonaws.com"]
+      }
+    }
+  }
+}

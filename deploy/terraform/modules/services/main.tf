@@ -1,0 +1,85 @@
+# The kiln services on fixed EC2 instances (not Auto Scaling groups): each replica has an
+# address chosen in advance, because item-batch tells workers every replica's address
+# (advertise-url) and the scheduler and item-batch replicas hold leases under their own names.
+# A lost instance is recovered in place (auto recovery) and keeps its address.
+locals {
+  services = {
+    api = {
+      binary     = "kiln-api"
+      env_prefix = "KILN_API"
+    }
+    scheduler = {
+      binary     = "kiln-scheduler"
+      env_prefix = "KILN_SCHEDULER"
+    }
+    log-ingest = {
+      binary     = "kiln-log-ingest"
+      env_prefix = "KILN_LOG_INGEST"
+    }
+    item-batch = {
+      binary     = "kiln-item-batch"
+      env_prefix = "KILN_ITEM_BATCH"
+    }
+  }
+  group = {
+    api        = "api"
+    scheduler  = "scheduler"
+    log-ingest = "log_ingest"
+    item-batch = "item_batch"
+  }
+
+  objects_url = "s3://${var.bucket}/${var.objects_prefix}"
+  batch_urls  = join(",", [for ip in var.private_ips["item-batch"] : "http://${ip}:7075"])
+
+  user_data = { for service, s in local.services : service => [
+    for i, ip in var.private_ips[service] : templatefile("${path.module}/../../templates/kiln-service.sh.tftpl", {
+      service              = service
+      unit                 = s.binary
+      binaries             = [s.binary]
+      env_prefix           = s.env_prefix
+      region               = var.region
+      bucket               = var.bucket
+      release_prefix       = var.release_prefix
+      secret_arn           = var.database.secret_arn
+      db_host              = var.database.host
+      db_port              = var.database.port
+      db_name              = var.database.name
+      setup                = ""
+      after                = ""
+      supplementary_groups = []
+      config = templatefile("${path.module}/config/${service}.toml.tftpl", {
+        instance                  = "${var.name}-${service}-${i}"
+        nats_urls                 = var.nats_urls
+        nats_replicas             = var.nats_replicas
+        objects_url               = local.objects_url
+        region                    = var.region
+        batch_urls                = local.batch_urls
+        scylla_nodes              = join(", ", [for node in var.scylla_nodes : "\"${node}\""])
+        scylla_keyspace           = var.scylla_keyspace
+        scylla_replication_factor = var.scylla_replication_factor
+      })
+    })
+  ] }
+}
+
+module "role" {
+  source      = "../instance-role"
+  for_each    = local.services
+  name        = "${var.name}-${each.key}"
+  policy_json = data.aws_iam_policy_document.service[each.key].json
+}
+
+module "nodes" {
+  source             = "../node"
+  for_each           = local.services
+  name               = "${var.name}-${each.key}"
+  private_ips        = var.private_ips[each.key]
+  subnet_ids         = var.subnet_ids
+  ami_id             = var.ami_id
+  instance_type      = var.instance_types[each.key]
+  security_group_ids = [var.security_group_ids[local.group[each.key]]]
+  instance_profile   = module.role[each.key].profile_name
+  kms_key_arn        = var.kms_key_arn
+  root_volume_gb     = 30
+  user_data          = local.user_data[each.key]
+}

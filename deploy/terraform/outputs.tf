@@ -1,0 +1,64 @@
+output "vpc_id" {
+  description = "The VPC."
+  value       = module.network.vpc_id
+}
+
+output "bucket" {
+  description = "The kiln bucket: upload the release to s3://BUCKET/releases/VERSION/."
+  value       = module.objects.bucket
+}
+
+output "objects_url" {
+  description = "kiln's objects.url."
+  value       = "s3://${module.objects.bucket}/${var.objects_prefix}"
+}
+
+output "release_url" {
+  description = "Where the instances fetch the kiln binaries at boot."
+  value       = "s3://${module.objects.bucket}/${local.release_prefix}/"
+}
+
+output "database_address" {
+  description = "The RDS Postgres host."
+  value       = module.postgres.address
+}
+
+output "database_secret_arn" {
+  description = "The Secrets Manager secret RDS keeps the master password in."
+  value       = module.postgres.master_user_secret_arn
+}
+
+output "nats_urls" {
+  description = "kiln's nats.url."
+  value       = module.nats.urls
+}
+
+output "scylla_contact_points" {
+  description = "log-ingest's scylla.nodes."
+  value       = module.scylla.contact_points
+}
+
+output "api_url" {
+  description = "The api, for KILN_ADDR inside the VPC."
+  value       = "http://api.${var.private_zone}:7070"
+}
+
+output "addresses" {
+  description = "The address plan: each node set's private addresses."
+  value       = local.ips
+}
+
+output "service_instance_ids" {
+  description = "Instance ids of each service's replicas (the api's admin token is in /var/lib/kiln/api/admin.token on the first)."
+  value       = module.services.instance_ids
+}
+
+output "runner_pools" {
+  description = "Each pool's Auto Scaling group."
+  value       = { for pool, m in module.runner_pool : pool => m.autoscaling_group }
+}
+
+output "kms_key_arn" {
+  description = "The kiln key."
+  value       = module.kms.arn
+}

@@ -1,0 +1,88 @@
+# An offline check of the templates (no provider, no AWS): renders each service's user data and
+# TOML config the way the modules do, with sample values, for scripts/terraform-check.sh to
+# parse (`bash -n`, a TOML parser) and compare with deploy/topology. Keep the arguments in step
+# with modules/services/main.tf and modules/runner-pool/main.tf.
+terraform {
+  required_version = ">= 1.6.0"
+}
+
+locals {
+  templates = "${path.module}/../../templates"
+  services  = "${path.module}/../../modules/services/config"
+  pool      = "${path.module}/../../modules/runner-pool"
+
+  sample = {
+    instance                  = "kiln-api-0"
+    nats_urls                 = "nats://10.40.128.8:4222,nats://10.40.144.8:4222,nats://10.40.160.8:4222"
+    nats_replicas             = 3
+    objects_url               = "s3://kiln-bucket/kiln"
+    region                    = "eu-west-1"
+    batch_urls                = "http://10.40.128.48:7075,http://10.40.144.48:7075"
+    scylla_nodes              = "\"10.40.128.16:9042\", \"10.40.144.16:9042\""
+    scylla_keyspace           = "kiln"
+    scylla_replication_factor = 3
+  }
+
+  unit = {
+    binaries             = ["kiln-api"]
+    region               = "eu-west-1"
+    bucket               = "kiln-bucket"
+    release_prefix       = "releases/0.1.0"
+    secret_arn           = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:rds!db-1"
+    db_host              = "kiln.abc.eu-west-1.rds.amazonaws.com"
+    db_port              = 5432
+    db_name              = "kiln"
+    setup                = ""
+    after                = ""
+    supplementary_groups = []
+  }
+
+  configs = merge(
+    { for s in ["api", "scheduler", "log-ingest", "item-batch"] : s => templatefile("${local.services}/${s}.toml.tftpl", local.sample) },
+    {
+      runner = templatefile("${local.pool}/runner.toml.tftpl", merge(local.sample, {
+        pool     = "cpu"
+        api_url  = "http://api.kiln.internal:7070"
+        logs_url = "http://log-ingest.kiln.internal:7071"
+      }))
+    },
+  )
+
+  user_data = merge(
+    { for s, c in local.configs : s => templatefile("${local.templates}/kiln-service.sh.tftpl", merge(local.unit, {
+      service    = s
+      unit       = "kiln-${s}"
+      env_prefix = "KILN_${upper(replace(s, "-", "_"))}"
+      config     = c
+    })) if s != "runner" },
+    { for gpu in [false, true] : (gpu ? "runner-gpu" : "runner") => templatefile("${local.templates}/kiln-service.sh.tftpl", merge(local.unit, {
+      service              = "runner"
+      unit                 = "kiln-runner"
+      binaries             = ["kiln-runner", "kiln-agent"]
+      env_prefix           = "KILN_RUNNER"
+      config               = local.configs["runner"]
+      after                = " docker.service kiln-imds-block.service"
+      supplementary_groups = ["docker"]
+      setup                = templatefile("${local.pool}/setup.sh.tftpl", { gpu = gpu })
+    })) },
+    {
+      nats = templatefile("${path.module}/../../modules/nats/user-data.sh.tftpl", {
+        server_name         = "kiln-nats-0"
+        cluster_name        = "kiln-nats"
+        routes              = "nats://10.40.128.8:6222,nats://10.40.144.8:6222"
+        nats_server_version = "2.15.1"
+        max_file_store_gb   = 90
+      })
+    },
+  )
+}
+
+output "configs" {
+  description = "Each service's rendered TOML config."
+  value       = local.configs
+}
+
+output "user_data" {
+  description = "Each kind of instance's rendered user data."
+  value       = local.user_data
+}
