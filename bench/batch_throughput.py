@@ -157,8 +157,9 @@ def tail(path, lines=40):
 
 
 class Kiln:
-    def __init__(self, binary, workdir, name):
+    def __init__(self, binary, workdir, name, extra_flags=()):
         self.binary = binary
+        self.extra_flags = list(extra_flags)
         self.home = os.path.join(workdir, name)
         os.makedirs(self.home)
         self.log = os.path.join(self.home, "up.log")
@@ -169,7 +170,7 @@ class Kiln:
     def __enter__(self):
         with open(self.log, "wb") as log:
             self.up = start([self.binary, "up", "--provider", "process", "--api-addr", "127.0.0.1:0",
-                             "--logs-addr", "127.0.0.1:0", "--batch-addr", "127.0.0.1:0"], "kiln up",
+                             "--logs-addr", "127.0.0.1:0", "--batch-addr", "127.0.0.1:0", *self.extra_flags], "kiln up",
                             env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         credentials = pathlib.Path(self.home) / "credentials.toml"
         deadline = time.monotonic() + 120

@@ -118,7 +118,42 @@ def run_clients(python, script, count, points, extra_args, env):
     return started, ids
 
 
-def kiln_rate(args, count, mode, extra_flags, label):
+class Scraper:
+    """Scrapes the /metrics that `kiln up` printed in its log every `interval` seconds, as a
+    Prometheus would, while a benchmark runs; counts the scrapes and the bytes read."""
+
+    def __init__(self, log_path, interval=1.0):
+        import threading
+        self.log_path, self.interval = log_path, interval
+        self.scrapes, self.bytes, self.url = 0, 0, None
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def find_url(self):
+        for line in pathlib.Path(self.log_path).read_text(errors="replace").splitlines():
+            if line.strip().startswith("metrics:"):
+                return line.split()[-1]
+        return None
+
+    def run(self):
+        import urllib.request
+        while not self.stopped.wait(self.interval):
+            self.url = self.url or self.find_url()
+            if self.url:
+                with urllib.request.urlopen(self.url, timeout=5) as response:
+                    self.bytes += len(response.read())
+                self.scrapes += 1
+
+    def stop(self):
+        self.stopped.set()
+        self.thread.join(timeout=10)
+        return self.scrapes
+
+
+def kiln_rate(args, count, mode, extra_flags, label, scrape=False):
+    """With `scrape`, a Scraper reads /metrics every second during the run (the run fails when
+    kiln up printed no metrics address)."""
     home = tempfile.mkdtemp(prefix="kiln-bench-")
     env = {**os.environ, "KILN_HOME": home, "KILN_LOG": "warn"}
     log = open(pathlib.Path(home) / "up.log", "w")
@@ -130,6 +165,7 @@ def kiln_rate(args, count, mode, extra_flags, label):
         if up.poll() is not None:
             raise SystemExit("kiln up exited")
         time.sleep(0.05)
+    scraper = Scraper(pathlib.Path(home) / "up.log") if scrape else None
     try:
         started, ids = run_clients(sys.executable, KILN_CLIENT, count, args.points, [mode], env)
         sys.path.insert(0, "")
@@ -149,6 +185,8 @@ def kiln_rate(args, count, mode, extra_flags, label):
             time.sleep(0.05)
         elapsed = time.time() - started
         assert total == expected, (total, expected)
+        if scraper is not None and scraper.stop() == 0:
+            raise SystemExit(f"{label}: kiln up printed no metrics address, or /metrics never answered")
         return label, count, expected / elapsed, peak_rss_mb(up.pid)
     except BaseException:
         print(f"kiln up's log ({label}, {count} clients):", file=sys.stderr)
