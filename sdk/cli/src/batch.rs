@@ -11,7 +11,7 @@ use kiln_proto::v1 as pb;
 use tabled::settings::Style;
 
 use crate::client::{self, Clients};
-use crate::format;
+use crate::format::{self, Output, out};
 
 /// Items per AddItems message.
 const CHUNK: usize = 5000;
@@ -46,7 +46,7 @@ pub enum BatchCommand {
         #[arg(short, long)]
         watch: bool,
         #[arg(short, long, value_enum, default_value = "table")]
-        output: crate::commands::Output,
+        output: Output,
     },
     /// A batch's items, in key order (all, or those in the given states).
     Items {
@@ -56,6 +56,8 @@ pub enum BatchCommand {
         /// At most this many.
         #[arg(long, default_value_t = 100)]
         limit: u32,
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: Output,
     },
     /// The output lines of an item's attempts.
     Logs { batch: String, item: String },
@@ -63,6 +65,8 @@ pub enum BatchCommand {
     Ls {
         #[arg(long)]
         all: bool,
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: Output,
     },
 }
 
@@ -156,7 +160,7 @@ pub async fn batch(command: BatchCommand) -> Result<ExitCode> {
                 .create_batch(pb::CreateBatchRequest { spec: Some(spec) })
                 .await?
                 .into_inner();
-            println!("{}", batch.id);
+            out!("{}", batch.id);
         }
         BatchCommand::Add {
             batch,
@@ -179,9 +183,11 @@ pub async fn batch(command: BatchCommand) -> Result<ExitCode> {
                     clients.batches.add_items_from_objects(request).await?.into_inner()
                 }
             };
-            println!(
+            out!(
                 "added {}, {} already there; {} items in the batch",
-                response.added, response.duplicates, response.total
+                response.added,
+                response.duplicates,
+                response.total
             );
         }
         BatchCommand::Seal { batch } => {
@@ -190,7 +196,7 @@ pub async fn batch(command: BatchCommand) -> Result<ExitCode> {
                 .seal_batch(pb::BatchRef { batch_id: batch })
                 .await?
                 .into_inner();
-            println!("{} sealed: {} items", batch.id, batch.counts.unwrap_or_default().total);
+            out!("{} sealed: {} items", batch.id, batch.counts.unwrap_or_default().total);
         }
         BatchCommand::Cancel { batch } => {
             let batch = clients
@@ -198,7 +204,7 @@ pub async fn batch(command: BatchCommand) -> Result<ExitCode> {
                 .cancel_batch(pb::BatchRef { batch_id: batch })
                 .await?
                 .into_inner();
-            print_status(&batch);
+            print_status(&batch)?;
         }
         BatchCommand::Retry { batch } => {
             let retried = clients
@@ -207,28 +213,38 @@ pub async fn batch(command: BatchCommand) -> Result<ExitCode> {
                 .await?
                 .into_inner()
                 .retried;
-            println!("{retried} dead items queued again");
+            out!("{retried} dead items queued again");
         }
         BatchCommand::Status { batch, watch, output } => {
             return status(&mut clients, batch, watch, output).await;
         }
-        BatchCommand::Items { batch, state, limit } => items(&mut clients, batch, state, limit).await?,
+        BatchCommand::Items {
+            batch,
+            state,
+            limit,
+            output,
+        } => items(&mut clients, batch, state, limit, output).await?,
         BatchCommand::Logs { batch, item } => {
             let request = pb::GetItemLogsRequest {
                 batch_id: batch,
                 key: item,
             };
             for line in clients.batches.get_item_logs(request).await?.into_inner().lines {
-                println!("[attempt {}] {}", line.attempt, line.text);
+                out!("[attempt {}] {}", line.attempt, line.text);
             }
         }
-        BatchCommand::Ls { all } => {
+        BatchCommand::Ls { all, output } => {
             let batches = clients
                 .batches
                 .list_batches(pb::ListBatchesRequest { all })
                 .await?
                 .into_inner()
                 .batches;
+            if output == Output::Json {
+                let batches: Vec<_> = batches.iter().map(batch_json).collect();
+                format::print_json(&batches)?;
+                return Ok(ExitCode::SUCCESS);
+            }
             let rows: Vec<[String; 7]> = batches
                 .iter()
                 .map(|b| {
@@ -249,7 +265,7 @@ pub async fn batch(command: BatchCommand) -> Result<ExitCode> {
             for row in rows {
                 table.push_record(row);
             }
-            println!("{}", table.build().with(Style::blank()));
+            out!("{}", table.build().with(Style::blank()));
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -342,12 +358,7 @@ fn parse_item(line: &str) -> Result<pb::Item> {
     })
 }
 
-async fn status(
-    clients: &mut Clients,
-    batch_id: String,
-    watch: bool,
-    output: crate::commands::Output,
-) -> Result<ExitCode> {
+async fn status(clients: &mut Clients, batch_id: String, watch: bool, output: Output) -> Result<ExitCode> {
     let get = |clients: &mut Clients| {
         let request = pb::BatchRef {
             batch_id: batch_id.clone(),
@@ -357,10 +368,10 @@ async fn status(
     };
     let batch = get(clients).await?.into_inner();
     if !watch {
-        if output == crate::commands::Output::Json {
-            println!("{}", serde_json::to_string_pretty(&batch_json(&batch))?);
+        if output == Output::Json {
+            format::print_json(&batch_json(&batch))?;
         } else {
-            print_status(&batch);
+            print_status(&batch)?;
         }
         return Ok(exit_of(&batch));
     }
@@ -395,7 +406,7 @@ async fn status(
         batch = get(clients).await?.into_inner();
     }
     bar.finish_and_clear();
-    print_status(&batch);
+    print_status(&batch)?;
     Ok(exit_of(&batch))
 }
 
@@ -409,30 +420,37 @@ fn exit_of(batch: &pb::Batch) -> ExitCode {
     }
 }
 
-fn print_status(batch: &pb::Batch) {
+fn print_status(batch: &pb::Batch) -> Result<()> {
     let c = batch.counts.unwrap_or_default();
-    println!("batch     {} ({})", batch.id, batch_state(batch.state));
-    println!(
+    out!("batch     {} ({})", batch.id, batch_state(batch.state));
+    out!(
         "items     {} total: {} pending, {} running, {} succeeded, {} failed, {} dead",
-        c.total, c.pending, c.running, c.succeeded, c.failed, c.dead
+        c.total,
+        c.pending,
+        c.running,
+        c.succeeded,
+        c.failed,
+        c.dead
     );
     let eta = match batch.eta_seconds {
         -1 => "unknown".to_string(),
         s => format!("{s} s"),
     };
-    println!("rate      {:.1} items/s, ETA {eta}", batch.items_per_second);
-    println!("workers   {}", batch.workers);
-    println!(
+    out!("rate      {:.1} items/s, ETA {eta}", batch.items_per_second);
+    out!("workers   {}", batch.workers);
+    out!(
         "per item  {:.3} CPU s, peak memory {}",
         batch.cpu_seconds_per_item,
         format::bytes(batch.peak_memory_bytes)
     );
+    Ok(())
 }
 
 fn batch_json(batch: &pb::Batch) -> serde_json::Value {
     let c = batch.counts.unwrap_or_default();
     serde_json::json!({
         "id": batch.id,
+        "name": batch.spec.as_ref().map(|s| s.name.clone()).unwrap_or_default(),
         "state": batch_state(batch.state),
         "total": c.total,
         "pending": c.pending,
@@ -445,10 +463,17 @@ fn batch_json(batch: &pb::Batch) -> serde_json::Value {
         "workers": batch.workers,
         "cpu_seconds_per_item": batch.cpu_seconds_per_item,
         "peak_memory_bytes": batch.peak_memory_bytes,
+        "created_at_ms": batch.created_at_ms,
     })
 }
 
-async fn items(clients: &mut Clients, batch_id: String, states: Vec<ItemStateArg>, limit: u32) -> Result<()> {
+async fn items(
+    clients: &mut Clients,
+    batch_id: String,
+    states: Vec<ItemStateArg>,
+    limit: u32,
+    output: Output,
+) -> Result<()> {
     let mut rows = Vec::new();
     let mut page_token = String::new();
     while rows.len() < limit as usize {
@@ -468,12 +493,31 @@ async fn items(clients: &mut Clients, batch_id: String, states: Vec<ItemStateArg
         }
         page_token = page.next_page_token;
     }
+    let item_state = |state: i32| {
+        pb::ItemState::try_from(state)
+            .map(|s| s.as_str_name().trim_start_matches("ITEM_STATE_").to_string())
+            .unwrap_or_default()
+    };
+    if output == Output::Json {
+        let items: Vec<_> = rows
+            .iter()
+            .map(|item| {
+                serde_json::json!({
+                    "key": item.key,
+                    "uri": item.uri,
+                    "state": item_state(item.state),
+                    "attempts": item.attempts,
+                    "exit_code": item.exit_code,
+                    "reason": item.reason,
+                })
+            })
+            .collect();
+        return format::print_json(&items);
+    }
     let mut table = tabled::builder::Builder::default();
     table.push_record(["KEY", "STATE", "ATTEMPTS", "EXIT", "REASON"]);
     for item in rows {
-        let state = pb::ItemState::try_from(item.state)
-            .map(|s| s.as_str_name().trim_start_matches("ITEM_STATE_").to_string())
-            .unwrap_or_default();
+        let state = item_state(item.state);
         table.push_record([
             item.key,
             state,
@@ -482,6 +526,6 @@ async fn items(clients: &mut Clients, batch_id: String, states: Vec<ItemStateArg
             item.reason,
         ]);
     }
-    println!("{}", table.build().with(Style::blank()));
+    out!("{}", table.build().with(Style::blank()));
     Ok(())
 }
