@@ -10,8 +10,10 @@ mod commands;
 mod data;
 mod format;
 mod metrics;
+mod nats_child;
 mod pack;
 mod quota;
+mod tools;
 mod up;
 
 use format::Output;
