@@ -30,8 +30,9 @@ pub struct UpArgs {
     #[arg(long, default_value = "127.0.0.1:7071")]
     pub logs_addr: SocketAddr,
     /// Address of item-batch (BatchService, and the agents of batch workers). Workers in
-    /// containers reach it through the Docker bridge: give 0.0.0.0:7075 for batches with --image.
-    #[arg(long, default_value = "127.0.0.1:7075")]
+    /// containers reach it through the Docker bridge's gateway, so by default it listens on
+    /// every interface (every call needs a token); 127.0.0.1:7075 when no batch uses --image.
+    #[arg(long, default_value = "0.0.0.0:7075")]
     pub batch_addr: SocketAddr,
     /// The static kiln-agent put into batch workers' containers (scripts/setup.sh builds it
     /// and installs it as kiln-agent in its tools; default: found like nats-server); without
