@@ -11,7 +11,10 @@
 #     which fetches the Go release versitygw asks for (1.25) itself
 #   - the Rust toolchain pinned in rust-toolchain.toml (through rustup)
 #   - `cargo build --workspace --all-targets` (dev profile; `target/` is reused by the tests), and
-#     the static kiln-agent that batch workers' containers run (scripts/build-agent.sh)
+#     the static kiln-agent that batch workers' containers run (scripts/build-agent.sh), linked
+#     as $KILN_TOOLS/bin/kiln-agent, where `kiln up` looks for it
+#   - a running Docker Engine (scripts/docker-engine.sh: `service docker start`, else dockerd in
+#     the background), unless DOCKER_HOST names another one
 set -euo pipefail
 
 NATS_SERVER_VERSION=2.15.1
@@ -82,5 +85,11 @@ fi
 log "building the workspace (dev profile)"
 (cd "$repo" && cargo build --workspace --all-targets --locked)
 log "building the static kiln-agent for batch workers' containers"
-"$repo/scripts/build-agent.sh" >/dev/null
+agent=$("$repo/scripts/build-agent.sh")
+ln -sf "$agent" "$KILN_TOOLS/bin/kiln-agent"
+log "kiln-agent: $KILN_TOOLS/bin/kiln-agent -> $agent"
+
+# --- Docker Engine ---------------------------------------------------------------------------
+# Not fatal: without an engine, `kiln up` runs jobs as local processes (and says so).
+"$repo/scripts/docker-engine.sh" || log "continuing without a Docker Engine: jobs with --image will not run"
 log "done: $repo/target/debug/kiln"

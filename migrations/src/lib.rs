@@ -12,6 +12,7 @@ mod m0004_scheduling;
 mod m0005_weights;
 mod m0006_submit_keys;
 mod m0007_requested_pools;
+mod m0008_batch_stalls;
 
 /// Migrator lists every migration in order.
 pub struct Migrator;
@@ -27,6 +28,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0005_weights::Migration),
             Box::new(m0006_submit_keys::Migration),
             Box::new(m0007_requested_pools::Migration),
+            Box::new(m0008_batch_stalls::Migration),
         ]
     }
 }

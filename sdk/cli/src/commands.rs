@@ -10,17 +10,11 @@ use kiln_proto::v1 as pb;
 use tabled::settings::Style;
 
 use crate::client::{self, Clients};
-use crate::format::{self, job_json, state_name};
+use crate::format::{self, Output, job_json, out, state_name};
 use crate::pack;
 
 /// A submit is retried while the api is unavailable, with doubling waits up to this one.
 const SUBMIT_RETRY_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Output {
-    Table,
-    Json,
-}
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
@@ -131,7 +125,7 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
         }
     };
     if !args.follow {
-        println!("{}", job.id);
+        out!("{}", job.id);
         return Ok(ExitCode::SUCCESS);
     }
     eprintln!("job {} submitted", job.id);
@@ -193,7 +187,7 @@ pub async fn ps(all: bool, output: Output) -> Result<ExitCode> {
         .jobs;
     if output == Output::Json {
         let jobs: Vec<_> = jobs.iter().map(job_json).collect();
-        println!("{}", serde_json::to_string_pretty(&jobs)?);
+        format::print_json(&jobs)?;
         return Ok(ExitCode::SUCCESS);
     }
     let mut builder = tabled::builder::Builder::default();
@@ -211,7 +205,7 @@ pub async fn ps(all: bool, output: Output) -> Result<ExitCode> {
             format::age(job.created_at_ms),
         ]);
     }
-    println!("{}", builder.build().with(Style::blank()));
+    out!("{}", builder.build().with(Style::blank()));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -220,7 +214,7 @@ pub async fn status(job_id: String, output: Output) -> Result<ExitCode> {
     let job = clients.jobs.get_job(pb::GetJobRequest { job_id }).await?.into_inner();
     let json = job_json(&job);
     if output == Output::Json {
-        println!("{}", serde_json::to_string_pretty(&json)?);
+        format::print_json(&json)?;
         return Ok(ExitCode::SUCCESS);
     }
     if let Some(fields) = json.as_object() {
@@ -230,7 +224,7 @@ pub async fn status(job_id: String, output: Output) -> Result<ExitCode> {
                 serde_json::Value::Null => "-".into(),
                 other => other.to_string(),
             };
-            println!("{key:>15}: {text}");
+            out!("{key:>15}: {text}");
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -251,17 +245,17 @@ pub async fn explain(job_id: String, output: Output) -> Result<ExitCode> {
             "jobs_ahead": explanation.jobs_ahead,
             "details": explanation.details,
         });
-        println!("{}", serde_json::to_string_pretty(&json)?);
+        format::print_json(&json)?;
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
+    out!(
         "{} ({}): {}",
         explanation.job_id,
         state_name(explanation.state),
         explanation.summary
     );
     for detail in &explanation.details {
-        println!("  {detail}");
+        out!("  {detail}");
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -300,9 +294,9 @@ pub async fn stop(job_id: String) -> Result<ExitCode> {
     let job = clients.jobs.stop_job(pb::StopJobRequest { job_id }).await?.into_inner();
     let state = state_name(job.state);
     if job.stop_requested && !matches!(state.as_str(), "STOPPED" | "SUCCEEDED" | "FAILED" | "LOST") {
-        println!("{} stopping (SIGTERM, then SIGKILL after the grace period)", job.id);
+        out!("{} stopping (SIGTERM, then SIGKILL after the grace period)", job.id);
     } else {
-        println!("{} {state}", job.id);
+        out!("{} {state}", job.id);
     }
     Ok(ExitCode::SUCCESS)
 }

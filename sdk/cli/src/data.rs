@@ -10,7 +10,7 @@ use tabled::settings::Style;
 use tokio::io::AsyncWriteExt;
 
 use crate::client;
-use crate::format::{self, bytes};
+use crate::format::{self, Output, bytes, out};
 use crate::pack;
 
 #[derive(Debug, clap::Subcommand)]
@@ -20,6 +20,8 @@ pub enum ArtifactsCommand {
         job: String,
         /// Only files under this path.
         prefix: Option<String>,
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: Output,
     },
     /// Download a job's outputs (all, or the files under PATH).
     Get {
@@ -40,7 +42,10 @@ pub enum DatasetCommand {
         from: PathBuf,
     },
     /// List datasets.
-    Ls,
+    Ls {
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: Output,
+    },
     /// Delete a dataset (its creator or an admin; refused while a queued or running job names it).
     Rm { name: String },
 }
@@ -48,14 +53,22 @@ pub enum DatasetCommand {
 pub async fn artifacts(command: ArtifactsCommand) -> Result<ExitCode> {
     let mut clients = client::connect(&client::resolve()?).await?;
     match command {
-        ArtifactsCommand::Ls { job, prefix } => {
+        ArtifactsCommand::Ls { job, prefix, output } => {
             let request = pb::ListOutputsRequest {
                 job_id: job,
                 prefix: prefix.unwrap_or_default(),
             };
             let files = clients.artifacts.list_outputs(request).await?.into_inner().files;
+            if output == Output::Json {
+                let files: Vec<_> = files
+                    .iter()
+                    .map(|file| serde_json::json!({"path": file.path, "size": file.size}))
+                    .collect();
+                format::print_json(&files)?;
+                return Ok(ExitCode::SUCCESS);
+            }
             for file in files {
-                println!("{:>10}  {}", bytes(file.size), file.path);
+                out!("{:>10}  {}", bytes(file.size), file.path);
             }
         }
         ArtifactsCommand::Get { job, path, dest } => {
@@ -126,7 +139,7 @@ pub async fn dataset(command: DatasetCommand) -> Result<ExitCode> {
                 digest: bundle.digest.clone(),
             };
             let dataset = clients.datasets.create_dataset(request).await?.into_inner();
-            println!(
+            out!(
                 "dataset {} created: {} files, {}",
                 dataset.name,
                 bundle.files,
@@ -137,18 +150,34 @@ pub async fn dataset(command: DatasetCommand) -> Result<ExitCode> {
             let request = pb::DeleteDatasetRequest { name: name.clone() };
             let deleted = clients.datasets.delete_dataset(request).await?.into_inner();
             if deleted.archive_deleted {
-                println!("dataset {name} deleted");
+                out!("dataset {name} deleted");
             } else {
-                println!("dataset {name} deleted (its archive stays: another dataset names it)");
+                out!("dataset {name} deleted (its archive stays: another dataset names it)");
             }
         }
-        DatasetCommand::Ls => {
+        DatasetCommand::Ls { output } => {
             let datasets = clients
                 .datasets
                 .list_datasets(pb::ListDatasetsRequest {})
                 .await?
                 .into_inner()
                 .datasets;
+            if output == Output::Json {
+                let datasets: Vec<_> = datasets
+                    .iter()
+                    .map(|dataset| {
+                        serde_json::json!({
+                            "name": dataset.name,
+                            "size": dataset.size,
+                            "created_by": dataset.created_by,
+                            "created_at_ms": dataset.created_at_ms,
+                            "digest": dataset.digest,
+                        })
+                    })
+                    .collect();
+                format::print_json(&datasets)?;
+                return Ok(ExitCode::SUCCESS);
+            }
             let mut builder = tabled::builder::Builder::default();
             builder.push_record(["NAME", "SIZE", "CREATED BY", "AGE", "DIGEST"]);
             for dataset in datasets {
@@ -160,7 +189,7 @@ pub async fn dataset(command: DatasetCommand) -> Result<ExitCode> {
                     dataset.digest[..12.min(dataset.digest.len())].to_string(),
                 ]);
             }
-            println!("{}", builder.build().with(Style::blank()));
+            out!("{}", builder.build().with(Style::blank()));
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -1,7 +1,41 @@
-//! Parsing and printing sizes, durations and jobs.
+//! Parsing and printing sizes, durations and jobs, and the output layer every command prints
+//! through: [`out!`] writes a line to stdout and returns an error instead of panicking when
+//! stdout is closed (`kiln ps | head`); `main` ends quietly on that error ([`is_broken_pipe`]).
 
 use kiln_proto::v1 as pb;
 use serde_json::json;
+
+/// How a listing or a record is printed: `-o table` (the default) or `-o json`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+/// Writes one line to stdout, like `println!`, but returns the write error (with `?`) instead
+/// of panicking, so a closed pipe ends the command quietly.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)?
+    }};
+}
+pub(crate) use out;
+
+/// Prints a value as pretty JSON (`-o json`).
+pub fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
+    out!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+/// Whether an error is a write to a closed stdout (the reader of the pipe went away).
+pub fn is_broken_pipe(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
 
 /// Parses a memory size: `512M`, `4G`, `1.5Gi`, `1024` (bytes). Units are powers of 1024.
 pub fn parse_size(text: &str) -> Result<u64, String> {

@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 mod batch;
 mod client;
@@ -10,11 +10,17 @@ mod commands;
 mod data;
 mod format;
 mod metrics;
+mod nats_child;
 mod pack;
 mod quota;
+mod tools;
 mod up;
 
-use commands::Output;
+use format::Output;
+
+/// The exit code after stdout was closed under us: 128 + SIGPIPE, what a shell reports for a
+/// program killed by SIGPIPE (the default end of `ls | head`).
+const BROKEN_PIPE_EXIT: u8 = 141;
 
 #[derive(Parser)]
 #[command(name = "kiln", version, about = "Run machine-learning jobs on rented machines")]
@@ -81,10 +87,19 @@ enum Command {
     /// Batches: a command run once per item, by workers that scale with the backlog.
     #[command(subcommand)]
     Batch(batch::BatchCommand),
+    /// Print a shell completion script: `source <(kiln completions bash)`, or save it where the
+    /// shell loads completions from (see the README).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Completions { shell } = cli.command {
+        return finish(completions(shell));
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
@@ -118,10 +133,28 @@ fn main() -> ExitCode {
             Command::Artifacts(command) => data::artifacts(command).await,
             Command::Dataset(command) => data::dataset(command).await,
             Command::Batch(command) => batch::batch(command).await,
+            Command::Completions { .. } => unreachable!("answered before the runtime starts"),
         }
     });
+    finish(result)
+}
+
+/// Writes the completion script of `shell` to stdout.
+fn completions(shell: clap_complete::Shell) -> anyhow::Result<ExitCode> {
+    use std::io::Write;
+    // Into a buffer first: `generate` panics on a write error, and stdout may be a closed pipe.
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "kiln", &mut script);
+    std::io::stdout().lock().write_all(&script)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The exit code of a command's result; errors are printed, except a closed stdout (`kiln ps |
+/// head`), which ends the command quietly as it would end `ls` or `git log`.
+fn finish(result: anyhow::Result<ExitCode>) -> ExitCode {
     match result {
         Ok(code) => code,
+        Err(error) if format::is_broken_pipe(&error) => ExitCode::from(BROKEN_PIPE_EXIT),
         Err(error) => {
             match error.downcast_ref::<tonic::Status>() {
                 Some(status) => eprintln!("error: {} ({:?})", status.message(), status.code()),

@@ -7,6 +7,7 @@ use kiln_proto::v1 as pb;
 use tabled::settings::Style;
 
 use crate::client;
+use crate::format::{self, out};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum MetricsOutput {
@@ -67,17 +68,17 @@ pub async fn metrics(args: MetricsArgs) -> Result<ExitCode> {
                 .iter()
                 .map(|(key, p)| serde_json::json!({"key": key, "step": p.step, "value": number(p.value), "timestamp_ms": p.timestamp_ms}))
                 .collect();
-            println!("{}", serde_json::to_string_pretty(&rows)?);
+            format::print_json(&rows)?;
         }
         MetricsOutput::Csv => {
-            println!("key,step,value,timestamp_ms");
+            out!("key,step,value,timestamp_ms");
             for (key, p) in rows {
                 let key = if key.contains([',', '"']) {
                     format!("\"{}\"", key.replace('"', "\"\""))
                 } else {
                     key.to_string()
                 };
-                println!("{key},{},{},{}", p.step, p.value, p.timestamp_ms);
+                out!("{key},{},{},{}", p.step, p.value, p.timestamp_ms);
             }
         }
         MetricsOutput::Table => {
@@ -86,7 +87,7 @@ pub async fn metrics(args: MetricsArgs) -> Result<ExitCode> {
             for (key, p) in rows {
                 builder.push_record([key.to_string(), p.step.to_string(), p.value.to_string()]);
             }
-            println!("{}", builder.build().with(Style::blank()));
+            out!("{}", builder.build().with(Style::blank()));
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -8,8 +8,7 @@ use kiln_proto::v1 as pb;
 use tabled::settings::Style;
 
 use crate::client;
-use crate::commands::Output;
-use crate::format::{self, bytes};
+use crate::format::{self, Output, bytes, out};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum QuotaCommand {
@@ -71,7 +70,7 @@ fn json(quota: &pb::Quota) -> serde_json::Value {
 fn print(quotas: &[pb::Quota], output: Output) -> Result<()> {
     if output == Output::Json {
         let all: Vec<_> = quotas.iter().map(json).collect();
-        println!("{}", serde_json::to_string_pretty(&all)?);
+        format::print_json(&all)?;
         return Ok(());
     }
     let mut builder = tabled::builder::Builder::default();
@@ -95,7 +94,7 @@ fn print(quotas: &[pb::Quota], output: Output) -> Result<()> {
             quota.weight.map_or_else(|| "-".to_string(), |w| w.to_string()),
         ]);
     }
-    println!("{}", builder.build().with(Style::blank()));
+    out!("{}", builder.build().with(Style::blank()));
     Ok(())
 }
 
@@ -138,7 +137,7 @@ pub async fn quota(command: QuotaCommand) -> Result<ExitCode> {
         }
         QuotaCommand::Rm { scope } => {
             let removed = clients.quotas.delete_quota(pb::QuotaRef { scope }).await?.into_inner();
-            println!("removed the quota of {}", removed.scope);
+            out!("removed the quota of {}", removed.scope);
         }
     }
     Ok(ExitCode::SUCCESS)

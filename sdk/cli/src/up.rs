@@ -5,15 +5,15 @@ use std::fs::File;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{ExitCode, Stdio};
-use std::time::Duration;
+use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use kiln_core::config::{DatabaseConfig, DatabaseUrl, GrpcConfig, NatsConfig, ObjectStoreConfig};
-use tokio::process::{Child, Command};
 use tokio::task::JoinSet;
 
 use crate::client::{self, Credentials};
+use crate::nats_child::NatsChild;
+use crate::tools::{self, ToolDirs};
 
 /// The nats-server version the scripts install and `kiln up` is tested with.
 pub const NATS_SERVER_VERSION: &str = "2.15.1";
@@ -30,17 +30,20 @@ pub struct UpArgs {
     #[arg(long, default_value = "127.0.0.1:7071")]
     pub logs_addr: SocketAddr,
     /// Address of item-batch (BatchService, and the agents of batch workers). Workers in
-    /// containers reach it through the Docker bridge: give 0.0.0.0:7075 for batches with --image.
-    #[arg(long, default_value = "127.0.0.1:7075")]
+    /// containers reach it through the Docker bridge's gateway, so by default it listens on
+    /// every interface (every call needs a token); 127.0.0.1:7075 when no batch uses --image.
+    #[arg(long, default_value = "0.0.0.0:7075")]
     pub batch_addr: SocketAddr,
-    /// The static kiln-agent put into batch workers' containers (scripts/build-agent.sh makes
-    /// it); without one, batches with an image cannot start workers.
-    #[arg(long)]
+    /// The static kiln-agent put into batch workers' containers (scripts/setup.sh builds it
+    /// and installs it as kiln-agent in its tools; default: found like nats-server); without
+    /// one, batches with an image cannot start workers.
+    #[arg(long, env = "KILN_AGENT_BINARY")]
     pub agent_binary: Option<PathBuf>,
     /// Use this NATS server (with JetStream) instead of starting one.
     #[arg(long)]
     pub nats_url: Option<String>,
-    /// The nats-server binary to start (default: nats-server on PATH, else KILN_HOME/tools/bin).
+    /// The nats-server binary to start (default: the first nats-server in KILN_TOOLS/bin,
+    /// KILN_HOME/tools/bin, ~/.kiln/tools/bin, then PATH).
     #[arg(long, env = "KILN_NATS_SERVER")]
     pub nats_server: Option<PathBuf>,
     /// Where jobs run: docker when an engine answers (default), else local processes.
@@ -85,87 +88,9 @@ pub enum ProviderArg {
     Process,
 }
 
-/// A nats-server started by `kiln up`, stopped with it.
-struct NatsChild {
-    child: Child,
-    url: String,
-}
-
-impl NatsChild {
-    async fn start(binary: &Path, home: &Path) -> Result<NatsChild> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let store_dir = home.join("nats");
-        std::fs::create_dir_all(&store_dir)?;
-        let log_path = home.join("nats.log");
-        let log = File::create(&log_path).with_context(|| format!("cannot create {}", log_path.display()))?;
-        let mut child = Command::new(binary)
-            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
-            .arg(&store_dir)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("cannot start {}", binary.display()))?;
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-        loop {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
-                break;
-            }
-            if let Some(status) = child.try_wait()? {
-                bail!("nats-server exited ({status}); see {}", log_path.display());
-            }
-            if tokio::time::Instant::now() > deadline {
-                bail!("nats-server did not start within 15s; see {}", log_path.display());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Ok(NatsChild {
-            child,
-            url: format!("nats://127.0.0.1:{port}"),
-        })
-    }
-
-    /// Stops the server gracefully (SIGTERM), killing it after 10 seconds.
-    async fn stop(mut self) {
-        if let Some(pid) = self.child.id().and_then(|pid| i32::try_from(pid).ok()) {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
-        }
-        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
-            .await
-            .is_err()
-        {
-            let _ = self.child.kill().await;
-        }
-    }
-}
-
-/// Finds the nats-server binary.
-fn find_nats_server(flag: Option<PathBuf>, home: &Path) -> Result<PathBuf> {
-    if let Some(path) = flag {
-        return Ok(path);
-    }
-    let on_path = std::env::var_os("PATH")
-        .map(|paths| {
-            std::env::split_paths(&paths)
-                .map(|dir| dir.join("nats-server"))
-                .collect::<Vec<_>>()
-        })
-        .unwrap_or_default();
-    let tools = [
-        home.join("tools/bin/nats-server"),
-        client::kiln_home().join("tools/bin/nats-server"),
-    ];
-    on_path
-        .into_iter()
-        .chain(tools)
-        .find(|path| path.is_file())
-        .with_context(|| {
-            format!(
-                "nats-server not found on PATH or in {}/tools/bin: run scripts/setup.sh (it installs nats-server {NATS_SERVER_VERSION}), or pass --nats-server PATH or --nats-url URL",
-                home.display()
-            )
-        })
+/// Finds a program `kiln up` needs, or says where it looked and how to get it.
+fn find(program: &str, flag: Option<&Path>, home: &Path, remedy: &str) -> Result<PathBuf> {
+    tools::find_tool(program, flag, &ToolDirs::from_env(home)).map_err(|looked| anyhow::anyhow!("{looked}: {remedy}"))
 }
 
 /// Takes the `KILN_HOME` lock, so two `kiln up` never share a data directory.
@@ -206,7 +131,25 @@ pub async fn up(args: UpArgs) -> Result<ExitCode> {
 
     let nats_child = match &args.nats_url {
         Some(_) => None,
-        None => Some(NatsChild::start(&find_nats_server(args.nats_server.clone(), &home)?, &home).await?),
+        None => {
+            let remedy = format!(
+                "run scripts/setup.sh (it installs nats-server {NATS_SERVER_VERSION}), or pass --nats-server PATH or --nats-url URL"
+            );
+            let binary = find("nats-server", args.nats_server.as_deref(), &home, &remedy)?;
+            Some(NatsChild::start(&binary, &home).await?)
+        }
+    };
+    let remedy = "batches with --image cannot start workers; run scripts/build-agent.sh and pass --agent-binary PATH, or rerun scripts/setup.sh (it installs kiln-agent)";
+    let args = UpArgs {
+        agent_binary: match find("kiln-agent", args.agent_binary.as_deref(), &home, remedy) {
+            Ok(agent) => Some(agent),
+            Err(error) if args.agent_binary.is_none() => {
+                eprintln!("kiln: warning: {error:#}");
+                None
+            }
+            Err(error) => return Err(error.context("--agent-binary")),
+        },
+        ..args
     };
     let nats_url = args
         .nats_url

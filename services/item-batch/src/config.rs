@@ -37,6 +37,10 @@ pub struct Config {
     /// Wait before the second attempt of a failed item, in milliseconds; doubled per attempt,
     /// at most a minute.
     pub retry_backoff_ms: u64,
+    /// Workers of a batch that may fail in a row (an image that cannot run, a runner without
+    /// the agent binary) before the batch stalls: it asks for no more until `kiln batch retry`.
+    /// 0 never stalls.
+    pub max_worker_failures: u32,
 }
 
 impl Default for Config {
@@ -54,6 +58,7 @@ impl Default for Config {
             idle_stop_ms: 10_000,
             ack_wait_secs: 30,
             retry_backoff_ms: 1_000,
+            max_worker_failures: 5,
         }
     }
 }

@@ -50,6 +50,8 @@ impl BatchService for BatchApi {
             created_at_ms: now_ms(),
             sealed_at_ms: None,
             finished_at_ms: None,
+            stalled_reason: String::new(),
+            worker_failures_since_ms: 0,
         };
         self.shared.batches.insert_batch(record.clone()).await?;
         self.shared.ensure_consumer(&record.id).await?;
@@ -242,6 +244,11 @@ impl BatchService for BatchApi {
         if batch.state == store::CANCELLED {
             return Err(Error::FailedPrecondition(format!("batch {} is cancelled", batch.id)).into());
         }
+        // Workers are asked for again, counting failures afresh: the cause may be fixed.
+        let resumed = self.shared.batches.clear_stall(&batch.id).await?;
+        if resumed {
+            tracing::info!(batch_id = %batch.id, "stalled batch retried: asking for workers again");
+        }
         let retried = self.shared.batches.retry_dead(&batch.id).await?;
         if retried > 0 {
             // A done batch has work again.
@@ -252,7 +259,8 @@ impl BatchService for BatchApi {
             self.shared.ensure_consumer(&batch.id).await?;
             self.shared.publish_unpublished(&batch.id).await?;
         }
-        Ok(Response::new(pb::RetryFailedResponse { retried }))
+        self.shared.wake.notify_one();
+        Ok(Response::new(pb::RetryFailedResponse { retried, resumed }))
     }
 }
 

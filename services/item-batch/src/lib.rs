@@ -302,6 +302,11 @@ impl Shared {
             peak_memory_bytes: tally.peak_memory_bytes,
             created_at_ms: record.created_at_ms,
             finished_at_ms: record.finished_at_ms.unwrap_or(0),
+            stalled_reason: if live {
+                record.stalled_reason.clone()
+            } else {
+                String::new()
+            },
         })
     }
 }

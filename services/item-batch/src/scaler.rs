@@ -8,7 +8,9 @@
 //! `item-batch-scaler` lease in `kiln_leases` ([`kiln_core::lease`]). Standbys keep trying and
 //! take over within the lease TTL. A leader checks it still holds the lease before it asks for
 //! or stops workers, and counts the workers the last leader asked for (they are job rows), so a
-//! hand-over asks for none twice. Standbys still sample their batches' counters, so the rate and
+//! hand-over asks for none twice. A batch whose workers fail `max-worker-failures` times in a
+//! row is stalled: it asks for none until `RetryFailed` ([`crate::store::BatchStore::stall`]).
+//! Standbys still sample their batches' counters, so the rate and
 //! ETA they answer with are as good as the leader's.
 
 use std::sync::Arc;
@@ -153,7 +155,7 @@ async fn tend(shared: &Shared, batch: &BatchRecord, leading: &(dyn Fn() -> bool 
     }
     if wanted < live.len() {
         stop_unstarted(shared, live, wanted).await?;
-    } else if wanted > live.len() {
+    } else if wanted > live.len() && !stalled(shared, batch).await? {
         // Several at a time: a thousand one by one would take the database's round trips each.
         let submitted: Vec<Result<()>> = futures::stream::iter(live.len()..wanted)
             .map(|_| submit_worker(shared, batch, &spec))
@@ -163,6 +165,28 @@ async fn tend(shared: &Shared, batch: &BatchRecord, leading: &(dyn Fn() -> bool 
         submitted.into_iter().collect::<Result<Vec<()>>>()?;
     }
     Ok(())
+}
+
+/// Whether the batch asks for no more workers: it is stalled, or is found so now, after
+/// `max-worker-failures` of its workers failed in a row ([`crate::store::BatchStore::failing_workers`]).
+async fn stalled(shared: &Shared, batch: &BatchRecord) -> Result<bool> {
+    if !batch.stalled_reason.is_empty() {
+        return Ok(true);
+    }
+    let limit = shared.config.max_worker_failures;
+    let Some(reason) = shared.batches.failing_workers(batch, limit).await? else {
+        return Ok(false);
+    };
+    let reason = if reason.is_empty() {
+        "no reason given".into()
+    } else {
+        reason
+    };
+    let stalled_reason = format!("{limit} workers in a row failed, the last with: {reason}");
+    if shared.batches.stall(&batch.id, &stalled_reason).await? {
+        tracing::warn!(batch_id = %batch.id, reason = %stalled_reason, "batch stalled: no more workers until it is retried");
+    }
+    Ok(true)
 }
 
 /// Stops workers that have not started (newest first) until at most `keep` are left.

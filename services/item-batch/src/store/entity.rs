@@ -16,6 +16,10 @@ pub mod batch {
         pub created_at_ms: i64,
         pub sealed_at_ms: Option<i64>,
         pub finished_at_ms: Option<i64>,
+        /// Why the batch stopped asking for workers (see `store::stalls`); empty when it asks.
+        pub stalled_reason: String,
+        /// Worker failures count among the workers asked for from this time on.
+        pub worker_failures_since_ms: i64,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -25,6 +25,7 @@ use crate::error::{Error, Result};
 mod entity;
 mod items;
 mod outcomes;
+mod stalls;
 
 pub use batch::Model as BatchRecord;
 pub use entity::{attempt, batch, item};
@@ -150,6 +151,8 @@ impl BatchStore {
             created_at_ms: Set(record.created_at_ms),
             sealed_at_ms: Set(record.sealed_at_ms),
             finished_at_ms: Set(record.finished_at_ms),
+            stalled_reason: Set(record.stalled_reason),
+            worker_failures_since_ms: Set(record.worker_failures_since_ms),
         };
         batch::Entity::insert(model).exec_without_returning(&self.db).await?;
         Ok(())

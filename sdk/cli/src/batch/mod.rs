@@ -3,15 +3,17 @@
 use std::io::{BufRead, IsTerminal};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln_proto::v1 as pb;
-use tabled::settings::Style;
 
 use crate::client::{self, Clients};
-use crate::format;
+use crate::format::{self, Output, out};
+
+mod show;
+
+use show::{items, print_status, status};
 
 /// Items per AddItems message.
 const CHUNK: usize = 5000;
@@ -46,7 +48,7 @@ pub enum BatchCommand {
         #[arg(short, long)]
         watch: bool,
         #[arg(short, long, value_enum, default_value = "table")]
-        output: crate::commands::Output,
+        output: Output,
     },
     /// A batch's items, in key order (all, or those in the given states).
     Items {
@@ -56,6 +58,8 @@ pub enum BatchCommand {
         /// At most this many.
         #[arg(long, default_value_t = 100)]
         limit: u32,
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: Output,
     },
     /// The output lines of an item's attempts.
     Logs { batch: String, item: String },
@@ -63,6 +67,8 @@ pub enum BatchCommand {
     Ls {
         #[arg(long)]
         all: bool,
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: Output,
     },
 }
 
@@ -156,7 +162,7 @@ pub async fn batch(command: BatchCommand) -> Result<ExitCode> {
                 .create_batch(pb::CreateBatchRequest { spec: Some(spec) })
                 .await?
                 .into_inner();
-            println!("{}", batch.id);
+            out!("{}", batch.id);
         }
         BatchCommand::Add {
             batch,
@@ -179,9 +185,11 @@ pub async fn batch(command: BatchCommand) -> Result<ExitCode> {
                     clients.batches.add_items_from_objects(request).await?.into_inner()
                 }
             };
-            println!(
+            out!(
                 "added {}, {} already there; {} items in the batch",
-                response.added, response.duplicates, response.total
+                response.added,
+                response.duplicates,
+                response.total
             );
         }
         BatchCommand::Seal { batch } => {
@@ -190,7 +198,7 @@ pub async fn batch(command: BatchCommand) -> Result<ExitCode> {
                 .seal_batch(pb::BatchRef { batch_id: batch })
                 .await?
                 .into_inner();
-            println!("{} sealed: {} items", batch.id, batch.counts.unwrap_or_default().total);
+            out!("{} sealed: {} items", batch.id, batch.counts.unwrap_or_default().total);
         }
         BatchCommand::Cancel { batch } => {
             let batch = clients
@@ -198,67 +206,48 @@ pub async fn batch(command: BatchCommand) -> Result<ExitCode> {
                 .cancel_batch(pb::BatchRef { batch_id: batch })
                 .await?
                 .into_inner();
-            print_status(&batch);
+            print_status(&batch)?;
         }
         BatchCommand::Retry { batch } => {
-            let retried = clients
+            let answer = clients
                 .batches
                 .retry_failed(pb::BatchRef { batch_id: batch })
                 .await?
-                .into_inner()
-                .retried;
-            println!("{retried} dead items queued again");
+                .into_inner();
+            if answer.resumed {
+                out!("the batch was stalled: it asks for workers again");
+            }
+            out!("{} dead items queued again", answer.retried);
         }
         BatchCommand::Status { batch, watch, output } => {
             return status(&mut clients, batch, watch, output).await;
         }
-        BatchCommand::Items { batch, state, limit } => items(&mut clients, batch, state, limit).await?,
+        BatchCommand::Items {
+            batch,
+            state,
+            limit,
+            output,
+        } => items(&mut clients, batch, state, limit, output).await?,
         BatchCommand::Logs { batch, item } => {
             let request = pb::GetItemLogsRequest {
                 batch_id: batch,
                 key: item,
             };
             for line in clients.batches.get_item_logs(request).await?.into_inner().lines {
-                println!("[attempt {}] {}", line.attempt, line.text);
+                out!("[attempt {}] {}", line.attempt, line.text);
             }
         }
-        BatchCommand::Ls { all } => {
+        BatchCommand::Ls { all, output } => {
             let batches = clients
                 .batches
                 .list_batches(pb::ListBatchesRequest { all })
                 .await?
                 .into_inner()
                 .batches;
-            let rows: Vec<[String; 7]> = batches
-                .iter()
-                .map(|b| {
-                    let c = b.counts.unwrap_or_default();
-                    [
-                        b.id.clone(),
-                        b.spec.as_ref().map(|s| s.name.clone()).unwrap_or_default(),
-                        batch_state(b.state),
-                        c.total.to_string(),
-                        format!("{}/{}", c.succeeded, c.dead),
-                        b.workers.to_string(),
-                        format::age(b.created_at_ms),
-                    ]
-                })
-                .collect();
-            let mut table = tabled::builder::Builder::default();
-            table.push_record(["ID", "NAME", "STATE", "ITEMS", "OK/DEAD", "WORKERS", "AGE"]);
-            for row in rows {
-                table.push_record(row);
-            }
-            println!("{}", table.build().with(Style::blank()));
+            show::list(&batches, output)?;
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-fn batch_state(state: i32) -> String {
-    pb::BatchState::try_from(state)
-        .map(|s| s.as_str_name().trim_start_matches("BATCH_STATE_").to_string())
-        .unwrap_or_else(|_| "UNKNOWN".into())
 }
 
 /// Reads items from a file (or stdin) and sends them in chunks, with a progress bar.
@@ -340,148 +329,4 @@ fn parse_item(line: &str) -> Result<pb::Item> {
         uri: item.uri,
         params: item.params,
     })
-}
-
-async fn status(
-    clients: &mut Clients,
-    batch_id: String,
-    watch: bool,
-    output: crate::commands::Output,
-) -> Result<ExitCode> {
-    let get = |clients: &mut Clients| {
-        let request = pb::BatchRef {
-            batch_id: batch_id.clone(),
-        };
-        let mut batches = clients.batches.clone();
-        async move { batches.get_batch(request).await }
-    };
-    let batch = get(clients).await?.into_inner();
-    if !watch {
-        if output == crate::commands::Output::Json {
-            println!("{}", serde_json::to_string_pretty(&batch_json(&batch))?);
-        } else {
-            print_status(&batch);
-        }
-        return Ok(exit_of(&batch));
-    }
-    let total = batch.counts.unwrap_or_default().total;
-    let bar = if std::io::stderr().is_terminal() {
-        ProgressBar::new(total)
-    } else {
-        ProgressBar::hidden()
-    };
-    bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("valid template"));
-    let mut batch = batch;
-    loop {
-        let c = batch.counts.unwrap_or_default();
-        bar.set_length(c.total);
-        bar.set_position(c.succeeded + c.dead);
-        let eta = match batch.eta_seconds {
-            -1 => "?".to_string(),
-            s => format!("{s}s"),
-        };
-        bar.set_message(format!(
-            "{} running, {} failed, {} dead, {:.1} items/s, ETA {eta}, {} workers",
-            c.running, c.failed, c.dead, batch.items_per_second, batch.workers
-        ));
-        let ended = matches!(
-            pb::BatchState::try_from(batch.state),
-            Ok(pb::BatchState::Done | pb::BatchState::Cancelled)
-        );
-        if ended {
-            break;
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        batch = get(clients).await?.into_inner();
-    }
-    bar.finish_and_clear();
-    print_status(&batch);
-    Ok(exit_of(&batch))
-}
-
-/// 0 when every item succeeded, 1 when some are dead or the batch was cancelled.
-fn exit_of(batch: &pb::Batch) -> ExitCode {
-    let c = batch.counts.unwrap_or_default();
-    match pb::BatchState::try_from(batch.state) {
-        Ok(pb::BatchState::Cancelled) => ExitCode::from(1),
-        Ok(pb::BatchState::Done) if c.dead > 0 => ExitCode::from(1),
-        _ => ExitCode::SUCCESS,
-    }
-}
-
-fn print_status(batch: &pb::Batch) {
-    let c = batch.counts.unwrap_or_default();
-    println!("batch     {} ({})", batch.id, batch_state(batch.state));
-    println!(
-        "items     {} total: {} pending, {} running, {} succeeded, {} failed, {} dead",
-        c.total, c.pending, c.running, c.succeeded, c.failed, c.dead
-    );
-    let eta = match batch.eta_seconds {
-        -1 => "unknown".to_string(),
-        s => format!("{s} s"),
-    };
-    println!("rate      {:.1} items/s, ETA {eta}", batch.items_per_second);
-    println!("workers   {}", batch.workers);
-    println!(
-        "per item  {:.3} CPU s, peak memory {}",
-        batch.cpu_seconds_per_item,
-        format::bytes(batch.peak_memory_bytes)
-    );
-}
-
-fn batch_json(batch: &pb::Batch) -> serde_json::Value {
-    let c = batch.counts.unwrap_or_default();
-    serde_json::json!({
-        "id": batch.id,
-        "state": batch_state(batch.state),
-        "total": c.total,
-        "pending": c.pending,
-        "running": c.running,
-        "succeeded": c.succeeded,
-        "failed": c.failed,
-        "dead": c.dead,
-        "items_per_second": batch.items_per_second,
-        "eta_seconds": batch.eta_seconds,
-        "workers": batch.workers,
-        "cpu_seconds_per_item": batch.cpu_seconds_per_item,
-        "peak_memory_bytes": batch.peak_memory_bytes,
-    })
-}
-
-async fn items(clients: &mut Clients, batch_id: String, states: Vec<ItemStateArg>, limit: u32) -> Result<()> {
-    let mut rows = Vec::new();
-    let mut page_token = String::new();
-    while rows.len() < limit as usize {
-        let page = clients
-            .batches
-            .list_items(pb::ListItemsRequest {
-                batch_id: batch_id.clone(),
-                states: states.iter().map(|s| s.proto() as i32).collect(),
-                page_token: page_token.clone(),
-                limit: (limit as usize - rows.len()).min(1000) as u32,
-            })
-            .await?
-            .into_inner();
-        rows.extend(page.items);
-        if page.next_page_token.is_empty() {
-            break;
-        }
-        page_token = page.next_page_token;
-    }
-    let mut table = tabled::builder::Builder::default();
-    table.push_record(["KEY", "STATE", "ATTEMPTS", "EXIT", "REASON"]);
-    for item in rows {
-        let state = pb::ItemState::try_from(item.state)
-            .map(|s| s.as_str_name().trim_start_matches("ITEM_STATE_").to_string())
-            .unwrap_or_default();
-        table.push_record([
-            item.key,
-            state,
-            item.attempts.to_string(),
-            item.exit_code.map(|c| c.to_string()).unwrap_or_default(),
-            item.reason,
-        ]);
-    }
-    println!("{}", table.build().with(Style::blank()));
-    Ok(())
 }

@@ -1,0 +1,167 @@
+//! What the CLI tests share: `kiln up` as a child process on a temp KILN_HOME, and the
+//! `kiln` commands run against it. Each test binary uses only some of it.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const KILN: &str = env!("CARGO_BIN_EXE_kiln");
+
+/// A `kiln up` running on a temp KILN_HOME, on free ports.
+pub struct Up {
+    pub child: Child,
+    pub home: tempfile::TempDir,
+    pub project: tempfile::TempDir,
+    pub flags: Vec<String>,
+}
+
+impl Up {
+    /// Starts `kiln up` with the `process` provider.
+    pub fn start() -> Up {
+        Up::start_with(&["--provider", "process"])
+    }
+
+    /// Starts `kiln up` with the `docker` provider on the test engine.
+    pub fn start_docker() -> Up {
+        let host = std::env::var("KILN_TEST_DOCKER_HOST")
+            .expect("KILN_TEST_DOCKER_HOST is not set: run the tests through scripts/test.sh, which starts dockerd");
+        Up::start_with(&["--provider", "docker", "--docker-host", &host])
+    }
+
+    pub fn start_with(flags: &[&str]) -> Up {
+        let home = tempfile::tempdir().unwrap();
+        let project = tempfile::tempdir().unwrap();
+        std::fs::write(project.path().join("train.py"), "print('training')\n").unwrap();
+        let flags: Vec<String> = flags.iter().map(|f| f.to_string()).collect();
+        let child = spawn_up(home.path(), &flags);
+        let up = Up {
+            child,
+            home,
+            project,
+            flags,
+        };
+        up.wait_until_up();
+        up
+    }
+
+    /// Starts `kiln up` again on the same home, after [`Up::interrupt`].
+    pub fn restart(&mut self) {
+        std::fs::remove_file(self.home.path().join("credentials.toml")).unwrap();
+        self.child = spawn_up(self.home.path(), &self.flags);
+        self.wait_until_up();
+    }
+
+    pub fn wait_until_up(&self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !self.home.path().join("credentials.toml").try_exists().unwrap() {
+            assert!(Instant::now() < deadline, "kiln up did not start:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.home.path().join("up.log")).unwrap_or_default()
+    }
+
+    /// Runs `kiln ARGS` in the project directory.
+    pub fn kiln(&self, args: &[&str]) -> Output {
+        self.kiln_env(args, &[])
+    }
+
+    pub fn kiln_env(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
+        Command::new(KILN)
+            .args(args)
+            .current_dir(self.project.path())
+            .env("KILN_HOME", self.home.path())
+            .env_remove("KILN_ADDR")
+            .env_remove("KILN_TOKEN")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
+    pub fn status_json(&self, job_id: &str) -> serde_json::Value {
+        let output = self.kiln(&["status", job_id, "-o", "json"]);
+        assert!(output.status.success(), "{}", text(&output.stderr));
+        serde_json::from_slice(&output.stdout).unwrap()
+    }
+
+    pub fn wait_for_state(&self, job_id: &str, state: &str) -> serde_json::Value {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let status = self.status_json(job_id);
+            if status["state"] == state {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "job never reached {state}: {status}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn nats_url(&self) -> String {
+        let log = self.log();
+        let line = log
+            .lines()
+            .find(|l| l.trim_start().starts_with("nats:"))
+            .expect("nats line");
+        line.split_whitespace().nth(1).unwrap().to_string()
+    }
+
+    pub fn interrupt(&mut self) -> std::process::ExitStatus {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "kiln up did not stop:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            self.interrupt();
+        }
+    }
+}
+
+pub fn spawn_up(home: &Path, flags: &[String]) -> Child {
+    let log = std::fs::File::create(home.join("up.log")).unwrap();
+    Command::new(KILN)
+        .args([
+            "up",
+            "--api-addr",
+            "127.0.0.1:0",
+            "--logs-addr",
+            "127.0.0.1:0",
+            "--batch-addr",
+            "127.0.0.1:0",
+            "--grace-period",
+            "2",
+        ])
+        .args(flags)
+        .env("KILN_HOME", home)
+        .env_remove("KILN_ADDR")
+        .env_remove("KILN_TOKEN")
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap()
+}
+
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+pub fn artifacts(home: &Path) -> Vec<PathBuf> {
+    match std::fs::read_dir(home.join("objects/artifacts/sha256")) {
+        Ok(entries) => entries.map(|e| e.unwrap().path()).collect(),
+        Err(_) => Vec::new(),
+    }
+}
