@@ -34,6 +34,8 @@ pub struct NatsChild {
     child: Child,
     pid_file: PathBuf,
     pub url: String,
+    /// Its monitoring endpoint (`/varz`), which `kiln up`'s metrics read.
+    pub monitor_url: String,
 }
 
 impl NatsChild {
@@ -43,6 +45,7 @@ impl NatsChild {
         let pid_file = home.join("nats.pid");
         stop_stale(&pid_file, &store_dir).await?;
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let monitor_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let log_path = home.join("nats.log");
         let log = File::create(&log_path).with_context(|| format!("cannot create {}", log_path.display()))?;
         let mut command = match find_tool("setpriv", None, &ToolDirs::from_env(home)) {
@@ -59,7 +62,8 @@ impl NatsChild {
             }
         };
         let mut child = command
-            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
+            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string()])
+            .args(["-m", &monitor_port.to_string(), "-sd"])
             .arg(&store_dir)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
@@ -89,6 +93,7 @@ impl NatsChild {
             child,
             pid_file,
             url: format!("nats://127.0.0.1:{port}"),
+            monitor_url: format!("http://127.0.0.1:{monitor_port}"),
         })
     }
 

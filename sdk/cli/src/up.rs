@@ -9,6 +9,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use kiln_core::config::{DatabaseConfig, DatabaseUrl, GrpcConfig, NatsConfig, ObjectStoreConfig};
+use kiln_core::metrics::{Metrics, MetricsConfig};
 use tokio::task::JoinSet;
 
 use crate::client::{self, Credentials};
@@ -26,6 +27,9 @@ pub struct UpArgs {
     /// Address of the api.
     #[arg(long, default_value = "127.0.0.1:7070")]
     pub api_addr: SocketAddr,
+    /// Where `/metrics` of every service is served (Prometheus text format).
+    #[arg(long, default_value = "127.0.0.1:9470")]
+    pub metrics_addr: SocketAddr,
     /// Address of log-ingest.
     #[arg(long, default_value = "127.0.0.1:7071")]
     pub logs_addr: SocketAddr,
@@ -156,7 +160,8 @@ pub async fn up(args: UpArgs) -> Result<ExitCode> {
         .clone()
         .or_else(|| nats_child.as_ref().map(|n| n.url.clone()))
         .expect("a NATS url");
-    let result = serve_all(&args, &home, &nats_url).await;
+    let monitor = nats_child.as_ref().map(|n| n.monitor_url.clone());
+    let result = serve_all(&args, &home, &nats_url, monitor).await;
     if let Some(nats) = nats_child {
         nats.stop().await;
     }
@@ -165,7 +170,10 @@ pub async fn up(args: UpArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str) -> Result<()> {
+/// Serves every service, counting into one registry served at `--metrics-addr` (with the lag
+/// of every consumer, and `nats_monitor`'s `/varz` when kiln up started the nats-server).
+async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Option<String>) -> Result<()> {
+    let metrics = Metrics::default();
     let database = DatabaseConfig {
         url: DatabaseUrl::new(format!("sqlite://{}?mode=rwc", home.join("kiln.db").display())),
         max_connections: 8,
@@ -188,7 +196,8 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str) -> Result<()> {
         bootstrap_token_file: token_file.clone(),
         ..Default::default()
     })
-    .await?;
+    .await?
+    .with_metrics(&metrics);
     let api_addr = api.local_addr();
     let logs = kiln_log_ingest::LogIngest::bind(kiln_log_ingest::Config {
         grpc: GrpcConfig { listen: args.logs_addr },
@@ -214,7 +223,8 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str) -> Result<()> {
         nats: nats.clone(),
         ..Default::default()
     })
-    .await?;
+    .await?
+    .with_metrics(&metrics);
     let runner = kiln_runner::Runner::bind(kiln_runner::Config {
         grpc: ephemeral.clone(),
         database: database.clone(),
@@ -260,6 +270,17 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str) -> Result<()> {
     .await?;
     let batches_addr = batches.local_addr();
 
+    let shutdown = kiln_core::shutdown::on_signal();
+    let metrics_config = MetricsConfig {
+        enabled: true,
+        listen: args.metrics_addr,
+        consumer_lag: true,
+        nats_monitor: nats_monitor.into_iter().collect(),
+        refresh_ms: 5_000,
+    };
+    let metrics_addr = kiln_core::metrics::export(&metrics_config, &metrics, api.nats(), &shutdown)
+        .await?
+        .expect("enabled");
     let token = std::fs::read_to_string(&token_file)
         .with_context(|| format!("cannot read the admin token from {}", token_file.display()))?
         .trim()
@@ -276,6 +297,7 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str) -> Result<()> {
     println!("  logs:     {}", credentials.logs);
     println!("  batches:  {}", credentials.batches);
     println!("  nats:     {nats_url}");
+    println!("  metrics:  http://{metrics_addr}/metrics");
     println!("  data:     {}", home.display());
     println!("  provider: {provider}");
     println!(
@@ -284,7 +306,6 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str) -> Result<()> {
     );
     std::io::stdout().flush().ok();
 
-    let shutdown = kiln_core::shutdown::on_signal();
     let mut services: JoinSet<(&str, Result<()>)> = JoinSet::new();
     let token = shutdown.clone();
     services.spawn(async move { ("api", api.serve(token).await.map_err(Into::into)) });

@@ -9,7 +9,7 @@ async fn the_endpoint_serves_the_registry_and_nats_lag() {
     let server = testing::NatsServer::start();
     let nats = kiln_core::streams::connect(&server.config()).await.unwrap();
     let metrics = Metrics::default();
-    metrics.register("api", |registry| kiln_core::metrics::register_build_info(registry));
+    metrics.register("api", kiln_core::metrics::register_build_info);
     let mut config = MetricsConfig::local(0);
     config.consumer_lag = true;
     config.refresh_ms = 100;

@@ -100,6 +100,16 @@ impl Up {
         }
     }
 
+    /// The `/metrics` URL `kiln up` printed.
+    pub fn metrics_url(&self) -> String {
+        let log = self.log();
+        let line = log
+            .lines()
+            .find(|l| l.trim_start().starts_with("metrics:"))
+            .unwrap_or_else(|| panic!("no metrics line in:\n{log}"));
+        line.split_whitespace().nth(1).unwrap().to_string()
+    }
+
     pub fn nats_url(&self) -> String {
         let log = self.log();
         let line = log
@@ -141,6 +151,8 @@ pub fn spawn_up(home: &Path, flags: &[String]) -> Child {
             "--logs-addr",
             "127.0.0.1:0",
             "--batch-addr",
+            "127.0.0.1:0",
+            "--metrics-addr",
             "127.0.0.1:0",
             "--grace-period",
             "2",
