@@ -4,7 +4,9 @@
 //    RowPanel types (`tsc --noEmit --strict`: an unknown or mistyped field fails);
 // 3. every panel queries the provisioned Prometheus (uid `prometheus`) with at least one target,
 //    and every target has a PromQL `expr`.
-// `node check.mjs --metrics` prints the metric names the queries use, one a line.
+// `node check.mjs --metrics` prints the metric names the queries use, one a line;
+// `node check.mjs --rules FILE` writes every query (variables filled in as Grafana would: $pool and
+// $project as .*, $__rate_interval 1m, $__range 1h) as a recording rule, for `promtool check rules`.
 import { execFileSync } from 'node:child_process';
 import { mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { DASHBOARDS, DASHBOARD_DIR, render } from './src/all.mjs';
@@ -36,6 +38,7 @@ const panelsOf = (d) => (d.panels || []).flatMap((p) => (p.type === 'row' ? [p, 
 
 // 3. the queries.
 const metrics = new Set();
+const queries = [];
 for (const [file, d] of Object.entries(dashboards)) {
   const ids = new Set();
   for (const v of d.templating?.list || []) {
@@ -58,10 +61,20 @@ for (const [file, d] of Object.entries(dashboards)) {
       if (t.datasource !== undefined && !isPrometheus(t.datasource)) fail(`${where}: target ${t.refId}: datasource is not uid "prometheus"`);
       if (refIds.has(t.refId)) fail(`${where}: refId ${t.refId} used twice`);
       refIds.add(t.refId);
+      queries.push({ where: `${where} ${t.refId}`, expr: String(t.expr) });
       for (const m of String(t.expr).match(/kiln_[a-z_]+/g) || []) metrics.add(m);
       for (const m of String(t.expr).match(/__name__=~"[^"]+"/g) || []) metrics.add(m);
     }
   }
+}
+const rulesAt = process.argv.indexOf('--rules');
+if (rulesAt > 0) {
+  const fill = (expr) =>
+    expr.replaceAll('$__rate_interval', '1m').replaceAll('$__range', '1h').replaceAll('$pool', '.*').replaceAll('$project', '.*');
+  const rules = queries.map(({ where, expr }, i) => `      # ${where}\n      - record: kiln_dashboard_query_${i}\n        expr: ${JSON.stringify(fill(expr))}`);
+  writeFileSync(process.argv[rulesAt + 1], `groups:\n  - name: dashboard-queries\n    rules:\n${rules.join('\n')}\n`);
+  console.log(`wrote ${queries.length} queries to ${process.argv[rulesAt + 1]}`);
+  process.exit(failures.length ? 1 : 0);
 }
 if (process.argv.includes('--metrics')) {
   for (const m of [...metrics].sort()) console.log(m);
