@@ -2,8 +2,14 @@
 import { dashboard, q, quantiles, stat, timeseries, heatmap } from './build.mjs';
 
 const POOL = '{pool=~"$pool"}';
-const TRANSITIONS = '{__name__=~"kiln_[a-z_]+_job_transitions_total"}';
-const RPC = (what) => `{__name__=~"kiln_[a-z_]+_rpc_${what}"}`;
+/**
+ * `rate()` of `kiln_<svc>_<what>` summed over every service. A plain `rate({__name__=~...})` fails
+ * ("vector cannot contain metrics with the same labelset") where two services' series differ by
+ * name only, as under `kiln up`'s one endpoint; so the name is first copied into a `service` label,
+ * which needs a subquery (at 15 s, whatever the global evaluation interval).
+ */
+const rateOfEvery = (what, filter = '') =>
+  `rate(label_replace({__name__=~"kiln_[a-z_]+_${what}"${filter}}, "service", "$1", "__name__", "kiln_(.+)_${what}")[$__rate_interval:15s])`;
 const ABSENT_UNTIL = (what) =>
   ` Reads 0 (\`or vector(0)\`) while no ${what} has happened yet: the series exists from the first one on.`;
 
@@ -31,7 +37,7 @@ export const overview = dashboard({
           q(`sum by (state) (kiln_api_jobs${POOL})`, '{{state}}'),
         ], { stack: true }),
         timeseries('Job transitions', 'State changes per second, by the state moved to, summed over every service that records them', [
-          q(`sum by (state) (rate(${TRANSITIONS}[$__rate_interval]))`, '{{state}}'),
+          q(`sum by (state) (${rateOfEvery('job_transitions_total')})`, '{{state}}'),
         ], { unit: 'ops' }),
         timeseries('Jobs submitted', 'Jobs accepted by SubmitJob per second, by project', [
           q('sum by (project) (rate(kiln_api_jobs_submitted_total{project=~"$project"}[$__rate_interval]))', '{{project}}'),
@@ -62,13 +68,13 @@ export const overview = dashboard({
       'RPCs',
       [
         timeseries('RPC requests', 'gRPC calls received per second, by service and method', [
-          q(`sum by (grpc_service, grpc_method) (rate(${RPC('requests_total')}[$__rate_interval]))`, '{{grpc_service}}/{{grpc_method}}'),
+          q(`sum by (grpc_service, grpc_method) (${rateOfEvery('rpc_requests_total')})`, '{{grpc_service}}/{{grpc_method}}'),
         ], { unit: 'reqps', width: 8 }),
         timeseries('RPC errors', 'gRPC calls answered with a code other than OK, per second, by service and code.' + ABSENT_UNTIL('error'), [
-          q(`sum by (grpc_service, grpc_code) (rate(${RPC('errors_total')}[$__rate_interval])) or vector(0)`, '{{grpc_service}} {{grpc_code}}'),
+          q(`sum by (grpc_service, grpc_code) (${rateOfEvery('rpc_errors_total')}) or vector(0)`, '{{grpc_service}} {{grpc_code}}'),
         ], { unit: 'reqps', width: 8 }),
         timeseries('RPC latency p95', 'p95 of gRPC call durations, by service', [
-          q(`histogram_quantile(0.95, sum by (le, grpc_service) (rate(${RPC('duration_seconds_bucket')}[$__rate_interval])))`, '{{grpc_service}}'),
+          q(`histogram_quantile(0.95, sum by (le, grpc_service) (${rateOfEvery('rpc_duration_seconds_bucket')}))`, '{{grpc_service}}'),
         ], { unit: 's', width: 8 }),
       ],
     ],
