@@ -1,5 +1,6 @@
 // Checks every dashboard in deploy/compose/grafana/dashboards/:
-// 1. the generated ones are what src/ generates (no hand edit left behind, no stale file);
+// 1. the generated ones are what src/ generates (no hand edit left behind, no stale file), and so
+//    is the panel list in deploy/compose/grafana/README.md;
 // 2. each one, and each of its panels, type-checks against @grafana/schema's Dashboard, Panel and
 //    RowPanel types (`tsc --noEmit --strict`: an unknown or mistyped field fails);
 // 3. every panel queries the provisioned Prometheus (uid `prometheus`) with at least one target,
@@ -9,7 +10,8 @@
 // $project as .*, $__rate_interval 1m, $__range 1h) as a recording rule, for `promtool check rules`.
 import { execFileSync } from 'node:child_process';
 import { mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { DASHBOARDS, DASHBOARD_DIR, render } from './src/all.mjs';
+import { DASHBOARDS, DASHBOARD_DIR, README, render } from './src/all.mjs';
+import { panelsMarkdown, withPanels } from './src/panels.mjs';
 
 const SCHEMA = '@grafana/schema/dist/esm/raw/dashboard/x/Dashboard_types.gen';
 const failures = [];
@@ -31,6 +33,10 @@ for (const file of files) {
   if (DASHBOARDS[file] && render(DASHBOARDS[file]) !== text) {
     fail(`${file}: differs from what src/ generates; change src/ and run \`npm run generate\``);
   }
+}
+const readme = readFileSync(README, 'utf8');
+if (withPanels(readme, panelsMarkdown(DASHBOARDS)) !== readme) {
+  fail('deploy/compose/grafana/README.md: its panel list differs from the dashboards; run `npm run generate`');
 }
 
 const isPrometheus = (ds) => ds && ds.type === 'prometheus' && ds.uid === 'prometheus';

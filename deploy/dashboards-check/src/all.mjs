@@ -13,4 +13,6 @@ export const DASHBOARDS = {
 
 export const DASHBOARD_DIR = new URL('../../compose/grafana/dashboards/', import.meta.url);
 
+export const README = new URL('../../compose/grafana/README.md', import.meta.url);
+
 export const render = (dashboard) => JSON.stringify(dashboard, null, 2) + '\n';

@@ -25,7 +25,7 @@ export const overview = dashboard({
     [
       'Jobs',
       [
-        stat('Services reporting', 'kiln processes whose /metrics Prometheus scraped, by job and version (kiln_<svc>_build_info = 1 each)', [
+        stat('Services reporting', 'kiln processes whose /metrics Prometheus scraped, by job and version (`kiln_<svc>_build_info` = 1 each)', [
           q('sum by (job, version) ({__name__=~"kiln_[a-z_]+_build_info"})', '{{job}} {{version}}'),
         ], { width: 8 }),
         stat('Jobs not ended', 'Jobs in QUEUED..SYNCING, as of the api reconciler\'s last pass', [q(`sum(kiln_api_jobs${POOL})`, 'jobs')], { width: 4 }),
