@@ -97,13 +97,17 @@ export const stat = (title, description, queries, opts = {}) =>
   panel('stat', title, description, queries, { width: 6, height: 4, ...opts });
 export const heatmap = (...args) => panel('heatmap', ...args);
 
-/** p50/p95/p99 of a histogram's `_bucket` series, by `by` (a label list, may be empty). */
-export function quantiles(bucket, selector = '', by = '') {
+/**
+ * p50/p95/p99 of a histogram's `_bucket` series, by `by` (a label list, may be empty); with
+ * `orZero`, each reads 0 while the histogram has no series yet (a labelled family appears with
+ * its first observation).
+ */
+export function quantiles(bucket, selector = '', by = '', orZero = false) {
   const labels = by ? `le, ${by}` : 'le';
   const legend = by ? by.split(',').map((l) => `{{${l.trim()}}}`).join(' ') + ' ' : '';
   return [0.5, 0.95, 0.99].map((p) =>
     q(
-      `histogram_quantile(${p}, sum by (${labels}) (rate(${bucket}${selector}[$__rate_interval])))`,
+      `histogram_quantile(${p}, sum by (${labels}) (rate(${bucket}${selector}[$__rate_interval])))${orZero ? ' or vector(0)' : ''}`,
       `${legend}p${Math.round(p * 100)}`,
     ),
   );

@@ -166,7 +166,9 @@ export const runners = dashboard({
         timeseries('Outputs synced', 'Bytes of job outputs uploaded per second, by pool.' + ABSENT_UNTIL('output sync'), [
           q(`sum by (pool) (rate(kiln_runner_outputs_synced_bytes_total${POOL}[$__rate_interval])) or vector(0)`, '{{pool}}'),
         ], { unit: 'Bps' }),
-        timeseries('Outputs sync duration', 'Time to sync an attempt\'s outputs, p50/p95/p99 by pool', quantiles('kiln_runner_outputs_sync_duration_seconds_bucket', POOL, 'pool'), { unit: 's' }),
+        timeseries('Outputs sync duration', 'Time to sync an attempt\'s outputs, p50/p95/p99 by pool.' + ABSENT_UNTIL('output sync'), quantiles(
+          'kiln_runner_outputs_sync_duration_seconds_bucket', POOL, 'pool', true,
+        ), { unit: 's' }),
         timeseries('Provider errors', 'Errors from the instance provider per second, by pool and provider.' + ABSENT_UNTIL('provider error'), [
           q(`sum by (pool, provider) (rate(kiln_runner_provider_errors_total${POOL}[$__rate_interval])) or vector(0)`, '{{pool}} {{provider}}'),
         ], { unit: 'ops' }),
