@@ -28,6 +28,8 @@ use workload::{
 };
 
 const PATIENCE: Duration = Duration::from_secs(240);
+/// How long Prometheus scrapes before the queries run.
+const SCRAPED_FOR: Duration = Duration::from_secs(75);
 /// The scrape jobs, as deploy/compose/prometheus/prometheus.yml names them, and the instances
 /// of each.
 const JOBS: [(&str, &str); 5] = [
@@ -239,11 +241,14 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     );
     let mut topology = Topology::start(Options::from_env()).await;
     let prometheus = Prometheus::start(&topology).await;
+    let scraping = Instant::now();
 
     run_workload(&topology).await;
 
-    // A few scrapes after the workload's end (and the gauges' refresh), every target up.
-    tokio::time::sleep(Duration::from_secs(8)).await;
+    // A few scrapes after the workload's end (and the gauges' refresh), and series a minute and
+    // more long: a panel's `rate(...[1m:15s])` subquery needs two 15 s steps of its series.
+    let settled = (scraping + SCRAPED_FOR).max(Instant::now() + Duration::from_secs(8));
+    tokio::time::sleep_until(settled.into()).await;
     let down = prometheus.targets_down().await;
     assert!(down.is_empty(), "scrape targets not up:\n{}", down.join("\n"));
 
