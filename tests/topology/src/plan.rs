@@ -265,3 +265,76 @@ fn collect_listens(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The real compose file plans every instance: each listens on its own loopback ports for
+    /// gRPC and metrics, and no host name of compose's network is left in its environment.
+    #[test]
+    fn the_compose_file_plans_every_instance() {
+        let compose = crate::compose::load();
+        let dir = tempfile::tempdir().unwrap();
+        let s3 = S3 {
+            endpoint: "http://127.0.0.1:1".into(),
+            bucket: "b".into(),
+            access_key_id: "id".into(),
+            secret_access_key: "secret".into(),
+        };
+        let nodes = vec!["127.0.0.1:9042".to_string(), "127.0.0.1:9043".to_string()];
+        let infra = Infra {
+            dir: dir.path(),
+            bin: Path::new("/bin-dir"),
+            database_url: "postgres://postgres@127.0.0.1:5/postgres".into(),
+            postgres: "127.0.0.1:5".into(),
+            nats_urls: (1..=3).map(|n| format!("nats://127.0.0.1:{n}")).collect(),
+            nats_monitors: (1..=3).map(|n| format!("http://127.0.0.1:1{n}")).collect(),
+            scylla_nodes: &nodes,
+            s3: &s3,
+            keyspace: "ks",
+            lease_ttl_ms: 3000,
+        };
+        let instances = plan(&compose, &infra);
+        assert_eq!(instances.len(), names().len());
+        let mut seen = BTreeSet::new();
+        for instance in &instances {
+            for key in ["grpc.listen", "metrics.listen"] {
+                let addr = instance
+                    .listens
+                    .get(key)
+                    .unwrap_or_else(|| panic!("{}: no {key}", instance.name));
+                assert!(seen.insert(*addr), "{}: {key} {addr} is taken twice", instance.name);
+            }
+            let env: BTreeMap<&str, &str> = instance.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            // Rewrite::string panics on a value still naming a compose host.
+            let check = Rewrite {
+                hosts: compose.hosts.clone(),
+                ..Rewrite::default()
+            };
+            for value in env.values() {
+                check.string(value);
+            }
+            assert!(
+                instance.program.starts_with("/bin-dir"),
+                "{}",
+                instance.program.display()
+            );
+        }
+        let scheduler = instances.iter().find(|i| i.name == "scheduler-1").unwrap();
+        let env: BTreeMap<&str, &str> = scheduler.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        assert_eq!(
+            env["KILN_SCHEDULER__NATS__URL"],
+            "\"nats://127.0.0.1:1,nats://127.0.0.1:2,nats://127.0.0.1:3\""
+        );
+        assert_eq!(
+            env["KILN_SCHEDULER__METRICS__NATS_MONITOR"],
+            "[\"http://127.0.0.1:11\", \"http://127.0.0.1:12\", \"http://127.0.0.1:13\"]"
+        );
+        assert_eq!(env["KILN_SCHEDULER__DATABASE__URL"], infra.database_url);
+        let sim = instances.iter().find(|i| i.name == SIM_RUNNER).unwrap();
+        assert!(sim.env.contains(&("KILN_RUNNER__POOL".into(), "\"sim\"".into())));
+        let api = instances.iter().find(|i| i.name == "api-1").unwrap();
+        assert!(api.token_file.as_ref().unwrap().starts_with(dir.path()));
+    }
+}
