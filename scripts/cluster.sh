@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the production topology on this machine for a person: Postgres, three clustered
 # nats-servers, Cassandra (standing in for ScyllaDB), versitygw (S3: scripts/s3-server.sh), and two replicas of every
-# kiln service binary as separate processes (tests/topology, configured from deploy/topology).
+# kiln service binary as separate processes (tests/topology), started with the config files,
+# environment and ports deploy/compose/compose.yaml gives them (read through docker-compose).
 #
 #   scripts/cluster.sh up      start it in the background; prints `export KILN_ADDR=… KILN_TOKEN=…`
 #                              for `eval "$(scripts/cluster.sh up)"`
@@ -30,6 +31,9 @@ up() {
   fi
   local binary="$repo/target/debug/kiln-topology"
   [ -x "$binary" ] || { log "$binary is missing: run scripts/setup.sh"; exit 1; }
+  # The harness reads deploy/compose/compose.yaml through docker-compose (installed if missing).
+  KILN_TEST_COMPOSE=${KILN_TEST_COMPOSE:-$("$repo/scripts/compose-check.sh" --path)}
+  export KILN_TEST_COMPOSE
   rm -rf "$dir"
   mkdir -p "$dir"
   if [ -z "${KILN_TEST_SCYLLA_NODES:-}" ]; then

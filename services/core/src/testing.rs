@@ -183,6 +183,14 @@ impl NatsCluster {
         self.url.split(',').map(str::to_string).collect()
     }
 
+    /// The monitoring URL (`http://127.0.0.1:PORT`, nats-server's `http:` port) of each node.
+    pub fn monitor_urls(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .map(|node| format!("http://127.0.0.1:{}", node.http_port))
+            .collect()
+    }
+
     /// A configuration with every node and three replicas.
     pub fn config(&self) -> NatsConfig {
         NatsConfig {

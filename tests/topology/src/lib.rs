@@ -6,19 +6,29 @@
 //! `KILN_TEST_SCYLLA_NODES` (a fresh keyspace) for the Scylla stores and the S3 server of
 //! `KILN_TEST_S3_*` (a fresh prefix of its bucket) for the objects, and then two
 //! replicas of every service binary from `target/` — api, scheduler, runner (process provider),
-//! log-ingest, item-batch — plus one runner of a simulated pool ([`Topology::start`]). Each
-//! instance reads a TOML file made from the templates in `deploy/topology/` (the same files
-//! `deploy/` uses), with its own values filled in; secrets reach it only through its
-//! environment. Every process can be SIGKILLed and restarted by name ([`proc`]).
+//! log-ingest, item-batch — plus one runner of a simulated pool ([`Topology::start`]).
+//!
+//! The services are those of `deploy/compose/compose.yaml`, read through compose itself
+//! ([`compose`]: `docker-compose config --format json`, the binary of `KILN_TEST_COMPOSE`):
+//! each instance runs the local binary named by the service's entrypoint with compose's
+//! command, its bind-mounted TOML file (unchanged) and its environment. What must differ on
+//! one machine ([`plan`]) is set through kiln's env overrides (`KILN_<SVC>__SECTION__KEY`):
+//! compose's host names become the loopback servers above, every container port a free
+//! loopback port of its own (kept in [`Topology::listens`]), volumes directories of the
+//! topology, the runner's docker provider the process provider, and the sim runner is
+//! compose's runner with `pool = "sim"`. Secrets reach a process only through its environment.
+//! Every process can be SIGKILLed and restarted by name ([`proc`]).
 #![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use kiln_core::testing::{NatsCluster, free_port};
+use kiln_core::testing::NatsCluster;
 
+pub mod compose;
+pub mod plan;
 pub mod postgres;
 pub mod proc;
 
@@ -93,6 +103,9 @@ pub struct Topology {
     procs: BTreeMap<String, Proc>,
     /// The gRPC address of every instance.
     pub addrs: BTreeMap<String, SocketAddr>,
+    /// Every listen address of every instance by TOML key (`grpc.listen`, `metrics.listen`):
+    /// the loopback port that stands in for the container port of compose.yaml.
+    pub listens: BTreeMap<String, BTreeMap<String, SocketAddr>>,
     /// The bootstrap admin's token.
     pub token: String,
 }
@@ -117,29 +130,6 @@ pub fn binaries_dir() -> PathBuf {
         );
     }
     dir
-}
-
-/// The templates in `deploy/topology/`.
-fn templates_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/topology")
-}
-
-/// Fills `${NAME}` placeholders of a template; an unknown one is a bug in the harness.
-fn fill(template: &str, values: &BTreeMap<&str, String>) -> String {
-    let mut out = String::with_capacity(template.len());
-    let mut rest = template;
-    while let Some(start) = rest.find("${") {
-        out.push_str(&rest[..start]);
-        let end = rest[start..].find('}').expect("a closed placeholder") + start;
-        let name = &rest[start + 2..end];
-        let value = values
-            .get(name)
-            .unwrap_or_else(|| panic!("no value for ${{{name}}} in a deploy/topology template"));
-        out.push_str(value);
-        rest = &rest[end + 1..];
-    }
-    out.push_str(rest);
-    out
 }
 
 fn wait_listening(proc: &mut Proc, addr: SocketAddr) {
@@ -187,71 +177,46 @@ impl Topology {
         let keyspace = format!("kiln_topo_{}", kiln_core::ids::new_id().replace('-', "_"));
         let keyspace: String = keyspace.chars().take(48).collect();
         let bin = binaries_dir();
-
-        let mut names: Vec<String> = Vec::new();
-        for service in SERVICES {
-            for replica in 1..=2 {
-                names.push(format!("{service}-{replica}"));
-            }
-        }
-        names.push(SIM_RUNNER.into());
-        let addrs: BTreeMap<String, SocketAddr> = names
-            .iter()
-            .map(|name| (name.clone(), SocketAddr::from(([127, 0, 0, 1], free_port()))))
-            .collect();
-        let url = |name: &str| format!("http://{}", addrs[name]);
-        let shared: BTreeMap<&str, String> = BTreeMap::from([
-            ("DIR", dir.display().to_string()),
-            ("DATABASE_URL", postgres.url()),
-            ("NATS_URLS", nats.url.clone()),
-            ("OBJECTS_URL", format!("s3://{}/{keyspace}", s3.bucket)),
-            ("S3_ENDPOINT", s3.endpoint.clone()),
-            (
-                "SCYLLA_NODES",
-                options
-                    .scylla_nodes
-                    .iter()
-                    .map(|node| format!("{node:?}"))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            ),
-            ("KEYSPACE", keyspace.clone()),
-            ("LEASE_TTL_MS", options.lease_ttl_ms.to_string()),
-            ("AGENT", bin.join("kiln-agent").display().to_string()),
-            ("BATCH_URLS", format!("{},{}", url("item-batch-1"), url("item-batch-2"))),
-        ]);
+        let compose = compose::load();
+        let infra = plan::Infra {
+            dir: &dir,
+            bin: &bin,
+            database_url: postgres.url(),
+            postgres: format!("127.0.0.1:{}", postgres.port),
+            nats_urls: nats.urls(),
+            nats_monitors: nats.monitor_urls(),
+            scylla_nodes: &options.scylla_nodes,
+            s3: &s3,
+            keyspace: &keyspace,
+            lease_ttl_ms: options.lease_ttl_ms,
+        };
+        let instances = plan::plan(&compose, &infra);
+        let names: Vec<String> = instances.iter().map(|instance| instance.name.clone()).collect();
         let mut procs = BTreeMap::new();
-        for name in &names {
-            let (service, replica) = name.rsplit_once('-').expect("service-replica");
-            let template_name = if name == SIM_RUNNER { "runner-sim" } else { service };
-            let template_path = templates_dir().join(format!("{template_name}.toml"));
-            let template = std::fs::read_to_string(&template_path)
-                .unwrap_or_else(|e| panic!("cannot read {}: {e}", template_path.display()));
-            let mut values = shared.clone();
-            values.insert("NAME", name.clone());
-            values.insert("LISTEN", addrs[name].to_string());
-            // Runners hand their jobs the api and log-ingest of the same number.
-            let peer = if replica == "sim" { "1" } else { replica };
-            values.insert("API_URL", url(&format!("api-{peer}")));
-            values.insert("LOGS_URL", url(&format!("log-ingest-{peer}")));
-            values.insert("WORK_DIR", dir.join("work").join(name).display().to_string());
-            let config = dir.join("config").join(format!("{name}.toml"));
-            std::fs::write(&config, fill(&template, &values)).expect("write config");
-            let binary_service = if name == SIM_RUNNER { "runner" } else { service };
-            let env = vec![
-                ("AWS_ACCESS_KEY_ID".to_string(), s3.access_key_id.clone()),
-                ("AWS_SECRET_ACCESS_KEY".to_string(), s3.secret_access_key.clone()),
-                ("AWS_REGION".to_string(), "us-east-1".to_string()),
-            ];
+        let mut addrs = BTreeMap::new();
+        let mut listens = BTreeMap::new();
+        let mut token_file = None;
+        for instance in instances {
+            let grpc = *instance
+                .listens
+                .get("grpc.listen")
+                .unwrap_or_else(|| panic!("{}: its config has no grpc.listen", instance.name));
+            addrs.insert(instance.name.clone(), grpc);
+            if instance.name == "api-1" {
+                token_file = instance.token_file.clone();
+            }
+            let args: Vec<&str> = instance.args.iter().map(String::as_str).collect();
             let proc = Proc::new(
-                name,
-                &bin.join(format!("kiln-{binary_service}")),
-                &["--config", &config.display().to_string()],
-                env,
-                dir.join("logs").join(format!("{name}.log")),
+                &instance.name,
+                &instance.program,
+                &args,
+                instance.env,
+                dir.join("logs").join(format!("{}.log", instance.name)),
             );
-            procs.insert(name.clone(), proc);
+            procs.insert(instance.name.clone(), proc);
+            listens.insert(instance.name, instance.listens);
         }
+        let token_file = token_file.expect("api.toml has bootstrap-token-file");
         let mut topology = Topology {
             dir,
             _temp: temp,
@@ -260,11 +225,11 @@ impl Topology {
             keyspace,
             procs,
             addrs,
+            listens,
             token: String::new(),
         };
         // api-1 first: it applies the migrations and writes the bootstrap admin's token.
         topology.start_and_wait("api-1");
-        let token_file = topology.dir.join("admin.token");
         topology.token = std::fs::read_to_string(&token_file)
             .unwrap_or_else(|e| panic!("cannot read {}: {e}", token_file.display()))
             .trim()
@@ -306,6 +271,15 @@ impl Topology {
         self.start_and_wait(name);
     }
 
+    /// The `/metrics` address of an instance (its `metrics.listen`).
+    pub fn metrics_addr(&self, name: &str) -> SocketAddr {
+        *self
+            .listens
+            .get(name)
+            .and_then(|listens| listens.get("metrics.listen"))
+            .unwrap_or_else(|| panic!("{name} has no metrics.listen in deploy/compose/config"))
+    }
+
     pub fn url(&self, name: &str) -> String {
         format!("http://{}", self.addrs[name])
     }
@@ -325,57 +299,6 @@ impl Topology {
     pub fn stop(&mut self) {
         for proc in self.procs.values_mut() {
             proc.stop(Duration::from_secs(15));
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn templates_are_filled_and_unknown_placeholders_caught() {
-        let values = BTreeMap::from([("A", "1".to_string()), ("B", "two".to_string())]);
-        assert_eq!(fill("x=${A} y=\"${B}\"", &values), "x=1 y=\"two\"");
-        let unknown = std::panic::catch_unwind(|| fill("${C}", &values));
-        assert!(unknown.is_err());
-    }
-
-    #[test]
-    fn every_template_fills_with_the_harness_values() {
-        for entry in std::fs::read_dir(templates_dir()).unwrap() {
-            let path = entry.unwrap().path();
-            if path.extension().is_none_or(|ext| ext != "toml") {
-                continue;
-            }
-            let text = std::fs::read_to_string(&path).unwrap();
-            let names = [
-                "DIR",
-                "DATABASE_URL",
-                "NATS_URLS",
-                "OBJECTS_URL",
-                "S3_ENDPOINT",
-                "SCYLLA_NODES",
-                "KEYSPACE",
-                "LEASE_TTL_MS",
-                "AGENT",
-                "BATCH_URLS",
-                "NAME",
-                "LISTEN",
-                "API_URL",
-                "LOGS_URL",
-                "WORK_DIR",
-            ];
-            let mut values: BTreeMap<&str, String> = names.iter().map(|name| (*name, "v".to_string())).collect();
-            // What the harness puts there: a number, and quoted node addresses.
-            values.insert("LEASE_TTL_MS", "3000".into());
-            values.insert("SCYLLA_NODES", "\"127.0.0.1:9042\"".into());
-            let filled = fill(&text, &values);
-            assert!(
-                filled.parse::<toml::Table>().is_ok(),
-                "{} is not TOML once filled",
-                path.display()
-            );
         }
     }
 }
