@@ -4,7 +4,7 @@
 #   - tflint 0.61.0 with its bundled terraform ruleset only (deploy/terraform/.tflint.hcl)
 #   - the templates: deploy/terraform/tests/render renders every user data and TOML config with
 #     tofu (that configuration needs no provider) and tests/render/check.py parses them and
-#     compares the config keys with deploy/topology
+#     compares the config keys with deploy/compose/config
 #   - checkov 3.3.30 (PyPI, in a venv of its own), --framework terraform: no failed check; a
 #     deliberate exception is skipped inline with `#checkov:skip=CKV_...: reason`
 # `tofu init` / `tofu validate` are not run: they need the AWS provider from the provider

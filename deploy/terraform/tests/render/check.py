@@ -1,5 +1,5 @@
 """Checks what tests/render rendered (the JSON of `tofu output -json`, on stdin): every user data
-is valid bash (`bash -n`), every config is TOML whose keys are the ones deploy/topology gives
+is valid bash (`bash -n`), every config is TOML whose keys are the ones deploy/compose/config gives
 that service, plus the few that only the AWS deployment sets. A misspelt key would otherwise
 show only on a booting instance, as the service refusing its config."""
 
@@ -9,8 +9,9 @@ import sys
 import tomllib
 from pathlib import Path
 
-TOPOLOGY = Path(__file__).resolve().parents[3] / "topology"
-# The topology file each rendered config is compared with.
+TOPOLOGY = Path(__file__).resolve().parents[3] / "compose" / "config"
+# The compose config file (the one the topology harness runs too) each rendered config is
+# compared with.
 TOPOLOGY_FILE = {
     "api": "api.toml",
     "scheduler": "scheduler.toml",
@@ -24,6 +25,7 @@ EXTRA = {
     "objects.region",
     "scylla.replication-factor",
     "agent-binary",
+    "agent-path",
     "database.max-connections",
 }
 
@@ -40,12 +42,7 @@ def keys(table, prefix=""):
 
 
 def topology_keys(name):
-    # The topology files hold ${NAME} placeholders, some unquoted: quote them to parse.
-    text = (TOPOLOGY / name).read_text()
-    text = text.replace("[${SCYLLA_NODES}]", '["x"]').replace("= ${", '= "${')
-    text = "\n".join(line + '"' if '= "${' in line and not line.rstrip().endswith('"') else line
-                     for line in text.splitlines())
-    return keys(tomllib.loads(text))
+    return keys(tomllib.loads((TOPOLOGY / name).read_text()))
 
 
 def main():

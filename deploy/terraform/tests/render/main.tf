@@ -1,6 +1,6 @@
 # An offline check of the templates (no provider, no AWS): renders each service's user data and
 # TOML config the way the modules do, with sample values, for scripts/terraform-check.sh to
-# parse (`bash -n`, a TOML parser) and compare with deploy/topology. Keep the arguments in step
+# parse (`bash -n`, a TOML parser) and compare with deploy/compose/config. Keep the arguments in step
 # with modules/services/main.tf and modules/runner-pool/main.tf.
 terraform {
   required_version = ">= 1.6.0"
