@@ -37,6 +37,8 @@ for package in "${packages[@]}"; do
 done
 command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || missing+=(maven)
+# Node.js with npm checks the Grafana dashboards against @grafana/schema (scripts/check-dashboards.sh).
+command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
 if [ ${#missing[@]} -gt 0 ]; then
   log "installing Debian packages: ${missing[*]}"
   as_root apt-get update -qq

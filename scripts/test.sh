@@ -172,6 +172,8 @@ sdk_venv="$repo/target/sdk-venv"
 export KILN_TEST_PYTHON="$sdk_venv/bin/python"
 
 "$repo/scripts/terraform-check.sh" # deploy/terraform: tofu fmt, tflint, rendered templates, checkov
+log "dashboards and alert rules"
+"$repo/scripts/check-dashboards.sh" # @grafana/schema, promtool check/test rules, check config
 log "cargo test"
 cargo test --workspace --locked
 
