@@ -216,6 +216,7 @@ impl Runner {
     pub async fn serve(self, shutdown: CancellationToken) -> Result<()> {
         let mut ctx = self.ctx;
         ctx.metrics.register(&self.registry);
+        ctx.metrics.providers(ctx.provider.name());
         ctx.store.count_transitions(&self.registry, "runner");
         let rpc_metrics = RpcMetricsLayer::new(&self.registry, "runner");
         // Held until the jobs have ended, so the leader does not take them while they stop.

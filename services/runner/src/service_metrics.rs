@@ -212,6 +212,16 @@ impl RunnerMetrics {
         }
     }
 
+    /// Shows the error counter of each of `providers` (`docker+process` for `auto`) at 0.
+    pub fn providers(&self, providers: &'static str) {
+        for provider in providers.split('+') {
+            let _ = self.provider_errors.get_or_create(&PoolProviderLabels {
+                pool: self.pool.clone(),
+                provider,
+            });
+        }
+    }
+
     pub fn provider_error(&self, provider: &'static str) {
         self.provider_errors
             .get_or_create(&PoolProviderLabels {
