@@ -3,15 +3,20 @@
 use std::path::PathBuf;
 
 use kiln_core::config::{ConfigError, DatabaseConfig, GrpcConfig, NatsConfig, ObjectStoreConfig};
+use kiln_core::metrics::MetricsConfig;
 use kiln_core::service::{ServiceConfig, problems_to_result};
 use serde::{Deserialize, Serialize};
 
 pub const DEFAULT_PORT: u16 = 7075;
 
+/// Default port of item-batch's `/metrics`.
+pub const DEFAULT_METRICS_PORT: u16 = 9475;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
 pub struct Config {
     pub grpc: GrpcConfig,
+    pub metrics: MetricsConfig,
     pub database: DatabaseConfig,
     pub nats: NatsConfig,
     /// Where AddItemsFromObjects lists prefixes and reads manifests.
@@ -47,6 +52,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             grpc: GrpcConfig::local(DEFAULT_PORT),
+            metrics: MetricsConfig::local(DEFAULT_METRICS_PORT),
             database: DatabaseConfig::default(),
             nats: NatsConfig::default(),
             objects: ObjectStoreConfig::default(),
@@ -73,6 +79,7 @@ impl ServiceConfig for Config {
         self.database.validate(&mut problems);
         self.nats.validate(&mut problems);
         self.objects.validate(&mut problems);
+        self.metrics.validate(&mut problems);
         if self.scale_interval_ms == 0 {
             problems.push("scale-interval-ms must be at least 1".into());
         }

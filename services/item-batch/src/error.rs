@@ -34,6 +34,8 @@ pub enum Error {
     },
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
+    #[error(transparent)]
+    Metrics(#[from] kiln_core::metrics::MetricsError),
 }
 
 impl Error {
@@ -48,7 +50,7 @@ impl Error {
             Error::Store(error) => error.kind(),
             Error::Core(error) => error.kind(),
             Error::Nats(error) => error.kind(),
-            Error::Objects(_) | Error::Bind { .. } | Error::Serve(_) => ErrorKind::Internal,
+            Error::Objects(_) | Error::Bind { .. } | Error::Serve(_) | Error::Metrics(_) => ErrorKind::Internal,
         }
     }
 }

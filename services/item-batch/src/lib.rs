@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::consumer::{self, pull};
 use kiln_core::auth::AuthLayer;
 use kiln_core::events::stop_job;
+use kiln_core::metrics::Metrics;
+use kiln_core::metrics::rpc::RpcMetricsLayer;
 use kiln_core::store::Store;
 use kiln_core::streams::{self, Nats};
 use kiln_core::subjects;
@@ -33,6 +35,7 @@ pub mod error;
 pub mod grpc;
 pub mod results;
 pub mod scaler;
+pub mod service_metrics;
 mod sources;
 pub mod spec;
 pub mod store;
@@ -67,6 +70,7 @@ pub struct Shared {
     progress: Mutex<HashMap<String, Progress>>,
     /// Wakes the scaler early (outcomes arrived: a sealed batch may be done).
     pub(crate) wake: tokio::sync::Notify,
+    pub(crate) metrics: service_metrics::BatchMetrics,
 }
 
 /// What the scaler saw of a batch lately.
@@ -163,6 +167,7 @@ impl Shared {
             .collect();
         let added = queued.len() as u64;
         self.publish_items(batch_id, &queued).await?;
+        self.metrics.items_added.inc_by(added);
         Ok((added, duplicates))
     }
 
@@ -327,8 +332,9 @@ fn counts(tally: &Tally, in_flight: u64) -> pb::BatchCounts {
 
 /// item-batch, connected and listening, not yet serving.
 pub struct ItemBatch {
-    shared: Arc<Shared>,
+    shared: Shared,
     listener: TcpListener,
+    metrics: Metrics,
 }
 
 impl ItemBatch {
@@ -352,7 +358,7 @@ impl ItemBatch {
         } else {
             config.advertise_url.clone()
         };
-        let shared = Arc::new(Shared {
+        let shared = Shared {
             batches: BatchStore::new(&store),
             store,
             nats,
@@ -361,9 +367,25 @@ impl ItemBatch {
             states: Mutex::new(HashMap::new()),
             progress: Mutex::new(HashMap::new()),
             wake: tokio::sync::Notify::new(),
+            metrics: service_metrics::BatchMetrics::default(),
             config,
-        });
-        Ok(ItemBatch { shared, listener })
+        };
+        Ok(ItemBatch {
+            shared,
+            listener,
+            metrics: Metrics::default(),
+        })
+    }
+
+    /// Registers item-batch's metrics in `metrics` (the process's registry) instead of a
+    /// private one.
+    pub fn with_metrics(mut self, metrics: &Metrics) -> ItemBatch {
+        self.metrics = metrics.clone();
+        self
+    }
+
+    pub fn nats(&self) -> &Nats {
+        &self.shared.nats
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -371,7 +393,11 @@ impl ItemBatch {
     }
 
     pub async fn serve(self, shutdown: CancellationToken) -> Result<()> {
-        let shared = self.shared;
+        let mut shared = self.shared;
+        shared.metrics.register(&self.metrics);
+        shared.store.count_transitions(&self.metrics, "item-batch");
+        let shared = Arc::new(shared);
+        let rpc_metrics = RpcMetricsLayer::new(&self.metrics, "item-batch");
         // A JoinSet aborts its tasks when dropped, so a serve future dropped mid-flight takes
         // the intake and the scaler with it, as a process exit would.
         let mut tasks = tokio::task::JoinSet::new();
@@ -391,6 +417,7 @@ impl ItemBatch {
         let work = work::WorkApi { shared: shared.clone() };
         tracing::info!(addr = %self.listener.local_addr().map_err(|source| Error::Bind { addr: shared.config.grpc.listen, source })?, "item-batch serving");
         let served = tonic::transport::Server::builder()
+            .layer(rpc_metrics)
             .layer(AuthLayer::new(Arc::new(shared.store.clone())))
             .add_service(health_service)
             .add_service(BatchServiceServer::new(batches).max_decoding_message_size(grpc::MAX_MESSAGE_BYTES))
@@ -407,7 +434,10 @@ impl ItemBatch {
     }
 }
 
-/// Runs item-batch until `shutdown` is cancelled.
+/// Runs item-batch until `shutdown` is cancelled, serving `/metrics` as `[metrics]` says.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
-    ItemBatch::bind(config).await?.serve(shutdown).await
+    let metrics = Metrics::default();
+    let service = ItemBatch::bind(config.clone()).await?.with_metrics(&metrics);
+    kiln_core::metrics::export(&config.metrics, &metrics, service.nats(), &shutdown).await?;
+    service.serve(shutdown).await
 }

@@ -30,7 +30,8 @@ impl BatchWriter for ResultWriter {
                 Err(error) => tracing::warn!(error = %error, "dropping a malformed item result"),
             }
         }
-        self.shared.batches.apply_results(&results).await?;
+        let applied = self.shared.batches.apply_results(&results).await?;
+        self.shared.metrics.applied(&applied);
         self.shared.wake.notify_one();
         Ok(())
     }

@@ -26,6 +26,7 @@ use kiln_proto::v1 as pb;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Result;
+use crate::service_metrics::PassTotals;
 use crate::spec::Spec;
 use crate::store::{self, BatchRecord, Tally};
 use crate::{Error, Shared};
@@ -79,8 +80,10 @@ pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
         let passed = if leading {
             pass(&shared, woken, &|| lease.is_held()).await
         } else {
+            shared.metrics.standby();
             sample_live(&shared).await
         };
+        shared.metrics.sample_rate();
         if let Err(error) = passed {
             tracing::warn!(error = %error, "scaling pass failed");
         }
@@ -112,7 +115,9 @@ async fn sample_live(shared: &Shared) -> Result<()> {
 /// One look at every live batch; a pass woken by outcomes only looks at sealed batches that
 /// have no backlog left (one index probe each), to end them at once. `leading` tells whether
 /// this replica still holds the scaler lease; workers are asked for or stopped only while it does.
+/// A full pass also sets the backlog, batch and worker gauges.
 pub async fn pass(shared: &Shared, woken: bool, leading: &(dyn Fn() -> bool + Sync)) -> Result<()> {
+    let mut totals = PassTotals::default();
     for batch in shared.batches.list_batches(None, false).await? {
         if woken && (batch.state != store::SEALED || shared.batches.has_backlog(&batch.id).await?) {
             continue;
@@ -120,17 +125,31 @@ pub async fn pass(shared: &Shared, woken: bool, leading: &(dyn Fn() -> bool + Sy
         if !leading() {
             return Ok(());
         }
-        if let Err(error) = tend(shared, &batch, leading).await {
+        if let Err(error) = tend(shared, &batch, leading, &mut totals).await {
             tracing::warn!(batch_id = %batch.id, error = %error, "cannot tend batch");
         }
+    }
+    if !woken && leading() {
+        let batches = shared.batches.count_batches().await?;
+        shared.metrics.leader_pass(&totals, &batches);
     }
     Ok(())
 }
 
-async fn tend(shared: &Shared, batch: &BatchRecord, leading: &(dyn Fn() -> bool + Sync)) -> Result<()> {
+async fn tend(
+    shared: &Shared,
+    batch: &BatchRecord,
+    leading: &(dyn Fn() -> bool + Sync),
+    totals: &mut PassTotals,
+) -> Result<()> {
     shared.publish_unpublished(&batch.id).await?;
     let tally = shared.batches.tally(&batch.id).await?;
     shared.sample(&batch.id, tally.finished());
+    let in_flight = match tally.pending {
+        0 => 0,
+        _ => shared.in_flight(&batch.id).await.unwrap_or(0),
+    };
+    totals.add(&tally, in_flight);
     if batch.state == store::SEALED && tally.backlog() == 0 {
         if shared
             .batches
@@ -150,6 +169,8 @@ async fn tend(shared: &Shared, batch: &BatchRecord, leading: &(dyn Fn() -> bool 
     let spec = Spec::from_json(&batch.spec_json)?;
     let live = shared.store.live_batch_workers(&batch.id).await?;
     let wanted = desired_workers(&tally, spec.max_workers, shared.rate(&batch.id), live.len());
+    totals.workers_live += live.len() as u64;
+    totals.workers_requested += wanted as u64;
     if !leading() {
         return Ok(());
     }

@@ -249,6 +249,7 @@ impl Session {
             }
             return None;
         }
+        self.shared.metrics.items_dispatched.inc();
         let output = self.spec.output_of(&item.key);
         let command = template::render(
             &self.spec.command,

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use kiln_core::config::{ConfigError, DatabaseConfig, GrpcConfig, NatsConfig};
+use kiln_core::metrics::MetricsConfig;
 use kiln_core::service::{ServiceConfig, problems_to_result};
 use serde::{Deserialize, Serialize};
 
@@ -10,10 +11,14 @@ use crate::scylla_store::ScyllaConfig;
 
 pub const DEFAULT_PORT: u16 = 7071;
 
+/// Default port of log-ingest's `/metrics`.
+pub const DEFAULT_METRICS_PORT: u16 = 9471;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
 pub struct Config {
     pub grpc: GrpcConfig,
+    pub metrics: MetricsConfig,
     /// The metadata database, for tokens and job ownership.
     pub database: DatabaseConfig,
     pub nats: NatsConfig,
@@ -72,6 +77,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             grpc: GrpcConfig::local(DEFAULT_PORT),
+            metrics: MetricsConfig::local(DEFAULT_METRICS_PORT),
             database: DatabaseConfig::default(),
             nats: NatsConfig::default(),
             log_store: StoreKind::Sqlite,
@@ -88,6 +94,7 @@ impl ServiceConfig for Config {
         let mut problems = Vec::new();
         self.database.validate(&mut problems);
         self.nats.validate(&mut problems);
+        self.metrics.validate(&mut problems);
         if self.uses_scylla() {
             self.scylla.validate(&mut problems);
         }

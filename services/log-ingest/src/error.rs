@@ -33,6 +33,8 @@ pub enum Error {
     },
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
+    #[error(transparent)]
+    Metrics(#[from] kiln_core::metrics::MetricsError),
 }
 
 impl Error {
@@ -45,7 +47,7 @@ impl Error {
             Error::FailedPrecondition(_) | Error::AnotherLogIngest { .. } => ErrorKind::FailedPrecondition,
             Error::Store(error) => error.kind(),
             Error::Nats(error) => error.kind(),
-            Error::LogStore(_) | Error::Bind { .. } | Error::Serve(_) => ErrorKind::Internal,
+            Error::LogStore(_) | Error::Bind { .. } | Error::Serve(_) | Error::Metrics(_) => ErrorKind::Internal,
         }
     }
 }

@@ -12,6 +12,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use kiln_core::auth::AuthLayer;
+use kiln_core::metrics::Metrics;
+use kiln_core::metrics::rpc::RpcMetricsLayer;
 use kiln_core::store::Store;
 use kiln_core::streams::{self, Nats};
 use kiln_proto::v1::log_service_server::LogServiceServer;
@@ -25,6 +27,7 @@ pub mod error;
 pub mod grpc;
 pub mod points;
 pub mod scylla_store;
+pub mod service_metrics;
 pub mod sole;
 pub mod store;
 pub mod writer;
@@ -43,6 +46,7 @@ pub struct LogIngest {
     logs: Arc<dyn store::LogStore>,
     points: Arc<dyn points::MetricStore>,
     lease: Option<sole::SoleLease>,
+    metrics: Metrics,
 }
 
 impl LogIngest {
@@ -82,23 +86,41 @@ impl LogIngest {
             logs,
             points,
             lease,
+            metrics: Metrics::default(),
         })
+    }
+
+    /// Registers log-ingest's metrics in `metrics` (the process's registry) instead of a
+    /// private one.
+    pub fn with_metrics(mut self, metrics: &Metrics) -> LogIngest {
+        self.metrics = metrics.clone();
+        self
+    }
+
+    pub fn nats(&self) -> &Nats {
+        &self.nats
     }
 
     pub fn local_addr(&self) -> SocketAddr {
         self.listener.local_addr().expect("a bound listener has an address")
     }
 
-    pub async fn serve(self, shutdown: CancellationToken) -> Result<()> {
+    pub async fn serve(mut self, shutdown: CancellationToken) -> Result<()> {
         let addr = self.local_addr();
+        let metrics = service_metrics::IngestMetrics::register(&self.metrics);
+        let rpc_metrics = RpcMetricsLayer::new(&self.metrics, "log-ingest");
+        self.store.count_transitions(&self.metrics, "log-ingest");
+        let rate = tokio::spawn(metrics.clone().track_rate(shutdown.clone()));
         let held = self.lease.map(|lease| tokio::spawn(lease.hold(shutdown.clone())));
         let (written, _) = broadcast::channel(1024);
         let log_writer = Arc::new(writer::LogWriter {
             store: self.logs.clone(),
             written: written.clone(),
+            counters: metrics.lines.clone(),
         });
         let metric_writer = Arc::new(writer::MetricWriter {
             store: self.points.clone(),
+            counters: metrics.points.clone(),
         });
         let batch_size = self.config.batch_size;
         let writers = [
@@ -129,6 +151,7 @@ impl LogIngest {
         };
         tracing::info!(%addr, "log-ingest serving");
         let served = tonic::transport::Server::builder()
+            .layer(rpc_metrics)
             .layer(AuthLayer::new(Arc::new(self.store.clone())))
             .add_service(health_service)
             .add_service(LogServiceServer::new(api).max_decoding_message_size(grpc::MAX_REQUEST_BYTES * 2))
@@ -141,6 +164,7 @@ impl LogIngest {
         for writer in writers {
             let _ = writer.await;
         }
+        let _ = rate.await;
         if let Some(held) = held {
             let lease = held
                 .await
@@ -152,7 +176,10 @@ impl LogIngest {
     }
 }
 
-/// Runs log-ingest until `shutdown` is cancelled.
+/// Runs log-ingest until `shutdown` is cancelled, serving `/metrics` as `[metrics]` says.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
-    LogIngest::bind(config).await?.serve(shutdown).await
+    let metrics = Metrics::default();
+    let service = LogIngest::bind(config.clone()).await?.with_metrics(&metrics);
+    kiln_core::metrics::export(&config.metrics, &metrics, service.nats(), &shutdown).await?;
+    service.serve(shutdown).await
 }

@@ -14,6 +14,7 @@ use prost::Message;
 use tokio::sync::broadcast;
 
 use crate::points::MetricStore;
+use crate::service_metrics::StoreCounters;
 use crate::store::{LogStore, StoredLine};
 
 pub const LOGS: Intake = Intake {
@@ -31,6 +32,7 @@ pub const METRICS: Intake = Intake {
 pub struct LogWriter {
     pub store: Arc<dyn LogStore>,
     pub written: broadcast::Sender<String>,
+    pub counters: StoreCounters,
 }
 
 #[async_trait::async_trait]
@@ -51,7 +53,11 @@ impl BatchWriter for LogWriter {
                 Err(error) => tracing::warn!(error = %error, "dropping a malformed log record"),
             }
         }
-        self.store.append(&lines).await?;
+        self.counters.received.inc_by(lines.len() as u64);
+        let started = std::time::Instant::now();
+        let appended = self.store.append(&lines).await;
+        self.counters.wrote(lines.len(), started.elapsed(), appended.is_ok());
+        appended?;
         let mut jobs: Vec<&str> = lines.iter().map(|line| line.job_id.as_str()).collect();
         jobs.sort_unstable();
         jobs.dedup();
@@ -66,6 +72,7 @@ impl BatchWriter for LogWriter {
 /// Metric batches into the metric store.
 pub struct MetricWriter {
     pub store: Arc<dyn MetricStore>,
+    pub counters: StoreCounters,
 }
 
 #[async_trait::async_trait]
@@ -78,6 +85,11 @@ impl BatchWriter for MetricWriter {
                 Err(error) => tracing::warn!(error = %error, "dropping a malformed metric batch"),
             }
         }
-        Ok(self.store.append(points).await?)
+        let count = points.len();
+        self.counters.received.inc_by(count as u64);
+        let started = std::time::Instant::now();
+        let appended = self.store.append(points).await;
+        self.counters.wrote(count, started.elapsed(), appended.is_ok());
+        Ok(appended?)
     }
 }

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use kiln_core::config::{ConfigError, DatabaseConfig, GrpcConfig, NatsConfig, ObjectStoreConfig};
+use kiln_core::metrics::MetricsConfig;
 pub use kiln_core::runners::OnLost;
 use kiln_core::runners::{LostPolicy, RunnerLease};
 use kiln_core::service::{ServiceConfig, problems_to_result};
@@ -14,6 +15,9 @@ use crate::provider::docker::DockerConfig;
 use crate::provider::sim::SimConfig;
 
 pub const DEFAULT_PORT: u16 = 7074;
+
+/// Default port of the runner's `/metrics`.
+pub const DEFAULT_METRICS_PORT: u16 = 9474;
 
 /// Which provider runs the instances.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,6 +57,8 @@ impl Default for IdleGpuConfig {
 pub struct Config {
     /// Health endpoint.
     pub grpc: GrpcConfig,
+    /// The runner's own `/metrics` (the jobs' system metrics are `metrics-interval-ms`).
+    pub metrics: MetricsConfig,
     pub database: DatabaseConfig,
     pub nats: NatsConfig,
     pub objects: ObjectStoreConfig,
@@ -103,6 +109,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             grpc: GrpcConfig::local(DEFAULT_PORT),
+            metrics: MetricsConfig::local(DEFAULT_METRICS_PORT),
             database: DatabaseConfig::default(),
             nats: NatsConfig::default(),
             objects: ObjectStoreConfig::default(),
@@ -140,6 +147,7 @@ impl ServiceConfig for Config {
         self.database.validate(&mut problems);
         self.nats.validate(&mut problems);
         self.objects.validate(&mut problems);
+        self.metrics.validate(&mut problems);
         if let Err(problem) = validate_token("runner-id", &self.runner_id) {
             problems.push(problem);
         }

@@ -44,6 +44,8 @@ pub enum Error {
     },
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
+    #[error(transparent)]
+    Metrics(#[from] kiln_core::metrics::MetricsError),
 }
 
 impl Error {
@@ -60,7 +62,9 @@ impl Error {
             Error::Store(error) => error.kind(),
             Error::Core(error) => error.kind(),
             Error::Nats(error) => error.kind(),
-            Error::Io { .. } | Error::Objects(_) | Error::Bind { .. } | Error::Serve(_) => ErrorKind::Internal,
+            Error::Io { .. } | Error::Objects(_) | Error::Bind { .. } | Error::Serve(_) | Error::Metrics(_) => {
+                ErrorKind::Internal
+            }
         }
     }
 

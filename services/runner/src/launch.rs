@@ -57,7 +57,8 @@ pub(super) async fn take_launches(ctx: &Context, jobs: &mut JoinSet<()>, shutdow
             return Err(nats_error("launch consumer ended"));
         };
         let message = message.map_err(nats_error)?;
-        let ack = match accept_launch(ctx, &message.payload, jobs, shutdown).await {
+        let received = std::time::Instant::now();
+        let ack = match accept_launch(ctx, &message.payload, received, jobs, shutdown).await {
             Ok(Accepted::Started | Accepted::Stale) => AckKind::Ack,
             Ok(Accepted::NoRoom) => AckKind::Nak(Some(Duration::from_secs(1))),
             Err(error) => {
@@ -78,6 +79,7 @@ enum Accepted {
 async fn accept_launch(
     ctx: &Context,
     payload: &[u8],
+    received: std::time::Instant,
     jobs: &mut JoinSet<()>,
     shutdown: &CancellationToken,
 ) -> Result<Accepted> {
@@ -127,6 +129,7 @@ async fn accept_launch(
             };
         }
     };
+    ctx.metrics.launches.inc();
     supervisor::publish(ctx, &provisioning).await;
     jobs.spawn(supervisor::supervise(
         ctx.clone(),
@@ -134,6 +137,7 @@ async fn accept_launch(
         gpu_devices,
         controls,
         shutdown.clone(),
+        received,
     ));
     Ok(Accepted::Started)
 }

@@ -27,6 +27,8 @@ use std::time::Duration;
 
 use gpu::{GpuPool, GpuSampler};
 use kiln_core::capacity;
+use kiln_core::metrics::Metrics;
+use kiln_core::metrics::rpc::RpcMetricsLayer;
 use kiln_core::store::{JobRecord, Store};
 use kiln_core::streams::{Nats, NatsError};
 use kiln_core::{objects, streams};
@@ -53,6 +55,7 @@ pub mod outputs;
 pub mod provider;
 mod reconcile;
 mod report;
+mod service_metrics;
 mod supervisor;
 
 pub use config::{Config, OnLost, ProviderKind};
@@ -92,6 +95,7 @@ pub(crate) struct Context {
     /// Whether this runner holds its lease (launches are taken only while it does).
     lease: Arc<liveness::LeaseStatus>,
     datasets: datasets::DatasetCache,
+    metrics: Arc<service_metrics::RunnerMetrics>,
 }
 
 impl Context {
@@ -116,6 +120,7 @@ impl Context {
 pub struct Runner {
     ctx: Context,
     listener: TcpListener,
+    registry: Metrics,
 }
 
 impl Runner {
@@ -159,7 +164,6 @@ impl Runner {
             "provider ready"
         );
         let ctx = Context {
-            config: Arc::new(config),
             store,
             nats,
             objects,
@@ -171,8 +175,25 @@ impl Runner {
             agent_archive: Arc::default(),
             lease: Arc::default(),
             datasets,
+            metrics: Arc::new(service_metrics::RunnerMetrics::new(&config.pool)),
+            config: Arc::new(config),
         };
-        Ok(Runner { ctx, listener })
+        Ok(Runner {
+            ctx,
+            listener,
+            registry: Metrics::default(),
+        })
+    }
+
+    /// Registers the runner's metrics in `metrics` (the process's registry) instead of a
+    /// private one.
+    pub fn with_metrics(mut self, metrics: &Metrics) -> Runner {
+        self.registry = metrics.clone();
+        self
+    }
+
+    pub fn nats(&self) -> &Nats {
+        &self.ctx.nats
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -193,7 +214,11 @@ impl Runner {
     /// Runs until `shutdown` is cancelled. Dropping the returned future aborts every job task
     /// (their processes are killed), as a crash would.
     pub async fn serve(self, shutdown: CancellationToken) -> Result<()> {
-        let ctx = self.ctx;
+        let mut ctx = self.ctx;
+        ctx.metrics.register(&self.registry);
+        ctx.metrics.providers(ctx.provider.name());
+        ctx.store.count_transitions(&self.registry, "runner");
+        let rpc_metrics = RpcMetricsLayer::new(&self.registry, "runner");
         // Held until the jobs have ended, so the leader does not take them while they stop.
         let lease = liveness::take_lease(&ctx).await?;
         let lease_stop = CancellationToken::new();
@@ -210,6 +235,7 @@ impl Runner {
             .set_service_status("", tonic_health::ServingStatus::Serving)
             .await;
         let health = tonic::transport::Server::builder()
+            .layer(rpc_metrics)
             .add_service(health_service)
             .serve_with_incoming_shutdown(
                 TcpListenerStream::new(self.listener),
@@ -279,9 +305,12 @@ async fn connect_provider(config: &Config) -> Result<Arc<dyn Provider>> {
     })
 }
 
-/// Runs a runner until `shutdown` is cancelled.
+/// Runs a runner until `shutdown` is cancelled, serving `/metrics` as `[metrics]` says.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
-    Runner::bind(config).await?.serve(shutdown).await
+    let metrics = Metrics::default();
+    let runner = Runner::bind(config.clone()).await?.with_metrics(&metrics);
+    kiln_core::metrics::export(&config.metrics, &metrics, runner.nats(), &shutdown).await?;
+    runner.serve(shutdown).await
 }
 
 fn nats_error(error: impl std::fmt::Display) -> Error {

@@ -28,6 +28,7 @@ pub(super) async fn reconcile(ctx: &Context) -> Result<()> {
             ctx.provider.release(&instance).await?;
         }
         supervisor::lose(ctx, &job, "the runner restarted while the job ran").await?;
+        ctx.metrics.stopped(crate::service_metrics::LOST);
     }
     let released = ctx.provider.release_leftovers(&ctx.config.runner_id, &[]).await?;
     if released > 0 {

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use kiln_core::ids::now_ms;
 use kiln_core::store::Store;
 use kiln_proto::v1 as pb;
-use sea_orm::sea_query::Expr;
+use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{ActiveValue::Set, ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use sha2::{Digest, Sha256};
 
@@ -30,6 +30,7 @@ mod stalls;
 pub use batch::Model as BatchRecord;
 pub use entity::{attempt, batch, item};
 pub use item::Model as ItemRecord;
+pub use outcomes::Applied;
 
 /// Item states as stored.
 pub const PENDING: &str = "pending";
@@ -177,6 +178,18 @@ impl BatchStore {
             query = query.filter(batch::Column::State.is_in([OPEN, SEALED]));
         }
         Ok(query.order_by_desc(batch::Column::Id).limit(1000).all(&self.db).await?)
+    }
+
+    /// Counts the batches by state (for `kiln_item_batch_batches`).
+    pub async fn count_batches(&self) -> Result<Vec<(String, i64)>> {
+        Ok(batch::Entity::find()
+            .select_only()
+            .column(batch::Column::State)
+            .column_as(Expr::col(batch::Column::Id).count(), "n")
+            .group_by(batch::Column::State)
+            .into_tuple()
+            .all(&self.db)
+            .await?)
     }
 
     /// Moves a batch from one of `from` to `to` (a compare-and-set); false when it was in no

@@ -6,13 +6,23 @@ use kiln_proto::v1 as pb;
 use sea_orm::sea_query::{Expr, ExprTrait, OnConflict};
 use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter, TransactionTrait};
 
-use super::{BatchStore, DEAD, PENDING, SUCCEEDED, attempt, item, item_state_name};
+use super::{BatchStore, DEAD, FAILED, PENDING, SUCCEEDED, attempt, item, item_state_name};
 use crate::error::Result;
 
+/// Outcomes that moved an item (a redelivered one moves none), by the state moved to.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Applied {
+    pub succeeded: u64,
+    pub failed: u64,
+    pub dead: u64,
+}
+
 impl BatchStore {
-    /// Applies outcomes in one transaction (see the module's note on applying once).
-    pub async fn apply_results(&self, results: &[pb::ItemResult]) -> Result<()> {
+    /// Applies outcomes in one transaction (see the module's note on applying once); returns
+    /// how many moved an item, by the state they moved it to.
+    pub async fn apply_results(&self, results: &[pb::ItemResult]) -> Result<Applied> {
         let now = now_ms();
+        let mut applied = Applied::default();
         let tx = self.db.begin().await?;
         for result in results {
             let Some(state) = pb::ItemState::try_from(result.state).ok().and_then(item_state_name) else {
@@ -21,7 +31,7 @@ impl BatchStore {
             };
             let round = i32::try_from(result.round).unwrap_or(i32::MAX);
             let attempt = i32::try_from(result.attempt).unwrap_or(i32::MAX);
-            item::Entity::update_many()
+            let moved = item::Entity::update_many()
                 .col_expr(item::Column::State, Expr::value(state))
                 .col_expr(item::Column::Attempts, Expr::col(item::Column::Attempts).add(1))
                 .col_expr(item::Column::LastAttempt, Expr::value(attempt))
@@ -42,7 +52,16 @@ impl BatchStore {
                 .filter(item::Column::LastAttempt.lt(attempt))
                 .filter(item::Column::State.is_not_in([SUCCEEDED, DEAD]))
                 .exec(&tx)
-                .await?;
+                .await?
+                .rows_affected;
+            if moved > 0 {
+                match state {
+                    SUCCEEDED => applied.succeeded += moved,
+                    FAILED => applied.failed += moved,
+                    DEAD => applied.dead += moved,
+                    _ => {}
+                }
+            }
             if state != SUCCEEDED || !result.lines.is_empty() {
                 let lines: Vec<(i32, i64, &str)> = result
                     .lines
@@ -80,7 +99,7 @@ impl BatchStore {
             }
         }
         tx.commit().await?;
-        Ok(())
+        Ok(applied)
     }
 
     /// Gives the dead items of a batch a new round of attempts; they are published again.

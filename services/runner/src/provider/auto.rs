@@ -36,6 +36,10 @@ impl Provider for AutoProvider {
         "docker+process"
     }
 
+    fn name_for(&self, image: &str) -> &'static str {
+        if image.is_empty() { "process" } else { "docker" }
+    }
+
     async fn provision(&self, spec: &InstanceSpec) -> Result<Instance> {
         if spec.image.is_empty() {
             self.process.provision(spec).await

@@ -172,6 +172,11 @@ pub trait Provider: Send + Sync + 'static {
     /// The provider's name, as reported with the runner's capacity.
     fn name(&self) -> &'static str;
 
+    /// The provider that makes the instance of a job with this image (`auto` has two).
+    fn name_for(&self, _image: &str) -> &'static str {
+        self.name()
+    }
+
     /// Prepares an instance: image, volumes, code and datasets. Nothing runs yet.
     async fn provision(&self, spec: &InstanceSpec) -> Result<Instance>;
 

@@ -10,6 +10,7 @@ use kiln_core::store::{Change, JobRecord, StoreError};
 use super::{Outcome, StopReason};
 use crate::Context;
 use crate::error::Result;
+use crate::service_metrics as metrics;
 
 /// Records the end of the attempt.
 /// `preempted_for` names the job a priority preemption made room for.
@@ -79,6 +80,9 @@ pub(super) async fn conclude(
         }
     };
     let ended = ctx.store.transition(&job, state, change).await?;
+    if let Some((spent, _)) = cost {
+        ctx.metrics.spent(market_of(ctx, &job), spent);
+    }
     tracing::info!(job_id = %ended.id, state = %ended.state, exit_code = ?ended.exit_code, reason = %ended.reason, "job ended");
     publish(ctx, &ended).await;
     Ok(())
@@ -129,6 +133,9 @@ async fn requeue_preempted(
         ..Change::default()
     };
     let preempted = ctx.store.transition(&job, JobState::Preempted, change).await?;
+    if let Some((spent, _)) = cost_micros {
+        ctx.metrics.spent(market_of(ctx, &job), spent);
+    }
     publish(ctx, &preempted).await;
     let change = Change {
         reason: Some("preempted; queued again".into()),
@@ -158,5 +165,30 @@ pub(crate) async fn lose(ctx: &Context, job: &JobRecord, why: &str) -> Result<()
 pub(crate) async fn publish(ctx: &Context, job: &JobRecord) {
     if let Err(error) = publish_job_change(&ctx.nats, &ctx.store, job).await {
         tracing::warn!(job_id = %job.id, error = %error, "publish failed; the reconciler will retry");
+    }
+}
+
+/// The reason of `kiln_runner_stops_total` an attempt ended with (`taken`: it was taken from
+/// this runner).
+pub(super) fn stop_reason(outcome: &Outcome, taken: bool) -> &'static str {
+    if taken {
+        return metrics::TAKEN;
+    }
+    match outcome {
+        Outcome::Exited {
+            stopped: Some(reason), ..
+        } => match reason {
+            StopReason::User => metrics::STOPPED,
+            StopReason::Timeout => metrics::TIMEOUT,
+            StopReason::IdleGpu => metrics::IDLE_GPU,
+            StopReason::Preempted => metrics::PREEMPTED,
+            StopReason::Shutdown => metrics::LOST,
+            StopReason::Taken => metrics::TAKEN,
+        },
+        Outcome::Exited { exit, stopped: None } if exit.code == 0 => metrics::SUCCEEDED,
+        Outcome::Exited { exit, stopped: None } if exit.oom_killed => metrics::OOM,
+        Outcome::Exited { stopped: None, .. } => metrics::FAILED,
+        Outcome::NotStarted { stopped: true, .. } => metrics::STOPPED,
+        Outcome::NotStarted { stopped: false, .. } => metrics::NOT_STARTED,
     }
 }

@@ -24,17 +24,20 @@ use nix::sys::signal::Signal;
 use tokio_util::sync::CancellationToken;
 
 use crate::Context;
-use crate::error::{Error, Result};
+use crate::error::Error;
 use crate::liveness::Holding;
 use crate::logs::LogShipper;
 use crate::provider::{Exit, Instance};
+use crate::service_metrics::{self as metrics, Phase};
 
 mod end;
 mod spec;
+mod watch;
 
-use end::conclude;
+use end::{conclude, stop_reason};
 pub(crate) use end::{lose, publish};
 use spec::instance_spec;
+use watch::watch;
 
 /// How often a running job is read from the database: its stop flag, in case a control message
 /// was missed, and whether it was taken from this runner.
@@ -76,6 +79,10 @@ struct Host {
     scratch_dir: std::path::PathBuf,
     /// The cache entries of the job's datasets.
     datasets: Vec<crate::datasets::DatasetLease>,
+    /// The instance on the `instances` gauge.
+    phase: Phase,
+    /// When its launch request arrived.
+    received: std::time::Instant,
 }
 
 /// Why the runner stopped a job.
@@ -110,14 +117,19 @@ pub(crate) async fn supervise(
     gpu_devices: Vec<u32>,
     controls: Controls,
     shutdown: CancellationToken,
+    received: std::time::Instant,
 ) {
     let job_id = job.id.clone();
     let shipper = LogShipper::start(ctx.nats.clone(), job.id.clone(), job.attempt);
     let mut host = Host {
         scratch_dir: ctx.config.work_dir.join(format!("{}-{}", job.id, job.attempt)),
         datasets: Vec::new(),
+        phase: ctx.metrics.phase(),
+        received,
     };
     let (outcome, current, instance) = execute(&ctx, job, gpu_devices, &mut host, &shipper, &controls, &shutdown).await;
+    ctx.metrics
+        .stopped(stop_reason(&outcome, controls.taken.is_cancelled()));
     if let Outcome::NotStarted { reason, .. } = &outcome {
         shipper.line(LogStream::Stderr, format!("kiln: {reason}")).await;
     }
@@ -133,6 +145,7 @@ pub(crate) async fn supervise(
         match &instance {
             Some(instance) => {
                 if let Err(error) = ctx.provider.release(instance).await {
+                    ctx.metrics.provider_error(instance.provider);
                     tracing::error!(job_id, error = %error, "cannot release the instance; it is released at the next restart");
                 }
             }
@@ -142,7 +155,10 @@ pub(crate) async fn supervise(
         return;
     }
     let current = match &instance {
-        Some(instance) => finish_instance(&ctx, current, instance).await,
+        Some(instance) => {
+            host.phase.enter(metrics::SYNCING);
+            finish_instance(&ctx, current, instance).await
+        }
         None => {
             remove_scratch(&host.scratch_dir).await;
             current
@@ -195,6 +211,7 @@ async fn finish_instance(ctx: &Context, job: JobRecord, instance: &Instance) -> 
     };
     sync_outputs(ctx, instance).await;
     if let Err(error) = ctx.provider.release(instance).await {
+        ctx.metrics.provider_error(instance.provider);
         tracing::error!(job_id = %job.id, error = %error, "cannot release the instance; it is released at the next restart");
     }
     job
@@ -202,10 +219,16 @@ async fn finish_instance(ctx: &Context, job: JobRecord, instance: &Instance) -> 
 
 /// Copies an ended instance's outputs to object storage; a failure is logged, not fatal.
 pub(crate) async fn sync_outputs(ctx: &Context, instance: &Instance) {
+    let started = std::time::Instant::now();
     let synced = match ctx.provider.outputs(instance).await {
         Ok(outputs) => crate::outputs::sync(ctx.objects.clone(), &instance.job_id, outputs).await,
-        Err(error) => Err(error),
+        Err(error) => {
+            ctx.metrics.provider_error(instance.provider);
+            Err(error)
+        }
     };
+    ctx.metrics
+        .synced(synced.as_ref().ok().map(|synced| synced.bytes), started.elapsed());
     match synced {
         Ok(synced) => {
             tracing::info!(job_id = %instance.job_id, files = synced.files, bytes = synced.bytes, "outputs synced")
@@ -247,7 +270,10 @@ async fn execute(
     drop(spec);
     let mut instance = match provisioned {
         Ok(instance) => instance,
-        Err(error) => return (not_started(error), job, None),
+        Err(error) => {
+            ctx.metrics.provider_error(ctx.provider.name_for(&job.image));
+            return (not_started(error), job, None);
+        }
     };
     let current = ctx.store.job(&job.id).await.ok();
     if current
@@ -272,7 +298,10 @@ async fn execute(
     }
     let output = match ctx.provider.start(&mut instance).await {
         Ok(output) => output,
-        Err(error) => return (not_started(error), job, Some(instance)),
+        Err(error) => {
+            ctx.metrics.provider_error(instance.provider);
+            return (not_started(error), job, Some(instance));
+        }
     };
     let change = Change {
         instance_id: Some(instance.id.clone()),
@@ -291,6 +320,8 @@ async fn execute(
             return (not_started(error.into()), job, Some(instance));
         }
     };
+    host.phase.enter(metrics::RUNNING);
+    ctx.metrics.launched(host.received.elapsed());
     tracing::info!(job_id = %job.id, instance = %instance.id, "job running");
     let reader = shipper.ship(output);
     let collector = tokio::spawn(crate::collector::collect(
@@ -300,7 +331,7 @@ async fn execute(
     ));
     // After the output and metrics are taken care of: the publish may wait for a stream leader.
     publish(ctx, &job).await;
-    let (exit, stopped) = watch(ctx, &job, &instance, gpu_devices, controls, shutdown).await;
+    let (exit, stopped) = watch(ctx, &job, &instance, gpu_devices, controls, shutdown, &mut host.phase).await;
     collector.abort();
     // Whatever the job left behind goes too, so its output streams end.
     let _ = ctx.provider.signal(&instance, Signal::SIGKILL).await;
@@ -310,81 +341,16 @@ async fn execute(
     }
     let outcome = match exit {
         Ok(exit) => Outcome::Exited { exit, stopped },
-        Err(error) => Outcome::NotStarted {
-            reason: format!("lost track of the instance: {error}"),
-            exit_code: None,
-            stopped: false,
-        },
+        Err(error) => {
+            ctx.metrics.provider_error(instance.provider);
+            Outcome::NotStarted {
+                reason: format!("lost track of the instance: {error}"),
+                exit_code: None,
+                stopped: false,
+            }
+        }
     };
     (outcome, job, Some(instance))
-}
-
-/// Waits for the job to end, stopping it on request, on timeout, when its GPUs stay idle, or
-/// at shutdown.
-async fn watch(
-    ctx: &Context,
-    job: &JobRecord,
-    instance: &Instance,
-    gpu_devices: Vec<u32>,
-    controls: &Controls,
-    shutdown: &CancellationToken,
-) -> (Result<Exit>, Option<StopReason>) {
-    let deadline = (job.max_runtime_secs > 0).then(|| {
-        tokio::time::Instant::now() + Duration::from_secs(u64::try_from(job.max_runtime_secs).unwrap_or(u64::MAX / 2))
-    });
-    let wait = ctx.provider.wait(instance);
-    tokio::pin!(wait);
-    let idle_gpu = async {
-        match &ctx.sampler {
-            Some(sampler) => crate::gpu::idle(sampler.clone(), gpu_devices, ctx.config.idle_gpu.clone()).await,
-            None => std::future::pending().await,
-        }
-    };
-    tokio::pin!(idle_gpu);
-    let mut stopping: Option<StopReason> = None;
-    loop {
-        tokio::select! {
-            exit = &mut wait => return (exit, stopping),
-            _ = controls.stop.cancelled(), if stopping.is_none() => stopping = Some(StopReason::User),
-            _ = controls.preempted.cancelled(), if stopping.is_none() => stopping = Some(StopReason::Preempted),
-            _ = shutdown.cancelled(), if stopping.is_none() => stopping = Some(StopReason::Shutdown),
-            _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if stopping.is_none() && deadline.is_some() => {
-                stopping = Some(StopReason::Timeout);
-            }
-            _ = &mut idle_gpu, if stopping.is_none() => stopping = Some(StopReason::IdleGpu),
-            _ = tokio::time::sleep(STOP_POLL), if stopping.is_none() => {
-                match ctx.store.job(&job.id).await {
-                    Ok(current) if Holding::of(job).is_taken_by(Holding::of(&current)) => {
-                        tracing::warn!(job_id = %job.id, state = %current.state, attempt = current.attempt, "the job was taken from this runner: SIGKILL");
-                        controls.taken.cancel();
-                        let _ = ctx.provider.signal(instance, Signal::SIGKILL).await;
-                        return (wait.await, Some(StopReason::Taken));
-                    }
-                    Ok(current) if current.stop_requested => stopping = Some(StopReason::User),
-                    _ => {}
-                }
-            }
-        }
-        if let Some(reason) = stopping {
-            tracing::info!(job_id = %job.id, ?reason, grace_ms = ctx.config.stop_grace_period_ms, "stopping job: SIGTERM");
-            if let Err(error) = ctx.provider.signal(instance, Signal::SIGTERM).await {
-                tracing::warn!(job_id = %job.id, error = %error, "SIGTERM failed");
-            }
-            // A preempted job has the notice period to checkpoint; the cloud ends it after.
-            let grace = match reason {
-                StopReason::Preempted => Duration::from_millis(controls.notice_ms.load(Ordering::SeqCst)),
-                _ => Duration::from_millis(ctx.config.stop_grace_period_ms),
-            };
-            if let Ok(exit) = tokio::time::timeout(grace, &mut wait).await {
-                return (exit, stopping);
-            }
-            tracing::info!(job_id = %job.id, "grace period over: SIGKILL");
-            if let Err(error) = ctx.provider.signal(instance, Signal::SIGKILL).await {
-                tracing::warn!(job_id = %job.id, error = %error, "SIGKILL failed");
-            }
-            return (wait.await, stopping);
-        }
-    }
 }
 
 fn not_started(error: Error) -> Outcome {

@@ -1,0 +1,88 @@
+//! Watching a running job: its end, and the stops on request, at the run-time limit, when its
+//! GPUs stay idle, at shutdown, or when it was taken from this runner.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use kiln_core::store::JobRecord;
+use nix::sys::signal::Signal;
+use tokio_util::sync::CancellationToken;
+
+use super::{Controls, STOP_POLL, StopReason};
+use crate::Context;
+use crate::error::Result;
+use crate::liveness::Holding;
+use crate::provider::{Exit, Instance};
+use crate::service_metrics::{self as metrics, Phase};
+
+/// Waits for the job to end, stopping it on request, on timeout, when its GPUs stay idle, or
+/// at shutdown.
+pub(super) async fn watch(
+    ctx: &Context,
+    job: &JobRecord,
+    instance: &Instance,
+    gpu_devices: Vec<u32>,
+    controls: &Controls,
+    shutdown: &CancellationToken,
+    phase: &mut Phase,
+) -> (Result<Exit>, Option<StopReason>) {
+    let deadline = (job.max_runtime_secs > 0).then(|| {
+        tokio::time::Instant::now() + Duration::from_secs(u64::try_from(job.max_runtime_secs).unwrap_or(u64::MAX / 2))
+    });
+    let wait = ctx.provider.wait(instance);
+    tokio::pin!(wait);
+    let idle_gpu = async {
+        match &ctx.sampler {
+            Some(sampler) => crate::gpu::idle(sampler.clone(), gpu_devices, ctx.config.idle_gpu.clone()).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(idle_gpu);
+    let mut stopping: Option<StopReason> = None;
+    loop {
+        tokio::select! {
+            exit = &mut wait => return (exit, stopping),
+            _ = controls.stop.cancelled(), if stopping.is_none() => stopping = Some(StopReason::User),
+            _ = controls.preempted.cancelled(), if stopping.is_none() => stopping = Some(StopReason::Preempted),
+            _ = shutdown.cancelled(), if stopping.is_none() => stopping = Some(StopReason::Shutdown),
+            _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if stopping.is_none() && deadline.is_some() => {
+                stopping = Some(StopReason::Timeout);
+            }
+            _ = &mut idle_gpu, if stopping.is_none() => stopping = Some(StopReason::IdleGpu),
+            _ = tokio::time::sleep(STOP_POLL), if stopping.is_none() => {
+                match ctx.store.job(&job.id).await {
+                    Ok(current) if Holding::of(job).is_taken_by(Holding::of(&current)) => {
+                        tracing::warn!(job_id = %job.id, state = %current.state, attempt = current.attempt, "the job was taken from this runner: SIGKILL");
+                        controls.taken.cancel();
+                        let _ = ctx.provider.signal(instance, Signal::SIGKILL).await;
+                        return (wait.await, Some(StopReason::Taken));
+                    }
+                    Ok(current) if current.stop_requested => stopping = Some(StopReason::User),
+                    _ => {}
+                }
+            }
+        }
+        if let Some(reason) = stopping {
+            phase.enter(metrics::STOPPING);
+            tracing::info!(job_id = %job.id, ?reason, grace_ms = ctx.config.stop_grace_period_ms, "stopping job: SIGTERM");
+            if let Err(error) = ctx.provider.signal(instance, Signal::SIGTERM).await {
+                ctx.metrics.provider_error(instance.provider);
+                tracing::warn!(job_id = %job.id, error = %error, "SIGTERM failed");
+            }
+            // A preempted job has the notice period to checkpoint; the cloud ends it after.
+            let grace = match reason {
+                StopReason::Preempted => Duration::from_millis(controls.notice_ms.load(Ordering::SeqCst)),
+                _ => Duration::from_millis(ctx.config.stop_grace_period_ms),
+            };
+            if let Ok(exit) = tokio::time::timeout(grace, &mut wait).await {
+                return (exit, stopping);
+            }
+            tracing::info!(job_id = %job.id, "grace period over: SIGKILL");
+            if let Err(error) = ctx.provider.signal(instance, Signal::SIGKILL).await {
+                ctx.metrics.provider_error(instance.provider);
+                tracing::warn!(job_id = %job.id, error = %error, "SIGKILL failed");
+            }
+            return (wait.await, stopping);
+        }
+    }
+}
