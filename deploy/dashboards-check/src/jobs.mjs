@@ -92,7 +92,7 @@ export const scheduler = dashboard({
         stat('Leader', 'Schedulers holding the lead (sum of kiln_scheduler_leader): 1 is healthy', [q('sum(kiln_scheduler_leader)', 'leaders')]),
         stat('Pending jobs', 'QUEUED jobs after the last pass', [q(`sum(kiln_scheduler_pending_jobs${POOL})`, 'pending')]),
         stat('Running jobs', 'Placed jobs', [q(`sum(kiln_scheduler_running_jobs${POOL})`, 'running')]),
-        stat('Lost runners', 'Runners declared lost in the time range', [q('sum(increase(kiln_scheduler_lost_runners_total[$__range]))', 'lost')]),
+        stat('Lost jobs', 'Jobs of runners whose lease lapsed, ended or queued again by the leader, in the time range', [q('sum(increase(kiln_scheduler_lost_jobs_total[$__range]))', 'lost')]),
         timeseries('Passes', 'Scheduling passes per second', [q('sum(rate(kiln_scheduler_passes_total[$__rate_interval]))', 'passes')], { unit: 'ops' }),
         timeseries('Pass duration', 'Duration of a scheduling pass, p50/p95/p99', quantiles('kiln_scheduler_pass_duration_seconds_bucket'), { unit: 's' }),
       ],

@@ -215,7 +215,8 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
         },
         ..Default::default()
     })
-    .await?;
+    .await?
+    .with_metrics(&metrics);
     let logs_addr = logs.local_addr();
     let scheduler = kiln_scheduler::Scheduler::bind(kiln_scheduler::Config {
         grpc: ephemeral.clone(),
@@ -249,7 +250,8 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
         },
         ..Default::default()
     })
-    .await?;
+    .await?
+    .with_metrics(&metrics);
     let engine = args.docker_host.as_deref().unwrap_or("unix:///var/run/docker.sock");
     let provider = match runner.provider_name() {
         "docker+process" => {
@@ -267,7 +269,8 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
         objects,
         ..Default::default()
     })
-    .await?;
+    .await?
+    .with_metrics(&metrics);
     let batches_addr = batches.local_addr();
 
     let shutdown = kiln_core::shutdown::on_signal();

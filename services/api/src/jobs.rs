@@ -37,7 +37,7 @@ pub struct JobsApi {
     pub(crate) watch_poll: Duration,
     /// How long an explanation waits for the scheduler leader.
     pub(crate) explain_timeout: Duration,
-    pub(crate) metrics: crate::metrics::ApiMetrics,
+    pub(crate) metrics: crate::service_metrics::ApiMetrics,
 }
 
 impl JobsApi {
@@ -71,7 +71,7 @@ impl JobsApi {
         tracing::info!(job_id = %job.id, owner = %principal.user_name, "job submitted");
         self.metrics
             .jobs_submitted
-            .get_or_create(&crate::metrics::ProjectLabels {
+            .get_or_create(&crate::service_metrics::ProjectLabels {
                 project: job.project.clone(),
             })
             .inc();

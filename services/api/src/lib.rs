@@ -34,8 +34,8 @@ pub mod datasets;
 pub mod error;
 pub mod grpc;
 pub mod jobs;
-pub mod metrics;
 pub mod quotas;
+pub mod service_metrics;
 
 pub use config::Config;
 pub use error::{Error, Result};
@@ -91,7 +91,7 @@ impl Api {
 
     /// Serves until `shutdown` is cancelled.
     pub async fn serve(mut self, shutdown: CancellationToken) -> Result<()> {
-        let metrics = metrics::ApiMetrics::register(&self.metrics);
+        let metrics = service_metrics::ApiMetrics::register(&self.metrics);
         let rpc_metrics = RpcMetricsLayer::new(&self.metrics, "api");
         self.store.count_transitions(&self.metrics, "api");
         let objects = objects::connect(&self.config.objects).await?;
@@ -155,7 +155,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
 async fn reconcile(
     store: Store,
     nats: Nats,
-    metrics: metrics::ApiMetrics,
+    metrics: service_metrics::ApiMetrics,
     interval: Duration,
     shutdown: CancellationToken,
 ) {

@@ -7,12 +7,11 @@
 //! `items_per_second` (the change of its finished counters over [`RATE_WINDOW`]) and
 //! `scaler_leader`.
 
-use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use kiln_core::metrics::Metrics;
+use kiln_core::metrics::{Metrics, RateWindow, RegistryExt};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -72,7 +71,7 @@ pub struct BatchMetrics {
     items_per_second: Gauge<f64, AtomicU64>,
     scaler_leader: Gauge,
     /// (when, items finished) over the rate window.
-    samples: Mutex<VecDeque<(Instant, u64)>>,
+    rate: Mutex<RateWindow>,
 }
 
 impl Default for BatchMetrics {
@@ -89,7 +88,7 @@ impl Default for BatchMetrics {
             batches: Family::default(),
             items_per_second: Gauge::default(),
             scaler_leader: Gauge::default(),
-            samples: Mutex::new(VecDeque::new()),
+            rate: Mutex::new(RateWindow::new(RATE_WINDOW)),
         };
         // Every state reads 0 until the first pass.
         metrics.standby();
@@ -101,49 +100,49 @@ impl BatchMetrics {
     pub fn register(&self, metrics: &Metrics) {
         metrics.register("item-batch", |registry| {
             kiln_core::metrics::register_build_info(registry);
-            registry.register("items_added", "Items added to batches (duplicates not counted)", self.items_added.clone());
-            registry.register(
+            registry.add("items_added", "Items added to batches (duplicates not counted)", self.items_added.clone());
+            registry.add(
                 "items_dispatched",
                 "Items sent to workers (each delivery of an item counts)",
                 self.items_dispatched.clone(),
             );
-            registry.register("items_succeeded", "Items whose attempt succeeded", self.items_succeeded.clone());
-            registry.register(
+            registry.add("items_succeeded", "Items whose attempt succeeded", self.items_succeeded.clone());
+            registry.add(
                 "items_failed",
                 "Attempts of items that failed, retried or not",
                 self.items_failed.clone(),
             );
-            registry.register(
+            registry.add(
                 "items_dead",
                 "Items that became dead letters (out of attempts)",
                 self.items_dead.clone(),
             );
-            registry.register(
+            registry.add(
                 "workers_requested",
                 "Workers the scaler wants for the live batches, as of its last pass",
                 self.workers_requested.clone(),
             );
-            registry.register(
+            registry.add(
                 "workers_live",
                 "Worker jobs of the live batches not yet ended, as of the scaler's last pass",
                 self.workers_live.clone(),
             );
-            registry.register(
+            registry.add(
                 "backlog_items",
                 "Items of the open and sealed batches by state (leased: held by a worker), as of the scaler's last pass",
                 self.backlog.clone(),
             );
-            registry.register(
+            registry.add(
                 "batches",
                 "Batches by state, as of the scaler's last pass",
                 self.batches.clone(),
             );
-            registry.register(
+            registry.add(
                 "items_per_second",
                 "Items finished (succeeded or dead) per second by this replica over the last 5 seconds",
                 self.items_per_second.clone(),
             );
-            registry.register(
+            registry.add(
                 "scaler_leader",
                 "1 while this replica holds the scaler lease",
                 self.scaler_leader.clone(),
@@ -199,22 +198,7 @@ impl BatchMetrics {
     /// Takes a sample of the finished counters and refreshes `items_per_second`.
     pub(crate) fn sample_rate(&self) {
         let finished = self.items_succeeded.get() + self.items_dead.get();
-        let now = Instant::now();
-        let mut samples = self.samples.lock().expect("rate samples lock");
-        samples.push_back((now, finished));
-        while samples.len() > 2
-            && samples
-                .front()
-                .is_some_and(|(at, _)| now.duration_since(*at) > RATE_WINDOW)
-        {
-            samples.pop_front();
-        }
-        let rate = match (samples.front(), samples.back()) {
-            (Some(first), Some(last)) if last.0.duration_since(first.0) >= Duration::from_millis(500) => {
-                last.1.saturating_sub(first.1) as f64 / last.0.duration_since(first.0).as_secs_f64()
-            }
-            _ => 0.0,
-        };
+        let rate = self.rate.lock().expect("rate samples lock").sample(finished);
         self.items_per_second.set(rate);
     }
 }

@@ -5,10 +5,9 @@
 //! pays two atomic adds and a histogram observation a batch. `points_per_second` is the change
 //! of `points_stored` over the last [`RATE_WINDOW`], refreshed by a small task.
 
-use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use kiln_core::metrics::{HistogramFamily, Metrics, seconds_histogram};
+use kiln_core::metrics::{HistogramFamily, Metrics, RateWindow, RegistryExt, seconds_histogram};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -79,29 +78,29 @@ impl IngestMetrics {
             kiln_core::metrics::register_build_info(registry);
             let points = StoreCounters::default();
             let lines = StoreCounters::default();
-            registry.register(
+            registry.add(
                 "points_received",
                 "Metric points taken from KILN_METRICS (a redelivered batch counts again)",
                 points.received.clone(),
             );
-            registry.register(
+            registry.add(
                 "points_stored",
                 "Metric points written to the metric store",
                 points.stored.clone(),
             );
-            registry.register(
+            registry.add(
                 "log_lines_received",
                 "Log records taken from KILN_LOGS (a redelivered batch counts again)",
                 lines.received.clone(),
             );
-            registry.register(
+            registry.add(
                 "log_lines_stored",
                 "Log records written to the log store",
                 lines.stored.clone(),
             );
             let duration: HistogramFamily<StoreLabels> =
                 HistogramFamily::new_with_constructor(seconds_histogram as fn() -> Histogram);
-            registry.register_with_unit(
+            registry.add_with_unit(
                 "write_batch_duration",
                 "Time one batch took to write, by store (metrics or logs)",
                 Unit::Seconds,
@@ -109,15 +108,15 @@ impl IngestMetrics {
             );
             let size: HistogramFamily<StoreLabels> =
                 HistogramFamily::new_with_constructor(batch_size_histogram as fn() -> Histogram);
-            registry.register("write_batch_size", "Rows per written batch, by store", size.clone());
+            registry.add("write_batch_size", "Rows per written batch, by store", size.clone());
             let errors: Family<StoreLabels, Counter> = Family::default();
-            registry.register(
+            registry.add(
                 "store_errors",
                 "Batch writes that failed (the batch comes again), by store",
                 errors.clone(),
             );
             let points_per_second = Gauge::<f64, AtomicU64>::default();
-            registry.register(
+            registry.add(
                 "points_per_second",
                 "Metric points stored per second over the last 5 seconds",
                 points_per_second.clone(),
@@ -138,37 +137,13 @@ impl IngestMetrics {
 
     /// Refreshes `points_per_second` until `shutdown`.
     pub async fn track_rate(self, shutdown: CancellationToken) {
-        let mut samples: VecDeque<(Instant, u64)> = VecDeque::new();
+        let mut rate = RateWindow::new(RATE_WINDOW);
         loop {
-            let now = Instant::now();
-            samples.push_back((now, self.points.stored.get()));
-            while samples.len() > 2
-                && samples
-                    .front()
-                    .is_some_and(|(at, _)| now.duration_since(*at) > RATE_WINDOW)
-            {
-                samples.pop_front();
-            }
-            self.points_per_second.set(rate(&samples));
+            self.points_per_second.set(rate.sample(self.points.stored.get()));
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(RATE_REFRESH) => {}
             }
         }
-    }
-}
-
-/// The change per second between the first and last samples; 0 before a second has passed.
-pub(crate) fn rate(samples: &VecDeque<(Instant, u64)>) -> f64 {
-    match (samples.front(), samples.back()) {
-        (Some(first), Some(last)) => {
-            let seconds = last.0.duration_since(first.0).as_secs_f64();
-            if seconds < 0.5 {
-                0.0
-            } else {
-                last.1.saturating_sub(first.1) as f64 / seconds
-            }
-        }
-        _ => 0.0,
     }
 }

@@ -9,7 +9,7 @@
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use kiln_core::metrics::{HistogramFamily, Metrics, slow_seconds_histogram};
+use kiln_core::metrics::{HistogramFamily, Metrics, RegistryExt, slow_seconds_histogram};
 use kiln_core::scheduling::Market;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -119,50 +119,50 @@ impl RunnerMetrics {
     pub fn register(&self, metrics: &Metrics) {
         metrics.register("runner", |registry| {
             kiln_core::metrics::register_build_info(registry);
-            registry.register(
+            registry.add(
                 "instances",
                 "Instances this runner holds, by state",
                 self.instances.clone(),
             );
-            registry.register_with_unit(
+            registry.add_with_unit(
                 "launch_duration",
                 "Time from a launch request's arrival to the job RUNNING",
                 Unit::Seconds,
                 self.launch_durations.clone(),
             );
-            registry.register(
+            registry.add(
                 "launches",
                 "Launch requests taken (the job moved to PROVISIONING here)",
                 self.launch_counts.clone(),
             );
-            registry.register(
+            registry.add(
                 "stops",
                 "Attempts that ended on this runner, by reason",
                 self.stops.clone(),
             );
-            registry.register(
+            registry.add(
                 "idle_gpu_kills",
                 "Jobs stopped because their GPUs stayed idle",
                 self.idle_gpu_counts.clone(),
             );
-            registry.register_with_unit(
+            registry.add_with_unit(
                 "outputs_synced",
                 "Bytes of outputs copied to object storage",
                 Unit::Bytes,
                 self.synced_bytes_counts.clone(),
             );
-            registry.register_with_unit(
+            registry.add_with_unit(
                 "outputs_sync_duration",
                 "Time one instance's outputs took to sync",
                 Unit::Seconds,
                 self.sync_durations.clone(),
             );
-            registry.register(
+            registry.add(
                 "provider_errors",
                 "Calls to the provider that failed (provision, start, wait, signal, outputs, release), by provider",
                 self.provider_errors.clone(),
             );
-            registry.register(
+            registry.add(
                 "spend_dollars",
                 "What the ended attempts cost, by market",
                 self.spend.clone(),

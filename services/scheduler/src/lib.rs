@@ -42,8 +42,8 @@ pub mod error;
 pub mod explain_service;
 pub mod input;
 pub mod lost;
-pub mod metrics;
 pub mod policy;
+pub mod service_metrics;
 pub mod state;
 
 pub use config::Config;
@@ -98,7 +98,7 @@ impl Scheduler {
     }
 
     pub async fn serve(mut self, shutdown: CancellationToken) -> Result<()> {
-        let metrics = metrics::SchedulerMetrics::register(&self.metrics);
+        let metrics = service_metrics::SchedulerMetrics::register(&self.metrics);
         let rpc_metrics = RpcMetricsLayer::new(&self.metrics, "scheduler");
         self.store.count_transitions(&self.metrics, "scheduler");
         let name = if self.config.instance_name.is_empty() {
@@ -210,7 +210,7 @@ pub async fn pass(
     store: &Store,
     nats: &Nats,
     state: &Mutex<PassState>,
-    metrics: &metrics::SchedulerMetrics,
+    metrics: &service_metrics::SchedulerMetrics,
 ) -> Result<usize> {
     let started = std::time::Instant::now();
     let placed = place(config, store, nats, state, metrics).await;
@@ -223,7 +223,7 @@ async fn place(
     store: &Store,
     nats: &Nats,
     state: &Mutex<PassState>,
-    metrics: &metrics::SchedulerMetrics,
+    metrics: &service_metrics::SchedulerMetrics,
 ) -> Result<usize> {
     metrics.lost(lost::take_back(store, nats).await?);
     let read = input::read_as_leader(config, store, nats, state).await?;
@@ -319,7 +319,7 @@ async fn save_rates(saved_rates: &SavedRates, state: &Mutex<PassState>) {
 /// Wakes a pass on every job event, and counts spot preemptions.
 async fn watch_job_events(
     nats: Nats,
-    metrics: metrics::SchedulerMetrics,
+    metrics: service_metrics::SchedulerMetrics,
     wake: Arc<Notify>,
     state: Arc<Mutex<PassState>>,
     shutdown: CancellationToken,
@@ -340,7 +340,7 @@ async fn watch_job_events(
 
 async fn consume_job_events(
     nats: &Nats,
-    metrics: &metrics::SchedulerMetrics,
+    metrics: &service_metrics::SchedulerMetrics,
     wake: &Notify,
     state: &Mutex<PassState>,
     shutdown: &CancellationToken,

@@ -141,6 +141,51 @@ pub fn register_build_info(registry: &mut Registry) {
     registry.add("build_info", "1, labelled with the version of kiln serving", info);
 }
 
+/// A "per second" gauge's source: samples of a counter over the last `window`, the rate being
+/// the change between the first and the last (0 until half a second has passed).
+#[derive(Debug)]
+pub struct RateWindow {
+    window: std::time::Duration,
+    samples: std::collections::VecDeque<(std::time::Instant, u64)>,
+}
+
+impl RateWindow {
+    pub fn new(window: std::time::Duration) -> RateWindow {
+        RateWindow {
+            window,
+            samples: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// Adds the counter's value now and returns the rate over the window.
+    pub fn sample(&mut self, total: u64) -> f64 {
+        self.sample_at(std::time::Instant::now(), total)
+    }
+
+    pub fn sample_at(&mut self, now: std::time::Instant, total: u64) -> f64 {
+        self.samples.push_back((now, total));
+        while self.samples.len() > 2
+            && self
+                .samples
+                .front()
+                .is_some_and(|(at, _)| now.duration_since(*at) > self.window)
+        {
+            self.samples.pop_front();
+        }
+        match (self.samples.front(), self.samples.back()) {
+            (Some(first), Some(last)) => {
+                let seconds = last.0.duration_since(first.0).as_secs_f64();
+                if seconds < 0.5 {
+                    0.0
+                } else {
+                    last.1.saturating_sub(first.1) as f64 / seconds
+                }
+            }
+            _ => 0.0,
+        }
+    }
+}
+
 /// The process's registry. Cloning shares it.
 #[derive(Clone, Default)]
 pub struct Metrics {
@@ -325,6 +370,18 @@ mod tests {
     use prometheus_client::metrics::counter::Counter;
 
     use super::*;
+
+    #[test]
+    fn a_rate_is_the_change_over_its_window() {
+        let start = std::time::Instant::now();
+        let mut rate = RateWindow::new(std::time::Duration::from_secs(5));
+        assert_eq!(rate.sample_at(start, 100), 0.0);
+        let at = |secs| start + std::time::Duration::from_secs(secs);
+        assert_eq!(rate.sample_at(at(2), 300), 100.0);
+        assert_eq!(rate.sample_at(at(4), 500), 100.0);
+        // The sample at 0 s is older than the window now: 10 per second from 2 s to 8 s.
+        assert_eq!(rate.sample_at(at(8), 560), 65.0);
+    }
 
     #[test]
     fn counters_are_named_with_their_total_in_the_text_format() {
