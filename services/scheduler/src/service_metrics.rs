@@ -109,6 +109,14 @@ impl SchedulerMetrics {
                 preemptions: Family::default(),
                 lost_jobs: Counter::default(),
             };
+            // Known label values start at 0, so a rate reads 0 rather than nothing before the
+            // first event.
+            for scope in ["global", "project", "user"] {
+                m.quota_refusals.get_or_create(&ScopeLabels { scope }).inc_by(0);
+            }
+            for cause in ["priority", "fair-share", "spot"] {
+                m.preemptions.get_or_create(&CauseLabels { cause }).inc_by(0);
+            }
             r.add_with_unit(
                 "pass_duration",
                 "Time a scheduling pass of the leader took",
