@@ -17,6 +17,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use tokio_util::sync::CancellationToken;
 
+use super::varz::{Varz, read_varz};
 use super::{Metrics, MetricsConfig};
 use crate::streams::Nats;
 use crate::subjects;
@@ -32,57 +33,6 @@ struct Snapshot {
     jetstream_up: Option<bool>,
     /// monitor URL → its /varz, or `None` when it did not answer.
     servers: BTreeMap<String, Option<Varz>>,
-}
-
-/// The parts of nats-server's `/varz` kiln exports.
-#[derive(Debug, Default, Clone, serde::Deserialize)]
-struct Varz {
-    #[serde(default)]
-    server_name: String,
-    #[serde(default)]
-    connections: u64,
-    #[serde(default)]
-    subscriptions: u64,
-    #[serde(default)]
-    slow_consumers: u64,
-    #[serde(default)]
-    in_msgs: u64,
-    #[serde(default)]
-    out_msgs: u64,
-    #[serde(default)]
-    in_bytes: u64,
-    #[serde(default)]
-    out_bytes: u64,
-    #[serde(default)]
-    mem: u64,
-    #[serde(default)]
-    cpu: f64,
-    #[serde(default)]
-    jetstream: Option<VarzJetStream>,
-}
-
-#[derive(Debug, Default, Clone, serde::Deserialize)]
-struct VarzJetStream {
-    #[serde(default)]
-    stats: Option<VarzJetStreamStats>,
-}
-
-#[derive(Debug, Default, Clone, serde::Deserialize)]
-struct VarzJetStreamStats {
-    #[serde(default)]
-    memory: u64,
-    #[serde(default)]
-    storage: u64,
-    #[serde(default)]
-    api: Option<VarzApi>,
-}
-
-#[derive(Debug, Default, Clone, serde::Deserialize)]
-struct VarzApi {
-    #[serde(default)]
-    total: u64,
-    #[serde(default)]
-    errors: u64,
 }
 
 /// The collector of `kiln_nats_*`.
@@ -164,18 +114,6 @@ async fn read_jetstream(nats: &Nats, snapshot: &mut Snapshot) -> Result<(), Box<
         }
     }
     Ok(())
-}
-
-async fn read_varz(http: &reqwest::Client, url: &str) -> Result<Varz, Box<dyn std::error::Error + Send + Sync>> {
-    let body = http
-        .get(format!("{}/varz", url.trim_end_matches('/')))
-        .timeout(Duration::from_secs(2))
-        .send()
-        .await?
-        .error_for_status()?
-        .bytes()
-        .await?;
-    Ok(serde_json::from_slice(&body)?)
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
