@@ -338,4 +338,5 @@ mod exposition;
 
 pub use exposition::{
     Sample, assert_no_ids_in_labels, http_get, promtool_binary, promtool_check_metrics, sample_value, samples,
+    series_value,
 };

@@ -7,37 +7,14 @@ use std::time::Duration;
 use kiln_core::config::GrpcConfig;
 use kiln_core::metrics::{Metrics, MetricsConfig};
 use kiln_core::store::Store;
-use kiln_core::testing::{NatsServer, http_get, promtool_check_metrics, sqlite_config};
+use kiln_core::testing::{
+    NatsServer, assert_no_ids_in_labels, http_get, promtool_check_metrics, series_value, sqlite_config,
+};
 use kiln_log_ingest::config::SqliteConfig;
 use kiln_log_ingest::{Config, LogIngest};
 use kiln_proto::v1 as pb;
 use prost::Message;
 use tokio_util::sync::CancellationToken;
-
-/// The value of one series (`name{labels}` exactly as exposed), if it is there.
-fn value(exposition: &str, series: &str) -> Option<f64> {
-    exposition.lines().find_map(|line| {
-        let rest = line.strip_prefix(series)?.strip_prefix(' ')?;
-        rest.split(' ').next()?.parse().ok()
-    })
-}
-
-/// Every label value of every sample.
-fn label_values(exposition: &str) -> Vec<String> {
-    let mut values = Vec::new();
-    for line in exposition.lines().filter(|line| !line.starts_with('#')) {
-        let Some((_, labels)) = line.split_once('{') else {
-            continue;
-        };
-        let labels = labels.rsplit_once('}').map_or(labels, |(labels, _)| labels);
-        for pair in labels.split("\",") {
-            if let Some((_, value)) = pair.split_once("=\"") {
-                values.push(value.trim_end_matches('"').to_string());
-            }
-        }
-    }
-    values
-}
 
 #[tokio::test]
 async fn points_and_lines_are_counted_and_no_job_id_is_a_label() {
@@ -129,39 +106,39 @@ async fn points_and_lines_are_counted_and_no_job_id_is_a_label() {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while tokio::time::Instant::now() < deadline {
         text = http_get(&url).await;
-        if value(&text, "kiln_log_ingest_points_stored_total") == Some(points as f64)
-            && value(&text, "kiln_log_ingest_log_lines_stored_total") == Some(lines as f64)
+        if series_value(&text, "kiln_log_ingest_points_stored_total") == Some(points as f64)
+            && series_value(&text, "kiln_log_ingest_log_lines_stored_total") == Some(lines as f64)
         {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(
-        value(&text, "kiln_log_ingest_points_stored_total"),
+        series_value(&text, "kiln_log_ingest_points_stored_total"),
         Some(points as f64),
         "{text}"
     );
     assert_eq!(
-        value(&text, "kiln_log_ingest_points_received_total"),
+        series_value(&text, "kiln_log_ingest_points_received_total"),
         Some(points as f64),
         "{text}"
     );
     assert_eq!(
-        value(&text, "kiln_log_ingest_log_lines_stored_total"),
+        series_value(&text, "kiln_log_ingest_log_lines_stored_total"),
         Some(lines as f64),
         "{text}"
     );
     assert_eq!(
-        value(&text, "kiln_log_ingest_log_lines_received_total"),
+        series_value(&text, "kiln_log_ingest_log_lines_received_total"),
         Some(lines as f64),
         "{text}"
     );
     assert_eq!(
-        value(&text, "kiln_log_ingest_store_errors_total{store=\"metrics\"}"),
+        series_value(&text, "kiln_log_ingest_store_errors_total{store=\"metrics\"}"),
         Some(0.0),
         "{text}"
     );
-    let batches = value(
+    let batches = series_value(
         &text,
         "kiln_log_ingest_write_batch_duration_seconds_count{store=\"metrics\"}",
     )
@@ -170,11 +147,11 @@ async fn points_and_lines_are_counted_and_no_job_id_is_a_label() {
         (1.0..=3.0).contains(&batches),
         "three messages in one to three batches: {text}"
     );
-    let rows = value(&text, "kiln_log_ingest_write_batch_size_sum{store=\"logs\"}").unwrap();
+    let rows = series_value(&text, "kiln_log_ingest_write_batch_size_sum{store=\"logs\"}").unwrap();
     assert_eq!(rows, lines as f64, "{text}");
     assert!(text.contains("kiln_log_ingest_build_info{version=\""), "{text}");
     assert_eq!(
-        value(
+        series_value(
             &text,
             "kiln_log_ingest_rpc_errors_total{grpc_service=\"kiln.v1.LogService\",grpc_method=\"ListMetricKeys\",grpc_code=\"UNAUTHENTICATED\"}"
         ),
@@ -184,17 +161,11 @@ async fn points_and_lines_are_counted_and_no_job_id_is_a_label() {
     // Within the 5 s window of the points stored: not zero.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let text = http_get(&url).await;
-    let rate = value(&text, "kiln_log_ingest_points_per_second").expect("the rate is exported");
+    let rate = series_value(&text, "kiln_log_ingest_points_per_second").expect("the rate is exported");
     assert!(rate > 0.0, "{rate}: {text}");
     promtool_check_metrics(&text);
-    for label in label_values(&text) {
-        for job_id in &jobs {
-            assert!(
-                !label.contains(job_id.as_str()),
-                "a label holds job id {job_id}: {text}"
-            );
-        }
-    }
+    let ids: Vec<&str> = jobs.iter().map(String::as_str).collect();
+    assert_no_ids_in_labels(&text, &ids);
 
     shutdown.cancel();
     served.await.unwrap().unwrap();

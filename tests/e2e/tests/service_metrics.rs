@@ -7,44 +7,16 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use kiln_core::metrics::{Metrics, MetricsConfig};
-use kiln_core::testing::{http_get, promtool_check_metrics};
+use kiln_core::testing::{assert_no_ids_in_labels, http_get, promtool_check_metrics, series_value};
 use kiln_e2e::{PATIENCE, Stack};
 use kiln_proto::v1 as pb;
 use tokio_util::sync::CancellationToken;
 
-/// The value of one series (`name{labels}` exactly as exposed), if it is there.
-fn value(exposition: &str, series: &str) -> Option<f64> {
-    exposition.lines().find_map(|line| {
-        let rest = line.strip_prefix(series)?.strip_prefix(' ')?;
-        rest.split(' ').next()?.parse().ok()
-    })
-}
-
-/// Every label value of every sample.
-fn label_values(exposition: &str) -> Vec<String> {
-    let mut values = Vec::new();
-    for line in exposition.lines().filter(|line| !line.starts_with('#')) {
-        let Some((_, labels)) = line.split_once('{') else {
-            continue;
-        };
-        let labels = labels.rsplit_once('}').map_or(labels, |(labels, _)| labels);
-        for pair in labels.split("\",") {
-            if let Some((_, value)) = pair.split_once("=\"") {
-                values.push(value.trim_end_matches('"').to_string());
-            }
-        }
-    }
-    values
-}
-
 /// Checks the exposition with promtool and that no label value holds one of `ids`.
 fn assert_clean(exposition: &str, ids: &[String]) {
     promtool_check_metrics(exposition);
-    for label in label_values(exposition) {
-        for id in ids {
-            assert!(!label.contains(id.as_str()), "a label holds {id}: {exposition}");
-        }
-    }
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    assert_no_ids_in_labels(exposition, &ids);
 }
 
 /// Scrapes `addr` until `ready` holds (or the patience runs out) and returns the last scrape.
@@ -88,31 +60,31 @@ async fn the_runner_counts_launches_ends_outputs_and_spend() {
 
     let pool = "pool=\"local\"";
     let text = scrape_until(addr, |text| {
-        value(text, &format!("kiln_runner_stops_total{{{pool},reason=\"failed\"}}")) == Some(1.0)
-            && value(text, &format!("kiln_runner_stops_total{{{pool},reason=\"succeeded\"}}")) == Some(1.0)
+        series_value(text, &format!("kiln_runner_stops_total{{{pool},reason=\"failed\"}}")) == Some(1.0)
+            && series_value(text, &format!("kiln_runner_stops_total{{{pool},reason=\"succeeded\"}}")) == Some(1.0)
     })
     .await;
     assert_eq!(
-        value(&text, &format!("kiln_runner_launches_total{{{pool}}}")),
+        series_value(&text, &format!("kiln_runner_launches_total{{{pool}}}")),
         Some(2.0),
         "{text}"
     );
     assert_eq!(
-        value(&text, &format!("kiln_runner_launch_duration_seconds_count{{{pool}}}")),
+        series_value(&text, &format!("kiln_runner_launch_duration_seconds_count{{{pool}}}")),
         Some(2.0),
         "{text}"
     );
     for reason in ["succeeded", "failed"] {
         assert_eq!(
-            value(&text, &format!("kiln_runner_stops_total{{{pool},reason=\"{reason}\"}}")),
+            series_value(&text, &format!("kiln_runner_stops_total{{{pool},reason=\"{reason}\"}}")),
             Some(1.0),
             "{text}"
         );
     }
-    let synced = value(&text, &format!("kiln_runner_outputs_synced_bytes_total{{{pool}}}")).unwrap();
+    let synced = series_value(&text, &format!("kiln_runner_outputs_synced_bytes_total{{{pool}}}")).unwrap();
     assert!(synced >= 5000.0, "{synced}: {text}");
     assert_eq!(
-        value(
+        series_value(
             &text,
             &format!("kiln_runner_outputs_sync_duration_seconds_count{{{pool}}}")
         ),
@@ -121,28 +93,28 @@ async fn the_runner_counts_launches_ends_outputs_and_spend() {
     );
     for state in ["provisioning", "running", "stopping", "syncing"] {
         assert_eq!(
-            value(&text, &format!("kiln_runner_instances{{{pool},state=\"{state}\"}}")),
+            series_value(&text, &format!("kiln_runner_instances{{{pool},state=\"{state}\"}}")),
             Some(0.0),
             "every instance is released: {text}"
         );
     }
-    let spent = value(
+    let spent = series_value(
         &text,
         &format!("kiln_runner_spend_dollars_total{{{pool},market=\"on-demand\"}}"),
     );
     assert!(spent.is_some_and(|s| s >= 0.0), "{text}");
     assert_eq!(
-        value(&text, "kiln_runner_idle_gpu_kills_total{pool=\"local\"}"),
+        series_value(&text, "kiln_runner_idle_gpu_kills_total{pool=\"local\"}"),
         Some(0.0),
         "{text}"
     );
     assert!(
-        value(&text, "kiln_runner_job_transitions_total{state=\"RUNNING\"}") == Some(2.0),
+        series_value(&text, "kiln_runner_job_transitions_total{state=\"RUNNING\"}") == Some(2.0),
         "{text}"
     );
     assert!(text.contains("kiln_runner_build_info{version=\""), "{text}");
     assert_eq!(
-        value(
+        series_value(
             &text,
             "kiln_runner_provider_errors_total{pool=\"local\",provider=\"process\"}"
         ),
@@ -225,47 +197,66 @@ async fn item_batch_counts_items_and_reports_its_batches() {
     }
 
     let text = scrape_until(addr, |text| {
-        value(text, "kiln_item_batch_batches{state=\"done\"}") == Some(1.0)
-            && value(text, "kiln_item_batch_workers_live") == Some(0.0)
+        series_value(text, "kiln_item_batch_batches{state=\"done\"}") == Some(1.0)
+            && series_value(text, "kiln_item_batch_workers_live") == Some(0.0)
     })
     .await;
-    assert_eq!(value(&text, "kiln_item_batch_items_added_total"), Some(7.0), "{text}");
     assert_eq!(
-        value(&text, "kiln_item_batch_items_succeeded_total"),
+        series_value(&text, "kiln_item_batch_items_added_total"),
+        Some(7.0),
+        "{text}"
+    );
+    assert_eq!(
+        series_value(&text, "kiln_item_batch_items_succeeded_total"),
         Some(6.0),
         "{text}"
     );
     assert_eq!(
-        value(&text, "kiln_item_batch_items_failed_total"),
+        series_value(&text, "kiln_item_batch_items_failed_total"),
         Some(2.0),
         "poison's two attempts: {text}"
     );
-    assert_eq!(value(&text, "kiln_item_batch_items_dead_total"), Some(1.0), "{text}");
-    let dispatched = value(&text, "kiln_item_batch_items_dispatched_total").unwrap();
+    assert_eq!(
+        series_value(&text, "kiln_item_batch_items_dead_total"),
+        Some(1.0),
+        "{text}"
+    );
+    let dispatched = series_value(&text, "kiln_item_batch_items_dispatched_total").unwrap();
     assert!(dispatched >= 8.0, "six items once, poison twice: {text}");
     assert_eq!(
-        value(&text, "kiln_item_batch_batches{state=\"done\"}"),
+        series_value(&text, "kiln_item_batch_batches{state=\"done\"}"),
         Some(1.0),
         "{text}"
     );
     assert_eq!(
-        value(&text, "kiln_item_batch_batches{state=\"open\"}"),
+        series_value(&text, "kiln_item_batch_batches{state=\"open\"}"),
         Some(0.0),
         "{text}"
     );
     for state in ["pending", "leased", "succeeded", "failed", "dead"] {
         assert_eq!(
-            value(&text, &format!("kiln_item_batch_backlog_items{{state=\"{state}\"}}")),
+            series_value(&text, &format!("kiln_item_batch_backlog_items{{state=\"{state}\"}}")),
             Some(0.0),
             "no batch is live any more: {text}"
         );
     }
-    assert_eq!(value(&text, "kiln_item_batch_workers_requested"), Some(0.0), "{text}");
-    assert_eq!(value(&text, "kiln_item_batch_scaler_leader"), Some(1.0), "{text}");
-    assert!(value(&text, "kiln_item_batch_items_per_second").is_some(), "{text}");
+    assert_eq!(
+        series_value(&text, "kiln_item_batch_workers_requested"),
+        Some(0.0),
+        "{text}"
+    );
+    assert_eq!(
+        series_value(&text, "kiln_item_batch_scaler_leader"),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(
+        series_value(&text, "kiln_item_batch_items_per_second").is_some(),
+        "{text}"
+    );
     assert!(text.contains("kiln_item_batch_build_info{version=\""), "{text}");
     assert!(
-        value(
+        series_value(
             &text,
             "kiln_item_batch_rpc_requests_total{grpc_service=\"kiln.v1.BatchService\",grpc_method=\"AddItems\"}"
         ) == Some(1.0),

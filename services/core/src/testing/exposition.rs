@@ -100,6 +100,14 @@ pub fn sample_value(exposition: &str, name: &str, labels: &[(&str, &str)]) -> f6
         .value
 }
 
+/// The value of one series written exactly as exposed (`name{a="x",b="y"}`, or a bare name).
+pub fn series_value(exposition: &str, series: &str) -> Option<f64> {
+    exposition.lines().find_map(|line| {
+        let rest = line.strip_prefix(series)?.strip_prefix(' ')?;
+        rest.split(' ').next()?.parse().ok()
+    })
+}
+
 /// Panics when any label value of the exposition is one of `ids` (or contains one): job, item,
 /// batch and user ids must never become labels.
 pub fn assert_no_ids_in_labels(exposition: &str, ids: &[&str]) {
