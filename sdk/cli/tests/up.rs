@@ -118,7 +118,10 @@ fn a_killed_up_leaves_no_nats_server_and_the_next_one_stops_a_stale_one() {
     up.child.kill().unwrap();
     up.child.wait().unwrap();
     wait_until("the child nats-server outlived kiln up", || !serves(nats_pid, &store));
-    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
+    // An exiting process loses its command line (its memory) before its sockets: wait for both.
+    wait_until("the child nats-server's port still accepts connections", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_err()
+    });
 
     // A server that outlived its parent anyway (setpriv missing, or killed in the instant
     // before the signal was set): one of our own on the same store, named in the pid file.
