@@ -332,8 +332,8 @@ mod tests {
         let at = |secs| start + std::time::Duration::from_secs(secs);
         assert_eq!(rate.sample_at(at(2), 300), 100.0);
         assert_eq!(rate.sample_at(at(4), 500), 100.0);
-        // The sample at 0 s is older than the window now: 10 per second from 2 s to 8 s.
-        assert_eq!(rate.sample_at(at(8), 560), 65.0);
+        // The samples at 0 s and 2 s are older than the window now: 60 over the 4 s from 4 s.
+        assert_eq!(rate.sample_at(at(8), 560), 15.0);
     }
 
     #[test]
