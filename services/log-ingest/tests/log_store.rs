@@ -4,6 +4,7 @@
 //! follow), TailLogs and SearchLogs rely on: reads in (attempt, seq) order after a cursor, in
 //! pages; a line stored once however often it is written; end records; the tail's cursor.
 
+mod common;
 use kiln_log_ingest::store::{Cursor, LogStore, StoredLine};
 
 fn line(job_id: &str, attempt: i32, seq: i64, text: &str) -> StoredLine {
@@ -189,14 +190,7 @@ macro_rules! store_suite {
             $(
                 #[tokio::test]
                 async fn $name() {
-                    let nodes = std::env::var("KILN_TEST_SCYLLA_NODES").expect(
-                        "KILN_TEST_SCYLLA_NODES is not set: run the tests through scripts/test.sh, which starts Cassandra",
-                    );
-                    let config = kiln_log_ingest::scylla_store::ScyllaConfig {
-                        nodes: nodes.split(',').map(str::to_string).collect(),
-                        keyspace: format!("kiln_test_{}", kiln_core::ids::new_id().replace('-', "")),
-                        ..Default::default()
-                    };
+                    let config = super::common::cassandra_config();
                     let session = kiln_log_ingest::scylla_store::connect(&config).await.unwrap();
                     let store = kiln_log_ingest::scylla_store::ScyllaLogStore::new(session, &config).await.unwrap();
                     super::$name(Box::new(store)).await;

@@ -2,6 +2,8 @@
 //! ScyllaDB store, against the Apache Cassandra 5 node scripts/test.sh starts
 //! (`KILN_TEST_SCYLLA_NODES`), each in a keyspace of its own.
 
+mod common;
+
 use kiln_log_ingest::points::{MetricStore, Point};
 
 fn point(job_id: &str, key: &str, step: i64, value: f64) -> Point {
@@ -128,14 +130,7 @@ macro_rules! store_suite {
             $(
                 #[tokio::test]
                 async fn $name() {
-                    let nodes = std::env::var("KILN_TEST_SCYLLA_NODES").expect(
-                        "KILN_TEST_SCYLLA_NODES is not set: run the tests through scripts/test.sh, which starts Cassandra",
-                    );
-                    let config = kiln_log_ingest::scylla_store::ScyllaConfig {
-                        nodes: nodes.split(',').map(str::to_string).collect(),
-                        keyspace: format!("kiln_test_{}", kiln_core::ids::new_id().replace('-', "")),
-                        ..Default::default()
-                    };
+                    let config = super::common::cassandra_config();
                     let session = kiln_log_ingest::scylla_store::connect(&config).await.unwrap();
                     let store = kiln_log_ingest::scylla_store::ScyllaMetricStore::new(session, &config).await.unwrap();
                     super::$name(Box::new(store)).await;

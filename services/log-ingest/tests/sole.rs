@@ -2,6 +2,8 @@
 //! number on the ScyllaDB stores. Real nats-server; Cassandra (`KILN_TEST_SCYLLA_NODES`) for the
 //! replicas.
 
+mod common;
+
 use std::path::Path;
 
 use kiln_core::config::{DatabaseConfig, GrpcConfig};
@@ -103,20 +105,15 @@ async fn a_crashed_log_ingest_takes_its_own_lease_back_on_restart() {
 
 #[tokio::test]
 async fn log_ingests_on_the_scylla_stores_run_side_by_side() {
-    let nodes = std::env::var("KILN_TEST_SCYLLA_NODES")
-        .expect("KILN_TEST_SCYLLA_NODES is not set: run the tests through scripts/test.sh, which starts Cassandra");
     let nats = NatsServer::start();
     let dir = tempfile::tempdir().unwrap();
     let database = migrated(dir.path()).await;
-    let keyspace = format!("kiln_test_{}", kiln_core::ids::new_id().replace('-', ""));
+    // One keyspace for both replicas: the stores they share.
+    let scylla = common::cassandra_config();
     let shared = |name: &str| Config {
         log_store: StoreKind::Scylla,
         metric_store: StoreKind::Scylla,
-        scylla: kiln_log_ingest::scylla_store::ScyllaConfig {
-            nodes: nodes.split(',').map(str::to_string).collect(),
-            keyspace: keyspace.clone(),
-            ..Default::default()
-        },
+        scylla: scylla.clone(),
         ..config(&nats, &database, &dir.path().join(name))
     };
     let first = LogIngest::bind(shared("a")).await.unwrap();

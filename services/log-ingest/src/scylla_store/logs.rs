@@ -48,6 +48,23 @@ fn bucket_of(seq: i64) -> i64 {
 }
 
 impl ScyllaLogStore {
+    /// The (attempt, bucket) partitions a job's log lines lie in, as `statement` lists them.
+    async fn partitions(
+        &self,
+        statement: &PreparedStatement,
+        values: impl scylla::serialize::row::SerializeRow,
+    ) -> Result<impl futures::Stream<Item = Result<(i32, i64)>> + Unpin> {
+        let pages = self
+            .session
+            .execute_iter(statement.clone(), values)
+            .await
+            .map_err(|e| cql_error("list log partitions")(&e))?;
+        let rows = pages
+            .rows_stream::<(i32, i64)>()
+            .map_err(|e| cql_error("list log partitions")(&e))?;
+        Ok(rows.map(|row| row.map_err(|e| cql_error("list log partitions")(&e))))
+    }
+
     /// Prepares the statements on a session [`super::connect`] made.
     pub async fn new(session: Arc<Session>, config: &ScyllaConfig) -> Result<ScyllaLogStore> {
         let ks = &config.keyspace;
@@ -179,19 +196,14 @@ impl LogStore for ScyllaLogStore {
 
     async fn read(&self, job_id: &str, after: Cursor, limit: u32) -> Result<Vec<StoredLine>> {
         let mut lines = Vec::new();
-        let buckets = self
-            .session
-            .execute_iter(
-                self.statements.select_buckets_after.clone(),
+        let mut buckets = self
+            .partitions(
+                &self.statements.select_buckets_after,
                 (job_id, after.attempt, bucket_of(after.seq)),
             )
-            .await
-            .map_err(|e| cql_error("list log partitions")(&e))?;
-        let mut buckets = buckets
-            .rows_stream::<(i32, i64)>()
-            .map_err(|e| cql_error("list log partitions")(&e))?;
+            .await?;
         while let Some(bucket) = buckets.next().await {
-            let (attempt, bucket) = bucket.map_err(|e| cql_error("list log partitions")(&e))?;
+            let (attempt, bucket) = bucket?;
             let wanted = i32::try_from(limit as usize - lines.len()).unwrap_or(i32::MAX);
             let from = if attempt == after.attempt { after.seq } else { i64::MIN };
             let result = self
@@ -226,16 +238,9 @@ impl LogStore for ScyllaLogStore {
     async fn tail_cursor(&self, job_id: &str, lines: u32) -> Result<Cursor> {
         // Newest first: the line before the last `lines` ones (end records skipped) is the cursor.
         let mut seen: u32 = 0;
-        let buckets = self
-            .session
-            .execute_iter(self.statements.select_buckets_desc.clone(), (job_id,))
-            .await
-            .map_err(|e| cql_error("list log partitions")(&e))?;
-        let mut buckets = buckets
-            .rows_stream::<(i32, i64)>()
-            .map_err(|e| cql_error("list log partitions")(&e))?;
+        let mut buckets = self.partitions(&self.statements.select_buckets_desc, (job_id,)).await?;
         while let Some(bucket) = buckets.next().await {
-            let (attempt, bucket) = bucket.map_err(|e| cql_error("list log partitions")(&e))?;
+            let (attempt, bucket) = bucket?;
             let rows = self
                 .session
                 .execute_iter(self.statements.select_seqs_desc.clone(), (job_id, attempt, bucket))
