@@ -1,0 +1,75 @@
+//! What the streams hold: stored messages, metric batches, job events.
+
+use super::*;
+
+/// Every message stored so far on `subject` of `stream`, in order. Read again after an error
+/// (on a cluster, a new consumer may have no leader for a moment).
+pub async fn stored_messages(stack: &Stack, stream: &str, subject: String) -> Vec<bytes::Bytes> {
+    let js = async_nats::jetstream::new(stack.nats.client().await);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        match read_stored(&js, stream, &subject).await {
+            Ok(payloads) => return payloads,
+            Err(_) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(error) => panic!("cannot read {subject} from {stream}: {error}"),
+        }
+    }
+}
+
+async fn read_stored(
+    js: &async_nats::jetstream::Context,
+    stream: &str,
+    subject: &str,
+) -> Result<Vec<bytes::Bytes>, Box<dyn std::error::Error + Send + Sync>> {
+    use async_nats::jetstream::consumer::pull;
+    use futures::StreamExt;
+    let stream = js.get_stream(stream).await?;
+    let consumer = stream
+        .create_consumer(pull::Config {
+            filter_subject: subject.to_string(),
+            ack_policy: async_nats::jetstream::consumer::AckPolicy::None,
+            ..Default::default()
+        })
+        .await?;
+    let mut messages = consumer
+        .fetch()
+        .max_messages(10_000)
+        .expires(Duration::from_millis(500))
+        .messages()
+        .await?;
+    let mut payloads = Vec::new();
+    while let Some(message) = messages.next().await {
+        payloads.push(message?.payload.clone());
+    }
+    Ok(payloads)
+}
+
+/// The metric batches published for a job so far (read back from `KILN_METRICS`).
+pub async fn metric_batches(stack: &Stack, job_id: &str) -> Vec<pb::MetricBatch> {
+    use prost::Message;
+    stored_messages(
+        stack,
+        kiln_core::subjects::STREAM_METRICS,
+        kiln_core::subjects::metrics(job_id),
+    )
+    .await
+    .iter()
+    .map(|payload| pb::MetricBatch::decode(payload.as_ref()).expect("a metric batch"))
+    .collect()
+}
+
+/// The state changes published for a job (all but QUEUED), in order.
+pub async fn job_events(stack: &Stack, job_id: &str) -> Vec<pb::JobEvent> {
+    use prost::Message;
+    stored_messages(
+        stack,
+        kiln_core::subjects::STREAM_JOBS,
+        kiln_core::subjects::job_event(job_id),
+    )
+    .await
+    .iter()
+    .map(|payload| pb::JobEvent::decode(payload.as_ref()).expect("a job event"))
+    .collect()
+}
