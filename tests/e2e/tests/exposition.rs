@@ -77,7 +77,16 @@ async fn api_and_scheduler_export_what_they_did() {
     let mut text = String::new();
     for _ in 0..100 {
         text = http_get(&url).await;
-        if text.contains("kiln_nats_consumer_pending_messages") && text.contains("kiln_api_jobs{") {
+        // Until the lag was read and the api's reconciler counted the jobs after the stop.
+        let running: Vec<f64> = samples(&text)
+            .into_iter()
+            .filter(|s| s.name == "kiln_api_jobs" && s.labels.iter().any(|(k, v)| k == "state" && v == "RUNNING"))
+            .map(|s| s.value)
+            .collect();
+        if text.contains("kiln_nats_consumer_pending_messages{")
+            && !running.is_empty()
+            && running.iter().sum::<f64>() == 0.0
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
