@@ -1,0 +1,229 @@
+//! Checking a submitted spec: what a job may ask for, with a message that says what is wrong.
+
+use std::collections::BTreeMap;
+
+use kiln_core::auth::Principal;
+use kiln_core::scheduling::{MarketPolicy, PRIORITY_CLASSES, priority_class};
+use kiln_core::store::NewJob;
+use kiln_core::subjects;
+use kiln_proto::v1 as pb;
+
+use crate::error::{Error, Result};
+
+/// Longest command line accepted, summed over its arguments.
+const MAX_COMMAND_BYTES: usize = 64 * 1024;
+/// Default CPU and memory of a job that names none.
+const DEFAULT_CPU_MILLIS: u32 = 1000;
+const DEFAULT_MEMORY_BYTES: u64 = 1 << 30;
+
+/// Checks a submitted spec and turns it into a record, or says what is wrong.
+pub(super) fn validate_spec(principal: &Principal, spec: Option<pb::JobSpec>) -> Result<NewJob> {
+    let spec = spec.ok_or_else(|| Error::InvalidArgument("spec is required".into()))?;
+    if spec.command.is_empty() || spec.command[0].trim().is_empty() {
+        return Err(Error::InvalidArgument(
+            "command is empty: give the program to run, e.g. `kiln run -- python train.py`".into(),
+        ));
+    }
+    let command_bytes: usize = spec.command.iter().map(String::len).sum();
+    if command_bytes > MAX_COMMAND_BYTES {
+        return Err(Error::InvalidArgument(format!(
+            "command is {command_bytes} bytes; the limit is {MAX_COMMAND_BYTES}"
+        )));
+    }
+    if spec.command.iter().any(|arg| arg.contains('\0')) {
+        return Err(Error::InvalidArgument(
+            "command arguments must not contain NUL bytes".into(),
+        ));
+    }
+    let resources = spec.resources.unwrap_or(pb::Resources {
+        cpu_millis: DEFAULT_CPU_MILLIS,
+        memory_bytes: DEFAULT_MEMORY_BYTES,
+    });
+    if resources.cpu_millis == 0 {
+        return Err(Error::InvalidArgument(
+            "resources.cpu_millis must be greater than 0 (1000 is one core)".into(),
+        ));
+    }
+    if resources.memory_bytes == 0 {
+        return Err(Error::InvalidArgument(
+            "resources.memory_bytes must be greater than 0".into(),
+        ));
+    }
+    let memory_bytes = i64::try_from(resources.memory_bytes)
+        .map_err(|_| Error::InvalidArgument("resources.memory_bytes is too large".into()))?;
+    let mut env = BTreeMap::new();
+    for (key, value) in spec.env {
+        let valid = !key.is_empty() && !key.contains('=') && !key.contains('\0') && !value.contains('\0');
+        if !valid {
+            return Err(Error::InvalidArgument(format!(
+                "env name {key:?} is not valid (no '=', no NUL, not empty)"
+            )));
+        }
+        if key.starts_with("KILN_") {
+            return Err(Error::InvalidArgument(format!(
+                "env name {key:?} is reserved: KILN_* variables are set by kiln"
+            )));
+        }
+        env.insert(key, value);
+    }
+    if spec.name.chars().count() > 128 {
+        return Err(Error::InvalidArgument("name is longer than 128 characters".into()));
+    }
+    let name = if spec.name.is_empty() {
+        spec.command[0].rsplit('/').next().unwrap_or_default().to_string()
+    } else {
+        spec.name
+    };
+    let project = if spec.project.is_empty() {
+        "default".to_string()
+    } else {
+        spec.project
+    };
+    subjects::validate_token("project", &project).map_err(Error::InvalidArgument)?;
+    if !spec.code_digest.is_empty() && !kiln_core::objects::is_sha256_hex(&spec.code_digest) {
+        return Err(Error::InvalidArgument(format!(
+            "code_digest {:?} is not a lowercase hex sha256",
+            spec.code_digest
+        )));
+    }
+    if !spec.image.is_empty() && !valid_image(&spec.image) {
+        return Err(Error::InvalidArgument(format!(
+            "image {:?} is not a valid image reference",
+            spec.image
+        )));
+    }
+    if spec.gpus > MAX_GPUS {
+        return Err(Error::InvalidArgument(format!(
+            "gpus is {}; at most {MAX_GPUS}",
+            spec.gpus
+        )));
+    }
+    let max_runtime_secs = i64::try_from(spec.max_runtime_secs)
+        .map_err(|_| Error::InvalidArgument("max_runtime_secs is too large".into()))?;
+    for name in &spec.datasets {
+        validate_dataset_name(name)?;
+    }
+    let class = priority_class(&spec.priority_class).ok_or_else(|| {
+        let names: Vec<&str> = PRIORITY_CLASSES.iter().map(|class| class.name).collect();
+        Error::InvalidArgument(format!(
+            "priority class {:?} is not one of {}",
+            spec.priority_class,
+            names.join(", ")
+        ))
+    })?;
+    let market = pb::Market::try_from(spec.market)
+        .map_err(|_| Error::InvalidArgument(format!("market {} is not a market", spec.market)))?;
+    if !spec.pool.is_empty() {
+        subjects::validate_token("pool", &spec.pool).map_err(Error::InvalidArgument)?;
+    }
+    Ok(NewJob {
+        owner_id: principal.user_id.clone(),
+        project,
+        name,
+        command: spec.command,
+        env,
+        cpu_millis: i64::from(resources.cpu_millis),
+        memory_bytes,
+        code_digest: spec.code_digest,
+        image: spec.image,
+        gpus: i32::try_from(spec.gpus).unwrap_or(0),
+        max_runtime_secs,
+        datasets: spec.datasets,
+        batch_id: String::new(),
+        priority_class: class.name.to_string(),
+        market_policy: MarketPolicy::from_proto(market),
+        submit_key: String::new(),
+        requested_pool: spec.pool,
+    })
+}
+
+/// Longest idempotency key of a submit.
+const MAX_SUBMIT_KEY_BYTES: usize = 128;
+
+/// Checks a submit's idempotency key: empty (none), or up to 128 printable ASCII characters.
+pub(super) fn validate_submit_key(key: String) -> Result<String> {
+    if key.len() > MAX_SUBMIT_KEY_BYTES || !key.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(Error::InvalidArgument(format!(
+            "idempotency_key must be at most {MAX_SUBMIT_KEY_BYTES} printable ASCII characters without spaces (a UUID is a good key)"
+        )));
+    }
+    Ok(key)
+}
+
+/// Most GPUs one job may ask for.
+const MAX_GPUS: u32 = 16;
+
+/// Tells whether `image` looks like an image reference (`name[:tag][@digest]`).
+fn valid_image(image: &str) -> bool {
+    image.len() <= 255
+        && !image.starts_with(['-', '/', ':', '@'])
+        && image.chars().all(|c| c.is_ascii_alphanumeric() || "._-/:@".contains(c))
+}
+
+/// Checks a dataset name: it becomes a directory name under /kiln/data.
+pub(crate) fn validate_dataset_name(name: &str) -> Result<()> {
+    subjects::validate_token("dataset", name).map_err(Error::InvalidArgument)?;
+    if name.starts_with(['-', '_']) {
+        return Err(Error::InvalidArgument(format!(
+            "dataset {name:?} must start with a letter or digit"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use kiln_core::auth::Scope;
+
+    use super::*;
+
+    fn principal() -> Principal {
+        Principal {
+            user_id: "u1".into(),
+            user_name: "ada".into(),
+            is_admin: false,
+            scope: Scope::User,
+        }
+    }
+
+    fn spec(command: &[&str]) -> pb::JobSpec {
+        pb::JobSpec {
+            command: command.iter().map(|s| s.to_string()).collect(),
+            resources: Some(pb::Resources {
+                cpu_millis: 500,
+                memory_bytes: 1 << 20,
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn message(result: Result<NewJob>) -> String {
+        result.unwrap_err().to_string()
+    }
+
+    #[test]
+    fn valid_specs_get_defaults() {
+        let job = validate_spec(&principal(), Some(spec(&["/usr/bin/python3", "train.py"]))).unwrap();
+        assert_eq!(job.name, "python3");
+        assert_eq!(job.project, "default");
+        assert_eq!(job.cpu_millis, 500);
+    }
+
+    #[test]
+    fn bad_specs_say_what_is_wrong() {
+        assert!(message(validate_spec(&principal(), None)).contains("spec is required"));
+        assert!(message(validate_spec(&principal(), Some(spec(&[])))).contains("command is empty"));
+        let mut zero_cpu = spec(&["true"]);
+        zero_cpu.resources = Some(pb::Resources {
+            cpu_millis: 0,
+            memory_bytes: 1,
+        });
+        assert!(message(validate_spec(&principal(), Some(zero_cpu))).contains("cpu_millis"));
+        let mut reserved = spec(&["true"]);
+        reserved.env.insert("KILN_JOB_ID".into(), "x".into());
+        assert!(message(validate_spec(&principal(), Some(reserved))).contains("reserved"));
+        let mut digest = spec(&["true"]);
+        digest.code_digest = "abc".into();
+        assert!(message(validate_spec(&principal(), Some(digest))).contains("sha256"));
+    }
+}
