@@ -10,22 +10,23 @@
 //! enforce CPU or memory limits; the docker provider does.
 
 use std::collections::{BTreeMap, HashMap};
-use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{ExitStatus, Stdio};
 use std::sync::Mutex;
 
 use futures::StreamExt;
 use kiln_proto::v1::LogStream;
-use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
-use tokio::process::Command;
+use nix::sys::signal::Signal;
 use tokio::sync::watch;
 use tokio_util::io::ReaderStream;
 
 use super::{Capacity, Exit, Instance, InstanceSpec, InstanceStats, OutputStream, Outputs, Provider};
 use crate::bundle::MAX_UNPACKED_BYTES;
 use crate::error::{Error, Result};
+
+mod group;
+
+use group::{clock_ticks_per_second, group_usage, spawn};
+pub use group::{exit_code, instance_pid, is_job_process, signal_group};
 
 /// The file in an instance's scratch directory holding its process id.
 const PID_FILE: &str = "pid";
@@ -351,230 +352,5 @@ impl Provider for ProcessProvider {
     }
 }
 
-/// Starts `command` in `workdir` with exactly `env` (plus PATH, HOME and LANG).
-fn spawn(command: &[String], env: &BTreeMap<String, String>, workdir: &Path) -> Result<(tokio::process::Child, i32)> {
-    let (program, args) = command.split_first().ok_or_else(|| Error::Spawn {
-        program: String::new(),
-        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty command"),
-    })?;
-    let mut builder = Command::new(program);
-    builder
-        .args(args)
-        .current_dir(workdir)
-        .env_clear()
-        .env(
-            "PATH",
-            std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into()),
-        )
-        .env("HOME", workdir)
-        .env("LANG", "C.UTF-8")
-        .envs(env)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
-    let child = builder.spawn().map_err(|source| Error::Spawn {
-        program: program.clone(),
-        source,
-    })?;
-    let pid = child
-        .id()
-        .and_then(|pid| i32::try_from(pid).ok())
-        .ok_or_else(|| Error::Spawn {
-            program: program.clone(),
-            source: std::io::Error::other("the process exited before it could be tracked"),
-        })?;
-    Ok((child, pid))
-}
-
-fn clock_ticks_per_second() -> f64 {
-    match nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK) {
-        Ok(Some(ticks)) if ticks > 0 => ticks as f64,
-        _ => 100.0,
-    }
-}
-
-/// Sums CPU time (clock ticks) and resident memory (bytes) over the processes of a group, from
-/// /proc; `None` when the group has no process left.
-fn group_usage(pgid: i32) -> Option<(u64, u64)> {
-    let page = match nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE) {
-        Ok(Some(size)) if size > 0 => size as u64,
-        _ => 4096,
-    };
-    let mut found = false;
-    let (mut ticks, mut rss) = (0u64, 0u64);
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let name = entry.file_name();
-        if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
-            continue;
-        }
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue;
-        };
-        // Fields after the command, which may hold spaces: state ppid pgrp … utime(11) stime(12) … rss(21).
-        let Some((_, rest)) = stat.rsplit_once(')') else {
-            continue;
-        };
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        if fields.len() < 22 || fields[2].parse::<i32>().ok() != Some(pgid) {
-            continue;
-        }
-        found = true;
-        ticks += fields[11].parse::<u64>().unwrap_or(0) + fields[12].parse::<u64>().unwrap_or(0);
-        rss += fields[21].parse::<u64>().unwrap_or(0) * page;
-    }
-    found.then_some((ticks, rss))
-}
-
-/// Signals every process of the job's group; a group that is gone already is fine.
-pub fn signal_group(pid: i32, signal: Signal) {
-    match killpg(Pid::from_raw(pid), signal) {
-        Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
-        Err(error) => {
-            tracing::warn!(pid, %signal, error = %error, "cannot signal the job's processes")
-        }
-    }
-}
-
-/// Tells whether `pid` is still a process of job `job_id` (a process started by an earlier runner,
-/// found at restart): it must carry `KILN_JOB_ID=<job_id>` in its environment, so a reused pid is
-/// never mistaken for the job.
-pub fn is_job_process(pid: i32, job_id: &str) -> bool {
-    let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
-        return false;
-    };
-    let wanted = format!("KILN_JOB_ID={job_id}");
-    environ.split(|&b| b == 0).any(|var| var == wanted.as_bytes())
-}
-
-/// The exit code kept for a job: the process's code, or 128 + the signal that killed it.
-pub fn exit_code(status: ExitStatus) -> i32 {
-    status
-        .code()
-        .or_else(|| status.signal().map(|signal| 128 + signal))
-        .unwrap_or(-1)
-}
-
-/// Parses the pid out of an instance id (`pid:<n>`).
-pub fn instance_pid(instance_id: &str) -> Option<i32> {
-    instance_id.strip_prefix("pid:")?.parse().ok()
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn spec(dir: &Path, command: &[&str]) -> InstanceSpec {
-        InstanceSpec {
-            job_id: "j1".into(),
-            attempt: 1,
-            runner_id: "r".into(),
-            image: String::new(),
-            command: command.iter().map(|s| s.to_string()).collect(),
-            env: BTreeMap::from([("KILN_JOB_ID".to_string(), "j1".to_string())]),
-            cpu_millis: 1000,
-            memory_bytes: 1 << 30,
-            gpus: 0,
-            market: kiln_core::scheduling::Market::OnDemand,
-            gpu_devices: Vec::new(),
-            code: None,
-            datasets: Vec::new(),
-            agent: None,
-            scratch_dir: dir.join("j1-1"),
-            restore: None,
-        }
-    }
-
-    fn provider(dir: &Path) -> ProcessProvider {
-        ProcessProvider::new(
-            Capacity {
-                cpu_millis: 1000,
-                memory_bytes: 1 << 30,
-                gpus: 0,
-            },
-            dir.to_path_buf(),
-        )
-    }
-
-    #[tokio::test]
-    async fn children_get_only_the_env_they_are_given_and_die_with_their_group() {
-        let dir = tempfile::tempdir().unwrap();
-        let provider = provider(dir.path());
-        let spec = spec(dir.path(), &["sh", "-c", "echo $KILN_JOB_ID $HOME; sleep 5 & wait"]);
-        let mut instance = provider.provision(&spec).await.unwrap();
-        let mut output = provider.start(&mut instance).await.unwrap();
-        let pid = instance_pid(&instance.id).unwrap();
-        let (stream, first) = output.next().await.unwrap();
-        assert_eq!(stream, LogStream::Stdout);
-        assert!(String::from_utf8_lossy(&first).starts_with("j1 "), "{first:?}");
-        assert!(is_job_process(pid, "j1"));
-        assert!(!is_job_process(pid, "j2"));
-        provider.signal(&instance, Signal::SIGTERM).await.unwrap();
-        assert_eq!(provider.wait(&instance).await.unwrap().code, 128 + 15);
-        provider.release(&instance).await.unwrap();
-        assert!(!instance.scratch_dir.try_exists().unwrap());
-    }
-
-    #[tokio::test]
-    async fn missing_programs_are_reported() {
-        let dir = tempfile::tempdir().unwrap();
-        let provider = provider(dir.path());
-        let mut instance = provider
-            .provision(&spec(dir.path(), &["/definitely/not/here"]))
-            .await
-            .unwrap();
-        let error = provider.start(&mut instance).await.err().unwrap();
-        assert!(error.to_string().contains("/definitely/not/here"), "{error}");
-    }
-
-    #[tokio::test]
-    async fn leftovers_of_other_jobs_are_removed() {
-        let dir = tempfile::tempdir().unwrap();
-        for name in ["keep-1", "gone-1"] {
-            std::fs::create_dir_all(dir.path().join(name).join("data/ro")).unwrap();
-            set_writable(&dir.path().join(name).join("data"), false).unwrap();
-        }
-        let released = provider(dir.path())
-            .release_leftovers("r", &["keep".to_string()])
-            .await
-            .unwrap();
-        assert_eq!(released, 1);
-        assert!(dir.path().join("keep-1").try_exists().unwrap());
-        assert!(!dir.path().join("gone-1").try_exists().unwrap());
-    }
-
-    #[tokio::test]
-    async fn the_process_of_a_leftover_is_killed_by_a_new_provider() {
-        let dir = tempfile::tempdir().unwrap();
-        // Started by the provider of a runner that crashed since.
-        let crashed = provider(dir.path());
-        let mut instance = crashed.provision(&spec(dir.path(), &["sleep", "600"])).await.unwrap();
-        let _output = crashed.start(&mut instance).await.unwrap();
-        let pid = instance_pid(&instance.id).unwrap();
-        assert!(is_job_process(pid, "j1"));
-        let released = provider(dir.path()).release_leftovers("r", &[]).await.unwrap();
-        assert_eq!(released, 1);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while is_job_process(pid, "j1") && !is_zombie(pid) {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the leftover process {pid} lives on"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-    }
-
-    /// A killed child of this test process stays a zombie until its waiter reaps it.
-    fn is_zombie(pid: i32) -> bool {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|stat| stat.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
-            .unwrap_or(true)
-    }
-
-    #[test]
-    fn instance_ids_hold_pids() {
-        assert_eq!(instance_pid("pid:42"), Some(42));
-        assert_eq!(instance_pid("docker:abc"), None);
-    }
-}
+mod tests;

@@ -1,0 +1,127 @@
+//! The process group a job runs in: started with a clean environment, measured, signalled,
+//! recognised again after a restart, and its exit read.
+
+use std::collections::BTreeMap;
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::{ExitStatus, Stdio};
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::process::Command;
+
+use crate::error::{Error, Result};
+
+/// Starts `command` in `workdir` with exactly `env` (plus PATH, HOME and LANG).
+pub(super) fn spawn(
+    command: &[String],
+    env: &BTreeMap<String, String>,
+    workdir: &Path,
+) -> Result<(tokio::process::Child, i32)> {
+    let (program, args) = command.split_first().ok_or_else(|| Error::Spawn {
+        program: String::new(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty command"),
+    })?;
+    let mut builder = Command::new(program);
+    builder
+        .args(args)
+        .current_dir(workdir)
+        .env_clear()
+        .env(
+            "PATH",
+            std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into()),
+        )
+        .env("HOME", workdir)
+        .env("LANG", "C.UTF-8")
+        .envs(env)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    let child = builder.spawn().map_err(|source| Error::Spawn {
+        program: program.clone(),
+        source,
+    })?;
+    let pid = child
+        .id()
+        .and_then(|pid| i32::try_from(pid).ok())
+        .ok_or_else(|| Error::Spawn {
+            program: program.clone(),
+            source: std::io::Error::other("the process exited before it could be tracked"),
+        })?;
+    Ok((child, pid))
+}
+
+pub(super) fn clock_ticks_per_second() -> f64 {
+    match nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK) {
+        Ok(Some(ticks)) if ticks > 0 => ticks as f64,
+        _ => 100.0,
+    }
+}
+
+/// Sums CPU time (clock ticks) and resident memory (bytes) over the processes of a group, from
+/// /proc; `None` when the group has no process left.
+pub(super) fn group_usage(pgid: i32) -> Option<(u64, u64)> {
+    let page = match nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE) {
+        Ok(Some(size)) if size > 0 => size as u64,
+        _ => 4096,
+    };
+    let mut found = false;
+    let (mut ticks, mut rss) = (0u64, 0u64);
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let name = entry.file_name();
+        if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // Fields after the command, which may hold spaces: state ppid pgrp … utime(11) stime(12) … rss(21).
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.len() < 22 || fields[2].parse::<i32>().ok() != Some(pgid) {
+            continue;
+        }
+        found = true;
+        ticks += fields[11].parse::<u64>().unwrap_or(0) + fields[12].parse::<u64>().unwrap_or(0);
+        rss += fields[21].parse::<u64>().unwrap_or(0) * page;
+    }
+    found.then_some((ticks, rss))
+}
+
+/// Signals every process of the job's group; a group that is gone already is fine.
+pub fn signal_group(pid: i32, signal: Signal) {
+    match killpg(Pid::from_raw(pid), signal) {
+        Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+        Err(error) => {
+            tracing::warn!(pid, %signal, error = %error, "cannot signal the job's processes")
+        }
+    }
+}
+
+/// Tells whether `pid` is still a process of job `job_id` (a process started by an earlier runner,
+/// found at restart): it must carry `KILN_JOB_ID=<job_id>` in its environment, so a reused pid is
+/// never mistaken for the job.
+pub fn is_job_process(pid: i32, job_id: &str) -> bool {
+    let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
+        return false;
+    };
+    let wanted = format!("KILN_JOB_ID={job_id}");
+    environ.split(|&b| b == 0).any(|var| var == wanted.as_bytes())
+}
+
+/// The exit code kept for a job: the process's code, or 128 + the signal that killed it.
+pub fn exit_code(status: ExitStatus) -> i32 {
+    status
+        .code()
+        .or_else(|| status.signal().map(|signal| 128 + signal))
+        .unwrap_or(-1)
+}
+
+/// Parses the pid out of an instance id (`pid:<n>`).
+pub fn instance_pid(instance_id: &str) -> Option<i32> {
+    instance_id.strip_prefix("pid:")?.parse().ok()
+}
