@@ -16,7 +16,7 @@ import statistics
 import sys
 import tempfile
 
-import batch_throughput
+import kiln_batch
 import metrics_throughput
 
 METRICS_FLAGS = ["--metrics-addr", "127.0.0.1:0"]
@@ -32,7 +32,7 @@ def ingest(args, binary, scrape):
 def batch(args, binary, scrape, workdir, round_):
     flags = METRICS_FLAGS if scrape else []
     name = f"{'on' if scrape else 'off'}-{round_}"
-    with batch_throughput.Kiln(binary, workdir, name, flags) as kiln:
+    with kiln_batch.Kiln(binary, workdir, name, flags) as kiln:
         scraper = metrics_throughput.Scraper(kiln.log) if scrape else None
         row = kiln.run_batch(name, ["kiln:noop"], args.items)
         if scraper is not None and scraper.stop() == 0:
@@ -60,7 +60,7 @@ def main():
             print(f"round {round_ + 1}, metrics {side}: ingest {rates[f'ingest {side}'][-1]:,.0f} points/s, "
                   f"batch {rates[f'batch {side}'][-1]:,.0f} items/s", file=sys.stderr, flush=True)
     print(f"median of {args.rounds} rounds; metrics on = /metrics scraped every second")
-    print(f"X {'metrics on':>12} {'on/off':>7}")
+    print(f"{'':58} {'metrics off':>12} {'metrics on':>12} {'on/off':>7}")
     for what, unit in (("ingest", "points/s, 4 clients x 1,000-point requests"), ("batch", "items/s, kiln:noop, 2 workers, add to done")):
         off, on = statistics.median(rates[f"{what} off"]), statistics.median(rates[f"{what} on"])
         print(f"{what + ' (' + unit + ')':58} {off:>12,.0f} {on:>12,.0f} {on / off:>7.3f}")

@@ -138,12 +138,15 @@ class Scraper:
 
     def run(self):
         import urllib.request
-        while not self.stopped.wait(self.interval):
+        # The first scrape as soon as kiln up has printed its address, then one a interval.
+        while True:
             self.url = self.url or self.find_url()
             if self.url:
                 with urllib.request.urlopen(self.url, timeout=5) as response:
                     self.bytes += len(response.read())
                 self.scrapes += 1
+            if self.stopped.wait(self.interval if self.url else 0.05):
+                return
 
     def stop(self):
         self.stopped.set()
