@@ -43,19 +43,6 @@ pub const SECONDS_BUCKETS: [f64; 15] = [
 /// Buckets of a slow duration in seconds (a launch, an upload), 100 ms to 1 h.
 pub const SLOW_SECONDS_BUCKETS: [f64; 12] = [0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0];
 
-/// Buckets of a size in bytes, 1 KiB to 64 GiB by powers of 8.
-pub const BYTES_BUCKETS: [f64; 9] = [
-    1024.0,
-    8192.0,
-    65536.0,
-    524288.0,
-    4194304.0,
-    33554432.0,
-    268435456.0,
-    2147483648.0,
-    68719476736.0,
-];
-
 /// A family of histograms, made by one of the constructors below
 /// (`HistogramFamily::new_with_constructor(seconds_histogram)`).
 pub type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
@@ -68,11 +55,6 @@ pub fn seconds_histogram() -> Histogram {
 /// A histogram of [`SLOW_SECONDS_BUCKETS`].
 pub fn slow_seconds_histogram() -> Histogram {
     Histogram::new(SLOW_SECONDS_BUCKETS)
-}
-
-/// A histogram of [`BYTES_BUCKETS`].
-pub fn bytes_histogram() -> Histogram {
-    Histogram::new(BYTES_BUCKETS)
 }
 
 /// Registration that keeps a family in the exposition (its `# HELP` and `# TYPE`) before its
