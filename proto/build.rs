@@ -7,6 +7,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "kiln/v1/artifact.proto",
         "kiln/v1/log.proto",
         "kiln/v1/batch.proto",
+        "kiln/v1/tenancy.proto",
     ];
     for proto in &protos {
         println!("cargo:rerun-if-changed={proto}");

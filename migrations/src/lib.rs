@@ -13,6 +13,7 @@ mod m0005_weights;
 mod m0006_submit_keys;
 mod m0007_requested_pools;
 mod m0008_batch_stalls;
+mod m0009_tenancy;
 
 /// Migrator lists every migration in order.
 pub struct Migrator;
@@ -29,6 +30,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0006_submit_keys::Migration),
             Box::new(m0007_requested_pools::Migration),
             Box::new(m0008_batch_stalls::Migration),
+            Box::new(m0009_tenancy::Migration),
         ]
     }
 }

@@ -7,3 +7,6 @@ pub mod v1 {
 }
 
 include!(concat!(env!("OUT_DIR"), "/rpc_methods.rs"));
+
+/// The encoded `FileDescriptorSet` of kiln/v1: what tests read to reach every RPC generically.
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kiln_v1_descriptors.bin"));

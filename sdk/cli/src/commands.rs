@@ -51,6 +51,9 @@ pub struct RunArgs {
     /// Dataset to mount read-only at /kiln/data/NAME (repeatable).
     #[arg(long = "dataset")]
     pub datasets: Vec<String>,
+    /// Project secret to set as the environment variable of its name (repeatable; `kiln secret set`).
+    #[arg(long = "secret")]
+    pub secrets: Vec<String>,
     /// Priority class: low, normal or high (high may preempt lower classes).
     #[arg(long, default_value = "normal")]
     pub priority: String,
@@ -106,6 +109,7 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
             _ => pb::Market::Unspecified,
         } as i32,
         pool: args.pool.unwrap_or_default(),
+        secrets: args.secrets,
     };
     // One key for this submit and its retries: an answer lost with a dying api replica is
     // retried without making a second job.
@@ -181,7 +185,10 @@ pub async fn ps(all: bool, output: Output) -> Result<ExitCode> {
     let mut clients = client::connect(&client::resolve()?).await?;
     let jobs = clients
         .jobs
-        .list_jobs(pb::ListJobsRequest { all, limit: 0 })
+        .list_jobs(pb::ListJobsRequest {
+            all,
+            ..Default::default()
+        })
         .await?
         .into_inner()
         .jobs;

@@ -40,6 +40,9 @@ pub enum DatasetCommand {
         name: String,
         #[arg(long)]
         from: PathBuf,
+        /// The project it belongs to (default: `default`).
+        #[arg(long)]
+        project: Option<String>,
     },
     /// List datasets.
     Ls {
@@ -128,7 +131,7 @@ fn safe_join(dest: &Path, relative: &str) -> Result<PathBuf> {
 pub async fn dataset(command: DatasetCommand) -> Result<ExitCode> {
     let mut clients = client::connect(&client::resolve()?).await?;
     match command {
-        DatasetCommand::Create { name, from } => {
+        DatasetCommand::Create { name, from, project } => {
             if !from.is_dir() {
                 bail!("{} is not a directory", from.display());
             }
@@ -137,6 +140,7 @@ pub async fn dataset(command: DatasetCommand) -> Result<ExitCode> {
             let request = pb::CreateDatasetRequest {
                 name,
                 digest: bundle.digest.clone(),
+                project: project.unwrap_or_default(),
             };
             let dataset = clients.datasets.create_dataset(request).await?.into_inner();
             out!(
@@ -158,7 +162,7 @@ pub async fn dataset(command: DatasetCommand) -> Result<ExitCode> {
         DatasetCommand::Ls { output } => {
             let datasets = clients
                 .datasets
-                .list_datasets(pb::ListDatasetsRequest {})
+                .list_datasets(pb::ListDatasetsRequest::default())
                 .await?
                 .into_inner()
                 .datasets;

@@ -4,7 +4,6 @@ use std::sync::Arc;
 
 use futures::Stream;
 use futures::StreamExt;
-use kiln_core::auth::user_principal;
 use kiln_core::objects::{artifact_path, is_sha256_hex};
 use kiln_core::objects::{join, outputs_prefix, relative_path};
 use kiln_core::store::{NewArtifact, Store};
@@ -148,10 +147,10 @@ const OUTPUT_CHUNK: usize = 1 << 20;
 impl ArtifactsApi {
     async fn list_outputs(
         &self,
-        principal: &kiln_core::auth::Principal,
+        caller: &kiln_core::authz::Caller,
         request: pb::ListOutputsRequest,
     ) -> Result<Vec<pb::OutputFile>> {
-        let job = crate::jobs::visible_job(&self.store, principal, &request.job_id).await?;
+        let job = crate::access::job(&self.store, caller, &request.job_id).await?;
         let root = outputs_prefix(&job.id);
         let prefix = if request.prefix.is_empty() {
             root.clone()
@@ -183,10 +182,10 @@ impl ArtifactsApi {
 
     async fn get_output(
         &self,
-        principal: &kiln_core::auth::Principal,
+        caller: &kiln_core::authz::Caller,
         request: pb::GetOutputRequest,
     ) -> Result<ChunkStream> {
-        let job = crate::jobs::visible_job(&self.store, principal, &request.job_id).await?;
+        let job = crate::access::job(&self.store, caller, &request.job_id).await?;
         let relative = relative_path(&request.path)
             .ok_or_else(|| Error::InvalidArgument(format!("path {:?} is not a relative path", request.path)))?;
         let location = join(&outputs_prefix(&job.id), &relative);
@@ -221,8 +220,8 @@ impl ArtifactService for ArtifactsApi {
         &self,
         request: Request<pb::ListOutputsRequest>,
     ) -> Result<Response<pb::ListOutputsResponse>, Status> {
-        let principal = user_principal(&request)?;
-        let files = self.list_outputs(&principal, request.into_inner()).await?;
+        let caller = crate::access::caller(&request)?;
+        let files = self.list_outputs(&caller, request.into_inner()).await?;
         Ok(Response::new(pb::ListOutputsResponse { files }))
     }
 
@@ -233,8 +232,8 @@ impl ArtifactService for ArtifactsApi {
         &self,
         request: Request<pb::GetOutputRequest>,
     ) -> Result<Response<Self::GetOutputStream>, Status> {
-        let principal = user_principal(&request)?;
-        let stream = self.get_output(&principal, request.into_inner()).await?;
+        let caller = crate::access::caller(&request)?;
+        let stream = self.get_output(&caller, request.into_inner()).await?;
         Ok(Response::new(stream))
     }
 
@@ -243,7 +242,7 @@ impl ArtifactService for ArtifactsApi {
         &self,
         request: Request<pb::StatArtifactRequest>,
     ) -> Result<Response<pb::StatArtifactResponse>, Status> {
-        user_principal(&request)?;
+        crate::access::caller(&request)?;
         check_digest(&request.get_ref().digest)?;
         let found = self
             .store
@@ -261,8 +260,8 @@ impl ArtifactService for ArtifactsApi {
         &self,
         request: Request<Streaming<pb::UploadArtifactRequest>>,
     ) -> Result<Response<pb::UploadArtifactResponse>, Status> {
-        let principal = user_principal(&request)?;
-        let response = self.upload(&principal.user_id, request.into_inner()).await?;
+        let caller = crate::access::caller(&request)?;
+        let response = self.upload(caller.user_id(), request.into_inner()).await?;
         Ok(Response::new(response))
     }
 }

@@ -3,11 +3,12 @@
 //! A dataset is immutable: its name points at one content-addressed archive for good, so a job
 //! always sees the data it was submitted with. Dataset names are shared by all users. Its
 //! creator or an admin may delete it once no job that has not ended names it; the archive goes
-//! with it unless another dataset (or a live job's code) is the same blob.
+//! with it unless another dataset (or a live job's code) is the same blob. Datasets belong to a
+//! project (its viewers list them, members create them); names stay unique across projects.
 
 use std::sync::Arc;
 
-use kiln_core::auth::{Principal, user_principal};
+use kiln_core::authz::{Caller, Resource};
 use kiln_core::objects::artifact_path;
 use kiln_core::store::Store;
 use kiln_proto::v1 as pb;
@@ -15,6 +16,7 @@ use kiln_proto::v1::dataset_service_server::DatasetService;
 use object_store::{ObjectStore, ObjectStoreExt};
 use tonic::{Request, Response, Status};
 
+use crate::access;
 use crate::error::{Error, Result};
 use crate::jobs::validate_dataset_name;
 
@@ -32,12 +34,15 @@ fn to_proto(dataset: kiln_core::store::entities::dataset::Model) -> pb::Dataset 
         size: u64::try_from(dataset.size).unwrap_or(0),
         created_by: dataset.created_by,
         created_at_ms: dataset.created_at_ms,
+        project: dataset.project,
     }
 }
 
 impl DatasetsApi {
-    async fn create(&self, user_name: &str, request: pb::CreateDatasetRequest) -> Result<pb::Dataset> {
+    async fn create(&self, caller: &Caller, request: pb::CreateDatasetRequest) -> Result<pb::Dataset> {
+        let project = access::project(&self.store, caller, &request.project).await?;
         validate_dataset_name(&request.name)?;
+        let user_name = &caller.principal.user_name;
         let artifact = self
             .store
             .artifact(&request.digest)
@@ -47,7 +52,7 @@ impl DatasetsApi {
             })?;
         if !self
             .store
-            .insert_dataset(&request.name, &artifact.digest, artifact.size, user_name)
+            .insert_dataset(&project, &request.name, &artifact.digest, artifact.size, user_name)
             .await?
         {
             return Err(Error::DatasetExists { name: request.name });
@@ -59,18 +64,12 @@ impl DatasetsApi {
 }
 
 impl DatasetsApi {
-    async fn delete(&self, principal: &Principal, name: &str) -> Result<pb::DeleteDatasetResponse> {
-        let dataset = self
-            .store
-            .dataset(name)
-            .await?
-            .ok_or_else(|| Error::NotFound(format!("dataset {name} does not exist")))?;
-        if dataset.created_by != principal.user_name && !principal.is_admin {
-            return Err(Error::PermissionDenied(format!(
-                "dataset {name} was created by {}; only they or an admin may delete it",
-                dataset.created_by
-            )));
-        }
+    async fn delete(&self, caller: &Caller, name: &str) -> Result<pb::DeleteDatasetResponse> {
+        let missing = || Error::NotFound(format!("dataset {name} not found"));
+        let dataset = self.store.dataset(name).await?.ok_or_else(missing)?;
+        let creator = self.store.user_by_name(&dataset.created_by).await?;
+        let owner_id = creator.as_ref().map_or("", |user| user.id.as_str());
+        caller.authorize(&Resource::owned("dataset", name, &dataset.project, owner_id))?;
         if let Some(job_id) = self.store.live_job_naming_dataset(name).await? {
             return Err(Error::DatasetInUse {
                 name: name.to_string(),
@@ -78,7 +77,7 @@ impl DatasetsApi {
             });
         }
         if !self.store.delete_dataset(name).await? {
-            return Err(Error::NotFound(format!("dataset {name} does not exist")));
+            return Err(missing());
         }
         let archive_deleted = !self.store.blob_in_use(&dataset.digest).await?;
         if archive_deleted {
@@ -101,8 +100,8 @@ impl DatasetService for DatasetsApi {
         &self,
         request: Request<pb::DeleteDatasetRequest>,
     ) -> Result<Response<pb::DeleteDatasetResponse>, Status> {
-        let principal = user_principal(&request)?;
-        Ok(Response::new(self.delete(&principal, &request.get_ref().name).await?))
+        let caller = access::caller(&request)?;
+        Ok(Response::new(self.delete(&caller, &request.get_ref().name).await?))
     }
 
     #[tracing::instrument(skip_all, fields(name = %request.get_ref().name))]
@@ -110,10 +109,8 @@ impl DatasetService for DatasetsApi {
         &self,
         request: Request<pb::CreateDatasetRequest>,
     ) -> Result<Response<pb::Dataset>, Status> {
-        let principal = user_principal(&request)?;
-        Ok(Response::new(
-            self.create(&principal.user_name, request.into_inner()).await?,
-        ))
+        let caller = access::caller(&request)?;
+        Ok(Response::new(self.create(&caller, request.into_inner()).await?))
     }
 
     #[tracing::instrument(skip_all)]
@@ -121,10 +118,18 @@ impl DatasetService for DatasetsApi {
         &self,
         request: Request<pb::ListDatasetsRequest>,
     ) -> Result<Response<pb::ListDatasetsResponse>, Status> {
-        user_principal(&request)?;
+        let caller = access::caller(&request)?;
+        let visible = caller
+            .listed_projects(&self.store, &request.get_ref().project)
+            .await
+            .map_err(Error::from)?;
         let datasets = self.store.list_datasets().await.map_err(Error::from)?;
         Ok(Response::new(pb::ListDatasetsResponse {
-            datasets: datasets.into_iter().map(to_proto).collect(),
+            datasets: datasets
+                .into_iter()
+                .filter(|dataset| visible.contains(&dataset.project))
+                .map(to_proto)
+                .collect(),
         }))
     }
 }

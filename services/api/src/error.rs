@@ -33,6 +33,15 @@ pub enum Error {
     PermissionDenied(String),
     #[error("{0}")]
     NotFound(String),
+    /// The caller may not make this call on this object.
+    #[error(transparent)]
+    Denied(#[from] kiln_core::authz::Denied),
+    #[error("user {name} not found")]
+    UserNotFound { name: String },
+    #[error("you have no live token {token}; `kiln token ls` lists them")]
+    TokenNotFound { token: String },
+    #[error("{what} {name} exists already")]
+    Exists { what: &'static str, name: String },
     #[error(transparent)]
     Store(#[from] StoreError),
     /// An operation of kiln-core that spans the store and NATS.
@@ -72,6 +81,9 @@ impl Error {
             Error::TooLarge(_) | Error::QuotaExceeded(_) => ErrorKind::ResourceExhausted,
             Error::PermissionDenied(_) => ErrorKind::PermissionDenied,
             Error::NotFound(_) => ErrorKind::NotFound,
+            Error::Denied(denied) => denied.kind(),
+            Error::UserNotFound { .. } | Error::TokenNotFound { .. } => ErrorKind::NotFound,
+            Error::Exists { .. } => ErrorKind::AlreadyExists,
             Error::Store(error) => error.kind(),
             Error::Core(error) => error.kind(),
             Error::Nats(error) => error.kind(),

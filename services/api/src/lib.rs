@@ -28,6 +28,7 @@ use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
+mod access;
 pub mod artifacts;
 pub mod config;
 pub mod datasets;
@@ -121,6 +122,7 @@ impl Api {
             .layer(rpc_metrics)
             .layer(AuthLayer::new(std::sync::Arc::new(self.store.clone())))
             .add_service(health_service)
+            .add_service(kiln_core::whoami::NodeApi::new("api").server())
             .add_service(JobServiceServer::new(jobs))
             .add_service(ArtifactServiceServer::new(artifacts))
             .add_service(DatasetServiceServer::new(datasets::DatasetsApi {

@@ -2,7 +2,7 @@
 //! that apply to them. The queued-jobs limit is checked here, at submit; the others (CPU,
 //! memory, GPUs, running jobs) by the scheduler, which makes a job over them wait.
 
-use kiln_core::auth::{Principal, user_principal};
+use kiln_core::authz::{Caller, Resource};
 use kiln_core::quotas;
 use kiln_core::scheduling::QuotaScope;
 use kiln_core::store::{JobRecord, NewJob, QuotaRecord, Store};
@@ -10,6 +10,7 @@ use kiln_proto::v1 as pb;
 use kiln_proto::v1::quota_service_server::QuotaService;
 use tonic::{Request, Response, Status};
 
+use crate::access;
 use crate::error::{Error, Result};
 
 /// The range of a fair-share weight: wide enough for any sensible ratio, narrow enough that
@@ -35,21 +36,22 @@ fn to_proto(record: QuotaRecord) -> pb::Quota {
     }
 }
 
-fn require_admin(principal: &Principal, what: &str) -> Result<()> {
-    if principal.is_admin {
-        return Ok(());
+/// What a quota's scope is to the authorisation rule: a project's quota belongs to the project
+/// (set by its maintainers), a user's and the global one to the instance (set by the admin).
+fn resource<'a>(scope: &'a QuotaScope, text: &'a str) -> Resource<'a> {
+    match scope {
+        QuotaScope::Project(project) => Resource::owned("quota", text, project, ""),
+        QuotaScope::User(_) | QuotaScope::Global => Resource::instance("quota", text),
     }
-    Err(Error::PermissionDenied(format!(
-        "{what} needs an admin token; {} is not an admin",
-        principal.user_name
-    )))
 }
 
-/// Whether a non-admin may read a scope: the global one, their own, and any project's.
-fn readable(principal: &Principal, scope: &QuotaScope) -> bool {
+/// Whether the caller may read a quota: the global one and their own always, a project's as
+/// its viewer, anyone's as the admin.
+fn readable(caller: &Caller, scope: &QuotaScope, text: &str) -> bool {
     match scope {
-        QuotaScope::User(name) => principal.is_admin || *name == principal.user_name,
-        QuotaScope::Global | QuotaScope::Project(_) => true,
+        QuotaScope::Global => true,
+        QuotaScope::User(name) if *name == caller.principal.user_name => true,
+        _ => caller.may(&resource(scope, text)),
     }
 }
 
@@ -60,7 +62,11 @@ fn parse_scope(text: &str) -> Result<QuotaScope> {
 /// Submits `new`, refused when it would take the user, their project or everyone over a
 /// queued-jobs quota (the message names the quota). Counted and inserted as one step for all
 /// api replicas ([`Store::insert_job_admitted`]), so concurrent submits cannot pass it together.
-pub(crate) async fn submit_within_quota(store: &Store, principal: &Principal, new: NewJob) -> Result<JobRecord> {
+pub(crate) async fn submit_within_quota(
+    store: &Store,
+    principal: &kiln_core::auth::Principal,
+    new: NewJob,
+) -> Result<JobRecord> {
     let quotas = quotas::read(store).await?;
     if quotas.iter().all(|quota| quota.queued_jobs.is_none()) {
         return Ok(store.insert_job(new).await?);
@@ -83,10 +89,13 @@ pub(crate) async fn submit_within_quota(store: &Store, principal: &Principal, ne
 impl QuotaService for QuotasApi {
     #[tracing::instrument(skip_all, fields(scope = %request.get_ref().scope))]
     async fn set_quota(&self, request: Request<pb::Quota>) -> Result<Response<pb::Quota>, Status> {
-        let principal = user_principal(&request)?;
-        require_admin(&principal, "setting a quota")?;
+        let caller = access::caller(&request)?;
         let quota = request.into_inner();
         let scope = parse_scope(&quota.scope)?;
+        caller.authorize(&resource(&scope, &quota.scope)).map_err(Error::from)?;
+        if let QuotaScope::Project(project) = &scope {
+            access::project(&self.store, &caller, project).await?;
+        }
         if let QuotaScope::User(name) = &scope
             && !self
                 .store
@@ -137,16 +146,16 @@ impl QuotaService for QuotasApi {
             weight: quota.weight,
         };
         let saved = self.store.set_quota(record).await.map_err(Error::from)?;
-        tracing::info!(scope = %saved.scope, by = %principal.user_name, "quota set");
+        tracing::info!(scope = %saved.scope, by = %caller.principal.user_name, "quota set");
         Ok(Response::new(to_proto(saved)))
     }
 
     #[tracing::instrument(skip_all, fields(scope = %request.get_ref().scope))]
     async fn get_quota(&self, request: Request<pb::QuotaRef>) -> Result<Response<pb::Quota>, Status> {
-        let principal = user_principal(&request)?;
+        let caller = access::caller(&request)?;
         let scope = parse_scope(&request.get_ref().scope)?;
         let missing = || Error::NotFound(format!("{scope} has no quota"));
-        if !readable(&principal, &scope) {
+        if !readable(&caller, &scope, &request.get_ref().scope) {
             return Err(missing().into());
         }
         let record = self.store.quota(&scope.to_string()).await.map_err(Error::from)?;
@@ -158,14 +167,14 @@ impl QuotaService for QuotasApi {
         &self,
         request: Request<pb::ListQuotasRequest>,
     ) -> Result<Response<pb::ListQuotasResponse>, Status> {
-        let principal = user_principal(&request)?;
+        let caller = access::caller(&request)?;
         let quotas = self
             .store
             .quotas()
             .await
             .map_err(Error::from)?
             .into_iter()
-            .filter(|q| QuotaScope::parse(&q.scope).is_ok_and(|scope| readable(&principal, &scope)))
+            .filter(|q| QuotaScope::parse(&q.scope).is_ok_and(|scope| readable(&caller, &scope, &q.scope)))
             .map(to_proto)
             .collect();
         Ok(Response::new(pb::ListQuotasResponse { quotas }))
@@ -173,12 +182,14 @@ impl QuotaService for QuotasApi {
 
     #[tracing::instrument(skip_all, fields(scope = %request.get_ref().scope))]
     async fn delete_quota(&self, request: Request<pb::QuotaRef>) -> Result<Response<pb::Quota>, Status> {
-        let principal = user_principal(&request)?;
-        require_admin(&principal, "deleting a quota")?;
+        let caller = access::caller(&request)?;
         let scope = parse_scope(&request.get_ref().scope)?;
+        caller
+            .authorize(&resource(&scope, &request.get_ref().scope))
+            .map_err(Error::from)?;
         let removed = self.store.delete_quota(&scope.to_string()).await.map_err(Error::from)?;
         let removed = removed.ok_or_else(|| Error::NotFound(format!("{scope} has no quota")))?;
-        tracing::info!(%scope, by = %principal.user_name, "quota deleted");
+        tracing::info!(%scope, by = %caller.principal.user_name, "quota deleted");
         Ok(Response::new(to_proto(removed)))
     }
 }

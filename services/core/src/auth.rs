@@ -2,8 +2,10 @@
 //!
 //! A token reads `kiln_<id>_<secret>`. The database keeps the id and the SHA-256 of the secret,
 //! never the secret. Servers wrap their routes in [`AuthLayer`], which checks the
-//! `authorization: Bearer …` header of every call (the health service excepted) and hands the
-//! [`Principal`] to the handler through the request extensions; clients add the header with
+//! `authorization: Bearer …` header of every call (the health service excepted) against the
+//! store on every call (so a revoked or expired token fails at once on every service), applies
+//! the part of the method's [`crate::authz`] rule that needs no object, and hands the handler a
+//! [`crate::authz::Caller`] through the request extensions; clients add the header with
 //! [`BearerInterceptor`].
 
 use std::pin::Pin;
@@ -16,13 +18,22 @@ use tonic::body::Body;
 use tonic::metadata::MetadataValue;
 use tonic::{Request, Status};
 
+use crate::authz::{Caller, Denied};
+
 /// Who is calling, as established by the token.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Principal {
     pub user_id: String,
     pub user_name: String,
+    /// The instance admin; false for an admin's token narrowed to a project.
     pub is_admin: bool,
     pub scope: Scope,
+    pub token_id: String,
+    pub token_name: String,
+    /// The role the token acts with in each project (one project for a narrowed token).
+    pub roles: crate::authz::Roles,
+    /// The batch whose worker a job's token belongs to.
+    pub job_batch_id: Option<String>,
 }
 
 /// What a token may do.
@@ -100,25 +111,10 @@ pub trait TokenVerifier: Send + Sync + 'static {
     async fn verify(&self, token_id: &str, secret: &str) -> Result<Option<Principal>, String>;
 }
 
-/// Returns the principal the auth layer established for this call.
-pub fn principal<T>(request: &Request<T>) -> Result<Principal, Status> {
-    request
-        .extensions()
-        .get::<Principal>()
-        .cloned()
-        .ok_or_else(|| Status::unauthenticated("missing credentials"))
-}
-
-/// Requires a user token (not a job-scoped one).
-pub fn user_principal<T>(request: &Request<T>) -> Result<Principal, Status> {
-    let principal = principal(request)?;
-    match principal.scope {
-        Scope::User => Ok(principal),
-        Scope::Job(_) => Err(Status::permission_denied(
-            "a job token may only write its own job's logs and metrics",
-        )),
-    }
-}
+/// What a refused token is told: the same for unknown, wrong, revoked, expired and disabled, so
+/// a guesser learns nothing.
+pub const INVALID_TOKEN: &str =
+    "the token is unknown, revoked or expired: make a new one with `kiln token create` (or ask an admin)";
 
 // === impl AuthLayer ===
 
@@ -173,18 +169,39 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let verifier = self.verifier.clone();
         Box::pin(async move {
-            if request.uri().path().starts_with("/grpc.health.v1.Health/") {
+            let path = request.uri().path();
+            if path.starts_with("/grpc.health.v1.Health/") {
                 return inner.call(request).await;
             }
-            match authenticate(verifier.as_ref(), request.headers()).await {
-                Ok(principal) => {
-                    request.extensions_mut().insert(principal);
+            match authorize(verifier.as_ref(), path, request.headers()).await {
+                Ok(caller) => {
+                    request.extensions_mut().insert(caller.principal.clone());
+                    request.extensions_mut().insert(caller);
                     inner.call(request).await
                 }
                 Err(status) => Ok(status.into_http()),
             }
         })
     }
+}
+
+/// Authenticates a call and applies the part of its method's rule that needs no object.
+async fn authorize(verifier: &dyn TokenVerifier, path: &str, headers: &http::HeaderMap) -> Result<Caller, Status> {
+    let principal = authenticate(verifier, headers).await?;
+    let Some(rule) = crate::authz::rule(path) else {
+        return Err(if kiln_proto::RPC_METHODS.contains(&path) {
+            Status::permission_denied(format!("{path} has no access rule"))
+        } else {
+            Status::unimplemented(format!("no method {path}"))
+        });
+    };
+    crate::authz::precheck(&principal, rule).map_err(|denied| denied_status(&denied))?;
+    Ok(Caller { principal, rule })
+}
+
+/// The status of a refusal (auth errors are not crate errors: they never reach a handler's).
+pub fn denied_status(denied: &Denied) -> Status {
+    crate::error::status(denied.kind(), denied)
 }
 
 async fn authenticate(verifier: &dyn TokenVerifier, headers: &http::HeaderMap) -> Result<Principal, Status> {
@@ -197,10 +214,10 @@ async fn authenticate(verifier: &dyn TokenVerifier, headers: &http::HeaderMap) -
     let token = value
         .strip_prefix("Bearer ")
         .ok_or_else(|| Status::unauthenticated("authorization header must read `Bearer <token>`"))?;
-    let (id, secret) = parse_token(token.trim()).ok_or_else(|| Status::unauthenticated("invalid token"))?;
+    let (id, secret) = parse_token(token.trim()).ok_or_else(|| Status::unauthenticated(INVALID_TOKEN))?;
     match verifier.verify(id, secret).await {
         Ok(Some(principal)) => Ok(principal),
-        Ok(None) => Err(Status::unauthenticated("invalid token")),
+        Ok(None) => Err(Status::unauthenticated(INVALID_TOKEN)),
         Err(message) => {
             tracing::error!(error = %message, "token lookup failed");
             Err(Status::unavailable("cannot check the token right now; retry"))

@@ -11,11 +11,14 @@
 //! - [`lease`] and [`runners`]: leader leases, and the runners' liveness leases and what is
 //!   done with a lost runner's jobs;
 //! - [`auth`]: bearer tokens, the server auth layer and the client interceptor;
+//! - [`authz`]: the policy table of every RPC and the one authorisation decision;
 //! - [`scheduling`] and [`quotas`]: the names and quota checks the scheduler and the api share;
+//! - [`whoami`]: `NodeService`, the one RPC every service serves;
 //! - [`objects`]: the blob store; [`telemetry`] and [`shutdown`]: process plumbing.
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod authz;
 pub mod capacity;
 pub mod config;
 pub mod error;
@@ -29,6 +32,7 @@ pub mod publish;
 pub mod quotas;
 pub mod runners;
 pub mod scheduling;
+pub mod secrets;
 pub mod service;
 pub mod shutdown;
 pub mod state;
@@ -38,6 +42,7 @@ pub mod subjects;
 pub mod telemetry;
 #[cfg(feature = "test-util")]
 pub mod testing;
+pub mod whoami;
 
 pub use error::ErrorKind;
 pub use state::JobState;
@@ -49,6 +54,9 @@ pub enum Error {
     Store(#[from] store::StoreError),
     #[error(transparent)]
     Nats(#[from] streams::NatsError),
+    /// The caller may not make the call on what it addresses.
+    #[error(transparent)]
+    Denied(#[from] authz::Denied),
 }
 
 impl Error {
@@ -56,6 +64,7 @@ impl Error {
         match self {
             Error::Store(error) => error.kind(),
             Error::Nats(error) => error.kind(),
+            Error::Denied(denied) => denied.kind(),
         }
     }
 }

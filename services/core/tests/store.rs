@@ -49,16 +49,36 @@ async fn listing_filters_owner_and_state(store: Store) {
         .await
         .unwrap();
 
-    let active = store.list_jobs(Some("u1"), false, 100).await.unwrap();
+    let active = store
+        .list_jobs(Some("u1"), &kiln_core::authz::Visible::All, false, 100)
+        .await
+        .unwrap();
     assert_eq!(
         active.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(),
         [second.id.as_str()]
     );
-    let all = store.list_jobs(Some("u1"), true, 100).await.unwrap();
+    let all = store
+        .list_jobs(Some("u1"), &kiln_core::authz::Visible::All, true, 100)
+        .await
+        .unwrap();
     assert_eq!(all.len(), 2);
     assert_eq!(all[0].id, second.id, "newest first");
-    assert_eq!(store.list_jobs(None, true, 100).await.unwrap().len(), 3);
-    assert_eq!(store.list_jobs(None, true, 1).await.unwrap().len(), 1);
+    assert_eq!(
+        store
+            .list_jobs(None, &kiln_core::authz::Visible::All, true, 100)
+            .await
+            .unwrap()
+            .len(),
+        3
+    );
+    assert_eq!(
+        store
+            .list_jobs(None, &kiln_core::authz::Visible::All, true, 1)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
 }
 
 async fn transitions_compare_and_set(store: Store) {

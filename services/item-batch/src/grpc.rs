@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use kiln_core::auth::{Principal, user_principal};
+use kiln_core::authz::{Caller, Resource};
 use kiln_core::ids::{new_id, now_ms, parse_id};
 use kiln_proto::v1 as pb;
 use kiln_proto::v1::batch_service_server::BatchService;
@@ -38,11 +38,15 @@ pub struct BatchApi {
 #[tonic::async_trait]
 impl BatchService for BatchApi {
     async fn create_batch(&self, request: Request<pb::CreateBatchRequest>) -> Result<Response<pb::Batch>, Status> {
-        let principal = user_principal(&request)?;
-        let spec = Spec::from_proto(request.into_inner().spec)?;
+        let caller = caller(&request)?;
+        let mut spec = Spec::from_proto(request.into_inner().spec)?;
+        spec.project = caller
+            .named_project(&self.shared.store, &spec.project)
+            .await
+            .map_err(Error::from)?;
         let record = BatchRecord {
             id: new_id(),
-            owner_id: principal.user_id.clone(),
+            owner_id: caller.user_id().to_string(),
             project: spec.project.clone(),
             name: spec.name.clone(),
             spec_json: spec.to_json(),
@@ -55,7 +59,7 @@ impl BatchService for BatchApi {
         };
         self.shared.batches.insert_batch(record.clone()).await?;
         self.shared.ensure_consumer(&record.id).await?;
-        tracing::info!(batch_id = %record.id, owner = %principal.user_name, "batch created");
+        tracing::info!(batch_id = %record.id, owner = %caller.principal.user_name, "batch created");
         Ok(Response::new(self.shared.describe(&record).await?))
     }
 
@@ -63,14 +67,14 @@ impl BatchService for BatchApi {
         &self,
         request: Request<Streaming<pb::AddItemsRequest>>,
     ) -> Result<Response<pb::AddItemsResponse>, Status> {
-        let principal = user_principal(&request)?;
+        let caller = caller(&request)?;
         let mut messages = request.into_inner();
         let mut batch_id = String::new();
         let mut response = pb::AddItemsResponse::default();
         while let Some(message) = messages.next().await {
             let message = message?;
             if batch_id.is_empty() {
-                batch_id = self.visible(&principal, &message.batch_id).await?.id;
+                batch_id = self.visible(&caller, &message.batch_id).await?.id;
             } else if !message.batch_id.is_empty() && message.batch_id != batch_id {
                 return Err(Error::InvalidArgument(format!(
                     "one AddItems call adds to one batch: {batch_id}, not {}",
@@ -94,9 +98,9 @@ impl BatchService for BatchApi {
         &self,
         request: Request<pb::AddItemsFromObjectsRequest>,
     ) -> Result<Response<pb::AddItemsResponse>, Status> {
-        let principal = user_principal(&request)?;
+        let caller = caller(&request)?;
         let request = request.into_inner();
-        let batch = self.visible(&principal, &request.batch_id).await?;
+        let batch = self.visible(&caller, &request.batch_id).await?;
         let (added, duplicates) = match request.source {
             Some(pb::add_items_from_objects_request::Source::Prefix(prefix)) => {
                 crate::sources::add_from_prefix(&self.shared, &batch.id, &prefix).await?
@@ -116,8 +120,8 @@ impl BatchService for BatchApi {
     }
 
     async fn seal_batch(&self, request: Request<pb::BatchRef>) -> Result<Response<pb::Batch>, Status> {
-        let principal = user_principal(&request)?;
-        let batch = self.visible(&principal, &request.get_ref().batch_id).await?;
+        let caller = caller(&request)?;
+        let batch = self.visible(&caller, &request.get_ref().batch_id).await?;
         if batch.state != store::SEALED
             && !self
                 .shared
@@ -137,8 +141,8 @@ impl BatchService for BatchApi {
     }
 
     async fn cancel_batch(&self, request: Request<pb::BatchRef>) -> Result<Response<pb::Batch>, Status> {
-        let principal = user_principal(&request)?;
-        let batch = self.visible(&principal, &request.get_ref().batch_id).await?;
+        let caller = caller(&request)?;
+        let batch = self.visible(&caller, &request.get_ref().batch_id).await?;
         if batch.state == store::DONE {
             return Err(Error::FailedPrecondition(format!("batch {} is done already", batch.id)).into());
         }
@@ -148,8 +152,8 @@ impl BatchService for BatchApi {
     }
 
     async fn get_batch(&self, request: Request<pb::BatchRef>) -> Result<Response<pb::Batch>, Status> {
-        let principal = user_principal(&request)?;
-        let batch = self.visible(&principal, &request.get_ref().batch_id).await?;
+        let caller = caller(&request)?;
+        let batch = self.visible(&caller, &request.get_ref().batch_id).await?;
         Ok(Response::new(self.shared.describe(&batch).await?))
     }
 
@@ -157,9 +161,17 @@ impl BatchService for BatchApi {
         &self,
         request: Request<pb::ListBatchesRequest>,
     ) -> Result<Response<pb::ListBatchesResponse>, Status> {
-        let principal = user_principal(&request)?;
-        let owner = (!principal.is_admin).then_some(principal.user_id.as_str());
-        let records = self.shared.batches.list_batches(owner, request.get_ref().all).await?;
+        let caller = caller(&request)?;
+        let visible = caller
+            .listed_projects(&self.shared.store, &request.get_ref().project)
+            .await
+            .map_err(Error::from)?;
+        let owner = (!caller.is_admin()).then_some(caller.user_id());
+        let records = self
+            .shared
+            .batches
+            .list_batches(owner, &visible, request.get_ref().all)
+            .await?;
         let mut batches = Vec::with_capacity(records.len());
         for record in &records {
             batches.push(self.shared.describe(record).await?);
@@ -171,9 +183,9 @@ impl BatchService for BatchApi {
         &self,
         request: Request<pb::ListItemsRequest>,
     ) -> Result<Response<pb::ListItemsResponse>, Status> {
-        let principal = user_principal(&request)?;
+        let caller = caller(&request)?;
         let request = request.into_inner();
-        let batch = self.visible(&principal, &request.batch_id).await?;
+        let batch = self.visible(&caller, &request.batch_id).await?;
         let mut states = Vec::new();
         for state in &request.states {
             let state = pb::ItemState::try_from(*state)
@@ -216,9 +228,9 @@ impl BatchService for BatchApi {
         &self,
         request: Request<pb::GetItemLogsRequest>,
     ) -> Result<Response<pb::GetItemLogsResponse>, Status> {
-        let principal = user_principal(&request)?;
+        let caller = caller(&request)?;
         let request = request.into_inner();
-        let batch = self.visible(&principal, &request.batch_id).await?;
+        let batch = self.visible(&caller, &request.batch_id).await?;
         if self.shared.batches.item(&batch.id, &request.key).await?.is_none() {
             return Err(Error::InvalidArgument(format!("batch {} has no item {:?}", batch.id, request.key)).into());
         }
@@ -239,8 +251,8 @@ impl BatchService for BatchApi {
     }
 
     async fn retry_failed(&self, request: Request<pb::BatchRef>) -> Result<Response<pb::RetryFailedResponse>, Status> {
-        let principal = user_principal(&request)?;
-        let batch = self.visible(&principal, &request.get_ref().batch_id).await?;
+        let caller = caller(&request)?;
+        let batch = self.visible(&caller, &request.get_ref().batch_id).await?;
         if batch.state == store::CANCELLED {
             return Err(Error::FailedPrecondition(format!("batch {} is cancelled", batch.id)).into());
         }
@@ -265,14 +277,37 @@ impl BatchService for BatchApi {
 }
 
 impl BatchApi {
-    /// Reads a batch the caller may see (owner or admin); others' batches read as not found.
-    async fn visible(&self, principal: &Principal, batch_id: &str) -> Result<BatchRecord> {
-        let batch_id = parse_id("batch", batch_id).map_err(Error::InvalidArgument)?;
-        let batch = self.shared.batches.batch(&batch_id).await?;
-        if batch.owner_id != principal.user_id && !principal.is_admin {
-            return Err(Error::BatchNotFound { batch_id });
-        }
-        Ok(batch)
+    /// Reads a batch the call may act on; a batch of a project the caller is not in reads as
+    /// not found.
+    async fn visible(&self, caller: &Caller, batch_id: &str) -> Result<BatchRecord> {
+        authorized_batch(&self.shared, caller, batch_id).await
+    }
+}
+
+/// The caller the auth layer established for this request.
+pub(crate) fn caller<T>(request: &Request<T>) -> Result<Caller> {
+    Ok(Caller::of(request).map_err(kiln_core::Error::from)?)
+}
+
+/// Reads a batch and asks the caller's rule about it.
+pub(crate) async fn authorized_batch(shared: &Shared, caller: &Caller, batch_id: &str) -> Result<BatchRecord> {
+    let batch_id = parse_id("batch", batch_id).map_err(Error::InvalidArgument)?;
+    let batch = shared.batches.batch(&batch_id).await?;
+    caller
+        .authorize(&batch_resource(&batch))
+        .map_err(kiln_core::Error::from)?;
+    Ok(batch)
+}
+
+/// A batch as the authorisation rule sees it.
+pub(crate) fn batch_resource(batch: &BatchRecord) -> Resource<'_> {
+    Resource {
+        kind: "batch",
+        id: &batch.id,
+        project: &batch.project,
+        owner_id: &batch.owner_id,
+        job_id: "",
+        batch_id: &batch.id,
     }
 }
 

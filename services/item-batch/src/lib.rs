@@ -420,6 +420,7 @@ impl ItemBatch {
             .layer(rpc_metrics)
             .layer(AuthLayer::new(Arc::new(shared.store.clone())))
             .add_service(health_service)
+            .add_service(kiln_core::whoami::NodeApi::new("item-batch").server())
             .add_service(BatchServiceServer::new(batches).max_decoding_message_size(grpc::MAX_MESSAGE_BYTES))
             .add_service(ItemWorkServiceServer::new(work))
             .serve_with_incoming_shutdown(

@@ -105,7 +105,11 @@ pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
 
 /// A standby's pass: the counters of every live batch, for the rate and ETA it answers with.
 async fn sample_live(shared: &Shared) -> Result<()> {
-    for batch in shared.batches.list_batches(None, false).await? {
+    for batch in shared
+        .batches
+        .list_batches(None, &kiln_core::authz::Visible::All, false)
+        .await?
+    {
         let tally = shared.batches.tally(&batch.id).await?;
         shared.sample(&batch.id, tally.finished());
     }
@@ -118,7 +122,11 @@ async fn sample_live(shared: &Shared) -> Result<()> {
 /// A full pass also sets the backlog, batch and worker gauges.
 pub async fn pass(shared: &Shared, woken: bool, leading: &(dyn Fn() -> bool + Sync)) -> Result<()> {
     let mut totals = PassTotals::default();
-    for batch in shared.batches.list_batches(None, false).await? {
+    for batch in shared
+        .batches
+        .list_batches(None, &kiln_core::authz::Visible::All, false)
+        .await?
+    {
         if woken && (batch.state != store::SEALED || shared.batches.has_backlog(&batch.id).await?) {
             continue;
         }

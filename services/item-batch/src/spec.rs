@@ -34,6 +34,9 @@ pub struct Spec {
     /// The pool the workers run on; empty for any.
     #[serde(default)]
     pub pool: String,
+    /// Names of the project's secrets every worker gets as environment variables.
+    #[serde(default)]
+    pub secrets: Vec<String>,
 }
 
 impl Spec {
@@ -53,6 +56,8 @@ impl Spec {
                 "env names must be non-empty, without '=', and not start with KILN_ (kiln sets those)".into(),
             ));
         }
+        let secrets =
+            kiln_core::secrets::validate_names(&spec.secrets, spec.env.keys()).map_err(Error::InvalidArgument)?;
         if spec.max_attempts > LARGEST_MAX_ATTEMPTS {
             return Err(Error::InvalidArgument(format!(
                 "max_attempts {} is more than {LARGEST_MAX_ATTEMPTS}",
@@ -108,6 +113,7 @@ impl Spec {
                 spec.max_workers
             },
             market: spec.market,
+            secrets,
             pool: spec.pool,
         })
     }
@@ -127,6 +133,7 @@ impl Spec {
             max_workers: self.max_workers,
             market: self.market,
             pool: self.pool.clone(),
+            secrets: self.secrets.clone(),
         }
     }
 

@@ -18,8 +18,6 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::{self, AckKind};
 use futures::{Stream, StreamExt};
-use kiln_core::auth::{Principal, Scope, principal};
-use kiln_core::ids::parse_id;
 use kiln_core::streams::publish;
 use kiln_core::subjects;
 use kiln_proto::v1 as pb;
@@ -34,7 +32,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::Shared;
 use crate::error::{Error, Result};
 use crate::spec::Spec;
-use crate::store::{self, BatchRecord};
+use crate::store;
 use crate::template::{self, Values};
 
 /// Deliveries an item gets beyond `max_attempts` when earlier ones were lost with their worker.
@@ -62,7 +60,7 @@ impl ItemWorkService for WorkApi {
     type WorkStream = TaskStream;
 
     async fn work(&self, request: Request<Streaming<pb::AgentMessage>>) -> Result<Response<TaskStream>, Status> {
-        let principal = principal(&request)?;
+        let caller = crate::grpc::caller(&request)?;
         let mut incoming = request.into_inner();
         let hello = match incoming.next().await {
             Some(Ok(pb::AgentMessage {
@@ -71,7 +69,7 @@ impl ItemWorkService for WorkApi {
             Some(Err(status)) => return Err(status),
             _ => return Err(Error::InvalidArgument("the first message of a session must be a hello".into()).into()),
         };
-        let batch = self.authorize(&principal, &hello.batch_id).await?;
+        let batch = crate::grpc::authorized_batch(&self.shared, &caller, &hello.batch_id).await?;
         let (tx, rx) = mpsc::channel(2 * MAX_SLOTS as usize + 16);
         if !matches!(batch.state.as_str(), store::OPEN | store::SEALED) {
             let _ = tx.send(Ok(stop(&format!("batch is {}", batch.state)))).await;
@@ -93,32 +91,6 @@ impl ItemWorkService for WorkApi {
         tokio::spawn(session.clone().dispatch(consumer, tx));
         tokio::spawn(session.read(incoming));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
-    }
-}
-
-impl WorkApi {
-    /// A worker's job token works for its own batch only; a user may run an agent for a batch
-    /// of theirs.
-    async fn authorize(&self, principal: &Principal, batch_id: &str) -> Result<BatchRecord> {
-        let batch_id = parse_id("batch", batch_id).map_err(Error::InvalidArgument)?;
-        let batch = self.shared.batches.batch(&batch_id).await?;
-        match &principal.scope {
-            Scope::Job(job_id) => {
-                let job = self.shared.store.job(job_id).await?;
-                if job.batch_id != batch.id {
-                    return Err(Error::PermissionDenied(format!(
-                        "this token belongs to job {job_id}, which is no worker of batch {}",
-                        batch.id
-                    )));
-                }
-            }
-            Scope::User => {
-                if batch.owner_id != principal.user_id && !principal.is_admin {
-                    return Err(Error::BatchNotFound { batch_id });
-                }
-            }
-        }
-        Ok(batch)
     }
 }
 

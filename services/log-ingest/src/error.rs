@@ -22,6 +22,9 @@ pub enum Error {
     Store(#[from] StoreError),
     #[error(transparent)]
     Nats(#[from] NatsError),
+    /// An operation of kiln-core (an authorised read of a job).
+    #[error(transparent)]
+    Core(#[from] kiln_core::Error),
     #[error(
         "another log-ingest ({holder}) serves this NATS account with its own SQLite store; two would split a job's logs: set log-store = \"scylla\" and metric-store = \"scylla\" to run replicas"
     )]
@@ -47,6 +50,7 @@ impl Error {
             Error::FailedPrecondition(_) | Error::AnotherLogIngest { .. } => ErrorKind::FailedPrecondition,
             Error::Store(error) => error.kind(),
             Error::Nats(error) => error.kind(),
+            Error::Core(error) => error.kind(),
             Error::LogStore(_) | Error::Bind { .. } | Error::Serve(_) | Error::Metrics(_) => ErrorKind::Internal,
         }
     }

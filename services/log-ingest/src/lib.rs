@@ -154,6 +154,7 @@ impl LogIngest {
             .layer(rpc_metrics)
             .layer(AuthLayer::new(Arc::new(self.store.clone())))
             .add_service(health_service)
+            .add_service(kiln_core::whoami::NodeApi::new("log-ingest").server())
             .add_service(LogServiceServer::new(api).max_decoding_message_size(grpc::MAX_REQUEST_BYTES * 2))
             .serve_with_incoming_shutdown(
                 TcpListenerStream::new(self.listener),

@@ -236,7 +236,9 @@ impl Runner {
             .await;
         let health = tonic::transport::Server::builder()
             .layer(rpc_metrics)
+            .layer(kiln_core::auth::AuthLayer::new(std::sync::Arc::new(ctx.store.clone())))
             .add_service(health_service)
+            .add_service(kiln_core::whoami::NodeApi::new("runner").server())
             .serve_with_incoming_shutdown(
                 TcpListenerStream::new(self.listener),
                 shutdown.clone().cancelled_owned(),

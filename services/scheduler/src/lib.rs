@@ -133,7 +133,9 @@ impl Scheduler {
         let health = tokio::spawn(
             tonic::transport::Server::builder()
                 .layer(rpc_metrics)
+                .layer(kiln_core::auth::AuthLayer::new(std::sync::Arc::new(self.store.clone())))
                 .add_service(health_service)
+                .add_service(kiln_core::whoami::NodeApi::new("scheduler").server())
                 .serve_with_incoming_shutdown(
                     TcpListenerStream::new(self.listener),
                     shutdown.clone().cancelled_owned(),

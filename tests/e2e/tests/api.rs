@@ -117,7 +117,14 @@ async fn bad_input_is_refused_with_a_useful_message() {
     assert!(status.message().contains("not a valid id"));
 
     // Nothing of that reached the database.
-    assert!(stack.store.list_jobs(None, true, 100).await.unwrap().is_empty());
+    assert!(
+        stack
+            .store
+            .list_jobs(None, &kiln_core::authz::Visible::All, true, 100)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 #[tokio::test]
@@ -165,7 +172,10 @@ async fn users_see_only_their_jobs() {
         .job
         .unwrap();
     let listed = ada_jobs
-        .list_jobs(pb::ListJobsRequest { all: true, limit: 0 })
+        .list_jobs(pb::ListJobsRequest {
+            all: true,
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner()
@@ -178,7 +188,10 @@ async fn users_see_only_their_jobs() {
     let listed = stack
         .jobs()
         .await
-        .list_jobs(pb::ListJobsRequest { all: true, limit: 0 })
+        .list_jobs(pb::ListJobsRequest {
+            all: true,
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner()
@@ -340,7 +353,10 @@ async fn a_submit_retried_with_its_idempotency_key_makes_one_job() {
         .unwrap();
     assert_eq!(again.id, first.id, "a retry gets the job of the first submit");
     let listed = jobs
-        .list_jobs(pb::ListJobsRequest { all: true, limit: 0 })
+        .list_jobs(pb::ListJobsRequest {
+            all: true,
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner()

@@ -89,7 +89,12 @@ async fn ten_thousand_items_on_four_containers_with_retries_and_a_dead_letter() 
         Ok(run) => run,
         Err(now) => {
             let mut report = String::new();
-            for worker in stack.store.list_jobs(None, true, 100).await.unwrap() {
+            for worker in stack
+                .store
+                .list_jobs(None, &kiln_core::authz::Visible::All, true, 100)
+                .await
+                .unwrap()
+            {
                 let lines = stack.log_lines(&worker.id, false).await;
                 let texts: Vec<&str> = lines.iter().map(|l| l.text.as_str()).collect();
                 report += &format!("\n{} {} {:?} {:?}", worker.id, worker.state, worker.reason, texts);

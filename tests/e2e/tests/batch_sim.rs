@@ -119,7 +119,7 @@ async fn many_items_on_a_thousand_preempted_spot_workers_are_counted_exactly() {
     }
     let workers = stack
         .store
-        .list_jobs(None, true, 100_000)
+        .list_jobs(None, &kiln_core::authz::Visible::All, true, 100_000)
         .await
         .unwrap()
         .into_iter()

@@ -14,7 +14,11 @@ const ITEMS: usize = 20;
 
 /// The worker jobs item-batch asked for so far for the batch.
 async fn workers(stack: &Stack, batch_id: &str) -> Vec<kiln_core::store::JobRecord> {
-    let mut jobs = stack.store.list_jobs(None, true, 1000).await.unwrap();
+    let mut jobs = stack
+        .store
+        .list_jobs(None, &kiln_core::authz::Visible::All, true, 1000)
+        .await
+        .unwrap();
     jobs.retain(|job| job.batch_id == batch_id);
     jobs
 }

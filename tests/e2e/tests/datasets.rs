@@ -17,6 +17,7 @@ async fn create_dataset(stack: &Stack, name: &str, digest: &str) {
         .create_dataset(pb::CreateDatasetRequest {
             name: name.into(),
             digest: digest.into(),
+            ..Default::default()
         })
         .await
         .expect("create dataset");

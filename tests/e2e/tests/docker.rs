@@ -137,6 +137,7 @@ async fn a_dataset_is_mounted_read_only() {
         .create_dataset(pb::CreateDatasetRequest {
             name: "numbers".into(),
             digest: digest.clone(),
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -144,6 +145,7 @@ async fn a_dataset_is_mounted_read_only() {
         .create_dataset(pb::CreateDatasetRequest {
             name: "numbers".into(),
             digest,
+            ..Default::default()
         })
         .await
         .unwrap_err();

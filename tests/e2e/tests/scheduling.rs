@@ -138,7 +138,11 @@ async fn flood(stack: &mut Stack, bob: &str, instances: usize) -> (usize, usize,
         let jobs = stack
             .jobs()
             .await
-            .list_jobs(pb::ListJobsRequest { all: false, limit: 100 })
+            .list_jobs(pb::ListJobsRequest {
+                all: false,
+                limit: 100,
+                ..Default::default()
+            })
             .await
             .unwrap()
             .into_inner()

@@ -271,7 +271,11 @@ async fn item_batch_counts_items_and_reports_its_batches() {
     let owner = batch.owner.clone();
     let mut ids = vec![batch.id.clone(), owner];
     ids.extend(keys.iter().cloned());
-    let workers = stack.store.list_jobs(None, true, 1000).await.unwrap();
+    let workers = stack
+        .store
+        .list_jobs(None, &kiln_core::authz::Visible::All, true, 1000)
+        .await
+        .unwrap();
     ids.extend(
         workers
             .into_iter()

@@ -199,6 +199,7 @@ fn a_mixed_workload_survives_a_chaos_loop() {
                 let request = pb::ListJobsRequest {
                     all: true,
                     limit: 10_000,
+                    ..Default::default()
                 };
                 client.list_jobs(request).await.map(|r| r.into_inner().jobs)
             })

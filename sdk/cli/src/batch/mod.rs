@@ -128,6 +128,9 @@ pub struct CreateArgs {
     /// Run the workers only on this pool (default: any pool that fits).
     #[arg(long)]
     pool: Option<String>,
+    /// Project secret every worker gets as the environment variable of its name (repeatable).
+    #[arg(long = "secret")]
+    secrets: Vec<String>,
     #[arg(last = true, required = true)]
     command: Vec<String>,
 }
@@ -156,6 +159,7 @@ pub async fn batch(command: BatchCommand) -> Result<ExitCode> {
                     pb::Market::Unspecified as i32
                 },
                 pool: args.pool.unwrap_or_default(),
+                secrets: args.secrets,
             };
             let batch = clients
                 .batches
@@ -240,7 +244,10 @@ pub async fn batch(command: BatchCommand) -> Result<ExitCode> {
         BatchCommand::Ls { all, output } => {
             let batches = clients
                 .batches
-                .list_batches(pb::ListBatchesRequest { all })
+                .list_batches(pb::ListBatchesRequest {
+                    all,
+                    ..Default::default()
+                })
                 .await?
                 .into_inner()
                 .batches;

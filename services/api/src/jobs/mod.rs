@@ -5,10 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use kiln_core::auth::{Principal, user_principal};
+use kiln_core::authz::Caller;
 use kiln_core::events::{publish_job_change, stop_job};
-use kiln_core::ids::parse_id;
-use kiln_core::store::{Change, JobRecord, NewJob, Store, StoreError};
+use kiln_core::store::{Change, JobRecord, NewJob, Store};
 use kiln_core::streams::{Nats, request};
 use kiln_core::{JobState, subjects};
 use kiln_proto::v1 as pb;
@@ -19,6 +18,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
+use crate::access;
 use crate::error::{Error, Result};
 
 mod validate;
@@ -38,12 +38,14 @@ pub struct JobsApi {
 }
 
 impl JobsApi {
-    async fn visible_job(&self, principal: &Principal, job_id: &str) -> Result<JobRecord> {
-        visible_job(&self.store, principal, job_id).await
+    async fn visible_job(&self, caller: &Caller, job_id: &str) -> Result<JobRecord> {
+        access::job(&self.store, caller, job_id).await
     }
 
-    async fn submit(&self, principal: &Principal, request: pb::SubmitJobRequest) -> Result<JobRecord> {
+    async fn submit(&self, caller: &Caller, request: pb::SubmitJobRequest) -> Result<JobRecord> {
+        let principal = &caller.principal;
         let mut new = validate_spec(principal, request.spec)?;
+        new.project = access::project(&self.store, caller, &new.project).await?;
         new.submit_key = validate_submit_key(request.idempotency_key)?;
         if let Some(existing) = self.submitted_before(&new).await? {
             return Ok(existing);
@@ -108,8 +110,8 @@ impl JobsApi {
 
     /// Why a job waits: what the scheduler's next pass decides about it (the leader answers for
     /// a queued job), or what it is doing when it does not wait.
-    async fn explain(&self, principal: &Principal, job_id: &str) -> Result<pb::Explanation> {
-        let job = self.visible_job(principal, job_id).await?;
+    async fn explain(&self, caller: &Caller, job_id: &str) -> Result<pb::Explanation> {
+        let job = self.visible_job(caller, job_id).await?;
         let state = job.state()?;
         let mut explanation = pb::Explanation {
             job_id: job.id.clone(),
@@ -168,24 +170,15 @@ impl JobsApi {
         }
     }
 
-    async fn stop(&self, principal: &Principal, job_id: &str) -> Result<JobRecord> {
-        let job = self.visible_job(principal, job_id).await?;
-        Ok(stop_job(&self.nats, &self.store, job, "stopped by user").await?)
+    async fn stop(&self, caller: &Caller, job_id: &str) -> Result<JobRecord> {
+        let job = self.visible_job(caller, job_id).await?;
+        let reason = if job.owner_id == caller.user_id() {
+            "stopped by user".to_string()
+        } else {
+            format!("stopped by {}", caller.principal.user_name)
+        };
+        Ok(stop_job(&self.nats, &self.store, job, &reason).await?)
     }
-}
-
-/// Reads a job the caller may see; others' jobs read as not found, so ids do not leak.
-pub(crate) async fn visible_job(store: &Store, principal: &Principal, job_id: &str) -> Result<JobRecord> {
-    let job_id = parse_id("job", job_id).map_err(Error::InvalidArgument)?;
-    let job = match store.job(&job_id).await {
-        Ok(job) => job,
-        Err(StoreError::JobNotFound { job_id }) => return Err(Error::JobNotFound { job_id }),
-        Err(error) => return Err(error.into()),
-    };
-    if job.owner_id != principal.user_id && !principal.is_admin {
-        return Err(Error::JobNotFound { job_id });
-    }
-    Ok(job)
 }
 
 type JobStream = Pin<Box<dyn Stream<Item = Result<pb::Job, Status>> + Send>>;
@@ -197,8 +190,8 @@ impl JobService for JobsApi {
         &self,
         request: Request<pb::SubmitJobRequest>,
     ) -> Result<Response<pb::SubmitJobResponse>, Status> {
-        let principal = user_principal(&request)?;
-        let job = self.submit(&principal, request.into_inner()).await?;
+        let caller = access::caller(&request)?;
+        let job = self.submit(&caller, request.into_inner()).await?;
         Ok(Response::new(pb::SubmitJobResponse {
             job: Some(job.to_proto()),
         }))
@@ -206,23 +199,27 @@ impl JobService for JobsApi {
 
     #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
     async fn get_job(&self, request: Request<pb::GetJobRequest>) -> Result<Response<pb::Job>, Status> {
-        let principal = user_principal(&request)?;
-        let job = self.visible_job(&principal, &request.get_ref().job_id).await?;
+        let caller = access::caller(&request)?;
+        let job = self.visible_job(&caller, &request.get_ref().job_id).await?;
         Ok(Response::new(job.to_proto()))
     }
 
     #[tracing::instrument(skip_all)]
     async fn list_jobs(&self, request: Request<pb::ListJobsRequest>) -> Result<Response<pb::ListJobsResponse>, Status> {
-        let principal = user_principal(&request)?;
+        let caller = access::caller(&request)?;
         let request = request.into_inner();
         let limit = match request.limit {
             0 => 100,
             n => u64::from(n.min(10_000)),
         };
-        let owner = (!principal.is_admin).then_some(principal.user_id.as_str());
+        let visible = caller
+            .listed_projects(&self.store, &request.project)
+            .await
+            .map_err(Error::from)?;
+        let owner = (!request.everyone && !caller.is_admin()).then_some(caller.user_id());
         let jobs = self
             .store
-            .list_jobs(owner, request.all, limit)
+            .list_jobs(owner, &visible, request.all, limit)
             .await
             .map_err(Error::from)?;
         Ok(Response::new(pb::ListJobsResponse {
@@ -232,28 +229,23 @@ impl JobService for JobsApi {
 
     #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
     async fn stop_job(&self, request: Request<pb::StopJobRequest>) -> Result<Response<pb::Job>, Status> {
-        let principal = user_principal(&request)?;
-        let job = self.stop(&principal, &request.get_ref().job_id).await?;
+        let caller = access::caller(&request)?;
+        let job = self.stop(&caller, &request.get_ref().job_id).await?;
         Ok(Response::new(job.to_proto()))
     }
 
     #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
     async fn explain_job(&self, request: Request<pb::GetJobRequest>) -> Result<Response<pb::Explanation>, Status> {
-        let principal = user_principal(&request)?;
-        let explanation = self.explain(&principal, &request.get_ref().job_id).await?;
+        let caller = access::caller(&request)?;
+        let explanation = self.explain(&caller, &request.get_ref().job_id).await?;
         Ok(Response::new(explanation))
     }
 
     #[tracing::instrument(skip_all)]
     async fn create_run(&self, request: Request<pb::CreateRunRequest>) -> Result<Response<pb::Job>, Status> {
-        let principal = user_principal(&request)?;
+        let caller = access::caller(&request)?;
         let request = request.into_inner();
-        let project = if request.project.is_empty() {
-            "default".to_string()
-        } else {
-            request.project
-        };
-        subjects::validate_token("project", &project).map_err(Error::InvalidArgument)?;
+        let project = access::project(&self.store, &caller, &request.project).await?;
         if request.name.chars().count() > 128 {
             return Err(Error::InvalidArgument("name is longer than 128 characters".into()).into());
         }
@@ -264,7 +256,7 @@ impl JobService for JobsApi {
         };
         let run = self
             .store
-            .insert_external_run(&principal.user_id, &project, &name)
+            .insert_external_run(caller.user_id(), &project, &name)
             .await
             .map_err(Error::from)?;
         if let Err(error) = publish_job_change(&self.nats, &self.store, &run).await {
@@ -275,9 +267,9 @@ impl JobService for JobsApi {
 
     #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
     async fn finish_run(&self, request: Request<pb::FinishRunRequest>) -> Result<Response<pb::Job>, Status> {
-        let principal = user_principal(&request)?;
+        let caller = access::caller(&request)?;
         let request = request.into_inner();
-        let run = self.visible_job(&principal, &request.job_id).await?;
+        let run = self.visible_job(&caller, &request.job_id).await?;
         if run.pool != kiln_core::store::EXTERNAL_POOL {
             return Err(Error::InvalidArgument(format!("job {} runs in kiln; it ends by itself", run.id)).into());
         }
@@ -304,8 +296,8 @@ impl JobService for JobsApi {
 
     #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
     async fn watch_job(&self, request: Request<pb::WatchJobRequest>) -> Result<Response<Self::WatchJobStream>, Status> {
-        let principal = user_principal(&request)?;
-        let job = self.visible_job(&principal, &request.get_ref().job_id).await?;
+        let caller = access::caller(&request)?;
+        let job = self.visible_job(&caller, &request.get_ref().job_id).await?;
         let mut events = self
             .nats
             .client

@@ -75,7 +75,7 @@ pub(super) fn validate_spec(principal: &Principal, spec: Option<pb::JobSpec>) ->
         spec.name
     };
     let project = if spec.project.is_empty() {
-        "default".to_string()
+        kiln_core::authz::DEFAULT_PROJECT.to_string()
     } else {
         spec.project
     };
@@ -116,9 +116,11 @@ pub(super) fn validate_spec(principal: &Principal, spec: Option<pb::JobSpec>) ->
     if !spec.pool.is_empty() {
         subjects::validate_token("pool", &spec.pool).map_err(Error::InvalidArgument)?;
     }
+    let secrets = kiln_core::secrets::validate_names(&spec.secrets, env.keys()).map_err(Error::InvalidArgument)?;
     Ok(NewJob {
         owner_id: principal.user_id.clone(),
         project,
+        secrets,
         name,
         command: spec.command,
         env,
@@ -183,6 +185,10 @@ mod tests {
             user_name: "ada".into(),
             is_admin: false,
             scope: Scope::User,
+            token_id: "t1".into(),
+            token_name: "cli".into(),
+            roles: Default::default(),
+            job_batch_id: None,
         }
     }
 

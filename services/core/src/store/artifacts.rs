@@ -53,8 +53,16 @@ impl Store {
 }
 
 impl Store {
-    /// Names an artifact as a dataset; returns false when the name is taken.
-    pub async fn insert_dataset(&self, name: &str, digest: &str, size: i64, created_by: &str) -> StoreResult<bool> {
+    /// Names an artifact as a dataset of a project; returns false when the name is taken
+    /// (dataset names are unique across the instance).
+    pub async fn insert_dataset(
+        &self,
+        project: &str,
+        name: &str,
+        digest: &str,
+        size: i64,
+        created_by: &str,
+    ) -> StoreResult<bool> {
         if dataset::Entity::find_by_id(name.to_string())
             .one(&self.db)
             .await?
@@ -68,6 +76,7 @@ impl Store {
             size: Set(size),
             created_by: Set(created_by.to_string()),
             created_at_ms: Set(now_ms()),
+            project: Set(project.to_string()),
         })
         .exec_without_returning(&self.db)
         .await;

@@ -11,6 +11,7 @@ pub mod user {
         pub name: String,
         pub is_admin: bool,
         pub created_at_ms: i64,
+        pub disabled: bool,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
@@ -33,6 +34,12 @@ pub mod api_token {
         pub scope: String,
         pub revoked: bool,
         pub created_at_ms: i64,
+        pub expires_at_ms: Option<i64>,
+        pub last_used_at_ms: Option<i64>,
+        /// The project the token is narrowed to; empty for none.
+        pub project: String,
+        /// The role it is narrowed to there; empty for none.
+        pub role: String,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
@@ -94,6 +101,8 @@ pub mod job {
         pub submit_key: Option<String>,
         /// The one pool the job may run on; empty for any pool that fits.
         pub requested_pool: String,
+        /// Names of the project secrets the job gets as environment variables (JSON list).
+        pub secrets_json: String,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
@@ -133,6 +142,66 @@ pub mod dataset {
         pub size: i64,
         pub created_by: String,
         pub created_at_ms: i64,
+        pub project: String,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+pub mod project {
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "projects")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub name: String,
+        pub created_at_ms: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+pub mod project_member {
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "project_members")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub project: String,
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub user_id: String,
+        pub role: String,
+        pub created_at_ms: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+pub mod secret {
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "secrets")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub project: String,
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub name: String,
+        /// Nonce and ciphertext; never the value in clear.
+        pub sealed: Vec<u8>,
+        pub created_at_ms: i64,
+        pub updated_at_ms: i64,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

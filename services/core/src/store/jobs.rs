@@ -36,6 +36,8 @@ pub struct NewJob {
     pub submit_key: String,
     /// The one pool the job may run on; empty for any pool that fits.
     pub requested_pool: String,
+    /// Names of the project secrets injected as environment variables.
+    pub secrets: Vec<String>,
 }
 
 /// The pool of runs that execute outside kiln (they hold no capacity of any pool).
@@ -84,6 +86,10 @@ impl JobRecord {
 
     pub fn datasets(&self) -> StoreResult<Vec<String>> {
         serde_json::from_str(&self.datasets_json).map_err(|e| StoreError::Corrupt(e.to_string()))
+    }
+
+    pub fn secrets(&self) -> StoreResult<Vec<String>> {
+        serde_json::from_str(&self.secrets_json).map_err(|e| StoreError::Corrupt(e.to_string()))
     }
 }
 
@@ -140,10 +146,20 @@ impl Store {
 
     /// Lists jobs, newest first: one owner's (or everyone's for `None`), active ones only unless
     /// `all`.
-    pub async fn list_jobs(&self, owner_id: Option<&str>, all: bool, limit: u64) -> StoreResult<Vec<JobRecord>> {
+    /// Jobs newest first: of `owner_id` when given, in the visible projects, live ones unless `all`.
+    pub async fn list_jobs(
+        &self,
+        owner_id: Option<&str>,
+        projects: &crate::authz::Visible,
+        all: bool,
+        limit: u64,
+    ) -> StoreResult<Vec<JobRecord>> {
         let mut query = Jobs::find();
         if let Some(owner_id) = owner_id {
             query = query.filter(Column::OwnerId.eq(owner_id));
+        }
+        if let crate::authz::Visible::Only(projects) = projects {
+            query = query.filter(Column::Project.is_in(projects.iter().cloned()));
         }
         if !all {
             let live = JobState::ALL
@@ -364,6 +380,7 @@ pub(super) fn new_record(new: NewJob, state: JobState, pool: &str, instance_id: 
         gpus: Set(new.gpus),
         max_runtime_secs: Set(new.max_runtime_secs),
         datasets_json: Set(serde_json::to_string(&new.datasets).map_err(|e| StoreError::Corrupt(e.to_string()))?),
+        secrets_json: Set(serde_json::to_string(&new.secrets).map_err(|e| StoreError::Corrupt(e.to_string()))?),
         batch_id: Set(new.batch_id),
         priority: Set(class.value),
         priority_class: Set(class.name.to_string()),
@@ -405,6 +422,7 @@ impl JobRecord {
                 priority_class: self.priority_class.clone(),
                 market: MarketPolicy::parse(&self.market_policy).to_proto() as i32,
                 pool: self.requested_pool.clone(),
+                secrets: self.secrets().unwrap_or_default(),
             }),
             state: state as i32,
             version: self.version,

@@ -15,13 +15,16 @@ use crate::error::ErrorKind;
 mod artifacts;
 pub mod entities;
 mod jobs;
+mod projects;
 mod quotas;
 mod users;
 
 pub use artifacts::NewArtifact;
 pub use entities::job::Model as JobRecord;
 pub use jobs::{Change, EXTERNAL_POOL, NewJob, Usage};
+pub use projects::MemberRecord;
 pub use quotas::{QueuedCounts, QuotaRecord};
+pub use users::TokenGrant;
 
 /// StoreError is a failure of the metadata store.
 #[derive(Debug, thiserror::Error)]

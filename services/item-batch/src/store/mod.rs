@@ -169,10 +169,20 @@ impl BatchStore {
     }
 
     /// Batches, newest first: one owner's (or everyone's for `None`), live ones only unless `all`.
-    pub async fn list_batches(&self, owner_id: Option<&str>, all: bool) -> Result<Vec<BatchRecord>> {
+    /// Batches newest first: of `owner_id` when given, in the visible projects, live ones
+    /// unless `all`.
+    pub async fn list_batches(
+        &self,
+        owner_id: Option<&str>,
+        projects: &kiln_core::authz::Visible,
+        all: bool,
+    ) -> Result<Vec<BatchRecord>> {
         let mut query = batch::Entity::find();
         if let Some(owner_id) = owner_id {
             query = query.filter(batch::Column::OwnerId.eq(owner_id));
+        }
+        if let kiln_core::authz::Visible::Only(projects) = projects {
+            query = query.filter(batch::Column::Project.is_in(projects.iter().cloned()));
         }
         if !all {
             query = query.filter(batch::Column::State.is_in([OPEN, SEALED]));

@@ -11,7 +11,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use kiln_core::auth::Principal;
+use kiln_core::authz::Caller;
 use kiln_core::ids::now_ms;
 use kiln_core::streams::MAX_LOG_LINE_BYTES;
 use kiln_proto::v1 as pb;
@@ -51,7 +51,7 @@ impl LogsApi {
 
     /// Publishes lines for a job that has not ended, one record each, under message ids made of
     /// the writer's name and line numbers (so a retried request is stored once).
-    pub(super) async fn write_logs(&self, principal: &Principal, request: pb::WriteLogsRequest) -> Result<u32, Error> {
+    pub(super) async fn write_logs(&self, caller: &Caller, request: pb::WriteLogsRequest) -> Result<u32, Error> {
         use prost::Message;
         let size = request.encoded_len();
         if size > MAX_REQUEST_BYTES {
@@ -82,7 +82,7 @@ impl LogsApi {
                 line.text.len()
             )));
         }
-        let job = self.visible_job(principal, &request.job_id).await?;
+        let job = self.visible_job(caller, &request.job_id).await?;
         let state = job.state()?;
         if state.is_terminal() {
             return Err(Error::FailedPrecondition(format!(
@@ -123,10 +123,10 @@ impl LogsApi {
 
     pub(super) async fn search_logs(
         &self,
-        principal: &Principal,
+        caller: &Caller,
         request: pb::SearchLogsRequest,
     ) -> Result<pb::SearchLogsResponse, Error> {
-        let job = self.visible_job(principal, &request.job_id).await?;
+        let job = self.visible_job(caller, &request.job_id).await?;
         if request.pattern.is_empty() {
             return Err(Error::InvalidArgument("pattern is empty".into()));
         }

@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 
-use kiln_core::auth::Principal;
+use kiln_core::authz::Caller;
 use kiln_proto::v1 as pb;
 
 use super::{LogsApi, MAX_KEY_BYTES, MAX_KEYS_PER_JOB, MAX_REQUEST_BYTES};
@@ -20,11 +20,7 @@ const DEFAULT_MAX_POINTS: usize = 1000;
 const LARGEST_MAX_POINTS: usize = 100_000;
 
 impl LogsApi {
-    pub(super) async fn write_metrics(
-        &self,
-        principal: &Principal,
-        request: pb::WriteMetricsRequest,
-    ) -> Result<u32, Error> {
+    pub(super) async fn write_metrics(&self, caller: &Caller, request: pb::WriteMetricsRequest) -> Result<u32, Error> {
         use prost::Message;
         let size = request.encoded_len();
         if size > MAX_REQUEST_BYTES {
@@ -32,7 +28,7 @@ impl LogsApi {
                 "the batch is {size} bytes; the limit is {MAX_REQUEST_BYTES} bytes (4 MiB): send smaller batches"
             )));
         }
-        let job = self.visible_job(principal, &request.job_id).await?;
+        let job = self.visible_job(caller, &request.job_id).await?;
         let columns = request.columns.unwrap_or_default();
         check_columns(&columns).map_err(Error::InvalidArgument)?;
         let mut keys: Vec<&str> = request
@@ -120,7 +116,7 @@ impl LogsApi {
 
     pub(super) async fn query_metrics(
         &self,
-        principal: &Principal,
+        caller: &Caller,
         request: pb::QueryMetricsRequest,
     ) -> Result<Vec<pb::MetricSeries>, Error> {
         let max_points = match request.max_points {
@@ -131,7 +127,7 @@ impl LogsApi {
         let max_step = request.max_step.unwrap_or(i64::MAX);
         let mut out = Vec::new();
         for job_id in &request.job_ids {
-            let job = self.visible_job(principal, job_id).await?;
+            let job = self.visible_job(caller, job_id).await?;
             for key in self.keys_of(&job.id, &request.keys).await? {
                 let series = self
                     .points
@@ -150,12 +146,12 @@ impl LogsApi {
 
     pub(super) async fn latest_metrics(
         &self,
-        principal: &Principal,
+        caller: &Caller,
         request: pb::LatestMetricsRequest,
     ) -> Result<Vec<pb::MetricSeries>, Error> {
         let mut out = Vec::new();
         for job_id in &request.job_ids {
-            let job = self.visible_job(principal, job_id).await?;
+            let job = self.visible_job(caller, job_id).await?;
             for key in self.keys_of(&job.id, &request.keys).await? {
                 if let Some(point) = self.points.latest(&job.id, &key).await? {
                     out.push(pb::MetricSeries {

@@ -9,9 +9,8 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
 use futures::Stream;
-use kiln_core::auth::{Principal, Scope, principal, user_principal};
-use kiln_core::ids::parse_id;
-use kiln_core::store::{Store, StoreError};
+use kiln_core::authz::Caller;
+use kiln_core::store::Store;
 use kiln_proto::v1 as pb;
 use kiln_proto::v1::log_service_server::LogService;
 use tokio::sync::broadcast;
@@ -64,8 +63,8 @@ impl LogService for LogsApi {
         &self,
         request: Request<pb::SearchLogsRequest>,
     ) -> Result<Response<pb::SearchLogsResponse>, Status> {
-        let principal = user_principal(&request)?;
-        Ok(Response::new(self.search_logs(&principal, request.into_inner()).await?))
+        let caller = caller(&request)?;
+        Ok(Response::new(self.search_logs(&caller, request.into_inner()).await?))
     }
 
     #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
@@ -73,8 +72,8 @@ impl LogService for LogsApi {
         &self,
         request: Request<pb::WriteMetricsRequest>,
     ) -> Result<Response<pb::WriteMetricsResponse>, Status> {
-        let principal = principal(&request)?;
-        let accepted = self.write_metrics(&principal, request.into_inner()).await?;
+        let caller = caller(&request)?;
+        let accepted = self.write_metrics(&caller, request.into_inner()).await?;
         Ok(Response::new(pb::WriteMetricsResponse { accepted }))
     }
 
@@ -84,11 +83,11 @@ impl LogService for LogsApi {
         request: Request<tonic::Streaming<pb::WriteMetricsRequest>>,
     ) -> Result<Response<pb::WriteMetricsResponse>, Status> {
         use futures::StreamExt;
-        let principal = principal(&request)?;
+        let caller = caller(&request)?;
         let mut batches = request.into_inner();
         let mut accepted: u32 = 0;
         while let Some(batch) = batches.next().await {
-            accepted = accepted.saturating_add(self.write_metrics(&principal, batch?).await?);
+            accepted = accepted.saturating_add(self.write_metrics(&caller, batch?).await?);
         }
         Ok(Response::new(pb::WriteMetricsResponse { accepted }))
     }
@@ -98,8 +97,8 @@ impl LogService for LogsApi {
         &self,
         request: Request<pb::QueryMetricsRequest>,
     ) -> Result<Response<pb::QueryMetricsResponse>, Status> {
-        let principal = user_principal(&request)?;
-        let series = self.query_metrics(&principal, request.into_inner()).await?;
+        let caller = caller(&request)?;
+        let series = self.query_metrics(&caller, request.into_inner()).await?;
         Ok(Response::new(pb::QueryMetricsResponse { series }))
     }
 
@@ -108,8 +107,8 @@ impl LogService for LogsApi {
         &self,
         request: Request<pb::ListMetricKeysRequest>,
     ) -> Result<Response<pb::ListMetricKeysResponse>, Status> {
-        let principal = user_principal(&request)?;
-        let job = self.visible_job(&principal, &request.get_ref().job_id).await?;
+        let caller = caller(&request)?;
+        let job = self.visible_job(&caller, &request.get_ref().job_id).await?;
         let keys = self.points.keys(&job.id).await.map_err(Status::from)?;
         Ok(Response::new(pb::ListMetricKeysResponse { keys }))
     }
@@ -119,16 +118,16 @@ impl LogService for LogsApi {
         &self,
         request: Request<pb::LatestMetricsRequest>,
     ) -> Result<Response<pb::LatestMetricsResponse>, Status> {
-        let principal = user_principal(&request)?;
-        let series = self.latest_metrics(&principal, request.into_inner()).await?;
+        let caller = caller(&request)?;
+        let series = self.latest_metrics(&caller, request.into_inner()).await?;
         Ok(Response::new(pb::LatestMetricsResponse { series }))
     }
 
     #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
     async fn get_logs(&self, request: Request<pb::GetLogsRequest>) -> Result<Response<Self::GetLogsStream>, Status> {
-        let principal = user_principal(&request)?;
+        let caller = caller(&request)?;
         let request = request.into_inner();
-        let job_id = self.visible_job(&principal, &request.job_id).await?.id;
+        let job_id = self.visible_job(&caller, &request.job_id).await?.id;
         Ok(Response::new(self.spawn_lines(
             job_id,
             Cursor::default(),
@@ -138,9 +137,9 @@ impl LogService for LogsApi {
 
     #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
     async fn tail_logs(&self, request: Request<pb::TailLogsRequest>) -> Result<Response<Self::TailLogsStream>, Status> {
-        let principal = user_principal(&request)?;
+        let caller = caller(&request)?;
         let request = request.into_inner();
-        let job_id = self.visible_job(&principal, &request.job_id).await?.id;
+        let job_id = self.visible_job(&caller, &request.job_id).await?.id;
         let lines = match request.lines {
             0 => DEFAULT_TAIL_LINES,
             n => n.min(LARGEST_TAIL_LINES),
@@ -154,36 +153,20 @@ impl LogService for LogsApi {
         &self,
         request: Request<pb::WriteLogsRequest>,
     ) -> Result<Response<pb::WriteLogsResponse>, Status> {
-        let principal = principal(&request)?;
-        let accepted = self.write_logs(&principal, request.into_inner()).await?;
+        let caller = caller(&request)?;
+        let accepted = self.write_logs(&caller, request.into_inner()).await?;
         Ok(Response::new(pb::WriteLogsResponse { accepted }))
     }
 }
 
 impl LogsApi {
-    /// Reads a job the caller may see (owner or admin); others' jobs read as not found.
-    async fn visible_job(&self, principal: &Principal, job_id: &str) -> Result<kiln_core::store::JobRecord, Error> {
-        let job_id = parse_id("job", job_id).map_err(Error::InvalidArgument)?;
-        let job = match self.store.job(&job_id).await {
-            Ok(job) => job,
-            Err(StoreError::JobNotFound { job_id }) => return Err(Error::JobNotFound { job_id }),
-            Err(error) => return Err(error.into()),
-        };
-        let allowed = match &principal.scope {
-            Scope::User => job.owner_id == principal.user_id || principal.is_admin,
-            Scope::Job(own) => {
-                if *own != job.id {
-                    return Err(Error::PermissionDenied(format!(
-                        "this token belongs to job {own}; it cannot write job {}",
-                        job.id
-                    )));
-                }
-                true
-            }
-        };
-        if !allowed {
-            return Err(Error::JobNotFound { job_id });
-        }
-        Ok(job)
+    /// Reads a job the call may act on (see [`Caller::job`]).
+    async fn visible_job(&self, caller: &Caller, job_id: &str) -> Result<kiln_core::store::JobRecord, Error> {
+        Ok(caller.job(&self.store, job_id).await?)
     }
+}
+
+/// The caller the auth layer established for this request.
+fn caller<T>(request: &Request<T>) -> Result<Caller, Status> {
+    Caller::of(request).map_err(|denied| Status::from(Error::from(kiln_core::Error::from(denied))))
 }

@@ -1,0 +1,90 @@
+//! The access rule of every gRPC method of every kiln service. A method without a rule is
+//! refused; a test checks that this table and the proto descriptors name the same methods.
+
+use super::JobAccess::{Allow, Deny, OwnBatch, OwnJob};
+use super::Need::{Admin, Caller, OwnerOr, Role as Needs};
+use super::Role::{Maintainer, Member, Viewer};
+use super::{Need, Rule};
+
+/// Own objects need `member`, other users' `maintainer`.
+const MEMBER_OWN_MAINTAINER_ANY: Need = OwnerOr {
+    owner: Member,
+    others: Maintainer,
+};
+
+const fn rule(method: &'static str, need: Need, job: super::JobAccess) -> Rule {
+    Rule { method, need, job }
+}
+
+/// Every method's rule, by service.
+pub const POLICY: &[Rule] = &[
+    // api: jobs
+    rule("/kiln.v1.JobService/SubmitJob", Needs(Member), Deny),
+    rule("/kiln.v1.JobService/GetJob", Needs(Viewer), OwnJob),
+    rule("/kiln.v1.JobService/ListJobs", Needs(Viewer), Deny),
+    rule("/kiln.v1.JobService/StopJob", MEMBER_OWN_MAINTAINER_ANY, Deny),
+    rule("/kiln.v1.JobService/WatchJob", Needs(Viewer), OwnJob),
+    rule("/kiln.v1.JobService/CreateRun", Needs(Member), Deny),
+    rule("/kiln.v1.JobService/FinishRun", MEMBER_OWN_MAINTAINER_ANY, OwnJob),
+    rule("/kiln.v1.JobService/ExplainJob", Needs(Viewer), OwnJob),
+    // api: quotas (a project's by its maintainer; users' and the global one by the admin)
+    rule("/kiln.v1.QuotaService/SetQuota", Needs(Maintainer), Deny),
+    rule("/kiln.v1.QuotaService/GetQuota", Needs(Viewer), Deny),
+    rule("/kiln.v1.QuotaService/ListQuotas", Needs(Viewer), Deny),
+    rule("/kiln.v1.QuotaService/DeleteQuota", Needs(Maintainer), Deny),
+    // api: content-addressed code bundles, and a job's outputs
+    rule("/kiln.v1.ArtifactService/StatArtifact", Caller, Deny),
+    rule("/kiln.v1.ArtifactService/UploadArtifact", Caller, Deny),
+    rule("/kiln.v1.ArtifactService/ListOutputs", Needs(Viewer), OwnJob),
+    rule("/kiln.v1.ArtifactService/GetOutput", Needs(Viewer), OwnJob),
+    // api: datasets
+    rule("/kiln.v1.DatasetService/CreateDataset", Needs(Member), Deny),
+    rule("/kiln.v1.DatasetService/ListDatasets", Needs(Viewer), Deny),
+    rule("/kiln.v1.DatasetService/DeleteDataset", MEMBER_OWN_MAINTAINER_ANY, Deny),
+    // api: users and tokens
+    rule("/kiln.v1.UserService/CreateUser", Admin, Deny),
+    rule("/kiln.v1.UserService/ListUsers", Admin, Deny),
+    rule("/kiln.v1.UserService/DisableUser", Admin, Deny),
+    rule("/kiln.v1.UserService/CreateToken", Caller, Deny),
+    rule("/kiln.v1.UserService/ListTokens", Caller, Deny),
+    rule("/kiln.v1.UserService/RevokeToken", Caller, Deny),
+    // api: projects
+    rule("/kiln.v1.ProjectService/CreateProject", Admin, Deny),
+    rule("/kiln.v1.ProjectService/ListProjects", Caller, Deny),
+    rule("/kiln.v1.ProjectService/ListMembers", Needs(Viewer), Deny),
+    rule("/kiln.v1.ProjectService/AddMember", Needs(Maintainer), Deny),
+    rule("/kiln.v1.ProjectService/RemoveMember", Needs(Maintainer), Deny),
+    // api: secrets
+    rule("/kiln.v1.SecretService/SetSecret", Needs(Maintainer), Deny),
+    rule("/kiln.v1.SecretService/ListSecrets", Needs(Member), Deny),
+    rule("/kiln.v1.SecretService/DeleteSecret", Needs(Maintainer), Deny),
+    // every service
+    rule("/kiln.v1.NodeService/WhoAmI", Caller, Allow),
+    // log-ingest
+    rule("/kiln.v1.LogService/GetLogs", Needs(Viewer), OwnJob),
+    rule("/kiln.v1.LogService/TailLogs", Needs(Viewer), OwnJob),
+    rule("/kiln.v1.LogService/WriteLogs", Needs(Member), OwnJob),
+    rule("/kiln.v1.LogService/SearchLogs", Needs(Viewer), Deny),
+    rule("/kiln.v1.LogService/WriteMetrics", Needs(Member), OwnJob),
+    rule("/kiln.v1.LogService/WriteMetricsStream", Needs(Member), OwnJob),
+    rule("/kiln.v1.LogService/QueryMetrics", Needs(Viewer), OwnJob),
+    rule("/kiln.v1.LogService/ListMetricKeys", Needs(Viewer), OwnJob),
+    rule("/kiln.v1.LogService/LatestMetrics", Needs(Viewer), OwnJob),
+    // item-batch
+    rule("/kiln.v1.BatchService/CreateBatch", Needs(Member), Deny),
+    rule("/kiln.v1.BatchService/AddItems", MEMBER_OWN_MAINTAINER_ANY, Deny),
+    rule(
+        "/kiln.v1.BatchService/AddItemsFromObjects",
+        MEMBER_OWN_MAINTAINER_ANY,
+        Deny,
+    ),
+    rule("/kiln.v1.BatchService/SealBatch", MEMBER_OWN_MAINTAINER_ANY, Deny),
+    rule("/kiln.v1.BatchService/CancelBatch", MEMBER_OWN_MAINTAINER_ANY, Deny),
+    rule("/kiln.v1.BatchService/GetBatch", Needs(Viewer), OwnBatch),
+    rule("/kiln.v1.BatchService/ListBatches", Needs(Viewer), Deny),
+    rule("/kiln.v1.BatchService/ListItems", Needs(Viewer), OwnBatch),
+    rule("/kiln.v1.BatchService/GetItemLogs", Needs(Viewer), OwnBatch),
+    rule("/kiln.v1.BatchService/RetryFailed", MEMBER_OWN_MAINTAINER_ANY, Deny),
+    // item-batch: the worker loop, for the batch's own workers (and users running an agent)
+    rule("/kiln.v1.ItemWorkService/Work", MEMBER_OWN_MAINTAINER_ANY, OwnBatch),
+];

@@ -1,0 +1,70 @@
+//! Project secrets: their names, as environment variable names.
+
+/// The longest secret name.
+pub const MAX_NAME_LEN: usize = 128;
+
+/// The most secrets one job or batch may name.
+pub const MAX_PER_JOB: usize = 64;
+
+/// Checks a secret's name: an environment variable name (letters, digits and `_`, not starting
+/// with a digit), outside the `KILN_` names kiln sets itself.
+pub fn validate_name(name: &str) -> Result<(), String> {
+    let mut chars = name.chars();
+    let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+    let valid = first_ok && name.len() <= MAX_NAME_LEN && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !valid {
+        return Err(format!(
+            "secret name {name:?} is not valid: an environment variable name (letters, digits and _, not starting with a digit, at most {MAX_NAME_LEN})"
+        ));
+    }
+    if name.starts_with("KILN_") {
+        return Err(format!(
+            "secret name {name:?} is reserved: KILN_* variables are set by kiln"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks the secret names of a job or batch spec against its environment: valid, unique, not
+/// also given as a plain variable. Returns them sorted.
+pub fn validate_names<'a>(
+    names: &[String],
+    env_keys: impl IntoIterator<Item = &'a String>,
+) -> Result<Vec<String>, String> {
+    if names.len() > MAX_PER_JOB {
+        return Err(format!("{} secrets named; at most {MAX_PER_JOB}", names.len()));
+    }
+    let env: std::collections::BTreeSet<&String> = env_keys.into_iter().collect();
+    let mut sorted = Vec::with_capacity(names.len());
+    for name in names {
+        validate_name(name)?;
+        if env.contains(name) {
+            return Err(format!("{name} is both a secret and an env variable; give it once"));
+        }
+        sorted.push(name.clone());
+    }
+    sorted.sort();
+    sorted.dedup();
+    Ok(sorted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_environment_variable_names() {
+        for good in ["HF_TOKEN", "_x", "a1"] {
+            assert!(validate_name(good).is_ok(), "{good}");
+        }
+        for bad in ["", "1A", "A-B", "A B", "KILN_TOKEN", "é"] {
+            assert!(validate_name(bad).is_err(), "{bad}");
+        }
+        let env = ["PLAIN".to_string()];
+        assert!(validate_names(&["PLAIN".into()], &env).unwrap_err().contains("both"));
+        assert_eq!(
+            validate_names(&["B".into(), "A".into(), "B".into()], &env).unwrap(),
+            ["A", "B"]
+        );
+    }
+}
