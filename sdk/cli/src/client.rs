@@ -11,7 +11,10 @@ use kiln_proto::v1::batch_service_client::BatchServiceClient;
 use kiln_proto::v1::dataset_service_client::DatasetServiceClient;
 use kiln_proto::v1::job_service_client::JobServiceClient;
 use kiln_proto::v1::log_service_client::LogServiceClient;
+use kiln_proto::v1::node_service_client::NodeServiceClient;
+use kiln_proto::v1::project_service_client::ProjectServiceClient;
 use kiln_proto::v1::quota_service_client::QuotaServiceClient;
+use kiln_proto::v1::user_service_client::UserServiceClient;
 use serde::{Deserialize, Serialize};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
@@ -83,12 +86,22 @@ pub fn resolve() -> Result<Credentials> {
     let batches = env("KILN_BATCH_ADDR")
         .or_else(|| file.as_ref().map(|f| f.batches.clone()).filter(|b| !b.is_empty()))
         .unwrap_or_else(|| api.clone());
-    Ok(Credentials {
-        api: normalize(&api),
-        logs: normalize(&logs),
-        batches: normalize(&batches),
+    Ok(normalized(&Credentials {
+        api,
+        logs,
+        batches,
         token,
-    })
+    }))
+}
+
+/// The credentials with every address as a URL (`host:port` reads as `http://host:port`).
+pub fn normalized(credentials: &Credentials) -> Credentials {
+    Credentials {
+        api: normalize(&credentials.api),
+        logs: normalize(&credentials.logs),
+        batches: normalize(&credentials.batches),
+        token: credentials.token.clone(),
+    }
 }
 
 fn normalize(addr: &str) -> String {
@@ -109,6 +122,10 @@ pub struct Clients {
     pub logs: LogServiceClient<Authed>,
     pub batches: BatchServiceClient<Authed>,
     pub quotas: QuotaServiceClient<Authed>,
+    pub users: UserServiceClient<Authed>,
+    pub projects: ProjectServiceClient<Authed>,
+    /// The api's `NodeService` (who the token is).
+    pub node: NodeServiceClient<Authed>,
 }
 
 async fn channel(addr: &str) -> Result<Channel> {
@@ -137,6 +154,9 @@ pub async fn connect(credentials: &Credentials) -> Result<Clients> {
         batches: BatchServiceClient::with_interceptor(batches, auth.clone()).max_encoding_message_size(16 << 20),
         jobs: JobServiceClient::with_interceptor(api.clone(), auth.clone()),
         quotas: QuotaServiceClient::with_interceptor(api.clone(), auth.clone()),
+        users: UserServiceClient::with_interceptor(api.clone(), auth.clone()),
+        projects: ProjectServiceClient::with_interceptor(api.clone(), auth.clone()),
+        node: NodeServiceClient::with_interceptor(api.clone(), auth.clone()),
         datasets: DatasetServiceClient::with_interceptor(api.clone(), auth.clone()),
         artifacts: ArtifactServiceClient::with_interceptor(api, auth.clone())
             .max_decoding_message_size(8 << 20)

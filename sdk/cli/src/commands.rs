@@ -181,13 +181,15 @@ async fn print_logs(clients: &mut Clients, job_id: &str, follow: bool, tail: Opt
     Ok(())
 }
 
-pub async fn ps(all: bool, output: Output) -> Result<ExitCode> {
+pub async fn ps(all: bool, project: Option<String>, everyone: bool, output: Output) -> Result<ExitCode> {
     let mut clients = client::connect(&client::resolve()?).await?;
     let jobs = clients
         .jobs
         .list_jobs(pb::ListJobsRequest {
             all,
-            ..Default::default()
+            limit: 0,
+            project: project.unwrap_or_default(),
+            everyone,
         })
         .await?
         .into_inner()

@@ -13,6 +13,7 @@ mod metrics;
 mod nats_child;
 mod pack;
 mod quota;
+mod tenancy;
 mod tools;
 mod up;
 
@@ -35,10 +36,16 @@ enum Command {
     Up(up::UpArgs),
     /// Submit a job: pack the working directory, upload it, run the command.
     Run(commands::RunArgs),
-    /// List jobs (active ones; --all for every job).
+    /// List your jobs (active ones; --all for every job, --everyone for other users' too).
     Ps {
         #[arg(long)]
         all: bool,
+        /// Only this project's jobs.
+        #[arg(long)]
+        project: Option<String>,
+        /// Jobs of every user in the projects you can read, not only yours.
+        #[arg(long)]
+        everyone: bool,
         #[arg(short, long, value_enum, default_value = "table")]
         output: Output,
     },
@@ -87,6 +94,22 @@ enum Command {
     /// Batches: a command run once per item, by workers that scale with the backlog.
     #[command(subcommand)]
     Batch(batch::BatchCommand),
+    /// Users (admin): create, list, disable.
+    #[command(subcommand)]
+    User(tenancy::UserCommand),
+    /// Your tokens: create (optionally expiring, narrowed to a project and role), list, revoke.
+    #[command(subcommand)]
+    Token(tenancy::TokenCommand),
+    /// Projects and their members in roles (viewer, member, maintainer).
+    #[command(subcommand)]
+    Project(tenancy::ProjectCommand),
+    /// Who the token in use is, and its projects.
+    Whoami {
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Store a token (read from stdin) and the addresses in KILN_HOME/credentials.toml.
+    Login(tenancy::LoginArgs),
     /// Print a shell completion script: `source <(kiln completions bash)`, or save it where the
     /// shell loads completions from (see the README).
     Completions {
@@ -111,7 +134,12 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Up(args) => up::up(args).await,
             Command::Run(args) => commands::run(args).await,
-            Command::Ps { all, output } => commands::ps(all, output).await,
+            Command::Ps {
+                all,
+                project,
+                everyone,
+                output,
+            } => commands::ps(all, project, everyone, output).await,
             Command::Status { job, output } => commands::status(job, output).await,
             Command::Logs {
                 job,
@@ -133,6 +161,11 @@ fn main() -> ExitCode {
             Command::Artifacts(command) => data::artifacts(command).await,
             Command::Dataset(command) => data::dataset(command).await,
             Command::Batch(command) => batch::batch(command).await,
+            Command::User(command) => tenancy::user(command).await,
+            Command::Token(command) => tenancy::token(command).await,
+            Command::Project(command) => tenancy::project(command).await,
+            Command::Whoami { output } => tenancy::whoami(output).await,
+            Command::Login(args) => tenancy::login(args).await,
             Command::Completions { .. } => unreachable!("answered before the runtime starts"),
         }
     });

@@ -4,6 +4,8 @@
 //! - [`jobs`]: `JobService` (submit, get, list, stop, watch);
 //! - [`artifacts`]: `ArtifactService` (content-addressed code bundles, job outputs);
 //! - [`datasets`]: `DatasetService` (named, immutable archives mounted read-only by jobs);
+//! - [`users`] and [`projects`]: `UserService` (users, tokens) and `ProjectService` (projects,
+//!   members in roles); `access` finds what a call addresses for [`kiln_core::authz`];
 //! - reconciler: at start and then periodically, publishes QUEUED and STOPPED changes that
 //!   were committed but not published (a crash or a NATS outage between the two);
 //! - [`config`], [`error`], [`grpc`]: configuration, the error type and its mapping to statuses.
@@ -35,8 +37,10 @@ pub mod datasets;
 pub mod error;
 pub mod grpc;
 pub mod jobs;
+pub mod projects;
 pub mod quotas;
 pub mod service_metrics;
+pub mod users;
 
 pub use config::Config;
 pub use error::{Error, Result};
@@ -132,6 +136,17 @@ impl Api {
             .add_service(QuotaServiceServer::new(quotas::QuotasApi {
                 store: self.store.clone(),
             }))
+            .add_service(kiln_proto::v1::user_service_server::UserServiceServer::new(
+                users::UsersApi {
+                    store: self.store.clone(),
+                    nats: self.nats.clone(),
+                },
+            ))
+            .add_service(kiln_proto::v1::project_service_server::ProjectServiceServer::new(
+                projects::ProjectsApi {
+                    store: self.store.clone(),
+                },
+            ))
             .serve_with_incoming_shutdown(
                 TcpListenerStream::new(self.listener),
                 shutdown.clone().cancelled_owned(),

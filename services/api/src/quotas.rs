@@ -2,7 +2,7 @@
 //! that apply to them. The queued-jobs limit is checked here, at submit; the others (CPU,
 //! memory, GPUs, running jobs) by the scheduler, which makes a job over them wait.
 
-use kiln_core::authz::{Caller, Resource};
+use kiln_core::authz::{Caller, Need, Resource, Role};
 use kiln_core::quotas;
 use kiln_core::scheduling::QuotaScope;
 use kiln_core::store::{JobRecord, NewJob, QuotaRecord, Store};
@@ -51,7 +51,9 @@ fn readable(caller: &Caller, scope: &QuotaScope, text: &str) -> bool {
     match scope {
         QuotaScope::Global => true,
         QuotaScope::User(name) if *name == caller.principal.user_name => true,
-        _ => caller.may(&resource(scope, text)),
+        _ => caller
+            .authorize_with(Need::Role(Role::Viewer), &resource(scope, text))
+            .is_ok(),
     }
 }
 

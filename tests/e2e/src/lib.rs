@@ -28,6 +28,7 @@ mod jobs;
 mod services;
 pub mod sim;
 mod streams;
+mod tenancy;
 
 pub use batches::*;
 pub use docker::*;
@@ -46,7 +47,7 @@ pub struct ServiceHandle {
 }
 
 impl ServiceHandle {
-    fn spawn<F, E>(serve: impl FnOnce(CancellationToken) -> F) -> ServiceHandle
+    pub fn spawn<F, E>(serve: impl FnOnce(CancellationToken) -> F) -> ServiceHandle
     where
         F: Future<Output = Result<(), E>> + Send + 'static,
         E: std::fmt::Display,
@@ -122,6 +123,7 @@ pub struct Stack {
     pub store: Store,
     pub api_addr: SocketAddr,
     pub logs_addr: SocketAddr,
+    pub scheduler_addr: SocketAddr,
     pub token: String,
     pub api: Option<ServiceHandle>,
     pub scheduler: Option<ServiceHandle>,
@@ -248,6 +250,7 @@ impl Stack {
             .await
             .expect("scheduler binds")
             .with_metrics(&metrics);
+        let scheduler_addr = scheduler.local_addr();
         let scheduler = ServiceHandle::spawn(|token| scheduler.serve(token));
         Stack {
             nats,
@@ -257,6 +260,7 @@ impl Stack {
             store,
             api_addr,
             logs_addr,
+            scheduler_addr,
             token,
             api: Some(api),
             scheduler: Some(scheduler),

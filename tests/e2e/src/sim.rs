@@ -1,7 +1,6 @@
 //! Scheduling tests on the `sim` provider: a simulated cloud, its runner, jobs sized for it, and
 //! more users than the stack's admin.
 
-use kiln_core::auth::Scope;
 use kiln_proto::v1 as pb;
 use kiln_runner::provider::sim::{InstanceType, SimConfig};
 
@@ -58,15 +57,9 @@ pub fn job_spec(command: &[&str], cpu_millis: u32, gpus: u32) -> pb::JobSpec {
     }
 }
 
-/// A user who is not an admin, and a token of theirs.
+/// A user who is not an admin but a member of the `default` project, and a token of theirs.
 pub async fn user(stack: &Stack, name: &str) -> String {
-    let user = stack.store.create_user(name, false).await.unwrap();
-    stack
-        .store
-        .create_token(&user.id, "test", Scope::User)
-        .await
-        .unwrap()
-        .token
+    stack.member(name).await
 }
 
 /// Submits as the owner of `token`.

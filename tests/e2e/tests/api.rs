@@ -128,16 +128,12 @@ async fn bad_input_is_refused_with_a_useful_message() {
 }
 
 #[tokio::test]
-async fn users_see_only_their_jobs() {
+async fn users_see_only_their_projects() {
     let stack = Stack::start_without_runner().await;
     let admin_job = stack.submit(&["true"]).await;
-    let ada = stack.store.create_user("ada", false).await.unwrap();
-    let ada_token = stack
-        .store
-        .create_token(&ada.id, "cli", Scope::User)
-        .await
-        .unwrap()
-        .token;
+    let ada_token = stack.create_user("ada").await;
+    stack.create_project("lab").await;
+    stack.add_member("lab", "ada", pb::Role::Member).await;
     let mut ada_jobs = stack.jobs_as(&ada_token).await;
 
     let status = ada_jobs
@@ -161,9 +157,21 @@ async fn users_see_only_their_jobs() {
     let status = stack.logs_as(&ada_token).await.get_logs(request).await.unwrap_err();
     assert_eq!(status.code(), Code::NotFound);
 
-    let ada_job = ada_jobs
+    // Not a member of `default`: told it does not exist.
+    let status = ada_jobs
         .submit_job(pb::SubmitJobRequest {
             spec: Some(spec(&["true"])),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+    let ada_job = ada_jobs
+        .submit_job(pb::SubmitJobRequest {
+            spec: Some(pb::JobSpec {
+                project: "lab".into(),
+                ..spec(&["true"])
+            }),
             ..Default::default()
         })
         .await
@@ -198,7 +206,8 @@ async fn users_see_only_their_jobs() {
         .jobs;
     assert_eq!(listed.len(), 2);
 
-    // A job-scoped token cannot use the user API.
+    // A job-scoped token (as the runner makes one for each job) cannot use the user API.
+    let ada = stack.store.user_by_name("ada").await.unwrap().unwrap();
     let job_token = stack
         .store
         .create_token(&ada.id, "job", Scope::Job(ada_job.id.clone()))
@@ -369,13 +378,7 @@ async fn a_submit_retried_with_its_idempotency_key_makes_one_job() {
     assert!(status.message().contains(&first.id), "{status:?}");
 
     // Keys are per user: another user's equal key is another job.
-    let ada = stack.store.create_user("ada", false).await.unwrap();
-    let ada_token = stack
-        .store
-        .create_token(&ada.id, "cli", Scope::User)
-        .await
-        .unwrap()
-        .token;
+    let ada_token = stack.member("ada").await;
     let theirs = stack
         .jobs_as(&ada_token)
         .await

@@ -5,7 +5,6 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use kiln_core::auth::Scope;
 use kiln_e2e::{Stack, bundle, spec, upload};
 use kiln_proto::v1 as pb;
 use sha2::Digest;
@@ -96,13 +95,8 @@ async fn a_dataset_is_deleted_once_no_live_job_names_it() {
     let refused = delete_dataset(&stack, "a").await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
     assert!(refused.message().contains(&job.id), "{refused:?}");
-    let ada = stack.store.create_user("ada", false).await.unwrap();
-    let ada_token = stack
-        .store
-        .create_token(&ada.id, "cli", Scope::User)
-        .await
-        .unwrap()
-        .token;
+    // A member of the project may not delete another member's dataset.
+    let ada_token = stack.member("ada").await;
     let denied = stack
         .datasets_as(&ada_token)
         .await

@@ -30,7 +30,8 @@ pub const POLICY: &[Rule] = &[
     // api: quotas (a project's by its maintainer; users' and the global one by the admin)
     rule("/kiln.v1.QuotaService/SetQuota", Needs(Maintainer), Deny),
     rule("/kiln.v1.QuotaService/GetQuota", Needs(Viewer), Deny),
-    rule("/kiln.v1.QuotaService/ListQuotas", Needs(Viewer), Deny),
+    // (a listing of what the caller may read: the global quota, their own, their projects')
+    rule("/kiln.v1.QuotaService/ListQuotas", Caller, Deny),
     rule("/kiln.v1.QuotaService/DeleteQuota", Needs(Maintainer), Deny),
     // api: content-addressed code bundles, and a job's outputs
     rule("/kiln.v1.ArtifactService/StatArtifact", Caller, Deny),

@@ -1,0 +1,447 @@
+//! `kiln user|token|project|whoami|login`: users, their tokens, projects and their members.
+//! Commands that make a token print it alone on their last line, so scripts can take it with
+//! `tail -n1`.
+
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use kiln_proto::v1 as pb;
+use tabled::settings::Style;
+
+use crate::client::{self, Credentials};
+use crate::format::{self, Output, age, out};
+
+#[derive(Debug, clap::Subcommand)]
+pub enum UserCommand {
+    /// Add a user (admin); prints their first token on the last line.
+    Create {
+        name: String,
+        /// Make them an instance admin.
+        #[arg(long)]
+        admin: bool,
+    },
+    /// List users (admin).
+    Ls {
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Disable a user (admin): their tokens fail at once, their queued jobs stop.
+    Disable { name: String },
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum TokenCommand {
+    /// Make a token of yours; prints it on the last line.
+    Create {
+        /// A name unique among your live tokens (default: generated).
+        #[arg(long)]
+        name: Option<String>,
+        /// Expire after this long (30d, 12h, 90m, 3600).
+        #[arg(long, value_parser = format::parse_duration_secs)]
+        expires: Option<u64>,
+        /// Narrow the token to this project (with --role).
+        #[arg(long, requires = "role")]
+        project: Option<String>,
+        /// The role it acts with there: viewer, member or maintainer (at most yours).
+        #[arg(long, requires = "project", value_enum)]
+        role: Option<RoleArg>,
+    },
+    /// List your tokens (live ones; --all adds revoked and expired).
+    Ls {
+        #[arg(long)]
+        all: bool,
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Revoke a token of yours by name or id (an admin: anyone's by id); every service refuses
+    /// it at once.
+    Revoke { token: String },
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum ProjectCommand {
+    /// Make a project (admin).
+    Create { name: String },
+    /// List the projects you are a member of (an admin: all).
+    Ls {
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// List a project's members.
+    Members {
+        name: String,
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Add a member, or change their role (a maintainer of the project).
+    AddMember {
+        project: String,
+        user: String,
+        #[arg(long, value_enum)]
+        role: RoleArg,
+    },
+    /// Remove a member (a maintainer of the project).
+    RmMember { project: String, user: String },
+}
+
+/// A role in a project, as the command line names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RoleArg {
+    Viewer,
+    Member,
+    Maintainer,
+}
+
+impl RoleArg {
+    fn to_proto(self) -> pb::Role {
+        match self {
+            RoleArg::Viewer => pb::Role::Viewer,
+            RoleArg::Member => pb::Role::Member,
+            RoleArg::Maintainer => pb::Role::Maintainer,
+        }
+    }
+}
+
+/// Arguments of `kiln login`.
+#[derive(Debug, clap::Args)]
+pub struct LoginArgs {
+    /// The api's address (host:port, http:// or https://).
+    #[arg(long)]
+    pub addr: String,
+    /// log-ingest's address (default: the api's).
+    #[arg(long)]
+    pub logs_addr: Option<String>,
+    /// item-batch's address (default: the api's).
+    #[arg(long)]
+    pub batch_addr: Option<String>,
+}
+
+fn role_name(role: i32) -> &'static str {
+    match pb::Role::try_from(role).unwrap_or(pb::Role::Unspecified) {
+        pb::Role::Viewer => "viewer",
+        pb::Role::Member => "member",
+        pb::Role::Maintainer => "maintainer",
+        pb::Role::Unspecified => "-",
+    }
+}
+
+fn time_or_dash(ms: i64) -> String {
+    if ms == 0 { "-".to_string() } else { age(ms) }
+}
+
+fn table(header: &[&str], rows: impl IntoIterator<Item = Vec<String>>) -> Result<()> {
+    let mut builder = tabled::builder::Builder::default();
+    builder.push_record(header.iter().map(|h| h.to_string()));
+    for row in rows {
+        builder.push_record(row);
+    }
+    out!("{}", builder.build().with(Style::blank()));
+    Ok(())
+}
+
+pub async fn user(command: UserCommand) -> Result<ExitCode> {
+    let mut clients = client::connect(&client::resolve()?).await?;
+    match command {
+        UserCommand::Create { name, admin } => {
+            let created = clients
+                .users
+                .create_user(pb::CreateUserRequest { name, admin })
+                .await?
+                .into_inner();
+            let user = created.user.unwrap_or_default();
+            out!(
+                "user {} created{}; their token:",
+                user.name,
+                if user.admin { " (admin)" } else { "" }
+            );
+            out!("{}", created.token);
+        }
+        UserCommand::Ls { output } => {
+            let users = clients
+                .users
+                .list_users(pb::ListUsersRequest {})
+                .await?
+                .into_inner()
+                .users;
+            if output == Output::Json {
+                let all: Vec<_> = users
+                    .iter()
+                    .map(|u| serde_json::json!({"name": u.name, "admin": u.admin, "disabled": u.disabled, "created_at_ms": u.created_at_ms}))
+                    .collect();
+                format::print_json(&all)?;
+            } else {
+                table(
+                    &["NAME", "ADMIN", "DISABLED", "CREATED"],
+                    users.iter().map(|u| {
+                        vec![
+                            u.name.clone(),
+                            u.admin.to_string(),
+                            u.disabled.to_string(),
+                            age(u.created_at_ms),
+                        ]
+                    }),
+                )?;
+            }
+        }
+        UserCommand::Disable { name } => {
+            let user = clients.users.disable_user(pb::UserRef { name }).await?.into_inner();
+            out!(
+                "user {} disabled: their tokens are refused and their queued jobs stopped",
+                user.name
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn token(command: TokenCommand) -> Result<ExitCode> {
+    let mut clients = client::connect(&client::resolve()?).await?;
+    match command {
+        TokenCommand::Create {
+            name,
+            expires,
+            project,
+            role,
+        } => {
+            let request = pb::CreateTokenRequest {
+                name: name.unwrap_or_default(),
+                expires_in_secs: expires.unwrap_or(0),
+                project: project.unwrap_or_default(),
+                role: role.map_or(pb::Role::Unspecified, RoleArg::to_proto) as i32,
+            };
+            let created = clients.users.create_token(request).await?.into_inner();
+            let token = created.token.unwrap_or_default();
+            out!("token {} created (shown once):", token.name);
+            out!("{}", created.secret);
+        }
+        TokenCommand::Ls { all, output } => {
+            let tokens = clients
+                .users
+                .list_tokens(pb::ListTokensRequest { all })
+                .await?
+                .into_inner()
+                .tokens;
+            if output == Output::Json {
+                let all: Vec<_> = tokens
+                    .iter()
+                    .map(|t| {
+                        serde_json::json!({
+                            "id": t.id, "name": t.name, "created_at_ms": t.created_at_ms,
+                            "last_used_at_ms": t.last_used_at_ms, "expires_at_ms": t.expires_at_ms,
+                            "revoked": t.revoked, "project": t.project, "role": role_name(t.role),
+                        })
+                    })
+                    .collect();
+                format::print_json(&all)?;
+            } else {
+                table(
+                    &[
+                        "NAME",
+                        "ID",
+                        "CREATED",
+                        "LAST USED",
+                        "EXPIRES",
+                        "PROJECT",
+                        "ROLE",
+                        "REVOKED",
+                    ],
+                    tokens.iter().map(|t| {
+                        vec![
+                            t.name.clone(),
+                            t.id.clone(),
+                            age(t.created_at_ms),
+                            time_or_dash(t.last_used_at_ms),
+                            expires_in(t.expires_at_ms),
+                            if t.project.is_empty() {
+                                "-".into()
+                            } else {
+                                t.project.clone()
+                            },
+                            role_name(t.role).to_string(),
+                            t.revoked.to_string(),
+                        ]
+                    }),
+                )?;
+            }
+        }
+        TokenCommand::Revoke { token } => {
+            let revoked = clients
+                .users
+                .revoke_token(pb::RevokeTokenRequest { token })
+                .await?
+                .into_inner();
+            out!("token {} ({}) revoked", revoked.name, revoked.id);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// When a token expires, from now: `in 29d`, `expired`, or `never`.
+fn expires_in(expires_at_ms: i64) -> String {
+    if expires_at_ms == 0 {
+        return "never".into();
+    }
+    let left_secs = (expires_at_ms - kiln_core::ids::now_ms()) / 1000;
+    if left_secs <= 0 {
+        return "expired".into();
+    }
+    match left_secs {
+        s if s < 3600 => format!("in {}m", s / 60),
+        s if s < 86_400 => format!("in {}h", s / 3600),
+        s => format!("in {}d", s / 86_400),
+    }
+}
+
+pub async fn project(command: ProjectCommand) -> Result<ExitCode> {
+    let mut clients = client::connect(&client::resolve()?).await?;
+    match command {
+        ProjectCommand::Create { name } => {
+            let project = clients
+                .projects
+                .create_project(pb::CreateProjectRequest { name })
+                .await?
+                .into_inner();
+            out!("project {} created", project.name);
+        }
+        ProjectCommand::Ls { output } => {
+            let projects = clients
+                .projects
+                .list_projects(pb::ListProjectsRequest {})
+                .await?
+                .into_inner()
+                .projects;
+            if output == Output::Json {
+                let all: Vec<_> = projects
+                    .iter()
+                    .map(|p| serde_json::json!({"name": p.name, "role": role_name(p.role), "created_at_ms": p.created_at_ms}))
+                    .collect();
+                format::print_json(&all)?;
+            } else {
+                table(
+                    &["NAME", "YOUR ROLE", "CREATED"],
+                    projects
+                        .iter()
+                        .map(|p| vec![p.name.clone(), role_name(p.role).to_string(), age(p.created_at_ms)]),
+                )?;
+            }
+        }
+        ProjectCommand::Members { name, output } => {
+            let members = clients
+                .projects
+                .list_members(pb::ProjectRef { name })
+                .await?
+                .into_inner()
+                .members;
+            if output == Output::Json {
+                let all: Vec<_> = members
+                    .iter()
+                    .map(|m| serde_json::json!({"user": m.user, "role": role_name(m.role)}))
+                    .collect();
+                format::print_json(&all)?;
+            } else {
+                table(
+                    &["USER", "ROLE"],
+                    members
+                        .iter()
+                        .map(|m| vec![m.user.clone(), role_name(m.role).to_string()]),
+                )?;
+            }
+        }
+        ProjectCommand::AddMember { project, user, role } => {
+            let member = clients
+                .projects
+                .add_member(pb::AddMemberRequest {
+                    project,
+                    user,
+                    role: role.to_proto() as i32,
+                })
+                .await?
+                .into_inner();
+            out!(
+                "{} is {} of project {}",
+                member.user,
+                role_name(member.role),
+                member.project
+            );
+        }
+        ProjectCommand::RmMember { project, user } => {
+            clients
+                .projects
+                .remove_member(pb::RemoveMemberRequest {
+                    project: project.clone(),
+                    user: user.clone(),
+                })
+                .await?;
+            out!("{user} removed from project {project}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints who the token in use is, as the api sees it.
+pub async fn whoami(output: Output) -> Result<ExitCode> {
+    let mut clients = client::connect(&client::resolve()?).await?;
+    let me = clients.node.who_am_i(pb::WhoAmIRequest {}).await?.into_inner();
+    if output == Output::Json {
+        let memberships: Vec<_> = me
+            .memberships
+            .iter()
+            .map(|m| serde_json::json!({"project": m.project, "role": role_name(m.role)}))
+            .collect();
+        format::print_json(&serde_json::json!({
+            "user": me.user, "admin": me.admin, "token": me.token_name, "job_id": me.job_id,
+            "memberships": memberships,
+        }))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    out!("user:     {}{}", me.user, if me.admin { " (admin)" } else { "" });
+    out!("token:    {}", me.token_name);
+    for member in &me.memberships {
+        out!("project:  {} ({})", member.project, role_name(member.role));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Reads a token from stdin, checks it against the api and stores it with the addresses in
+/// `KILN_HOME/credentials.toml` (mode 0600).
+pub async fn login(args: LoginArgs) -> Result<ExitCode> {
+    let token = read_token()?;
+    let credentials = Credentials {
+        logs: args.logs_addr.unwrap_or_else(|| args.addr.clone()),
+        batches: args.batch_addr.unwrap_or_else(|| args.addr.clone()),
+        api: args.addr,
+        token,
+    };
+    let mut clients = client::connect(&client::normalized(&credentials)).await?;
+    let me = clients
+        .node
+        .who_am_i(pb::WhoAmIRequest {})
+        .await
+        .context("the api refused the token")?
+        .into_inner();
+    let home = client::kiln_home();
+    std::fs::create_dir_all(&home).with_context(|| format!("cannot create {}", home.display()))?;
+    client::write_credentials(&home, &credentials)?;
+    out!(
+        "logged in to {} as {}; credentials in {}",
+        credentials.api,
+        me.user,
+        client::credentials_path(&home).display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The token `kiln login` stores: the first line of stdin (never an argument, which `ps` shows).
+fn read_token() -> Result<String> {
+    use std::io::IsTerminal;
+    if std::io::stdin().is_terminal() {
+        eprintln!("paste your token (from `kiln token create` or your admin), then press enter:");
+    }
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line)?;
+    let token = line.trim().to_string();
+    if token.is_empty() {
+        bail!("no token on stdin: `kiln token create | tail -n1 | kiln login --addr ADDR`");
+    }
+    Ok(token)
+}

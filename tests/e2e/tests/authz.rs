@@ -1,0 +1,554 @@
+//! Every RPC of every service against every kind of caller who must be refused: the methods
+//! come from the proto descriptors (so a new RPC is in the matrix the day it is added, and fails
+//! it until `authz/policy.rs` gives it a rule and its handler asks that rule), the requests are
+//! built from each input type, filled with the ids of real objects of project `alpha`.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::{Buf, BufMut};
+use kiln_core::authz::{self, JobAccess, Need};
+use kiln_e2e::{PATIENCE, Stack, spec, wait_for_line};
+use kiln_proto::v1 as pb;
+use prost::Message;
+use prost_types::field_descriptor_proto::{Label, Type};
+use prost_types::{DescriptorProto, FileDescriptorSet, MethodDescriptorProto};
+use tonic::Code;
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+
+/// The five services of the stack, by the gRPC services each serves.
+struct Addresses {
+    api: SocketAddr,
+    logs: SocketAddr,
+    batches: SocketAddr,
+    scheduler: SocketAddr,
+    runner: SocketAddr,
+}
+
+impl Addresses {
+    /// Where a gRPC service is served; NodeService is everywhere.
+    fn of(&self, service: &str) -> Vec<SocketAddr> {
+        match service {
+            "JobService" | "QuotaService" | "ArtifactService" | "DatasetService" | "UserService" | "ProjectService"
+            | "SecretService" => vec![self.api],
+            "LogService" => vec![self.logs],
+            "BatchService" | "ItemWorkService" => vec![self.batches],
+            "NodeService" => vec![self.api, self.logs, self.batches, self.scheduler, self.runner],
+            other => panic!("{other} is served by no service this test knows: add it to Addresses::of"),
+        }
+    }
+}
+
+/// The objects of project `alpha` the requests name.
+struct Alpha {
+    job_id: String,
+    batch_id: String,
+}
+
+/// A caller who must be refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Caller {
+    NoToken,
+    WrongToken,
+    Revoked,
+    Expired,
+    /// A viewer, member or maintainer of project `beta` only.
+    Outsider(pb::Role),
+    /// The token of a job of project `beta`.
+    OtherJob,
+}
+
+/// The codes a caller may get: what the rule says, never what a bug would give.
+fn expected(caller: Caller, rule: &authz::Rule) -> Option<Code> {
+    match caller {
+        Caller::NoToken | Caller::WrongToken | Caller::Revoked | Caller::Expired => Some(Code::Unauthenticated),
+        Caller::Outsider(_) => match rule.need {
+            Need::Admin => Some(Code::PermissionDenied),
+            // Calls on the caller's own things: answered, and checked for leaks instead.
+            Need::Caller => None,
+            // alpha's objects do not exist for them.
+            Need::Role(_) | Need::OwnerOr { .. } => Some(Code::NotFound),
+        },
+        Caller::OtherJob => match rule.job {
+            JobAccess::Deny => Some(Code::PermissionDenied),
+            JobAccess::Allow => None,
+            JobAccess::OwnJob | JobAccess::OwnBatch => Some(Code::NotFound),
+        },
+    }
+}
+
+// === generic calls ===
+
+/// Sends and receives raw protobuf bytes.
+#[derive(Clone, Copy, Default)]
+struct RawCodec;
+
+impl Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = RawCodec;
+    type Decoder = RawCodec;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        RawCodec
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        RawCodec
+    }
+}
+
+impl Encoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn encode(&mut self, item: Vec<u8>, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl Decoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Vec<u8>>, tonic::Status> {
+        Ok(Some(src.copy_to_bytes(src.remaining()).to_vec()))
+    }
+}
+
+/// Calls `path` at `addr` with one request message; returns the first answer's bytes.
+async fn call(
+    addr: SocketAddr,
+    method: &MethodDescriptorProto,
+    path: &str,
+    token: Option<&str>,
+    body: Vec<u8>,
+) -> Result<Vec<u8>, tonic::Status> {
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.expect("ready");
+    let shown = path.to_string();
+    let path: http::uri::PathAndQuery = path.parse().expect("path");
+    let client_streaming = method.client_streaming();
+    let server_streaming = method.server_streaming();
+    let answer = async {
+        match (client_streaming, server_streaming) {
+            (false, false) => Ok(grpc
+                .unary(with_token(token, tonic::Request::new(body)), path, RawCodec)
+                .await?
+                .into_inner()),
+            (true, false) => {
+                let stream = futures::stream::iter(vec![body]);
+                Ok(grpc
+                    .client_streaming(with_token(token, tonic::Request::new(stream)), path, RawCodec)
+                    .await?
+                    .into_inner())
+            }
+            (false, true) => {
+                let mut stream = grpc
+                    .server_streaming(with_token(token, tonic::Request::new(body)), path, RawCodec)
+                    .await?
+                    .into_inner();
+                Ok(stream.message().await?.unwrap_or_default())
+            }
+            (true, true) => {
+                let stream = futures::stream::iter(vec![body]);
+                let mut stream = grpc
+                    .streaming(with_token(token, tonic::Request::new(stream)), path, RawCodec)
+                    .await?
+                    .into_inner();
+                Ok(stream.message().await?.unwrap_or_default())
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), answer)
+        .await
+        .unwrap_or_else(|_| panic!("{shown} did not answer"))
+}
+
+/// Adds the bearer token, when there is one.
+fn with_token<T>(token: Option<&str>, mut request: tonic::Request<T>) -> tonic::Request<T> {
+    if let Some(token) = token {
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {token}").parse().expect("header"));
+    }
+    request
+}
+
+// === requests from descriptors ===
+
+struct Types<'a> {
+    messages: Vec<(String, &'a DescriptorProto)>,
+}
+
+impl<'a> Types<'a> {
+    fn new(set: &'a FileDescriptorSet) -> Types<'a> {
+        let mut messages = Vec::new();
+        for file in &set.file {
+            for message in &file.message_type {
+                messages.push((format!(".{}.{}", file.package(), message.name()), message));
+            }
+        }
+        Types { messages }
+    }
+
+    fn get(&self, name: &str) -> &'a DescriptorProto {
+        self.messages
+            .iter()
+            .find(|(full, _)| full == name)
+            .map(|(_, message)| *message)
+            .unwrap_or_else(|| panic!("no message {name}"))
+    }
+
+    /// Encodes a request of type `name`: its id, project and name fields point at alpha's
+    /// objects, nested specs are filled the same way, everything else is left at its default.
+    fn request(&self, name: &str, alpha: &Alpha) -> Vec<u8> {
+        let message = self.get(name);
+        let short = name.rsplit('.').next().unwrap_or(name);
+        let mut out = Vec::new();
+        for field in &message.field {
+            let number = field.number() as u32;
+            let repeated = field.label() == Label::Repeated;
+            let text = match field.name() {
+                "job_id" | "job_ids" => Some(alpha.job_id.clone()),
+                "batch_id" => Some(alpha.batch_id.clone()),
+                "project" => Some("alpha".to_string()),
+                "scope" => Some("project:alpha".to_string()),
+                "user" => Some("alpha-maintainer".to_string()),
+                "token" => Some("no-such-token".to_string()),
+                "digest" => Some("0".repeat(64)),
+                "path" => Some("out.txt".to_string()),
+                "value" => Some("matrix-value".to_string()),
+                "command" => Some(if short == "BatchSpec" { "echo {uri}" } else { "true" }.to_string()),
+                "name" => Some(
+                    match short {
+                        "ProjectRef" | "CreateProjectRequest" => "alpha",
+                        "SetSecretRequest" | "DeleteSecretRequest" => "ALPHA_KEY",
+                        "DeleteDatasetRequest" | "CreateDatasetRequest" => "alpha-data",
+                        "UserRef" | "CreateUserRequest" => "alpha-maintainer",
+                        _ => "matrix",
+                    }
+                    .to_string(),
+                ),
+                _ => None,
+            };
+            match (field.r#type(), text) {
+                (Type::String, Some(text)) => {
+                    let values: Vec<String> = if repeated {
+                        text.split(' ').map(String::from).collect()
+                    } else {
+                        vec![text]
+                    };
+                    for value in values {
+                        prost::encoding::string::encode(number, &value, &mut out);
+                    }
+                }
+                (Type::Enum, _) if field.name() == "role" => prost::encoding::int32::encode(number, &2, &mut out),
+                (Type::Message, _) if matches!(field.name(), "spec" | "header" | "hello") => {
+                    let nested = self.request(field.type_name(), alpha);
+                    prost::encoding::encode_key(number, prost::encoding::WireType::LengthDelimited, &mut out);
+                    prost::encoding::encode_varint(nested.len() as u64, &mut out);
+                    out.extend_from_slice(&nested);
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+}
+
+// === the stack ===
+
+struct World {
+    stack: Stack,
+    addresses: Addresses,
+    alpha: Alpha,
+    tokens: Vec<(Caller, Option<String>)>,
+    _runner: kiln_e2e::ServiceHandle,
+}
+
+/// Runs `script` as a job of `project` by `token`'s owner, and returns it.
+async fn submit(stack: &Stack, token: &str, project: &str, script: &str) -> pb::Job {
+    stack
+        .jobs_as(token)
+        .await
+        .submit_job(pb::SubmitJobRequest {
+            spec: Some(pb::JobSpec {
+                project: project.into(),
+                ..spec(&["sh", "-c", script])
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect("submit")
+        .into_inner()
+        .job
+        .expect("job")
+}
+
+async fn world() -> World {
+    let mut stack = Stack::start_without_runner().await;
+    let runner = kiln_runner::Runner::bind(stack.runner_config("runner-1"))
+        .await
+        .expect("runner binds");
+    let runner_addr = runner.local_addr();
+    let runner = kiln_e2e::ServiceHandle::spawn(|token| runner.serve(token));
+    stack.start_item_batch(stack.item_batch_config()).await;
+    for project in ["alpha", "beta"] {
+        stack.create_project(project).await;
+    }
+    let alpha_token = stack.create_user("alpha-maintainer").await;
+    stack
+        .add_member("alpha", "alpha-maintainer", pb::Role::Maintainer)
+        .await;
+    let mut tokens = vec![
+        (Caller::NoToken, None),
+        (
+            Caller::WrongToken,
+            Some(format!("kiln_{}_{}", "a".repeat(16), "b".repeat(64))),
+        ),
+    ];
+    for (role, name) in [
+        (pb::Role::Viewer, "beta-viewer"),
+        (pb::Role::Member, "beta-member"),
+        (pb::Role::Maintainer, "beta-maintainer"),
+    ] {
+        let token = stack.create_user(name).await;
+        stack.add_member("beta", name, role).await;
+        tokens.push((Caller::Outsider(role), Some(token)));
+    }
+    // alpha's objects: a running job and a batch.
+    let job = submit(&stack, &alpha_token, "alpha", "echo up; sleep 120").await;
+    let batch = stack
+        .batches_client_at(stack.batches_addr.expect("item-batch"))
+        .await
+        .create_batch(pb::CreateBatchRequest {
+            spec: Some(pb::BatchSpec {
+                project: "alpha".into(),
+                command: vec!["echo".into(), "{uri}".into()],
+                ..Default::default()
+            }),
+        })
+        .await
+        .expect("create batch")
+        .into_inner();
+    // A revoked and an expired token of alpha's maintainer.
+    let mut users = stack.users_as(&alpha_token).await;
+    let revoked = users
+        .create_token(pb::CreateTokenRequest {
+            name: "to-revoke".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("token")
+        .into_inner()
+        .secret;
+    users
+        .revoke_token(pb::RevokeTokenRequest {
+            token: "to-revoke".into(),
+        })
+        .await
+        .expect("revoke");
+    let expired = users
+        .create_token(pb::CreateTokenRequest {
+            name: "short".into(),
+            expires_in_secs: 1,
+            ..Default::default()
+        })
+        .await
+        .expect("token")
+        .into_inner()
+        .secret;
+    tokens.push((Caller::Revoked, Some(revoked)));
+    // The token a job of beta runs with, read from its log as the runner handed it over.
+    let beta_member = tokens[3].1.clone().expect("beta member");
+    let beta_job = submit(&stack, &beta_member, "beta", "echo token=$KILN_TOKEN; sleep 120").await;
+    wait_for_line(&stack, &beta_job.id, "token=").await;
+    let lines = stack.log_lines(&beta_job.id, false).await;
+    let job_token = lines
+        .iter()
+        .find_map(|line| line.text.strip_prefix("token="))
+        .expect("the job's token")
+        .to_string();
+    tokens.push((Caller::OtherJob, Some(job_token)));
+    wait_for_line(&stack, &job.id, "up").await;
+    // By now the short token has expired (it lived one second).
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while stack
+        .node_as(stack.api_addr, &expired)
+        .await
+        .who_am_i(pb::WhoAmIRequest {})
+        .await
+        .is_ok()
+    {
+        assert!(tokio::time::Instant::now() < deadline, "the short token never expired");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokens.push((Caller::Expired, Some(expired)));
+    World {
+        addresses: Addresses {
+            api: stack.api_addr,
+            logs: stack.logs_addr,
+            batches: stack.batches_addr.expect("item-batch"),
+            scheduler: stack.scheduler_addr,
+            runner: runner_addr,
+        },
+        alpha: Alpha {
+            job_id: job.id,
+            batch_id: batch.id,
+        },
+        stack,
+        tokens,
+        _runner: runner,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_rpc_refuses_every_caller_it_must() {
+    let world = world().await;
+    let set = FileDescriptorSet::decode(kiln_proto::FILE_DESCRIPTOR_SET).expect("descriptors");
+    let types = Types::new(&set);
+    let mut checked = 0;
+    let mut failures = Vec::new();
+    for file in &set.file {
+        for service in &file.service {
+            for method in &service.method {
+                let path = format!("/{}.{}/{}", file.package(), service.name(), method.name());
+                let rule = authz::rule(&path).unwrap_or_else(|| panic!("{path} has no rule in authz/policy.rs"));
+                let body = types.request(method.input_type(), &world.alpha);
+                for addr in world.addresses.of(service.name()) {
+                    for (caller, token) in &world.tokens {
+                        let answer = call(addr, method, &path, token.as_deref(), body.clone()).await;
+                        checked += 1;
+                        let wrong = match (expected(*caller, rule), &answer) {
+                            (Some(code), Err(status)) if status.code() == code => None,
+                            (Some(code), other) => Some(format!("expected {code:?}, got {other:?}")),
+                            (None, Err(status))
+                                if matches!(status.code(), Code::Unauthenticated | Code::PermissionDenied) =>
+                            {
+                                Some(format!("refused its own call: {status:?}"))
+                            }
+                            (None, Ok(bytes)) if leaks(bytes, &world.alpha) => Some("answered with alpha's ids".into()),
+                            (None, _) => None,
+                        };
+                        if let Some(wrong) = wrong {
+                            failures.push(format!("{path} at {addr} as {caller:?}: {wrong}"));
+                        }
+                        if let Err(status) = &answer {
+                            assert!(
+                                !leaks(status.message().as_bytes(), &world.alpha) || status.code() == Code::NotFound,
+                                "{path} as {caller:?}: {status:?}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {checked} calls answered wrongly:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    assert!(checked > 300, "only {checked} calls made");
+    drop(world.stack);
+}
+
+/// Whether an answer names alpha's objects (a NOT_FOUND naming the id asked for leaks nothing).
+fn leaks(bytes: &[u8], alpha: &Alpha) -> bool {
+    let text = String::from_utf8_lossy(bytes);
+    text.contains(&alpha.job_id) || text.contains(&alpha.batch_id) || text.contains("alpha-maintainer")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_revoked_token_fails_on_every_service_at_once() {
+    let world = world().await;
+    let stack = &world.stack;
+    let token = stack.create_user("dora").await;
+    let all = world.addresses.of("NodeService");
+    for addr in &all {
+        let me = stack
+            .node_as(*addr, &token)
+            .await
+            .who_am_i(pb::WhoAmIRequest {})
+            .await
+            .expect("whoami")
+            .into_inner();
+        assert_eq!(me.user, "dora");
+    }
+    stack
+        .users_as(&token)
+        .await
+        .revoke_token(pb::RevokeTokenRequest {
+            token: "initial".into(),
+        })
+        .await
+        .expect("revoke");
+    // The very next call on each service is refused: tokens are checked on every call.
+    for addr in &all {
+        let refused = stack
+            .node_as(*addr, &token)
+            .await
+            .who_am_i(pb::WhoAmIRequest {})
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), Code::Unauthenticated, "{addr}: {refused:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn disabling_a_user_refuses_their_tokens_and_stops_their_queued_jobs() {
+    let world = world().await;
+    let stack = &world.stack;
+    let token = stack.member("eve").await;
+    // More than the one-core runner holds at once: the second waits in the queue.
+    let mut queued = spec(&["sleep", "60"]);
+    queued.resources = Some(pb::Resources {
+        cpu_millis: 64_000,
+        memory_bytes: 1 << 20,
+    });
+    let job = stack
+        .jobs_as(&token)
+        .await
+        .submit_job(pb::SubmitJobRequest {
+            spec: Some(queued),
+            ..Default::default()
+        })
+        .await
+        .expect("submit")
+        .into_inner()
+        .job
+        .expect("job");
+    stack
+        .users_as(&stack.token)
+        .await
+        .disable_user(pb::UserRef { name: "eve".into() })
+        .await
+        .expect("disable");
+    for addr in world.addresses.of("NodeService") {
+        let refused = stack
+            .node_as(addr, &token)
+            .await
+            .who_am_i(pb::WhoAmIRequest {})
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), Code::Unauthenticated);
+    }
+    stack.wait_for_state(&job.id, pb::JobState::Stopped).await;
+    let users = stack
+        .users_as(&stack.token)
+        .await
+        .list_users(pb::ListUsersRequest {})
+        .await
+        .expect("users")
+        .into_inner()
+        .users;
+    assert!(users.iter().any(|u| u.name == "eve" && u.disabled));
+}
