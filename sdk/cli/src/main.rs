@@ -82,7 +82,7 @@ enum Command {
         output: Output,
     },
     /// Quotas on CPU, memory, GPUs, running and queued jobs, by scope (global, project:NAME,
-    /// user:NAME). Setting one needs an admin token.
+    /// user:NAME). A project's maintainers set its quota; users' and the global one need the admin.
     #[command(subcommand)]
     Quota(quota::QuotaCommand),
     /// A job's outputs: the files it wrote to /kiln/outputs.

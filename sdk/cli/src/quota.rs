@@ -12,7 +12,7 @@ use crate::format::{self, Output, bytes, out};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum QuotaCommand {
-    /// Set the limits of a scope (an admin token is needed); limits left out are unlimited.
+    /// Set the limits of a scope (project:NAME by its maintainers, others by the admin); limits left out are unlimited.
     Set {
         /// global, project:NAME or user:NAME.
         scope: String,
@@ -47,7 +47,7 @@ pub enum QuotaCommand {
         #[arg(short, long, value_enum, default_value = "table")]
         output: Output,
     },
-    /// Remove the quota of a scope (an admin token is needed).
+    /// Remove the quota of a scope (as for set).
     Rm { scope: String },
 }
 

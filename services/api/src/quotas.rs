@@ -1,5 +1,5 @@
-//! `QuotaService`: admins set quotas by scope (global, a project, a user); everyone reads those
-//! that apply to them. The queued-jobs limit is checked here, at submit; the others (CPU,
+//! `QuotaService`: quotas by scope (global, a project, a user): a project's maintainers set its
+//! own, the admin the rest; everyone reads those that apply to them. The queued-jobs limit is checked here, at submit; the others (CPU,
 //! memory, GPUs, running jobs) by the scheduler, which makes a job over them wait.
 
 use kiln_core::authz::{Caller, Need, Resource, Role};

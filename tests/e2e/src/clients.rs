@@ -13,7 +13,11 @@ impl Stack {
     }
 
     pub async fn artifacts(&self) -> ArtifactServiceClient<Authed> {
-        ArtifactServiceClient::with_interceptor(Self::channel(self.api_addr).await, BearerInterceptor::new(&self.token))
+        self.artifacts_as(&self.token).await
+    }
+
+    pub async fn artifacts_as(&self, token: &str) -> ArtifactServiceClient<Authed> {
+        ArtifactServiceClient::with_interceptor(Self::channel(self.api_addr).await, BearerInterceptor::new(token))
     }
 
     pub async fn datasets(&self) -> DatasetServiceClient<Authed> {

@@ -1,7 +1,9 @@
-//! Every RPC of every service against every kind of caller who must be refused: the methods
-//! come from the proto descriptors (so a new RPC is in the matrix the day it is added, and fails
-//! it until `authz/policy.rs` gives it a rule and its handler asks that rule), the requests are
-//! built from each input type, filled with the ids of real objects of project `alpha`.
+//! Every RPC of every service against every kind of caller: the methods come from the proto
+//! descriptors (so a new RPC is in the matrix the day it is added, and fails it until
+//! `authz/policy.rs` gives it a rule and its handler asks that rule), the requests are built
+//! from each input type, filled with the ids of real objects of project `alpha` (owned by its
+//! maintainer). Callers without the right get exactly the refusal their case calls for; callers
+//! with it are not refused.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -56,9 +58,23 @@ enum Caller {
     Outsider(pb::Role),
     /// The token of a job of project `beta`.
     OtherJob,
+    /// A viewer or member of `alpha` who owns none of its objects, or its maintainer.
+    Alpha(pb::Role),
 }
 
-/// The codes a caller may get: what the rule says, never what a bug would give.
+/// Whether `role` meets `need` on objects `role`'s holder does not own.
+fn meets(role: pb::Role, need: Need) -> bool {
+    let role = authz::Role::from_proto(role as i32).expect("a role");
+    match need {
+        Need::Caller => true,
+        Need::Admin => false,
+        Need::Role(needed) => role >= needed,
+        Need::OwnerOr { others, .. } => role >= others,
+    }
+}
+
+/// The code a caller must get, or `None` for a call it may make (then it may succeed or fail
+/// for any reason but its rights).
 fn expected(caller: Caller, rule: &authz::Rule) -> Option<Code> {
     match caller {
         Caller::NoToken | Caller::WrongToken | Caller::Revoked | Caller::Expired => Some(Code::Unauthenticated),
@@ -74,6 +90,7 @@ fn expected(caller: Caller, rule: &authz::Rule) -> Option<Code> {
             JobAccess::Allow => None,
             JobAccess::OwnJob | JobAccess::OwnBatch => Some(Code::NotFound),
         },
+        Caller::Alpha(role) => (!meets(role, rule.need)).then_some(Code::PermissionDenied),
     }
 }
 
@@ -220,7 +237,7 @@ impl<'a> Types<'a> {
                 "batch_id" => Some(alpha.batch_id.clone()),
                 "project" => Some("alpha".to_string()),
                 "scope" => Some("project:alpha".to_string()),
-                "user" => Some("alpha-maintainer".to_string()),
+                "user" => Some("bystander".to_string()),
                 "token" => Some("no-such-token".to_string()),
                 "digest" => Some("0".repeat(64)),
                 "path" => Some("out.txt".to_string()),
@@ -249,7 +266,16 @@ impl<'a> Types<'a> {
                         prost::encoding::string::encode(number, &value, &mut out);
                     }
                 }
-                (Type::Enum, _) if field.name() == "role" => prost::encoding::int32::encode(number, &2, &mut out),
+                // Members are added as members; tokens are narrowed to viewer, which every role
+                // of alpha may hand out (narrowing above one's role is its own test).
+                (Type::Enum, _) if field.name() == "role" => {
+                    let role = if short == "CreateTokenRequest" {
+                        pb::Role::Viewer
+                    } else {
+                        pb::Role::Member
+                    };
+                    prost::encoding::int32::encode(number, &(role as i32), &mut out)
+                }
                 (Type::Message, _) if matches!(field.name(), "spec" | "header" | "hello") => {
                     let nested = self.request(field.type_name(), alpha);
                     prost::encoding::encode_key(number, prost::encoding::WireType::LengthDelimited, &mut out);
@@ -307,6 +333,13 @@ async fn world() -> World {
     stack
         .add_member("alpha", "alpha-maintainer", pb::Role::Maintainer)
         .await;
+    stack.create_user("bystander").await;
+    let mut alpha_callers = Vec::new();
+    for (role, name) in [(pb::Role::Viewer, "alpha-viewer"), (pb::Role::Member, "alpha-member")] {
+        let token = stack.create_user(name).await;
+        stack.add_member("alpha", name, role).await;
+        alpha_callers.push((Caller::Alpha(role), Some(token)));
+    }
     let mut tokens = vec![
         (Caller::NoToken, None),
         (
@@ -338,6 +371,21 @@ async fn world() -> World {
         .await
         .expect("create batch")
         .into_inner();
+    let (archive, digest) = kiln_e2e::bundle(&[("data.txt", "alpha's")]);
+    let mut artifacts = stack.artifacts_as(&alpha_token).await;
+    kiln_e2e::upload(&mut artifacts, &archive, &digest)
+        .await
+        .expect("upload");
+    stack
+        .datasets_as(&alpha_token)
+        .await
+        .create_dataset(pb::CreateDatasetRequest {
+            name: "alpha-data".into(),
+            digest,
+            project: "alpha".into(),
+        })
+        .await
+        .expect("create dataset");
     // A revoked and an expired token of alpha's maintainer.
     let mut users = stack.users_as(&alpha_token).await;
     let revoked = users
@@ -391,6 +439,9 @@ async fn world() -> World {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     tokens.push((Caller::Expired, Some(expired)));
+    tokens.extend(alpha_callers);
+    // Last: the maintainer's calls change things (stop the job, cancel the batch).
+    tokens.push((Caller::Alpha(pb::Role::Maintainer), Some(alpha_token)));
     World {
         addresses: Addresses {
             api: stack.api_addr,
@@ -434,13 +485,16 @@ async fn every_rpc_refuses_every_caller_it_must() {
                             {
                                 Some(format!("refused its own call: {status:?}"))
                             }
-                            (None, Ok(bytes)) if leaks(bytes, &world.alpha) => Some("answered with alpha's ids".into()),
+                            (None, Ok(bytes)) if !matches!(caller, Caller::Alpha(_)) && leaks(bytes, &world.alpha) => {
+                                Some("answered with alpha's ids".into())
+                            }
                             (None, _) => None,
                         };
                         if let Some(wrong) = wrong {
                             failures.push(format!("{path} at {addr} as {caller:?}: {wrong}"));
                         }
-                        if let Err(status) = &answer {
+                        // Only alpha's own may learn anything of alpha.
+                        if let (false, Err(status)) = (matches!(caller, Caller::Alpha(_)), &answer) {
                             assert!(
                                 !leaks(status.message().as_bytes(), &world.alpha) || status.code() == Code::NotFound,
                                 "{path} as {caller:?}: {status:?}"
@@ -464,7 +518,10 @@ async fn every_rpc_refuses_every_caller_it_must() {
 /// Whether an answer names alpha's objects (a NOT_FOUND naming the id asked for leaks nothing).
 fn leaks(bytes: &[u8], alpha: &Alpha) -> bool {
     let text = String::from_utf8_lossy(bytes);
-    text.contains(&alpha.job_id) || text.contains(&alpha.batch_id) || text.contains("alpha-maintainer")
+    text.contains(&alpha.job_id)
+        || text.contains(&alpha.batch_id)
+        || text.contains("alpha-maintainer")
+        || text.contains("alpha-data")
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -501,6 +558,98 @@ async fn a_revoked_token_fails_on_every_service_at_once() {
             .unwrap_err();
         assert_eq!(refused.code(), Code::Unauthenticated, "{addr}: {refused:?}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_narrowed_token_never_does_more_than_its_user() {
+    let world = world().await;
+    let stack = &world.stack;
+    let token = stack.create_user("finn").await;
+    stack.add_member("alpha", "finn", pb::Role::Member).await;
+    let mut users = stack.users_as(&token).await;
+    let above = users
+        .create_token(pb::CreateTokenRequest {
+            name: "above".into(),
+            project: "alpha".into(),
+            role: pb::Role::Maintainer as i32,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(above.code(), Code::PermissionDenied, "{above:?}");
+    let elsewhere = users
+        .create_token(pb::CreateTokenRequest {
+            name: "elsewhere".into(),
+            project: "beta".into(),
+            role: pb::Role::Viewer as i32,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(elsewhere.code(), Code::NotFound, "{elsewhere:?}");
+    let viewer = users
+        .create_token(pb::CreateTokenRequest {
+            name: "viewer".into(),
+            project: "alpha".into(),
+            role: pb::Role::Viewer as i32,
+            ..Default::default()
+        })
+        .await
+        .expect("a viewer token")
+        .into_inner()
+        .secret;
+    let me = stack
+        .node_as(stack.api_addr, &viewer)
+        .await
+        .who_am_i(pb::WhoAmIRequest {})
+        .await
+        .expect("whoami")
+        .into_inner();
+    assert_eq!(me.memberships.len(), 1);
+    assert_eq!(me.memberships[0].role, pb::Role::Viewer as i32);
+    let refused = submit_result(stack, &viewer, "alpha").await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    // Finn made maintainer later: the viewer token stays a viewer's.
+    stack.add_member("alpha", "finn", pb::Role::Maintainer).await;
+    assert_eq!(
+        submit_result(stack, &viewer, "alpha").await.unwrap_err().code(),
+        Code::PermissionDenied
+    );
+    // Finn removed: the token reaches nothing of alpha.
+    stack
+        .projects_as(&stack.token)
+        .await
+        .remove_member(pb::RemoveMemberRequest {
+            project: "alpha".into(),
+            user: "finn".into(),
+        })
+        .await
+        .expect("remove");
+    let gone = stack
+        .jobs_as(&viewer)
+        .await
+        .get_job(pb::GetJobRequest {
+            job_id: world.alpha.job_id.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(gone.code(), Code::NotFound, "{gone:?}");
+}
+
+/// Submits `true` to `project` as the owner of `token`.
+async fn submit_result(stack: &Stack, token: &str, project: &str) -> Result<pb::SubmitJobResponse, tonic::Status> {
+    stack
+        .jobs_as(token)
+        .await
+        .submit_job(pb::SubmitJobRequest {
+            spec: Some(pb::JobSpec {
+                project: project.into(),
+                ..spec(&["true"])
+            }),
+            ..Default::default()
+        })
+        .await
+        .map(tonic::Response::into_inner)
 }
 
 #[tokio::test(flavor = "multi_thread")]
