@@ -1,6 +1,7 @@
 //! `QuotaService`: quotas by scope (global, a project, a user): a project's maintainers set its
-//! own, the admin the rest; everyone reads those that apply to them. The queued-jobs limit is checked here, at submit; the others (CPU,
-//! memory, GPUs, running jobs) by the scheduler, which makes a job over them wait.
+//! own, the admin the rest; everyone reads those that apply to them. The queued-jobs limit is
+//! checked here, at submit; the others (CPU, memory, GPUs, running jobs) by the scheduler, which
+//! makes a job over them wait.
 
 use kiln_core::authz::{Caller, Need, Resource, Role};
 use kiln_core::quotas;
