@@ -40,7 +40,7 @@ impl Spec {
     /// Checks a requested spec and fills in its defaults.
     pub fn from_proto(spec: Option<pb::BatchSpec>) -> Result<Spec> {
         let spec = spec.ok_or_else(|| Error::InvalidArgument("spec is missing".into()))?;
-        template::validate(&spec.command).map_err(Error::InvalidArgument)?;
+        template::validate(&spec.command).map_err(|e| Error::InvalidArgument(e.to_string()))?;
         if spec.name.len() > 200 {
             return Err(Error::InvalidArgument("name is longer than 200 bytes".into()));
         }

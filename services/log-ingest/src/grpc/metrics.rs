@@ -4,11 +4,11 @@
 use std::collections::HashSet;
 
 use kiln_core::auth::Principal;
+use kiln_formats::columns::{append_columns, check_columns, split_columns};
 use kiln_proto::v1 as pb;
 
 use super::{LogsApi, MAX_KEY_BYTES, MAX_KEYS_PER_JOB, MAX_REQUEST_BYTES};
 use crate::error::Error;
-use crate::points::{append_columns, check_columns, split_columns};
 
 /// Points per message published: about 25 bytes each in columns, well under NATS' default
 /// payload limit of 1 MiB.
@@ -34,7 +34,7 @@ impl LogsApi {
         }
         let job = self.visible_job(principal, &request.job_id).await?;
         let columns = request.columns.unwrap_or_default();
-        check_columns(&columns).map_err(Error::InvalidArgument)?;
+        check_columns(&columns).map_err(invalid)?;
         let mut keys: Vec<&str> = request
             .points
             .iter()
@@ -54,11 +54,11 @@ impl LogsApi {
         }
         self.admit_keys(&job.id, &keys).await?;
         let mut all = pb::MetricColumns::default();
-        append_columns(&mut all, request.points, columns, kiln_core::ids::now_ms());
+        append_columns(&mut all, request.points, columns, kiln_core::ids::now_ms()).map_err(invalid)?;
         let accepted = u32::try_from(all.steps.len()).unwrap_or(u32::MAX);
         // Answered once durable: every part is acknowledged by JetStream. Points are keyed by
         // (job, key, step), so a retried request stores nothing twice.
-        for part in split_columns(&all, POINTS_PER_MESSAGE) {
+        for part in split_columns(&all, POINTS_PER_MESSAGE).map_err(invalid)? {
             let batch = pb::MetricBatch {
                 job_id: job.id.clone(),
                 attempt: job.attempt,
@@ -169,6 +169,10 @@ impl LogsApi {
         }
         Ok(out)
     }
+}
+
+fn invalid(error: kiln_formats::Error) -> Error {
+    Error::InvalidArgument(error.to_string())
 }
 
 fn to_proto(point: crate::points::Point) -> pb::MetricPoint {
