@@ -3,7 +3,8 @@
 //! - [`archive`]: code bundles, datasets and restored outputs (tar.gz), checked entry by entry
 //!   and unpacked without leaving the destination, within byte, entry and header limits;
 //! - [`template`]: a batch's per-item command (`{uri}`, `{output}`, `{item}`, `{attempt}`);
-//! - [`columns`]: the columns of a metric batch (`MetricColumns`): checked, merged and split.
+//! - [`columns`]: the columns of a metric batch (`MetricColumns`): checked, merged and split;
+//! - [`chunks`]: metric points packed into the byte columns of a CQL row, and read back.
 //!
 //! Every function here returns an [`Error`] whose message says what is wrong, and none panics
 //! or allocates without bound on any input (property tests next to each, fuzz targets in
@@ -12,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 pub mod archive;
+pub mod chunks;
 pub mod columns;
 pub mod error;
 pub mod template;
