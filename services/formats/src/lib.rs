@@ -4,6 +4,7 @@
 //!   and unpacked without leaving the destination, within byte, entry and header limits;
 //! - [`template`]: a batch's per-item command (`{uri}`, `{output}`, `{item}`, `{attempt}`);
 //! - [`columns`]: the columns of a metric batch (`MetricColumns`): checked, merged and split;
+//! - [`image`]: container image references;
 //! - [`chunks`]: metric points packed into the byte columns of a CQL row, and read back.
 //!
 //! Every function here returns an [`Error`] whose message says what is wrong, and none panics
@@ -16,6 +17,7 @@ pub mod archive;
 pub mod chunks;
 pub mod columns;
 pub mod error;
+pub mod image;
 pub mod template;
 
 pub use error::{Error, Result};
