@@ -4,6 +4,7 @@
 
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 
 use proptest::prelude::*;
 use tar::EntryType;
@@ -479,4 +480,28 @@ proptest! {
         prop_assert!(message.contains("entries, the limit"), "{}", message);
         root.assert_contained();
     }
+}
+
+/// The seeds of the archive fuzz targets (fuzz/corpus, written by fuzz/make_corpus.py) are
+/// what their names say: `valid*` passes, every other one is refused, with the fuzz limits.
+#[test]
+fn the_fuzz_seeds_are_what_their_names_say() {
+    let limits = Limits {
+        max_bytes: 1 << 20,
+        max_entries: 256,
+    };
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/archive_check");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let result = check(std::fs::read(&path).unwrap().as_slice(), limits);
+        if name.starts_with("valid") {
+            assert!(result.is_ok(), "{name}: {result:?}");
+        } else {
+            assert!(result.is_err(), "{name} passed");
+        }
+        seen += 1;
+    }
+    assert!(seen >= 10, "{seen} seeds in {}", dir.display());
 }
