@@ -2,15 +2,13 @@
 //! no panic, nothing written outside the destination, and an error that says why.
 //!
 //! The first byte chooses whether the rest is gzipped by the harness (so the fuzzer can shape
-//! the tar itself) or taken as the compressed archive. One root (on tmpfs when there is one)
-//! serves every run; its `dest` is made anew each time.
+//! the tar itself) or taken as the compressed archive.
 
 #![no_main]
 
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::sync::OnceLock;
 
 use kiln_formats::archive::{self, Limits};
 use libfuzzer_sys::fuzz_target;
@@ -20,17 +18,15 @@ const LIMITS: Limits = Limits {
     max_entries: 256,
 };
 
-fn root() -> &'static Path {
-    static ROOT: OnceLock<tempfile::TempDir> = OnceLock::new();
-    ROOT.get_or_init(|| {
-        let shm = Path::new("/dev/shm");
-        if shm.is_dir() {
-            tempfile::tempdir_in(shm).unwrap()
-        } else {
-            tempfile::tempdir().unwrap()
-        }
-    })
-    .path()
+/// A root of its own for one run, on tmpfs when there is one (several times faster than a
+/// disk), removed when dropped.
+fn root() -> tempfile::TempDir {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        tempfile::tempdir_in(shm).unwrap()
+    } else {
+        tempfile::tempdir().unwrap()
+    }
 }
 
 /// Removes a tree whatever modes the archive gave its directories.
@@ -60,7 +56,8 @@ fuzz_target!(|data: &[u8]| {
     } else {
         rest.to_vec()
     };
-    let root = root();
+    let root_dir = root();
+    let root = root_dir.path();
     let dest = root.join("dest");
     std::fs::create_dir(&dest).unwrap();
     let unpacked = archive::unpack(input.as_slice(), &dest, LIMITS);
