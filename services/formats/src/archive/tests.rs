@@ -17,12 +17,26 @@ const LIMITS: Limits = Limits {
 };
 
 /// One entry as written into the archive, raw.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 struct Raw {
     path: String,
     kind: EntryType,
     link: String,
     data: Vec<u8>,
+}
+
+/// Shows an entry with the size of its data, not the data (some are megabytes).
+impl std::fmt::Debug for Raw {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let path: String = self.path.chars().take(120).collect();
+        write!(
+            f,
+            "{path:?} {:?} -> {:?} ({} bytes)",
+            self.kind,
+            self.link,
+            self.data.len()
+        )
+    }
 }
 
 fn raw(path: &str, kind: EntryType, link: &str, data: &[u8]) -> Raw {
