@@ -19,7 +19,9 @@
 #     ~/.cargo/bin unless that version is there)
 # then cargo fmt --check, clippy -D warnings, cargo machete (unused dependencies), cargo deny
 # (licenses, bans, sources: deny.toml; not advisories, whose database is on GitHub), cargo test
-# for the whole workspace, and the Python SDK's pytest suite against a real `kiln up`.
+# for the whole workspace, the fuzz targets for 20 s each (scripts/fuzz.sh, when a nightly
+# toolchain is installed; a loud warning when not), and the Python SDK's pytest suite against a
+# real `kiln up`.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -154,6 +156,7 @@ log "$("$KILN_TEST_PROMETHEUS" --version 2>&1 | head -n 1)"
 cd "$repo"
 log "cargo fmt --check"
 cargo fmt --all -- --check
+cargo fmt --manifest-path "$repo/fuzz/Cargo.toml" -- --check # fuzz/ is not a workspace member
 log "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 log "cargo machete"
@@ -176,6 +179,16 @@ log "dashboards and alert rules"
 "$repo/scripts/check-dashboards.sh" # @grafana/schema, promtool check/test rules, check config
 log "cargo test"
 cargo test --workspace --locked
+
+# --- fuzzing ---------------------------------------------------------------------------------
+# cargo-fuzz needs a nightly toolchain, which no registry reachable here ships: run the targets
+# (KILN_FUZZ_SECONDS each, 20 by default) when one is installed, and say loudly when not.
+if rustup run "${KILN_FUZZ_TOOLCHAIN:-nightly}" rustc --version >/dev/null 2>&1; then
+  log "fuzzing (scripts/fuzz.sh)"
+  "$repo/scripts/fuzz.sh"
+else
+  log "!!! WARNING: no ${KILN_FUZZ_TOOLCHAIN:-nightly} Rust toolchain: the fuzz targets were NOT run (scripts/fuzz.sh) !!!"
+fi
 
 # --- the Python SDK, against a real `kiln up` ---------------------------------------------------
 log "python SDK: pytest"

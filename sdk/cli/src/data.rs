@@ -190,7 +190,7 @@ pub async fn dataset(command: DatasetCommand) -> Result<ExitCode> {
                     bytes(dataset.size),
                     dataset.created_by,
                     format::age(dataset.created_at_ms),
-                    dataset.digest[..12.min(dataset.digest.len())].to_string(),
+                    dataset.digest.chars().take(12).collect(),
                 ]);
             }
             out!("{}", builder.build().with(Style::blank()));
@@ -207,5 +207,29 @@ mod tests {
     fn output_paths_stay_in_dest() {
         assert_eq!(safe_join(Path::new("/d"), "a/b.txt").unwrap(), Path::new("/d/a/b.txt"));
         assert!(safe_join(Path::new("/d"), "../x").is_err());
+    }
+
+    proptest::proptest! {
+        /// Whatever path the server sends, the file lands under dest, or the path is refused
+        /// (exactly when it climbs).
+        #[test]
+        fn any_output_path_lands_under_dest_or_is_refused(relative in "[a./\\\x00-]{0,12}|.{0,16}") {
+            let dest = Path::new("/d/out");
+            let climbs = relative.split('/').any(|part| part == "..");
+            match safe_join(dest, &relative) {
+                Ok(path) => {
+                    proptest::prop_assert!(!climbs);
+                    let rest = path.strip_prefix(dest).unwrap();
+                    proptest::prop_assert!(
+                        rest.components().all(|c| matches!(c, std::path::Component::Normal(_))),
+                        "{:?} -> {:?}", relative, path
+                    );
+                }
+                Err(error) => {
+                    proptest::prop_assert!(climbs);
+                    proptest::prop_assert!(error.to_string().contains("refusing output path"));
+                }
+            }
+        }
     }
 }

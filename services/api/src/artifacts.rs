@@ -265,3 +265,27 @@ impl ArtifactService for ArtifactsApi {
         Ok(Response::new(response))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// A digest is accepted exactly when it is 64 lowercase hex characters; a refusal says
+        /// what a digest is.
+        #[test]
+        fn a_digest_is_64_lowercase_hex(digest in "[0-9a-f]{64}|[0-9a-fA-F]{60,68}|.{0,70}") {
+            let valid = digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+            match check_digest(&digest) {
+                Ok(()) => prop_assert!(valid),
+                Err(error) => {
+                    prop_assert!(!valid);
+                    prop_assert!(error.to_string().contains("digest"));
+                    prop_assert!(error.to_string().contains("lowercase hex sha256"));
+                }
+            }
+        }
+    }
+}

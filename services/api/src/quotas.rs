@@ -19,6 +19,37 @@ use crate::error::{Error, Result};
 const MIN_WEIGHT: f64 = 0.001;
 const MAX_WEIGHT: f64 = 1000.0;
 
+/// Checks a quota's limits and weight for its scope: limits are 0 or more, a weight is finite,
+/// in range and not given to the global scope.
+fn check_quota(quota: &pb::Quota, scope: &QuotaScope) -> Result<()> {
+    let limits = [
+        ("cpu_millis", quota.cpu_millis),
+        ("memory_bytes", quota.memory_bytes),
+        ("gpus", quota.gpus),
+        ("running_jobs", quota.running_jobs),
+        ("queued_jobs", quota.queued_jobs),
+    ];
+    if let Some((name, value)) = limits.iter().find(|(_, v)| v.is_some_and(|v| v < 0)) {
+        return Err(Error::InvalidArgument(format!(
+            "{name} is {}; a limit is 0 or more (leave it out for no limit)",
+            value.unwrap_or_default()
+        )));
+    }
+    if let Some(weight) = quota.weight {
+        if *scope == QuotaScope::Global {
+            return Err(Error::InvalidArgument(
+                "the global scope has no fair-share weight: give one to a project or a user".into(),
+            ));
+        }
+        if !(weight.is_finite() && (MIN_WEIGHT..=MAX_WEIGHT).contains(&weight)) {
+            return Err(Error::InvalidArgument(format!(
+                "weight {weight} is out of range: a weight is {MIN_WEIGHT} to {MAX_WEIGHT} (leave it out for 1)"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// QuotasApi serves `QuotaService`.
 #[derive(Clone)]
 pub struct QuotasApi {
@@ -110,34 +141,7 @@ impl QuotaService for QuotasApi {
         {
             return Err(Error::NotFound(format!("user {name} does not exist")).into());
         }
-        let limits = [
-            ("cpu_millis", quota.cpu_millis),
-            ("memory_bytes", quota.memory_bytes),
-            ("gpus", quota.gpus),
-            ("running_jobs", quota.running_jobs),
-            ("queued_jobs", quota.queued_jobs),
-        ];
-        if let Some((name, value)) = limits.iter().find(|(_, v)| v.is_some_and(|v| v < 0)) {
-            return Err(Error::InvalidArgument(format!(
-                "{name} is {}; a limit is 0 or more (leave it out for no limit)",
-                value.unwrap_or_default()
-            ))
-            .into());
-        }
-        if let Some(weight) = quota.weight {
-            if scope == QuotaScope::Global {
-                return Err(Error::InvalidArgument(
-                    "the global scope has no fair-share weight: give one to a project or a user".into(),
-                )
-                .into());
-            }
-            if !(weight.is_finite() && (MIN_WEIGHT..=MAX_WEIGHT).contains(&weight)) {
-                return Err(Error::InvalidArgument(format!(
-                    "weight {weight} is out of range: a weight is {MIN_WEIGHT} to {MAX_WEIGHT} (leave it out for 1)"
-                ))
-                .into());
-            }
-        }
+        check_quota(&quota, &scope)?;
         let record = QuotaRecord {
             scope: scope.to_string(),
             cpu_millis: quota.cpu_millis,
@@ -194,5 +198,95 @@ impl QuotaService for QuotasApi {
         let removed = removed.ok_or_else(|| Error::NotFound(format!("{scope} has no quota")))?;
         tracing::info!(%scope, by = %caller.principal.user_name, "quota deleted");
         Ok(Response::new(to_proto(removed)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn limit() -> impl Strategy<Value = Option<i64>> {
+        prop::option::of(prop_oneof![
+            Just(i64::MIN),
+            Just(-1),
+            Just(0),
+            any::<i64>(),
+            0..i64::MAX
+        ])
+    }
+
+    fn quota() -> impl Strategy<Value = pb::Quota> {
+        (
+            (limit(), limit(), limit(), limit(), limit()),
+            prop::option::of(prop_oneof![
+                Just(f64::NAN),
+                Just(f64::INFINITY),
+                Just(0.0),
+                Just(MIN_WEIGHT),
+                Just(MAX_WEIGHT),
+                any::<f64>(),
+                MIN_WEIGHT..MAX_WEIGHT
+            ]),
+        )
+            .prop_map(
+                |((cpu_millis, memory_bytes, gpus, running_jobs, queued_jobs), weight)| pb::Quota {
+                    scope: String::new(),
+                    cpu_millis,
+                    memory_bytes,
+                    gpus,
+                    running_jobs,
+                    queued_jobs,
+                    weight,
+                },
+            )
+    }
+
+    fn scope() -> impl Strategy<Value = QuotaScope> {
+        prop_oneof![
+            Just(QuotaScope::Global),
+            "[a-z]{1,8}".prop_map(QuotaScope::Project),
+            "[a-z]{1,8}".prop_map(QuotaScope::User),
+        ]
+    }
+
+    proptest! {
+        /// Any quota is accepted exactly when its limits are 0 or more and its weight (if any)
+        /// is in range and not global; a refusal names the field.
+        #[test]
+        fn a_quota_is_accepted_when_its_fields_are_and_a_refusal_names_the_field(quota in quota(), scope in scope()) {
+            let limits = [
+                ("cpu_millis", quota.cpu_millis),
+                ("memory_bytes", quota.memory_bytes),
+                ("gpus", quota.gpus),
+                ("running_jobs", quota.running_jobs),
+                ("queued_jobs", quota.queued_jobs),
+            ];
+            let bad_limit = limits.iter().find(|(_, v)| v.is_some_and(|v| v < 0)).map(|(name, _)| *name);
+            let bad_weight = quota.weight.is_some_and(|w| {
+                scope == QuotaScope::Global || !(w.is_finite() && (MIN_WEIGHT..=MAX_WEIGHT).contains(&w))
+            });
+            match check_quota(&quota, &scope) {
+                Ok(()) => prop_assert!(bad_limit.is_none() && !bad_weight),
+                Err(error) => {
+                    prop_assert_eq!(error.kind(), kiln_core::ErrorKind::InvalidArgument);
+                    let message = error.to_string();
+                    match bad_limit {
+                        Some(name) => prop_assert!(message.contains(name), "{}", message),
+                        None => prop_assert!(bad_weight && message.contains("weight"), "{}", message),
+                    }
+                }
+            }
+        }
+
+        /// Any scope text is parsed or refused with the forms named.
+        #[test]
+        fn any_scope_text_is_parsed_or_refused(text in ".{0,20}|(global|project|user)(:.{0,8})?") {
+            match parse_scope(&text) {
+                Ok(scope) => prop_assert!(text == "global" || scope.to_string() == text),
+                Err(error) => prop_assert!(error.to_string().contains("global, project:<name>, user:<name>")),
+            }
+        }
     }
 }

@@ -50,4 +50,24 @@ mod tests {
         assert!(relative_path("a/../../x").is_none());
         assert!(relative_path("").is_none());
     }
+
+    proptest::proptest! {
+        /// Any path a user sends is refused, or becomes one of normal parts that joins under a
+        /// base without leaving it.
+        #[test]
+        fn any_relative_path_stays_under_its_base(text in "[a./\\\x00-]{0,12}|.{0,16}") {
+            let base = ObjectPath::from("outputs/job");
+            match relative_path(&text) {
+                Some(path) => {
+                    proptest::prop_assert!(path.parts().all(|part| part.as_ref() != ".." && part.as_ref() != "."));
+                    proptest::prop_assert!(join(&base, &path).prefix_matches(&base));
+                }
+                None => proptest::prop_assert!(
+                    text.split('/').all(|part| part.is_empty() || part == ".")
+                        || text.split('/').any(|part| part == ".." || part.contains('\0'))
+                        || ObjectPath::parse(text.split('/').filter(|p| !p.is_empty() && *p != ".").collect::<Vec<_>>().join("/")).is_err()
+                ),
+            }
+        }
+    }
 }

@@ -50,7 +50,33 @@ pub fn validate_names<'a>(
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+
+    proptest! {
+        /// Any list of names is answered without a panic; valid ones come back sorted and
+        /// unique; a list with a bad name is refused naming it.
+        #[test]
+        fn secret_names_are_checked(
+            good in prop::collection::vec("[A-Z_][A-Z0-9_]{0,30}", 0..8),
+            bad in ".{0,40}",
+        ) {
+            let good: Vec<String> = good.into_iter().filter(|name| !name.starts_with("KILN_")).collect();
+            let env: Vec<String> = Vec::new();
+            let accepted = validate_names(&good, &env).unwrap();
+            let mut expected = good.clone();
+            expected.sort();
+            expected.dedup();
+            prop_assert_eq!(accepted, expected);
+            let mut with_bad = good.clone();
+            with_bad.push(bad.clone());
+            if validate_name(&bad).is_err() {
+                let refused = validate_names(&with_bad, &env).unwrap_err();
+                prop_assert!(refused.contains(&format!("{bad:?}")), "{}", refused);
+            }
+        }
+    }
 
     #[test]
     fn names_are_environment_variable_names() {

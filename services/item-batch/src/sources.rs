@@ -197,4 +197,45 @@ mod tests {
                 .contains("line 2 is not UTF-8")
         );
     }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        proptest! {
+            /// However a manifest is cut into chunks, the same lines come out (or the same
+            /// refusal), and no more than one line's worth is ever held.
+            #[test]
+            fn chunks_do_not_change_the_lines(
+                manifest in prop::collection::vec(prop_oneof![Just(b'\n'), Just(b'\r'), Just(b' '), Just(b'#'), Just(0xff), any::<u8>()], 0..600),
+                cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..6),
+            ) {
+                let read = |chunks: Vec<&[u8]>| -> std::result::Result<Vec<String>, String> {
+                    let mut lines = ManifestLines::default();
+                    let mut got = Vec::new();
+                    for chunk in chunks {
+                        got.extend(lines.feed(chunk)?);
+                        assert!(lines.partial.len() <= MAX_URI_BYTES + 64);
+                    }
+                    got.extend(lines.finish()?);
+                    Ok(got)
+                };
+                let mut at: Vec<usize> = cuts.iter().map(|cut| cut.index(manifest.len() + 1)).collect();
+                at.sort_unstable();
+                let mut chunks = Vec::new();
+                let mut start = 0;
+                for end in at {
+                    chunks.push(&manifest[start..end]);
+                    start = end;
+                }
+                chunks.push(&manifest[start..]);
+                let whole = read(vec![manifest.as_slice()]);
+                prop_assert_eq!(read(chunks), whole.clone());
+                if let Ok(lines) = whole {
+                    prop_assert!(lines.iter().all(|line| !line.is_empty() && !line.starts_with('#') && line.trim() == line));
+                }
+            }
+        }
+    }
 }

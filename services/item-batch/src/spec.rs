@@ -16,6 +16,8 @@ pub const DEFAULT_MEMORY_MB: u64 = 1024;
 /// Bounds that keep a typo from asking for the impossible.
 const LARGEST_MAX_WORKERS: u32 = 10_000;
 const LARGEST_MAX_ATTEMPTS: u32 = 100;
+/// Longest output prefix (a path or a URI prefix, followed by each item's key).
+const MAX_OUTPUT_PREFIX_BYTES: usize = 1024;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Spec {
@@ -43,18 +45,39 @@ impl Spec {
     /// Checks a requested spec and fills in its defaults.
     pub fn from_proto(spec: Option<pb::BatchSpec>) -> Result<Spec> {
         let spec = spec.ok_or_else(|| Error::InvalidArgument("spec is missing".into()))?;
-        template::validate(&spec.command).map_err(Error::InvalidArgument)?;
-        if spec.name.len() > 200 {
-            return Err(Error::InvalidArgument("name is longer than 200 bytes".into()));
+        template::validate(&spec.command).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        if spec.name.len() > 200 || spec.name.chars().any(char::is_control) {
+            return Err(Error::InvalidArgument(
+                "name must be at most 200 bytes, without control characters".into(),
+            ));
         }
-        if spec
+        if let Some(key) = spec
             .env
             .keys()
-            .any(|k| k.is_empty() || k.contains('=') || k.starts_with("KILN_"))
+            .find(|k| k.is_empty() || k.contains(['=', '\0']) || k.starts_with("KILN_"))
         {
-            return Err(Error::InvalidArgument(
-                "env names must be non-empty, without '=', and not start with KILN_ (kiln sets those)".into(),
-            ));
+            return Err(Error::InvalidArgument(format!(
+                "env name {key:?}: env names must be non-empty, without '=' or NUL, and not start with KILN_ (kiln sets those)"
+            )));
+        }
+        if let Some(key) = spec.env.iter().find_map(|(k, v)| v.contains('\0').then_some(k)) {
+            return Err(Error::InvalidArgument(format!(
+                "env {key:?} has a NUL byte in its value, which no process can be given"
+            )));
+        }
+        if !spec.project.is_empty() {
+            kiln_core::subjects::validate_token("project", &spec.project).map_err(Error::InvalidArgument)?;
+        }
+        if !spec.image.is_empty() && !kiln_formats::image::valid_reference(&spec.image) {
+            return Err(Error::InvalidArgument(format!(
+                "image {:?} is not a valid image reference",
+                spec.image.chars().take(80).collect::<String>()
+            )));
+        }
+        if spec.output_prefix.len() > MAX_OUTPUT_PREFIX_BYTES || spec.output_prefix.contains('\0') {
+            return Err(Error::InvalidArgument(format!(
+                "output_prefix must be at most {MAX_OUTPUT_PREFIX_BYTES} bytes, without NUL"
+            )));
         }
         let secrets =
             kiln_core::secrets::validate_names(&spec.secrets, spec.env.keys()).map_err(Error::InvalidArgument)?;
@@ -155,3 +178,6 @@ impl Spec {
         }
     }
 }
+
+#[cfg(test)]
+mod properties;

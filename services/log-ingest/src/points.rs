@@ -10,6 +10,7 @@ use std::path::Path;
 
 use std::sync::{Arc, LazyLock, Mutex};
 
+use kiln_formats::columns::check_columns;
 use kiln_proto::v1 as pb;
 
 use crate::error::{Error, Result};
@@ -23,100 +24,6 @@ pub struct Point {
     pub step: i64,
     pub value: f64,
     pub timestamp_ms: i64,
-}
-
-/// Checks that the columns of a batch line up; the message says what does not.
-pub fn check_columns(columns: &pb::MetricColumns) -> std::result::Result<(), String> {
-    let n = columns.steps.len();
-    if columns.key_index.len() != n || columns.values.len() != n {
-        return Err(format!(
-            "columns differ in length: {} key indexes, {} steps, {} values; give one of each per point",
-            columns.key_index.len(),
-            n,
-            columns.values.len()
-        ));
-    }
-    if !columns.timestamps_ms.is_empty() && columns.timestamps_ms.len() != n {
-        return Err(format!(
-            "{} timestamps for {n} points: give one per point, or none",
-            columns.timestamps_ms.len()
-        ));
-    }
-    if let Some(index) = columns.key_index.iter().find(|i| **i as usize >= columns.keys.len()) {
-        return Err(format!(
-            "key index {index} is out of range: there are {} keys",
-            columns.keys.len()
-        ));
-    }
-    Ok(())
-}
-
-/// Turns a batch's points into columns (appended to `out`), giving points without a time `now`.
-/// Columns must have been checked.
-pub fn append_columns(out: &mut pb::MetricColumns, points: Vec<pb::MetricPoint>, columns: pb::MetricColumns, now: i64) {
-    let mut index: HashMap<String, u32> = out
-        .keys
-        .iter()
-        .enumerate()
-        .map(|(i, key)| (key.clone(), i as u32))
-        .collect();
-    let mut key_index = |out: &mut pb::MetricColumns, key: String| -> u32 {
-        *index.entry(key).or_insert_with_key(|key| {
-            out.keys.push(key.clone());
-            (out.keys.len() - 1) as u32
-        })
-    };
-    for point in points {
-        let i = key_index(out, point.key);
-        out.key_index.push(i);
-        out.steps.push(point.step);
-        out.values.push(point.value);
-        out.timestamps_ms.push(if point.timestamp_ms == 0 {
-            now
-        } else {
-            point.timestamp_ms
-        });
-    }
-    let remap: Vec<u32> = columns.keys.into_iter().map(|key| key_index(out, key)).collect();
-    out.key_index
-        .extend(columns.key_index.iter().map(|i| remap[*i as usize]));
-    out.steps.extend_from_slice(&columns.steps);
-    out.values.extend_from_slice(&columns.values);
-    if columns.timestamps_ms.is_empty() {
-        out.timestamps_ms.resize(out.steps.len(), now);
-    } else {
-        out.timestamps_ms
-            .extend(columns.timestamps_ms.iter().map(|t| if *t == 0 { now } else { *t }));
-    }
-}
-
-/// Splits columns into parts of at most `size` points, each with only the keys it uses.
-pub fn split_columns(columns: &pb::MetricColumns, size: usize) -> Vec<pb::MetricColumns> {
-    let size = size.max(1);
-    let n = columns.steps.len();
-    (0..n)
-        .step_by(size)
-        .map(|start| {
-            let end = (start + size).min(n);
-            let mut remap: HashMap<u32, u32> = HashMap::new();
-            let mut part = pb::MetricColumns::default();
-            for &i in &columns.key_index[start..end] {
-                let j = *remap.entry(i).or_insert_with(|| {
-                    part.keys.push(columns.keys[i as usize].clone());
-                    (part.keys.len() - 1) as u32
-                });
-                part.key_index.push(j);
-            }
-            part.steps = columns.steps[start..end].to_vec();
-            part.values = columns.values[start..end].to_vec();
-            part.timestamps_ms = columns
-                .timestamps_ms
-                .get(start..end)
-                .map(<[i64]>::to_vec)
-                .unwrap_or_default();
-            part
-        })
-        .collect()
 }
 
 /// The points of a published batch, one by one; points of columns that do not line up are
@@ -167,7 +74,9 @@ pub struct Series {
 /// survive (NaN only where a bucket holds nothing else: a run that diverged shows it).
 pub struct Sampler {
     lo: i64,
-    width: i64,
+    /// Steps per bucket; a u128, as the span of `i64::MIN..=i64::MAX` (plus one) fits neither
+    /// an i64 nor a u64.
+    width: u128,
     max_points: usize,
     total: u64,
     all: Vec<Sample>,
@@ -181,7 +90,7 @@ type Sample = (i64, f64, i64);
 impl Sampler {
     pub fn new(lo: i64, hi: i64, max_points: usize) -> Sampler {
         let buckets = (max_points / 2).max(1);
-        let width = ((hi - lo) / buckets as i64 + 1).max(1);
+        let width = u128::from(hi.abs_diff(lo)) / buckets as u128 + 1;
         Sampler {
             lo,
             width,
@@ -199,7 +108,11 @@ impl Sampler {
         if self.all.len() <= self.max_points {
             self.all.push(point);
         }
-        let bucket = usize::try_from((step - self.lo) / self.width).unwrap_or(0);
+        let bucket = if step < self.lo {
+            0
+        } else {
+            usize::try_from(u128::from(step.abs_diff(self.lo)) / self.width).unwrap_or(usize::MAX)
+        };
         let Some(slot) = self.buckets.get_mut(bucket) else {
             return;
         };
@@ -491,69 +404,4 @@ impl MetricStore for SqliteMetricStore {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn sampled(points: &[(i64, f64)], max_points: usize) -> Series {
-        let lo = points.iter().map(|p| p.0).min().unwrap();
-        let hi = points.iter().map(|p| p.0).max().unwrap();
-        let mut sampler = Sampler::new(lo, hi, max_points);
-        for &(step, value) in points {
-            sampler.add(step, value, step * 10);
-        }
-        sampler.finish("job", "loss")
-    }
-
-    fn steps(series: &Series) -> Vec<i64> {
-        series.points.iter().map(|p| p.step).collect()
-    }
-
-    #[test]
-    fn a_short_series_comes_back_whole_in_step_order() {
-        let series = sampled(&[(3, 0.3), (1, 0.1), (2, f64::NAN)], 3);
-        assert_eq!(series.total, 3);
-        assert_eq!(steps(&series), vec![1, 2, 3]);
-        assert!(series.points[1].value.is_nan());
-        assert_eq!(series.points[2].timestamp_ms, 30);
-    }
-
-    #[test]
-    fn each_bucket_gives_its_lowest_and_highest_and_nan_only_where_nothing_else() {
-        // Four buckets of 25 steps: a spike in the first, NaN mixed into the second, only NaN
-        // in the third.
-        let points: Vec<(i64, f64)> = (0..100)
-            .map(|step| match step {
-                7 => (step, 1e9),
-                30 | 31 => (step, f64::NAN),
-                50..75 => (step, f64::NAN),
-                _ => (step, step as f64),
-            })
-            .collect();
-        let series = sampled(&points, 8);
-        assert_eq!(series.total, 100);
-        let first: Vec<(i64, f64)> = series.points.iter().take(2).map(|p| (p.step, p.value)).collect();
-        assert_eq!(first, vec![(0, 0.0), (7, 1e9)]);
-        let second: Vec<i64> = series
-            .points
-            .iter()
-            .filter(|p| (25..50).contains(&p.step))
-            .map(|p| p.step)
-            .collect();
-        assert_eq!(
-            second,
-            vec![25, 49],
-            "NaN is neither the lowest nor the highest of a bucket with numbers"
-        );
-        let third: Vec<&Point> = series.points.iter().filter(|p| (50..75).contains(&p.step)).collect();
-        assert_eq!(third.len(), 1, "a bucket of NaN alone gives one NaN point");
-        assert!(third[0].value.is_nan());
-        assert!(series.points.len() <= 8);
-    }
-
-    #[test]
-    fn one_point_asked_gives_the_highest() {
-        let series = sampled(&[(0, 5.0), (1, 9.0), (2, 1.0)], 1);
-        assert_eq!(series.points.iter().map(|p| p.value).collect::<Vec<_>>(), vec![9.0]);
-        assert_eq!(series.total, 3);
-    }
-}
+mod tests;

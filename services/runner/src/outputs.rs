@@ -410,7 +410,10 @@ mod tests {
         let restored = work.path().join("outputs");
         std::fs::create_dir(&restored).unwrap();
         let file = std::fs::File::open(&archive).unwrap();
-        assert_eq!(crate::bundle::unpack(file, &restored, 1 << 30).unwrap(), 3);
+        assert_eq!(
+            crate::bundle::unpack(file, &restored, crate::bundle::LIMITS).unwrap(),
+            3
+        );
         assert_eq!(
             std::fs::read_to_string(restored.join("ckpt/step.txt")).unwrap(),
             "step-42\n"

@@ -209,7 +209,7 @@ async fn an_escaping_code_bundle_is_rejected_before_anything_runs() {
     dotdot.set_mode(0o644);
     for (header, name, data, expected) in [
         (symlink, "escape", &b""[..], "points outside"),
-        (dotdot, "", &b"x"[..], "leaves the work directory"),
+        (dotdot, "", &b"x"[..], "leaves the destination"),
     ] {
         let mut header = header;
         header.set_cksum();

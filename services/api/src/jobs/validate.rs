@@ -12,6 +12,8 @@ use crate::error::{Error, Result};
 
 /// Longest command line accepted, summed over its arguments.
 const MAX_COMMAND_BYTES: usize = 64 * 1024;
+/// Longest name of a job.
+const MAX_NAME_CHARS: usize = 128;
 /// Default CPU and memory of a job that names none.
 const DEFAULT_CPU_MILLIS: u32 = 1000;
 const DEFAULT_MEMORY_BYTES: u64 = 1 << 30;
@@ -53,10 +55,15 @@ pub(super) fn validate_spec(principal: &Principal, spec: Option<pb::JobSpec>) ->
         .map_err(|_| Error::InvalidArgument("resources.memory_bytes is too large".into()))?;
     let mut env = BTreeMap::new();
     for (key, value) in spec.env {
-        let valid = !key.is_empty() && !key.contains('=') && !key.contains('\0') && !value.contains('\0');
+        let valid = !key.is_empty() && !key.contains('=') && !key.contains('\0');
         if !valid {
             return Err(Error::InvalidArgument(format!(
                 "env name {key:?} is not valid (no '=', no NUL, not empty)"
+            )));
+        }
+        if value.contains('\0') {
+            return Err(Error::InvalidArgument(format!(
+                "env {key:?} has a NUL byte in its value, which no process can be given"
             )));
         }
         if key.starts_with("KILN_") {
@@ -66,11 +73,20 @@ pub(super) fn validate_spec(principal: &Principal, spec: Option<pb::JobSpec>) ->
         }
         env.insert(key, value);
     }
-    if spec.name.chars().count() > 128 {
-        return Err(Error::InvalidArgument("name is longer than 128 characters".into()));
+    if spec.name.chars().count() > MAX_NAME_CHARS {
+        return Err(Error::InvalidArgument(format!(
+            "name is longer than {MAX_NAME_CHARS} characters"
+        )));
     }
     let name = if spec.name.is_empty() {
-        spec.command[0].rsplit('/').next().unwrap_or_default().to_string()
+        // The program's file name, within the limit a given name has.
+        spec.command[0]
+            .rsplit('/')
+            .next()
+            .unwrap_or_default()
+            .chars()
+            .take(MAX_NAME_CHARS)
+            .collect()
     } else {
         spec.name
     };
@@ -86,7 +102,7 @@ pub(super) fn validate_spec(principal: &Principal, spec: Option<pb::JobSpec>) ->
             spec.code_digest
         )));
     }
-    if !spec.image.is_empty() && !valid_image(&spec.image) {
+    if !spec.image.is_empty() && !kiln_formats::image::valid_reference(&spec.image) {
         return Err(Error::InvalidArgument(format!(
             "image {:?} is not a valid image reference",
             spec.image
@@ -155,13 +171,6 @@ pub(super) fn validate_submit_key(key: String) -> Result<String> {
 /// Most GPUs one job may ask for.
 const MAX_GPUS: u32 = 16;
 
-/// Tells whether `image` looks like an image reference (`name[:tag][@digest]`).
-fn valid_image(image: &str) -> bool {
-    image.len() <= 255
-        && !image.starts_with(['-', '/', ':', '@'])
-        && image.chars().all(|c| c.is_ascii_alphanumeric() || "._-/:@".contains(c))
-}
-
 /// Checks a dataset name: it becomes a directory name under /kiln/data.
 pub(crate) fn validate_dataset_name(name: &str) -> Result<()> {
     subjects::validate_token("dataset", name).map_err(Error::InvalidArgument)?;
@@ -172,6 +181,9 @@ pub(crate) fn validate_dataset_name(name: &str) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod properties;
 
 #[cfg(test)]
 mod tests {

@@ -13,13 +13,14 @@ use std::time::Duration;
 
 use kiln_core::authz::Caller;
 use kiln_core::ids::now_ms;
-use kiln_core::streams::MAX_LOG_LINE_BYTES;
 use kiln_proto::v1 as pb;
+use prost::Message;
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
-use super::{LineStream, LogsApi, MAX_KEY_BYTES, MAX_REQUEST_BYTES};
+use super::checks::check_write_logs;
+use super::{LineStream, LogsApi};
 use crate::error::Error;
 use crate::store::Cursor;
 
@@ -32,8 +33,6 @@ const FLOOR_POLL: Duration = Duration::from_millis(50);
 /// How long after a job's end a follower waits for an end marker that may never come (its
 /// runner died).
 const END_GRACE_MS: i64 = 3_000;
-/// Most lines of one WriteLogs request.
-const MAX_LINES_PER_REQUEST: usize = 10_000;
 
 impl LogsApi {
     /// Streams a job's lines after `from` from a task of their own.
@@ -52,36 +51,7 @@ impl LogsApi {
     /// Publishes lines for a job that has not ended, one record each, under message ids made of
     /// the writer's name and line numbers (so a retried request is stored once).
     pub(super) async fn write_logs(&self, caller: &Caller, request: pb::WriteLogsRequest) -> Result<u32, Error> {
-        use prost::Message;
-        let size = request.encoded_len();
-        if size > MAX_REQUEST_BYTES {
-            return Err(Error::TooLarge(format!(
-                "the request is {size} bytes; the limit is {MAX_REQUEST_BYTES} bytes (4 MiB): send fewer lines at a time"
-            )));
-        }
-        if request.lines.len() > MAX_LINES_PER_REQUEST {
-            return Err(Error::TooLarge(format!(
-                "{} lines in one request; the limit is {MAX_LINES_PER_REQUEST}",
-                request.lines.len()
-            )));
-        }
-        if request.writer.len() > MAX_KEY_BYTES || request.writer.contains(['.', '*', '>', ' ']) {
-            return Err(Error::InvalidArgument(format!(
-                "writer {:?} must be at most {MAX_KEY_BYTES} bytes without '.', '*', '>' or spaces",
-                request.writer.chars().take(40).collect::<String>()
-            )));
-        }
-        if let Some((n, line)) = request
-            .lines
-            .iter()
-            .enumerate()
-            .find(|(_, line)| line.text.len() > MAX_LOG_LINE_BYTES)
-        {
-            return Err(Error::InvalidArgument(format!(
-                "line {n} is {} bytes; the limit is {MAX_LOG_LINE_BYTES} bytes (16 KiB): split it",
-                line.text.len()
-            )));
-        }
+        check_write_logs(&request)?;
         let job = self.visible_job(caller, &request.job_id).await?;
         let state = job.state()?;
         if state.is_terminal() {

@@ -4,11 +4,13 @@
 use std::collections::HashSet;
 
 use kiln_core::authz::Caller;
+use kiln_formats::columns::{append_columns, split_columns};
 use kiln_proto::v1 as pb;
+use prost::Message;
 
-use super::{LogsApi, MAX_KEY_BYTES, MAX_KEYS_PER_JOB, MAX_REQUEST_BYTES};
+use super::checks::{check_write_metrics, invalid};
+use super::{LogsApi, MAX_KEYS_PER_JOB};
 use crate::error::Error;
-use crate::points::{append_columns, check_columns, split_columns};
 
 /// Points per message published: about 25 bytes each in columns, well under NATS' default
 /// payload limit of 1 MiB.
@@ -21,40 +23,17 @@ const LARGEST_MAX_POINTS: usize = 100_000;
 
 impl LogsApi {
     pub(super) async fn write_metrics(&self, caller: &Caller, request: pb::WriteMetricsRequest) -> Result<u32, Error> {
-        use prost::Message;
-        let size = request.encoded_len();
-        if size > MAX_REQUEST_BYTES {
-            return Err(Error::TooLarge(format!(
-                "the batch is {size} bytes; the limit is {MAX_REQUEST_BYTES} bytes (4 MiB): send smaller batches"
-            )));
-        }
+        let keys = check_write_metrics(&request)?;
         let job = self.visible_job(caller, &request.job_id).await?;
+        self.admit_keys(&job.id, &keys.iter().map(String::as_str).collect::<Vec<_>>())
+            .await?;
         let columns = request.columns.unwrap_or_default();
-        check_columns(&columns).map_err(Error::InvalidArgument)?;
-        let mut keys: Vec<&str> = request
-            .points
-            .iter()
-            .map(|p| p.key.as_str())
-            .chain(columns.keys.iter().map(String::as_str))
-            .collect();
-        keys.sort_unstable();
-        keys.dedup();
-        for key in &keys {
-            if key.is_empty() || key.len() > MAX_KEY_BYTES || key.chars().any(char::is_control) {
-                return Err(Error::InvalidArgument(format!(
-                    "metric key {:?} is {} bytes; keys are 1 to {MAX_KEY_BYTES} bytes without control characters",
-                    key.chars().take(40).collect::<String>(),
-                    key.len()
-                )));
-            }
-        }
-        self.admit_keys(&job.id, &keys).await?;
         let mut all = pb::MetricColumns::default();
-        append_columns(&mut all, request.points, columns, kiln_core::ids::now_ms());
+        append_columns(&mut all, request.points, columns, kiln_core::ids::now_ms()).map_err(invalid)?;
         let accepted = u32::try_from(all.steps.len()).unwrap_or(u32::MAX);
         // Answered once durable: every part is acknowledged by JetStream. Points are keyed by
         // (job, key, step), so a retried request stores nothing twice.
-        for part in split_columns(&all, POINTS_PER_MESSAGE) {
+        for part in split_columns(&all, POINTS_PER_MESSAGE).map_err(invalid)? {
             let batch = pb::MetricBatch {
                 job_id: job.id.clone(),
                 attempt: job.attempt,

@@ -20,6 +20,7 @@ use crate::error::Error;
 use crate::points::MetricStore;
 use crate::store::{Cursor, LogStore};
 
+mod checks;
 mod logs;
 mod metrics;
 

@@ -156,15 +156,23 @@ pub(super) async fn remove_file(path: &Path) {
     }
 }
 
+/// Most entries a dataset may hold (a million images and more is a common dataset).
+const MAX_ENTRIES: u64 = 16 << 20;
+
 /// Unpacks the checked archive into `<root>/.<digest>.unpack` (with the bundle rules: no path
-/// leaves it), makes it read-only for everyone, and renames it to `<root>/<digest>`. Returns the
-/// bytes of its files. Blocking.
-pub(super) fn unpack(root: &Path, digest: &str, archive: &Path) -> Result<u64> {
+/// leaves it; at most `max_bytes`, the cache's size, since a larger one could not stay), makes
+/// it read-only for everyone, and renames it to `<root>/<digest>`. Returns the bytes of its
+/// files. Blocking.
+pub(super) fn unpack(root: &Path, digest: &str, archive: &Path, max_bytes: u64) -> Result<u64> {
+    let limits = kiln_formats::archive::Limits {
+        max_bytes,
+        max_entries: MAX_ENTRIES,
+    };
     let staging = root.join(format!(".{digest}.unpack"));
     remove_tree(&staging)?;
     std::fs::create_dir(&staging).map_err(Error::io(format!("cannot create {}", staging.display())))?;
     let file = std::fs::File::open(archive).map_err(Error::io(format!("cannot read {}", archive.display())))?;
-    let unpacked = crate::bundle::unpack(std::io::BufReader::with_capacity(1 << 20, file), &staging, u64::MAX)
+    let unpacked = crate::bundle::unpack(std::io::BufReader::with_capacity(1 << 20, file), &staging, limits)
         .and_then(|_| tree_bytes(&staging))
         .and_then(|bytes| {
             seal(&staging).map_err(Error::io(format!("cannot make {} read-only", staging.display())))?;

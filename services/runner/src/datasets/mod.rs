@@ -150,7 +150,8 @@ impl DatasetCache {
         let archive_bytes = fetch::download(&self.inner.objects, digest, &part).await?;
         let owned_digest = digest.to_string();
         let archive = part.clone();
-        let unpacked = tokio::task::spawn_blocking(move || fetch::unpack(&root, &owned_digest, &archive))
+        let max_bytes = self.inner.max_bytes;
+        let unpacked = tokio::task::spawn_blocking(move || fetch::unpack(&root, &owned_digest, &archive, max_bytes))
             .await
             .map_err(|e| Error::Dataset(format!("unpacking failed: {e}")));
         fetch::remove_file(&part).await;

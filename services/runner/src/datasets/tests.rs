@@ -252,7 +252,7 @@ async fn a_bad_archive_is_refused_and_nothing_is_cached() {
     fixture.store.put(&artifact_path(&digest), bytes.into()).await.unwrap();
     let cache = fixture.cache(1 << 20).await;
     let error = cache.acquire(&digest).await.unwrap_err().to_string();
-    assert!(error.contains("leaves the work directory"), "{error}");
+    assert!(error.contains("leaves the destination"), "{error}");
     assert_eq!(fixture.listing(), (vec![], vec![]));
     assert!(!fixture.dir.path().join("escape.txt").try_exists().unwrap());
 }

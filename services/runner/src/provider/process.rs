@@ -20,7 +20,7 @@ use tokio::sync::watch;
 use tokio_util::io::ReaderStream;
 
 use super::{Capacity, Exit, Instance, InstanceSpec, InstanceStats, OutputStream, Outputs, Provider};
-use crate::bundle::MAX_UNPACKED_BYTES;
+use crate::bundle::LIMITS;
 use crate::error::{Error, Result};
 
 mod group;
@@ -66,7 +66,7 @@ fn io(what: String) -> impl FnOnce(std::io::Error) -> Error {
 async fn unpack_into(archive: PathBuf, dir: PathBuf) -> Result<()> {
     tokio::task::spawn_blocking(move || {
         let file = std::fs::File::open(&archive).map_err(io(format!("cannot read {}", archive.display())))?;
-        crate::bundle::unpack(std::io::BufReader::new(file), &dir, MAX_UNPACKED_BYTES)
+        crate::bundle::unpack(std::io::BufReader::new(file), &dir, LIMITS)
     })
     .await
     .map_err(|e| Error::BadBundle(e.to_string()))?

@@ -17,7 +17,7 @@ use tokio::io::AsyncWriteExt;
 use super::end::market_of;
 use super::remove_file;
 use crate::Context;
-use crate::bundle::MAX_UNPACKED_BYTES;
+use crate::bundle::{LIMITS, MAX_UNPACKED_BYTES};
 use crate::datasets::DatasetLease;
 use crate::error::{Error, Result};
 use crate::provider::{InstanceSpec, OUTPUTS_DIR};
@@ -61,7 +61,7 @@ async fn fetch_archive(ctx: &Context, digest: &str, dest: PathBuf, what: &str) -
     let what = what.to_string();
     tokio::task::spawn_blocking(move || {
         let file = std::fs::File::open(&checked).map_err(Error::io(format!("cannot read {}", checked.display())))?;
-        crate::bundle::check(std::io::BufReader::new(file), MAX_UNPACKED_BYTES)
+        crate::bundle::check(std::io::BufReader::new(file), LIMITS)
     })
     .await
     .map_err(|e| Error::BadBundle(e.to_string()))?
