@@ -7,7 +7,7 @@
 //! worker. When the session breaks (item-batch restarted) it keeps running its items and
 //! reconnects; outcomes not yet sent go on the new session. It exits when item-batch says stop:
 //! after its running items when the work is done, at once (killing them) when the batch is
-//! cancelled.
+//! cancelled. The values of the job's secrets are masked in the lines it keeps ([`mask`]).
 #![forbid(unsafe_code)]
 
 use std::collections::{HashMap, VecDeque};
@@ -26,6 +26,10 @@ use tonic::Request;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, Endpoint};
 
+pub mod mask;
+
+pub use mask::Masker;
+
 /// How often running items are reported alive.
 pub const HEARTBEAT: Duration = Duration::from_secs(3);
 /// Output lines kept per attempt, and their bytes at most.
@@ -43,6 +47,8 @@ pub struct Settings {
     pub token: String,
     pub batch_id: String,
     pub slots: u32,
+    /// Masks the job's secrets in items' output lines.
+    pub masker: Arc<Masker>,
 }
 
 impl Settings {
@@ -62,6 +68,7 @@ impl Settings {
             token: var("KILN_TOKEN")?,
             batch_id: var("KILN_BATCH_ID")?,
             slots,
+            masker: Arc::new(Masker::from_env(|name| std::env::var(name).ok())),
         })
     }
 }
@@ -313,12 +320,13 @@ impl Session<'_> {
         let outcomes = self.outcomes_tx.clone();
         let kill = self.kill.clone();
         let runner = self.runner;
+        let masker = self.settings.masker.clone();
         tokio::spawn(async move {
             let Ok(_permit) = slots.acquire_owned().await else {
                 return;
             };
             let key = item.key.clone();
-            let outcome = run_item(item, runner, &kill).await;
+            let outcome = run_item(item, runner, &kill, masker).await;
             running.lock().expect("running lock").remove(&key);
             if let Some(outcome) = outcome {
                 let _ = outcomes.send(outcome);
@@ -328,7 +336,12 @@ impl Session<'_> {
 }
 
 /// Runs one item; None when it was killed (cancelled batch, termination).
-async fn run_item(item: pb::ItemToRun, runner: Runner, kill: &CancellationToken) -> Option<pb::ItemOutcome> {
+async fn run_item(
+    item: pb::ItemToRun,
+    runner: Runner,
+    kill: &CancellationToken,
+    masker: Arc<Masker>,
+) -> Option<pb::ItemOutcome> {
     let started = Instant::now();
     let mut outcome = pb::ItemOutcome {
         key: item.key.clone(),
@@ -350,7 +363,7 @@ async fn run_item(item: pb::ItemToRun, runner: Runner, kill: &CancellationToken)
     } else if runner == Runner::BuiltinsOnly {
         outcome.reason = "this worker runs built-ins only (simulated machine)".into();
     } else {
-        run_process(&item, &mut outcome, kill).await?;
+        run_process(&item, &mut outcome, kill, masker).await?;
     }
     outcome.duration_ms = started.elapsed().as_millis() as u64;
     Some(outcome)
@@ -400,7 +413,12 @@ fn children_usage() -> (f64, u64) {
     }
 }
 
-async fn run_process(item: &pb::ItemToRun, outcome: &mut pb::ItemOutcome, kill: &CancellationToken) -> Option<()> {
+async fn run_process(
+    item: &pb::ItemToRun,
+    outcome: &mut pb::ItemOutcome,
+    kill: &CancellationToken,
+    masker: Arc<Masker>,
+) -> Option<()> {
     let (cpu_before, _) = children_usage();
     let mut command = tokio::process::Command::new(&item.command[0]);
     command
@@ -423,10 +441,20 @@ async fn run_process(item: &pb::ItemToRun, outcome: &mut pb::ItemOutcome, kill: 
     let tail = Arc::new(Mutex::new(Tail::default()));
     let mut readers = Vec::new();
     if let Some(out) = child.stdout.take() {
-        readers.push(tokio::spawn(read_lines(out, pb::LogStream::Stdout, tail.clone())));
+        readers.push(tokio::spawn(read_lines(
+            out,
+            pb::LogStream::Stdout,
+            tail.clone(),
+            masker.clone(),
+        )));
     }
     if let Some(err) = child.stderr.take() {
-        readers.push(tokio::spawn(read_lines(err, pb::LogStream::Stderr, tail.clone())));
+        readers.push(tokio::spawn(read_lines(
+            err,
+            pb::LogStream::Stderr,
+            tail.clone(),
+            masker,
+        )));
     }
     let timeout = Duration::from_secs(item.timeout_secs.max(1));
     let status = tokio::select! {
@@ -469,9 +497,15 @@ fn kill_group(pid: Option<u32>) {
     }
 }
 
-async fn read_lines(pipe: impl tokio::io::AsyncRead + Unpin, stream: pb::LogStream, tail: Arc<Mutex<Tail>>) {
+async fn read_lines(
+    pipe: impl tokio::io::AsyncRead + Unpin,
+    stream: pb::LogStream,
+    tail: Arc<Mutex<Tail>>,
+    masker: Arc<Masker>,
+) {
     let mut lines = BufReader::new(pipe).lines();
     while let Ok(Some(line)) = lines.next_line().await {
+        let line = masker.mask(line);
         tail.lock().expect("tail lock").push(stream, line);
     }
 }
@@ -521,37 +555,47 @@ mod tests {
             timeout_secs,
             round: 0,
         };
+        let secrets = HashMap::from([(mask::NAMES_VAR, "TOKEN"), ("TOKEN", "s3cr3t")]);
+        let masker = Masker::from_env(|name| secrets.get(name).map(|v| v.to_string()));
         let ok = run_item(
-            item(&["sh", "-c", "echo out $KILN_ITEM; echo err >&2"], 10),
+            item(&["sh", "-c", "echo out $KILN_ITEM; echo err s3cr3t >&2"], 10),
             Runner::Process,
             &kill,
+            Arc::new(masker),
         )
         .await
         .unwrap();
         assert_eq!(ok.exit_code, Some(0));
         let texts: Vec<&str> = ok.lines.iter().map(|l| l.text.as_str()).collect();
-        assert!(texts.contains(&"out k") && texts.contains(&"err"), "{texts:?}");
-        let failed = run_item(item(&["sh", "-c", "exit 3"], 10), Runner::Process, &kill)
-            .await
-            .unwrap();
+        assert!(texts.contains(&"out k") && texts.contains(&"err ***"), "{texts:?}");
+        let failed = run_item(
+            item(&["sh", "-c", "exit 3"], 10),
+            Runner::Process,
+            &kill,
+            Arc::default(),
+        )
+        .await
+        .unwrap();
         assert_eq!(
             (failed.exit_code, failed.reason.as_str()),
             (Some(3), "exited with code 3")
         );
-        let slow = run_item(item(&["sleep", "30"], 1), Runner::Process, &kill)
+        let slow = run_item(item(&["sleep", "30"], 1), Runner::Process, &kill, Arc::default())
             .await
             .unwrap();
         assert_eq!(slow.exit_code, None);
         assert!(slow.reason.contains("timed out"), "{}", slow.reason);
-        let missing = run_item(item(&["/no/such/program"], 1), Runner::Process, &kill)
+        let missing = run_item(item(&["/no/such/program"], 1), Runner::Process, &kill, Arc::default())
             .await
             .unwrap();
         assert_eq!(missing.exit_code, Some(127));
-        let noop = run_item(item(&["kiln:noop"], 1), Runner::BuiltinsOnly, &kill)
+        let noop = run_item(item(&["kiln:noop"], 1), Runner::BuiltinsOnly, &kill, Arc::default())
             .await
             .unwrap();
         assert_eq!(noop.exit_code, Some(0));
-        let refused = run_item(item(&["true"], 1), Runner::BuiltinsOnly, &kill).await.unwrap();
+        let refused = run_item(item(&["true"], 1), Runner::BuiltinsOnly, &kill, Arc::default())
+            .await
+            .unwrap();
         assert_eq!(refused.exit_code, None);
     }
 }

@@ -4,6 +4,7 @@
 //! - [`jobs`]: `JobService` (submit, get, list, stop, watch);
 //! - [`artifacts`]: `ArtifactService` (content-addressed code bundles, job outputs);
 //! - [`datasets`]: `DatasetService` (named, immutable archives mounted read-only by jobs);
+//! - [`secrets`]: `SecretService` (project secrets, sealed at rest, never read back);
 //! - reconciler: at start and then periodically, publishes QUEUED and STOPPED changes that
 //!   were committed but not published (a crash or a NATS outage between the two);
 //! - [`config`], [`error`], [`grpc`]: configuration, the error type and its mapping to statuses.
@@ -24,6 +25,7 @@ use kiln_proto::v1::artifact_service_server::ArtifactServiceServer;
 use kiln_proto::v1::dataset_service_server::DatasetServiceServer;
 use kiln_proto::v1::job_service_server::JobServiceServer;
 use kiln_proto::v1::quota_service_server::QuotaServiceServer;
+use kiln_proto::v1::secret_service_server::SecretServiceServer;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
@@ -36,6 +38,7 @@ pub mod error;
 pub mod grpc;
 pub mod jobs;
 pub mod quotas;
+pub mod secrets;
 pub mod service_metrics;
 
 pub use config::Config;
@@ -48,6 +51,8 @@ pub struct Api {
     store: Store,
     nats: Nats,
     metrics: Metrics,
+    /// The key secrets are sealed with, when the config names one.
+    secrets_key: Option<std::sync::Arc<kiln_core::secrets::SecretsKey>>,
 }
 
 impl Api {
@@ -59,6 +64,10 @@ impl Api {
         if let Some(issued) = store.bootstrap_admin().await? {
             write_secret_file(&config.bootstrap_token_file, &issued.token)?;
             tracing::info!(path = %config.bootstrap_token_file.display(), "bootstrap admin token written");
+        }
+        let secrets_key = config.secrets.load()?.map(std::sync::Arc::new);
+        if secrets_key.is_none() {
+            tracing::warn!("no [secrets] key configured: `kiln secret set` is refused until one is");
         }
         let nats = streams::connect(&config.nats).await?;
         let listener = TcpListener::bind(config.grpc.listen)
@@ -73,6 +82,7 @@ impl Api {
             store,
             nats,
             metrics: Metrics::default(),
+            secrets_key,
         })
     }
 
@@ -131,6 +141,10 @@ impl Api {
             }))
             .add_service(QuotaServiceServer::new(quotas::QuotasApi {
                 store: self.store.clone(),
+            }))
+            .add_service(SecretServiceServer::new(secrets::SecretsApi {
+                store: self.store.clone(),
+                key: self.secrets_key.clone(),
             }))
             .serve_with_incoming_shutdown(
                 TcpListenerStream::new(self.listener),
