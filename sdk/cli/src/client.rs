@@ -12,6 +12,7 @@ use kiln_proto::v1::dataset_service_client::DatasetServiceClient;
 use kiln_proto::v1::job_service_client::JobServiceClient;
 use kiln_proto::v1::log_service_client::LogServiceClient;
 use kiln_proto::v1::quota_service_client::QuotaServiceClient;
+use kiln_proto::v1::secret_service_client::SecretServiceClient;
 use serde::{Deserialize, Serialize};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
@@ -109,6 +110,7 @@ pub struct Clients {
     pub logs: LogServiceClient<Authed>,
     pub batches: BatchServiceClient<Authed>,
     pub quotas: QuotaServiceClient<Authed>,
+    pub secrets: SecretServiceClient<Authed>,
 }
 
 async fn channel(addr: &str) -> Result<Channel> {
@@ -137,6 +139,7 @@ pub async fn connect(credentials: &Credentials) -> Result<Clients> {
         batches: BatchServiceClient::with_interceptor(batches, auth.clone()).max_encoding_message_size(16 << 20),
         jobs: JobServiceClient::with_interceptor(api.clone(), auth.clone()),
         quotas: QuotaServiceClient::with_interceptor(api.clone(), auth.clone()),
+        secrets: SecretServiceClient::with_interceptor(api.clone(), auth.clone()),
         datasets: DatasetServiceClient::with_interceptor(api.clone(), auth.clone()),
         artifacts: ArtifactServiceClient::with_interceptor(api, auth.clone())
             .max_decoding_message_size(8 << 20)

@@ -13,6 +13,7 @@ mod metrics;
 mod nats_child;
 mod pack;
 mod quota;
+mod secret;
 mod tools;
 mod up;
 
@@ -78,6 +79,9 @@ enum Command {
     /// user:NAME). Setting one needs an admin token.
     #[command(subcommand)]
     Quota(quota::QuotaCommand),
+    /// Project secrets, which `kiln run --secret NAME` and batches get as environment variables.
+    #[command(subcommand)]
+    Secret(secret::SecretCommand),
     /// A job's outputs: the files it wrote to /kiln/outputs.
     #[command(subcommand)]
     Artifacts(data::ArtifactsCommand),
@@ -130,6 +134,7 @@ fn main() -> ExitCode {
             Command::Stop { job } => commands::stop(job).await,
             Command::Explain { job, output } => commands::explain(job, output).await,
             Command::Quota(command) => quota::quota(command).await,
+            Command::Secret(command) => secret::secret(command).await,
             Command::Artifacts(command) => data::artifacts(command).await,
             Command::Dataset(command) => data::dataset(command).await,
             Command::Batch(command) => batch::batch(command).await,
