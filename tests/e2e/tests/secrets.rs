@@ -309,6 +309,62 @@ async fn batch_workers_get_the_batch_secrets_and_item_logs_mask_them() {
     assert_not_in_files(stack.dir.path());
 }
 
+#[tokio::test]
+async fn without_a_key_setting_and_starting_say_which_setting_is_missing() {
+    let mut stack = Stack::start_without_runner().await;
+    // A runner without [secrets]: a job naming a secret fails to start, saying what to set.
+    let keyless_runner = kiln_runner::Config {
+        secrets: Default::default(),
+        ..stack.runner_config("runner-1")
+    };
+    stack.runner = Some(stack.spawn_runner(keyless_runner).await);
+    set(&stack, NAME, VALUE).await.unwrap();
+    let mut job_spec = spec(&["true"]);
+    job_spec.secrets = vec![NAME.into()];
+    let job = stack.submit_spec(job_spec).await;
+    let failed = stack.wait_for_state(&job.id, pb::JobState::Failed).await;
+    assert!(failed.reason.contains("[secrets] key-file"), "{failed:?}");
+    assert!(failed.reason.contains("this runner"), "{failed:?}");
+
+    // An api without [secrets] refuses to set one, saying what to set.
+    let keyless_api = kiln_api::Api::bind(kiln_api::Config {
+        grpc: kiln_core::config::GrpcConfig {
+            listen: ([127, 0, 0, 1], 0).into(),
+        },
+        database: stack.database.clone(),
+        nats: stack.nats.config(),
+        objects: stack.objects.clone(),
+        bootstrap_token_file: stack.dir.path().join("unused.token"),
+        ..Default::default()
+    })
+    .await
+    .expect("an api without a secrets key binds");
+    let addr = keyless_api.local_addr();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let serving = tokio::spawn(keyless_api.serve(shutdown.clone()));
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut secrets = pb::secret_service_client::SecretServiceClient::with_interceptor(
+        channel,
+        kiln_core::auth::BearerInterceptor::new(&stack.token),
+    );
+    let refused = secrets
+        .set_secret(pb::SetSecretRequest {
+            project: String::new(),
+            name: NAME.into(),
+            value: VALUE.into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains("[secrets] key-file"), "{refused:?}");
+    shutdown.cancel();
+    let _ = serving.await;
+}
+
 /// The scans above find a value in clear where there is one (so their passing means something).
 #[test]
 fn the_scans_find_a_value_in_clear() {
