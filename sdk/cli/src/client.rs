@@ -14,6 +14,7 @@ use kiln_proto::v1::log_service_client::LogServiceClient;
 use kiln_proto::v1::node_service_client::NodeServiceClient;
 use kiln_proto::v1::project_service_client::ProjectServiceClient;
 use kiln_proto::v1::quota_service_client::QuotaServiceClient;
+use kiln_proto::v1::secret_service_client::SecretServiceClient;
 use kiln_proto::v1::user_service_client::UserServiceClient;
 use serde::{Deserialize, Serialize};
 use tonic::service::interceptor::InterceptedService;
@@ -126,6 +127,7 @@ pub struct Clients {
     pub projects: ProjectServiceClient<Authed>,
     /// The api's `NodeService` (who the token is).
     pub node: NodeServiceClient<Authed>,
+    pub secrets: SecretServiceClient<Authed>,
 }
 
 async fn channel(addr: &str) -> Result<Channel> {
@@ -157,6 +159,7 @@ pub async fn connect(credentials: &Credentials) -> Result<Clients> {
         users: UserServiceClient::with_interceptor(api.clone(), auth.clone()),
         projects: ProjectServiceClient::with_interceptor(api.clone(), auth.clone()),
         node: NodeServiceClient::with_interceptor(api.clone(), auth.clone()),
+        secrets: SecretServiceClient::with_interceptor(api.clone(), auth.clone()),
         datasets: DatasetServiceClient::with_interceptor(api.clone(), auth.clone()),
         artifacts: ArtifactServiceClient::with_interceptor(api, auth.clone())
             .max_decoding_message_size(8 << 20)

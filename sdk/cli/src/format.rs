@@ -174,6 +174,8 @@ pub fn job_json(job: &pb::Job) -> serde_json::Value {
         "gpus": spec.gpus,
         "max_runtime_secs": (spec.max_runtime_secs > 0).then_some(spec.max_runtime_secs),
         "datasets": spec.datasets,
+        // Names only: no read returns a value.
+        "secrets": spec.secrets.iter().map(|name| format!("{name}={}", kiln_core::secrets::MASK)).collect::<Vec<_>>(),
         "priority": spec.priority_class,
         "market": if job.market.is_empty() { market_policy(spec.market) } else { job.market.clone() },
         "attempt": job.attempt,

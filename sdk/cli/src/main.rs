@@ -13,6 +13,7 @@ mod metrics;
 mod nats_child;
 mod pack;
 mod quota;
+mod secret;
 mod tenancy;
 mod tools;
 mod up;
@@ -85,6 +86,9 @@ enum Command {
     /// user:NAME). A project's maintainers set its quota; users' and the global one need the admin.
     #[command(subcommand)]
     Quota(quota::QuotaCommand),
+    /// Project secrets, which `kiln run --secret NAME` and batches get as environment variables.
+    #[command(subcommand)]
+    Secret(secret::SecretCommand),
     /// A job's outputs: the files it wrote to /kiln/outputs.
     #[command(subcommand)]
     Artifacts(data::ArtifactsCommand),
@@ -158,6 +162,7 @@ fn main() -> ExitCode {
             Command::Stop { job } => commands::stop(job).await,
             Command::Explain { job, output } => commands::explain(job, output).await,
             Command::Quota(command) => quota::quota(command).await,
+            Command::Secret(command) => secret::secret(command).await,
             Command::Artifacts(command) => data::artifacts(command).await,
             Command::Dataset(command) => data::dataset(command).await,
             Command::Batch(command) => batch::batch(command).await,

@@ -187,12 +187,20 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
     };
     let token_file = home.join("admin.token");
+    // The key project secrets are sealed with: made (0600) on the first start, kept after.
+    let key_file = home.join("secrets.key");
+    kiln_core::secrets::ensure_key_file(&key_file)?;
+    let secrets = kiln_core::secrets::SecretsConfig {
+        key_file,
+        ..Default::default()
+    };
 
     let api = kiln_api::Api::bind(kiln_api::Config {
         grpc: GrpcConfig { listen: args.api_addr },
         database: database.clone(),
         nats: nats.clone(),
         objects: objects.clone(),
+        secrets: secrets.clone(),
         bootstrap_token_file: token_file.clone(),
         ..Default::default()
     })
@@ -231,6 +239,7 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
         database: database.clone(),
         nats: nats.clone(),
         objects: objects.clone(),
+        secrets,
         work_dir: home.join("work"),
         stop_grace_period_ms: args.grace_period * 1000,
         api_url: format!("http://{api_addr}"),

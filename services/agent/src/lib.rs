@@ -7,24 +7,28 @@
 //! worker. When the session breaks (item-batch restarted) it keeps running its items and
 //! reconnects; outcomes not yet sent go on the new session. It exits when item-batch says stop:
 //! after its running items when the work is done, at once (killing them) when the batch is
-//! cancelled.
+//! cancelled. [`item`] runs one item; the values of the job's secrets are masked in the lines
+//! it keeps ([`mask`]).
 #![forbid(unsafe_code)]
 
-use std::collections::{HashMap, VecDeque};
-use std::process::Stdio;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::StreamExt;
 use kiln_proto::v1 as pb;
 use kiln_proto::v1::item_work_service_client::ItemWorkServiceClient;
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::Request;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, Endpoint};
+
+mod item;
+pub mod mask;
+
+pub use mask::Masker;
 
 /// How often running items are reported alive.
 pub const HEARTBEAT: Duration = Duration::from_secs(3);
@@ -43,6 +47,8 @@ pub struct Settings {
     pub token: String,
     pub batch_id: String,
     pub slots: u32,
+    /// Masks the job's secrets in items' output lines.
+    pub masker: Arc<Masker>,
 }
 
 impl Settings {
@@ -62,6 +68,7 @@ impl Settings {
             token: var("KILN_TOKEN")?,
             batch_id: var("KILN_BATCH_ID")?,
             slots,
+            masker: Arc::new(Masker::from_env(|name| std::env::var(name).ok())),
         })
     }
 }
@@ -313,166 +320,18 @@ impl Session<'_> {
         let outcomes = self.outcomes_tx.clone();
         let kill = self.kill.clone();
         let runner = self.runner;
+        let masker = self.settings.masker.clone();
         tokio::spawn(async move {
             let Ok(_permit) = slots.acquire_owned().await else {
                 return;
             };
             let key = item.key.clone();
-            let outcome = run_item(item, runner, &kill).await;
+            let outcome = item::run_item(item, runner, &kill, masker).await;
             running.lock().expect("running lock").remove(&key);
             if let Some(outcome) = outcome {
                 let _ = outcomes.send(outcome);
             }
         });
-    }
-}
-
-/// Runs one item; None when it was killed (cancelled batch, termination).
-async fn run_item(item: pb::ItemToRun, runner: Runner, kill: &CancellationToken) -> Option<pb::ItemOutcome> {
-    let started = Instant::now();
-    let mut outcome = pb::ItemOutcome {
-        key: item.key.clone(),
-        attempt: item.attempt,
-        round: item.round,
-        ..Default::default()
-    };
-    let program = item.command.first().cloned().unwrap_or_default();
-    if program == "kiln:noop" {
-        outcome.exit_code = Some(0);
-    } else if program == "kiln:sleep" {
-        let ms = item.command.get(1).and_then(|ms| ms.parse::<u64>().ok()).unwrap_or(0);
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(ms)) => outcome.exit_code = Some(0),
-            _ = kill.cancelled() => return None,
-        }
-    } else if program.starts_with("kiln:") {
-        outcome.reason = format!("unknown built-in {program}");
-    } else if runner == Runner::BuiltinsOnly {
-        outcome.reason = "this worker runs built-ins only (simulated machine)".into();
-    } else {
-        run_process(&item, &mut outcome, kill).await?;
-    }
-    outcome.duration_ms = started.elapsed().as_millis() as u64;
-    Some(outcome)
-}
-
-/// The last lines of an attempt's output, within [`KEPT_LINES`] and [`KEPT_BYTES`].
-#[derive(Default)]
-struct Tail {
-    lines: VecDeque<pb::LogEntry>,
-    bytes: usize,
-}
-
-impl Tail {
-    fn push(&mut self, stream: pb::LogStream, text: String) {
-        let text: String = text.chars().take(KEPT_BYTES).collect();
-        self.bytes += text.len();
-        self.lines.push_back(pb::LogEntry {
-            stream: stream as i32,
-            timestamp_ms: now_ms(),
-            text,
-        });
-        while self.lines.len() > KEPT_LINES || (self.bytes > KEPT_BYTES && self.lines.len() > 1) {
-            if let Some(old) = self.lines.pop_front() {
-                self.bytes -= old.text.len();
-            }
-        }
-    }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
-
-fn children_usage() -> (f64, u64) {
-    use nix::sys::resource::{UsageWho, getrusage};
-    match getrusage(UsageWho::RUSAGE_CHILDREN) {
-        Ok(usage) => {
-            let seconds = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
-            let cpu = seconds(usage.user_time()) + seconds(usage.system_time());
-            // Linux reports the largest child's peak, in KiB.
-            (cpu, u64::try_from(usage.max_rss()).unwrap_or(0) * 1024)
-        }
-        Err(_) => (0.0, 0),
-    }
-}
-
-async fn run_process(item: &pb::ItemToRun, outcome: &mut pb::ItemOutcome, kill: &CancellationToken) -> Option<()> {
-    let (cpu_before, _) = children_usage();
-    let mut command = tokio::process::Command::new(&item.command[0]);
-    command
-        .args(&item.command[1..])
-        .envs(&item.env)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
-    let mut child = match command.spawn() {
-        Ok(child) => child,
-        Err(error) => {
-            outcome.reason = format!("cannot start {}: {error}", item.command[0]);
-            outcome.exit_code = Some(127);
-            return Some(());
-        }
-    };
-    let pid = child.id();
-    let tail = Arc::new(Mutex::new(Tail::default()));
-    let mut readers = Vec::new();
-    if let Some(out) = child.stdout.take() {
-        readers.push(tokio::spawn(read_lines(out, pb::LogStream::Stdout, tail.clone())));
-    }
-    if let Some(err) = child.stderr.take() {
-        readers.push(tokio::spawn(read_lines(err, pb::LogStream::Stderr, tail.clone())));
-    }
-    let timeout = Duration::from_secs(item.timeout_secs.max(1));
-    let status = tokio::select! {
-        status = child.wait() => status.ok(),
-        _ = tokio::time::sleep(timeout) => {
-            kill_group(pid);
-            let _ = child.wait().await;
-            outcome.reason = format!("timed out after {} s", timeout.as_secs());
-            None
-        }
-        _ = kill.cancelled() => {
-            kill_group(pid);
-            let _ = child.wait().await;
-            return None;
-        }
-    };
-    for reader in readers {
-        let _ = reader.await;
-    }
-    if let Some(status) = status {
-        use std::os::unix::process::ExitStatusExt;
-        outcome.exit_code = status.code().or_else(|| status.signal().map(|s| 128 + s));
-        if outcome.exit_code != Some(0) {
-            outcome.reason = match status.signal() {
-                Some(signal) => format!("killed by signal {signal}"),
-                None => format!("exited with code {}", status.code().unwrap_or(-1)),
-            };
-        }
-    }
-    let (cpu_after, peak) = children_usage();
-    outcome.cpu_seconds = (cpu_after - cpu_before).max(0.0);
-    outcome.peak_memory_bytes = peak;
-    outcome.lines = std::mem::take(&mut tail.lock().expect("tail lock").lines).into();
-    Some(())
-}
-
-fn kill_group(pid: Option<u32>) {
-    if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
-        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
-    }
-}
-
-async fn read_lines(pipe: impl tokio::io::AsyncRead + Unpin, stream: pb::LogStream, tail: Arc<Mutex<Tail>>) {
-    let mut lines = BufReader::new(pipe).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
-        tail.lock().expect("tail lock").push(stream, line);
     }
 }
 
@@ -491,67 +350,5 @@ mod tests {
                 .unwrap_err()
                 .contains("\"not a url\"")
         );
-    }
-
-    #[test]
-    fn the_tail_keeps_the_last_lines_within_bounds() {
-        let mut tail = Tail::default();
-        for n in 0..500 {
-            tail.push(pb::LogStream::Stdout, format!("line {n}"));
-        }
-        assert_eq!(tail.lines.len(), KEPT_LINES);
-        assert_eq!(tail.lines.back().unwrap().text, "line 499");
-        tail.push(pb::LogStream::Stderr, "x".repeat(40_000));
-        assert_eq!(
-            tail.lines.len(),
-            1,
-            "one huge line is kept alone, cut to the byte budget"
-        );
-        assert!(tail.bytes <= KEPT_BYTES);
-    }
-
-    #[tokio::test]
-    async fn items_run_with_their_timeout_and_keep_their_output() {
-        let kill = CancellationToken::new();
-        let item = |command: &[&str], timeout_secs| pb::ItemToRun {
-            key: "k".into(),
-            attempt: 2,
-            command: command.iter().map(|s| s.to_string()).collect(),
-            env: HashMap::from([("KILN_ITEM".to_string(), "k".to_string())]),
-            timeout_secs,
-            round: 0,
-        };
-        let ok = run_item(
-            item(&["sh", "-c", "echo out $KILN_ITEM; echo err >&2"], 10),
-            Runner::Process,
-            &kill,
-        )
-        .await
-        .unwrap();
-        assert_eq!(ok.exit_code, Some(0));
-        let texts: Vec<&str> = ok.lines.iter().map(|l| l.text.as_str()).collect();
-        assert!(texts.contains(&"out k") && texts.contains(&"err"), "{texts:?}");
-        let failed = run_item(item(&["sh", "-c", "exit 3"], 10), Runner::Process, &kill)
-            .await
-            .unwrap();
-        assert_eq!(
-            (failed.exit_code, failed.reason.as_str()),
-            (Some(3), "exited with code 3")
-        );
-        let slow = run_item(item(&["sleep", "30"], 1), Runner::Process, &kill)
-            .await
-            .unwrap();
-        assert_eq!(slow.exit_code, None);
-        assert!(slow.reason.contains("timed out"), "{}", slow.reason);
-        let missing = run_item(item(&["/no/such/program"], 1), Runner::Process, &kill)
-            .await
-            .unwrap();
-        assert_eq!(missing.exit_code, Some(127));
-        let noop = run_item(item(&["kiln:noop"], 1), Runner::BuiltinsOnly, &kill)
-            .await
-            .unwrap();
-        assert_eq!(noop.exit_code, Some(0));
-        let refused = run_item(item(&["true"], 1), Runner::BuiltinsOnly, &kill).await.unwrap();
-        assert_eq!(refused.exit_code, None);
     }
 }

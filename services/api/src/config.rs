@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use kiln_core::config::{ConfigError, DatabaseConfig, GrpcConfig, NatsConfig, ObjectStoreConfig};
 use kiln_core::metrics::MetricsConfig;
+use kiln_core::secrets::SecretsConfig;
 use kiln_core::service::{ServiceConfig, problems_to_result};
 use serde::{Deserialize, Serialize};
 
@@ -21,6 +22,8 @@ pub struct Config {
     pub database: DatabaseConfig,
     pub nats: NatsConfig,
     pub objects: ObjectStoreConfig,
+    /// The key project secrets are sealed with (the runners need the same one to open them).
+    pub secrets: SecretsConfig,
     /// Where the bootstrap admin token is written (mode 0600) when the first start creates it.
     pub bootstrap_token_file: PathBuf,
     /// Largest artifact accepted, in bytes: a dataset's archive is one artifact, so this is the
@@ -40,6 +43,7 @@ impl Default for Config {
             database: DatabaseConfig::default(),
             nats: NatsConfig::default(),
             objects: ObjectStoreConfig::default(),
+            secrets: SecretsConfig::default(),
             bootstrap_token_file: PathBuf::from("./data/admin.token"),
             max_artifact_bytes: 1 << 40,
             reconcile_interval_ms: if cfg!(test) { 200 } else { 5_000 },
@@ -59,6 +63,7 @@ impl ServiceConfig for Config {
         self.nats.validate(&mut problems);
         self.objects.validate(&mut problems);
         self.metrics.validate(&mut problems);
+        self.secrets.validate(&mut problems);
         if self.max_artifact_bytes == 0 {
             problems.push("max-artifact-bytes must be at least 1".into());
         }

@@ -16,6 +16,11 @@ pub enum Error {
     DatasetMissing { name: String },
     #[error("idempotency key {key:?} was used for job {job_id} with another spec; use a new key for a new job")]
     SubmitKeyReused { key: String, job_id: String },
+    #[error("project {project} has no secret {name}; set it with `kiln secret set {name} --project {project}`")]
+    SecretMissing { project: String, name: String },
+    /// No key to seal with, a value that does not open, or a key that cannot be read.
+    #[error(transparent)]
+    Secrets(#[from] kiln_core::secrets::SecretsError),
     #[error("dataset {name} exists already; datasets are immutable, pick another name")]
     DatasetExists { name: String },
     #[error(
@@ -77,6 +82,8 @@ impl Error {
             Error::JobNotFound { .. } | Error::OutputMissing { .. } => ErrorKind::NotFound,
             Error::ArtifactMissing { .. } => ErrorKind::FailedPrecondition,
             Error::DatasetMissing { .. } | Error::DatasetInUse { .. } => ErrorKind::FailedPrecondition,
+            Error::SecretMissing { .. } => ErrorKind::FailedPrecondition,
+            Error::Secrets(error) => error.kind(),
             Error::DatasetExists { .. } | Error::SubmitKeyReused { .. } => ErrorKind::AlreadyExists,
             Error::TooLarge(_) | Error::QuotaExceeded(_) => ErrorKind::ResourceExhausted,
             Error::PermissionDenied(_) => ErrorKind::PermissionDenied,

@@ -6,6 +6,7 @@
 //! - [`datasets`]: `DatasetService` (named, immutable archives mounted read-only by jobs);
 //! - [`users`] and [`projects`]: `UserService` (users, tokens) and `ProjectService` (projects,
 //!   members in roles); `access` finds what a call addresses for [`kiln_core::authz`];
+//! - [`secrets`]: `SecretService` (project secrets, sealed at rest, never read back);
 //! - reconciler: at start and then periodically, publishes QUEUED and STOPPED changes that
 //!   were committed but not published (a crash or a NATS outage between the two);
 //! - [`config`], [`error`], [`grpc`]: configuration, the error type and its mapping to statuses.
@@ -26,6 +27,7 @@ use kiln_proto::v1::artifact_service_server::ArtifactServiceServer;
 use kiln_proto::v1::dataset_service_server::DatasetServiceServer;
 use kiln_proto::v1::job_service_server::JobServiceServer;
 use kiln_proto::v1::quota_service_server::QuotaServiceServer;
+use kiln_proto::v1::secret_service_server::SecretServiceServer;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
@@ -39,6 +41,7 @@ pub mod grpc;
 pub mod jobs;
 pub mod projects;
 pub mod quotas;
+pub mod secrets;
 pub mod service_metrics;
 pub mod users;
 
@@ -52,6 +55,8 @@ pub struct Api {
     store: Store,
     nats: Nats,
     metrics: Metrics,
+    /// The key secrets are sealed with, when the config names one.
+    secrets_key: Option<std::sync::Arc<kiln_core::secrets::SecretsKey>>,
 }
 
 impl Api {
@@ -63,6 +68,10 @@ impl Api {
         if let Some(issued) = store.bootstrap_admin().await? {
             write_secret_file(&config.bootstrap_token_file, &issued.token)?;
             tracing::info!(path = %config.bootstrap_token_file.display(), "bootstrap admin token written");
+        }
+        let secrets_key = config.secrets.load()?.map(std::sync::Arc::new);
+        if secrets_key.is_none() {
+            tracing::warn!("no [secrets] key configured: `kiln secret set` is refused until one is");
         }
         let nats = streams::connect(&config.nats).await?;
         let listener = TcpListener::bind(config.grpc.listen)
@@ -77,6 +86,7 @@ impl Api {
             store,
             nats,
             metrics: Metrics::default(),
+            secrets_key,
         })
     }
 
@@ -147,6 +157,10 @@ impl Api {
                     store: self.store.clone(),
                 },
             ))
+            .add_service(SecretServiceServer::new(secrets::SecretsApi {
+                store: self.store.clone(),
+                key: self.secrets_key.clone(),
+            }))
             .serve_with_incoming_shutdown(
                 TcpListenerStream::new(self.listener),
                 shutdown.clone().cancelled_owned(),

@@ -1,10 +1,49 @@
-//! Project secrets: their names, as environment variable names.
+//! Project secrets: their names (environment variable names), their values' limits, the key
+//! that seals them at rest ([`key`]) and the masking of their values in logs ([`mask`]).
+
+mod key;
+mod mask;
+
+pub use key::{KEY_LEN, SecretsConfig, SecretsError, SecretsKey, ensure_key_file, generate_key_hex};
+pub use mask::{MASK, Masker};
 
 /// The longest secret name.
 pub const MAX_NAME_LEN: usize = 128;
 
 /// The most secrets one job or batch may name.
 pub const MAX_PER_JOB: usize = 64;
+
+/// The largest value, in bytes.
+pub const MAX_VALUE_BYTES: usize = 64 * 1024;
+
+/// The shortest value, in bytes: logs are masked by value, and masking a value of a byte or two
+/// would mask half of every line, so shorter values are refused.
+pub const MIN_VALUE_BYTES: usize = 4;
+
+/// The variable that tells a job which of its environment variables are secrets (their names,
+/// comma-separated), so kiln-agent masks their values in per-item logs.
+pub const NAMES_VAR: &str = "KILN_SECRET_NAMES";
+
+/// Checks a secret's value: [`MIN_VALUE_BYTES`] to [`MAX_VALUE_BYTES`] bytes, no NUL (an
+/// environment variable cannot hold one).
+pub fn validate_value(value: &str) -> Result<(), String> {
+    if value.len() < MIN_VALUE_BYTES {
+        return Err(format!(
+            "the value has {} bytes; a secret has at least {MIN_VALUE_BYTES} (shorter ones cannot be masked in logs)",
+            value.len()
+        ));
+    }
+    if value.len() > MAX_VALUE_BYTES {
+        return Err(format!(
+            "the value has {} bytes; a secret has at most {MAX_VALUE_BYTES}",
+            value.len()
+        ));
+    }
+    if value.contains('\0') {
+        return Err("the value holds a NUL byte, which an environment variable cannot".into());
+    }
+    Ok(())
+}
 
 /// Checks a secret's name: an environment variable name (letters, digits and `_`, not starting
 /// with a digit), outside the `KILN_` names kiln sets itself.
@@ -92,5 +131,13 @@ mod tests {
             validate_names(&["B".into(), "A".into(), "B".into()], &env).unwrap(),
             ["A", "B"]
         );
+    }
+
+    #[test]
+    fn values_are_bounded() {
+        assert!(validate_value("abcd").is_ok());
+        assert!(validate_value("abc").unwrap_err().contains("at least 4"));
+        assert!(validate_value(&"x".repeat(MAX_VALUE_BYTES + 1)).is_err());
+        assert!(validate_value("ab\0cd").unwrap_err().contains("NUL"));
     }
 }

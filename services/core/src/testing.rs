@@ -59,6 +59,11 @@ impl NatsServer {
     }
 
     /// The base URL of its monitoring endpoint, what `metrics.nats-monitor` takes.
+    /// The server's JetStream store directory (streams' messages as the server keeps them).
+    pub fn store_dir(&self) -> &std::path::Path {
+        self._dir.path()
+    }
+
     pub fn monitor_url(&self) -> String {
         format!("http://127.0.0.1:{}", self.monitor_port)
     }

@@ -44,6 +44,19 @@ impl BatchService for BatchApi {
             .named_project(&self.shared.store, &spec.project)
             .await
             .map_err(Error::from)?;
+        if let Some(name) = self
+            .shared
+            .store
+            .missing_secret(&spec.project, &spec.secrets)
+            .await
+            .map_err(Error::from)?
+        {
+            return Err(Error::FailedPrecondition(format!(
+                "project {project} has no secret {name}; set it with `kiln secret set {name} --project {project}`",
+                project = spec.project
+            ))
+            .into());
+        }
         let record = BatchRecord {
             id: new_id(),
             owner_id: caller.user_id().to_string(),

@@ -275,6 +275,8 @@ async fn submit_worker(shared: &Shared, batch: &BatchRecord, spec: &Spec) -> Res
             batch_id: batch.id.clone(),
             market_policy: MarketPolicy::from_proto(pb::Market::try_from(spec.market).unwrap_or_default()),
             requested_pool: spec.pool.clone(),
+            // The runner opens them and injects them into the worker, whose items inherit them.
+            secrets: spec.secrets.clone(),
             ..NewJob::default()
         })
         .await?;

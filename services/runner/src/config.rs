@@ -6,6 +6,7 @@ use kiln_core::config::{ConfigError, DatabaseConfig, GrpcConfig, NatsConfig, Obj
 use kiln_core::metrics::MetricsConfig;
 pub use kiln_core::runners::OnLost;
 use kiln_core::runners::{LostPolicy, RunnerLease};
+use kiln_core::secrets::SecretsConfig;
 use kiln_core::service::{ServiceConfig, problems_to_result};
 use kiln_core::subjects::validate_token;
 use serde::{Deserialize, Serialize};
@@ -62,6 +63,8 @@ pub struct Config {
     pub database: DatabaseConfig,
     pub nats: NatsConfig,
     pub objects: ObjectStoreConfig,
+    /// The key that opens project secrets: the api's, which sealed them.
+    pub secrets: SecretsConfig,
     /// Unique name of this runner; jobs it runs carry it.
     pub runner_id: String,
     /// Pool this runner serves (`kiln.launch.<pool>`).
@@ -113,6 +116,7 @@ impl Default for Config {
             database: DatabaseConfig::default(),
             nats: NatsConfig::default(),
             objects: ObjectStoreConfig::default(),
+            secrets: SecretsConfig::default(),
             runner_id: "local".into(),
             pool: "local".into(),
             cpu_millis: 0,
@@ -148,6 +152,7 @@ impl ServiceConfig for Config {
         self.nats.validate(&mut problems);
         self.objects.validate(&mut problems);
         self.metrics.validate(&mut problems);
+        self.secrets.validate(&mut problems);
         if let Err(problem) = validate_token("runner-id", &self.runner_id) {
             problems.push(problem);
         }

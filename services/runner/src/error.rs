@@ -26,6 +26,13 @@ pub enum Error {
     Dataset(String),
     #[error("cannot restore the outputs of the earlier attempts: {0}")]
     Restore(String),
+    #[error(transparent)]
+    Secrets(#[from] kiln_core::secrets::SecretsError),
+    /// A secret the job names is gone (deleted after the job was submitted).
+    #[error(
+        "project {project} has no secret {name} any more; set it again with `kiln secret set {name} --project {project}`"
+    )]
+    SecretMissing { project: String, name: String },
     #[error("{what}: {source}")]
     Io { what: String, source: std::io::Error },
     #[error(transparent)]
@@ -58,7 +65,8 @@ impl Error {
             | Error::ImageUnsupported { .. } => ErrorKind::InvalidArgument,
             Error::Docker { .. } => ErrorKind::Unavailable,
             Error::Capacity(_) => ErrorKind::ResourceExhausted,
-            Error::Restore(_) | Error::Dataset(_) => ErrorKind::FailedPrecondition,
+            Error::Restore(_) | Error::Dataset(_) | Error::SecretMissing { .. } => ErrorKind::FailedPrecondition,
+            Error::Secrets(error) => error.kind(),
             Error::Store(error) => error.kind(),
             Error::Core(error) => error.kind(),
             Error::Nats(error) => error.kind(),

@@ -96,6 +96,9 @@ pub(crate) struct Context {
     lease: Arc<liveness::LeaseStatus>,
     datasets: datasets::DatasetCache,
     metrics: Arc<service_metrics::RunnerMetrics>,
+    /// The key that opens the secrets jobs name; `None` when the config names none (such jobs
+    /// fail to start, saying so).
+    secrets_key: Option<Arc<kiln_core::secrets::SecretsKey>>,
 }
 
 impl Context {
@@ -132,6 +135,7 @@ impl Runner {
 
     /// Binds a runner with the given GPU sampler (`None`: no GPUs can be watched).
     pub async fn bind_with_sampler(config: Config, sampler: Option<Arc<dyn GpuSampler>>) -> Result<Runner> {
+        let secrets_key = config.secrets.load()?.map(Arc::new);
         let store = Store::connect(&config.database).await?;
         store.wait_for_schema(SCHEMA_WAIT).await?;
         let nats = streams::connect(&config.nats).await?;
@@ -176,6 +180,7 @@ impl Runner {
             lease: Arc::default(),
             datasets,
             metrics: Arc::new(service_metrics::RunnerMetrics::new(&config.pool)),
+            secrets_key,
             config: Arc::new(config),
         };
         Ok(Runner {

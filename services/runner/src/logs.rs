@@ -3,10 +3,12 @@
 //! Each line gets the next sequence number of the attempt and is published on
 //! `kiln.logs.<job>` with the message id `<job>:<attempt>:<seq>`, so a retried publish is
 //! stored once. Up to [`IN_FLIGHT`] publishes await their acks at a time. The last record of an
-//! attempt has `end` set.
+//! attempt has `end` set. Every line of the job's output goes through the job's [`Masker`]
+//! first, so a secret's value is shipped as `***`.
 
 use futures::StreamExt;
 use kiln_core::ids::now_ms;
+use kiln_core::secrets::Masker;
 use kiln_core::streams::{MAX_LOG_LINE_BYTES, Nats, NatsError, Pipeline};
 use kiln_core::subjects;
 use kiln_proto::v1::{LogRecord, LogStream};
@@ -32,8 +34,9 @@ impl LogShipper {
         LogShipper { tx, publisher }
     }
 
-    /// Splits an instance's output into lines, per stream, until it ends.
-    pub fn ship(&self, mut output: OutputStream) -> JoinHandle<()> {
+    /// Splits an instance's output into lines, per stream, masks the secrets' values in them,
+    /// until it ends.
+    pub fn ship(&self, mut output: OutputStream, masker: Masker) -> JoinHandle<()> {
         let tx = self.tx.clone();
         tokio::spawn(async move {
             let mut stdout = LineSplitter::default();
@@ -45,14 +48,14 @@ impl LogShipper {
                     &mut stdout
                 };
                 for line in splitter.push(&chunk) {
-                    if tx.send((stream, line)).await.is_err() {
+                    if tx.send((stream, masker.mask(line))).await.is_err() {
                         return;
                     }
                 }
             }
             for (stream, splitter) in [(LogStream::Stdout, stdout), (LogStream::Stderr, stderr)] {
                 if let Some(line) = splitter.finish() {
-                    let _ = tx.send((stream, line)).await;
+                    let _ = tx.send((stream, masker.mask(line))).await;
                 }
             }
         })

@@ -28,6 +28,10 @@ impl Stack {
         DatasetServiceClient::with_interceptor(Self::channel(self.api_addr).await, BearerInterceptor::new(token))
     }
 
+    pub async fn secrets(&self) -> SecretServiceClient<Authed> {
+        SecretServiceClient::with_interceptor(Self::channel(self.api_addr).await, BearerInterceptor::new(&self.token))
+    }
+
     pub async fn logs_client(&self) -> LogServiceClient<Authed> {
         self.logs_as(&self.token).await
     }

@@ -16,6 +16,7 @@ use kiln_proto::v1::batch_service_client::BatchServiceClient;
 use kiln_proto::v1::dataset_service_client::DatasetServiceClient;
 use kiln_proto::v1::job_service_client::JobServiceClient;
 use kiln_proto::v1::log_service_client::LogServiceClient;
+use kiln_proto::v1::secret_service_client::SecretServiceClient;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
@@ -87,6 +88,11 @@ pub struct StackNats {
 }
 
 impl StackNats {
+    /// The JetStream store of the stack's own server (none on a cluster).
+    pub fn store_dir(&self) -> Option<&std::path::Path> {
+        self._server.as_ref().map(NatsServer::store_dir)
+    }
+
     /// One nats-server of its own.
     fn server() -> StackNats {
         let server = NatsServer::start();
@@ -316,8 +322,19 @@ fn api_config(
         database: database.clone(),
         nats: nats.config(),
         objects: objects.clone(),
+        secrets: secrets_config(dir),
         bootstrap_token_file: dir.join("admin.token"),
         reconcile_interval_ms: 200,
+        ..Default::default()
+    }
+}
+
+/// The stack's secrets key (`secrets.key` in its dir, made on first use), for its api and runners.
+pub fn secrets_config(dir: &std::path::Path) -> kiln_core::secrets::SecretsConfig {
+    let key_file = dir.join("secrets.key");
+    kiln_core::secrets::ensure_key_file(&key_file).expect("the stack's secrets key");
+    kiln_core::secrets::SecretsConfig {
+        key_file,
         ..Default::default()
     }
 }

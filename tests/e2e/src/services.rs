@@ -10,6 +10,7 @@ impl Stack {
             database: self.database.clone(),
             nats: self.nats.config(),
             objects: self.objects.clone(),
+            secrets: secrets_config(self.dir.path()),
             runner_id: runner_id.into(),
             pool: "local".into(),
             cpu_millis: 2000,

@@ -60,6 +60,12 @@ impl JobsApi {
                 return Err(Error::DatasetMissing { name: name.clone() });
             }
         }
+        if let Some(name) = self.store.missing_secret(&new.project, &new.secrets).await? {
+            return Err(Error::SecretMissing {
+                project: new.project,
+                name,
+            });
+        }
         let job = match crate::quotas::submit_within_quota(&self.store, principal, new.clone()).await {
             // A concurrent submit with the same key won the insert: answer with its job.
             Err(Error::Store(error)) if error.is_unique_violation() && !new.submit_key.is_empty() => {

@@ -17,6 +17,7 @@ pub mod entities;
 mod jobs;
 mod projects;
 mod quotas;
+mod secrets;
 mod users;
 
 pub use artifacts::NewArtifact;
@@ -24,6 +25,7 @@ pub use entities::job::Model as JobRecord;
 pub use jobs::{Change, EXTERNAL_POOL, NewJob, Usage};
 pub use projects::MemberRecord;
 pub use quotas::{QueuedCounts, QuotaRecord};
+pub use secrets::SecretRecord;
 pub use users::TokenGrant;
 
 /// StoreError is a failure of the metadata store.

@@ -256,8 +256,8 @@ async fn execute(
     controls: &Controls,
     shutdown: &CancellationToken,
 ) -> (Outcome, JobRecord, Option<Instance>) {
-    let spec = match instance_spec(ctx, &job, &gpu_devices, &host.scratch_dir, &mut host.datasets).await {
-        Ok(spec) => spec,
+    let (spec, masker) = match instance_spec(ctx, &job, &gpu_devices, &host.scratch_dir, &mut host.datasets).await {
+        Ok(prepared) => prepared,
         Err(error) => return (not_started(error), job, None),
     };
     let provisioned = ctx.provider.provision(&spec).await;
@@ -323,7 +323,7 @@ async fn execute(
     host.phase.enter(metrics::RUNNING);
     ctx.metrics.launched(host.received.elapsed());
     tracing::info!(job_id = %job.id, instance = %instance.id, "job running");
-    let reader = shipper.ship(output);
+    let reader = shipper.ship(output, masker);
     let collector = tokio::spawn(crate::collector::collect(
         ctx.clone(),
         instance.clone(),

@@ -1,7 +1,8 @@
 //! What an attempt's instance is given: the checked code, the datasets (from the runner's
 //! cache), the outputs earlier
 //! attempts synced (for a resumed attempt), kiln-agent for batch workers, and the environment
-//! with the job's token.
+//! with the job's token and its secrets (opened here, never logged: the returned [`Masker`]
+//! hides their values in the lines shipped).
 
 use std::path::{Path, PathBuf};
 
@@ -9,6 +10,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use kiln_core::auth::Scope;
 use kiln_core::objects::artifact_path;
+use kiln_core::secrets::{self, Masker, SecretsError};
 use kiln_core::store::JobRecord;
 use object_store::ObjectStoreExt;
 use sha2::{Digest, Sha256};
@@ -72,15 +74,16 @@ async fn fetch_archive(ctx: &Context, digest: &str, dest: PathBuf, what: &str) -
     Ok(dest)
 }
 
-/// Everything the instance needs: code, datasets, environment (with the job's token). The
-/// datasets' cache entries are held in `leases` until the instance is released.
+/// Everything the instance needs: code, datasets, environment (with the job's token and
+/// secrets), and the masker of the secrets' values. The datasets' cache entries are held in
+/// `leases` until the instance is released.
 pub(super) async fn instance_spec(
     ctx: &Context,
     job: &JobRecord,
     gpu_devices: &[u32],
     scratch_dir: &Path,
     leases: &mut Vec<DatasetLease>,
-) -> Result<InstanceSpec> {
+) -> Result<(InstanceSpec, Masker)> {
     let code = if job.code_digest.is_empty() {
         None
     } else {
@@ -115,6 +118,7 @@ pub(super) async fn instance_spec(
         .create_token(&job.owner_id, &format!("job {}", job.id), Scope::Job(job.id.clone()))
         .await?;
     let mut env = job.env()?;
+    let masker = open_secrets(ctx, job, &mut env).await?;
     env.insert("KILN_JOB_ID".into(), job.id.clone());
     if !job.resume_from.is_empty() {
         // Where the instance finds the restored outputs; providers whose outputs directory is
@@ -125,7 +129,7 @@ pub(super) async fn instance_spec(
     env.insert("KILN_API".into(), ctx.config.api_url.clone());
     env.insert("KILN_LOGS".into(), ctx.config.logs_url.clone());
     env.insert("KILN_TOKEN".into(), token.token);
-    Ok(InstanceSpec {
+    let spec = InstanceSpec {
         job_id: job.id.clone(),
         attempt: job.attempt,
         runner_id: ctx.config.runner_id.clone(),
@@ -146,7 +150,42 @@ pub(super) async fn instance_spec(
         },
         scratch_dir: PathBuf::from(scratch_dir),
         restore,
-    })
+    };
+    Ok((spec, masker))
+}
+
+/// Opens the secrets the job names into `env` and names them in [`secrets::NAMES_VAR`] (for
+/// kiln-agent's masking); returns the masker of their values.
+async fn open_secrets(
+    ctx: &Context,
+    job: &JobRecord,
+    env: &mut std::collections::BTreeMap<String, String>,
+) -> Result<Masker> {
+    let names = job.secrets()?;
+    if names.is_empty() {
+        return Ok(Masker::default());
+    }
+    let key = ctx
+        .secrets_key
+        .as_ref()
+        .ok_or(SecretsError::NoKey { service: "this runner" })?;
+    let mut values = Vec::with_capacity(names.len());
+    for name in &names {
+        let missing = || Error::SecretMissing {
+            project: job.project.clone(),
+            name: name.clone(),
+        };
+        let record = ctx.store.secret(&job.project, name).await?.ok_or_else(missing)?;
+        let opened = key.open(&job.project, name, &record.sealed)?;
+        let value = String::from_utf8(opened).map_err(|_| SecretsError::Open {
+            project: job.project.clone(),
+            name: name.clone(),
+        })?;
+        values.push(value.clone());
+        env.insert(name.clone(), value);
+    }
+    env.insert(secrets::NAMES_VAR.into(), names.join(","));
+    Ok(Masker::new(values.iter().map(String::as_str)))
 }
 
 /// Packs the outputs the earlier attempts synced (under `job.resume_from`) into a tar.gz in the
