@@ -129,7 +129,7 @@ fn bad_input_gets_clear_errors() {
     );
     assert_eq!(output.status.code(), Some(1));
     assert!(
-        text(&output.stderr).contains("invalid token (Unauthenticated)"),
+        text(&output.stderr).contains("unknown, revoked or expired") && text(&output.stderr).contains("(Unauthenticated)"),
         "{}",
         text(&output.stderr)
     );
@@ -260,7 +260,7 @@ fn containers_datasets_and_artifacts_from_the_cli() {
     let output = up.kiln(&["dataset", "rm", "tiny"]);
     assert!(!output.status.success());
     assert!(
-        text(&output.stderr).contains("dataset tiny does not exist"),
+        text(&output.stderr).contains("dataset tiny not found"),
         "{}",
         text(&output.stderr)
     );

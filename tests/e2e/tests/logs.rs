@@ -97,8 +97,9 @@ async fn a_job_token_writes_lines_once_and_only_to_its_own_job() {
     );
     assert_eq!(tail(&stack, &job.id, 2).await, ["epoch 2", "epoch 3"]);
 
+    // Another job does not exist for a job's token.
     let status = logs.write_logs(write(&other.id, 0, &["x"])).await.unwrap_err();
-    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
     let long = "x".repeat(16 * 1024 + 1);
     let status = logs.write_logs(write(&job.id, 9, &[&long])).await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument);
