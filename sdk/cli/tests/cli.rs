@@ -129,7 +129,8 @@ fn bad_input_gets_clear_errors() {
     );
     assert_eq!(output.status.code(), Some(1));
     assert!(
-        text(&output.stderr).contains("unknown, revoked or expired") && text(&output.stderr).contains("(Unauthenticated)"),
+        text(&output.stderr).contains("unknown, revoked or expired")
+            && text(&output.stderr).contains("(Unauthenticated)"),
         "{}",
         text(&output.stderr)
     );

@@ -116,8 +116,8 @@ pub struct Resource<'a> {
     /// What to call it in a NOT_FOUND message (`job`, `batch`, `project`...).
     pub kind: &'static str,
     pub id: &'a str,
-    /// Its project; empty for instance-wide objects (global quotas, other users), which only the
-    /// admin reaches through a role rule.
+    /// Its project; empty for instance-wide objects (global and user quotas), which only the
+    /// admin reaches through a role rule (others are refused, not told it does not exist).
     pub project: &'a str,
     /// The user id of its owner; empty when none.
     pub owner_id: &'a str,
@@ -367,6 +367,13 @@ pub fn decide(principal: &Principal, need: Need, job: JobAccess, resource: &Reso
             }
         }
     };
+    if resource.project.is_empty() {
+        // Instance-wide things (global and user quotas) are no secret, only the admin's.
+        return Err(Denied::PermissionDenied(format!(
+            "{} {} is the instance admin's to change",
+            resource.kind, resource.id
+        )));
+    }
     let Some(have) = principal.roles.get(resource.project).copied() else {
         return Err(hidden());
     };

@@ -53,6 +53,10 @@ async fn explain_gives_the_reason_the_leaders_own_configuration_and_learnt_rates
     let standby = spawn_scheduler(stack.scheduler_config("scheduler-default")).await;
 
     let (bob, carol) = (user(&stack, "bob").await, user(&stack, "carol").await);
+    for (project, member) in [("x", "bob"), ("y", "carol")] {
+        stack.create_project(project).await;
+        stack.add_member(project, member, pb::Role::Member).await;
+    }
     let in_project = |project: &str| pb::JobSpec {
         project: project.into(),
         ..job_spec(&["sleep", "3600"], 2000, 0)

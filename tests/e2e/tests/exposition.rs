@@ -22,6 +22,7 @@ async fn api_and_scheduler_export_what_they_did() {
         .unwrap()
         .expect("enabled");
 
+    stack.create_project("vision").await;
     let mut done = spec(&["sh", "-c", "echo hi"]);
     done.project = "vision".into();
     let done = stack.submit_spec(done).await;

@@ -253,16 +253,20 @@ mod write_and_query {
                 .unwrap(),
             3
         );
+        // Another job does not exist for a job's token.
         let status = write(&stack, &token, &other.id, points("x", 0..3, |_| 1.0))
             .await
             .unwrap_err();
-        assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
-        let request = pb::QueryMetricsRequest {
-            job_ids: vec![job.id.clone()],
+        assert_eq!(status.code(), Code::NotFound, "{status:?}");
+        // It reads its own job (the issue: "read and write only that job"), and no other.
+        let query = |job_id: &str| pb::QueryMetricsRequest {
+            job_ids: vec![job_id.to_string()],
             ..Default::default()
         };
-        let status = stack.logs_as(&token).await.query_metrics(request).await.unwrap_err();
-        assert_eq!(status.code(), Code::PermissionDenied);
+        let mut logs = stack.logs_as(&token).await;
+        logs.query_metrics(query(&job.id)).await.expect("its own job's metrics");
+        let status = logs.query_metrics(query(&other.id)).await.unwrap_err();
+        assert_eq!(status.code(), Code::NotFound, "{status:?}");
     }
 
     #[tokio::test]
