@@ -192,7 +192,6 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
-    use crate::mask;
 
     #[test]
     fn the_tail_keeps_the_last_lines_within_bounds() {
@@ -222,7 +221,7 @@ mod tests {
             timeout_secs,
             round: 0,
         };
-        let secrets = HashMap::from([(mask::NAMES_VAR, "TOKEN"), ("TOKEN", "s3cr3t")]);
+        let secrets = HashMap::from([(kiln_formats::mask::NAMES_VAR, "TOKEN"), ("TOKEN", "s3cr3t")]);
         let masker = Masker::from_env(|name| secrets.get(name).map(|v| v.to_string()));
         let ok = run_item(
             item(&["sh", "-c", "echo out $KILN_ITEM; echo err s3cr3t >&2"], 10),

@@ -8,7 +8,7 @@
 //! reconnects; outcomes not yet sent go on the new session. It exits when item-batch says stop:
 //! after its running items when the work is done, at once (killing them) when the batch is
 //! cancelled. [`item`] runs one item; the values of the job's secrets are masked in the lines
-//! it keeps ([`mask`]).
+//! it keeps ([`kiln_formats::mask`]).
 #![forbid(unsafe_code)]
 
 use std::collections::HashMap;
@@ -26,9 +26,8 @@ use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, Endpoint};
 
 mod item;
-pub mod mask;
 
-pub use mask::Masker;
+pub use kiln_formats::mask::Masker;
 
 /// How often running items are reported alive.
 pub const HEARTBEAT: Duration = Duration::from_secs(3);

@@ -1,11 +1,11 @@
 //! Project secrets: their names (environment variable names), their values' limits, the key
-//! that seals them at rest ([`key`]) and the masking of their values in logs ([`mask`]).
+//! that seals them at rest ([`key`]); their values are masked in logs by
+//! [`kiln_formats::mask::Masker`].
 
 mod key;
-mod mask;
 
 pub use key::{KEY_LEN, SecretsConfig, SecretsError, SecretsKey, ensure_key_file, generate_key_hex};
-pub use mask::{MASK, Masker};
+pub use kiln_formats::mask::{MASK, MIN_VALUE_BYTES, Masker, NAMES_VAR};
 
 /// The longest secret name.
 pub const MAX_NAME_LEN: usize = 128;
@@ -15,14 +15,6 @@ pub const MAX_PER_JOB: usize = 64;
 
 /// The largest value, in bytes.
 pub const MAX_VALUE_BYTES: usize = 64 * 1024;
-
-/// The shortest value, in bytes: logs are masked by value, and masking a value of a byte or two
-/// would mask half of every line, so shorter values are refused.
-pub const MIN_VALUE_BYTES: usize = 4;
-
-/// The variable that tells a job which of its environment variables are secrets (their names,
-/// comma-separated), so kiln-agent masks their values in per-item logs.
-pub const NAMES_VAR: &str = "KILN_SECRET_NAMES";
 
 /// Checks a secret's value: [`MIN_VALUE_BYTES`] to [`MAX_VALUE_BYTES`] bytes, no NUL (an
 /// environment variable cannot hold one).

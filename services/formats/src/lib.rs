@@ -18,6 +18,7 @@ pub mod chunks;
 pub mod columns;
 pub mod error;
 pub mod image;
+pub mod mask;
 pub mod template;
 
 pub use error::{Error, Result};
