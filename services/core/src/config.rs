@@ -192,18 +192,30 @@ impl Default for ObjectStoreConfig {
     }
 }
 
-/// GrpcConfig says where a service listens.
+/// GrpcConfig says where a service listens, and with which TLS (`[grpc.tls]`, off by default).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct GrpcConfig {
     pub listen: std::net::SocketAddr,
+    #[serde(default)]
+    pub tls: crate::tls::ServerTlsConfig,
 }
 
 impl GrpcConfig {
     pub fn local(port: u16) -> Self {
+        GrpcConfig::at(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+    }
+
+    /// Listens on `listen`, in plain text.
+    pub fn at(listen: std::net::SocketAddr) -> Self {
         GrpcConfig {
-            listen: std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+            listen,
+            tls: crate::tls::ServerTlsConfig::default(),
         }
+    }
+
+    pub fn validate(&self, problems: &mut Vec<String>) {
+        self.tls.validate("grpc.tls", problems);
     }
 }
 

@@ -12,6 +12,7 @@
 //!   done with a lost runner's jobs;
 //! - [`auth`]: bearer tokens, the server auth layer and the client interceptor;
 //! - [`scheduling`] and [`quotas`]: the names and quota checks the scheduler and the api share;
+//! - [`tls`]: TLS for gRPC servers (reloaded certificates, client certificates) and clients;
 //! - [`objects`]: the blob store; [`telemetry`] and [`shutdown`]: process plumbing.
 #![forbid(unsafe_code)]
 
@@ -38,6 +39,7 @@ pub mod subjects;
 pub mod telemetry;
 #[cfg(feature = "test-util")]
 pub mod testing;
+pub mod tls;
 
 pub use error::ErrorKind;
 pub use state::JobState;
