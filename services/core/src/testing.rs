@@ -67,6 +67,7 @@ impl NatsServer {
         NatsConfig {
             url: self.url.clone(),
             replicas: 1,
+            ..NatsConfig::default()
         }
     }
 }
@@ -196,6 +197,7 @@ impl NatsCluster {
         NatsConfig {
             url: self.url.clone(),
             replicas: Self::SIZE,
+            ..NatsConfig::default()
         }
     }
 

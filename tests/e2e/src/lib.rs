@@ -169,9 +169,7 @@ pub fn static_agent_binary() -> std::path::PathBuf {
 }
 
 fn ephemeral() -> GrpcConfig {
-    GrpcConfig {
-        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-    }
+    GrpcConfig::at(SocketAddr::from(([127, 0, 0, 1], 0)))
 }
 
 impl Stack {
@@ -308,7 +306,7 @@ fn api_config(
     listen: SocketAddr,
 ) -> kiln_api::Config {
     kiln_api::Config {
-        grpc: GrpcConfig { listen },
+        grpc: GrpcConfig::at(listen),
         database: database.clone(),
         nats: nats.config(),
         objects: objects.clone(),
