@@ -25,7 +25,6 @@ use kiln_proto::v1::dataset_service_server::DatasetServiceServer;
 use kiln_proto::v1::job_service_server::JobServiceServer;
 use kiln_proto::v1::quota_service_server::QuotaServiceServer;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 pub mod artifacts;
@@ -131,7 +130,7 @@ impl Api {
                 store: self.store.clone(),
             }))
             .serve_with_incoming_shutdown(
-                TcpListenerStream::new(self.listener),
+                kiln_core::tls::incoming(self.listener, &self.config.grpc.tls)?,
                 shutdown.clone().cancelled_owned(),
             )
             .await;

@@ -34,6 +34,8 @@ pub enum Error {
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
     #[error(transparent)]
+    Tls(#[from] kiln_core::tls::TlsError),
+    #[error(transparent)]
     Metrics(#[from] kiln_core::metrics::MetricsError),
 }
 
@@ -47,6 +49,7 @@ impl Error {
             Error::FailedPrecondition(_) | Error::AnotherLogIngest { .. } => ErrorKind::FailedPrecondition,
             Error::Store(error) => error.kind(),
             Error::Nats(error) => error.kind(),
+            Error::Tls(error) => error.kind(),
             Error::LogStore(_) | Error::Bind { .. } | Error::Serve(_) | Error::Metrics(_) => ErrorKind::Internal,
         }
     }

@@ -38,7 +38,6 @@ use provider::process::ProcessProvider;
 use provider::{Capacity, Provider};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 pub mod bundle;
@@ -238,7 +237,7 @@ impl Runner {
             .layer(rpc_metrics)
             .add_service(health_service)
             .serve_with_incoming_shutdown(
-                TcpListenerStream::new(self.listener),
+                kiln_core::tls::incoming(self.listener, &ctx.config.grpc.tls)?,
                 shutdown.clone().cancelled_owned(),
             );
         tasks.spawn(async move {

@@ -34,7 +34,6 @@ use kiln_proto::v1 as pb;
 use prost::Message;
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, watch};
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 pub mod config;
@@ -135,7 +134,7 @@ impl Scheduler {
                 .layer(rpc_metrics)
                 .add_service(health_service)
                 .serve_with_incoming_shutdown(
-                    TcpListenerStream::new(self.listener),
+                    kiln_core::tls::incoming(self.listener, &self.config.grpc.tls)?,
                     shutdown.clone().cancelled_owned(),
                 ),
         );
