@@ -54,3 +54,52 @@ pub fn endpoint(url: &str, tls: &ClientTlsConfig) -> Result<Endpoint, TlsError> 
     }
     endpoint.tls_config(config).map_err(|e| url_error(e.to_string()))
 }
+
+/// The variables jobs and batch workers find their TLS settings in, as PEM text (kiln-agent and
+/// the Python SDK read them; the agent, which does not link this crate, spells them itself).
+pub const ENV_CA_PEM: &str = "KILN_CA_PEM";
+pub const ENV_CLIENT_CERT_PEM: &str = "KILN_CLIENT_CERT_PEM";
+pub const ENV_CLIENT_KEY_PEM: &str = "KILN_CLIENT_KEY_PEM";
+
+impl ClientTlsConfig {
+    /// Adds what is wrong with the files to `problems`, prefixing each with `section`.
+    pub fn validate(&self, section: &str, problems: &mut Vec<String>) {
+        if let Some(path) = &self.ca_file
+            && let Err(error) = load_certs(path)
+        {
+            problems.push(format!("{section}: {error}"));
+        }
+        match (&self.cert_file, &self.key_file) {
+            (Some(cert), Some(key)) => {
+                if let Err(error) = super::load_certified_key(cert, key) {
+                    problems.push(format!("{section}: {error}"));
+                }
+            }
+            (None, None) => {}
+            _ => problems.push(format!(
+                "{section}.cert-file and {section}.key-file go together: set both or neither"
+            )),
+        }
+    }
+
+    /// The environment a job gets for these settings: the files' PEM text, read now, so a
+    /// renewed file reaches the next job.
+    pub fn job_env(&self) -> Result<Vec<(&'static str, String)>, TlsError> {
+        let mut env = Vec::new();
+        for (name, path) in [
+            (ENV_CA_PEM, &self.ca_file),
+            (ENV_CLIENT_CERT_PEM, &self.cert_file),
+            (ENV_CLIENT_KEY_PEM, &self.key_file),
+        ] {
+            if let Some(path) = path {
+                let text = String::from_utf8(read(path)?).map_err(|e| TlsError::Pem {
+                    path: path.clone(),
+                    what: "text",
+                    message: e.to_string(),
+                })?;
+                env.push((name, text));
+            }
+        }
+        Ok(env)
+    }
+}

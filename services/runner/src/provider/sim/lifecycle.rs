@@ -25,6 +25,7 @@ fn agent_settings(spec: &InstanceSpec) -> Option<kiln_agent::Settings> {
         addr: spec.env.get("KILN_ITEMS_ADDR")?.clone(),
         token: spec.env.get("KILN_TOKEN")?.clone(),
         slots: 1,
+        tls: kiln_agent::TlsSettings::from_vars(|name| spec.env.get(name).cloned()).ok()?,
     })
 }
 
