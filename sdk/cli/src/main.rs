@@ -25,6 +25,8 @@ const BROKEN_PIPE_EXIT: u8 = 141;
 #[derive(Parser)]
 #[command(name = "kiln", version, about = "Run machine-learning jobs on rented machines")]
 struct Cli {
+    #[command(flatten)]
+    tls: client::TlsFlags,
     #[command(subcommand)]
     command: Command,
 }
@@ -97,6 +99,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    client::set_tls_flags(cli.tls.into());
     if let Command::Completions { shell } = cli.command {
         return finish(completions(shell));
     }
