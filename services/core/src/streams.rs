@@ -58,6 +58,7 @@ pub struct Nats {
 
 /// The options of `config`'s TLS and authentication settings.
 async fn auth_options(config: &NatsConfig) -> Result<async_nats::ConnectOptions, NatsError> {
+    crate::tls::install_default_provider();
     let credentials_error = |path: &std::path::Path, message: String| NatsError::Credentials {
         path: path.display().to_string(),
         message,

@@ -338,8 +338,10 @@ pub fn s3_objects_config(what: &str) -> crate::config::ObjectStoreConfig {
 
 mod certs;
 mod exposition;
+mod secure_nats;
 
 pub use certs::{CertFiles, TestCa};
+pub use secure_nats::SecureNatsServer;
 
 pub use exposition::{
     Sample, assert_no_ids_in_labels, http_get, promtool_binary, promtool_check_metrics, sample_value, samples,

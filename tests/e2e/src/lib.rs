@@ -9,7 +9,7 @@ use std::time::Duration;
 use kiln_core::auth::BearerInterceptor;
 use kiln_core::config::{DatabaseConfig, GrpcConfig, NatsConfig, ObjectStoreConfig};
 use kiln_core::store::Store;
-use kiln_core::testing::{NatsCluster, NatsServer, sqlite_config};
+use kiln_core::testing::{NatsCluster, NatsServer, SecureNatsServer, sqlite_config};
 use kiln_proto::v1 as pb;
 use kiln_proto::v1::artifact_service_client::ArtifactServiceClient;
 use kiln_proto::v1::batch_service_client::BatchServiceClient;
@@ -83,6 +83,8 @@ pub struct StackNats {
     config: NatsConfig,
     _server: Option<NatsServer>,
     pub cluster: Option<NatsCluster>,
+    /// The server of [`Stack::start_on_secure_nats`] (TLS with client certificates, an NKey).
+    pub secure: Option<SecureNatsServer>,
 }
 
 impl StackNats {
@@ -94,6 +96,7 @@ impl StackNats {
             config: server.config(),
             _server: Some(server),
             cluster: None,
+            secure: None,
         }
     }
 
@@ -203,10 +206,27 @@ impl Stack {
                 config: cluster.config(),
                 _server: None,
                 cluster: Some(cluster),
+                secure: None,
             },
             None,
         )
         .await;
+        stack.runner = Some(stack.spawn_runner(stack.runner_config("runner-1")).await);
+        stack
+    }
+
+    /// Starts api, log-ingest, the scheduler and `runner-1` on a nats-server that requires TLS
+    /// with a client certificate and an NKey user (`kiln_core::testing::SecureNatsServer`).
+    pub async fn start_on_secure_nats() -> Stack {
+        let secure = SecureNatsServer::start();
+        let nats = StackNats {
+            url: secure.server.url.clone(),
+            config: secure.config(),
+            _server: None,
+            cluster: None,
+            secure: Some(secure),
+        };
+        let mut stack = Stack::start_services(nats, None).await;
         stack.runner = Some(stack.spawn_runner(stack.runner_config("runner-1")).await);
         stack
     }

@@ -8,7 +8,8 @@
 //!
 //! Only the `ring` provider is used (the agent is a static musl binary); it is named
 //! explicitly because `aws-lc-rs` is in the build too (object_store's HTTP client), and rustls
-//! refuses to guess between two.
+//! refuses to guess between two; [`install_default_provider`] makes it the default for the
+//! libraries that do not name one (async-nats).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -116,6 +117,16 @@ impl ServerTlsConfig {
 /// The one crypto provider of kiln's TLS.
 pub(crate) fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Makes `ring` the process's default rustls provider, for libraries that ask rustls for the
+/// default (async-nats does, and panics when both ring and aws-lc-rs are built in). Idempotent;
+/// a provider installed before wins.
+pub fn install_default_provider() {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
 }
 
 pub(crate) fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
