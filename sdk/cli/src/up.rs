@@ -306,7 +306,8 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
         logs: format!("{scheme}://{logs_addr}"),
         batches: format!("{scheme}://{batches_addr}"),
         token,
-        ca_file: args.tls.tls_ca.clone(),
+        // Absolute: clients read it from wherever they run.
+        ca_file: args.tls.tls_ca.as_deref().map(std::path::absolute).transpose()?,
         cert_file: None,
         key_file: None,
     };

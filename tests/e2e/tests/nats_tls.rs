@@ -29,7 +29,10 @@ async fn services_work_through_tls_and_nkey_auth_and_others_are_refused() {
                 .map(drop)
         }
     };
-    let seed = std::fs::read_to_string(&secure.seed_file).unwrap().trim().to_string();
+    let seed = std::fs::read_to_string(&secure.security.seed_file)
+        .unwrap()
+        .trim()
+        .to_string();
     let tls = || {
         async_nats::ConnectOptions::new()
             .require_tls(true)
