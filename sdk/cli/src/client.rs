@@ -189,7 +189,7 @@ async fn channel(addr: &str, tls: &ClientTlsConfig) -> Result<Channel> {
 }
 
 /// An error and its sources, `: `-separated (tonic's transport error alone says "transport error").
-fn error_chain(error: &dyn std::error::Error) -> String {
+pub fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

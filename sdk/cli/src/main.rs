@@ -160,7 +160,13 @@ fn finish(result: anyhow::Result<ExitCode>) -> ExitCode {
         Err(error) if format::is_broken_pipe(&error) => ExitCode::from(BROKEN_PIPE_EXIT),
         Err(error) => {
             match error.downcast_ref::<tonic::Status>() {
-                Some(status) => eprintln!("error: {} ({:?})", status.message(), status.code()),
+                Some(status) => {
+                    // A refused TLS client certificate shows only in the transport error under it.
+                    let cause = std::error::Error::source(status)
+                        .map(|source| format!(": {}", client::error_chain(source)))
+                        .unwrap_or_default();
+                    eprintln!("error: {} ({:?}){cause}", status.message(), status.code())
+                }
                 None => eprintln!("error: {error:#}"),
             }
             ExitCode::FAILURE

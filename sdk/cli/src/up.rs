@@ -194,6 +194,9 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
     };
     let objects = ObjectStoreConfig::local(home.join("objects"));
     let server_tls = args.tls.server()?;
+    if let Some(warning) = args.tls.warning() {
+        eprintln!("kiln: warning: {warning}");
+    }
     let grpc = |listen: SocketAddr| GrpcConfig {
         listen,
         tls: server_tls.clone(),

@@ -55,6 +55,13 @@ impl TlsArgs {
         Ok(tls)
     }
 
+    /// A warning for settings that leave jobs and batch workers unable to reach kiln.
+    pub fn warning(&self) -> Option<&'static str> {
+        (self.tls_client_ca.is_some() && self.job_client_cert.is_none()).then_some(
+            "--tls-client-ca without --job-client-cert/--job-client-key: jobs and batch workers have no client certificate, so they cannot reach kiln",
+        )
+    }
+
     /// What jobs and batch workers trust and present (the runner's `job-tls`).
     pub fn jobs(&self) -> ClientTlsConfig {
         ClientTlsConfig {
