@@ -46,12 +46,18 @@ impl TestCa {
     /// Signs a server certificate for `localhost` and `127.0.0.1`, written as `<name>.pem`
     /// and `<name>.key`.
     pub fn server_cert(&self, name: &str) -> CertFiles {
-        self.sign(name, ExtendedKeyUsagePurpose::ServerAuth)
+        self.server_cert_for(name, &[])
+    }
+
+    /// Signs a server certificate for `localhost`, `127.0.0.1` and `more_names` (host names or
+    /// IP addresses: the Docker bridge's gateway that containers reach the host at).
+    pub fn server_cert_for(&self, name: &str, more_names: &[&str]) -> CertFiles {
+        self.sign(name, ExtendedKeyUsagePurpose::ServerAuth, more_names)
     }
 
     /// Signs a client certificate, written as `<name>.pem` and `<name>.key`.
     pub fn client_cert(&self, name: &str) -> CertFiles {
-        self.sign(name, ExtendedKeyUsagePurpose::ClientAuth)
+        self.sign(name, ExtendedKeyUsagePurpose::ClientAuth, &[])
     }
 
     /// `[grpc.tls]` serving a new certificate of this CA, verifying client certificates against
@@ -76,9 +82,12 @@ impl TestCa {
         }
     }
 
-    fn sign(&self, name: &str, usage: ExtendedKeyUsagePurpose) -> CertFiles {
-        let mut params =
-            CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).expect("cert params");
+    fn sign(&self, name: &str, usage: ExtendedKeyUsagePurpose, more_names: &[&str]) -> CertFiles {
+        let names = ["localhost", "127.0.0.1"]
+            .iter()
+            .chain(more_names)
+            .map(|n| n.to_string());
+        let mut params = CertificateParams::new(names.collect::<Vec<_>>()).expect("cert params");
         params.distinguished_name.push(DnType::CommonName, name);
         params.extended_key_usages = vec![usage];
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
