@@ -9,6 +9,8 @@
 #   scripts/cluster.sh down    stop it and everything it started
 #   scripts/cluster.sh status  say whether it runs, and where its logs are
 #
+# KILN_CLUSTER_TLS=1 makes it TLS-only (client certificates on every gRPC listener, NATS with TLS
+# and an NKey user); the exports then name the CA and a client certificate too.
 # KILN_CLUSTER_DIR (default /tmp/kiln-cluster) holds configs, logs and data. Cassandra comes from
 # KILN_TEST_SCYLLA_NODES and the S3 server from KILN_TEST_S3_* when set, else they are started
 # here (scripts/cassandra, scripts/s3-server.sh). Run
@@ -57,7 +59,9 @@ up() {
     touch "$dir/s3.ours"
   fi
   log "starting the topology (logs in $dir/logs)"
-  nohup "$binary" --dir "$dir/topology" --exports-file "$dir/exports" >"$dir/topology.log" 2>&1 &
+  local tls=()
+  [ "${KILN_CLUSTER_TLS:-0}" = 1 ] && tls=(--tls)
+  nohup "$binary" --dir "$dir/topology" --exports-file "$dir/exports" "${tls[@]}" >"$dir/topology.log" 2>&1 &
   echo $! >"$dir/topology.pid"
   for _ in $(seq 1 600); do
     [ -s "$dir/exports" ] && break

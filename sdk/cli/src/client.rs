@@ -1,11 +1,15 @@
 //! Finding and talking to a kiln endpoint: credentials from `KILN_HOME/credentials.toml`
 //! (written by `kiln up`), overridden by `KILN_ADDR`, `KILN_LOGS_ADDR`, `KILN_BATCH_ADDR` and
-//! `KILN_TOKEN`.
+//! `KILN_TOKEN`. `https://` addresses trust `--ca-file` (`KILN_CA_FILE`, the file's `ca-file`),
+//! else the system roots, and present `--client-cert`/`--client-key` (`KILN_CLIENT_CERT`,
+//! `KILN_CLIENT_KEY`, `cert-file`/`key-file`) to servers that require a client certificate.
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use anyhow::{Context, Result, bail};
 use kiln_core::auth::BearerInterceptor;
+use kiln_core::tls::ClientTlsConfig;
 use kiln_proto::v1::artifact_service_client::ArtifactServiceClient;
 use kiln_proto::v1::batch_service_client::BatchServiceClient;
 use kiln_proto::v1::dataset_service_client::DatasetServiceClient;
@@ -18,7 +22,7 @@ use kiln_proto::v1::secret_service_client::SecretServiceClient;
 use kiln_proto::v1::user_service_client::UserServiceClient;
 use serde::{Deserialize, Serialize};
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 /// The file `kiln up` writes for clients.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -29,6 +33,59 @@ pub struct Credentials {
     #[serde(default)]
     pub batches: String,
     pub token: String,
+    /// The CA of `https://` addresses (the system roots when unset).
+    #[serde(default, rename = "ca-file", skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
+    /// A client certificate and key, for servers that require one.
+    #[serde(default, rename = "cert-file", skip_serializing_if = "Option::is_none")]
+    pub cert_file: Option<PathBuf>,
+    #[serde(default, rename = "key-file", skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<PathBuf>,
+}
+
+/// How the client commands connect to `https://` addresses.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct TlsFlags {
+    /// PEM CA certificates that kiln's certificate is checked against (default: KILN_CA_FILE,
+    /// the credentials file's ca-file, else the system roots).
+    #[arg(long, global = true, value_name = "PATH")]
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate, for servers that require one (default: KILN_CLIENT_CERT).
+    #[arg(long, global = true, value_name = "PATH", requires = "client_key")]
+    pub client_cert: Option<PathBuf>,
+    /// PEM key of --client-cert (default: KILN_CLIENT_KEY).
+    #[arg(long, global = true, value_name = "PATH", requires = "client_cert")]
+    pub client_key: Option<PathBuf>,
+}
+
+impl From<TlsFlags> for ClientTlsConfig {
+    fn from(flags: TlsFlags) -> Self {
+        ClientTlsConfig {
+            ca_file: flags.ca_file,
+            cert_file: flags.client_cert,
+            key_file: flags.client_key,
+        }
+    }
+}
+
+/// The TLS flags of the command line (`--ca-file`, `--client-cert`, `--client-key`), set once
+/// by `main` before any command runs; they win over the environment and the file.
+static TLS_FLAGS: OnceLock<ClientTlsConfig> = OnceLock::new();
+
+pub fn set_tls_flags(flags: ClientTlsConfig) {
+    let _ = TLS_FLAGS.set(flags);
+}
+
+/// The TLS settings of the command line and the environment alone (what `kiln login` stores):
+/// the CA file, the client certificate and its key.
+pub fn tls_paths() -> (Option<PathBuf>, Option<PathBuf>, Option<PathBuf>) {
+    let flags = TLS_FLAGS.get().cloned().unwrap_or_default();
+    let env = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    (
+        flags.ca_file.or_else(|| env("KILN_CA_FILE")),
+        flags.cert_file.or_else(|| env("KILN_CLIENT_CERT")),
+        flags.key_file.or_else(|| env("KILN_CLIENT_KEY")),
+    )
 }
 
 /// Returns `KILN_HOME`, by default `~/.kiln`.
@@ -87,11 +144,19 @@ pub fn resolve() -> Result<Credentials> {
     let batches = env("KILN_BATCH_ADDR")
         .or_else(|| file.as_ref().map(|f| f.batches.clone()).filter(|b| !b.is_empty()))
         .unwrap_or_else(|| api.clone());
+    let flags = TLS_FLAGS.get().cloned().unwrap_or_default();
+    let path_setting = |flag: Option<PathBuf>, var: &str, from_file: fn(&Credentials) -> Option<PathBuf>| {
+        flag.or_else(|| env(var).map(PathBuf::from))
+            .or_else(|| file.as_ref().and_then(from_file))
+    };
     Ok(normalized(&Credentials {
         api,
         logs,
         batches,
         token,
+        ca_file: path_setting(flags.ca_file, "KILN_CA_FILE", |f| f.ca_file.clone()),
+        cert_file: path_setting(flags.cert_file, "KILN_CLIENT_CERT", |f| f.cert_file.clone()),
+        key_file: path_setting(flags.key_file, "KILN_CLIENT_KEY", |f| f.key_file.clone()),
     }))
 }
 
@@ -101,7 +166,18 @@ pub fn normalized(credentials: &Credentials) -> Credentials {
         api: normalize(&credentials.api),
         logs: normalize(&credentials.logs),
         batches: normalize(&credentials.batches),
-        token: credentials.token.clone(),
+        ..credentials.clone()
+    }
+}
+
+impl Credentials {
+    /// The TLS settings of its `https://` addresses.
+    pub fn tls(&self) -> ClientTlsConfig {
+        ClientTlsConfig {
+            ca_file: self.ca_file.clone(),
+            cert_file: self.cert_file.clone(),
+            key_file: self.key_file.clone(),
+        }
     }
 }
 
@@ -130,26 +206,43 @@ pub struct Clients {
     pub secrets: SecretServiceClient<Authed>,
 }
 
-async fn channel(addr: &str) -> Result<Channel> {
-    Endpoint::from_shared(addr.to_string())
-        .with_context(|| format!("invalid address {addr:?}"))?
+async fn channel(addr: &str, tls: &ClientTlsConfig) -> Result<Channel> {
+    let hint = if addr.starts_with("https://") {
+        "is kiln running there, and does --ca-file (KILN_CA_FILE) name the CA of its certificate?"
+    } else {
+        "is `kiln up` running? (an https:// server refuses http:// clients)"
+    };
+    kiln_core::tls::endpoint(addr, tls)?
         .connect_timeout(std::time::Duration::from_secs(5))
         .connect()
         .await
-        .with_context(|| format!("cannot reach kiln at {addr}; is `kiln up` running?"))
+        .map_err(|error| anyhow::anyhow!("cannot reach kiln at {addr} ({}); {hint}", error_chain(&error)))
+}
+
+/// An error and its sources, `: `-separated (tonic's transport error alone says "transport error").
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 pub async fn connect(credentials: &Credentials) -> Result<Clients> {
-    let api = channel(&credentials.api).await?;
+    let tls = credentials.tls();
+    let api = channel(&credentials.api, &tls).await?;
     let logs = if credentials.logs == credentials.api {
         api.clone()
     } else {
-        channel(&credentials.logs).await?
+        channel(&credentials.logs, &tls).await?
     };
     let batches = if credentials.batches == credentials.api {
         api.clone()
     } else {
-        channel(&credentials.batches).await?
+        channel(&credentials.batches, &tls).await?
     };
     let auth = BearerInterceptor::new(&credentials.token);
     Ok(Clients {

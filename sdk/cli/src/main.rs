@@ -27,6 +27,8 @@ const BROKEN_PIPE_EXIT: u8 = 141;
 #[derive(Parser)]
 #[command(name = "kiln", version, about = "Run machine-learning jobs on rented machines")]
 struct Cli {
+    #[command(flatten)]
+    tls: client::TlsFlags,
     #[command(subcommand)]
     command: Command,
 }
@@ -124,6 +126,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    client::set_tls_flags(cli.tls.into());
     if let Command::Completions { shell } = cli.command {
         return finish(completions(shell));
     }
@@ -195,7 +198,13 @@ fn finish(result: anyhow::Result<ExitCode>) -> ExitCode {
         Err(error) if format::is_broken_pipe(&error) => ExitCode::from(BROKEN_PIPE_EXIT),
         Err(error) => {
             match error.downcast_ref::<tonic::Status>() {
-                Some(status) => eprintln!("error: {} ({:?})", status.message(), status.code()),
+                Some(status) => {
+                    // A refused TLS client certificate shows only in the transport error under it.
+                    let cause = std::error::Error::source(status)
+                        .map(|source| format!(": {}", client::error_chain(source)))
+                        .unwrap_or_default();
+                    eprintln!("error: {} ({:?}){cause}", status.message(), status.code())
+                }
                 None => eprintln!("error: {error:#}"),
             }
             ExitCode::FAILURE

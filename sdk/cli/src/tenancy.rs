@@ -402,11 +402,15 @@ pub async fn whoami(output: Output) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Reads a token from stdin, checks it against the api and stores it with the addresses in
-/// `KILN_HOME/credentials.toml` (mode 0600).
+/// Reads a token from stdin, checks it against the api and stores it with the addresses (and
+/// the `--ca-file`/client certificate settings given) in `KILN_HOME/credentials.toml` (0600).
 pub async fn login(args: LoginArgs) -> Result<ExitCode> {
     let token = read_token()?;
+    let (ca_file, cert_file, key_file) = client::tls_paths();
     let credentials = Credentials {
+        ca_file,
+        cert_file,
+        key_file,
         logs: args.logs_addr.unwrap_or_else(|| args.addr.clone()),
         batches: args.batch_addr.unwrap_or_else(|| args.addr.clone()),
         api: args.addr,

@@ -16,6 +16,8 @@ use crate::client::{self, Credentials};
 use crate::nats_child::NatsChild;
 use crate::tools::{self, ToolDirs};
 
+mod tls;
+
 /// The nats-server version the scripts install and `kiln up` is tested with.
 pub const NATS_SERVER_VERSION: &str = "2.15.1";
 
@@ -34,9 +36,9 @@ pub struct UpArgs {
     #[arg(long, default_value = "127.0.0.1:7071")]
     pub logs_addr: SocketAddr,
     /// Address of item-batch (BatchService, and the agents of batch workers). Workers in
-    /// containers reach it through the Docker bridge's gateway, so by default it listens on
-    /// every interface (every call needs a token); 127.0.0.1:7075 when no batch uses --image.
-    #[arg(long, default_value = "0.0.0.0:7075")]
+    /// containers reach it through the Docker bridge's gateway: for batches with --image, listen
+    /// on 0.0.0.0:7075, with --tls-cert/--tls-key (or --insecure).
+    #[arg(long, default_value = "127.0.0.1:7075")]
     pub batch_addr: SocketAddr,
     /// The static kiln-agent put into batch workers' containers (scripts/setup.sh builds it
     /// and installs it as kiln-agent in its tools; default: found like nats-server); without
@@ -68,6 +70,8 @@ pub struct UpArgs {
     /// Time a stopped job gets between SIGTERM and SIGKILL, in seconds.
     #[arg(long, default_value_t = 10)]
     pub grace_period: u64,
+    #[command(flatten)]
+    pub tls: tls::TlsArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -131,6 +135,11 @@ pub async fn up(args: UpArgs) -> Result<ExitCode> {
     let home = args.home.clone().unwrap_or_else(client::kiln_home);
     std::fs::create_dir_all(&home).with_context(|| format!("cannot create {}", home.display()))?;
     let home = home.canonicalize()?;
+    args.tls.check_exposure(&[
+        ("--api-addr", args.api_addr),
+        ("--logs-addr", args.logs_addr),
+        ("--batch-addr", args.batch_addr),
+    ])?;
     let _lock = lock_home(&home)?;
 
     let nats_child = match &args.nats_url {
@@ -181,11 +190,19 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
     let nats = NatsConfig {
         url: nats_url.to_string(),
         replicas: 1,
+        ..NatsConfig::default()
     };
     let objects = ObjectStoreConfig::local(home.join("objects"));
-    let ephemeral = GrpcConfig {
-        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+    let server_tls = args.tls.server()?;
+    if let Some(warning) = args.tls.warning() {
+        eprintln!("kiln: warning: {warning}");
+    }
+    let grpc = |listen: SocketAddr| GrpcConfig {
+        listen,
+        tls: server_tls.clone(),
     };
+    let scheme = args.tls.scheme();
+    let ephemeral = grpc(SocketAddr::from(([127, 0, 0, 1], 0)));
     let token_file = home.join("admin.token");
     // The key project secrets are sealed with: made (0600) on the first start, kept after.
     let key_file = home.join("secrets.key");
@@ -196,7 +213,7 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
     };
 
     let api = kiln_api::Api::bind(kiln_api::Config {
-        grpc: GrpcConfig { listen: args.api_addr },
+        grpc: grpc(args.api_addr),
         database: database.clone(),
         nats: nats.clone(),
         objects: objects.clone(),
@@ -208,7 +225,7 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
     .with_metrics(&metrics);
     let api_addr = api.local_addr();
     let logs = kiln_log_ingest::LogIngest::bind(kiln_log_ingest::Config {
-        grpc: GrpcConfig { listen: args.logs_addr },
+        grpc: grpc(args.logs_addr),
         database: database.clone(),
         nats: nats.clone(),
         sqlite: kiln_log_ingest::config::SqliteConfig {
@@ -242,8 +259,9 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
         secrets,
         work_dir: home.join("work"),
         stop_grace_period_ms: args.grace_period * 1000,
-        api_url: format!("http://{api_addr}"),
-        logs_url: format!("http://{logs_addr}"),
+        api_url: format!("{scheme}://{api_addr}"),
+        logs_url: format!("{scheme}://{logs_addr}"),
+        job_tls: args.tls.jobs(),
         agent_binary: args.agent_binary.clone().unwrap_or_default(),
         provider: match args.provider {
             ProviderArg::Auto => kiln_runner::ProviderKind::Auto,
@@ -270,9 +288,7 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
         other => format!("{other} (jobs run as local processes; no Docker engine answered)"),
     };
     let batches = kiln_item_batch::ItemBatch::bind(kiln_item_batch::Config {
-        grpc: GrpcConfig {
-            listen: args.batch_addr,
-        },
+        grpc: grpc(args.batch_addr),
         database,
         nats,
         objects,
@@ -298,10 +314,14 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
         .trim()
         .to_string();
     let credentials = Credentials {
-        api: format!("http://{api_addr}"),
-        logs: format!("http://{logs_addr}"),
-        batches: format!("http://{batches_addr}"),
+        api: format!("{scheme}://{api_addr}"),
+        logs: format!("{scheme}://{logs_addr}"),
+        batches: format!("{scheme}://{batches_addr}"),
         token,
+        // Absolute: clients read it from wherever they run.
+        ca_file: args.tls.tls_ca.as_deref().map(std::path::absolute).transpose()?,
+        cert_file: None,
+        key_file: None,
     };
     client::write_credentials(home, &credentials)?;
     println!("kiln is up");

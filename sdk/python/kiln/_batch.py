@@ -16,11 +16,9 @@ import time
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Mapping
 
-import grpc
-
 from kiln.v1 import batch_pb2, batch_pb2_grpc, job_pb2
 
-from ._run import _endpoints, _home_credentials, _target
+from ._run import _channel, _endpoints, _home_credentials
 
 _MARKETS = {"auto": job_pb2.MARKET_UNSPECIFIED, "spot": job_pb2.MARKET_SPOT, "on-demand": job_pb2.MARKET_ON_DEMAND}
 _STATES = {"pending": batch_pb2.ITEM_STATE_PENDING, "succeeded": batch_pb2.ITEM_STATE_SUCCEEDED,
@@ -165,9 +163,7 @@ class Client:
     def __init__(self):
         api, _, token = _endpoints()
         address = os.environ.get("KILN_BATCH_ADDR") or _home_credentials().get("batches") or api
-        self._channel = grpc.insecure_channel(
-            _target(address), options=[("grpc.max_send_message_length", 16 << 20)]
-        )
+        self._channel = _channel(address, options=[("grpc.max_send_message_length", 16 << 20)])
         metadata = (("authorization", f"Bearer {token}"),)
         self.batches = Batches(batch_pb2_grpc.BatchServiceStub(self._channel), metadata)
 

@@ -45,6 +45,35 @@ def _target(address: str) -> str:
     return address.split("://", 1)[-1]
 
 
+def _pem(text_variable: str, file_variable: str, credentials_key: str) -> bytes | None:
+    """PEM bytes from an environment variable holding the text (what the runner gives jobs),
+    one naming a file, or a file named in credentials.toml; None when none is set."""
+    text = os.environ.get(text_variable)
+    if text:
+        return text.encode()
+    path = os.environ.get(file_variable) or _home_credentials().get(credentials_key)
+    return pathlib.Path(path).read_bytes() if path else None
+
+
+def _channel(address: str, options: list | None = None) -> grpc.Channel:
+    """A channel to `address`: TLS for `https://` (trusting KILN_CA_PEM, KILN_CA_FILE or the
+    credentials file's ca-file, else the system roots; presenting KILN_CLIENT_CERT_PEM and
+    KILN_CLIENT_KEY_PEM, or the files KILN_CLIENT_CERT and KILN_CLIENT_KEY, when a server requires
+    a client certificate), plain text otherwise."""
+    if not address.startswith("https://"):
+        return grpc.insecure_channel(_target(address), options=options)
+    cert = _pem("KILN_CLIENT_CERT_PEM", "KILN_CLIENT_CERT", "cert-file")
+    key = _pem("KILN_CLIENT_KEY_PEM", "KILN_CLIENT_KEY", "key-file")
+    if (cert is None) != (key is None):
+        raise RuntimeError("kiln: a client certificate needs both its certificate and its key (KILN_CLIENT_CERT, KILN_CLIENT_KEY)")
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=_pem("KILN_CA_PEM", "KILN_CA_FILE", "ca-file"),
+        private_key=key,
+        certificate_chain=cert,
+    )
+    return grpc.secure_channel(_target(address), credentials, options=options)
+
+
 class Run:
     """A run whose metrics are being logged: a kiln job, or a run created for this process.
 
@@ -74,7 +103,7 @@ class Run:
             raise ValueError("batch_points must be at least 1 and buffer_points at least batch_points")
         self.job_id = job_id
         self._metadata = (("authorization", f"Bearer {token}"),)
-        self._channel = grpc.insecure_channel(_target(logs_address))
+        self._channel = _channel(logs_address)
         self._logs = log_pb2_grpc.LogServiceStub(self._channel)
         self._api_address = api_address
         self._external = external
@@ -183,7 +212,7 @@ class Run:
             for sender in self._senders:
                 sender.join()
         if self._external and self._api_address:
-            with grpc.insecure_channel(_target(self._api_address)) as channel:
+            with _channel(self._api_address) as channel:
                 jobs = job_pb2_grpc.JobServiceStub(channel)
                 jobs.FinishRun(job_pb2.FinishRunRequest(job_id=self.job_id, exit_code=exit_code), metadata=self._metadata)
         self._channel.close()
@@ -268,7 +297,7 @@ def init(config: Mapping | None = None, *, name: str = "", project: str = "", **
         _current = Run(job_id=job_id, logs_address=logs, token=token, **options)
     else:
         api, logs, token = _endpoints()
-        with grpc.insecure_channel(_target(api)) as channel:
+        with _channel(api) as channel:
             jobs = job_pb2_grpc.JobServiceStub(channel)
             run = jobs.CreateRun(
                 job_pb2.CreateRunRequest(name=name, project=project),

@@ -23,7 +23,12 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::Request;
 use tonic::metadata::MetadataValue;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
+
+mod settings;
+
+use settings::endpoints;
+pub use settings::{Settings, TlsSettings};
 
 mod item;
 
@@ -36,41 +41,6 @@ pub const KEPT_LINES: usize = 100;
 pub const KEPT_BYTES: usize = 16 * 1024;
 /// Wait between reconnects, at most.
 const RECONNECT_MAX: Duration = Duration::from_secs(5);
-
-/// Where to work and for whom: `KILN_ITEMS_ADDR` (one item-batch URL, or several separated by
-/// commas: replicas, tried in turn), `KILN_TOKEN`, `KILN_BATCH_ID`, and `KILN_AGENT_SLOTS` (items
-/// at once, default 1).
-#[derive(Debug, Clone)]
-pub struct Settings {
-    pub addr: String,
-    pub token: String,
-    pub batch_id: String,
-    pub slots: u32,
-    /// Masks the job's secrets in items' output lines.
-    pub masker: Arc<Masker>,
-}
-
-impl Settings {
-    pub fn from_env() -> Result<Settings, String> {
-        let var =
-            |name: &str| std::env::var(name).map_err(|_| format!("{name} is not set (kiln sets it in worker jobs)"));
-        let slots = match std::env::var("KILN_AGENT_SLOTS") {
-            Ok(text) => text
-                .parse::<u32>()
-                .ok()
-                .filter(|n| (1..=256).contains(n))
-                .ok_or_else(|| format!("KILN_AGENT_SLOTS {text:?} must be a number from 1 to 256"))?,
-            Err(_) => 1,
-        };
-        Ok(Settings {
-            addr: var("KILN_ITEMS_ADDR")?,
-            token: var("KILN_TOKEN")?,
-            batch_id: var("KILN_BATCH_ID")?,
-            slots,
-            masker: Arc::new(Masker::from_env(|name| std::env::var(name).ok())),
-        })
-    }
-}
 
 /// How items run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,7 +66,7 @@ type Running = Arc<Mutex<HashMap<String, (u32, u32)>>>;
 
 /// Works for a batch until told to stop or `shutdown` is cancelled.
 pub async fn run(settings: Settings, runner: Runner, shutdown: CancellationToken) -> Result<Ended, String> {
-    let endpoints = endpoints(&settings.addr)?;
+    let endpoints = endpoints(&settings.addr, &settings.tls)?;
     let bearer: MetadataValue<_> = format!("Bearer {}", settings.token)
         .parse()
         .map_err(|_| "KILN_TOKEN is not a valid header value".to_string())?;
@@ -153,26 +123,6 @@ pub async fn run(settings: Settings, runner: Runner, shutdown: CancellationToken
             }
         }
     }
-}
-
-/// The item-batch endpoints of `KILN_ITEMS_ADDR`, in the order given.
-fn endpoints(addrs: &str) -> Result<Vec<(String, Endpoint)>, String> {
-    let endpoints = addrs
-        .split(',')
-        .map(str::trim)
-        .filter(|addr| !addr.is_empty())
-        .map(|addr| {
-            let endpoint = Endpoint::from_shared(addr.to_string())
-                .map_err(|e| format!("KILN_ITEMS_ADDR {addr:?} is not a URL: {e}"))?
-                .connect_timeout(Duration::from_secs(5))
-                .tcp_nodelay(true);
-            Ok((addr.to_string(), endpoint))
-        })
-        .collect::<Result<Vec<_>, String>>()?;
-    if endpoints.is_empty() {
-        return Err(format!("KILN_ITEMS_ADDR {addrs:?} names no item-batch URL"));
-    }
-    Ok(endpoints)
 }
 
 enum SessionError {
@@ -331,23 +281,5 @@ impl Session<'_> {
                 let _ = outcomes.send(outcome);
             }
         });
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn items_addr_may_name_several_replicas() {
-        let parsed = endpoints("http://127.0.0.1:7075, http://127.0.0.2:7075,").unwrap();
-        let addrs: Vec<&str> = parsed.iter().map(|(addr, _)| addr.as_str()).collect();
-        assert_eq!(addrs, ["http://127.0.0.1:7075", "http://127.0.0.2:7075"]);
-        assert!(endpoints(" , ").unwrap_err().contains("names no item-batch URL"));
-        assert!(
-            endpoints("http://ok:1,not a url")
-                .unwrap_err()
-                .contains("\"not a url\"")
-        );
     }
 }

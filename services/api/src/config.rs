@@ -60,6 +60,7 @@ impl ServiceConfig for Config {
     fn validate(&self) -> Result<(), ConfigError> {
         let mut problems = Vec::new();
         self.database.validate(&mut problems);
+        self.grpc.validate(&mut problems);
         self.nats.validate(&mut problems);
         self.objects.validate(&mut problems);
         self.metrics.validate(&mut problems);

@@ -72,6 +72,8 @@ pub enum Error {
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
     #[error(transparent)]
+    Tls(#[from] kiln_core::tls::TlsError),
+    #[error(transparent)]
     Metrics(#[from] kiln_core::metrics::MetricsError),
 }
 
@@ -96,6 +98,7 @@ impl Error {
             Error::Nats(error) => error.kind(),
             Error::SchedulerUnavailable { .. } => ErrorKind::Unavailable,
             Error::SchedulerFailed(_) => ErrorKind::Internal,
+            Error::Tls(error) => error.kind(),
             Error::Objects(_) | Error::Io { .. } | Error::Bind { .. } | Error::Serve(_) => ErrorKind::Internal,
             Error::Metrics(_) => ErrorKind::Internal,
         }

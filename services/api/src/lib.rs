@@ -29,7 +29,6 @@ use kiln_proto::v1::job_service_server::JobServiceServer;
 use kiln_proto::v1::quota_service_server::QuotaServiceServer;
 use kiln_proto::v1::secret_service_server::SecretServiceServer;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 mod access;
@@ -162,7 +161,7 @@ impl Api {
                 key: self.secrets_key.clone(),
             }))
             .serve_with_incoming_shutdown(
-                TcpListenerStream::new(self.listener),
+                kiln_core::tls::incoming(self.listener, &self.config.grpc.tls)?,
                 shutdown.clone().cancelled_owned(),
             )
             .await;

@@ -14,6 +14,10 @@ use figment::value::{Dict, Value};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+mod nats;
+
+pub use nats::NatsConfig;
+
 /// ConfigError says why a configuration cannot be used; it lists every problem found.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -125,49 +129,6 @@ impl DatabaseConfig {
     }
 }
 
-/// NatsConfig points at the NATS server with JetStream, or at servers of one cluster.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
-pub struct NatsConfig {
-    /// One server URL, or several separated by commas (`nats://a:4222,nats://b:4222`).
-    pub url: String,
-    /// Replicas of each stream and bucket: 1 for a single server, 3 for a cluster.
-    pub replicas: usize,
-}
-
-impl Default for NatsConfig {
-    fn default() -> Self {
-        NatsConfig {
-            url: "nats://127.0.0.1:4222".into(),
-            replicas: 1,
-        }
-    }
-}
-
-impl NatsConfig {
-    /// The server URLs of `url`, trimmed, empty parts left out.
-    pub fn servers(&self) -> Vec<&str> {
-        self.url.split(',').map(str::trim).filter(|s| !s.is_empty()).collect()
-    }
-
-    pub fn validate(&self, problems: &mut Vec<String>) {
-        let servers = self.servers();
-        if servers.is_empty() {
-            problems.push("nats.url is empty: give one server URL or several separated by commas".into());
-        }
-        for server in servers {
-            if !server.starts_with("nats://") && !server.starts_with("tls://") {
-                problems.push(format!("nats.url {server:?} must start with nats:// or tls://"));
-            } else if let Err(error) = server.parse::<async_nats::ServerAddr>() {
-                problems.push(format!("nats.url {server:?} is not a server URL: {error}"));
-            }
-        }
-        if !(1..=5).contains(&self.replicas) {
-            problems.push(format!("nats.replicas {} must be between 1 and 5", self.replicas));
-        }
-    }
-}
-
 /// ObjectStoreConfig says where blobs (code bundles, outputs, datasets) live: a local directory
 /// or an S3 bucket. Empty S3 settings fall back to the usual `AWS_*` variables
 /// (`ObjectStoreConfig::apply_env`); `validate` and `open` are in [`crate::objects`].
@@ -192,18 +153,30 @@ impl Default for ObjectStoreConfig {
     }
 }
 
-/// GrpcConfig says where a service listens.
+/// GrpcConfig says where a service listens, and with which TLS (`[grpc.tls]`, off by default).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct GrpcConfig {
     pub listen: std::net::SocketAddr,
+    #[serde(default)]
+    pub tls: crate::tls::ServerTlsConfig,
 }
 
 impl GrpcConfig {
     pub fn local(port: u16) -> Self {
+        GrpcConfig::at(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+    }
+
+    /// Listens on `listen`, in plain text.
+    pub fn at(listen: std::net::SocketAddr) -> Self {
         GrpcConfig {
-            listen: std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+            listen,
+            tls: crate::tls::ServerTlsConfig::default(),
         }
+    }
+
+    pub fn validate(&self, problems: &mut Vec<String>) {
+        self.tls.validate("grpc.tls", problems);
     }
 }
 
@@ -335,45 +308,6 @@ mod tests {
         writeln!(file, "[nats]\nurll = \"nats://typo:1\"").unwrap();
         let error = load::<Sample>("sample", Some(file.path()), &HashMap::new(), &Flags::default()).unwrap_err();
         assert!(error.to_string().contains("urll"), "{error}");
-    }
-
-    #[test]
-    fn every_problem_is_reported() {
-        let mut problems = Vec::new();
-        NatsConfig {
-            url: "http://x".into(),
-            replicas: 0,
-        }
-        .validate(&mut problems);
-        assert_eq!(problems.len(), 2, "{problems:?}");
-    }
-
-    #[test]
-    fn every_server_of_a_list_is_checked() {
-        let config = NatsConfig {
-            url: " nats://a:4222, nats://b:4222 ,tls://c:4222".into(),
-            replicas: 3,
-        };
-        assert_eq!(config.servers(), ["nats://a:4222", "nats://b:4222", "tls://c:4222"]);
-        let mut problems = Vec::new();
-        config.validate(&mut problems);
-        assert!(problems.is_empty(), "{problems:?}");
-        let mut problems = Vec::new();
-        NatsConfig {
-            url: "nats://a:4222,http://b:4222,nats://c:notaport".into(),
-            replicas: 3,
-        }
-        .validate(&mut problems);
-        assert_eq!(problems.len(), 2, "{problems:?}");
-        assert!(problems[0].contains("http://b:4222"), "{problems:?}");
-        assert!(problems[1].contains("nats://c:notaport"), "{problems:?}");
-        let mut problems = Vec::new();
-        NatsConfig {
-            url: " , ".into(),
-            replicas: 1,
-        }
-        .validate(&mut problems);
-        assert_eq!(problems.len(), 1, "{problems:?}");
     }
 
     #[test]

@@ -14,6 +14,7 @@
 //! - [`authz`]: the policy table of every RPC and the one authorisation decision;
 //! - [`scheduling`] and [`quotas`]: the names and quota checks the scheduler and the api share;
 //! - [`whoami`]: `NodeService`, the one RPC every service serves;
+//! - [`tls`]: TLS for gRPC servers (reloaded certificates, client certificates) and clients;
 //! - [`objects`]: the blob store; [`telemetry`] and [`shutdown`]: process plumbing.
 #![forbid(unsafe_code)]
 
@@ -42,6 +43,7 @@ pub mod subjects;
 pub mod telemetry;
 #[cfg(feature = "test-util")]
 pub mod testing;
+pub mod tls;
 pub mod whoami;
 
 pub use error::ErrorKind;

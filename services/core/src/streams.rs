@@ -30,6 +30,8 @@ pub enum NatsError {
         url: String,
         source: async_nats::ConnectError,
     },
+    #[error("cannot read the NATS credentials {path}: {message}")]
+    Credentials { path: String, message: String },
     #[error("cannot create stream or bucket {name}: {message}")]
     Setup { name: String, message: String },
     #[error("publish to {subject} failed: {message}")]
@@ -41,7 +43,7 @@ pub enum NatsError {
 impl NatsError {
     pub fn kind(&self) -> ErrorKind {
         match self {
-            NatsError::Url { .. } => ErrorKind::InvalidArgument,
+            NatsError::Url { .. } | NatsError::Credentials { .. } => ErrorKind::InvalidArgument,
             _ => ErrorKind::Unavailable,
         }
     }
@@ -52,6 +54,35 @@ impl NatsError {
 pub struct Nats {
     pub client: async_nats::Client,
     pub jetstream: jetstream::Context,
+}
+
+/// The options of `config`'s TLS and authentication settings.
+async fn auth_options(config: &NatsConfig) -> Result<async_nats::ConnectOptions, NatsError> {
+    crate::tls::install_default_provider();
+    let credentials_error = |path: &std::path::Path, message: String| NatsError::Credentials {
+        path: path.display().to_string(),
+        message,
+    };
+    let mut options = match &config.credentials_file {
+        Some(path) => async_nats::ConnectOptions::with_credentials_file(path)
+            .await
+            .map_err(|e| credentials_error(path, e.to_string()))?,
+        None => async_nats::ConnectOptions::new(),
+    };
+    if let Some(path) = &config.nkey_seed_file {
+        let seed = std::fs::read_to_string(path).map_err(|e| credentials_error(path, e.to_string()))?;
+        options = options.nkey(seed.trim().to_string());
+    }
+    if config.require_tls {
+        options = options.require_tls(true);
+    }
+    if let Some(path) = &config.tls_ca_file {
+        options = options.add_root_certificates(path.clone());
+    }
+    if let (Some(cert), Some(key)) = (&config.tls_cert_file, &config.tls_key_file) {
+        options = options.add_client_certificate(cert.clone(), key.clone());
+    }
+    Ok(options)
 }
 
 /// Connects to the servers of `nats.url` and makes sure every stream and bucket exists with
@@ -72,7 +103,8 @@ pub async fn connect(config: &NatsConfig) -> Result<Nats, NatsError> {
     let deadline = Instant::now() + CONNECT_WINDOW;
     let mut attempt = 0;
     let client = loop {
-        let options = async_nats::ConnectOptions::new()
+        let options = auth_options(config)
+            .await?
             .name("kiln")
             .connection_timeout(Duration::from_secs(5))
             .max_reconnects(None)

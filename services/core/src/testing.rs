@@ -72,6 +72,7 @@ impl NatsServer {
         NatsConfig {
             url: self.url.clone(),
             replicas: 1,
+            ..NatsConfig::default()
         }
     }
 }
@@ -105,6 +106,8 @@ fn spawn_nats_server(binary: &str, args: &[&std::ffi::OsStr]) -> Child {
 pub struct NatsCluster {
     /// The client URLs of the three nodes, comma-separated (what `nats.url` takes).
     pub url: String,
+    /// What clients need when the cluster was started with [`NatsCluster::start_secure`].
+    pub security: Option<NatsSecurity>,
     nodes: Vec<ClusterNode>,
     binary: String,
     dir: tempfile::TempDir,
@@ -123,6 +126,16 @@ impl NatsCluster {
     /// Starts the three nodes and waits until each is healthy: routed, with a JetStream meta
     /// leader elected.
     pub async fn start() -> NatsCluster {
+        NatsCluster::start_with(None).await
+    }
+
+    /// Starts the three nodes requiring TLS, a client certificate and an NKey user of clients
+    /// (routes between the nodes stay plain on loopback); [`NatsCluster::config`] has them all.
+    pub async fn start_secure() -> NatsCluster {
+        NatsCluster::start_with(Some(NatsSecurity::new())).await
+    }
+
+    async fn start_with(security: Option<NatsSecurity>) -> NatsCluster {
         let binary = nats_server_binary();
         let dir = tempfile::tempdir().expect("temp dir");
         let mut ports = std::collections::BTreeSet::new();
@@ -142,13 +155,14 @@ impl NatsCluster {
             let text = format!(
                 "server_name: \"{name}\"\nlisten: \"127.0.0.1:{port}\"\nhttp: \"127.0.0.1:{http}\"\n\
                  log_file: \"{log}\"\njetstream {{ store_dir: \"{store}\" }}\n\
-                 cluster {{\n  name: \"kiln-test\"\n  listen: \"127.0.0.1:{route}\"\n  routes: [{routes}]\n}}\n",
+                 cluster {{\n  name: \"kiln-test\"\n  listen: \"127.0.0.1:{route}\"\n  routes: [{routes}]\n}}\n{blocks}",
                 port = ports[index],
                 http = ports[Self::SIZE + index],
                 log = dir.path().join(format!("{name}.log")).display(),
                 store = dir.path().join(&name).display(),
                 route = route_ports[index],
                 routes = routes.join(", "),
+                blocks = security.as_ref().map(NatsSecurity::server_blocks).unwrap_or_default(),
             );
             std::fs::write(&config, text).expect("write a nats-server config");
             nodes.push(ClusterNode {
@@ -165,6 +179,7 @@ impl NatsCluster {
             .join(",");
         let mut cluster = NatsCluster {
             url,
+            security,
             nodes,
             binary,
             dir,
@@ -196,11 +211,17 @@ impl NatsCluster {
             .collect()
     }
 
-    /// A configuration with every node and three replicas.
+    /// A configuration with every node and three replicas (and the TLS and NKey settings of a
+    /// secure cluster).
     pub fn config(&self) -> NatsConfig {
-        NatsConfig {
+        let config = NatsConfig {
             url: self.url.clone(),
             replicas: Self::SIZE,
+            ..NatsConfig::default()
+        };
+        match &self.security {
+            Some(security) => security.client_config(config),
+            None => config,
         }
     }
 
@@ -339,7 +360,12 @@ pub fn s3_objects_config(what: &str) -> crate::config::ObjectStoreConfig {
     }
 }
 
+mod certs;
 mod exposition;
+mod secure_nats;
+
+pub use certs::{CertFiles, TestCa};
+pub use secure_nats::{NatsSecurity, SecureNatsServer};
 
 pub use exposition::{
     Sample, assert_no_ids_in_labels, http_get, promtool_binary, promtool_check_metrics, sample_value, samples,

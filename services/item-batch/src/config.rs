@@ -22,7 +22,7 @@ pub struct Config {
     /// Where AddItemsFromObjects lists prefixes and reads manifests.
     pub objects: ObjectStoreConfig,
     /// The address workers reach item-batch at (given to them as `KILN_ITEMS_ADDR`); empty for
-    /// `http://<listen address>`.
+    /// `http://<listen address>` (`https://` with `[grpc.tls]`).
     pub advertise_url: String,
     /// The kiln-agent program that process workers (batches without an image) run; empty for
     /// `kiln-agent` beside the running program.
@@ -77,6 +77,7 @@ impl ServiceConfig for Config {
     fn validate(&self) -> Result<(), ConfigError> {
         let mut problems = Vec::new();
         self.database.validate(&mut problems);
+        self.grpc.validate(&mut problems);
         self.nats.validate(&mut problems);
         self.objects.validate(&mut problems);
         self.metrics.validate(&mut problems);

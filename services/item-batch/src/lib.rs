@@ -27,7 +27,6 @@ use kiln_proto::v1::item_work_service_server::ItemWorkServiceServer;
 use object_store::ObjectStore;
 use prost::Message;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 pub mod config;
@@ -354,7 +353,8 @@ impl ItemBatch {
             source,
         })?;
         let advertise_url = if config.advertise_url.is_empty() {
-            format!("http://{addr}")
+            let scheme = if config.grpc.tls.enabled() { "https" } else { "http" };
+            format!("{scheme}://{addr}")
         } else {
             config.advertise_url.clone()
         };
@@ -424,7 +424,7 @@ impl ItemBatch {
             .add_service(BatchServiceServer::new(batches).max_decoding_message_size(grpc::MAX_MESSAGE_BYTES))
             .add_service(ItemWorkServiceServer::new(work))
             .serve_with_incoming_shutdown(
-                TcpListenerStream::new(self.listener),
+                kiln_core::tls::incoming(self.listener, &shared.config.grpc.tls)?,
                 shutdown.clone().cancelled_owned(),
             )
             .await;

@@ -19,7 +19,6 @@ use kiln_core::streams::{self, Nats};
 use kiln_proto::v1::log_service_server::LogServiceServer;
 use tokio::net::TcpListener;
 use tokio::sync::broadcast;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 pub mod config;
@@ -157,7 +156,7 @@ impl LogIngest {
             .add_service(kiln_core::whoami::NodeApi::new("log-ingest").server())
             .add_service(LogServiceServer::new(api).max_decoding_message_size(grpc::MAX_REQUEST_BYTES * 2))
             .serve_with_incoming_shutdown(
-                TcpListenerStream::new(self.listener),
+                kiln_core::tls::incoming(self.listener, &self.config.grpc.tls)?,
                 shutdown.clone().cancelled_owned(),
             )
             .await;

@@ -87,6 +87,10 @@ pub struct Config {
     pub api_url: String,
     /// Address of log-ingest, given to jobs as `KILN_LOGS` (where they write their metrics).
     pub logs_url: String,
+    /// What jobs trust for `https://` kiln addresses (`ca-file`) and the client certificate they
+    /// present (`cert-file`, `key-file`), given to them as PEM text in `KILN_CA_PEM`,
+    /// `KILN_CLIENT_CERT_PEM` and `KILN_CLIENT_KEY_PEM` (kiln-agent and the SDK read them).
+    pub job_tls: kiln_core::tls::ClientTlsConfig,
     /// The static kiln-agent put into the containers of batch workers (at
     /// `/kiln/bin/kiln-agent`); empty: batch workers run only as processes.
     pub agent_binary: PathBuf,
@@ -128,6 +132,7 @@ impl Default for Config {
             stop_grace_period_ms: 10_000,
             api_url: "http://127.0.0.1:7070".into(),
             logs_url: "http://127.0.0.1:7071".into(),
+            job_tls: kiln_core::tls::ClientTlsConfig::default(),
             agent_binary: PathBuf::new(),
             provider: ProviderKind::Auto,
             docker: DockerConfig::default(),
@@ -149,6 +154,8 @@ impl ServiceConfig for Config {
     fn validate(&self) -> Result<(), ConfigError> {
         let mut problems = Vec::new();
         self.database.validate(&mut problems);
+        self.grpc.validate(&mut problems);
+        self.job_tls.validate("job-tls", &mut problems);
         self.nats.validate(&mut problems);
         self.objects.validate(&mut problems);
         self.metrics.validate(&mut problems);

@@ -38,7 +38,6 @@ use provider::process::ProcessProvider;
 use provider::{Capacity, Provider};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 pub mod bundle;
@@ -245,7 +244,7 @@ impl Runner {
             .add_service(health_service)
             .add_service(kiln_core::whoami::NodeApi::new("runner").server())
             .serve_with_incoming_shutdown(
-                TcpListenerStream::new(self.listener),
+                kiln_core::tls::incoming(self.listener, &ctx.config.grpc.tls)?,
                 shutdown.clone().cancelled_owned(),
             );
         tasks.spawn(async move {

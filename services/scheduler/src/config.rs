@@ -84,6 +84,7 @@ impl ServiceConfig for Config {
     fn validate(&self) -> Result<(), ConfigError> {
         let mut problems = Vec::new();
         self.database.validate(&mut problems);
+        self.grpc.validate(&mut problems);
         self.nats.validate(&mut problems);
         self.metrics.validate(&mut problems);
         if self.pass_interval_ms == 0 {

@@ -21,6 +21,8 @@ pub enum Error {
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
     #[error(transparent)]
+    Tls(#[from] kiln_core::tls::TlsError),
+    #[error(transparent)]
     Metrics(#[from] kiln_core::metrics::MetricsError),
 }
 
@@ -30,6 +32,7 @@ impl Error {
             Error::Store(error) => error.kind(),
             Error::Core(error) => error.kind(),
             Error::Nats(error) => error.kind(),
+            Error::Tls(error) => error.kind(),
             Error::Bind { .. } | Error::Serve(_) | Error::Metrics(_) => ErrorKind::Internal,
         }
     }

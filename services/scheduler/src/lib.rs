@@ -34,7 +34,6 @@ use kiln_proto::v1 as pb;
 use prost::Message;
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, watch};
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 pub mod config;
@@ -137,7 +136,7 @@ impl Scheduler {
                 .add_service(health_service)
                 .add_service(kiln_core::whoami::NodeApi::new("scheduler").server())
                 .serve_with_incoming_shutdown(
-                    TcpListenerStream::new(self.listener),
+                    kiln_core::tls::incoming(self.listener, &self.config.grpc.tls)?,
                     shutdown.clone().cancelled_owned(),
                 ),
         );

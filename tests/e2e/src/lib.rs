@@ -9,7 +9,7 @@ use std::time::Duration;
 use kiln_core::auth::BearerInterceptor;
 use kiln_core::config::{DatabaseConfig, GrpcConfig, NatsConfig, ObjectStoreConfig};
 use kiln_core::store::Store;
-use kiln_core::testing::{NatsCluster, NatsServer, sqlite_config};
+use kiln_core::testing::{NatsCluster, NatsServer, SecureNatsServer, sqlite_config};
 use kiln_proto::v1 as pb;
 use kiln_proto::v1::artifact_service_client::ArtifactServiceClient;
 use kiln_proto::v1::batch_service_client::BatchServiceClient;
@@ -85,6 +85,8 @@ pub struct StackNats {
     config: NatsConfig,
     _server: Option<NatsServer>,
     pub cluster: Option<NatsCluster>,
+    /// The server of [`Stack::start_on_secure_nats`] (TLS with client certificates, an NKey).
+    pub secure: Option<SecureNatsServer>,
 }
 
 impl StackNats {
@@ -101,6 +103,7 @@ impl StackNats {
             config: server.config(),
             _server: Some(server),
             cluster: None,
+            secure: None,
         }
     }
 
@@ -177,9 +180,7 @@ pub fn static_agent_binary() -> std::path::PathBuf {
 }
 
 fn ephemeral() -> GrpcConfig {
-    GrpcConfig {
-        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-    }
+    GrpcConfig::at(SocketAddr::from(([127, 0, 0, 1], 0)))
 }
 
 impl Stack {
@@ -213,10 +214,27 @@ impl Stack {
                 config: cluster.config(),
                 _server: None,
                 cluster: Some(cluster),
+                secure: None,
             },
             None,
         )
         .await;
+        stack.runner = Some(stack.spawn_runner(stack.runner_config("runner-1")).await);
+        stack
+    }
+
+    /// Starts api, log-ingest, the scheduler and `runner-1` on a nats-server that requires TLS
+    /// with a client certificate and an NKey user (`kiln_core::testing::SecureNatsServer`).
+    pub async fn start_on_secure_nats() -> Stack {
+        let secure = SecureNatsServer::start();
+        let nats = StackNats {
+            url: secure.server.url.clone(),
+            config: secure.config(),
+            _server: None,
+            cluster: None,
+            secure: Some(secure),
+        };
+        let mut stack = Stack::start_services(nats, None).await;
         stack.runner = Some(stack.spawn_runner(stack.runner_config("runner-1")).await);
         stack
     }
@@ -318,7 +336,7 @@ fn api_config(
     listen: SocketAddr,
 ) -> kiln_api::Config {
     kiln_api::Config {
-        grpc: GrpcConfig { listen },
+        grpc: GrpcConfig::at(listen),
         database: database.clone(),
         nats: nats.config(),
         objects: objects.clone(),

@@ -328,9 +328,7 @@ async fn without_a_key_setting_and_starting_say_which_setting_is_missing() {
 
     // An api without [secrets] refuses to set one, saying what to set.
     let keyless_api = kiln_api::Api::bind(kiln_api::Config {
-        grpc: kiln_core::config::GrpcConfig {
-            listen: ([127, 0, 0, 1], 0).into(),
-        },
+        grpc: kiln_core::config::GrpcConfig::at(([127, 0, 0, 1], 0).into()),
         database: stack.database.clone(),
         nats: stack.nats.config(),
         objects: stack.objects.clone(),

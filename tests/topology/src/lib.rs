@@ -31,6 +31,7 @@ pub mod compose;
 pub mod plan;
 pub mod postgres;
 pub mod proc;
+pub mod tls;
 
 use postgres::Postgres;
 use proc::Proc;
@@ -54,6 +55,9 @@ pub struct Options {
     /// The runners' and schedulers' lease TTL, in milliseconds (short in tests, so a dead one
     /// is noticed quickly).
     pub lease_ttl_ms: u64,
+    /// TLS only: every gRPC listener requires client certificates of the topology's CA, and
+    /// the nats-servers TLS, client certificates and an NKey user ([`tls`]).
+    pub tls: bool,
 }
 
 /// Where the objects go: a bucket of an S3-compatible server.
@@ -85,6 +89,7 @@ impl Options {
             },
             dir: None,
             lease_ttl_ms: 3_000,
+            tls: false,
         }
     }
 }
@@ -108,6 +113,8 @@ pub struct Topology {
     pub listens: BTreeMap<String, BTreeMap<String, SocketAddr>>,
     /// The bootstrap admin's token.
     pub token: String,
+    /// The CA and certificates of a TLS-only topology.
+    pub tls: Option<tls::TopologyTls>,
 }
 
 /// The workspace's target directory of the running program (`target/debug`), where the service
@@ -172,7 +179,12 @@ impl Topology {
             std::fs::create_dir_all(dir.join(sub)).expect("topology subdir");
         }
         let postgres = Postgres::start(&dir.join("postgres"));
-        let nats = NatsCluster::start().await;
+        let nats = if options.tls {
+            NatsCluster::start_secure().await
+        } else {
+            NatsCluster::start().await
+        };
+        let tls = options.tls.then(|| tls::TopologyTls::new(&dir.join("tls")));
         let s3 = options.s3.clone();
         let keyspace = format!("kiln_topo_{}", kiln_core::ids::new_id().replace('-', "_"));
         let keyspace: String = keyspace.chars().take(48).collect();
@@ -189,6 +201,8 @@ impl Topology {
             s3: &s3,
             keyspace: &keyspace,
             lease_ttl_ms: options.lease_ttl_ms,
+            nats: nats.config(),
+            tls: tls.as_ref(),
         };
         let instances = plan::plan(&compose, &infra);
         let names: Vec<String> = instances.iter().map(|instance| instance.name.clone()).collect();
@@ -227,6 +241,7 @@ impl Topology {
             addrs,
             listens,
             token: String::new(),
+            tls,
         };
         // api-1 first: it applies the migrations and writes the bootstrap admin's token.
         topology.start_and_wait("api-1");
@@ -281,18 +296,36 @@ impl Topology {
     }
 
     pub fn url(&self, name: &str) -> String {
-        format!("http://{}", self.addrs[name])
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.addrs[name])
+    }
+
+    /// The variables that point the CLI and the SDK at the topology: its addresses, the token,
+    /// and with TLS the CA and a client certificate.
+    pub fn client_env(&self) -> Vec<(&'static str, String)> {
+        let mut env = vec![
+            ("KILN_ADDR", self.url("api-1")),
+            ("KILN_LOGS_ADDR", self.url("log-ingest-1")),
+            ("KILN_BATCH_ADDR", self.url("item-batch-1")),
+            ("KILN_TOKEN", self.token.clone()),
+        ];
+        if let Some(tls) = &self.tls {
+            let path = |path: &std::path::Path| path.display().to_string();
+            env.push(("KILN_CA_FILE", path(&tls.ca.ca_file)));
+            env.push(("KILN_CLIENT_CERT", path(&tls.client.cert_file)));
+            env.push(("KILN_CLIENT_KEY", path(&tls.client.key_file)));
+        }
+        env
     }
 
     /// The `export` lines a shell can `eval` to point the CLI and the SDK at the topology.
     pub fn exports(&self) -> String {
-        format!(
-            "export KILN_ADDR={} KILN_LOGS_ADDR={} KILN_BATCH_ADDR={} KILN_TOKEN={}",
-            self.url("api-1"),
-            self.url("log-ingest-1"),
-            self.url("item-batch-1"),
-            self.token
-        )
+        let pairs: Vec<String> = self
+            .client_env()
+            .into_iter()
+            .map(|(name, value)| format!("{name}={value}"))
+            .collect();
+        format!("export {}", pairs.join(" "))
     }
 
     /// SIGTERMs every instance (the servers go when the topology is dropped).

@@ -15,6 +15,9 @@ struct Args {
     /// Written once everything listens: the `export` lines for the CLI and the SDK.
     #[arg(long)]
     exports_file: Option<PathBuf>,
+    /// TLS only: gRPC with client certificates, NATS with TLS and an NKey user.
+    #[arg(long)]
+    tls: bool,
 }
 
 fn main() -> anyhow::Result<ExitCode> {
@@ -22,6 +25,7 @@ fn main() -> anyhow::Result<ExitCode> {
     let mut options = kiln_topology::Options::from_env();
     options.dir = Some(args.dir);
     options.lease_ttl_ms = 10_000;
+    options.tls = args.tls;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let mut topology = runtime.block_on(kiln_topology::Topology::start(options));
     let exports = topology.exports();

@@ -24,6 +24,10 @@ pub struct Infra<'a> {
     pub s3: &'a S3,
     pub keyspace: &'a str,
     pub lease_ttl_ms: u64,
+    /// The nats-servers' client settings (their TLS and NKey, when the cluster is secure).
+    pub nats: kiln_core::config::NatsConfig,
+    /// TLS on every gRPC listener, when the topology is TLS-only.
+    pub tls: Option<&'a crate::tls::TopologyTls>,
 }
 
 /// One process to start.
@@ -224,6 +228,11 @@ fn instance(
         env.insert(key.clone(), value);
     }
 
+    crate::tls::nats_overrides(&prefix, &infra.nats, &mut env);
+    if let Some(tls) = infra.tls {
+        tls.overrides(&prefix, &service_name, &mut env);
+    }
+
     let mut listens = BTreeMap::new();
     collect_listens("", &table, &ports[name], &mut listens);
     let token_file = table
@@ -294,6 +303,8 @@ mod tests {
             s3: &s3,
             keyspace: "ks",
             lease_ttl_ms: 3000,
+            nats: kiln_core::config::NatsConfig::default(),
+            tls: None,
         };
         let instances = plan(&compose, &infra);
         assert_eq!(instances.len(), names().len());

@@ -129,6 +129,9 @@ pub(super) async fn instance_spec(
     env.insert("KILN_API".into(), ctx.config.api_url.clone());
     env.insert("KILN_LOGS".into(), ctx.config.logs_url.clone());
     env.insert("KILN_TOKEN".into(), token.token);
+    for (name, pem) in ctx.config.job_tls.job_env()? {
+        env.insert(name.into(), pem);
+    }
     let spec = InstanceSpec {
         job_id: job.id.clone(),
         attempt: job.attempt,

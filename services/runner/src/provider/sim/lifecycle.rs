@@ -26,6 +26,7 @@ fn agent_settings(spec: &InstanceSpec) -> Option<kiln_agent::Settings> {
         token: spec.env.get("KILN_TOKEN")?.clone(),
         slots: 1,
         masker: std::sync::Arc::new(kiln_agent::Masker::from_env(|name| spec.env.get(name).cloned())),
+        tls: kiln_agent::TlsSettings::from_vars(|name| spec.env.get(name).cloned()).ok()?,
     })
 }
 

@@ -1,0 +1,226 @@
+//! The serving side: a rustls config whose certificate resolver follows its files, and the
+//! connection stream every service hands to tonic.
+
+use std::io;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime};
+
+use futures::Stream;
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::sign::CertifiedKey;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_util::either::Either;
+use tonic::transport::server::{Connected, TcpConnectInfo};
+
+use super::{ServerTlsConfig, TlsError, load_certified_key, load_roots, provider};
+
+/// How long a client has to finish its TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often, at most, the certificate files are looked at.
+const RELOAD_CHECK: Duration = Duration::from_secs(1);
+/// Handshaken connections waiting for tonic to take them.
+const ACCEPTED_QUEUE: usize = 64;
+
+/// The connections of a listener, for `serve_with_incoming_shutdown`.
+pub type Incoming = Pin<Box<dyn Stream<Item = io::Result<Conn>> + Send>>;
+
+/// Returns the connections of `listener`: TCP streams as they are when `tls` is off, TLS
+/// streams once their handshake succeeded when on. A failed or slow handshake is logged and
+/// dropped; the listener keeps accepting. The listener is closed when tonic drops the stream.
+pub fn incoming(listener: TcpListener, tls: &ServerTlsConfig) -> Result<Incoming, TlsError> {
+    let Some(acceptor) = acceptor(tls)? else {
+        return Ok(Box::pin(
+            TcpListenerStream::new(listener).map(|stream| stream.map(|s| Conn(Either::Left(s)))),
+        ));
+    };
+    let (accepted_tx, accepted_rx) = tokio::sync::mpsc::channel(ACCEPTED_QUEUE);
+    tokio::spawn(async move {
+        loop {
+            let (stream, peer) = tokio::select! {
+                _ = accepted_tx.closed() => return,
+                accepted = listener.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    Err(error) => {
+                        // Out of file descriptors and the like: wait rather than spin.
+                        tracing::warn!(error = %error, "cannot accept a connection");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
+            };
+            let acceptor = acceptor.clone();
+            let accepted_tx = accepted_tx.clone();
+            tokio::spawn(async move {
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                    Ok(Ok(tls)) => {
+                        let _ = accepted_tx.send(Ok(Conn(Either::Right(Box::new(tls))))).await;
+                    }
+                    Ok(Err(error)) => tracing::info!(%peer, error = %error, "TLS handshake failed"),
+                    Err(_) => tracing::info!(%peer, "TLS handshake timed out"),
+                }
+            });
+        }
+    });
+    Ok(Box::pin(ReceiverStream::new(accepted_rx)))
+}
+
+/// The TLS acceptor of `tls`, `None` when TLS is off.
+fn acceptor(tls: &ServerTlsConfig) -> Result<Option<TlsAcceptor>, TlsError> {
+    let (Some(cert_file), Some(key_file)) = (&tls.cert_file, &tls.key_file) else {
+        if tls.cert_file.is_some() || tls.key_file.is_some() {
+            return Err(TlsError::Invalid("cert-file and key-file go together".into()));
+        }
+        return Ok(None);
+    };
+    let resolver = ReloadingResolver::new(cert_file.clone(), key_file.clone())?;
+    let builder = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Invalid(e.to_string()))?;
+    let builder = match &tls.client_ca_file {
+        Some(path) => {
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(load_roots(path)?), provider());
+            let verifier = if tls.require_client_cert {
+                verifier
+            } else {
+                verifier.allow_unauthenticated()
+            };
+            let verifier = verifier.build().map_err(|e| TlsError::ClientCa {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None if tls.require_client_cert => {
+            return Err(TlsError::Invalid("require-client-cert needs client-ca-file".into()));
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_cert_resolver(Arc::new(resolver));
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Some(TlsAcceptor::from(Arc::new(config))))
+}
+
+/// What identifies a version of the files: their modification times and lengths.
+type Stamp = [(Option<SystemTime>, u64); 2];
+
+/// Serves the pair of `cert_file` and `key_file`, reading them again when they change.
+#[derive(Debug)]
+struct ReloadingResolver {
+    cert_file: PathBuf,
+    key_file: PathBuf,
+    state: Mutex<ResolverState>,
+}
+
+#[derive(Debug)]
+struct ResolverState {
+    current: Arc<CertifiedKey>,
+    stamp: Stamp,
+    checked: Instant,
+}
+
+impl ReloadingResolver {
+    fn new(cert_file: PathBuf, key_file: PathBuf) -> Result<ReloadingResolver, TlsError> {
+        let stamp = stamp(&cert_file, &key_file);
+        let current = Arc::new(load_certified_key(&cert_file, &key_file)?);
+        Ok(ReloadingResolver {
+            cert_file,
+            key_file,
+            state: Mutex::new(ResolverState {
+                current,
+                stamp,
+                checked: Instant::now(),
+            }),
+        })
+    }
+
+    /// Returns the pair to serve, first reading the files again when they changed.
+    fn current(&self) -> Arc<CertifiedKey> {
+        let mut state = self.state.lock().expect("resolver lock");
+        if state.checked.elapsed() >= RELOAD_CHECK {
+            state.checked = Instant::now();
+            let stamp = stamp(&self.cert_file, &self.key_file);
+            if stamp != state.stamp {
+                // Marked seen either way: a broken pair is reported once, not per connection.
+                state.stamp = stamp;
+                match load_certified_key(&self.cert_file, &self.key_file) {
+                    Ok(pair) => {
+                        state.current = Arc::new(pair);
+                        tracing::info!(cert = %self.cert_file.display(), "TLS certificate reloaded");
+                    }
+                    Err(error) => tracing::warn!(
+                        error = %error,
+                        "cannot reload the TLS certificate; serving the previous one"
+                    ),
+                }
+            }
+        }
+        state.current.clone()
+    }
+}
+
+impl ResolvesServerCert for ReloadingResolver {
+    fn resolve(&self, _client_hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.current())
+    }
+}
+
+fn stamp(cert_file: &PathBuf, key_file: &PathBuf) -> Stamp {
+    [cert_file, key_file].map(|path| match std::fs::metadata(path) {
+        Ok(meta) => (meta.modified().ok(), meta.len()),
+        Err(_) => (None, 0),
+    })
+}
+
+/// One accepted connection, plain or TLS.
+pub struct Conn(Either<TcpStream, Box<TlsStream<TcpStream>>>);
+
+impl Connected for Conn {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> TcpConnectInfo {
+        match &self.0 {
+            Either::Left(tcp) => tcp.connect_info(),
+            Either::Right(tls) => tls.get_ref().0.connect_info(),
+        }
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.is_write_vectored()
+    }
+}
