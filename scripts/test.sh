@@ -73,11 +73,14 @@ cleanup() {
   fi
 }
 trap cleanup EXIT
-log "starting Postgres on 127.0.0.1:$pg_port"
+log "starting Postgres on 127.0.0.1:$pg_port (TLS offered, with a CA of its own)"
 "${as_pg[@]}" "$pg_bin/initdb" -D "$pg_dir/data" -A trust -U postgres --no-sync >/dev/null
+"$repo/scripts/test-ca.sh" "$pg_dir/tls" 127.0.0.1
+[ ${#as_pg[@]} -eq 0 ] || chown -R postgres "$pg_dir/tls"
 "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$pg_dir/data" -l "$pg_dir/postgres.log" -w -o \
-  "-k $pg_dir -p $pg_port -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=300" start >/dev/null
+  "-k $pg_dir -p $pg_port -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=300 -c ssl=on -c ssl_cert_file=$pg_dir/tls/server.pem -c ssl_key_file=$pg_dir/tls/server.key" start >/dev/null
 export KILN_TEST_DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/postgres"
+export KILN_TEST_DATABASE_CA="$pg_dir/tls/ca.pem"
 
 # --- Cassandra (for the ScyllaDB store) ------------------------------------------------------
 if ! compgen -G "$repo/scripts/cassandra/lib/cassandra-all-*.jar" >/dev/null; then

@@ -10,12 +10,10 @@ resource "aws_db_parameter_group" "this" {
   name_prefix = "${var.name}-"
   family      = "postgres${split(".", var.engine_version)[0]}"
 
-  # kiln's Postgres client is built without TLS (sea-orm's sqlx without a TLS feature), and RDS
-  # forces TLS by default from Postgres 15 on: allow plain connections, which only kiln's
-  # security groups can open, inside the VPC. Set 1 once kiln's client speaks TLS.
+  # Every connection encrypted: kiln's services connect with `sslmode=require`.
   parameter {
     name  = "rds.force_ssl"
-    value = "0"
+    value = "1"
   }
   # Every connection and slow statement in the logs.
   parameter {
@@ -57,7 +55,6 @@ resource "aws_iam_role_policy_attachment" "monitoring" {
 }
 
 resource "aws_db_instance" "this" {
-  #checkov:skip=CKV2_AWS_69: kiln's Postgres client has no TLS yet (see rds.force_ssl above); the database is reachable only from kiln's security groups inside the VPC
   #checkov:skip=CKV_AWS_161: IAM authentication is optional (var.iam_database_authentication): kiln logs in with the master password RDS keeps in Secrets Manager
   identifier_prefix = "${var.name}-"
   engine            = "postgres"

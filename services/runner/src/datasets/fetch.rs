@@ -102,18 +102,28 @@ async fn stream_into(
         written = 0;
     }
     let mut chunks = result.into_stream();
+    let mut streamed = Ok(());
     while let Some(chunk) = chunks.next().await {
-        let chunk = chunk?;
+        let chunk = match chunk {
+            Ok(chunk) => chunk,
+            Err(error) => {
+                streamed = Err(error.into());
+                break;
+            }
+        };
         file.write_all(&chunk)
             .await
             .map_err(Error::io(format!("cannot write {}", part.display())))?;
         hasher.update(&chunk);
         written += chunk.len() as u64;
     }
+    // Flushed on an interrupted stream too: tokio finishes a write in the background after
+    // `write_all` returns, and one landing after the resume measured the file would be appended
+    // behind the resumed bytes (seen as a corrupt archive under load).
     file.flush()
         .await
         .map_err(Error::io(format!("cannot write {}", part.display())))?;
-    Ok(written)
+    streamed.map(|()| written)
 }
 
 async fn file_len(path: &Path) -> Result<u64> {
