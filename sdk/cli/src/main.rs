@@ -12,6 +12,7 @@ mod format;
 mod metrics;
 mod nats_child;
 mod pack;
+mod project;
 mod quota;
 mod secret;
 mod tenancy;
@@ -108,7 +109,7 @@ enum Command {
     Token(tenancy::TokenCommand),
     /// Projects and their members in roles (viewer, member, maintainer).
     #[command(subcommand)]
-    Project(tenancy::ProjectCommand),
+    Project(project::ProjectCommand),
     /// Who the token in use is, and its projects.
     Whoami {
         #[arg(short, long, value_enum, default_value = "table")]
@@ -171,7 +172,7 @@ fn main() -> ExitCode {
             Command::Batch(command) => batch::batch(command).await,
             Command::User(command) => tenancy::user(command).await,
             Command::Token(command) => tenancy::token(command).await,
-            Command::Project(command) => tenancy::project(command).await,
+            Command::Project(command) => project::project(command).await,
             Command::Whoami { output } => tenancy::whoami(output).await,
             Command::Login(args) => tenancy::login(args).await,
             Command::Completions { .. } => unreachable!("answered before the runtime starts"),

@@ -1,4 +1,4 @@
-//! `kiln user|token|project|whoami|login`: users, their tokens, projects and their members.
+//! `kiln user|token|whoami|login`: users and their tokens (projects are in `project`).
 //! Commands that make a token print it alone on their last line, so scripts can take it with
 //! `tail -n1`.
 
@@ -58,32 +58,6 @@ pub enum TokenCommand {
     Revoke { token: String },
 }
 
-#[derive(Debug, clap::Subcommand)]
-pub enum ProjectCommand {
-    /// Make a project (admin).
-    Create { name: String },
-    /// List the projects you are a member of (an admin: all).
-    Ls {
-        #[arg(short, long, value_enum, default_value = "table")]
-        output: Output,
-    },
-    /// List a project's members.
-    Members {
-        name: String,
-        #[arg(short, long, value_enum, default_value = "table")]
-        output: Output,
-    },
-    /// Add a member, or change their role (a maintainer of the project).
-    AddMember {
-        project: String,
-        user: String,
-        #[arg(long, value_enum)]
-        role: RoleArg,
-    },
-    /// Remove a member (a maintainer of the project).
-    RmMember { project: String, user: String },
-}
-
 /// A role in a project, as the command line names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum RoleArg {
@@ -93,7 +67,7 @@ pub enum RoleArg {
 }
 
 impl RoleArg {
-    fn to_proto(self) -> pb::Role {
+    pub(crate) fn to_proto(self) -> pb::Role {
         match self {
             RoleArg::Viewer => pb::Role::Viewer,
             RoleArg::Member => pb::Role::Member,
@@ -116,7 +90,7 @@ pub struct LoginArgs {
     pub batch_addr: Option<String>,
 }
 
-fn role_name(role: i32) -> &'static str {
+pub(crate) fn role_name(role: i32) -> &'static str {
     match pb::Role::try_from(role).unwrap_or(pb::Role::Unspecified) {
         pb::Role::Viewer => "viewer",
         pb::Role::Member => "member",
@@ -129,7 +103,7 @@ fn time_or_dash(ms: i64) -> String {
     if ms == 0 { "-".to_string() } else { age(ms) }
 }
 
-fn table(header: &[&str], rows: impl IntoIterator<Item = Vec<String>>) -> Result<()> {
+pub(crate) fn table(header: &[&str], rows: impl IntoIterator<Item = Vec<String>>) -> Result<()> {
     let mut builder = tabled::builder::Builder::default();
     builder.push_record(header.iter().map(|h| h.to_string()));
     for row in rows {
@@ -290,92 +264,6 @@ fn expires_in(expires_at_ms: i64) -> String {
         s if s < 86_400 => format!("in {}h", s / 3600),
         s => format!("in {}d", s / 86_400),
     }
-}
-
-pub async fn project(command: ProjectCommand) -> Result<ExitCode> {
-    let mut clients = client::connect(&client::resolve()?).await?;
-    match command {
-        ProjectCommand::Create { name } => {
-            let project = clients
-                .projects
-                .create_project(pb::CreateProjectRequest { name })
-                .await?
-                .into_inner();
-            out!("project {} created", project.name);
-        }
-        ProjectCommand::Ls { output } => {
-            let projects = clients
-                .projects
-                .list_projects(pb::ListProjectsRequest {})
-                .await?
-                .into_inner()
-                .projects;
-            if output == Output::Json {
-                let all: Vec<_> = projects
-                    .iter()
-                    .map(|p| serde_json::json!({"name": p.name, "role": role_name(p.role), "created_at_ms": p.created_at_ms}))
-                    .collect();
-                format::print_json(&all)?;
-            } else {
-                table(
-                    &["NAME", "YOUR ROLE", "CREATED"],
-                    projects
-                        .iter()
-                        .map(|p| vec![p.name.clone(), role_name(p.role).to_string(), age(p.created_at_ms)]),
-                )?;
-            }
-        }
-        ProjectCommand::Members { name, output } => {
-            let members = clients
-                .projects
-                .list_members(pb::ProjectRef { name })
-                .await?
-                .into_inner()
-                .members;
-            if output == Output::Json {
-                let all: Vec<_> = members
-                    .iter()
-                    .map(|m| serde_json::json!({"user": m.user, "role": role_name(m.role)}))
-                    .collect();
-                format::print_json(&all)?;
-            } else {
-                table(
-                    &["USER", "ROLE"],
-                    members
-                        .iter()
-                        .map(|m| vec![m.user.clone(), role_name(m.role).to_string()]),
-                )?;
-            }
-        }
-        ProjectCommand::AddMember { project, user, role } => {
-            let member = clients
-                .projects
-                .add_member(pb::AddMemberRequest {
-                    project,
-                    user,
-                    role: role.to_proto() as i32,
-                })
-                .await?
-                .into_inner();
-            out!(
-                "{} is {} of project {}",
-                member.user,
-                role_name(member.role),
-                member.project
-            );
-        }
-        ProjectCommand::RmMember { project, user } => {
-            clients
-                .projects
-                .remove_member(pb::RemoveMemberRequest {
-                    project: project.clone(),
-                    user: user.clone(),
-                })
-                .await?;
-            out!("{user} removed from project {project}");
-        }
-    }
-    Ok(ExitCode::SUCCESS)
 }
 
 /// Prints who the token in use is, as the api sees it.

@@ -26,6 +26,7 @@ mod batches;
 mod clients;
 mod docker;
 mod jobs;
+pub mod rpc;
 mod services;
 pub mod sim;
 mod streams;
