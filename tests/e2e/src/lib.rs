@@ -31,6 +31,7 @@ mod services;
 pub mod sim;
 mod streams;
 mod tenancy;
+pub mod two_projects;
 
 pub use batches::*;
 pub use docker::*;
