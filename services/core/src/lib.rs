@@ -15,6 +15,7 @@
 //! - [`scheduling`] and [`quotas`]: the names and quota checks the scheduler and the api share;
 //! - [`whoami`]: `NodeService`, the one RPC every service serves;
 //! - [`tls`]: TLS for gRPC servers (reloaded certificates, client certificates) and clients;
+//! - [`runs`]: a run's configuration values (what `kiln.init(config)` stores, a trial's knobs);
 //! - [`objects`]: the blob store; [`telemetry`] and [`shutdown`]: process plumbing.
 #![forbid(unsafe_code)]
 
@@ -32,6 +33,7 @@ pub mod objects;
 pub mod publish;
 pub mod quotas;
 pub mod runners;
+pub mod runs;
 pub mod scheduling;
 pub mod secrets;
 pub mod service;
