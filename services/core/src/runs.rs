@@ -42,6 +42,37 @@ impl fmt::Display for ConfigValue {
     }
 }
 
+impl From<&ConfigValue> for kiln_proto::v1::ConfigValue {
+    fn from(value: &ConfigValue) -> Self {
+        use kiln_proto::v1::config_value::Value;
+        let value = match value {
+            ConfigValue::Bool(value) => Value::BoolValue(*value),
+            ConfigValue::Int(value) => Value::IntValue(*value),
+            ConfigValue::Float(value) => Value::FloatValue(*value),
+            ConfigValue::Str(value) => Value::StringValue(value.clone()),
+        };
+        kiln_proto::v1::ConfigValue { value: Some(value) }
+    }
+}
+
+impl ConfigValue {
+    /// The value a proto message carries; `None` when it carries none.
+    pub fn from_proto(value: &kiln_proto::v1::ConfigValue) -> Option<ConfigValue> {
+        use kiln_proto::v1::config_value::Value;
+        Some(match value.value.as_ref()? {
+            Value::BoolValue(value) => ConfigValue::Bool(*value),
+            Value::IntValue(value) => ConfigValue::Int(*value),
+            Value::FloatValue(value) => ConfigValue::Float(*value),
+            Value::StringValue(value) => ConfigValue::Str(value.clone()),
+        })
+    }
+}
+
+/// A config as proto carries it (`map<string, ConfigValue>`).
+pub fn config_to_proto(config: &RunConfig) -> std::collections::HashMap<String, kiln_proto::v1::ConfigValue> {
+    config.iter().map(|(key, value)| (key.clone(), value.into())).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -59,5 +90,8 @@ mod tests {
         );
         assert_eq!(config["a.b"].as_f64(), Some(3.0));
         assert_eq!(config["opt"].as_f64(), None);
+        for value in config.values() {
+            assert_eq!(ConfigValue::from_proto(&value.into()).as_ref(), Some(value));
+        }
     }
 }
