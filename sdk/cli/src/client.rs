@@ -19,6 +19,7 @@ use kiln_proto::v1::node_service_client::NodeServiceClient;
 use kiln_proto::v1::project_service_client::ProjectServiceClient;
 use kiln_proto::v1::quota_service_client::QuotaServiceClient;
 use kiln_proto::v1::secret_service_client::SecretServiceClient;
+use kiln_proto::v1::sweep_service_client::SweepServiceClient;
 use kiln_proto::v1::user_service_client::UserServiceClient;
 use serde::{Deserialize, Serialize};
 use tonic::service::interceptor::InterceptedService;
@@ -32,6 +33,9 @@ pub struct Credentials {
     /// item-batch (BatchService); files written before batches existed have none.
     #[serde(default)]
     pub batches: String,
+    /// The advisor (SweepService); files written before sweeps existed have none.
+    #[serde(default)]
+    pub advisor: String,
     pub token: String,
     /// The CA of `https://` addresses (the system roots when unset).
     #[serde(default, rename = "ca-file", skip_serializing_if = "Option::is_none")]
@@ -144,6 +148,9 @@ pub fn resolve() -> Result<Credentials> {
     let batches = env("KILN_BATCH_ADDR")
         .or_else(|| file.as_ref().map(|f| f.batches.clone()).filter(|b| !b.is_empty()))
         .unwrap_or_else(|| api.clone());
+    let advisor = env("KILN_ADVISOR_ADDR")
+        .or_else(|| file.as_ref().map(|f| f.advisor.clone()).filter(|a| !a.is_empty()))
+        .unwrap_or_else(|| api.clone());
     let flags = TLS_FLAGS.get().cloned().unwrap_or_default();
     let path_setting = |flag: Option<PathBuf>, var: &str, from_file: fn(&Credentials) -> Option<PathBuf>| {
         flag.or_else(|| env(var).map(PathBuf::from))
@@ -153,6 +160,7 @@ pub fn resolve() -> Result<Credentials> {
         api,
         logs,
         batches,
+        advisor,
         token,
         ca_file: path_setting(flags.ca_file, "KILN_CA_FILE", |f| f.ca_file.clone()),
         cert_file: path_setting(flags.cert_file, "KILN_CLIENT_CERT", |f| f.cert_file.clone()),
@@ -166,6 +174,7 @@ pub fn normalized(credentials: &Credentials) -> Credentials {
         api: normalize(&credentials.api),
         logs: normalize(&credentials.logs),
         batches: normalize(&credentials.batches),
+        advisor: normalize(&credentials.advisor),
         ..credentials.clone()
     }
 }
@@ -198,6 +207,7 @@ pub struct Clients {
     pub datasets: DatasetServiceClient<Authed>,
     pub logs: LogServiceClient<Authed>,
     pub batches: BatchServiceClient<Authed>,
+    pub sweeps: SweepServiceClient<Authed>,
     pub quotas: QuotaServiceClient<Authed>,
     pub users: UserServiceClient<Authed>,
     pub projects: ProjectServiceClient<Authed>,
@@ -244,8 +254,17 @@ pub async fn connect(credentials: &Credentials) -> Result<Clients> {
     } else {
         channel(&credentials.batches, &tls).await?
     };
+    // Connected on first use: commands that need no sweeps work while the advisor is down.
+    let advisor = if credentials.advisor == credentials.api {
+        api.clone()
+    } else {
+        kiln_core::tls::endpoint(&credentials.advisor, &tls)?
+            .connect_timeout(std::time::Duration::from_secs(5))
+            .connect_lazy()
+    };
     let auth = BearerInterceptor::new(&credentials.token);
     Ok(Clients {
+        sweeps: SweepServiceClient::with_interceptor(advisor, auth.clone()),
         batches: BatchServiceClient::with_interceptor(batches, auth.clone()).max_encoding_message_size(16 << 20),
         jobs: JobServiceClient::with_interceptor(api.clone(), auth.clone()),
         quotas: QuotaServiceClient::with_interceptor(api.clone(), auth.clone()),

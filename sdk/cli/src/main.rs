@@ -15,6 +15,7 @@ mod pack;
 mod project;
 mod quota;
 mod secret;
+mod sweep;
 mod tenancy;
 mod tools;
 mod up;
@@ -101,6 +102,10 @@ enum Command {
     /// Batches: a command run once per item, by workers that scale with the backlog.
     #[command(subcommand)]
     Batch(batch::BatchCommand),
+    /// Hyper-parameter sweeps: trials as jobs, suggested by the advisor (random, grid, TPE),
+    /// stopped early (ASHA, median), within a budget.
+    #[command(subcommand)]
+    Sweep(sweep::SweepCommand),
     /// Users (admin): create, list, disable.
     #[command(subcommand)]
     User(tenancy::UserCommand),
@@ -170,6 +175,7 @@ fn main() -> ExitCode {
             Command::Artifacts(command) => data::artifacts(command).await,
             Command::Dataset(command) => data::dataset(command).await,
             Command::Batch(command) => batch::batch(command).await,
+            Command::Sweep(command) => sweep::sweep(command).await,
             Command::User(command) => tenancy::user(command).await,
             Command::Token(command) => tenancy::token(command).await,
             Command::Project(command) => project::project(command).await,

@@ -88,6 +88,9 @@ pub struct LoginArgs {
     /// item-batch's address (default: the api's).
     #[arg(long)]
     pub batch_addr: Option<String>,
+    /// The advisor's address (default: the api's).
+    #[arg(long)]
+    pub advisor_addr: Option<String>,
 }
 
 pub(crate) fn role_name(role: i32) -> &'static str {
@@ -301,6 +304,7 @@ pub async fn login(args: LoginArgs) -> Result<ExitCode> {
         key_file,
         logs: args.logs_addr.unwrap_or_else(|| args.addr.clone()),
         batches: args.batch_addr.unwrap_or_else(|| args.addr.clone()),
+        advisor: args.advisor_addr.unwrap_or_else(|| args.addr.clone()),
         api: args.addr,
         token,
     };

@@ -40,6 +40,9 @@ pub struct UpArgs {
     /// on 0.0.0.0:7075, with --tls-cert/--tls-key (or --insecure).
     #[arg(long, default_value = "127.0.0.1:7075")]
     pub batch_addr: SocketAddr,
+    /// Address of the advisor (SweepService, and `kiln.should_stop()` of trials).
+    #[arg(long, default_value = "127.0.0.1:7076")]
+    pub advisor_addr: SocketAddr,
     /// The static kiln-agent put into batch workers' containers (scripts/setup.sh builds it
     /// and installs it as kiln-agent in its tools; default: found like nats-server); without
     /// one, batches with an image cannot start workers.
@@ -289,6 +292,16 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
     };
     let batches = kiln_item_batch::ItemBatch::bind(kiln_item_batch::Config {
         grpc: grpc(args.batch_addr),
+        database: database.clone(),
+        nats: nats.clone(),
+        objects: objects.clone(),
+        ..Default::default()
+    })
+    .await?
+    .with_metrics(&metrics);
+    let batches_addr = batches.local_addr();
+    let advisor = kiln_advisor::Advisor::bind(kiln_advisor::Config {
+        grpc: grpc(args.advisor_addr),
         database,
         nats,
         objects,
@@ -296,7 +309,7 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
     })
     .await?
     .with_metrics(&metrics);
-    let batches_addr = batches.local_addr();
+    let advisor_addr = advisor.local_addr();
 
     let shutdown = kiln_core::shutdown::on_signal();
     let metrics_config = MetricsConfig {
@@ -317,6 +330,7 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
         api: format!("{scheme}://{api_addr}"),
         logs: format!("{scheme}://{logs_addr}"),
         batches: format!("{scheme}://{batches_addr}"),
+        advisor: format!("{scheme}://{advisor_addr}"),
         token,
         // Absolute: clients read it from wherever they run.
         ca_file: args.tls.tls_ca.as_deref().map(std::path::absolute).transpose()?,
@@ -328,6 +342,7 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
     println!("  api:      {}", credentials.api);
     println!("  logs:     {}", credentials.logs);
     println!("  batches:  {}", credentials.batches);
+    println!("  advisor:  {}", credentials.advisor);
     println!("  nats:     {nats_url}");
     println!("  metrics:  http://{metrics_addr}/metrics");
     println!("  data:     {}", home.display());
@@ -349,6 +364,8 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
     services.spawn(async move { ("runner", runner.serve(token).await.map_err(Into::into)) });
     let token = shutdown.clone();
     services.spawn(async move { ("item-batch", batches.serve(token).await.map_err(Into::into)) });
+    let token = shutdown.clone();
+    services.spawn(async move { ("advisor", advisor.serve(token).await.map_err(Into::into)) });
     let mut failure = None;
     while let Some(joined) = services.join_next().await {
         let (service, result) = joined.context("a service panicked")?;

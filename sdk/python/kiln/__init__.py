@@ -12,6 +12,15 @@ thread sends in batches (by size and by interval). When the buffer is full, `log
 room rather than dropping points. Each point is keyed by (job, key, step), so a batch sent twice
 stores nothing twice.
 
+In a sweep's trial, `kiln.init()` puts the advisor's knobs in `kiln.config`, and
+`kiln.should_stop()` turns True once the advisor stopped the trial early:
+
+    kiln.init()
+    for epoch in range(kiln.config["epochs"]):
+        kiln.log({"val/loss": train_one_epoch(kiln.config["lr"]), "epoch": epoch + 1}, step=epoch)
+        if kiln.should_stop():
+            break
+
 Batches (a command run once per item, on workers that scale with the backlog):
 
     batch = kiln.Client().batches.create(["python", "resize.py", "{uri}"], max_workers=50)
@@ -20,8 +29,9 @@ Batches (a command run once per item, on workers that scale with the backlog):
 
 from ._batch import Batch, Client, Progress
 from ._run import Run, finish, init, log, log_series
+from ._sweep import should_stop
 
 config: dict = {}
 """The configuration given to `init` (a plain dict)."""
 
-__all__ = ["Batch", "Client", "Progress", "Run", "config", "finish", "init", "log", "log_series"]
+__all__ = ["Batch", "Client", "Progress", "Run", "config", "finish", "init", "log", "log_series", "should_stop"]

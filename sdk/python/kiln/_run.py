@@ -15,6 +15,8 @@ import grpc
 
 from kiln.v1 import job_pb2, job_pb2_grpc, log_pb2, log_pb2_grpc
 
+from ._sweep import trial_knobs
+
 _STOP = object()
 
 
@@ -286,6 +288,8 @@ def init(config: Mapping | None = None, *, name: str = "", project: str = "", **
 
     kiln.config.clear()
     kiln.config.update(dict(config or {}))
+    # In a sweep's trial, the advisor's knobs (they win over defaults given here).
+    kiln.config.update(trial_knobs())
     if _current is not None:
         return _current
     job_id = os.environ.get("KILN_JOB_ID")

@@ -52,6 +52,13 @@ pub const CONSUMER_METRICS: &str = "log-ingest-metrics";
 /// Durable consumer of item-batch on `KILN_ITEM_RESULTS`, shared by all its replicas.
 pub const CONSUMER_ITEM_RESULTS: &str = "item-batch-results";
 
+/// The lease in `kiln_leases` whose holder is the advisor replica running the sweeps.
+pub const LEASE_ADVISOR: &str = "advisor";
+/// Durable consumer of the advisor leader on `KILN_METRICS` (trials' objective points).
+pub const CONSUMER_ADVISOR_METRICS: &str = "advisor-metrics";
+/// Durable consumer of the advisor leader on `KILN_JOBS` (trials' state changes wake it).
+pub const CONSUMER_ADVISOR_JOBS: &str = "advisor-jobs";
+
 /// KV bucket holding the leader leases.
 pub const BUCKET_LEASES: &str = "kiln_leases";
 /// KV bucket holding each runner's capacity report, keyed by runner id.
@@ -130,7 +137,14 @@ pub fn consumer_kind(name: &str) -> &str {
     } else if name.starts_with("control-") {
         "control"
     } else if name.starts_with("runner-")
-        || [CONSUMER_LOG_INGEST, CONSUMER_METRICS, CONSUMER_ITEM_RESULTS].contains(&name)
+        || [
+            CONSUMER_LOG_INGEST,
+            CONSUMER_METRICS,
+            CONSUMER_ITEM_RESULTS,
+            CONSUMER_ADVISOR_METRICS,
+            CONSUMER_ADVISOR_JOBS,
+        ]
+        .contains(&name)
     {
         name
     } else {

@@ -5,6 +5,7 @@
 //! - [`template`]: a batch's per-item command (`{uri}`, `{output}`, `{item}`, `{attempt}`);
 //! - [`columns`]: the columns of a metric batch (`MetricColumns`): checked, merged and split;
 //! - [`image`]: container image references;
+//! - [`units`]: memory sizes, CPU cores and durations as people write them;
 //! - [`chunks`]: metric points packed into the byte columns of a CQL row, and read back.
 //!
 //! Every function here returns an [`Error`] whose message says what is wrong, and none panics
@@ -20,5 +21,6 @@ pub mod error;
 pub mod image;
 pub mod mask;
 pub mod template;
+pub mod units;
 
 pub use error::{Error, Result};

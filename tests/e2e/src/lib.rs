@@ -30,6 +30,7 @@ pub mod rpc;
 mod services;
 pub mod sim;
 mod streams;
+pub mod sweeps;
 mod tenancy;
 pub mod two_projects;
 
@@ -142,6 +143,8 @@ pub struct Stack {
     pub logs: Option<ServiceHandle>,
     pub batches: Option<ServiceHandle>,
     pub batches_addr: Option<SocketAddr>,
+    pub advisor: Option<ServiceHandle>,
+    pub advisor_addr: Option<SocketAddr>,
     /// The registry the stack's own api and scheduler count into.
     pub metrics: kiln_core::metrics::Metrics,
 }
@@ -294,6 +297,8 @@ impl Stack {
             logs: Some(logs),
             batches: None,
             batches_addr: None,
+            advisor: None,
+            advisor_addr: None,
             metrics,
         }
     }

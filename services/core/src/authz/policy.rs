@@ -88,4 +88,12 @@ pub const POLICY: &[Rule] = &[
     rule("/kiln.v1.BatchService/RetryFailed", MEMBER_OWN_MAINTAINER_ANY, Deny),
     // item-batch: the worker loop, for the batch's own workers (and users running an agent)
     rule("/kiln.v1.ItemWorkService/Work", MEMBER_OWN_MAINTAINER_ANY, OwnBatch),
+    // advisor: sweeps (a trial's own token may ask whether it should stop)
+    rule("/kiln.v1.SweepService/CreateSweep", Needs(Member), Deny),
+    rule("/kiln.v1.SweepService/GetSweep", Needs(Viewer), Deny),
+    rule("/kiln.v1.SweepService/ListSweeps", Needs(Viewer), Deny),
+    rule("/kiln.v1.SweepService/StopSweep", MEMBER_OWN_MAINTAINER_ANY, Deny),
+    rule("/kiln.v1.SweepService/ResumeSweep", MEMBER_OWN_MAINTAINER_ANY, Deny),
+    rule("/kiln.v1.SweepService/BestTrial", Needs(Viewer), Deny),
+    rule("/kiln.v1.SweepService/ShouldStop", Needs(Viewer), OwnJob),
 ];

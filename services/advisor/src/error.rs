@@ -1,0 +1,83 @@
+//! The advisor's error type.
+
+use kiln_core::ErrorKind;
+use kiln_core::store::StoreError;
+use kiln_core::streams::NatsError;
+
+use crate::space::FieldError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// A sweep spec that does not check: every problem, each naming its field.
+    #[error("the sweep spec has {} problem(s): {}", .0.len(), field_list(.0))]
+    InvalidSpec(Vec<FieldError>),
+    #[error("sweep {sweep_id} not found")]
+    SweepNotFound { sweep_id: String },
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    FailedPrecondition(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// An operation of kiln-core that spans the store and NATS.
+    #[error(transparent)]
+    Core(#[from] kiln_core::Error),
+    #[error(transparent)]
+    Nats(#[from] NatsError),
+    #[error("{0}")]
+    Internal(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("gRPC server failed: {0}")]
+    Serve(#[from] tonic::transport::Error),
+    #[error(transparent)]
+    Tls(#[from] kiln_core::tls::TlsError),
+    #[error(transparent)]
+    Metrics(#[from] kiln_core::metrics::MetricsError),
+}
+
+fn field_list(problems: &[FieldError]) -> String {
+    problems
+        .iter()
+        .map(|problem| format!("{}: {}", problem.field, problem.message))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+impl Error {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::InvalidArgument(_) | Error::InvalidSpec(_) => ErrorKind::InvalidArgument,
+            Error::SweepNotFound { .. } | Error::NotFound(_) => ErrorKind::NotFound,
+            Error::FailedPrecondition(_) => ErrorKind::FailedPrecondition,
+            Error::Store(error) => error.kind(),
+            Error::Core(error) => error.kind(),
+            Error::Nats(error) => error.kind(),
+            Error::Tls(error) => error.kind(),
+            Error::Internal(_) | Error::Bind { .. } | Error::Serve(_) | Error::Metrics(_) => ErrorKind::Internal,
+        }
+    }
+}
+
+impl From<sea_orm::DbErr> for Error {
+    fn from(error: sea_orm::DbErr) -> Self {
+        Error::Store(StoreError::Db(error))
+    }
+}
+
+impl From<Error> for tonic::Status {
+    fn from(error: Error) -> tonic::Status {
+        kiln_core::error::status(error.kind(), &error)
+    }
+}
+
+pub fn nats_error(error: impl std::fmt::Display) -> Error {
+    Error::Nats(NatsError::Other(error.to_string()))
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

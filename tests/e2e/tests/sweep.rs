@@ -1,0 +1,213 @@
+//! Sweeps end to end: the advisor suggests trials, runs them as jobs on the sim and process
+//! providers, stops the losers early, survives being killed, resumes preempted trials, and
+//! refuses bad specs naming the field.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use kiln_e2e::sim::{cloud, cpu_box, sim_runner};
+use kiln_e2e::sweeps::drive_sim_trials;
+use kiln_e2e::{PATIENCE, Stack};
+use kiln_proto::v1 as pb;
+use kiln_runner::provider::sim::SimConfig;
+
+/// A spec of `trials` trials, `parallel` at a time, TPE and ASHA over epochs 1..9, with the
+/// trial command `command` (YAML flow list).
+fn spec(name: &str, trials: u32, parallel: u32, command: &str, market: &str) -> String {
+    format!(
+        r#"
+name: {name}
+objective: {{metric: val/loss, goal: minimize}}
+algorithm: {{name: tpe, seed: 7, startup-trials: 8}}
+early-stop: {{name: asha, resource: epoch, min: 1, max: 9, eta: 3}}
+budget: {{max-trials: {trials}, max-parallel: {parallel}}}
+parameters:
+  lr:    {{type: float, min: 1.0e-4, max: 1.0, log: true}}
+  width: {{type: int, values: [16, 32, 64]}}
+trial: {{command: {command}, cpu: 0.5, mem: 256M, market: {market}}}
+"#
+    )
+}
+
+async fn sim_stack(sim: SimConfig) -> Stack {
+    let mut stack = Stack::start_without_runner().await;
+    stack.runner = Some(stack.spawn_runner(sim_runner(&stack, sim)).await);
+    stack.start_advisor(stack.advisor_config("advisor-1")).await;
+    stack
+}
+
+/// Checks what every finished sweep must show: exactly `trials` trials, one job each.
+fn assert_each_trial_once(sweep: &pb::Sweep, trials: usize) {
+    assert_eq!(sweep.trials.len(), trials, "{:?}", sweep.counts);
+    let indexes: HashSet<u32> = sweep.trials.iter().map(|trial| trial.index).collect();
+    assert_eq!(indexes.len(), trials, "trial indexes repeat");
+    let jobs: HashSet<&str> = sweep.trials.iter().map(|trial| trial.job_id.as_str()).collect();
+    assert_eq!(jobs.len(), trials, "a job serves two trials, or a trial has none");
+    assert!(!jobs.contains(""), "a trial without a job");
+}
+
+/// The jobs in the database that belong to the sweep (by the name the advisor gives them).
+async fn jobs_of(stack: &Stack, sweep: &pb::Sweep) -> usize {
+    let prefix = format!("{}-", sweep.name);
+    stack
+        .store
+        .list_jobs(None, &kiln_core::authz::Visible::All, true, 100_000)
+        .await
+        .expect("list jobs")
+        .into_iter()
+        .filter(|job| job.name.starts_with(&prefix))
+        .count()
+}
+
+#[tokio::test]
+async fn a_sim_sweep_reaches_its_budget_and_asha_stops_the_losers() {
+    let stack = sim_stack(cloud(cpu_box(), 8, false)).await;
+    let sweep = stack.create_sweep(&spec("simsweep", 30, 6, "[sleep, '3']", "on-demand")).await;
+    assert_eq!(sweep.state, "running");
+    drive_sim_trials(&stack, &sweep.id, 9, Duration::from_millis(40)).await;
+    let sweep = stack.wait_for_sweep(&sweep.id, "finished", PATIENCE).await;
+    assert_each_trial_once(&sweep, 30);
+    assert_eq!(jobs_of(&stack, &sweep).await, 30, "one job per trial in the database");
+    let stopped: Vec<&pb::Trial> = sweep.trials.iter().filter(|trial| trial.state == "stopped").collect();
+    assert!(!stopped.is_empty(), "ASHA stopped no trial: {:?}", sweep.counts);
+    for trial in &stopped {
+        assert!(trial.reason.starts_with("stopped early at "), "{trial:?}");
+        // Stopped at a rung before the full budget of 9 epochs.
+        assert!(trial.resource < 9.0, "{trial:?}");
+    }
+    let best = sweep.best.clone().expect("a best trial");
+    let values: Vec<f64> = sweep
+        .trials
+        .iter()
+        .filter(|trial| trial.state == "succeeded")
+        .filter_map(|trial| trial.value)
+        .collect();
+    assert!(!values.is_empty(), "no trial ran to the end");
+    let lowest = values.iter().copied().fold(f64::INFINITY, f64::min);
+    assert!(best.value.expect("a value") <= lowest, "best {best:?} is not the lowest {lowest}");
+    let answered = stack
+        .sweeps()
+        .await
+        .best_trial(pb::GetSweepRequest { sweep_id: sweep.id.clone() })
+        .await
+        .expect("best trial")
+        .into_inner();
+    assert_eq!(answered.job_id, best.job_id);
+}
+
+#[tokio::test]
+async fn an_advisor_killed_five_times_runs_exactly_max_trials() {
+    let mut stack = sim_stack(cloud(cpu_box(), 8, false)).await;
+    let (mut standby, standby_addr) = stack.spawn_advisor(stack.advisor_config("advisor-2")).await;
+    let sweep = stack.create_sweep(&spec("killsweep", 24, 6, "[sleep, '2']", "on-demand")).await;
+    let driver = {
+        // The driver reads the sweep through the standby, which stays up while the other dies.
+        let mut reader = Stack::start_without_runner().await;
+        reader.advisor_addr = Some(standby_addr);
+        reader.token = stack.token.clone();
+        reader.logs_addr = stack.logs_addr;
+        reader.api_addr = stack.api_addr;
+        let sweep_id = sweep.id.clone();
+        tokio::spawn(async move {
+            drive_sim_trials(&reader, &sweep_id, 9, Duration::from_millis(40)).await;
+        })
+    };
+    for kill in 0..5 {
+        tokio::time::sleep(Duration::from_millis(700 + 300 * kill)).await;
+        if kill % 2 == 0 {
+            stack.advisor.take().expect("advisor-1").crash().await;
+            stack.start_advisor(stack.advisor_config("advisor-1")).await;
+        } else {
+            standby.crash().await;
+            let mut config = stack.advisor_config("advisor-2");
+            config.grpc.listen = standby_addr;
+            standby = stack.spawn_advisor(config).await.0;
+        }
+    }
+    driver.await.expect("the driver");
+    let sweep = stack.wait_for_sweep(&sweep.id, "finished", PATIENCE).await;
+    assert_each_trial_once(&sweep, 24);
+    assert_eq!(jobs_of(&stack, &sweep).await, 24, "a killed leader submitted a trial twice");
+    standby.stop().await;
+}
+
+#[tokio::test]
+async fn a_preempted_trial_resumes_and_counts_once() {
+    // Spot instances taken back every 30 simulated seconds on average (3 s of wall time).
+    let sim = SimConfig {
+        spot: true,
+        time_scale: 10.0,
+        preemptions_per_hour: 120.0,
+        notice_ms: 2_000,
+        boot_min_ms: 10,
+        boot_max_ms: 50,
+        max_instances: 8,
+        instance_types: vec![cpu_box()],
+        ..SimConfig::default()
+    };
+    let stack = sim_stack(sim).await;
+    let yaml = spec("spotsweep", 8, 4, "[sleep, '40']", "spot").replace(
+        "early-stop: {name: asha, resource: epoch, min: 1, max: 9, eta: 3}",
+        "early-stop: {name: none}",
+    );
+    let sweep = stack.create_sweep(&yaml).await;
+    let logged = drive_sim_trials(&stack, &sweep.id, 30, Duration::from_millis(100)).await;
+    let sweep = stack.wait_for_sweep(&sweep.id, "finished", PATIENCE).await;
+    assert_each_trial_once(&sweep, 8);
+    assert_eq!(jobs_of(&stack, &sweep).await, 8);
+    let resumed: Vec<&pb::Trial> = sweep.trials.iter().filter(|trial| trial.preemptions > 0).collect();
+    assert!(!resumed.is_empty(), "no trial was preempted: {:?}", sweep.trials);
+    for trial in resumed {
+        assert_ne!(trial.state, "failed", "a preempted trial counts as failed: {trial:?}");
+        // The attempt after the preemption went on from the epochs logged before it.
+        assert!(trial.resource >= f64::from(logged[&trial.index].min(1)), "{trial:?}");
+    }
+    assert_eq!(sweep.counts.unwrap().failed, 0, "{:?}", sweep.counts);
+}
+
+#[tokio::test]
+async fn bad_specs_are_refused_naming_the_field() {
+    let mut stack = Stack::start_without_runner().await;
+    stack.start_advisor(stack.advisor_config("advisor-1")).await;
+    let good = spec("badsweep", 4, 2, "[train, '--lr', '${lr}']", "auto");
+    let cases = [
+        (good.replace("name: tpe,", "name: hyperopt,"), "algorithm"),
+        (good.replace("min: 1.0e-4, max: 1.0,", "min: 1.0, max: 1.0e-4,"), "parameters.lr"),
+        (good.replace("min: 1.0e-4, max: 1.0, log: true", "min: 0.0, max: 1.0, log: true"), "parameters.lr"),
+        (
+            good.replace("width: {type: int, values: [16, 32, 64]}", "width: {type: int, values: [16], when: {depth: 3}}"),
+            "parameters.width",
+        ),
+        (good.replace("'${lr}'", "'${learning_rate}'"), "trial.command"),
+        (good.replace("max-trials: 4", "max-trials: 0"), "budget.max-trials"),
+    ];
+    let mut sweeps = stack.sweeps().await;
+    for (yaml, field) in cases {
+        let refused = sweeps
+            .create_sweep(pb::CreateSweepRequest {
+                spec_yaml: yaml.clone(),
+                ..Default::default()
+            })
+            .await
+            .expect_err("a bad spec is refused");
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+        assert!(refused.message().contains(field), "{field} not named in {:?}", refused.message());
+    }
+    // A good one passes, and nothing was recorded for the bad ones.
+    let created = sweeps
+        .create_sweep(pb::CreateSweepRequest {
+            spec_yaml: good,
+            ..Default::default()
+        })
+        .await
+        .expect("the good spec")
+        .into_inner();
+    let listed = sweeps
+        .list_sweeps(pb::ListSweepsRequest { all: true, ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner()
+        .sweeps;
+    assert_eq!(listed.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(), [created.id.as_str()]);
+    stack.advisor.take().unwrap().stop().await;
+}
