@@ -270,7 +270,9 @@ impl ArtifactService for ArtifactsApi {
         request: Request<pb::SaveRunArtifactRequest>,
     ) -> Result<Response<pb::SaveRunArtifactResponse>, Status> {
         let caller = crate::access::caller(&request)?;
-        Ok(Response::new(self.save_run_artifact(&caller, request.into_inner()).await?))
+        Ok(Response::new(
+            self.save_run_artifact(&caller, request.into_inner()).await?,
+        ))
     }
 
     #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
@@ -291,7 +293,9 @@ impl ArtifactService for ArtifactsApi {
         request: Request<pb::GetRunArtifactRequest>,
     ) -> Result<Response<Self::GetRunArtifactStream>, Status> {
         let caller = crate::access::caller(&request)?;
-        Ok(Response::new(self.get_run_artifact(&caller, request.into_inner()).await?))
+        Ok(Response::new(
+            self.get_run_artifact(&caller, request.into_inner()).await?,
+        ))
     }
 
     #[tracing::instrument(skip_all)]

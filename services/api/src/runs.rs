@@ -170,7 +170,11 @@ impl ArtifactsApi {
             .collect())
     }
 
-    pub(crate) async fn get_run_artifact(&self, caller: &Caller, request: pb::GetRunArtifactRequest) -> Result<ChunkStream> {
+    pub(crate) async fn get_run_artifact(
+        &self,
+        caller: &Caller,
+        request: pb::GetRunArtifactRequest,
+    ) -> Result<ChunkStream> {
         let job = crate::access::job(&self.store, caller, &request.job_id).await?;
         let missing = || Error::RunArtifactMissing {
             job_id: job.id.clone(),
@@ -207,9 +211,19 @@ mod tests {
     fn bad_values_are_refused_with_the_key_named() {
         use pb::config_value::Value;
         let nan = HashMap::from([("lr".to_string(), value(Value::FloatValue(f64::NAN)))]);
-        assert!(validate_values("config", nan).unwrap_err().to_string().contains("\"lr\" is NaN"));
+        assert!(
+            validate_values("config", nan)
+                .unwrap_err()
+                .to_string()
+                .contains("\"lr\" is NaN")
+        );
         let empty = HashMap::from([("opt".to_string(), pb::ConfigValue { value: None })]);
-        assert!(validate_values("summary", empty).unwrap_err().to_string().contains("summary key \"opt\" has no value"));
+        assert!(
+            validate_values("summary", empty)
+                .unwrap_err()
+                .to_string()
+                .contains("summary key \"opt\" has no value")
+        );
         let unnamed = HashMap::from([(String::new(), value(Value::IntValue(1)))]);
         assert!(validate_values("config", unnamed).is_err());
         let good = HashMap::from([("a.b".to_string(), value(Value::IntValue(3)))]);

@@ -42,7 +42,11 @@ pub const POLICY: &[Rule] = &[
     rule("/kiln.v1.ArtifactService/UploadArtifact", Caller, Allow),
     rule("/kiln.v1.ArtifactService/ListOutputs", Needs(Viewer), OwnJob),
     rule("/kiln.v1.ArtifactService/GetOutput", Needs(Viewer), OwnJob),
-    rule("/kiln.v1.ArtifactService/SaveRunArtifact", MEMBER_OWN_MAINTAINER_ANY, OwnJob),
+    rule(
+        "/kiln.v1.ArtifactService/SaveRunArtifact",
+        MEMBER_OWN_MAINTAINER_ANY,
+        OwnJob,
+    ),
     rule("/kiln.v1.ArtifactService/ListRunArtifacts", Needs(Viewer), OwnJob),
     rule("/kiln.v1.ArtifactService/GetRunArtifact", Needs(Viewer), OwnJob),
     // api: datasets

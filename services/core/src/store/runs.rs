@@ -1,9 +1,7 @@
 //! Run tracking: a job's config, summary values and sweep, and the files a run saved.
 
 use sea_orm::sea_query::Expr;
-use sea_orm::{
-    ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect, TransactionTrait,
-};
+use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect, TransactionTrait};
 
 use super::entities::job::{Column, Entity as Jobs};
 use super::entities::run_artifact;
@@ -159,7 +157,12 @@ impl Store {
     }
 
     /// One file of a run artifact, if it was saved.
-    pub async fn run_artifact_file(&self, job_id: &str, name: &str, path: &str) -> StoreResult<Option<RunArtifactFile>> {
+    pub async fn run_artifact_file(
+        &self,
+        job_id: &str,
+        name: &str,
+        path: &str,
+    ) -> StoreResult<Option<RunArtifactFile>> {
         Ok(
             run_artifact::Entity::find_by_id((job_id.to_string(), name.to_string(), path.to_string()))
                 .one(&self.db)

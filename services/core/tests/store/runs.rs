@@ -53,18 +53,37 @@ pub async fn runs_keep_config_summary_and_sweep(store: Store) {
     let mut expected = given.clone();
     expected.insert("layers".into(), ConfigValue::Int(4));
     expected.insert("seed".into(), ConfigValue::Int(7));
-    assert_eq!(updated.config().unwrap(), expected, "merged: new keys added, given keys replaced");
+    assert_eq!(
+        updated.config().unwrap(),
+        expected,
+        "merged: new keys added, given keys replaced"
+    );
     assert_eq!(updated.summary().unwrap()["best/acc"], ConfigValue::Float(0.93));
     assert_eq!(updated.version, trial.version, "not a state change");
     let shown = updated.to_proto();
     assert_eq!(shown.sweep_id, "sweep-1");
-    assert_eq!(ConfigValue::from_proto(&shown.config["optimizer.name"]), Some(ConfigValue::Str("adam".into())));
-    assert_eq!(ConfigValue::from_proto(&shown.summary["best/acc"]), Some(ConfigValue::Float(0.93)));
+    assert_eq!(
+        ConfigValue::from_proto(&shown.config["optimizer.name"]),
+        Some(ConfigValue::Str("adam".into()))
+    );
+    assert_eq!(
+        ConfigValue::from_proto(&shown.summary["best/acc"]),
+        Some(ConfigValue::Float(0.93))
+    );
 
     let of_sweep = store.list_jobs_where(&filter(Some("sweep-1"))).await.unwrap();
-    assert_eq!(of_sweep.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), [trial.id.as_str()]);
+    assert_eq!(
+        of_sweep.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(),
+        [trial.id.as_str()]
+    );
     assert_eq!(store.list_jobs_where(&filter(None)).await.unwrap().len(), 2);
-    assert!(store.list_jobs_where(&filter(Some("sweep-2"))).await.unwrap().is_empty());
+    assert!(
+        store
+            .list_jobs_where(&filter(Some("sweep-2")))
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 pub async fn concurrent_run_updates_all_land(store: Store) {
@@ -112,12 +131,19 @@ pub async fn run_artifacts_are_saved_listed_and_replaced(store: Store) {
         .save_run_artifact(&run.id, "model.pt", &[file("model.pt", "", &a, 10)])
         .await
         .unwrap();
-    let checkpoint = [file("ckpt", "opt/state.bin", &c, 10), file("ckpt", "weights.bin", &b, 10)];
+    let checkpoint = [
+        file("ckpt", "opt/state.bin", &c, 10),
+        file("ckpt", "weights.bin", &b, 10),
+    ];
     store.save_run_artifact(&run.id, "ckpt", &checkpoint).await.unwrap();
     let listed = store.run_artifact_files(&run.id).await.unwrap();
     assert_eq!(
         listed,
-        [checkpoint[0].clone(), checkpoint[1].clone(), file("model.pt", "", &a, 10)],
+        [
+            checkpoint[0].clone(),
+            checkpoint[1].clone(),
+            file("model.pt", "", &a, 10)
+        ],
         "by name, then path"
     );
     assert_eq!(
@@ -134,7 +160,10 @@ pub async fn run_artifacts_are_saved_listed_and_replaced(store: Store) {
         .unwrap();
     let listed = store.run_artifact_files(&run.id).await.unwrap();
     assert_eq!(
-        listed.iter().map(|f| (f.name.as_str(), f.path.as_str())).collect::<Vec<_>>(),
+        listed
+            .iter()
+            .map(|f| (f.name.as_str(), f.path.as_str()))
+            .collect::<Vec<_>>(),
         [("ckpt", "weights.bin"), ("model.pt", "")]
     );
     assert!(!store.blob_in_use(&c).await.unwrap());
