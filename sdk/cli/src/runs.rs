@@ -27,8 +27,9 @@ pub struct TableArgs {
     #[arg(long = "where", short = 'w', value_name = "CONDITION")]
     pub conditions: Vec<String>,
     /// Sort by a column: id, name, state, duration, created, a config or summary key, or a
-    /// metric key (its best value; KEY@last for the latest). Ascending unless --desc.
-    #[arg(long)]
+    /// metric key (its best value; KEY@last for the latest). Ascending unless --desc (or a
+    /// leading '-': --sort -val/acc).
+    #[arg(long, allow_hyphen_values = true)]
     pub sort: Option<String>,
     #[arg(long, requires = "sort")]
     pub desc: bool,
@@ -158,7 +159,8 @@ impl Row {
 fn metric_keys(table: &TableArgs, conditions: &[Condition], rows: &[Row]) -> Vec<String> {
     const BUILT_IN: [&str; 5] = ["id", "name", "state", "duration", "created"];
     let mut keys: BTreeSet<String> = table.keys.iter().cloned().collect();
-    let named = conditions.iter().map(|c| c.key.as_str()).chain(table.sort.as_deref());
+    let sort = table.sort.as_deref().map(|key| key.strip_prefix('-').unwrap_or(key));
+    let named = conditions.iter().map(|c| c.key.as_str()).chain(sort);
     for key in named {
         let key = key.strip_suffix("@last").unwrap_or(key);
         let is_value = rows
@@ -243,9 +245,13 @@ async fn print_table(clients: &mut Clients, jobs: Vec<pb::Job>, table: &TableArg
     fetch_metrics(clients, &mut rows, &keys, table.goal).await?;
     rows.retain(|row| conditions.iter().all(|c| c.holds(row.cell(&c.key).as_ref())));
     if let Some(sort) = &table.sort {
+        let (sort, desc) = match sort.strip_prefix('-') {
+            Some(key) => (key, true),
+            None => (sort.as_str(), table.desc),
+        };
         // Runs without the column go last either way.
         rows.sort_by(|a, b| match (a.cell(sort), b.cell(sort)) {
-            (Some(a), Some(b)) if table.desc => b.compare(&a),
+            (Some(a), Some(b)) if desc => b.compare(&a),
             (Some(a), Some(b)) => a.compare(&b),
             (a, b) => a.is_none().cmp(&b.is_none()),
         });

@@ -217,6 +217,8 @@ def test_runs_are_compared_filtered_and_sorted_by_config_and_metrics(up):
     assert [r["id"] for r in listed if r["id"] in ids] == [project_runs[2]]
     descending = json.loads(cli("runs", "ls", "--where", "lr<=0.1", "--sort", "lr", "--desc", "-o", "json").stdout)
     assert [r["config"]["lr"] for r in descending if r["id"] in ids] == [0.1, 0.01, 0.001]
+    by_acc = json.loads(cli("compare", *project_runs, "--sort", "-val/acc", "-o", "json").stdout)
+    assert [r["id"] for r in by_acc] == [project_runs[1], project_runs[2], project_runs[0]], "best (max) val/acc first"
     text = cli("compare", *project_runs, "--key", "val/loss").stdout
     assert "val/loss (last)" in text and "val/loss (min)" in text and "lr-0.01" in text
     several = cli("metrics", *project_runs[:2], "--key", "val/loss", "--series", "-o", "csv").stdout.splitlines()

@@ -27,6 +27,9 @@ pub async fn runs_keep_config_summary_and_sweep(store: Store) {
         ("optimizer.name", ConfigValue::Str("adam".into())),
         ("layers", ConfigValue::Int(3)),
         ("augment", ConfigValue::Bool(true)),
+        // A whole float stays a float, a large int exact.
+        ("scale", ConfigValue::Float(1.0)),
+        ("seed", ConfigValue::Int(i64::MAX - 1)),
     ]);
     let trial = store
         .insert_job(NewJob {
@@ -45,7 +48,11 @@ pub async fn runs_keep_config_summary_and_sweep(store: Store) {
     let updated = store
         .update_run(
             &trial.id,
-            &config(&[("layers", ConfigValue::Int(4)), ("seed", ConfigValue::Int(7))]),
+            &config(&[
+                ("layers", ConfigValue::Int(4)),
+                ("seed", ConfigValue::Int(7)),
+                ("new", ConfigValue::Int(1)),
+            ]),
             &config(&[("best/acc", ConfigValue::Float(0.93))]),
         )
         .await
@@ -53,6 +60,7 @@ pub async fn runs_keep_config_summary_and_sweep(store: Store) {
     let mut expected = given.clone();
     expected.insert("layers".into(), ConfigValue::Int(4));
     expected.insert("seed".into(), ConfigValue::Int(7));
+    expected.insert("new".into(), ConfigValue::Int(1));
     assert_eq!(
         updated.config().unwrap(),
         expected,
