@@ -224,3 +224,27 @@ def test_runs_are_compared_filtered_and_sorted_by_config_and_metrics(up):
     several = cli("metrics", *project_runs[:2], "--key", "val/loss", "--series", "-o", "csv").stdout.splitlines()
     assert several[0] == "job_id,key,step,value,timestamp_ms" and len(several) == 7
     assert several[1].startswith(f"{project_runs[0]},val/loss,0,0.9,")
+
+
+def test_saving_a_large_file_streams_it_in_bounded_memory(up, tmp_path):
+    big = tmp_path / "big.bin"
+    with open(big, "wb") as out:
+        block = os.urandom(1 << 20)
+        for n in range(192):
+            out.write(bytes([n]) + block[1:])
+    script = (
+        "import resource, sys, kiln\n"
+        "kiln.init(name='big')\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "saved = kiln.save(sys.argv[1])\n"
+        "after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "kiln.finish()\n"
+        "print(saved.bytes, (after - before) // 1024)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(big)], env=os.environ.copy(), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    size, grown_mib = map(int, done.stdout.split())
+    assert size == 192 << 20
+    assert grown_mib < 64, f"peak RSS grew by {grown_mib} MiB saving 192 MiB"
+    print(f"saving 192 MiB grew the peak RSS by {grown_mib} MiB")
