@@ -294,7 +294,7 @@ def init(config: Mapping | None = None, *, name: str = "", project: str = "", **
     kiln.config.update(dict(config or {}))
     if _current is not None:
         if config:
-            _track.update_run(config=config)
+            _track.update_run(config=config, what="init")
         return _current
     job_id = os.environ.get("KILN_JOB_ID")
     if job_id:
@@ -304,7 +304,7 @@ def init(config: Mapping | None = None, *, name: str = "", project: str = "", **
             raise RuntimeError("kiln: KILN_JOB_ID is set but KILN_LOGS or KILN_TOKEN is not")
         _track.bind(job_id, os.environ.get("KILN_API") or os.environ.get("KILN_ADDR") or "", token)
         if config:
-            _track.update_run(config=config)
+            _track.update_run(config=config, what="init")
         _current = Run(job_id=job_id, logs_address=logs, token=token, **options)
     else:
         api, logs, token = _endpoints()
@@ -316,7 +316,7 @@ def init(config: Mapping | None = None, *, name: str = "", project: str = "", **
             )
         _track.bind(run.id, api, token)
         if config:
-            _track.update_run(config=config)
+            _track.update_run(config=config, what="init")
         _current = Run(job_id=run.id, logs_address=logs, token=token, api_address=api, external=True, **options)
     atexit.register(_finish_at_exit)
     return _current

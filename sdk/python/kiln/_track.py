@@ -94,10 +94,11 @@ def _current(what: str) -> _Session:
     return _session
 
 
-def update_run(config: Mapping | None = None, summary: Mapping | None = None, session: _Session | None = None) -> None:
+def update_run(config: Mapping | None = None, summary: Mapping | None = None, session: _Session | None = None,
+               what: str = "summary") -> None:
     from ._run import _channel
 
-    session = session or _current("summary")
+    session = session or _current(what)
     request = job_pb2.UpdateRunRequest(job_id=session.job_id)
     for key, value in flatten(config or {}).items():
         request.config[key].CopyFrom(config_value(key, value))
