@@ -14,6 +14,7 @@ mod m0006_submit_keys;
 mod m0007_requested_pools;
 mod m0008_batch_stalls;
 mod m0009_tenancy;
+mod m0010_run_tracking;
 mod m0012_sweeps;
 
 /// Migrator lists every migration in order.
@@ -32,6 +33,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0007_requested_pools::Migration),
             Box::new(m0008_batch_stalls::Migration),
             Box::new(m0009_tenancy::Migration),
+            Box::new(m0010_run_tracking::Migration),
             Box::new(m0012_sweeps::Migration),
         ]
     }

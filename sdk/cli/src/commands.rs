@@ -190,6 +190,7 @@ pub async fn ps(all: bool, project: Option<String>, everyone: bool, output: Outp
             limit: 0,
             project: project.unwrap_or_default(),
             everyone,
+            sweep_id: String::new(),
         })
         .await?
         .into_inner()
@@ -221,19 +222,50 @@ pub async fn ps(all: bool, project: Option<String>, everyone: bool, output: Outp
 pub async fn status(job_id: String, output: Output) -> Result<ExitCode> {
     let mut clients = client::connect(&client::resolve()?).await?;
     let job = clients.jobs.get_job(pb::GetJobRequest { job_id }).await?.into_inner();
-    let json = job_json(&job);
+    let saved = crate::saved::saved_files(&mut clients, &job.id, "").await?;
+    let mut json = job_json(&job);
     if output == Output::Json {
+        json["artifacts"] = serde_json::json!(crate::saved::files_json(&saved));
         format::print_json(&json)?;
         return Ok(ExitCode::SUCCESS);
     }
     if let Some(fields) = json.as_object() {
         for (key, value) in fields {
+            // The config and summary print one key a line, after the job's fields.
+            if matches!(key.as_str(), "config" | "summary") {
+                continue;
+            }
             let text = match value {
                 serde_json::Value::String(s) => s.clone(),
                 serde_json::Value::Null => "-".into(),
                 other => other.to_string(),
             };
             out!("{key:>15}: {text}");
+        }
+        for section in ["config", "summary"] {
+            let Some(values) = fields
+                .get(section)
+                .and_then(|v| v.as_object())
+                .filter(|v| !v.is_empty())
+            else {
+                continue;
+            };
+            out!("{section}:");
+            for (key, value) in values {
+                let text = value.as_str().map(str::to_string).unwrap_or_else(|| value.to_string());
+                out!("  {key} = {text}");
+            }
+        }
+    }
+    if !saved.is_empty() {
+        out!("artifacts:");
+        for file in &saved {
+            let path = if file.path.is_empty() {
+                file.name.clone()
+            } else {
+                format!("{}/{}", file.name, file.path)
+            };
+            out!("  {path} ({})", format::bytes(file.size));
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -31,6 +31,20 @@ pub enum ArtifactsCommand {
         #[arg(long, default_value = ".")]
         dest: PathBuf,
     },
+    /// List the artifacts a run saved with `kiln.save` (all, or one by name).
+    Saved {
+        job: String,
+        name: Option<String>,
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Download an artifact a run saved: a file to DEST/NAME, a directory to DEST/NAME/.
+    GetSaved {
+        job: String,
+        name: String,
+        #[arg(long, default_value = ".")]
+        dest: PathBuf,
+    },
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -56,6 +70,8 @@ pub enum DatasetCommand {
 pub async fn artifacts(command: ArtifactsCommand) -> Result<ExitCode> {
     let mut clients = client::connect(&client::resolve()?).await?;
     match command {
+        ArtifactsCommand::Saved { job, name, output } => return crate::saved::list(job, name, output).await,
+        ArtifactsCommand::GetSaved { job, name, dest } => return crate::saved::get(job, name, dest).await,
         ArtifactsCommand::Ls { job, prefix, output } => {
             let request = pb::ListOutputsRequest {
                 job_id: job,
@@ -116,7 +132,7 @@ pub async fn artifacts(command: ArtifactsCommand) -> Result<ExitCode> {
 }
 
 /// Joins a server-given relative path to `dest`, refusing anything that would leave it.
-fn safe_join(dest: &Path, relative: &str) -> Result<PathBuf> {
+pub(crate) fn safe_join(dest: &Path, relative: &str) -> Result<PathBuf> {
     let mut path = dest.to_path_buf();
     for part in relative.split('/') {
         match part {

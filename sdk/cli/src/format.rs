@@ -124,7 +124,19 @@ pub fn job_json(job: &pb::Job) -> serde_json::Value {
         "created_at_ms": job.created_at_ms,
         "started_at_ms": (job.started_at_ms > 0).then_some(job.started_at_ms),
         "finished_at_ms": (job.finished_at_ms > 0).then_some(job.finished_at_ms),
+        "sweep_id": (!job.sweep_id.is_empty()).then_some(&job.sweep_id),
+        "config": config_json(&job.config),
+        "summary": config_json(&job.summary),
     })
+}
+
+/// A run's config or summary as a JSON object of plain values, sorted by key.
+pub fn config_json(values: &std::collections::HashMap<String, pb::ConfigValue>) -> serde_json::Value {
+    let config: kiln_core::runs::RunConfig = values
+        .iter()
+        .filter_map(|(key, value)| Some((key.clone(), kiln_core::runs::ConfigValue::from_proto(value)?)))
+        .collect();
+    serde_json::json!(config)
 }
 
 #[cfg(test)]

@@ -14,6 +14,8 @@ mod nats_child;
 mod pack;
 mod project;
 mod quota;
+mod runs;
+mod saved;
 mod secret;
 mod sweep;
 mod tenancy;
@@ -76,8 +78,18 @@ enum Command {
         #[arg(long, requires = "grep")]
         regex: bool,
     },
-    /// A job's metrics: the latest value of each key, or --series.
+    /// Jobs' metrics: the latest value of each key, or --series (of several jobs at once).
     Metrics(metrics::MetricsArgs),
+    /// Tables of runs: config, state, duration, latest and best metric values; --where, --sort.
+    #[command(subcommand)]
+    Runs(runs::RunsCommand),
+    /// Compare runs side by side: the table of `kiln runs ls` for the jobs named.
+    Compare {
+        #[arg(required = true, num_args = 1..)]
+        jobs: Vec<String>,
+        #[command(flatten)]
+        table: runs::TableArgs,
+    },
     /// Stop a job: SIGTERM, the grace period, then SIGKILL.
     Stop { job: String },
     /// Why a queued job waits: a quota, no capacity in a pool, or the jobs ahead of it.
@@ -168,6 +180,8 @@ fn main() -> ExitCode {
                 ..
             } => commands::logs(job, follow, tail).await,
             Command::Metrics(args) => metrics::metrics(args).await,
+            Command::Runs(command) => runs::runs(command).await,
+            Command::Compare { jobs, table } => runs::compare(jobs, table).await,
             Command::Stop { job } => commands::stop(job).await,
             Command::Explain { job, output } => commands::explain(job, output).await,
             Command::Quota(command) => quota::quota(command).await,

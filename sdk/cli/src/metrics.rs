@@ -1,4 +1,4 @@
-//! `kiln metrics`: a job's latest values, or its series.
+//! `kiln metrics`: jobs' latest values, or their series.
 
 use std::process::ExitCode;
 
@@ -18,7 +18,9 @@ pub enum MetricsOutput {
 
 #[derive(Debug, clap::Args)]
 pub struct MetricsArgs {
-    pub job: String,
+    /// One job or several (their series side by side, with a job column).
+    #[arg(required = true, num_args = 1..)]
+    pub jobs: Vec<String>,
     /// Only these keys (repeatable); all by default.
     #[arg(long = "key", short = 'k')]
     pub keys: Vec<String>,
@@ -45,7 +47,7 @@ pub async fn metrics(args: MetricsArgs) -> Result<ExitCode> {
     let mut clients = client::connect(&client::resolve()?).await?;
     let series = if args.series {
         let request = pb::QueryMetricsRequest {
-            job_ids: vec![args.job],
+            job_ids: args.jobs.clone(),
             keys: args.keys,
             max_points: args.max_points,
             ..Default::default()
@@ -53,39 +55,53 @@ pub async fn metrics(args: MetricsArgs) -> Result<ExitCode> {
         clients.logs.query_metrics(request).await?.into_inner().series
     } else {
         let request = pb::LatestMetricsRequest {
-            job_ids: vec![args.job],
+            job_ids: args.jobs.clone(),
             keys: args.keys,
         };
         clients.logs.latest_metrics(request).await?.into_inner().series
     };
-    let rows: Vec<(&str, &pb::MetricPoint)> = series
+    // One job prints as before; several get a job column (first), in the order given.
+    let several = args.jobs.len() > 1;
+    let order = |job: &str| args.jobs.iter().position(|j| j == job).unwrap_or(usize::MAX);
+    let mut series = series;
+    series.sort_by(|a, b| order(&a.job_id).cmp(&order(&b.job_id)).then(a.key.cmp(&b.key)));
+    let rows: Vec<(&str, &str, &pb::MetricPoint)> = series
         .iter()
-        .flat_map(|s| s.points.iter().map(move |p| (s.key.as_str(), p)))
+        .flat_map(|s| s.points.iter().map(move |p| (s.job_id.as_str(), s.key.as_str(), p)))
         .collect();
     match args.output {
         MetricsOutput::Json => {
             let rows: Vec<serde_json::Value> = rows
                 .iter()
-                .map(|(key, p)| serde_json::json!({"key": key, "step": p.step, "value": number(p.value), "timestamp_ms": p.timestamp_ms}))
+                .map(|(job, key, p)| serde_json::json!({"job_id": job, "key": key, "step": p.step, "value": number(p.value), "timestamp_ms": p.timestamp_ms}))
                 .collect();
             format::print_json(&rows)?;
         }
         MetricsOutput::Csv => {
-            out!("key,step,value,timestamp_ms");
-            for (key, p) in rows {
+            out!("{}key,step,value,timestamp_ms", if several { "job_id," } else { "" });
+            for (job, key, p) in rows {
                 let key = if key.contains([',', '"']) {
                     format!("\"{}\"", key.replace('"', "\"\""))
                 } else {
                     key.to_string()
                 };
-                out!("{key},{},{},{}", p.step, p.value, p.timestamp_ms);
+                let job = if several { format!("{job},") } else { String::new() };
+                out!("{job}{key},{},{},{}", p.step, p.value, p.timestamp_ms);
             }
         }
         MetricsOutput::Table => {
             let mut builder = tabled::builder::Builder::default();
-            builder.push_record(["KEY", "STEP", "VALUE"]);
-            for (key, p) in rows {
-                builder.push_record([key.to_string(), p.step.to_string(), p.value.to_string()]);
+            let mut header = vec!["KEY", "STEP", "VALUE"];
+            if several {
+                header.insert(0, "JOB");
+            }
+            builder.push_record(header);
+            for (job, key, p) in rows {
+                let mut record = vec![key.to_string(), p.step.to_string(), p.value.to_string()];
+                if several {
+                    record.insert(0, job.to_string());
+                }
+                builder.push_record(record);
             }
             out!("{}", builder.build().with(Style::blank()));
         }

@@ -5,7 +5,15 @@
     for step in range(steps):
         kiln.log({"train/loss": loss}, step=step)
     kiln.log_series("lr", schedule)         # many values of one key at once, at the next steps
+    kiln.summary({"best/loss": best})       # summary values of the run
+    kiln.save("checkpoints/")               # a file or directory, as an artifact of the run
     kiln.finish()                           # also done at exit
+
+Reading runs back (plain dataclasses, or pandas frames with frame=True):
+
+    client = kiln.Client()
+    runs = client.runs(project="vision", where="lr<0.01")
+    series = client.metrics([run.id for run in runs], keys=["val/loss"])
 
 `kiln.log` does not wait for the network: points go to a bounded buffer that a background
 thread sends in batches (by size and by interval). When the buffer is full, `log` waits for
@@ -28,10 +36,15 @@ Batches (a command run once per item, on workers that scale with the backlog):
 """
 
 from ._batch import Batch, Client, Progress
+from ._client import RunInfo, Series
 from ._run import Run, finish, init, log, log_series
 from ._sweep import should_stop
+from ._track import Saved, save, summary
 
 config: dict = {}
 """The configuration given to `init` (a plain dict)."""
 
-__all__ = ["Batch", "Client", "Progress", "Run", "config", "finish", "init", "log", "log_series", "should_stop"]
+__all__ = [
+    "Batch", "Client", "Progress", "Run", "RunInfo", "Saved", "Series", "config", "finish", "init", "log", "log_series",
+    "save", "should_stop", "summary",
+]

@@ -18,6 +18,7 @@ from typing import Iterable, Iterator, Mapping
 
 from kiln.v1 import batch_pb2, batch_pb2_grpc, job_pb2
 
+from ._client import RunReads
 from ._run import _channel, _endpoints, _home_credentials
 
 _MARKETS = {"auto": job_pb2.MARKET_UNSPECIFIED, "spot": job_pb2.MARKET_SPOT, "on-demand": job_pb2.MARKET_ON_DEMAND}
@@ -156,19 +157,22 @@ class Batches:
         return [Batch(self._stub, self._metadata, b.id) for b in response.batches]
 
 
-class Client:
+class Client(RunReads):
     """A client of a kiln endpoint: `kiln up`'s credentials (KILN_HOME), or KILN_ADDR,
-    KILN_BATCH_ADDR and KILN_TOKEN."""
+    KILN_LOGS_ADDR, KILN_BATCH_ADDR and KILN_TOKEN. `batches` drives batches; `runs` and
+    `metrics` read runs back (see kiln._client)."""
 
     def __init__(self):
-        api, _, token = _endpoints()
+        api, logs, token = _endpoints()
         address = os.environ.get("KILN_BATCH_ADDR") or _home_credentials().get("batches") or api
         self._channel = _channel(address, options=[("grpc.max_send_message_length", 16 << 20)])
         metadata = (("authorization", f"Bearer {token}"),)
+        self._api_address, self._logs_address, self._metadata = api, logs, metadata
         self.batches = Batches(batch_pb2_grpc.BatchServiceStub(self._channel), metadata)
 
     def close(self) -> None:
         self._channel.close()
+        self._close_reads()
 
     def __enter__(self) -> "Client":
         return self

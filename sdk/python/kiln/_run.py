@@ -282,15 +282,23 @@ _current: Run | None = None
 
 
 def init(config: Mapping | None = None, *, name: str = "", project: str = "", **options) -> Run:
-    """Starts logging: inside a kiln job, for that job; elsewhere, for a new run."""
+    """Starts logging: inside a kiln job, for that job; elsewhere, for a new run. `config` (nested
+    dicts of bool/int/float/str) is stored with the run as flat `a.b` keys, merged into what it
+    has (a sweep trial's knobs); `kiln.config` keeps the dict as given."""
     global _current
     import kiln
 
+    from . import _track
+
+    # A value of an unsupported type is refused before any run exists.
+    _track.flatten(config or {})
     kiln.config.clear()
     kiln.config.update(dict(config or {}))
     # In a sweep's trial, the advisor's knobs (they win over defaults given here).
     kiln.config.update(trial_knobs())
     if _current is not None:
+        if config:
+            _track.update_run(config=config, what="init")
         return _current
     job_id = os.environ.get("KILN_JOB_ID")
     if job_id:
@@ -298,6 +306,13 @@ def init(config: Mapping | None = None, *, name: str = "", project: str = "", **
         token = os.environ.get("KILN_TOKEN", "")
         if not logs or not token:
             raise RuntimeError("kiln: KILN_JOB_ID is set but KILN_LOGS or KILN_TOKEN is not")
+        _track.bind(job_id, os.environ.get("KILN_API") or os.environ.get("KILN_ADDR") or "", token)
+        knobs = trial_knobs()
+        if config and knobs:
+            # What the trial adds is stored; its knobs (stored by the advisor) keep their values.
+            _track.update_run(config={**config, **knobs}, what="init")
+        elif config:
+            _track.update_run(config=config, what="init")
         _current = Run(job_id=job_id, logs_address=logs, token=token, **options)
     else:
         api, logs, token = _endpoints()
@@ -307,6 +322,9 @@ def init(config: Mapping | None = None, *, name: str = "", project: str = "", **
                 job_pb2.CreateRunRequest(name=name, project=project),
                 metadata=(("authorization", f"Bearer {token}"),),
             )
+        _track.bind(run.id, api, token)
+        if config:
+            _track.update_run(config=config, what="init")
         _current = Run(job_id=run.id, logs_address=logs, token=token, api_address=api, external=True, **options)
     atexit.register(_finish_at_exit)
     return _current

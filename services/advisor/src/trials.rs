@@ -83,6 +83,9 @@ fn new_job(shared: &Shared, sweep: &SweepRecord, checked: &Checked, trial: &Tria
         submit_key: key,
         requested_pool: spec.pool.clone(),
         secrets: spec.secrets.clone(),
+        // The knobs are the trial's config (`kiln status`, `kiln runs ls --sweep`).
+        config: trial.config.clone(),
+        sweep_id: sweep.id.clone(),
         ..NewJob::default()
     }
 }

@@ -24,7 +24,7 @@ pub struct ArtifactsApi {
     pub(crate) max_bytes: u64,
 }
 
-fn check_digest(digest: &str) -> Result<()> {
+pub(crate) fn check_digest(digest: &str) -> Result<()> {
     if is_sha256_hex(digest) {
         Ok(())
     } else {
@@ -139,7 +139,7 @@ impl ArtifactsApi {
     }
 }
 
-type ChunkStream = std::pin::Pin<Box<dyn Stream<Item = Result<pb::OutputChunk, Status>> + Send>>;
+pub(crate) type ChunkStream = std::pin::Pin<Box<dyn Stream<Item = Result<pb::OutputChunk, Status>> + Send>>;
 
 /// Bytes per output chunk sent.
 const OUTPUT_CHUNK: usize = 1 << 20;
@@ -189,28 +189,37 @@ impl ArtifactsApi {
         let relative = relative_path(&request.path)
             .ok_or_else(|| Error::InvalidArgument(format!("path {:?} is not a relative path", request.path)))?;
         let location = join(&outputs_prefix(&job.id), &relative);
-        let object = match self.objects.get(&location).await {
-            Ok(object) => object,
-            Err(object_store::Error::NotFound { .. }) => {
-                return Err(Error::OutputMissing {
-                    job_id: job.id,
-                    path: request.path,
-                });
-            }
-            Err(error) => return Err(error.into()),
-        };
-        let chunks = object.into_stream().flat_map(|bytes| {
-            let items: Vec<Result<pb::OutputChunk, Status>> = match bytes {
-                Ok(bytes) => bytes
-                    .chunks(OUTPUT_CHUNK)
-                    .map(|chunk| Ok(pb::OutputChunk { data: chunk.to_vec() }))
-                    .collect(),
-                Err(error) => vec![Err(Status::from(Error::from(error)))],
-            };
-            futures::stream::iter(items)
-        });
-        Ok(Box::pin(chunks))
+        match stream_object(self.objects.as_ref(), &location).await? {
+            Some(stream) => Ok(stream),
+            None => Err(Error::OutputMissing {
+                job_id: job.id,
+                path: request.path,
+            }),
+        }
     }
+}
+
+/// Streams an object in chunks of at most [`OUTPUT_CHUNK`] bytes; `None` when it does not exist.
+pub(crate) async fn stream_object(
+    objects: &dyn ObjectStore,
+    location: &object_store::path::Path,
+) -> Result<Option<ChunkStream>> {
+    let object = match objects.get(location).await {
+        Ok(object) => object,
+        Err(object_store::Error::NotFound { .. }) => return Ok(None),
+        Err(error) => return Err(error.into()),
+    };
+    let chunks = object.into_stream().flat_map(|bytes| {
+        let items: Vec<Result<pb::OutputChunk, Status>> = match bytes {
+            Ok(bytes) => bytes
+                .chunks(OUTPUT_CHUNK)
+                .map(|chunk| Ok(pb::OutputChunk { data: chunk.to_vec() }))
+                .collect(),
+            Err(error) => vec![Err(Status::from(Error::from(error)))],
+        };
+        futures::stream::iter(items)
+    });
+    Ok(Some(Box::pin(chunks)))
 }
 
 #[tonic::async_trait]
@@ -253,6 +262,40 @@ impl ArtifactService for ArtifactsApi {
             exists: found.is_some(),
             size: found.map(|a| u64::try_from(a.size).unwrap_or(0)).unwrap_or(0),
         }))
+    }
+
+    #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
+    async fn save_run_artifact(
+        &self,
+        request: Request<pb::SaveRunArtifactRequest>,
+    ) -> Result<Response<pb::SaveRunArtifactResponse>, Status> {
+        let caller = crate::access::caller(&request)?;
+        Ok(Response::new(
+            self.save_run_artifact(&caller, request.into_inner()).await?,
+        ))
+    }
+
+    #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
+    async fn list_run_artifacts(
+        &self,
+        request: Request<pb::ListRunArtifactsRequest>,
+    ) -> Result<Response<pb::ListRunArtifactsResponse>, Status> {
+        let caller = crate::access::caller(&request)?;
+        let files = self.list_run_artifacts(&caller, request.into_inner()).await?;
+        Ok(Response::new(pb::ListRunArtifactsResponse { files }))
+    }
+
+    type GetRunArtifactStream = ChunkStream;
+
+    #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
+    async fn get_run_artifact(
+        &self,
+        request: Request<pb::GetRunArtifactRequest>,
+    ) -> Result<Response<Self::GetRunArtifactStream>, Status> {
+        let caller = crate::access::caller(&request)?;
+        Ok(Response::new(
+            self.get_run_artifact(&caller, request.into_inner()).await?,
+        ))
     }
 
     #[tracing::instrument(skip_all)]

@@ -29,8 +29,15 @@ pub enum Error {
     DatasetInUse { name: String, job_id: String },
     #[error("job {job_id} has no output {path}")]
     OutputMissing { job_id: String, path: String },
+    #[error("job {job_id} saved no artifact {name}{}; `kiln artifacts saved {job_id}` lists what it saved", if path.is_empty() { String::new() } else { format!(" with a file {path}") })]
+    RunArtifactMissing { job_id: String, name: String, path: String },
+    #[error("blob {digest} of {size} bytes is not uploaded; upload it with ArtifactService.UploadArtifact first")]
+    BlobMissing { digest: String, size: u64 },
     #[error("{0}")]
     TooLarge(String),
+    /// A record the store holds contradicts itself (the message says how).
+    #[error("{0}")]
+    Internal(String),
     /// A quota refuses the request; the message names it.
     #[error("{0}")]
     QuotaExceeded(String),
@@ -82,6 +89,8 @@ impl Error {
         match self {
             Error::InvalidArgument(_) => ErrorKind::InvalidArgument,
             Error::JobNotFound { .. } | Error::OutputMissing { .. } => ErrorKind::NotFound,
+            Error::RunArtifactMissing { .. } => ErrorKind::NotFound,
+            Error::BlobMissing { .. } => ErrorKind::FailedPrecondition,
             Error::ArtifactMissing { .. } => ErrorKind::FailedPrecondition,
             Error::DatasetMissing { .. } | Error::DatasetInUse { .. } => ErrorKind::FailedPrecondition,
             Error::SecretMissing { .. } => ErrorKind::FailedPrecondition,
@@ -97,7 +106,7 @@ impl Error {
             Error::Core(error) => error.kind(),
             Error::Nats(error) => error.kind(),
             Error::SchedulerUnavailable { .. } => ErrorKind::Unavailable,
-            Error::SchedulerFailed(_) => ErrorKind::Internal,
+            Error::SchedulerFailed(_) | Error::Internal(_) => ErrorKind::Internal,
             Error::Tls(error) => error.kind(),
             Error::Objects(_) | Error::Io { .. } | Error::Bind { .. } | Error::Serve(_) => ErrorKind::Internal,
             Error::Metrics(_) => ErrorKind::Internal,

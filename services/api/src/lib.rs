@@ -40,6 +40,7 @@ pub mod grpc;
 pub mod jobs;
 pub mod projects;
 pub mod quotas;
+mod runs;
 pub mod secrets;
 pub mod service_metrics;
 pub mod users;

@@ -9,8 +9,13 @@ use kiln_core::store::{Change, NewArtifact, NewJob, Store, StoreError};
 
 #[path = "store/quotas.rs"]
 mod quotas;
+#[path = "store/runs.rs"]
+mod runs;
 
 use quotas::{concurrent_submits_never_pass_a_queued_quota_together, quotas_round_trip_and_queued_jobs_are_counted};
+use runs::{
+    concurrent_run_updates_all_land, run_artifacts_are_saved_listed_and_replaced, runs_keep_config_summary_and_sweep,
+};
 
 fn new_job(owner: &str) -> NewJob {
     NewJob {
@@ -399,4 +404,7 @@ store_suite!(
     external_runs_start_running_and_are_never_queued,
     quotas_round_trip_and_queued_jobs_are_counted,
     concurrent_submits_never_pass_a_queued_quota_together,
+    runs_keep_config_summary_and_sweep,
+    concurrent_run_updates_all_land,
+    run_artifacts_are_saved_listed_and_replaced,
 );

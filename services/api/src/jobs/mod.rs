@@ -222,12 +222,15 @@ impl JobService for JobsApi {
             .listed_projects(&self.store, &request.project)
             .await
             .map_err(Error::from)?;
-        let owner = (!request.everyone && !caller.is_admin()).then_some(caller.user_id());
-        let jobs = self
-            .store
-            .list_jobs(owner, &visible, request.all, limit)
-            .await
-            .map_err(Error::from)?;
+        let owner = (!request.everyone && !caller.is_admin()).then(|| caller.user_id().to_string());
+        let filter = kiln_core::store::JobFilter {
+            owner_id: owner,
+            projects: visible,
+            all: request.all,
+            sweep_id: (!request.sweep_id.is_empty()).then_some(request.sweep_id),
+            limit,
+        };
+        let jobs = self.store.list_jobs_where(&filter).await.map_err(Error::from)?;
         Ok(Response::new(pb::ListJobsResponse {
             jobs: jobs.iter().map(JobRecord::to_proto).collect(),
         }))
@@ -296,6 +299,13 @@ impl JobService for JobsApi {
             tracing::warn!(job_id = %ended.id, error = %error, "publish failed");
         }
         Ok(Response::new(ended.to_proto()))
+    }
+
+    #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
+    async fn update_run(&self, request: Request<pb::UpdateRunRequest>) -> Result<Response<pb::Job>, Status> {
+        let caller = access::caller(&request)?;
+        let run = self.update_run(&caller, request.into_inner()).await?;
+        Ok(Response::new(run.to_proto()))
     }
 
     type WatchJobStream = JobStream;

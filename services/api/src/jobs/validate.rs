@@ -152,6 +152,8 @@ pub(super) fn validate_spec(principal: &Principal, spec: Option<pb::JobSpec>) ->
         market_policy: MarketPolicy::from_proto(market),
         submit_key: String::new(),
         requested_pool: spec.pool,
+        config: Default::default(),
+        sweep_id: String::new(),
     })
 }
 

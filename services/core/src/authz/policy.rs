@@ -27,17 +27,28 @@ pub const POLICY: &[Rule] = &[
     rule("/kiln.v1.JobService/CreateRun", Needs(Member), Deny),
     rule("/kiln.v1.JobService/FinishRun", MEMBER_OWN_MAINTAINER_ANY, OwnJob),
     rule("/kiln.v1.JobService/ExplainJob", Needs(Viewer), OwnJob),
+    // (a run's config and summary: its own job token sets them from `kiln.init`/`kiln.summary`)
+    rule("/kiln.v1.JobService/UpdateRun", MEMBER_OWN_MAINTAINER_ANY, OwnJob),
     // api: quotas (a project's by its maintainer; users' and the global one by the admin)
     rule("/kiln.v1.QuotaService/SetQuota", Needs(Maintainer), Deny),
     rule("/kiln.v1.QuotaService/GetQuota", Needs(Viewer), Deny),
     // (a listing of what the caller may read: the global quota, their own, their projects')
     rule("/kiln.v1.QuotaService/ListQuotas", Caller, Deny),
     rule("/kiln.v1.QuotaService/DeleteQuota", Needs(Maintainer), Deny),
-    // api: content-addressed code bundles, and a job's outputs
-    rule("/kiln.v1.ArtifactService/StatArtifact", Caller, Deny),
-    rule("/kiln.v1.ArtifactService/UploadArtifact", Caller, Deny),
+    // api: content-addressed blobs (code bundles, and what `kiln.save` uploads from inside a
+    // job: a blob belongs to nothing until SaveRunArtifact names it), a job's outputs and the
+    // artifacts a run saved
+    rule("/kiln.v1.ArtifactService/StatArtifact", Caller, Allow),
+    rule("/kiln.v1.ArtifactService/UploadArtifact", Caller, Allow),
     rule("/kiln.v1.ArtifactService/ListOutputs", Needs(Viewer), OwnJob),
     rule("/kiln.v1.ArtifactService/GetOutput", Needs(Viewer), OwnJob),
+    rule(
+        "/kiln.v1.ArtifactService/SaveRunArtifact",
+        MEMBER_OWN_MAINTAINER_ANY,
+        OwnJob,
+    ),
+    rule("/kiln.v1.ArtifactService/ListRunArtifacts", Needs(Viewer), OwnJob),
+    rule("/kiln.v1.ArtifactService/GetRunArtifact", Needs(Viewer), OwnJob),
     // api: datasets
     rule("/kiln.v1.DatasetService/CreateDataset", Needs(Member), Deny),
     rule("/kiln.v1.DatasetService/ListDatasets", Needs(Viewer), Deny),

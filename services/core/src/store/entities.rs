@@ -103,6 +103,36 @@ pub mod job {
         pub requested_pool: String,
         /// Names of the project secrets the job gets as environment variables (JSON list).
         pub secrets_json: String,
+        /// The run's config (a flat `kiln_core::runs::RunConfig` as JSON); `{}` for none.
+        pub config_json: String,
+        /// The run's summary values (`kiln.summary`), as `config_json`.
+        pub summary_json: String,
+        /// The sweep this job is a trial of; empty for other jobs.
+        pub sweep_id: String,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+pub mod run_artifact {
+    use sea_orm::entity::prelude::*;
+
+    /// One file a run saved (`kiln.save`): the blob holding it is `digest`.
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "run_artifacts")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub job_id: String,
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub name: String,
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub path: String,
+        pub digest: String,
+        pub size: i64,
+        pub created_at_ms: i64,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

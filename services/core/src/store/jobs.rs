@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use sea_orm::sea_query::{Expr, ExprTrait};
-use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter, QueryOrder};
 
 use super::entities::job::{self, Column, Entity as Jobs};
 use super::{JobRecord, Store, StoreError, StoreResult};
@@ -38,6 +38,10 @@ pub struct NewJob {
     pub requested_pool: String,
     /// Names of the project secrets injected as environment variables.
     pub secrets: Vec<String>,
+    /// The run's config (a sweep's knobs for a trial); `kiln.init(config=...)` merges into it.
+    pub config: crate::runs::RunConfig,
+    /// The sweep this job is a trial of; empty for other jobs.
+    pub sweep_id: String,
 }
 
 /// The pool of runs that execute outside kiln (they hold no capacity of any pool).
@@ -144,8 +148,6 @@ impl Store {
             })
     }
 
-    /// Lists jobs, newest first: one owner's (or everyone's for `None`), active ones only unless
-    /// `all`.
     /// Jobs newest first: of `owner_id` when given, in the visible projects, live ones unless `all`.
     pub async fn list_jobs(
         &self,
@@ -154,21 +156,14 @@ impl Store {
         all: bool,
         limit: u64,
     ) -> StoreResult<Vec<JobRecord>> {
-        let mut query = Jobs::find();
-        if let Some(owner_id) = owner_id {
-            query = query.filter(Column::OwnerId.eq(owner_id));
-        }
-        if let crate::authz::Visible::Only(projects) = projects {
-            query = query.filter(Column::Project.is_in(projects.iter().cloned()));
-        }
-        if !all {
-            let live = JobState::ALL
-                .into_iter()
-                .filter(|s| !s.is_terminal())
-                .map(JobState::as_str);
-            query = query.filter(Column::State.is_in(live));
-        }
-        Ok(query.order_by_desc(Column::Id).limit(limit).all(&self.db).await?)
+        self.list_jobs_where(&super::JobFilter {
+            owner_id: owner_id.map(str::to_string),
+            projects: projects.clone(),
+            all,
+            sweep_id: None,
+            limit,
+        })
+        .await
     }
 
     /// The worker jobs of a batch that have not ended (a preempted one is about to be queued
@@ -392,6 +387,9 @@ pub(super) fn new_record(new: NewJob, state: JobState, pool: &str, instance_id: 
         on_demand_cost_micros: Set(0),
         submit_key: Set(Some(new.submit_key).filter(|key| !key.is_empty())),
         requested_pool: Set(new.requested_pool),
+        config_json: Set(super::runs::config_json(&new.config)?),
+        summary_json: Set("{}".to_string()),
+        sweep_id: Set(new.sweep_id),
     })
 }
 
@@ -442,6 +440,9 @@ impl JobRecord {
             cost: self.cost_micros as f64 / 1e6,
             on_demand_cost: self.on_demand_cost_micros as f64 / 1e6,
             resume_from: self.resume_from.clone(),
+            config: crate::runs::config_to_proto(&self.config().unwrap_or_default()),
+            summary: crate::runs::config_to_proto(&self.summary().unwrap_or_default()),
+            sweep_id: self.sweep_id.clone(),
         }
     }
 }

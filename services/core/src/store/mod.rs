@@ -17,6 +17,7 @@ pub mod entities;
 mod jobs;
 mod projects;
 mod quotas;
+mod runs;
 mod secrets;
 mod users;
 
@@ -25,6 +26,7 @@ pub use entities::job::Model as JobRecord;
 pub use jobs::{Change, EXTERNAL_POOL, NewJob, Usage};
 pub use projects::MemberRecord;
 pub use quotas::{QueuedCounts, QuotaRecord};
+pub use runs::{JobFilter, RunArtifactFile};
 pub use secrets::SecretRecord;
 pub use users::TokenGrant;
 
