@@ -94,7 +94,12 @@ pub async fn sweep(command: SweepCommand) -> Result<ExitCode> {
                 })
                 .await?
                 .into_inner();
-            out!("sweep {} created: {} trials at most, {} at a time", sweep.name, sweep.max_trials, sweep.max_parallel);
+            out!(
+                "sweep {} created: {} trials at most, {} at a time",
+                sweep.name,
+                sweep.max_trials,
+                sweep.max_parallel
+            );
             out!("{}", sweep.id);
         }
         SweepCommand::Status { sweep, output } => {
@@ -184,7 +189,15 @@ fn best_value(sweep: &pb::Sweep) -> String {
 fn print_status(sweep: &pb::Sweep) -> Result<()> {
     let counts = sweep.counts.unwrap_or_default();
     out!("sweep     {} ({})", sweep.id, sweep.name);
-    out!("state     {}{}", sweep.state, if sweep.reason.is_empty() { String::new() } else { format!(": {}", sweep.reason) });
+    out!(
+        "state     {}{}",
+        sweep.state,
+        if sweep.reason.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", sweep.reason)
+        }
+    );
     out!("objective {} {}", sweep.goal, sweep.objective_metric);
     out!("search    {}, early stop {}", sweep.algorithm, sweep.early_stop);
     out!(

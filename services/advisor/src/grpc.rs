@@ -44,7 +44,10 @@ impl SweepService for SweepApi {
         Ok(Response::new(self.describe(&view, true).await?))
     }
 
-    async fn list_sweeps(&self, request: Request<pb::ListSweepsRequest>) -> Result<Response<pb::ListSweepsResponse>, Status> {
+    async fn list_sweeps(
+        &self,
+        request: Request<pb::ListSweepsRequest>,
+    ) -> Result<Response<pb::ListSweepsResponse>, Status> {
         let caller = caller(&request)?;
         let request = request.into_inner();
         let visible = caller
@@ -52,7 +55,12 @@ impl SweepService for SweepApi {
             .await
             .map_err(Error::from)?;
         let mut sweeps = Vec::new();
-        for record in self.shared.sweeps.list_sweeps(&visible, request.all, LIST_LIMIT).await? {
+        for record in self
+            .shared
+            .sweeps
+            .list_sweeps(&visible, request.all, LIST_LIMIT)
+            .await?
+        {
             let view = self.view(record).await?;
             sweeps.push(self.describe(&view, false).await?);
         }
@@ -68,7 +76,11 @@ impl SweepService for SweepApi {
             .set_state(&record.id, &[record::RUNNING], record::STOPPING, "stopped by request")
             .await?;
         if moved.is_none() && ![record::STOPPING, record::STOPPED].contains(&record.state.as_str()) {
-            return Err(Error::FailedPrecondition(format!("sweep {} is {}; only a running sweep stops", record.id, record.state)).into());
+            return Err(Error::FailedPrecondition(format!(
+                "sweep {} is {}; only a running sweep stops",
+                record.id, record.state
+            ))
+            .into());
         }
         tracing::info!(sweep_id = %record.id, "sweep stopping");
         let view = self.view(self.shared.sweeps.sweep(&record.id).await?).await?;
@@ -99,13 +111,16 @@ impl SweepService for SweepApi {
         let caller = caller(&request)?;
         let record = self.visible(&caller, &request.get_ref().sweep_id).await?;
         let view = self.view(record).await?;
-        let best = view.best().ok_or_else(|| {
-            Error::NotFound(format!("sweep {} has no trial with a value yet", view.record.id))
-        })?;
+        let best = view
+            .best()
+            .ok_or_else(|| Error::NotFound(format!("sweep {} has no trial with a value yet", view.record.id)))?;
         Ok(Response::new(self.trial(best, None).await?))
     }
 
-    async fn should_stop(&self, request: Request<pb::ShouldStopRequest>) -> Result<Response<pb::ShouldStopResponse>, Status> {
+    async fn should_stop(
+        &self,
+        request: Request<pb::ShouldStopRequest>,
+    ) -> Result<Response<pb::ShouldStopResponse>, Status> {
         let caller = caller(&request)?;
         let job = caller
             .job(&self.shared.store, &request.get_ref().job_id)
@@ -180,7 +195,9 @@ impl SweepApi {
         }
         for name in &checked.spec.trial.datasets {
             if store.dataset(name).await?.is_none() {
-                return Err(Error::FailedPrecondition(format!("dataset {name} does not exist (trial.datasets)")));
+                return Err(Error::FailedPrecondition(format!(
+                    "dataset {name} does not exist (trial.datasets)"
+                )));
             }
         }
         if let Some(name) = store.missing_secret(&project, &checked.spec.trial.secrets).await? {
@@ -304,7 +321,9 @@ impl SweepApi {
 }
 
 fn describe_trial(trial: &TrialView, job: Option<&kiln_core::store::JobRecord>) -> pb::Trial {
-    let job_state = job.and_then(|job| job.state().ok()).map(|state| state.as_str().to_ascii_lowercase());
+    let job_state = job
+        .and_then(|job| job.state().ok())
+        .map(|state| state.as_str().to_ascii_lowercase());
     let reason = match (&trial.stop, job) {
         (Some((rung, reason, _)), _) => format!("stopped early at {rung}: {reason}"),
         (None, Some(job)) => job.reason.clone(),

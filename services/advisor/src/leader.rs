@@ -283,7 +283,11 @@ impl Leader {
         let stopping = view.record.state == record::STOPPING;
         let mut stops = Vec::new();
         let history = view.history();
-        for trial in view.trials.iter().filter(|trial| trial.is_live() && trial.stop.is_none()) {
+        for trial in view
+            .trials
+            .iter()
+            .filter(|trial| trial.is_live() && trial.stop.is_none())
+        {
             let Some(job_id) = &trial.job_id else { continue };
             if stopping {
                 stops.push((
@@ -301,20 +305,28 @@ impl Leader {
             }
             let seen = trial.observations.len();
             let key = (sweep_id.to_string(), trial.index);
-            if seen == 0 || self.judged.get(&key) == Some(&seen) {
+            let judged = self.judged.get(&key).copied().unwrap_or(0);
+            if seen <= judged {
                 continue;
             }
             self.judged.insert(key, seen);
+            // The rule judges each new observation in turn (several may come in one batch),
+            // as if it had been asked when that one arrived.
             let me = &history[trial.index as usize];
-            if let Decision::Stop { rung, reason } = view.checked.spec.early_stop.decide(me, &history) {
-                stops.push((
-                    trial.index as i32,
-                    Event::Stop {
-                        job_id: job_id.clone(),
-                        rung,
-                        reason,
-                    },
-                ));
+            for upto in judged + 1..=seen {
+                let mut so_far = me.clone();
+                so_far.curve.truncate(upto);
+                if let Decision::Stop { rung, reason } = view.checked.spec.early_stop.decide(&so_far, &history) {
+                    stops.push((
+                        trial.index as i32,
+                        Event::Stop {
+                            job_id: job_id.clone(),
+                            rung,
+                            reason,
+                        },
+                    ));
+                    break;
+                }
             }
         }
         append(shared, view, stops).await?;
@@ -334,7 +346,13 @@ impl Leader {
             }
             self.stop_asked.insert(job_id.clone(), now_ms());
             tracing::info!(sweep_id, trial = trial.index, job_id, reason, "stopping a trial");
-            stop_job(&shared.nats, &shared.store, job.clone(), &format!("early-stopped: {reason}")).await?;
+            stop_job(
+                &shared.nats,
+                &shared.store,
+                job.clone(),
+                &format!("early-stopped: {reason}"),
+            )
+            .await?;
         }
         // Trials suggested but not submitted (a leader died between the two).
         let unsubmitted: Vec<u32> = view
@@ -372,12 +390,17 @@ async fn append(shared: &Shared, view: &mut SweepView, events: Vec<(i32, Event)>
     let first = view.last_seq + 1;
     shared.sweeps.append(&view.record.id, first, &events).await?;
     let at_ms = now_ms();
-    view.apply(events.into_iter().zip(first..).map(|((trial, event), seq)| record::Recorded {
-        seq,
-        trial,
-        event,
-        at_ms,
-    }));
+    view.apply(
+        events
+            .into_iter()
+            .zip(first..)
+            .map(|((trial, event), seq)| record::Recorded {
+                seq,
+                trial,
+                event,
+                at_ms,
+            }),
+    );
     Ok(())
 }
 
@@ -389,7 +412,10 @@ fn spent(view: &SweepView, jobs: &HashMap<String, JobRecord>) -> Option<String> 
     }
     let max_failed = budget.max_failed.unwrap_or(budget.max_trials);
     if view.failed_trials() > max_failed as usize {
-        return Some(format!("{} trials failed, more than max-failed {max_failed}", view.failed_trials()));
+        return Some(format!(
+            "{} trials failed, more than max-failed {max_failed}",
+            view.failed_trials()
+        ));
     }
     if let Some(hours) = budget.max_gpu_hours {
         let running: f64 = view
@@ -411,7 +437,11 @@ async fn suggest(shared: &Shared, view: &mut SweepView, jobs: &HashMap<String, J
     while view.live_trials() < view.spec().budget.max_parallel as usize && spent(view, jobs).is_none() {
         let index = view.trials.len() as u32;
         let history = view.history();
-        let Some(config) = view.spec().algorithm.suggest(&view.checked.space, &history, u64::from(index)) else {
+        let Some(config) = view
+            .spec()
+            .algorithm
+            .suggest(&view.checked.space, &history, u64::from(index))
+        else {
             view.exhausted = true;
             return Ok(());
         };
@@ -442,7 +472,10 @@ async fn finish_if_spent(shared: &Shared, view: &mut SweepView) -> Result<()> {
         }
     }
     let to = if failed { record::FAILED } else { record::FINISHED };
-    shared.sweeps.set_state(&view.record.id, &[record::RUNNING], to, &why).await?;
+    shared
+        .sweeps
+        .set_state(&view.record.id, &[record::RUNNING], to, &why)
+        .await?;
     tracing::info!(sweep_id = %view.record.id, state = to, reason = %why, "sweep ended");
     Ok(())
 }

@@ -128,7 +128,11 @@ impl MetricsFeed {
             if let Ok(info) = message.info() {
                 drained.read_to = drained.read_to.max(info.stream_sequence);
             }
-            let job_id = message.subject.as_str().strip_prefix("kiln.metrics.").unwrap_or_default();
+            let job_id = message
+                .subject
+                .as_str()
+                .strip_prefix("kiln.metrics.")
+                .unwrap_or_default();
             if let Some(wanted) = interest.get(job_id)
                 && let Ok(batch) = pb::MetricBatch::decode(message.payload.as_ref())
             {

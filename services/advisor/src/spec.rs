@@ -172,7 +172,10 @@ fn read(yaml: &str) -> Result<SweepSpec, Vec<FieldError>> {
     let document: yaml_serde::Value =
         yaml_serde::from_str(yaml).map_err(|error| vec![FieldError::new("spec", yaml_message(&error))])?;
     let yaml_serde::Value::Mapping(mut mapping) = document else {
-        return Err(vec![FieldError::new("spec", "must be a mapping (name:, objective:, parameters: ...)")]);
+        return Err(vec![FieldError::new(
+            "spec",
+            "must be a mapping (name:, objective:, parameters: ...)",
+        )]);
     };
     let mut problems = Vec::new();
     let mut section = |key: &str, required: bool| -> Option<yaml_serde::Value> {
@@ -272,7 +275,10 @@ impl SweepSpec {
             problems.push(FieldError::new("name", message));
         }
         if self.objective.metric.trim().is_empty() {
-            problems.push(FieldError::new("objective.metric", "is empty: name the metric key trials log"));
+            problems.push(FieldError::new(
+                "objective.metric",
+                "is empty: name the metric key trials log",
+            ));
         }
         if let Err(errors) = self.early_stop.check() {
             problems.extend(errors);
@@ -352,7 +358,10 @@ impl SweepSpec {
             Command::Line(line) => match shlex::split(line) {
                 Some(argv) => argv,
                 None => {
-                    problems.push(FieldError::new("trial.command", "has an unclosed quote or a trailing backslash"));
+                    problems.push(FieldError::new(
+                        "trial.command",
+                        "has an unclosed quote or a trailing backslash",
+                    ));
                     return None;
                 }
             },
@@ -369,7 +378,10 @@ impl SweepSpec {
                 if !names.contains(&knob.as_str()) {
                     problems.push(FieldError::new(
                         "trial.command",
-                        format!("names ${{{knob}}}, which is not among the parameters ({})", names.join(", ")),
+                        format!(
+                            "names ${{{knob}}}, which is not among the parameters ({})",
+                            names.join(", ")
+                        ),
                     ));
                     fine = false;
                 }
@@ -379,7 +391,10 @@ impl SweepSpec {
             problems.push(FieldError::new("trial.market", "must be auto, spot or on-demand"));
         }
         if !self.trial.image.is_empty() && !kiln_formats::image::valid_reference(&self.trial.image) {
-            problems.push(FieldError::new("trial.image", "is not an image reference (name[:tag][@digest])"));
+            problems.push(FieldError::new(
+                "trial.image",
+                "is not an image reference (name[:tag][@digest])",
+            ));
         }
         fine.then_some(argv)
     }

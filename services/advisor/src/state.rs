@@ -86,7 +86,10 @@ impl SweepView {
         let spec: SweepSpec = serde_json::from_str(&record.spec_json)
             .map_err(|error| crate::Error::Internal(format!("sweep {}: stored spec: {error}", record.id)))?;
         let checked = spec.check().map_err(|problems| {
-            crate::Error::Internal(format!("sweep {}: stored spec no longer checks: {problems:?}", record.id))
+            crate::Error::Internal(format!(
+                "sweep {}: stored spec no longer checks: {problems:?}",
+                record.id
+            ))
         })?;
         Ok(SweepView {
             record,
@@ -112,7 +115,9 @@ impl SweepView {
                 }
                 continue;
             }
-            let Ok(index) = u32::try_from(recorded.trial) else { continue };
+            let Ok(index) = u32::try_from(recorded.trial) else {
+                continue;
+            };
             let trial = self.trial_mut(index);
             match recorded.event {
                 Event::Suggest { config } => trial.config = config,
@@ -198,7 +203,9 @@ impl SweepView {
             .filter(|(_, value)| value.is_finite())
             .min_by(|a, b| {
                 // A trial that ran to the end beats one stopped early at the same value.
-                (a.1, a.0.stop.is_some()).partial_cmp(&(b.1, b.0.stop.is_some())).expect("finite")
+                (a.1, a.0.stop.is_some())
+                    .partial_cmp(&(b.1, b.0.stop.is_some()))
+                    .expect("finite")
             })
             .map(|(trial, _)| trial)
     }
@@ -212,6 +219,10 @@ impl SweepView {
     }
 
     pub fn gpu_hours(&self) -> f64 {
-        self.trials.iter().filter_map(|trial| trial.end.as_ref()).map(|end| end.gpu_hours).sum()
+        self.trials
+            .iter()
+            .filter_map(|trial| trial.end.as_ref())
+            .map(|end| end.gpu_hours)
+            .sum()
     }
 }

@@ -4,17 +4,17 @@
 
 use std::collections::BTreeMap;
 
+use kiln_core::JobState;
 use kiln_core::events::publish_job_change;
 use kiln_core::scheduling::MarketPolicy;
 use kiln_core::store::{JobRecord, NewJob};
-use kiln_core::JobState;
 use kiln_proto::v1 as pb;
 
+use crate::Shared;
 use crate::error::Result;
 use crate::record::{Event, SweepRecord};
 use crate::spec::{self, Checked};
 use crate::state::TrialView;
-use crate::Shared;
 
 /// Environment variables a trial gets besides the spec's `env`.
 pub const ENV_SWEEP_ID: &str = "KILN_SWEEP_ID";

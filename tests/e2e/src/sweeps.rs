@@ -74,7 +74,11 @@ impl Stack {
         let addr = self.advisor_addr.expect("the advisor is started");
         let deadline = tokio::time::Instant::now() + PATIENCE;
         loop {
-            let answer = match Channel::from_shared(format!("http://{addr}")).expect("uri").connect().await {
+            let answer = match Channel::from_shared(format!("http://{addr}"))
+                .expect("uri")
+                .connect()
+                .await
+            {
                 Ok(channel) => SweepServiceClient::with_interceptor(channel, BearerInterceptor::new(&self.token))
                     .get_sweep(pb::GetSweepRequest {
                         sweep_id: sweep_id.to_string(),
@@ -136,7 +140,11 @@ pub async fn drive_sim_trials(stack: &Stack, sweep_id: &str, epochs: u32, tick: 
         if !["running", "stopping"].contains(&sweep.state.as_str()) {
             return logged;
         }
-        assert!(tokio::time::Instant::now() < deadline, "sweep {sweep_id} never ended: {:?}", sweep.counts);
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "sweep {sweep_id} never ended: {:?}",
+            sweep.counts
+        );
         for trial in &sweep.trials {
             if trial.job_id.is_empty() || trial.state == "stopped" {
                 continue;

@@ -62,7 +62,9 @@ async fn jobs_of(stack: &Stack, sweep: &pb::Sweep) -> usize {
 #[tokio::test]
 async fn a_sim_sweep_reaches_its_budget_and_asha_stops_the_losers() {
     let stack = sim_stack(cloud(cpu_box(), 8, false)).await;
-    let sweep = stack.create_sweep(&spec("simsweep", 30, 6, "[sleep, '3']", "on-demand")).await;
+    let sweep = stack
+        .create_sweep(&spec("simsweep", 30, 6, "[sleep, '3']", "on-demand"))
+        .await;
     assert_eq!(sweep.state, "running");
     drive_sim_trials(&stack, &sweep.id, 9, Duration::from_millis(40)).await;
     let sweep = stack.wait_for_sweep(&sweep.id, "finished", PATIENCE).await;
@@ -84,11 +86,16 @@ async fn a_sim_sweep_reaches_its_budget_and_asha_stops_the_losers() {
         .collect();
     assert!(!values.is_empty(), "no trial ran to the end");
     let lowest = values.iter().copied().fold(f64::INFINITY, f64::min);
-    assert!(best.value.expect("a value") <= lowest, "best {best:?} is not the lowest {lowest}");
+    assert!(
+        best.value.expect("a value") <= lowest,
+        "best {best:?} is not the lowest {lowest}"
+    );
     let answered = stack
         .sweeps()
         .await
-        .best_trial(pb::GetSweepRequest { sweep_id: sweep.id.clone() })
+        .best_trial(pb::GetSweepRequest {
+            sweep_id: sweep.id.clone(),
+        })
         .await
         .expect("best trial")
         .into_inner();
@@ -99,7 +106,9 @@ async fn a_sim_sweep_reaches_its_budget_and_asha_stops_the_losers() {
 async fn an_advisor_killed_five_times_runs_exactly_max_trials() {
     let mut stack = sim_stack(cloud(cpu_box(), 8, false)).await;
     let (mut standby, standby_addr) = stack.spawn_advisor(stack.advisor_config("advisor-2")).await;
-    let sweep = stack.create_sweep(&spec("killsweep", 24, 6, "[sleep, '2']", "on-demand")).await;
+    let sweep = stack
+        .create_sweep(&spec("killsweep", 24, 6, "[sleep, '2']", "on-demand"))
+        .await;
     let driver = {
         // The driver reads the sweep through the standby, which stays up while the other dies.
         let mut reader = Stack::start_without_runner().await;
@@ -127,41 +136,64 @@ async fn an_advisor_killed_five_times_runs_exactly_max_trials() {
     driver.await.expect("the driver");
     let sweep = stack.wait_for_sweep(&sweep.id, "finished", PATIENCE).await;
     assert_each_trial_once(&sweep, 24);
-    assert_eq!(jobs_of(&stack, &sweep).await, 24, "a killed leader submitted a trial twice");
+    assert_eq!(
+        jobs_of(&stack, &sweep).await,
+        24,
+        "a killed leader submitted a trial twice"
+    );
     standby.stop().await;
 }
 
 #[tokio::test]
 async fn a_preempted_trial_resumes_and_counts_once() {
-    // Spot instances taken back every 30 simulated seconds on average (3 s of wall time).
-    let sim = SimConfig {
-        spot: true,
-        time_scale: 10.0,
-        preemptions_per_hour: 120.0,
-        notice_ms: 2_000,
-        boot_min_ms: 10,
-        boot_max_ms: 50,
-        max_instances: 8,
-        instance_types: vec![cpu_box()],
-        ..SimConfig::default()
-    };
-    let stack = sim_stack(sim).await;
-    let yaml = spec("spotsweep", 8, 4, "[sleep, '40']", "spot").replace(
+    let stack = sim_stack(cloud(cpu_box(), 8, false)).await;
+    let yaml = spec("spotsweep", 6, 3, "[sleep, '4']", "auto").replace(
         "early-stop: {name: asha, resource: epoch, min: 1, max: 9, eta: 3}",
         "early-stop: {name: none}",
     );
     let sweep = stack.create_sweep(&yaml).await;
-    let logged = drive_sim_trials(&stack, &sweep.id, 30, Duration::from_millis(100)).await;
+    let nats = kiln_core::streams::connect(&stack.nats.config()).await.expect("nats");
+    // Trial 0 is taken back (as a spot instance is) once the advisor has seen 3 of its epochs.
+    let preempt = async {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            let trial = stack
+                .sweep(&sweep.id)
+                .await
+                .trials
+                .into_iter()
+                .find(|trial| trial.index == 0);
+            if let Some(trial) = trial.filter(|trial| trial.resource >= 3.0) {
+                let job = stack.store.job(&trial.job_id).await.expect("trial 0's job");
+                kiln_core::events::preempt_job(&nats, &job, "").await.expect("preempt");
+                return (trial.job_id, trial.resource);
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "trial 0 never reported 3 epochs"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let (logged, (job_id, before)) = tokio::join!(
+        drive_sim_trials(&stack, &sweep.id, 20, Duration::from_millis(100)),
+        preempt
+    );
     let sweep = stack.wait_for_sweep(&sweep.id, "finished", PATIENCE).await;
-    assert_each_trial_once(&sweep, 8);
-    assert_eq!(jobs_of(&stack, &sweep).await, 8);
-    let resumed: Vec<&pb::Trial> = sweep.trials.iter().filter(|trial| trial.preemptions > 0).collect();
-    assert!(!resumed.is_empty(), "no trial was preempted: {:?}", sweep.trials);
-    for trial in resumed {
-        assert_ne!(trial.state, "failed", "a preempted trial counts as failed: {trial:?}");
-        // The attempt after the preemption went on from the epochs logged before it.
-        assert!(trial.resource >= f64::from(logged[&trial.index].min(1)), "{trial:?}");
-    }
+    assert_each_trial_once(&sweep, 6);
+    assert_eq!(jobs_of(&stack, &sweep).await, 6, "the preempted trial got a second job");
+    let trial = &sweep.trials[0];
+    assert_eq!(trial.job_id, job_id);
+    assert_eq!(trial.preemptions, 1, "{trial:?}");
+    assert_eq!(trial.state, "succeeded", "{trial:?}");
+    // Its second attempt went on from the epochs it had, and every epoch logged counts.
+    assert!(
+        trial.resource > before,
+        "{trial:?}: nothing after the preemption at {before}"
+    );
+    assert_eq!(trial.resource, f64::from(logged[&0]), "{trial:?}");
+    let job = stack.get(&job_id).await;
+    assert_eq!(job.attempt, 2, "{job:?}");
     assert_eq!(sweep.counts.unwrap().failed, 0, "{:?}", sweep.counts);
 }
 
@@ -172,10 +204,19 @@ async fn bad_specs_are_refused_naming_the_field() {
     let good = spec("badsweep", 4, 2, "[train, '--lr', '${lr}']", "auto");
     let cases = [
         (good.replace("name: tpe,", "name: hyperopt,"), "algorithm"),
-        (good.replace("min: 1.0e-4, max: 1.0,", "min: 1.0, max: 1.0e-4,"), "parameters.lr"),
-        (good.replace("min: 1.0e-4, max: 1.0, log: true", "min: 0.0, max: 1.0, log: true"), "parameters.lr"),
         (
-            good.replace("width: {type: int, values: [16, 32, 64]}", "width: {type: int, values: [16], when: {depth: 3}}"),
+            good.replace("min: 1.0e-4, max: 1.0,", "min: 1.0, max: 1.0e-4,"),
+            "parameters.lr",
+        ),
+        (
+            good.replace("min: 1.0e-4, max: 1.0, log: true", "min: 0.0, max: 1.0, log: true"),
+            "parameters.lr",
+        ),
+        (
+            good.replace(
+                "width: {type: int, values: [16, 32, 64]}",
+                "width: {type: int, values: [16], when: {depth: 3}}",
+            ),
             "parameters.width",
         ),
         (good.replace("'${lr}'", "'${learning_rate}'"), "trial.command"),
@@ -191,7 +232,11 @@ async fn bad_specs_are_refused_naming_the_field() {
             .await
             .expect_err("a bad spec is refused");
         assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
-        assert!(refused.message().contains(field), "{field} not named in {:?}", refused.message());
+        assert!(
+            refused.message().contains(field),
+            "{field} not named in {:?}",
+            refused.message()
+        );
     }
     // A good one passes, and nothing was recorded for the bad ones.
     let created = sweeps
@@ -203,11 +248,90 @@ async fn bad_specs_are_refused_naming_the_field() {
         .expect("the good spec")
         .into_inner();
     let listed = sweeps
-        .list_sweeps(pb::ListSweepsRequest { all: true, ..Default::default() })
+        .list_sweeps(pb::ListSweepsRequest {
+            all: true,
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner()
         .sweeps;
-    assert_eq!(listed.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(), [created.id.as_str()]);
+    assert_eq!(
+        listed.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
+        [created.id.as_str()]
+    );
     stack.advisor.take().unwrap().stop().await;
+}
+
+/// A trial as users write one: the knobs from `kiln.init()`, the objective and the epoch logged
+/// together, and `kiln.should_stop()` checked after each epoch (the same curve as the sim driver).
+const TRIAL_PY: &str = r#"
+import math, sys, time
+import kiln
+
+kiln.init(config={"epochs": 9})
+lr = kiln.config["lr"]
+assert kiln.config["width"] in (16, 32, 64), kiln.config
+for epoch in range(1, kiln.config["epochs"] + 1):
+    quality = (math.log10(lr) + 2.0) ** 2
+    speed = 1.0 / (1.0 + 50.0 * lr)
+    loss = quality + 3.0 * math.exp(-epoch * speed / 3.0) + 0.1 / epoch
+    kiln.log({"val/loss": loss, "epoch": epoch}, step=epoch)
+    time.sleep(0.2)
+    if kiln.should_stop():
+        print(f"stopped early after epoch {epoch}", flush=True)
+        break
+kiln.finish()
+"#;
+
+#[tokio::test]
+async fn a_process_sweep_of_sdk_trials_reaches_its_budget_and_stops_losers() {
+    let python = std::env::var("KILN_TEST_PYTHON")
+        .expect("KILN_TEST_PYTHON names a python with the kiln SDK installed (scripts/test.sh sets it)");
+    let mut stack = Stack::start().await;
+    let mut config = stack.advisor_config("advisor-1");
+    // Long enough for a trial to see kiln.should_stop() (asked once a second) and end itself.
+    config.stop_grace_ms = 5_000;
+    stack.start_advisor(config).await;
+    let script = stack.dir.path().join("trial.py");
+    std::fs::write(&script, TRIAL_PY).expect("write the trial");
+    let command = format!("['{python}', '{}']", script.display());
+    let sweep = stack.create_sweep(&spec("procsweep", 30, 4, &command, "auto")).await;
+    let sweep = stack.wait_for_sweep(&sweep.id, "finished", PATIENCE * 8).await;
+    assert_each_trial_once(&sweep, 30);
+    assert_eq!(jobs_of(&stack, &sweep).await, 30);
+    let counts = sweep.counts.unwrap();
+    assert_eq!(counts.failed, 0, "{:?}: {:?}", counts, sweep.trials);
+    assert!(
+        counts.stopped > 0,
+        "ASHA stopped no trial: {counts:?} {:?}",
+        sweep
+            .trials
+            .iter()
+            .map(|t| (t.index, t.value, t.resource))
+            .collect::<Vec<_>>()
+    );
+    let mut ended_themselves = 0;
+    for trial in sweep.trials.iter().filter(|trial| trial.state == "stopped") {
+        let job = stack.get(&trial.job_id).await;
+        if job.state == pb::JobState::Succeeded as i32 {
+            ended_themselves += 1;
+            let lines = stack.log_lines(&trial.job_id, false).await;
+            assert!(
+                lines
+                    .iter()
+                    .any(|line| line.text.starts_with("stopped early after epoch")),
+                "{trial:?} ended without seeing should_stop"
+            );
+        }
+    }
+    assert!(
+        ended_themselves > 0,
+        "no stopped trial ended itself through kiln.should_stop()"
+    );
+    // Each trial's job carries its knobs as its config.
+    let first = stack.get(&sweep.trials[0].job_id).await;
+    assert_eq!(first.config.get("lr"), sweep.trials[0].config.get("lr"));
+    assert_eq!(first.sweep_id, sweep.id);
+    assert!(sweep.best.is_some());
 }

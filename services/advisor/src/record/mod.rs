@@ -152,7 +152,13 @@ impl SweepStore {
     }
 
     /// Moves a sweep from one of `from` to `to`; `None` when it was in none of them.
-    pub async fn set_state(&self, sweep_id: &str, from: &[&str], to: &str, reason: &str) -> Result<Option<SweepRecord>> {
+    pub async fn set_state(
+        &self,
+        sweep_id: &str,
+        from: &[&str],
+        to: &str,
+        reason: &str,
+    ) -> Result<Option<SweepRecord>> {
         let finished = [STOPPED, FINISHED, FAILED].contains(&to).then(now_ms);
         let updated = sweep::Entity::update_many()
             .set(sweep::ActiveModel {

@@ -29,11 +29,19 @@ fn the_issue_spec_checks() {
     let checked = parse(GOOD).expect("the spec checks");
     assert_eq!(checked.spec.name, "resnet-lr");
     assert_eq!(
-        checked.spec.parameters.iter().map(|(name, _)| name.as_str()).collect::<Vec<_>>(),
+        checked
+            .spec
+            .parameters
+            .iter()
+            .map(|(name, _)| name.as_str())
+            .collect::<Vec<_>>(),
         ["lr", "batch", "optimizer", "momentum"],
         "parameters keep their order"
     );
-    assert_eq!(checked.argv, ["python", "train.py", "--lr", "${lr}", "--batch=${batch}"]);
+    assert_eq!(
+        checked.argv,
+        ["python", "train.py", "--lr", "${lr}", "--batch=${batch}"]
+    );
     assert_eq!(checked.cpu_millis, 2000);
     assert_eq!(checked.memory_bytes, 1 << 30);
     assert_eq!(checked.spec.objective.oriented(2.0), 2.0);
@@ -59,26 +67,44 @@ fn knobs_go_into_the_argv() {
 #[test]
 fn an_unknown_algorithm_is_refused_naming_the_field() {
     let found = problems(&GOOD.replace("name: tpe, seed: 0, startup-trials: 10", "name: bayes"));
-    assert!(found.iter().any(|problem| problem.field.starts_with("algorithm")), "{found:?}");
-    assert!(found.iter().any(|problem| problem.message.contains("bayes")), "{found:?}");
+    assert!(
+        found.iter().any(|problem| problem.field.starts_with("algorithm")),
+        "{found:?}"
+    );
+    assert!(
+        found.iter().any(|problem| problem.message.contains("bayes")),
+        "{found:?}"
+    );
 }
 
 #[test]
 fn an_empty_range_is_refused_naming_the_parameter() {
     let found = fields(&GOOD.replace("min: 0.8, max: 0.99", "min: 0.99, max: 0.8"));
-    assert!(found.iter().any(|field| field.starts_with("parameters.momentum")), "{found:?}");
+    assert!(
+        found.iter().any(|field| field.starts_with("parameters.momentum")),
+        "{found:?}"
+    );
 }
 
 #[test]
 fn log_with_a_non_positive_bound_is_refused() {
-    let found = fields(&GOOD.replace("min: 1.0e-5, max: 1.0e-1, log: true", "min: 0.0, max: 1.0e-1, log: true"));
-    assert!(found.iter().any(|field| field.starts_with("parameters.lr")), "{found:?}");
+    let found = fields(&GOOD.replace(
+        "min: 1.0e-5, max: 1.0e-1, log: true",
+        "min: 0.0, max: 1.0e-1, log: true",
+    ));
+    assert!(
+        found.iter().any(|field| field.starts_with("parameters.lr")),
+        "{found:?}"
+    );
 }
 
 #[test]
 fn a_when_on_an_unknown_parameter_is_refused() {
     let found = fields(&GOOD.replace("when: {optimizer: sgd}", "when: {solver: sgd}"));
-    assert!(found.iter().any(|field| field.starts_with("parameters.momentum")), "{found:?}");
+    assert!(
+        found.iter().any(|field| field.starts_with("parameters.momentum")),
+        "{found:?}"
+    );
 }
 
 #[test]
@@ -100,14 +126,23 @@ fn every_problem_is_reported_at_once() {
         .replace("cpu: 2", "cpu: 0");
     let found = fields(&yaml);
     for field in ["budget.max-trials", "trial.command", "trial.cpu"] {
-        assert!(found.iter().any(|found| found == field), "{field} missing from {found:?}");
+        assert!(
+            found.iter().any(|found| found == field),
+            "{field} missing from {found:?}"
+        );
     }
 }
 
 #[test]
 fn unknown_keys_and_bad_yaml_are_refused() {
     let found = problems(&GOOD.replace("budget: {", "budget: {max-trails: 3, "));
-    assert!(found.iter().any(|problem| problem.message.contains("max-trails")), "{found:?}");
+    assert!(
+        found.iter().any(|problem| problem.message.contains("max-trails")),
+        "{found:?}"
+    );
     assert_eq!(fields("name: [unclosed"), ["spec"]);
-    assert_eq!(fields(&GOOD.replace("parameters:", "params:")), ["parameters", "params"]);
+    assert_eq!(
+        fields(&GOOD.replace("parameters:", "params:")),
+        ["parameters", "params"]
+    );
 }
