@@ -117,3 +117,20 @@ impl ServiceConfig for Config {
         problems_to_result(problems)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_wait_over_ten_minutes_is_refused_with_its_key() {
+        let wait = |read_wait_ms| Config {
+            read_wait_ms,
+            ..Config::default()
+        };
+        assert!(wait(0).validate().is_ok(), "0: reads never wait");
+        assert!(wait(600_000).validate().is_ok());
+        let refused = wait(600_001).validate().unwrap_err().to_string();
+        assert!(refused.contains("read-wait-ms 600001"), "{refused}");
+    }
+}
