@@ -2,7 +2,8 @@
 MLflow tracking server, on this machine, in one run, with 1 and 4 client processes.
 
     python bench/metrics_throughput.py --kiln target/release/kiln [--points 200000]
-        [--mlflow-points 10000] [--cassandra HOST:PORT] [--no-mlflow]
+        [--mlflow-points 10000] [--cassandra HOST:PORT] [--no-mlflow] [--markers 200]
+        [--load-points 1000000] [--latency-only]
 
 MLflow's SQLite backend stores a few thousand points per second, so its clients send fewer
 points (--mlflow-points) to keep the run short; the rates are per second either way.
@@ -20,9 +21,18 @@ points (--mlflow-points) to keep the run short; the rates are per second either 
 - Every client imports and creates its run first; all start writing together.
 - Memory: the peak resident size (VmHWM) of the `kiln up` process, which holds log-ingest and
   every other service, so it bounds log-ingest's own.
+- Log -> visible latency (first, each on a fresh `kiln up`): a marker run (the SDK's `Run`,
+  default options) logs a point at the next step every 20 ms (idle, `--markers` of them) or
+  every 10 ms while 4 client processes write `--load-points` points each with log_series as in
+  the throughput rows (under load), while a reader thread polls LatestMetrics (each answer
+  comes once the writers have stored what came before it; 1 ms apart); a marker is visible at
+  the first answer showing its step or a later one, so its latency includes up to one poll's
+  round trip and pause.
+  p50 and p99.
 """
 
 import argparse
+import contextlib
 import os
 import pathlib
 import signal
@@ -30,6 +40,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 KILN_CLIENT = """
@@ -154,9 +165,11 @@ class Scraper:
         return self.scrapes
 
 
-def kiln_rate(args, count, mode, extra_flags, label, scrape=False):
-    """With `scrape`, a Scraper reads /metrics every second during the run (the run fails when
-    kiln up printed no metrics address)."""
+@contextlib.contextmanager
+def kiln_up(args, extra_flags, label, count):
+    """A `kiln up --provider process` on a temp KILN_HOME; yields (its process, the clients'
+    environment, a LogService stub and the metadata to call it with). Prints its log's tail
+    when what runs inside fails."""
     home = tempfile.mkdtemp(prefix="kiln-bench-")
     env = {**os.environ, "KILN_HOME": home, "KILN_LOG": "warn"}
     log = open(pathlib.Path(home) / "up.log", "w")
@@ -168,17 +181,31 @@ def kiln_rate(args, count, mode, extra_flags, label, scrape=False):
         if up.poll() is not None:
             raise SystemExit("kiln up exited")
         time.sleep(0.05)
-    scraper = Scraper(pathlib.Path(home) / "up.log") if scrape else None
     try:
-        started, ids = run_clients(sys.executable, KILN_CLIENT, count, args.points, [mode], env)
         sys.path.insert(0, "")
         os.environ["KILN_HOME"] = home
         import grpc
         from kiln._run import _endpoints, _target
-        from kiln.v1 import log_pb2, log_pb2_grpc
+        from kiln.v1 import log_pb2_grpc
         _, logs, token = _endpoints()
         stub = log_pb2_grpc.LogServiceStub(grpc.insecure_channel(_target(logs)))
-        md = (("authorization", f"Bearer {token}"),)
+        yield up, env, stub, (("authorization", f"Bearer {token}"),)
+    except BaseException:
+        print(f"kiln up's log ({label}, {count} clients):", file=sys.stderr)
+        print((pathlib.Path(home) / "up.log").read_text()[-3000:], file=sys.stderr)
+        raise
+    finally:
+        up.send_signal(signal.SIGINT)
+        up.wait(timeout=60)
+
+
+def kiln_rate(args, count, mode, extra_flags, label, scrape=False):
+    """With `scrape`, a Scraper reads /metrics every second during the run (the run fails when
+    kiln up printed no metrics address)."""
+    from kiln.v1 import log_pb2
+    with kiln_up(args, extra_flags, label, count) as (up, env, stub, md):
+        scraper = Scraper(pathlib.Path(env["KILN_HOME"]) / "up.log") if scrape else None
+        started, ids = run_clients(sys.executable, KILN_CLIENT, count, args.points, [mode], env)
         expected = count * args.points
         while True:
             series = stub.QueryMetrics(log_pb2.QueryMetricsRequest(job_ids=ids, max_points=10), metadata=md).series
@@ -191,13 +218,74 @@ def kiln_rate(args, count, mode, extra_flags, label, scrape=False):
         if scraper is not None and scraper.stop() == 0:
             raise SystemExit(f"{label}: kiln up printed no metrics address, or /metrics never answered")
         return label, count, expected / elapsed, peak_rss_mb(up.pid)
-    except BaseException:
-        print(f"kiln up's log ({label}, {count} clients):", file=sys.stderr)
-        print((pathlib.Path(home) / "up.log").read_text()[-3000:], file=sys.stderr)
-        raise
-    finally:
-        up.send_signal(signal.SIGINT)
-        up.wait(timeout=60)
+
+
+def markers(stub, md, run, count, gap, until=lambda: False):
+    """Logs up to `count` marker points through the SDK's `Run` (default options), one every
+    `gap` seconds, while a reader thread polls LatestMetrics: a marker is visible once an
+    answer shows its step or a later one. Returns the log -> visible latencies, in ms (each
+    includes up to one poll's round trip)."""
+    from kiln.v1 import log_pb2
+    request = log_pb2.LatestMetricsRequest(job_ids=[run.job_id], keys=["marker"])
+    logged, latencies = [], []
+    stop = threading.Event()
+
+    def read():
+        while True:
+            finished = stop.is_set()
+            series = stub.LatestMetrics(request, metadata=md).series
+            now = time.perf_counter()
+            seen = series[0].points[0].step + 1 if series else 0
+            latencies.extend((now - at) * 1000 for at in logged[len(latencies):seen])
+            if finished and len(latencies) == len(logged):
+                return
+            time.sleep(0.001)  # leaves the interpreter to the SDK's threads between polls
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    for step in range(count):
+        if until():
+            break
+        logged.append(time.perf_counter())
+        run.log({"marker": float(step)}, step=step)
+        time.sleep(gap)
+    stop.set()
+    reader.join()
+    return latencies
+
+
+def kiln_latency(args, load, extra_flags, label):
+    """Log -> visible of a marker run's points: idle (`load` 0), or while `load` client
+    processes write as in the throughput rows (log_series of 1,000). Returns (label, clients,
+    p50 ms, p99 ms, markers)."""
+    import grpc
+    from kiln._run import Run, _endpoints, _target
+    from kiln.v1 import job_pb2, job_pb2_grpc
+    with kiln_up(args, extra_flags, label, load) as (_, env, stub, md):
+        api, logs, token = _endpoints()
+        with grpc.insecure_channel(_target(api)) as channel:
+            job = job_pb2_grpc.JobServiceStub(channel).CreateRun(job_pb2.CreateRunRequest(name="marker"), metadata=md)
+        run = Run(job_id=job.id, logs_address=logs, token=token, api_address=api, external=True)
+        if load == 0:
+            latencies = markers(stub, md, run, args.markers, 0.02)
+        else:
+            done = threading.Event()
+
+            def write_load():
+                try:
+                    run_clients(sys.executable, KILN_CLIENT, load, args.load_points, ["series"], env)
+                finally:
+                    done.set()
+
+            loader = threading.Thread(target=write_load, daemon=True)
+            loader.start()
+            time.sleep(0.5)  # the clients' interpreters start, create their runs, begin writing
+            latencies = markers(stub, md, run, 1_000_000, 0.01, until=done.is_set)
+            loader.join()
+        run.finish()
+    latencies.sort()
+    pick = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))]
+    return label, load, pick(0.5), pick(0.99), len(latencies)
 
 
 def mlflow_rate(args, count):
@@ -233,7 +321,30 @@ def main():
     parser.add_argument("--mlflow-points", type=int, default=10_000, help="points per MLflow client process")
     parser.add_argument("--cassandra", help="host:port of a CQL node, to also measure the ScyllaDB store")
     parser.add_argument("--no-mlflow", action="store_true", help="kiln's rows alone, without the ratios")
+    parser.add_argument("--markers", type=int, default=200, help="marker points of the idle latency rows")
+    parser.add_argument("--load-points", type=int, default=1_000_000,
+                        help="points per load client while the latency under load is measured")
+    parser.add_argument("--latency-only", action="store_true", help="the latency rows alone")
+    parser.add_argument("--no-latency", action="store_true", help="the throughput rows alone")
     args = parser.parse_args()
+    latency = []
+    for flags, store in [([], "sqlite")] + ([(["--metric-store", "scylla", "--log-store", "scylla", "--scylla-nodes",
+                                               args.cassandra], "scylla on cassandra 5")] if args.cassandra else []):
+        for load in () if args.no_latency else (0, 4):
+            latency.append(kiln_latency(args, load, flags, f"kiln ({store}), {'idle' if load == 0 else 'under load'}"))
+    if not args.latency_only:
+        throughput(args)
+    if args.no_latency:
+        return
+    print("log -> visible: marker points logged through the SDK's Run while a reader polls LatestMetrics;")
+    print(f"idle: {args.markers} markers 20 ms apart; under load: a marker every 10 ms while 4 clients each write "
+          f"{args.load_points:,} points with log_series")
+    print(f"{'':42} {'clients':>7} {'p50':>9} {'p99':>9} {'markers':>8}")
+    for label, load, p50, p99, count in latency:
+        print(f"{label:42} {load:>7} {p50:>6.1f} ms {p99:>6.1f} ms {count:>8}")
+
+
+def throughput(args):
     rows = []
     like_for_like, per_step = "kiln (sqlite), log_series of 1,000", "kiln (sqlite), log() per point"
     for count in (1, 4):

@@ -16,7 +16,7 @@ Reading runs back (plain dataclasses, or pandas frames with frame=True):
     series = client.metrics([run.id for run in runs], keys=["val/loss"])
 
 `kiln.log` does not wait for the network: points go to a bounded buffer that a background
-thread sends in batches (by size and by interval). When the buffer is full, `log` waits for
+thread sends at once when it is idle, in batches under load. When the buffer is full, `log` waits for
 room rather than dropping points. Each point is keyed by (job, key, step), so a batch sent twice
 stores nothing twice.
 

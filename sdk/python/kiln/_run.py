@@ -80,11 +80,14 @@ class Run:
     """A run whose metrics are being logged: a kiln job, or a run created for this process.
 
     `log` appends (key, step, value, time) rows to a list under a lock and returns; `senders`
-    threads each take up to `batch_points` rows at a time (or what came within `interval`
-    seconds), turn them into columns and send them in one WriteMetrics request, which log-ingest
-    answers once they are durable (several requests in flight hide that round trip; the order
-    of points does not matter, they are keyed by step). At most `buffer_points` points wait:
-    beyond that `log` blocks until the senders catch up (back-pressure, never a silent drop)."""
+    threads each take up to `batch_points` rows at a time, turn them into columns and send them
+    in one WriteMetrics request, which log-ingest answers once they are durable (several
+    requests in flight hide that round trip; the order of points does not matter, they are keyed
+    by step). A sender takes rows at once when no request is in flight, so a point logged by an
+    idle run leaves at once; while requests are in flight, rows pile up into full batches, and
+    what is not a full batch leaves when the requests in flight are answered (or after
+    `interval` seconds, whichever comes first). At most `buffer_points` points wait: beyond that
+    `log` blocks until the senders catch up (back-pressure, never a silent drop)."""
 
     def __init__(
         self,
@@ -95,7 +98,7 @@ class Run:
         api_address: str | None = None,
         external: bool = False,
         batch_points: int = 5000,
-        interval: float = 1.0,
+        interval: float = 0.1,
         buffer_points: int = 100_000,
         senders: int = 4,
     ):
@@ -120,6 +123,7 @@ class Run:
         self._logged = 0  # points taken by `log`
         self._settled = 0  # points sent (durable) or given up on
         self._flushing = 0
+        self._in_flight = 0  # requests sent and not answered yet
         self._stopping = False
         self._step = 0
         self._error: BaseException | None = None
@@ -231,15 +235,18 @@ class Run:
                     self._error = error
             with self._cond:
                 self._settled += len(rows)
+                self._in_flight -= 1
                 self._cond.notify_all()
 
     def _take_rows(self) -> list | None:
-        """The next rows to send: a full batch, or what came within `interval` of its first row,
-        or what there is when someone flushes; None to stop."""
+        """The next rows to send: what there is when no request is in flight or someone flushes,
+        else a full batch, or what came within `interval` of its first row; None to stop."""
         with self._cond:
             deadline = None
             while not self._stopping:
-                if len(self._rows) >= self._batch_points or (self._rows and self._flushing):
+                if self._rows and (
+                    self._in_flight == 0 or self._flushing or len(self._rows) >= self._batch_points
+                ):
                     break
                 if not self._rows:
                     deadline = None
@@ -255,6 +262,7 @@ class Run:
                 return None
             rows = self._rows[: self._batch_points]
             del self._rows[: self._batch_points]
+            self._in_flight += 1
             return rows
 
     def _send(self, rows: list) -> None:

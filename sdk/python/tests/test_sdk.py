@@ -136,6 +136,75 @@ def test_log_series_stores_many_values_at_once_and_waits_for_room(up):
     assert lr.points[5_003].value == 7.0
 
 
+def test_an_idle_run_sends_a_point_at_once(up):
+    """With no request in flight, a point leaves at once: were it held for `interval` (an
+    hour here), `series` would give up waiting."""
+    api, logs, token = _endpoints()
+    jobs, _, metadata = stubs()
+    created = jobs.CreateRun(job_pb2.CreateRunRequest(name="fresh"), metadata=metadata)
+    run = Run(job_id=created.id, logs_address=logs, token=token, api_address=api, external=True, interval=3600)
+    for step in range(3):
+        run.log({"fresh": float(step)}, step=step)
+        assert series(run.job_id, "fresh", step + 1).points[-1].step == step
+    run.finish()
+
+
+def latest_steps(points, metadata, job_id, keys=()):
+    request = log_pb2.LatestMetricsRequest(job_ids=[job_id], keys=list(keys))
+    latest = points.LatestMetrics(request, metadata=metadata).series
+    return {s.key: s.points[0].step for s in latest}
+
+
+def test_once_finish_returned_every_point_is_visible_at_once(up):
+    """Read-your-writes: 100,000 points, `finish()`, then straight away (no polling)
+    LatestMetrics shows the last step of every key and QueryMetrics counts every point; 20
+    runs, never stale."""
+    _, points, metadata = stubs()
+    keys, steps = [f"k{n}" for n in range(4)], 25_000
+    for n in range(20):
+        run = kiln.init(name=f"read-your-writes-{n}")
+        for step in range(steps):
+            kiln.log({key: step * 0.5 for key in keys}, step=step)
+        job_id = run.job_id
+        kiln.finish()
+        assert latest_steps(points, metadata, job_id) == {key: steps - 1 for key in keys}, f"run {n} is stale"
+        request = log_pb2.QueryMetricsRequest(job_ids=[job_id], max_points=10)
+        totals = {s.key: s.total_points for s in points.QueryMetrics(request, metadata=metadata).series}
+        assert totals == {key: steps for key in keys}, f"run {n} is stale"
+
+
+def test_once_a_job_is_terminal_its_last_step_is_visible(up):
+    """A job that logs and exits without calling finish (the SDK finishes at exit): once it is
+    terminal, LatestMetrics shows its last step straight away."""
+    script = (
+        "import kiln\n"
+        "kiln.init()\n"
+        "for step in range(30_000):\n"
+        "    kiln.log({'inside/loss': 1.0 / (step + 1), 'inside/acc': step * 1e-5}, step=step)\n"
+    )
+    jobs, points, metadata = stubs()
+    for n in range(3):
+        done = subprocess.run(
+            [KILN, "run", "--no-code", "--", sys.executable, "-c", script],
+            env={**os.environ, "KILN_HOME": up}, capture_output=True, text=True, timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        job_id = done.stdout.split()[-1]
+        deadline = time.monotonic() + 120
+        while True:
+            job = jobs.GetJob(job_pb2.GetJobRequest(job_id=job_id), metadata=metadata)
+            if job.state in TERMINAL:
+                break
+            assert time.monotonic() < deadline, f"job {job_id} did not end: {job}"
+            time.sleep(0.02)
+        assert job.state == job_pb2.JOB_STATE_SUCCEEDED, job
+        keys = ["inside/acc", "inside/loss"]  # the runner's sys/* keys aside
+        assert latest_steps(points, metadata, job_id, keys) == dict.fromkeys(keys, 29_999), f"job {n}"
+
+
+TERMINAL = (job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED, job_pb2.JOB_STATE_STOPPED, job_pb2.JOB_STATE_LOST)
+
+
 def test_a_job_logs_with_its_own_token(up):
     script = (
         "import kiln\n"

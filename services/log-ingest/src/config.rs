@@ -31,6 +31,11 @@ pub struct Config {
     pub scylla: ScyllaConfig,
     /// Messages taken from JetStream and written in one batch, at most.
     pub batch_size: usize,
+    /// How long a metric read (QueryMetrics, LatestMetrics, ListMetricKeys) waits, at most, for
+    /// the writers to store every point written before it (read-your-writes, see
+    /// [`crate::caught_up`]); past it, the read answers what is stored and counts a stale read.
+    /// 0: reads never wait.
+    pub read_wait_ms: u64,
 }
 
 /// A store of log lines or metric points. An embedded SQLite store belongs to one log-ingest:
@@ -85,6 +90,7 @@ impl Default for Config {
             sqlite: SqliteConfig::default(),
             scylla: ScyllaConfig::default(),
             batch_size: 500,
+            read_wait_ms: 5000,
         }
     }
 }
@@ -102,6 +108,29 @@ impl ServiceConfig for Config {
         if !(1..=10_000).contains(&self.batch_size) {
             problems.push(format!("batch-size {} must be between 1 and 10000", self.batch_size));
         }
+        if self.read_wait_ms > 600_000 {
+            problems.push(format!(
+                "read-wait-ms {} must be at most 600000 (ten minutes)",
+                self.read_wait_ms
+            ));
+        }
         problems_to_result(problems)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_wait_over_ten_minutes_is_refused_with_its_key() {
+        let wait = |read_wait_ms| Config {
+            read_wait_ms,
+            ..Config::default()
+        };
+        assert!(wait(0).validate().is_ok(), "0: reads never wait");
+        assert!(wait(600_000).validate().is_ok());
+        let refused = wait(600_001).validate().unwrap_err().to_string();
+        assert!(refused.contains("read-wait-ms 600001"), "{refused}");
     }
 }

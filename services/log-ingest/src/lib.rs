@@ -3,6 +3,8 @@
 //! - [`writer`]: consumes `KILN_LOGS` in batches into the [`store::LogStore`], acking after the
 //!   write; then wakes the followers of the jobs it wrote;
 //! - [`grpc`]: `LogService.GetLogs`, with follow (a live tail that ends when the job ends);
+//! - [`caught_up`]: read-your-writes: a metric read waits for the writers to store what was
+//!   written before it;
 //! - [`store`], [`points`]: the store traits and their embedded SQLite implementations;
 //! - [`scylla_store`]: both stores on ScyllaDB, shared by every replica;
 //! - [`sole`]: with a SQLite store, the lease that keeps a second log-ingest out.
@@ -21,6 +23,7 @@ use tokio::net::TcpListener;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
+pub mod caught_up;
 pub mod config;
 pub mod error;
 pub mod grpc;
@@ -138,6 +141,8 @@ impl LogIngest {
                 shutdown.clone(),
             )),
         ];
+        let caught_up = caught_up::CaughtUp::new(self.nats.clone());
+        let marks = tokio::spawn(caught_up.clone().run(shutdown.clone()));
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
         health_reporter.set_serving::<LogServiceServer<grpc::LogsApi>>().await;
         let api = grpc::LogsApi {
@@ -147,6 +152,9 @@ impl LogIngest {
             nats: self.nats.clone(),
             points: self.points.clone(),
             known_keys: Default::default(),
+            caught_up,
+            read_wait: std::time::Duration::from_millis(self.config.read_wait_ms),
+            stale_reads: metrics.stale_reads.clone(),
         };
         tracing::info!(%addr, "log-ingest serving");
         let served = tonic::transport::Server::builder()
@@ -165,6 +173,7 @@ impl LogIngest {
             let _ = writer.await;
         }
         let _ = rate.await;
+        let _ = marks.await;
         if let Some(held) = held {
             let lease = held
                 .await

@@ -69,6 +69,8 @@ impl StoreCounters {
 pub struct IngestMetrics {
     pub points: StoreCounters,
     pub lines: StoreCounters,
+    /// Metric reads answered before the writers had caught up with them (see `read-wait-ms`).
+    pub stale_reads: Counter,
     points_per_second: Gauge<f64, AtomicU64>,
 }
 
@@ -115,6 +117,12 @@ impl IngestMetrics {
                 "Batch writes that failed (the batch comes again), by store",
                 errors.clone(),
             );
+            let stale_reads = Counter::default();
+            registry.add(
+                "stale_reads",
+                "Metric reads answered from the store before the writers had stored every point written before them (they waited read-wait-ms)",
+                stale_reads.clone(),
+            );
             let points_per_second = Gauge::<f64, AtomicU64>::default();
             registry.add(
                 "points_per_second",
@@ -130,6 +138,7 @@ impl IngestMetrics {
             IngestMetrics {
                 points: handles(points, "metrics"),
                 lines: handles(lines, "logs"),
+                stale_reads,
                 points_per_second,
             }
         })

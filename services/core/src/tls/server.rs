@@ -38,7 +38,7 @@ pub type Incoming = Pin<Box<dyn Stream<Item = io::Result<Conn>> + Send>>;
 pub fn incoming(listener: TcpListener, tls: &ServerTlsConfig) -> Result<Incoming, TlsError> {
     let Some(acceptor) = acceptor(tls)? else {
         return Ok(Box::pin(
-            TcpListenerStream::new(listener).map(|stream| stream.map(|s| Conn(Either::Left(s)))),
+            TcpListenerStream::new(listener).map(|stream| stream.map(|s| Conn(Either::Left(no_delay(s))))),
         ));
     };
     let (accepted_tx, accepted_rx) = tokio::sync::mpsc::channel(ACCEPTED_QUEUE);
@@ -58,6 +58,7 @@ pub fn incoming(listener: TcpListener, tls: &ServerTlsConfig) -> Result<Incoming
             };
             let acceptor = acceptor.clone();
             let accepted_tx = accepted_tx.clone();
+            let stream = no_delay(stream);
             tokio::spawn(async move {
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                     Ok(Ok(tls)) => {
@@ -70,6 +71,17 @@ pub fn incoming(listener: TcpListener, tls: &ServerTlsConfig) -> Result<Incoming
         }
     });
     Ok(Box::pin(ReceiverStream::new(accepted_rx)))
+}
+
+/// Turns Nagle's algorithm off on an accepted connection (tonic does it only on the listeners
+/// it makes itself): with it on, the last small segment of an answer waits for the client's
+/// delayed ACK, up to 40 ms, and a call made shortly after another often paid that in full
+/// (measured: LatestMetrics 3 ms when calls were 100 ms apart, 45 ms when 20 ms apart).
+fn no_delay(stream: TcpStream) -> TcpStream {
+    if let Err(error) = stream.set_nodelay(true) {
+        tracing::debug!(error = %error, "cannot set TCP_NODELAY on a connection");
+    }
+    stream
 }
 
 /// The TLS acceptor of `tls`, `None` when TLS is off.

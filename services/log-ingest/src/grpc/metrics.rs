@@ -104,9 +104,13 @@ impl LogsApi {
         };
         let min_step = request.min_step.unwrap_or(i64::MIN);
         let max_step = request.max_step.unwrap_or(i64::MAX);
-        let mut out = Vec::new();
+        let mut jobs = Vec::with_capacity(request.job_ids.len());
         for job_id in &request.job_ids {
-            let job = self.visible_job(caller, job_id).await?;
+            jobs.push(self.visible_job(caller, job_id).await?);
+        }
+        self.caught_up().await;
+        let mut out = Vec::new();
+        for job in jobs {
             for key in self.keys_of(&job.id, &request.keys).await? {
                 let series = self
                     .points
@@ -128,9 +132,13 @@ impl LogsApi {
         caller: &Caller,
         request: pb::LatestMetricsRequest,
     ) -> Result<Vec<pb::MetricSeries>, Error> {
-        let mut out = Vec::new();
+        let mut jobs = Vec::with_capacity(request.job_ids.len());
         for job_id in &request.job_ids {
-            let job = self.visible_job(caller, job_id).await?;
+            jobs.push(self.visible_job(caller, job_id).await?);
+        }
+        self.caught_up().await;
+        let mut out = Vec::new();
+        for job in jobs {
             for key in self.keys_of(&job.id, &request.keys).await? {
                 if let Some(point) = self.points.latest(&job.id, &key).await? {
                     out.push(pb::MetricSeries {

@@ -40,6 +40,12 @@ pub struct LogsApi {
     pub(crate) points: Arc<dyn MetricStore>,
     /// The metric keys of recently written jobs (see `admit_keys`).
     pub(crate) known_keys: Arc<Mutex<HashMap<String, HashSet<String>>>>,
+    /// How far the metric writers are, for read-your-writes (see [`crate::caught_up`]).
+    pub(crate) caught_up: Arc<crate::caught_up::CaughtUp>,
+    /// How long a metric read waits for the writers, at most.
+    pub(crate) read_wait: std::time::Duration,
+    /// Counts the reads that waited `read_wait` in vain.
+    pub(crate) stale_reads: prometheus_client::metrics::counter::Counter,
 }
 
 /// Largest WriteMetrics request, in bytes.
@@ -110,6 +116,7 @@ impl LogService for LogsApi {
     ) -> Result<Response<pb::ListMetricKeysResponse>, Status> {
         let caller = caller(&request)?;
         let job = self.visible_job(&caller, &request.get_ref().job_id).await?;
+        self.caught_up().await;
         let keys = self.points.keys(&job.id).await.map_err(Status::from)?;
         Ok(Response::new(pb::ListMetricKeysResponse { keys }))
     }
@@ -161,6 +168,18 @@ impl LogService for LogsApi {
 }
 
 impl LogsApi {
+    /// Waits until the writers have stored every metric point written before now (at most
+    /// `read_wait`; past it the read goes on with what is stored, and counts as stale).
+    pub(crate) async fn caught_up(&self) {
+        if !self.caught_up.wait(self.read_wait).await {
+            self.stale_reads.inc();
+            tracing::warn!(
+                wait_ms = self.read_wait.as_millis() as u64,
+                "the metric writers are behind; answering a read with what is stored"
+            );
+        }
+    }
+
     /// Reads a job the call may act on (see [`Caller::job`]).
     async fn visible_job(&self, caller: &Caller, job_id: &str) -> Result<kiln_core::store::JobRecord, Error> {
         Ok(caller.job(&self.store, job_id).await?)
