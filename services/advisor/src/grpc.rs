@@ -160,16 +160,17 @@ impl SweepService for SweepApi {
 
 impl SweepApi {
     async fn create(&self, caller: &Caller, request: pb::CreateSweepRequest) -> Result<pb::Sweep> {
+        // A project named in the request is checked before the spec is read, so a caller
+        // outside it learns nothing from the spec's problems.
+        if !request.project.is_empty() {
+            self.project(caller, &request.project).await?;
+        }
         let checked = spec::parse(&request.spec_yaml).map_err(Error::InvalidSpec)?;
-        let asked = if request.project.is_empty() {
-            checked.spec.project.clone()
+        let project = if request.project.is_empty() {
+            self.project(caller, &checked.spec.project).await?
         } else {
             request.project.clone()
         };
-        let project = caller.named_project(&self.shared.store, &asked).await?;
-        caller
-            .authorize(&Resource::project(&project))
-            .map_err(kiln_core::Error::from)?;
         if request.idempotency_key.len() > MAX_KEY_BYTES
             || !request.idempotency_key.chars().all(|c| c.is_ascii_graphic())
         {
@@ -223,6 +224,15 @@ impl SweepApi {
         self.shared.sweeps.insert_sweep(record.clone()).await?;
         tracing::info!(sweep_id = %record.id, owner = %caller.principal.user_name, "sweep created");
         self.describe(&self.view(record).await?, true).await
+    }
+
+    /// The project a sweep is created in (empty: `default`), once the caller may create there.
+    async fn project(&self, caller: &Caller, name: &str) -> Result<String> {
+        let project = caller.named_project(&self.shared.store, name).await?;
+        caller
+            .authorize(&Resource::project(&project))
+            .map_err(kiln_core::Error::from)?;
+        Ok(project)
     }
 
     /// Reads a sweep and asks the caller's rule about it.

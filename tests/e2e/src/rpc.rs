@@ -16,6 +16,7 @@ use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 pub struct Targets {
     pub job_id: String,
     pub batch_id: String,
+    pub sweep_id: String,
 }
 
 // === generic calls ===
@@ -159,6 +160,7 @@ impl<'a> Requests<'a> {
             let text = match field.name() {
                 "job_id" | "job_ids" => Some(targets.job_id.clone()),
                 "batch_id" => Some(targets.batch_id.clone()),
+                "sweep_id" => Some(targets.sweep_id.clone()),
                 "project" => Some("alpha".to_string()),
                 "scope" => Some("project:alpha".to_string()),
                 "user" => Some("bystander".to_string()),

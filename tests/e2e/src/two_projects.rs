@@ -19,6 +19,7 @@ pub struct Addresses {
     pub batches: SocketAddr,
     pub scheduler: SocketAddr,
     pub runner: SocketAddr,
+    pub advisor: SocketAddr,
 }
 
 impl Addresses {
@@ -29,7 +30,15 @@ impl Addresses {
             | "SecretService" => vec![self.api],
             "LogService" => vec![self.logs],
             "BatchService" | "ItemWorkService" => vec![self.batches],
-            "NodeService" => vec![self.api, self.logs, self.batches, self.scheduler, self.runner],
+            "SweepService" => vec![self.advisor],
+            "NodeService" => vec![
+                self.api,
+                self.logs,
+                self.batches,
+                self.scheduler,
+                self.runner,
+                self.advisor,
+            ],
             other => panic!("{other} is served by no service this test knows: add it to Addresses::of"),
         }
     }
@@ -88,6 +97,7 @@ pub async fn world() -> World {
     let runner_addr = runner.local_addr();
     let runner = ServiceHandle::spawn(|token| runner.serve(token));
     stack.start_item_batch(stack.item_batch_config()).await;
+    stack.start_advisor(stack.advisor_config("advisor-1")).await;
     for project in ["alpha", "beta"] {
         stack.create_project(project).await;
     }
@@ -132,6 +142,21 @@ pub async fn world() -> World {
         })
         .await
         .expect("create batch")
+        .into_inner();
+    // A sweep of one trial that runs `true`.
+    let sweep = stack
+        .sweeps_as(&alpha_token)
+        .await
+        .create_sweep(pb::CreateSweepRequest {
+            spec_yaml: "name: alpha-sweep\nobjective: {metric: loss, goal: minimize}\nalgorithm: {name: random}\n\
+                        budget: {max-trials: 1}\nparameters: {x: {type: float, min: 0, max: 1}}\n\
+                        trial: {command: [\"true\"]}\n"
+                .into(),
+            project: "alpha".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("create sweep")
         .into_inner();
     let (archive, digest) = crate::bundle(&[("data.txt", "alpha's")]);
     let mut artifacts = stack.artifacts_as(&alpha_token).await;
@@ -209,10 +234,12 @@ pub async fn world() -> World {
             batches: stack.batches_addr.expect("item-batch"),
             scheduler: stack.scheduler_addr,
             runner: runner_addr,
+            advisor: stack.advisor_addr.expect("advisor"),
         },
         alpha: Alpha {
             job_id: job.id,
             batch_id: batch.id,
+            sweep_id: sweep.id,
         },
         stack,
         tokens,

@@ -105,6 +105,7 @@ fn leaks(bytes: &[u8], alpha: &Alpha) -> bool {
     let text = String::from_utf8_lossy(bytes);
     text.contains(&alpha.job_id)
         || text.contains(&alpha.batch_id)
+        || text.contains(&alpha.sweep_id)
         || text.contains("alpha-maintainer")
         || text.contains("alpha-data")
 }
