@@ -152,6 +152,8 @@ pub fn spawn_up(home: &Path, flags: &[String]) -> Child {
             "127.0.0.1:0",
             "--batch-addr",
             "127.0.0.1:0",
+            "--advisor-addr",
+            "127.0.0.1:0",
             "--metrics-addr",
             "127.0.0.1:0",
             "--grace-period",
