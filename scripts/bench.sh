@@ -8,6 +8,8 @@
 #   batch_throughput.py — batch items per second with 2 workers and no-op items, kiln against
 #     Celery (celery==5.7.0, redis==8.1.0, Debian's redis-server) and a raw JetStream work queue
 #     (nats-py==2.16.0)
+#   sweep-bench — sweeps against Optuna (optuna==5.0.0, scikit-learn==1.9.1, numpy==2.4.6): search
+#     quality of TPE, ASHA's early stopping on learning curves, the advisor's overhead per trial
 # Uses the Docker Engine at DOCKER_HOST (or the local socket) when it answers, else starts one
 # like scripts/test.sh does, and the locally built busybox test image.
 set -euo pipefail
@@ -63,3 +65,7 @@ fi
 
 # --- the scheduling study -------------------------------------------------------------------------
 ./target/release/sched-sim --seed 1
+
+# --- sweeps against Optuna: search quality, early stopping, advisor overhead --------------------
+"$venv/bin/pip" install -q --disable-pip-version-check "optuna==5.0.0" "scikit-learn==1.9.1" "numpy==2.4.6"
+./target/release/sweep-bench --python "$venv/bin/python"

@@ -1,8 +1,10 @@
 //! The multivariate Parzen estimator of TPE: a weighted mixture of product kernels, one per
 //! observation plus a prior kernel. Numeric dimensions use truncated normals (discretised on a
-//! step grid when there is one), categorical ones a smoothed point mass. Bandwidths follow the
-//! multivariate rule of Bergstra et al. / Optuna: `0.2 · n^(-1/(d+4)) · range`, clipped to
-//! `[range / min(100, 1 + kernels), range]`.
+//! step grid when there is one), categorical ones a smoothed point mass. A kernel's bandwidth in
+//! a dimension is the larger gap to its neighbours among the observations sorted in that
+//! dimension (the outermost ones use their inner gap), clipped to
+//! `[range / min(100, 1 + kernels), range]`: the rule of Bergstra et al.'s hyperopt that
+//! Optuna 4–5 uses in multivariate mode too.
 
 use rand::Rng;
 use rand_distr::StandardNormal;
@@ -61,7 +63,6 @@ impl Parzen {
         let total: f64 = raw.iter().sum();
         let weights: Vec<f64> = raw.iter().map(|w| w / total).collect();
         let log_weights = weights.iter().map(|w| w.ln()).collect();
-        let bandwidth = 0.2 * (n.max(1) as f64).powf(-1.0 / (dims.len() as f64 + 4.0));
         let dims = dims
             .iter()
             .enumerate()
@@ -72,7 +73,10 @@ impl Parzen {
                     let range = b - a;
                     let (min_sigma, max_sigma) = (range / (1.0 + kernels as f64).min(100.0), range);
                     let mut mus: Vec<f64> = observations.iter().map(|x| x[d]).collect();
-                    let mut sigmas = vec![(bandwidth * range).clamp(min_sigma, max_sigma); n];
+                    let mut sigmas: Vec<f64> = neighbour_gaps(&mus, a, b)
+                        .into_iter()
+                        .map(|gap| gap.clamp(min_sigma, max_sigma))
+                        .collect();
                     mus.push((a + b) / 2.0);
                     sigmas.push(max_sigma);
                     let log_mass = mus
@@ -173,6 +177,29 @@ impl Parzen {
         }
         max + terms.iter().map(|term| (term - max).exp()).sum::<f64>().ln()
     }
+}
+
+/// Each point's larger gap to its neighbours in `[a, b]` (the ends of the interval count as
+/// neighbours only for a lone point; the outermost points otherwise take their inner gap).
+fn neighbour_gaps(points: &[f64], a: f64, b: f64) -> Vec<f64> {
+    let n = points.len();
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|&i, &j| points[i].total_cmp(&points[j]));
+    let sorted: Vec<f64> = std::iter::once(a)
+        .chain(order.iter().map(|&i| points[i]))
+        .chain(std::iter::once(b))
+        .collect();
+    let mut gaps = vec![0.0; n];
+    for (rank, &at) in order.iter().enumerate() {
+        let (below, above) = (sorted[rank + 1] - sorted[rank], sorted[rank + 2] - sorted[rank + 1]);
+        gaps[at] = match rank {
+            _ if n < 2 => below.max(above),
+            0 => above,
+            _ if rank == n - 1 => below,
+            _ => below.max(above),
+        };
+    }
+    gaps
 }
 
 /// A draw of one coordinate from kernel `k`.
