@@ -14,6 +14,7 @@ mod m0006_submit_keys;
 mod m0007_requested_pools;
 mod m0008_batch_stalls;
 mod m0009_tenancy;
+mod m0011_models;
 
 /// Migrator lists every migration in order.
 pub struct Migrator;
@@ -31,6 +32,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0007_requested_pools::Migration),
             Box::new(m0008_batch_stalls::Migration),
             Box::new(m0009_tenancy::Migration),
+            Box::new(m0011_models::Migration),
         ]
     }
 }

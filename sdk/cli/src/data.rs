@@ -116,7 +116,7 @@ pub async fn artifacts(command: ArtifactsCommand) -> Result<ExitCode> {
 }
 
 /// Joins a server-given relative path to `dest`, refusing anything that would leave it.
-fn safe_join(dest: &Path, relative: &str) -> Result<PathBuf> {
+pub(crate) fn safe_join(dest: &Path, relative: &str) -> Result<PathBuf> {
     let mut path = dest.to_path_buf();
     for part in relative.split('/') {
         match part {

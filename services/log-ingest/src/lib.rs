@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 pub mod config;
 pub mod error;
 pub mod grpc;
+pub mod latest_values;
 pub mod points;
 pub mod scylla_store;
 pub mod service_metrics;
@@ -138,6 +139,11 @@ impl LogIngest {
                 shutdown.clone(),
             )),
         ];
+        tokio::spawn(latest_values::serve(
+            self.nats.clone(),
+            self.points.clone(),
+            shutdown.clone(),
+        ));
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
         health_reporter.set_serving::<LogServiceServer<grpc::LogsApi>>().await;
         let api = grpc::LogsApi {

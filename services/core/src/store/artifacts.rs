@@ -121,7 +121,8 @@ impl Store {
         Ok(None)
     }
 
-    /// Tells whether a dataset, or a job that will still run (as its code), names the blob.
+    /// Tells whether a dataset, a model version (as a file), or a job that will still run (as
+    /// its code) names the blob.
     pub async fn blob_in_use(&self, digest: &str) -> StoreResult<bool> {
         let named = dataset::Entity::find()
             .filter(dataset::Column::Digest.eq(digest))
@@ -134,7 +135,7 @@ impl Store {
             .one(&self.db)
             .await?
             .is_some();
-        Ok(named || code)
+        Ok(named || code || self.blob_in_model(digest).await?)
     }
 
     /// Forgets a blob's record (after the blob itself was deleted, or before).
