@@ -7,9 +7,12 @@ use kiln_core::JobState;
 use kiln_core::auth::Scope;
 use kiln_core::store::{Change, NewArtifact, NewJob, Store, StoreError};
 
+#[path = "store/models.rs"]
+mod models;
 #[path = "store/quotas.rs"]
 mod quotas;
 
+use models::{aliases_move_atomically_under_concurrent_calls, model_versions_are_numbered_and_searched};
 use quotas::{concurrent_submits_never_pass_a_queued_quota_together, quotas_round_trip_and_queued_jobs_are_counted};
 
 fn new_job(owner: &str) -> NewJob {
@@ -399,4 +402,6 @@ store_suite!(
     external_runs_start_running_and_are_never_queued,
     quotas_round_trip_and_queued_jobs_are_counted,
     concurrent_submits_never_pass_a_queued_quota_together,
+    model_versions_are_numbered_and_searched,
+    aliases_move_atomically_under_concurrent_calls,
 );
