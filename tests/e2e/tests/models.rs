@@ -84,7 +84,13 @@ async fn trained_job(stack: &Stack) -> pb::Job {
             job_ids: vec![job.id.clone()],
             keys: vec!["val/loss".into()],
         };
-        let latest = stack.logs_client().await.latest_metrics(request).await.unwrap().into_inner();
+        let latest = stack
+            .logs_client()
+            .await
+            .latest_metrics(request)
+            .await
+            .unwrap()
+            .into_inner();
         if latest.series.first().is_some_and(|s| s.points[0].step == 4) {
             return job;
         }
@@ -114,7 +120,10 @@ async fn a_version_is_the_jobs_outputs_byte_for_byte_with_complete_lineage() {
         ..register("digits-net", &job.id, "")
     };
     let version = models.register_model(request).await.unwrap().into_inner();
-    assert_eq!((version.version, version.aliases.clone()), (1, vec!["candidate".to_string()]));
+    assert_eq!(
+        (version.version, version.aliases.clone()),
+        (1, vec!["candidate".to_string()])
+    );
 
     // Every output, byte for byte, under the same paths.
     let outputs = output_files(&stack, &job.id).await;
@@ -147,7 +156,10 @@ async fn a_version_is_the_jobs_outputs_byte_for_byte_with_complete_lineage() {
     assert_eq!(lineage.job_id, job.id);
     assert_eq!(lineage.code_digest, spec.code_digest);
     assert_eq!(lineage.image, spec.image);
-    assert_eq!((lineage.project.as_str(), lineage.job_owner.as_str()), ("default", "admin"));
+    assert_eq!(
+        (lineage.project.as_str(), lineage.job_owner.as_str()),
+        ("default", "admin")
+    );
     let dataset = stack.store.dataset("digits").await.unwrap().unwrap();
     assert_eq!(
         lineage.datasets,
@@ -168,13 +180,19 @@ async fn a_version_is_the_jobs_outputs_byte_for_byte_with_complete_lineage() {
         .into_inner();
     let sub_paths: Vec<&str> = sub.files.iter().map(|f| f.path.as_str()).collect();
     assert_eq!((sub.version, sub_paths), (2, vec!["sub/config.json", "weights.bin"]));
-    assert_eq!(sub.files[1].sha256, version.files[1].sha256, "the same content, the same blob");
+    assert_eq!(
+        sub.files[1].sha256, version.files[1].sha256,
+        "the same content, the same blob"
+    );
     let log = models
         .register_model(register("digits-net", &job.id, "train.log"))
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(log.files.iter().map(|f| f.path.as_str()).collect::<Vec<_>>(), ["train.log"]);
+    assert_eq!(
+        log.files.iter().map(|f| f.path.as_str()).collect::<Vec<_>>(),
+        ["train.log"]
+    );
     // The same outputs again: a new number, the same digest.
     let again = models
         .register_model(register("digits-net", &job.id, ""))
@@ -254,9 +272,21 @@ async fn aliases_move_atomically_and_bad_requests_say_why() {
         (status.code(), status.message().to_string())
     };
     let cases: Vec<(pb::RegisterModelRequest, Code, &str)> = vec![
-        (register("bad name", &job.id, ""), Code::InvalidArgument, "model \"bad name\""),
-        (register("net", &job.id, "../etc"), Code::InvalidArgument, "not a relative path"),
-        (register("net", &job.id, "nothing-here"), Code::FailedPrecondition, "no outputs under nothing-here"),
+        (
+            register("bad name", &job.id, ""),
+            Code::InvalidArgument,
+            "model \"bad name\"",
+        ),
+        (
+            register("net", &job.id, "../etc"),
+            Code::InvalidArgument,
+            "not a relative path",
+        ),
+        (
+            register("net", &job.id, "nothing-here"),
+            Code::FailedPrecondition,
+            "no outputs under nothing-here",
+        ),
         (
             register("net", "01a22826-4a16-7345-8170-000000000000", ""),
             Code::NotFound,
@@ -308,9 +338,14 @@ async fn aliases_move_atomically_and_bad_requests_say_why() {
     let tags = pb::SetModelTagsRequest {
         name: "net".into(),
         version: 1,
-        tags: BTreeMap::from([("bad key".to_string(), "v".to_string())]).into_iter().collect(),
+        tags: BTreeMap::from([("bad key".to_string(), "v".to_string())])
+            .into_iter()
+            .collect(),
     };
-    assert_eq!(models.set_model_tags(tags).await.unwrap_err().code(), Code::InvalidArgument);
+    assert_eq!(
+        models.set_model_tags(tags).await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
     let file = pb::GetModelFileRequest {
         name: "net".into(),
         version: 1,

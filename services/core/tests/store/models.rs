@@ -54,7 +54,10 @@ pub(super) async fn model_versions_are_numbered_and_searched(store: Store) {
     assert_eq!(store.model_alias("resnet", "production").await.unwrap(), Some(2));
     assert_eq!(store.model_files("resnet", 2).await.unwrap()[0].path, "model.bin");
     assert!(store.blob_in_model(&"a".repeat(64)).await.unwrap());
-    assert!(store.blob_in_use(&"a".repeat(64)).await.unwrap(), "a model's file is in use");
+    assert!(
+        store.blob_in_use(&"a".repeat(64)).await.unwrap(),
+        "a model's file is in use"
+    );
 
     let search = |query: &str, tags: &[(&str, &str)]| VersionFilter {
         query: query.into(),
@@ -75,7 +78,11 @@ pub(super) async fn model_versions_are_numbered_and_searched(store: Store) {
     assert_eq!(listed(search("pro", &[])).await, [2], "a tag value matches");
     assert_eq!(listed(search("", &[("stage", "prod")])).await, [2]);
     assert_eq!(listed(search("", &[("stage", "dev")])).await, Vec::<i64>::new());
-    assert_eq!(listed(search("%", &[])).await, Vec::<i64>::new(), "wildcards are literal");
+    assert_eq!(
+        listed(search("%", &[])).await,
+        Vec::<i64>::new(),
+        "wildcards are literal"
+    );
     let page = VersionFilter {
         before_version: 2,
         ..search("", &[])
@@ -83,7 +90,11 @@ pub(super) async fn model_versions_are_numbered_and_searched(store: Store) {
     assert_eq!(listed(page).await, [1]);
 
     store
-        .set_model_tags("resnet", 2, &BTreeMap::from([("stage".into(), String::new()), ("team".into(), "vision".into())]))
+        .set_model_tags(
+            "resnet",
+            2,
+            &BTreeMap::from([("stage".into(), String::new()), ("team".into(), "vision".into())]),
+        )
         .await
         .unwrap();
     let tags = store.model_tags("resnet", &[1, 2]).await.unwrap();
@@ -91,13 +102,29 @@ pub(super) async fn model_versions_are_numbered_and_searched(store: Store) {
     assert!(!tags.contains_key(&1));
 
     register(&store, version_of("bert", "job-9")).await;
-    let all = store.list_models(&kiln_core::authz::Visible::All, "", "", 10).await.unwrap();
-    assert_eq!(all.iter().map(|m| m.name.as_str()).collect::<Vec<_>>(), ["bert", "resnet"]);
-    let after = store.list_models(&kiln_core::authz::Visible::All, "", "bert", 10).await.unwrap();
+    let all = store
+        .list_models(&kiln_core::authz::Visible::All, "", "", 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        all.iter().map(|m| m.name.as_str()).collect::<Vec<_>>(),
+        ["bert", "resnet"]
+    );
+    let after = store
+        .list_models(&kiln_core::authz::Visible::All, "", "bert", 10)
+        .await
+        .unwrap();
     assert_eq!(after.len(), 1);
     let none = kiln_core::authz::Visible::Only(vec!["beta".into()]);
     assert!(store.list_models(&none, "", "", 10).await.unwrap().is_empty());
-    assert_eq!(store.list_models(&kiln_core::authz::Visible::All, "sne", "", 10).await.unwrap().len(), 1);
+    assert_eq!(
+        store
+            .list_models(&kiln_core::authz::Visible::All, "sne", "", 10)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
 
     assert_eq!(store.delete_model_alias("resnet", "production").await.unwrap(), Some(2));
     assert_eq!(store.delete_model_alias("resnet", "production").await.unwrap(), None);
