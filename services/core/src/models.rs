@@ -110,6 +110,15 @@ impl Registry {
                 state: state.as_str().to_string(),
             });
         }
+        // Checked again in the transaction; here so that no blob is copied for a refused name.
+        if let Some(model) = self.store.model(&request.model).await?
+            && model.project != job.project
+        {
+            return Err(ModelError::OtherProject {
+                name: request.model,
+                project: model.project,
+            });
+        }
         let sources = source_files(self.objects.as_ref(), job, &request.path).await?;
         let mut manifest = Vec::with_capacity(sources.len());
         for source in &sources {
