@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use futures::StreamExt;
 use kiln_e2e::{Stack, bundle, output_files, spec, upload};
 use kiln_proto::v1 as pb;
+use object_store::ObjectStoreExt;
 use sha2::Digest;
 use tonic::Code;
 
@@ -110,7 +111,17 @@ fn register(name: &str, job_id: &str, path: &str) -> pb::RegisterModelRequest {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_version_is_the_jobs_outputs_byte_for_byte_with_complete_lineage() {
-    let stack = Stack::start().await;
+    versions_are_the_outputs(Stack::start().await).await;
+}
+
+/// The same on S3 (versitygw): blobs are copied server-side from the outputs.
+#[tokio::test(flavor = "multi_thread")]
+async fn on_s3_a_version_is_the_jobs_outputs_byte_for_byte() {
+    versions_are_the_outputs(Stack::start_with_objects(kiln_core::testing::s3_objects_config("models")).await).await;
+}
+
+async fn versions_are_the_outputs(stack: Stack) {
+    let objects = kiln_core::objects::open(&stack.objects).unwrap();
     let job = trained_job(&stack).await;
     let mut models = stack.models().await;
     let request = pb::RegisterModelRequest {
@@ -136,8 +147,9 @@ async fn a_version_is_the_jobs_outputs_byte_for_byte_with_complete_lineage() {
         assert!(original == stored, "{} differs from the job's output", file.path);
         assert_eq!(file.sha256, hex::encode(sha2::Sha256::digest(&original)));
         assert_eq!(file.size, original.len() as u64);
-        let blob = stack.objects_dir().join("artifacts/sha256").join(&file.sha256);
-        assert_eq!(std::fs::read(&blob).unwrap(), original, "the content-addressed blob");
+        let blob = kiln_core::objects::artifact_path(&file.sha256);
+        let blob = objects.get(&blob).await.unwrap().bytes().await.unwrap();
+        assert!(blob == original, "the content-addressed blob of {}", file.path);
     }
     let manifest: Vec<kiln_core::models::ManifestEntry> = version
         .files
