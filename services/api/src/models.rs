@@ -32,6 +32,18 @@ pub struct ModelsApi {
     pub(crate) registry: Registry,
 }
 
+/// Characters a search text may have.
+const LONGEST_QUERY: usize = 256;
+
+fn check_query(query: &str) -> Result<()> {
+    if query.chars().count() > LONGEST_QUERY {
+        return Err(Error::InvalidArgument(format!(
+            "the search text is longer than {LONGEST_QUERY} characters"
+        )));
+    }
+    Ok(())
+}
+
 fn page(limit: u32) -> u64 {
     match limit {
         0 => DEFAULT_PAGE,
@@ -81,6 +93,7 @@ impl ModelsApi {
 
     async fn list_models(&self, caller: &Caller, request: pb::ListModelsRequest) -> Result<pb::ListModelsResponse> {
         let visible = caller.listed_projects(&self.registry.store, &request.project).await?;
+        check_query(&request.query)?;
         let limit = page(request.limit);
         let models = self
             .registry
@@ -109,6 +122,7 @@ impl ModelsApi {
         let model = self.model(caller, &request.name).await?;
         let tags: BTreeMap<String, String> = request.tags.into_iter().collect();
         validate_tags(&tags, false)?;
+        check_query(&request.query)?;
         if request.before_version < 0 {
             return Err(Error::InvalidArgument("before_version must be 0 or more".into()));
         }

@@ -365,4 +365,12 @@ async fn aliases_move_atomically_and_bad_requests_say_why() {
     };
     let status = models.get_model_file(file).await.unwrap_err();
     assert_eq!(status.code(), Code::NotFound, "{status:?}");
+    let long = pb::ListModelVersionsRequest {
+        name: "net".into(),
+        query: "x".repeat(300),
+        ..Default::default()
+    };
+    let status = models.list_model_versions(long).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("longer than 256"), "{status:?}");
 }
