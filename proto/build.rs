@@ -9,6 +9,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "kiln/v1/batch.proto",
         "kiln/v1/tenancy.proto",
         "kiln/v1/sweep.proto",
+        "kiln/v1/model.proto",
     ];
     for proto in &protos {
         println!("cargo:rerun-if-changed={proto}");

@@ -5,6 +5,8 @@
 #     the MLflow tracking server (mlflow==3.17.2 from PyPI, SQLite backend), 1 and 4 clients
 #   sched-sim — the scheduling study: 10,000 jobs from 100 users on 1,000 simulated instances
 #     (fairness, utilisation, waits, spot savings, the time of one pass)
+#   registry-search + registry_search.py — the model registry's searches at 10,000 versions,
+#     kiln (SQLite) against MLflow's registry (mlflow==3.17.2, SQLite backend, in process)
 #   batch_throughput.py — batch items per second with 2 workers and no-op items, kiln against
 #     Celery (celery==5.7.0, redis==8.1.0, Debian's redis-server) and a raw JetStream work queue
 #     (nats-py==2.16.0)
@@ -69,3 +71,7 @@ fi
 # --- sweeps against Optuna: search quality, early stopping, advisor overhead --------------------
 "$venv/bin/pip" install -q --disable-pip-version-check "optuna==5.0.0" "scikit-learn==1.9.1" "numpy==2.4.6"
 ./target/release/sweep-bench --python "$venv/bin/python"
+
+# --- model registry search against MLflow's registry ---------------------------------------------
+./target/release/registry-search
+"$venv/bin/python" "$repo/bench/registry_search.py"

@@ -15,6 +15,7 @@ mod m0007_requested_pools;
 mod m0008_batch_stalls;
 mod m0009_tenancy;
 mod m0010_run_tracking;
+mod m0011_models;
 mod m0012_sweeps;
 
 /// Migrator lists every migration in order.
@@ -34,6 +35,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0008_batch_stalls::Migration),
             Box::new(m0009_tenancy::Migration),
             Box::new(m0010_run_tracking::Migration),
+            Box::new(m0011_models::Migration),
             Box::new(m0012_sweeps::Migration),
         ]
     }

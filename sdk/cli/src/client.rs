@@ -15,6 +15,7 @@ use kiln_proto::v1::batch_service_client::BatchServiceClient;
 use kiln_proto::v1::dataset_service_client::DatasetServiceClient;
 use kiln_proto::v1::job_service_client::JobServiceClient;
 use kiln_proto::v1::log_service_client::LogServiceClient;
+use kiln_proto::v1::model_service_client::ModelServiceClient;
 use kiln_proto::v1::node_service_client::NodeServiceClient;
 use kiln_proto::v1::project_service_client::ProjectServiceClient;
 use kiln_proto::v1::quota_service_client::QuotaServiceClient;
@@ -214,6 +215,7 @@ pub struct Clients {
     /// The api's `NodeService` (who the token is).
     pub node: NodeServiceClient<Authed>,
     pub secrets: SecretServiceClient<Authed>,
+    pub models: ModelServiceClient<Authed>,
 }
 
 async fn channel(addr: &str, tls: &ClientTlsConfig) -> Result<Channel> {
@@ -273,6 +275,7 @@ pub async fn connect(credentials: &Credentials) -> Result<Clients> {
         node: NodeServiceClient::with_interceptor(api.clone(), auth.clone()),
         secrets: SecretServiceClient::with_interceptor(api.clone(), auth.clone()),
         datasets: DatasetServiceClient::with_interceptor(api.clone(), auth.clone()),
+        models: ModelServiceClient::with_interceptor(api.clone(), auth.clone()).max_decoding_message_size(16 << 20),
         artifacts: ArtifactServiceClient::with_interceptor(api, auth.clone())
             .max_decoding_message_size(8 << 20)
             .max_encoding_message_size(8 << 20),

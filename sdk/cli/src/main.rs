@@ -10,6 +10,7 @@ mod commands;
 mod data;
 mod format;
 mod metrics;
+mod model;
 mod nats_child;
 mod pack;
 mod project;
@@ -111,6 +112,9 @@ enum Command {
     /// Datasets: named, immutable data that jobs mount read-only.
     #[command(subcommand)]
     Dataset(data::DatasetCommand),
+    /// The model registry: versions of a job's outputs with lineage, aliases, tags, downloads.
+    #[command(subcommand)]
+    Model(model::ModelCommand),
     /// Batches: a command run once per item, by workers that scale with the backlog.
     #[command(subcommand)]
     Batch(batch::BatchCommand),
@@ -188,6 +192,7 @@ fn main() -> ExitCode {
             Command::Secret(command) => secret::secret(command).await,
             Command::Artifacts(command) => data::artifacts(command).await,
             Command::Dataset(command) => data::dataset(command).await,
+            Command::Model(command) => model::model(command).await,
             Command::Batch(command) => batch::batch(command).await,
             Command::Sweep(command) => sweep::sweep(command).await,
             Command::User(command) => tenancy::user(command).await,

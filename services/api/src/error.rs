@@ -54,6 +54,9 @@ pub enum Error {
     TokenNotFound { token: String },
     #[error("{what} {name} exists already")]
     Exists { what: &'static str, name: String },
+    /// A model registry operation failed; the message says why.
+    #[error(transparent)]
+    Model(#[from] kiln_core::models::ModelError),
     #[error(transparent)]
     Store(#[from] StoreError),
     /// An operation of kiln-core that spans the store and NATS.
@@ -102,6 +105,7 @@ impl Error {
             Error::Denied(denied) => denied.kind(),
             Error::UserNotFound { .. } | Error::TokenNotFound { .. } => ErrorKind::NotFound,
             Error::Exists { .. } => ErrorKind::AlreadyExists,
+            Error::Model(error) => error.kind(),
             Error::Store(error) => error.kind(),
             Error::Core(error) => error.kind(),
             Error::Nats(error) => error.kind(),

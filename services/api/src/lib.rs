@@ -4,6 +4,7 @@
 //! - [`jobs`]: `JobService` (submit, get, list, stop, watch);
 //! - [`artifacts`]: `ArtifactService` (content-addressed code bundles, job outputs);
 //! - [`datasets`]: `DatasetService` (named, immutable archives mounted read-only by jobs);
+//! - [`models`]: `ModelService` (the model registry, over [`kiln_core::models`]);
 //! - [`users`] and [`projects`]: `UserService` (users, tokens) and `ProjectService` (projects,
 //!   members in roles); `access` finds what a call addresses for [`kiln_core::authz`];
 //! - [`secrets`]: `SecretService` (project secrets, sealed at rest, never read back);
@@ -26,6 +27,7 @@ use kiln_core::{JobState, objects, streams};
 use kiln_proto::v1::artifact_service_server::ArtifactServiceServer;
 use kiln_proto::v1::dataset_service_server::DatasetServiceServer;
 use kiln_proto::v1::job_service_server::JobServiceServer;
+use kiln_proto::v1::model_service_server::ModelServiceServer;
 use kiln_proto::v1::quota_service_server::QuotaServiceServer;
 use kiln_proto::v1::secret_service_server::SecretServiceServer;
 use tokio::net::TcpListener;
@@ -38,6 +40,7 @@ pub mod datasets;
 pub mod error;
 pub mod grpc;
 pub mod jobs;
+pub mod models;
 pub mod projects;
 pub mod quotas;
 mod runs;
@@ -141,7 +144,10 @@ impl Api {
             .add_service(ArtifactServiceServer::new(artifacts))
             .add_service(DatasetServiceServer::new(datasets::DatasetsApi {
                 store: self.store.clone(),
-                objects,
+                objects: objects.clone(),
+            }))
+            .add_service(ModelServiceServer::new(models::ModelsApi {
+                registry: kiln_core::models::Registry::new(self.store.clone(), objects, self.nats.clone()),
             }))
             .add_service(QuotaServiceServer::new(quotas::QuotasApi {
                 store: self.store.clone(),

@@ -15,6 +15,7 @@
 //! - [`scheduling`] and [`quotas`]: the names and quota checks the scheduler and the api share;
 //! - [`whoami`]: `NodeService`, the one RPC every service serves;
 //! - [`tls`]: TLS for gRPC servers (reloaded certificates, client certificates) and clients;
+//! - [`models`]: the model registry's register operation (versions of a job's outputs, lineage);
 //! - [`runs`]: a run's configuration values (what `kiln.init(config)` stores, a trial's knobs);
 //! - [`objects`]: the blob store; [`telemetry`] and [`shutdown`]: process plumbing.
 #![forbid(unsafe_code)]
@@ -29,6 +30,7 @@ pub mod ids;
 pub mod intake;
 pub mod lease;
 pub mod metrics;
+pub mod models;
 pub mod objects;
 pub mod publish;
 pub mod quotas;

@@ -10,7 +10,8 @@
 //! | `KILN_ITEMS` | `kiln.items.<batch>` | work queue | item-batch → kiln-agent |
 //! | `KILN_ITEM_RESULTS` | `kiln.itemres.<batch>` | limits | kiln-agent → item-batch |
 //!
-//! Request/reply on core NATS (no stream): [`SCHEDULER_EXPLAIN`], api → scheduler leader.
+//! Request/reply on core NATS (no stream): [`SCHEDULER_EXPLAIN`], api → scheduler leader;
+//! [`INGEST_LATEST_VALUES`], the model registry → log-ingest.
 
 pub const STREAM_JOBS: &str = "KILN_JOBS";
 pub const STREAM_LAUNCH: &str = "KILN_LAUNCH";
@@ -35,6 +36,13 @@ pub const ITEM_RESULTS_ALL: &str = "kiln.itemres.>";
 /// Request/reply: the api asks the scheduler leader why a queued job waits (`ExplainRequest`,
 /// answered with an `ExplainReply`). Only the leader subscribes, so standbys stay silent.
 pub const SCHEDULER_EXPLAIN: &str = "kiln.scheduler.explain";
+
+/// Request/reply: the model registry asks log-ingest for a job's latest value of every metric
+/// key (`LatestValuesRequest`, answered with a `LatestValuesReply`), for a version's lineage.
+/// Outside `kiln.metrics.>`, so no stream captures the requests.
+pub const INGEST_LATEST_VALUES: &str = "kiln.ingest.latest-values";
+/// Queue group of the log-ingest replicas answering [`INGEST_LATEST_VALUES`]: one answers each.
+pub const QUEUE_INGEST_LATEST_VALUES: &str = "log-ingest-latest-values";
 
 /// The lease in `kiln_leases` whose holder is the leading scheduler.
 pub const LEASE_SCHEDULER: &str = "scheduler";

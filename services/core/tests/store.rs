@@ -7,11 +7,14 @@ use kiln_core::JobState;
 use kiln_core::auth::Scope;
 use kiln_core::store::{Change, NewArtifact, NewJob, Store, StoreError};
 
+#[path = "store/models.rs"]
+mod models;
 #[path = "store/quotas.rs"]
 mod quotas;
 #[path = "store/runs.rs"]
 mod runs;
 
+use models::{aliases_move_atomically_under_concurrent_calls, model_versions_are_numbered_and_searched};
 use quotas::{concurrent_submits_never_pass_a_queued_quota_together, quotas_round_trip_and_queued_jobs_are_counted};
 use runs::{
     concurrent_run_updates_all_land, run_artifacts_are_saved_listed_and_replaced, runs_keep_config_summary_and_sweep,
@@ -407,4 +410,6 @@ store_suite!(
     runs_keep_config_summary_and_sweep,
     concurrent_run_updates_all_land,
     run_artifacts_are_saved_listed_and_replaced,
+    model_versions_are_numbered_and_searched,
+    aliases_move_atomically_under_concurrent_calls,
 );

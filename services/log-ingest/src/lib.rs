@@ -27,6 +27,7 @@ pub mod caught_up;
 pub mod config;
 pub mod error;
 pub mod grpc;
+pub mod latest_values;
 pub mod points;
 pub mod scylla_store;
 pub mod service_metrics;
@@ -156,6 +157,7 @@ impl LogIngest {
             read_wait: std::time::Duration::from_millis(self.config.read_wait_ms),
             stale_reads: metrics.stale_reads.clone(),
         };
+        tokio::spawn(latest_values::serve(api.clone(), shutdown.clone()));
         tracing::info!(%addr, "log-ingest serving");
         let served = tonic::transport::Server::builder()
             .layer(rpc_metrics)

@@ -28,6 +28,14 @@ impl Stack {
         DatasetServiceClient::with_interceptor(Self::channel(self.api_addr).await, BearerInterceptor::new(token))
     }
 
+    pub async fn models(&self) -> ModelServiceClient<Authed> {
+        self.models_as(&self.token).await
+    }
+
+    pub async fn models_as(&self, token: &str) -> ModelServiceClient<Authed> {
+        ModelServiceClient::with_interceptor(Self::channel(self.api_addr).await, BearerInterceptor::new(token))
+    }
+
     pub async fn secrets(&self) -> SecretServiceClient<Authed> {
         SecretServiceClient::with_interceptor(Self::channel(self.api_addr).await, BearerInterceptor::new(&self.token))
     }

@@ -16,6 +16,7 @@ use kiln_proto::v1::batch_service_client::BatchServiceClient;
 use kiln_proto::v1::dataset_service_client::DatasetServiceClient;
 use kiln_proto::v1::job_service_client::JobServiceClient;
 use kiln_proto::v1::log_service_client::LogServiceClient;
+use kiln_proto::v1::model_service_client::ModelServiceClient;
 use kiln_proto::v1::secret_service_client::SecretServiceClient;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;

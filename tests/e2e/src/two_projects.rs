@@ -27,7 +27,7 @@ impl Addresses {
     pub fn of(&self, service: &str) -> Vec<SocketAddr> {
         match service {
             "JobService" | "QuotaService" | "ArtifactService" | "DatasetService" | "UserService" | "ProjectService"
-            | "SecretService" => vec![self.api],
+            | "SecretService" | "ModelService" => vec![self.api],
             "LogService" => vec![self.logs],
             "BatchService" | "ItemWorkService" => vec![self.batches],
             "SweepService" => vec![self.advisor],
@@ -171,6 +171,21 @@ pub async fn world() -> World {
         })
         .await
         .expect("create dataset");
+    // A model of alpha (named as the matrix names what it addresses), recorded directly: its
+    // job is still running.
+    stack
+        .store
+        .insert_model_version(kiln_core::store::NewModelVersion {
+            model: "matrix".into(),
+            project: "alpha".into(),
+            created_by: "alpha-maintainer".into(),
+            job_id: job.id.clone(),
+            lineage_json: "{}".into(),
+            digest: format!("sha256:{}", "0".repeat(64)),
+            ..Default::default()
+        })
+        .await
+        .expect("record a model of alpha");
     // A revoked and an expired token of alpha's maintainer.
     let mut users = stack.users_as(&alpha_token).await;
     let revoked = users

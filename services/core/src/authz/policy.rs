@@ -53,6 +53,18 @@ pub const POLICY: &[Rule] = &[
     rule("/kiln.v1.DatasetService/CreateDataset", Needs(Member), Deny),
     rule("/kiln.v1.DatasetService/ListDatasets", Needs(Viewer), Deny),
     rule("/kiln.v1.DatasetService/DeleteDataset", MEMBER_OWN_MAINTAINER_ANY, Deny),
+    // api: the model registry (a model is of its source job's project: viewers read; members
+    // register from the project's jobs, tag versions and move aliases; a job may register its own
+    // outputs)
+    rule("/kiln.v1.ModelService/RegisterModel", Needs(Member), OwnJob),
+    rule("/kiln.v1.ModelService/GetModel", Needs(Viewer), Deny),
+    rule("/kiln.v1.ModelService/ListModels", Needs(Viewer), Deny),
+    rule("/kiln.v1.ModelService/GetModelVersion", Needs(Viewer), Deny),
+    rule("/kiln.v1.ModelService/ListModelVersions", Needs(Viewer), Deny),
+    rule("/kiln.v1.ModelService/SetModelAlias", Needs(Member), Deny),
+    rule("/kiln.v1.ModelService/DeleteModelAlias", Needs(Member), Deny),
+    rule("/kiln.v1.ModelService/SetModelTags", Needs(Member), Deny),
+    rule("/kiln.v1.ModelService/GetModelFile", Needs(Viewer), Deny),
     // api: users and tokens
     rule("/kiln.v1.UserService/CreateUser", Admin, Deny),
     rule("/kiln.v1.UserService/ListUsers", Admin, Deny),

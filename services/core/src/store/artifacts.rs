@@ -121,8 +121,8 @@ impl Store {
         Ok(None)
     }
 
-    /// Tells whether a dataset, a job that will still run (as its code), or a saved run artifact
-    /// names the blob.
+    /// Tells whether a dataset, a model version (as a file), a job that will still run (as its
+    /// code), or a saved run artifact names the blob.
     pub async fn blob_in_use(&self, digest: &str) -> StoreResult<bool> {
         let named = dataset::Entity::find()
             .filter(dataset::Column::Digest.eq(digest))
@@ -135,7 +135,7 @@ impl Store {
             .one(&self.db)
             .await?
             .is_some();
-        Ok(named || code || self.run_artifact_names_blob(digest).await?)
+        Ok(named || code || self.run_artifact_names_blob(digest).await? || self.blob_in_model(digest).await?)
     }
 
     /// Forgets a blob's record (after the blob itself was deleted, or before).

@@ -1,0 +1,376 @@
+//! The model registry against the real stack (api, log-ingest, scheduler, a process runner):
+//! a version's files are byte-identical to the job's synced outputs, its lineage is complete
+//! (job, code, datasets, owner, project, each metric's latest value from log-ingest), aliases
+//! move atomically under concurrent calls, and bad requests get the status that says why.
+
+use std::collections::BTreeMap;
+
+use futures::StreamExt;
+use kiln_e2e::{Stack, bundle, output_files, spec, upload};
+use kiln_proto::v1 as pb;
+use object_store::ObjectStoreExt;
+use sha2::Digest;
+use tonic::Code;
+
+/// Writes outputs of several files (one of 300 kB of random bytes) and a metric's steps.
+const TRAIN: &str = r#"
+mkdir -p "$KILN_OUTPUTS/model/sub"
+head -c 300000 /dev/urandom > "$KILN_OUTPUTS/model/weights.bin"
+printf '{"layers": 3}' > "$KILN_OUTPUTS/model/sub/config.json"
+ls /kiln/data 2>/dev/null; echo trained > "$KILN_OUTPUTS/train.log"
+"#;
+
+async fn output_bytes(stack: &Stack, job_id: &str, path: &str) -> Vec<u8> {
+    let request = pb::GetOutputRequest {
+        job_id: job_id.into(),
+        path: path.into(),
+    };
+    let mut chunks = stack.artifacts().await.get_output(request).await.unwrap().into_inner();
+    let mut data = Vec::new();
+    while let Some(chunk) = chunks.next().await {
+        data.extend(chunk.unwrap().data);
+    }
+    data
+}
+
+async fn file_bytes(stack: &Stack, name: &str, version: i64, path: &str) -> Vec<u8> {
+    let request = pb::GetModelFileRequest {
+        name: name.into(),
+        version,
+        path: path.into(),
+    };
+    let mut chunks = stack.models().await.get_model_file(request).await.unwrap().into_inner();
+    let mut data = Vec::new();
+    while let Some(chunk) = chunks.next().await {
+        data.extend(chunk.unwrap().data);
+    }
+    data
+}
+
+/// Runs the training job (with code and a dataset), logs `val/loss` for it, and waits until
+/// log-ingest has stored its last step.
+async fn trained_job(stack: &Stack) -> pb::Job {
+    let (code, code_digest) = bundle(&[("train.sh", TRAIN)]);
+    upload(&mut stack.artifacts().await, &code, &code_digest).await.unwrap();
+    let (data, data_digest) = bundle(&[("digits.csv", "1,2,3")]);
+    upload(&mut stack.artifacts().await, &data, &data_digest).await.unwrap();
+    let request = pb::CreateDatasetRequest {
+        name: "digits".into(),
+        digest: data_digest,
+        project: String::new(),
+    };
+    stack.datasets().await.create_dataset(request).await.unwrap();
+    let mut job_spec = spec(&["sh", "train.sh"]);
+    job_spec.code_digest = code_digest;
+    job_spec.datasets = vec!["digits".into()];
+    let job = stack.submit_spec(job_spec).await;
+    let job = stack.wait_for_state(&job.id, pb::JobState::Succeeded).await;
+    let points = (0..5)
+        .map(|step| pb::MetricPoint {
+            key: "val/loss".into(),
+            step,
+            value: 1.0 / (step + 1) as f64,
+            timestamp_ms: 0,
+        })
+        .collect();
+    let request = pb::WriteMetricsRequest {
+        job_id: job.id.clone(),
+        points,
+        columns: None,
+    };
+    stack.logs_client().await.write_metrics(request).await.unwrap();
+    let deadline = tokio::time::Instant::now() + kiln_e2e::PATIENCE;
+    loop {
+        let request = pb::LatestMetricsRequest {
+            job_ids: vec![job.id.clone()],
+            keys: vec!["val/loss".into()],
+        };
+        let latest = stack
+            .logs_client()
+            .await
+            .latest_metrics(request)
+            .await
+            .unwrap()
+            .into_inner();
+        if latest.series.first().is_some_and(|s| s.points[0].step == 4) {
+            return job;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "val/loss never reached step 4");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+fn register(name: &str, job_id: &str, path: &str) -> pb::RegisterModelRequest {
+    pb::RegisterModelRequest {
+        name: name.into(),
+        job_id: job_id.into(),
+        path: path.into(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_version_is_the_jobs_outputs_byte_for_byte_with_complete_lineage() {
+    versions_are_the_outputs(Stack::start().await).await;
+}
+
+/// The same on S3 (versitygw): blobs are copied server-side from the outputs.
+#[tokio::test(flavor = "multi_thread")]
+async fn on_s3_a_version_is_the_jobs_outputs_byte_for_byte() {
+    versions_are_the_outputs(Stack::start_with_objects(kiln_core::testing::s3_objects_config("models")).await).await;
+}
+
+async fn versions_are_the_outputs(stack: Stack) {
+    let objects = kiln_core::objects::open(&stack.objects).unwrap();
+    let job = trained_job(&stack).await;
+    let mut models = stack.models().await;
+    let request = pb::RegisterModelRequest {
+        description: "first cut".into(),
+        tags: [("stage".to_string(), "dev".to_string())].into(),
+        alias: "candidate".into(),
+        ..register("digits-net", &job.id, "")
+    };
+    let version = models.register_model(request).await.unwrap().into_inner();
+    assert_eq!(
+        (version.version, version.aliases.clone()),
+        (1, vec!["candidate".to_string()])
+    );
+
+    // Every output, byte for byte, under the same paths.
+    let outputs = output_files(&stack, &job.id).await;
+    let paths: Vec<&str> = version.files.iter().map(|f| f.path.as_str()).collect();
+    assert_eq!(paths, outputs.iter().map(|f| f.path.as_str()).collect::<Vec<_>>());
+    assert_eq!(paths, ["model/sub/config.json", "model/weights.bin", "train.log"]);
+    for file in &version.files {
+        let original = output_bytes(&stack, &job.id, &file.path).await;
+        let stored = file_bytes(&stack, "digits-net", 1, &file.path).await;
+        assert!(original == stored, "{} differs from the job's output", file.path);
+        assert_eq!(file.sha256, hex::encode(sha2::Sha256::digest(&original)));
+        assert_eq!(file.size, original.len() as u64);
+        let blob = kiln_core::objects::artifact_path(&file.sha256);
+        let blob = objects.get(&blob).await.unwrap().bytes().await.unwrap();
+        assert!(blob == original, "the content-addressed blob of {}", file.path);
+    }
+    let manifest: Vec<kiln_core::models::ManifestEntry> = version
+        .files
+        .iter()
+        .map(|f| kiln_core::models::ManifestEntry {
+            path: f.path.clone(),
+            sha256: f.sha256.clone(),
+            size: f.size,
+        })
+        .collect();
+    assert_eq!(version.digest, kiln_core::models::manifest_digest(&manifest));
+
+    // The lineage names everything the job ran with.
+    let lineage = version.lineage.clone().unwrap();
+    let spec = job.spec.clone().unwrap();
+    assert_eq!(lineage.job_id, job.id);
+    assert_eq!(lineage.code_digest, spec.code_digest);
+    assert_eq!(lineage.image, spec.image);
+    assert_eq!(
+        (lineage.project.as_str(), lineage.job_owner.as_str()),
+        ("default", "admin")
+    );
+    let dataset = stack.store.dataset("digits").await.unwrap().unwrap();
+    assert_eq!(
+        lineage.datasets,
+        [pb::DatasetRef {
+            name: "digits".into(),
+            digest: dataset.digest
+        }]
+    );
+    assert_eq!(lineage.metrics.get("val/loss"), Some(&0.2), "{:?}", lineage.metrics);
+    // Until jobs record their config and sweep (issue 15's tracking), these stay empty.
+    assert!(lineage.config.is_empty() && lineage.sweep_id.is_empty());
+
+    // A directory of the outputs, and a single file, by their paths below it.
+    let sub = models
+        .register_model(register("digits-net", &job.id, "model"))
+        .await
+        .unwrap()
+        .into_inner();
+    let sub_paths: Vec<&str> = sub.files.iter().map(|f| f.path.as_str()).collect();
+    assert_eq!((sub.version, sub_paths), (2, vec!["sub/config.json", "weights.bin"]));
+    assert_eq!(
+        sub.files[1].sha256, version.files[1].sha256,
+        "the same content, the same blob"
+    );
+    let log = models
+        .register_model(register("digits-net", &job.id, "train.log"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        log.files.iter().map(|f| f.path.as_str()).collect::<Vec<_>>(),
+        ["train.log"]
+    );
+    // The same outputs again: a new number, the same digest.
+    let again = models
+        .register_model(register("digits-net", &job.id, ""))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((again.version, again.digest.as_str()), (4, version.digest.as_str()));
+
+    // Read back by alias, by number, and the latest.
+    let by_alias = pb::GetModelVersionRequest {
+        name: "digits-net".into(),
+        version: 0,
+        alias: "candidate".into(),
+    };
+    assert_eq!(models.get_model_version(by_alias).await.unwrap().into_inner(), version);
+    let latest = pb::GetModelVersionRequest {
+        name: "digits-net".into(),
+        ..Default::default()
+    };
+    assert_eq!(models.get_model_version(latest).await.unwrap().into_inner().version, 4);
+    let tagged = pb::ListModelVersionsRequest {
+        name: "digits-net".into(),
+        tags: [("stage".to_string(), "dev".to_string())].into(),
+        ..Default::default()
+    };
+    let listed = models.list_model_versions(tagged).await.unwrap().into_inner().versions;
+    assert_eq!(listed.iter().map(|v| v.version).collect::<Vec<_>>(), [1]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn aliases_move_atomically_and_bad_requests_say_why() {
+    let stack = Stack::start().await;
+    let job = trained_job(&stack).await;
+    let mut models = stack.models().await;
+    for _ in 0..4 {
+        models.register_model(register("net", &job.id, "model")).await.unwrap();
+    }
+    // 32 concurrent moves of `production` while a reader checks that one version holds it.
+    let set = |version: i64| pb::SetModelAliasRequest {
+        name: "net".into(),
+        version,
+        alias: "production".into(),
+    };
+    models.set_model_alias(set(1)).await.unwrap();
+    let moves: Vec<_> = (0..32)
+        .map(|i| {
+            let mut client = models.clone();
+            let request = set(i % 4 + 1);
+            tokio::spawn(async move { client.set_model_alias(request).await.unwrap() })
+        })
+        .collect();
+    let mut reads = 0;
+    while !moves.iter().all(|m| m.is_finished()) || reads == 0 {
+        let model = models
+            .get_model(pb::GetModelRequest { name: "net".into() })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!((1..=4).contains(&model.aliases["production"]), "{model:?}");
+        let mut holders = 0;
+        let page = pb::ListModelVersionsRequest {
+            name: "net".into(),
+            ..Default::default()
+        };
+        for version in models.list_model_versions(page).await.unwrap().into_inner().versions {
+            holders += version.aliases.iter().filter(|a| *a == "production").count();
+        }
+        assert_eq!(holders, 1, "versions holding production at one read");
+        reads += 1;
+    }
+    for m in moves {
+        m.await.unwrap();
+    }
+
+    let code = |result: Result<tonic::Response<pb::ModelVersion>, tonic::Status>| {
+        let status = result.unwrap_err();
+        (status.code(), status.message().to_string())
+    };
+    let cases: Vec<(pb::RegisterModelRequest, Code, &str)> = vec![
+        (
+            register("bad name", &job.id, ""),
+            Code::InvalidArgument,
+            "model \"bad name\"",
+        ),
+        (
+            register("net", &job.id, "../etc"),
+            Code::InvalidArgument,
+            "not a relative path",
+        ),
+        (
+            register("net", &job.id, "nothing-here"),
+            Code::FailedPrecondition,
+            "no outputs under nothing-here",
+        ),
+        (
+            register("net", "01a22826-4a16-7345-8170-000000000000", ""),
+            Code::NotFound,
+            "not found",
+        ),
+        (
+            pb::RegisterModelRequest {
+                alias: "7".into(),
+                ..register("net", &job.id, "")
+            },
+            Code::InvalidArgument,
+            "start with a letter",
+        ),
+    ];
+    for (request, expected, text) in cases {
+        let (got, message) = code(models.register_model(request.clone()).await);
+        assert_eq!(got, expected, "{request:?}: {message}");
+        assert!(message.contains(text), "{request:?}: {message}");
+    }
+    let running = stack.submit(&["sleep", "30"]).await;
+    stack.wait_for_state(&running.id, pb::JobState::Running).await;
+    let (got, message) = code(models.register_model(register("net", &running.id, "")).await);
+    assert_eq!(got, Code::FailedPrecondition, "{message}");
+    assert!(message.contains("once it has ended"), "{message}");
+
+    let get = |name: &str, version: i64, alias: &str| pb::GetModelVersionRequest {
+        name: name.into(),
+        version,
+        alias: alias.into(),
+    };
+    let reads: Vec<(pb::GetModelVersionRequest, Code, &str)> = vec![
+        (get("nope", 0, ""), Code::NotFound, "model nope not found"),
+        (get("net", 9, ""), Code::NotFound, "has no version 9"),
+        (get("net", 0, "staging"), Code::NotFound, "has no alias staging"),
+        (get("net", 1, "production"), Code::InvalidArgument, "not both"),
+    ];
+    for (request, expected, text) in reads {
+        let (got, message) = code(models.get_model_version(request.clone()).await);
+        assert_eq!(got, expected, "{request:?}: {message}");
+        assert!(message.contains(text), "{request:?}: {message}");
+    }
+    let to_missing = pb::SetModelAliasRequest {
+        name: "net".into(),
+        version: 12,
+        alias: "production".into(),
+    };
+    let status = models.set_model_alias(to_missing).await.unwrap_err();
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+    let tags = pb::SetModelTagsRequest {
+        name: "net".into(),
+        version: 1,
+        tags: BTreeMap::from([("bad key".to_string(), "v".to_string())])
+            .into_iter()
+            .collect(),
+    };
+    assert_eq!(
+        models.set_model_tags(tags).await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
+    let file = pb::GetModelFileRequest {
+        name: "net".into(),
+        version: 1,
+        path: "missing.bin".into(),
+    };
+    let status = models.get_model_file(file).await.unwrap_err();
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+    let long = pb::ListModelVersionsRequest {
+        name: "net".into(),
+        query: "x".repeat(300),
+        ..Default::default()
+    };
+    let status = models.list_model_versions(long).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("longer than 256"), "{status:?}");
+}
