@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
 # kiln's service images, one binary each, built from one builder stage:
 #   docker build --target kiln-api -t kiln/kiln-api .        (kiln-scheduler, kiln-runner,
-#   kiln-log-ingest, kiln-item-batch likewise; deploy/compose/compose.yaml builds all five)
+#   kiln-log-ingest, kiln-item-batch, kiln-advisor likewise; deploy/compose/compose.yaml builds
+#   all six)
 #
 # Static with musl: the binaries run FROM scratch, with nothing but the CA certificates, the
 # gRPC health probe of the healthchecks and, for the runner, the static kiln-agent it puts into
@@ -31,9 +32,10 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --target "${RUST_TARGET}" \
-      -p kiln-api -p kiln-scheduler -p kiln-runner -p kiln-log-ingest -p kiln-item-batch -p kiln-agent \
+      -p kiln-api -p kiln-scheduler -p kiln-runner -p kiln-log-ingest -p kiln-item-batch -p kiln-advisor \
+      -p kiln-agent \
  && mkdir -p /out/bin /out/data \
- && for bin in kiln-api kiln-scheduler kiln-runner kiln-log-ingest kiln-item-batch kiln-agent; do \
+ && for bin in kiln-api kiln-scheduler kiln-runner kiln-log-ingest kiln-item-batch kiln-advisor kiln-agent; do \
       cp "target/${RUST_TARGET}/release/${bin}" /out/bin/; \
       if ldd "/out/bin/${bin}" 2>&1 | grep -q '=>'; then echo "${bin} is not static" >&2; exit 1; fi; \
     done
@@ -73,3 +75,8 @@ FROM base AS kiln-item-batch
 COPY --from=builder /out/bin/kiln-item-batch /usr/local/bin/kiln-item-batch
 EXPOSE 7075 9475
 ENTRYPOINT ["/usr/local/bin/kiln-item-batch"]
+
+FROM base AS kiln-advisor
+COPY --from=builder /out/bin/kiln-advisor /usr/local/bin/kiln-advisor
+EXPOSE 7076 9476
+ENTRYPOINT ["/usr/local/bin/kiln-advisor"]

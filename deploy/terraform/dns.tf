@@ -1,5 +1,5 @@
 # A private zone of the VPC: one name per service for all its replicas (jobs reach the api and
-# log-ingest by these names; users inside the VPC can too).
+# log-ingest by these names; users inside the VPC can too, and the CLI's `kiln sweep` the advisor).
 resource "aws_route53_zone" "private" {
   name = var.private_zone
 
@@ -14,6 +14,7 @@ resource "aws_route53_record" "service" {
     api        = local.ips["api"]
     log-ingest = local.ips["log-ingest"]
     item-batch = local.ips["item-batch"]
+    advisor    = local.ips["advisor"]
     nats       = local.ips["nats"]
   }
   zone_id = aws_route53_zone.private.zone_id

@@ -46,13 +46,15 @@ locals {
   # The address plan: node i of a set is host (offset + i div AZs) of private subnet i mod AZs,
   # inside the first /26 of each subnet, which is reserved for explicit addresses.
   plan = {
-    # 8 hosts per set and subnet: enough for 9 replicas over 2 AZs, and 48 + 4 stays in the /26.
+    # 8 hosts per set and subnet: enough for 9 replicas over 2 AZs, and 56 + 4 stays in the /26
+    # (which the advisor fills: a further set needs a wider reservation in modules/network).
     nats       = { offset = 8, count = 3 }
     scylla     = { offset = 16, count = 3 }
     api        = { offset = 24, count = var.service_replicas }
     scheduler  = { offset = 32, count = var.service_replicas }
     log-ingest = { offset = 40, count = var.service_replicas }
     item-batch = { offset = 48, count = var.service_replicas }
+    advisor    = { offset = 56, count = var.service_replicas }
   }
   ips = { for set, p in local.plan : set => [for i in range(p.count) :
     cidrhost(module.network.private_subnet_cidrs[i % length(local.azs)], p.offset + floor(i / length(local.azs)))
@@ -158,6 +160,7 @@ module "services" {
     scheduler  = local.ips["scheduler"]
     log-ingest = local.ips["log-ingest"]
     item-batch = local.ips["item-batch"]
+    advisor    = local.ips["advisor"]
   }
   subnet_ids                = module.network.private_subnet_ids
   instance_types            = var.service_instance_types

@@ -43,6 +43,11 @@ output "api_url" {
   value       = "http://api.${var.private_zone}:7070"
 }
 
+output "advisor_urls" {
+  description = "The advisor replicas' gRPC addresses (each one's advertise-url); advisor.ZONE names them all, for KILN_ADVISOR_ADDR (`kiln sweep`)."
+  value       = module.services.advisor_urls
+}
+
 output "addresses" {
   description = "The address plan: each node set's private addresses."
   value       = local.ips

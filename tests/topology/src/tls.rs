@@ -36,7 +36,8 @@ impl TopologyTls {
     }
 
     /// Sets the env overrides of one instance (`prefix` is `KILN_<SVC>__`): `[grpc.tls]`, and for
-    /// runners `job-tls` and `https://` addresses for jobs; for item-batch `https://` for workers.
+    /// runners `job-tls` and `https://` addresses for jobs; for item-batch `https://` for workers,
+    /// for the advisor for trials.
     pub fn overrides(&self, prefix: &str, service: &str, env: &mut BTreeMap<String, String>) {
         let path = |path: &Path| env_value(&toml::Value::String(path.display().to_string()));
         env.insert(format!("{prefix}GRPC__TLS__CERT_FILE"), path(&self.server.cert_file));
@@ -56,7 +57,7 @@ impl TopologyTls {
                 https(env, "API_URL");
                 https(env, "LOGS_URL");
             }
-            "kiln-item-batch" => https(env, "ADVERTISE_URL"),
+            "kiln-item-batch" | "kiln-advisor" => https(env, "ADVERTISE_URL"),
             _ => {}
         }
     }

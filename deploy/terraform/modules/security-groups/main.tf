@@ -32,13 +32,14 @@ locals {
     scheduler  = "kiln-scheduler: gRPC 7073, metrics 9473"
     log_ingest = "kiln-log-ingest: gRPC 7071, metrics 9471"
     item_batch = "kiln-item-batch: gRPC 7075, metrics 9475"
+    advisor    = "kiln-advisor: gRPC 7076, metrics 9476"
     runner     = "kiln-runner: gRPC 7074, metrics 9474"
     nats       = "NATS: client 4222, cluster 6222, monitoring 8222"
     scylla     = "ScyllaDB: CQL 9042, inter-node 7000"
     postgres   = "RDS Postgres: 5432"
   }
 
-  kiln = ["api", "scheduler", "log_ingest", "item_batch", "runner"]
+  kiln = ["api", "scheduler", "log_ingest", "item_batch", "advisor", "runner"]
 
   # Who may reach which port of which group, from another group.
   from_groups = concat(
@@ -52,10 +53,11 @@ locals {
       { to = "scylla", port = 7000, from = "scylla", what = "Scylla inter-node" },
       { to = "scylla", port = 9042, from = "log_ingest", what = "CQL from log-ingest" },
       # Jobs on runners report to the api, write metrics and logs to log-ingest; batch workers
-      # take items from item-batch.
+      # take items from item-batch; sweeps' trials ask the advisor whether to stop.
       { to = "api", port = 7070, from = "runner", what = "jobs and runners to the api" },
       { to = "log_ingest", port = 7071, from = "runner", what = "jobs' metrics and logs" },
       { to = "item_batch", port = 7075, from = "runner", what = "batch workers" },
+      { to = "advisor", port = 7076, from = "runner", what = "sweep trials (ShouldStop)" },
     ],
   )
 
@@ -65,6 +67,7 @@ locals {
       { to = "api", port = 7070, cidr = cidr, what = "kiln CLI and SDK" },
       { to = "log_ingest", port = 7071, cidr = cidr, what = "kiln logs and metrics" },
       { to = "item_batch", port = 7075, cidr = cidr, what = "kiln batch" },
+      { to = "advisor", port = 7076, cidr = cidr, what = "kiln sweep" },
     ]]),
     flatten([for cidr in var.metrics_cidrs : [
       { to = "api", port = 9470, cidr = cidr, what = "metrics" },
@@ -72,6 +75,7 @@ locals {
       { to = "scheduler", port = 9473, cidr = cidr, what = "metrics" },
       { to = "runner", port = 9474, cidr = cidr, what = "metrics" },
       { to = "item_batch", port = 9475, cidr = cidr, what = "metrics" },
+      { to = "advisor", port = 9476, cidr = cidr, what = "metrics" },
       { to = "nats", port = 8222, cidr = cidr, what = "NATS monitoring" },
       # Health checks of the gRPC ports of the services nobody else calls.
       { to = "scheduler", port = 7073, cidr = cidr, what = "gRPC health" },
@@ -122,7 +126,7 @@ resource "aws_vpc_security_group_egress_rule" "vpc" {
   cidr_ipv4         = var.vpc_cidr
   ip_protocol       = "tcp"
   from_port         = 4222
-  to_port           = 9475
+  to_port           = 9476
   description       = "kiln, NATS, Postgres and Scylla ports inside the VPC"
 }
 
@@ -137,6 +141,6 @@ resource "aws_vpc_security_group_egress_rule" "https" {
 }
 
 output "ids" {
-  description = "Security group id by kind: api, scheduler, log_ingest, item_batch, runner, nats, scylla, postgres."
+  description = "Security group id by kind: api, scheduler, log_ingest, item_batch, advisor, runner, nats, scylla, postgres."
   value       = { for k, g in aws_security_group.this : k => g.id }
 }

@@ -2,6 +2,9 @@
 #   every service: read its own binary of the release, read the database secret;
 #   api:        read, write and delete kiln's blobs (code bundles, datasets, outputs);
 #   item-batch: read and list kiln's blobs (AddItemsFromObjects: prefixes and manifests);
+#   advisor:    read, write and list kiln's blobs, no delete (registering a sweep's best trial
+#               as a model version lists and reads its outputs/ and saved artifacts/, and copies
+#               them to artifacts/sha256/, a HEAD first: a missing blob must answer 404);
 #   scheduler, log-ingest: no S3 at all.
 # Blobs are SSE-KMS: reading needs kms:Decrypt, writing kms:GenerateDataKey, both only through S3.
 locals {
@@ -14,6 +17,12 @@ locals {
     item-batch = {
       object_actions = ["s3:GetObject"]
       kms_actions    = ["kms:Decrypt"]
+    }
+    # CopyObject: s3:GetObject on the source, s3:PutObject on the copy; the SSE-KMS source is
+    # decrypted and the copy encrypted with a new data key.
+    advisor = {
+      object_actions = ["s3:GetObject", "s3:PutObject"]
+      kms_actions    = ["kms:Decrypt", "kms:GenerateDataKey"]
     }
   }
 }

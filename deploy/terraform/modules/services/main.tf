@@ -1,6 +1,7 @@
 # The kiln services on fixed EC2 instances (not Auto Scaling groups): each replica has an
 # address chosen in advance, because item-batch tells workers every replica's address
-# (advertise-url) and the scheduler and item-batch replicas hold leases under their own names.
+# (advertise-url), trials are given the address of the advisor replica that submitted them, and
+# the scheduler, item-batch and advisor replicas hold leases under their own names.
 # A lost instance is recovered in place (auto recovery) and keeps its address.
 locals {
   services = {
@@ -20,12 +21,17 @@ locals {
       binary     = "kiln-item-batch"
       env_prefix = "KILN_ITEM_BATCH"
     }
+    advisor = {
+      binary     = "kiln-advisor"
+      env_prefix = "KILN_ADVISOR"
+    }
   }
   group = {
     api        = "api"
     scheduler  = "scheduler"
     log-ingest = "log_ingest"
     item-batch = "item_batch"
+    advisor    = "advisor"
   }
 
   objects_url = "s3://${var.bucket}/${var.objects_prefix}"
@@ -49,6 +55,7 @@ locals {
       supplementary_groups = []
       config = templatefile("${path.module}/config/${service}.toml.tftpl", {
         instance                  = "${var.name}-${service}-${i}"
+        private_ip                = ip
         nats_urls                 = var.nats_urls
         nats_replicas             = var.nats_replicas
         objects_url               = local.objects_url

@@ -22,3 +22,8 @@ output "item_batch_urls" {
   description = "The item-batch replicas' gRPC addresses."
   value       = [for ip in var.private_ips["item-batch"] : "http://${ip}:7075"]
 }
+
+output "advisor_urls" {
+  description = "The advisor replicas' gRPC addresses."
+  value       = [for ip in var.private_ips["advisor"] : "http://${ip}:7076"]
+}

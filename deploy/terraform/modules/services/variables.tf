@@ -14,12 +14,12 @@ variable "subnet_ids" {
 }
 
 variable "private_ips" {
-  description = "Addresses of each service's replicas from the address plan: api, scheduler, log-ingest, item-batch."
+  description = "Addresses of each service's replicas from the address plan: api, scheduler, log-ingest, item-batch, advisor."
   type        = map(list(string))
 }
 
 variable "instance_types" {
-  description = "Instance type of each service: api, scheduler, log-ingest, item-batch."
+  description = "Instance type of each service: api, scheduler, log-ingest, item-batch, advisor."
   type        = map(string)
 }
 

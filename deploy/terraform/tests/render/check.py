@@ -17,6 +17,7 @@ TOPOLOGY_FILE = {
     "scheduler": "scheduler.toml",
     "log-ingest": "log-ingest.toml",
     "item-batch": "item-batch.toml",
+    "advisor": "advisor.toml",
     "runner": "runner.toml",
 }
 # Keys the AWS deployment sets that the local topology leaves at their defaults.
