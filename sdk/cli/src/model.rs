@@ -63,10 +63,12 @@ fn parse_source(text: &str) -> Result<(String, String), String> {
 
 #[derive(Debug, clap::Subcommand)]
 pub enum ModelCommand {
-    /// Register a new version of a model from a job's outputs (all, or a file or directory).
+    /// Register a new version of a model from a job's outputs and saved artifacts (all, or a
+    /// file or directory).
     Register {
         name: String,
-        /// JOB or JOB:PATH (PATH a file or directory inside the job's /kiln/outputs).
+        /// JOB or JOB:PATH (PATH a file or directory inside the job's /kiln/outputs, or the name
+        /// of an artifact its run saved with kiln.save).
         #[arg(long, value_parser = parse_source)]
         from: (String, String),
         #[arg(long, default_value = "")]

@@ -1,6 +1,7 @@
 //! The model registry's operations, shared by the api (`ModelService`) and the advisor (a
 //! sweep's `register: {model, alias}`): [`Registry::register`] makes an immutable,
-//! content-addressed version of a model from a job's synced outputs, with its lineage.
+//! content-addressed version of a model from a job's synced outputs and the artifacts its run
+//! saved, with its lineage.
 //!
 //! A version's files are copied from `outputs/<job>/...` into the blob store's
 //! `artifacts/sha256/<digest>` (each file stored once, whoever else names it); its manifest is
@@ -89,7 +90,9 @@ impl Registry {
             store,
             objects,
             nats,
-            metrics_timeout: Duration::from_secs(5),
+            // Beyond log-ingest's default read wait (5 s), which its answer may spend waiting
+            // for the writers to store the job's last points.
+            metrics_timeout: Duration::from_secs(10),
         }
     }
 
@@ -119,7 +122,7 @@ impl Registry {
                 project: model.project,
             });
         }
-        let sources = source_files(self.objects.as_ref(), job, &request.path).await?;
+        let sources = source_files(&self.store, self.objects.as_ref(), job, &request.path).await?;
         let mut manifest = Vec::with_capacity(sources.len());
         for source in &sources {
             manifest.push(self.store_blob(source, &request.registered_by).await?);
@@ -189,20 +192,51 @@ impl Registry {
     }
 }
 
-/// The files a version of `job`'s outputs under `path` is made of: a file (named by its last
-/// part), every file under a directory (by their paths below it), or all outputs (empty path).
-/// This is the one place sources are listed: the run's saved artifacts become a second source here.
+/// The files a version of `job` under `path` is made of, from its two sources: the outputs it
+/// synced (`outputs/<job>/...`, at their paths) and the artifacts the run saved with `kiln.save`
+/// (at `NAME` for a file, `NAME/...` for a directory). `path` selects a file (named by its last
+/// part) or every file under a directory (by their paths below it); empty, everything. A path
+/// both sources hold is refused rather than one of the two files dropped.
 pub async fn source_files(
+    store: &Store,
     objects: &dyn ObjectStore,
     job: &JobRecord,
     path: &str,
 ) -> Result<Vec<SourceFile>, ModelError> {
-    let root = outputs_prefix(&job.id);
-    let base = if path.is_empty() {
-        root.clone()
+    let selected = if path.is_empty() {
+        None
     } else {
-        let relative = relative_path(path).ok_or_else(|| ModelError::InvalidPath { path: path.to_string() })?;
-        join(&root, &relative)
+        Some(relative_path(path).ok_or_else(|| ModelError::InvalidPath { path: path.to_string() })?)
+    };
+    let mut files = output_files(objects, job, selected.as_ref()).await?;
+    let selected_text = selected.as_ref().map(|p| p.as_ref()).unwrap_or_default();
+    files.extend(saved_files(store, job, selected_text).await?);
+    if files.is_empty() {
+        return Err(ModelError::NoOutputs {
+            job_id: job.id.clone(),
+            path: path.to_string(),
+        });
+    }
+    files.sort_by(|a, b| a.path.cmp(&b.path));
+    if let Some(pair) = files.windows(2).find(|pair| pair[0].path == pair[1].path) {
+        return Err(ModelError::Invalid(format!(
+            "job {} has both an output and a saved artifact at {}; register one of them with --from {}:PATH",
+            job.id, pair[0].path, job.id
+        )));
+    }
+    Ok(files)
+}
+
+/// The synced outputs of `job` under `selected` (a checked relative path; `None` for all).
+async fn output_files(
+    objects: &dyn ObjectStore,
+    job: &JobRecord,
+    selected: Option<&ObjectPath>,
+) -> Result<Vec<SourceFile>, ModelError> {
+    let root = outputs_prefix(&job.id);
+    let base = match selected {
+        None => root.clone(),
+        Some(selected) => join(&root, selected),
     };
     let mut listing = objects.list(Some(&base));
     let mut files = Vec::new();
@@ -213,7 +247,7 @@ pub async fn source_files(
             None => continue,
         };
         let in_version = if below.is_empty() {
-            // `path` names this file itself.
+            // `selected` names this file itself.
             meta.location.filename().unwrap_or_default().to_string()
         } else {
             below.join("/")
@@ -224,8 +258,8 @@ pub async fn source_files(
             size: meta.size,
         });
     }
-    if files.is_empty() && !path.is_empty() {
-        // `path` may name a single file.
+    if files.is_empty() && selected.is_some() {
+        // `selected` may name a single file.
         match objects.head(&base).await {
             Ok(meta) => files.push(SourceFile {
                 path: meta.location.filename().unwrap_or_default().to_string(),
@@ -236,13 +270,33 @@ pub async fn source_files(
             Err(error) => return Err(error.into()),
         }
     }
-    if files.is_empty() {
-        return Err(ModelError::NoOutputs {
-            job_id: job.id.clone(),
-            path: path.to_string(),
+    Ok(files)
+}
+
+/// The files the run saved (`kiln.save`) under `selected`, read from their blobs.
+async fn saved_files(store: &Store, job: &JobRecord, selected: &str) -> Result<Vec<SourceFile>, ModelError> {
+    let mut files = Vec::new();
+    for saved in store.run_artifact_files(&job.id).await? {
+        let full = if saved.path.is_empty() {
+            saved.name.clone()
+        } else {
+            format!("{}/{}", saved.name, saved.path)
+        };
+        let in_version = if selected.is_empty() {
+            full
+        } else if full == selected {
+            full.rsplit('/').next().unwrap_or_default().to_string()
+        } else if let Some(below) = full.strip_prefix(selected).and_then(|rest| rest.strip_prefix('/')) {
+            below.to_string()
+        } else {
+            continue;
+        };
+        files.push(SourceFile {
+            path: in_version,
+            location: artifact_path(&saved.digest),
+            size: saved.size as u64,
         });
     }
-    files.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(files)
 }
 

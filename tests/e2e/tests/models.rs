@@ -1,11 +1,13 @@
 //! The model registry against the real stack (api, log-ingest, scheduler, a process runner):
-//! a version's files are byte-identical to the job's synced outputs, its lineage is complete
-//! (job, code, datasets, owner, project, each metric's latest value from log-ingest), aliases
-//! move atomically under concurrent calls, and bad requests get the status that says why.
+//! a version's files are byte-identical to the job's synced outputs and saved artifacts, its
+//! lineage is complete (job, config, code, datasets, owner, project, each metric's latest value
+//! from log-ingest), aliases move atomically under concurrent calls, and bad requests get the
+//! status that says why.
 
 use std::collections::BTreeMap;
 
 use futures::StreamExt;
+use kiln_core::runs::ConfigValue;
 use kiln_e2e::{Stack, bundle, output_files, spec, upload};
 use kiln_proto::v1 as pb;
 use object_store::ObjectStoreExt;
@@ -47,8 +49,11 @@ async fn file_bytes(stack: &Stack, name: &str, version: i64, path: &str) -> Vec<
     data
 }
 
-/// Runs the training job (with code and a dataset), logs `val/loss` for it, and waits until
-/// log-ingest has stored its last step.
+/// A run artifact the training job saves (`kiln.save`), beside its outputs.
+const NOTES: &[u8] = b"trained for 5 steps";
+
+/// Runs the training job (with code and a dataset), stores its config, saves a run artifact,
+/// logs `val/loss` for it, and waits until log-ingest has stored its last step.
 async fn trained_job(stack: &Stack) -> pb::Job {
     let (code, code_digest) = bundle(&[("train.sh", TRAIN)]);
     upload(&mut stack.artifacts().await, &code, &code_digest).await.unwrap();
@@ -65,6 +70,16 @@ async fn trained_job(stack: &Stack) -> pb::Job {
     job_spec.datasets = vec!["digits".into()];
     let job = stack.submit_spec(job_spec).await;
     let job = stack.wait_for_state(&job.id, pb::JobState::Succeeded).await;
+    // What `kiln.init(config=...)` and `kiln.save(...)` would have stored.
+    let config = [("lr".to_string(), ConfigValue::Float(0.01)), ("model.layers".to_string(), ConfigValue::Int(3))];
+    let request = pb::UpdateRunRequest {
+        job_id: job.id.clone(),
+        config: kiln_core::runs::config_to_proto(&config.into_iter().collect()),
+        summary: Default::default(),
+    };
+    stack.jobs().await.update_run(request).await.unwrap();
+    kiln_e2e::save_file(stack, &job.id, "notes.txt", NOTES).await;
+    let job = stack.get(&job.id).await;
     let points = (0..5)
         .map(|step| pb::MetricPoint {
             key: "val/loss".into(),
@@ -136,13 +151,19 @@ async fn versions_are_the_outputs(stack: Stack) {
         (1, vec!["candidate".to_string()])
     );
 
-    // Every output, byte for byte, under the same paths.
-    let outputs = output_files(&stack, &job.id).await;
+    // Every output and the saved artifact, byte for byte, under the same paths.
+    let mut sources: Vec<String> = output_files(&stack, &job.id).await.into_iter().map(|f| f.path).collect();
+    sources.push("notes.txt".into());
+    sources.sort();
     let paths: Vec<&str> = version.files.iter().map(|f| f.path.as_str()).collect();
-    assert_eq!(paths, outputs.iter().map(|f| f.path.as_str()).collect::<Vec<_>>());
-    assert_eq!(paths, ["model/sub/config.json", "model/weights.bin", "train.log"]);
+    assert_eq!(paths, sources);
+    assert_eq!(paths, ["model/sub/config.json", "model/weights.bin", "notes.txt", "train.log"]);
     for file in &version.files {
-        let original = output_bytes(&stack, &job.id, &file.path).await;
+        let original = if file.path == "notes.txt" {
+            NOTES.to_vec()
+        } else {
+            output_bytes(&stack, &job.id, &file.path).await
+        };
         let stored = file_bytes(&stack, "digits-net", 1, &file.path).await;
         assert!(original == stored, "{} differs from the job's output", file.path);
         assert_eq!(file.sha256, hex::encode(sha2::Sha256::digest(&original)));
@@ -181,8 +202,9 @@ async fn versions_are_the_outputs(stack: Stack) {
         }]
     );
     assert_eq!(lineage.metrics.get("val/loss"), Some(&0.2), "{:?}", lineage.metrics);
-    // Until jobs record their config and sweep (issue 15's tracking), these stay empty.
-    assert!(lineage.config.is_empty() && lineage.sweep_id.is_empty());
+    assert_eq!(lineage.config, job.config);
+    assert_eq!(lineage.config.len(), 2);
+    assert_eq!(lineage.sweep_id, "", "not a trial of a sweep");
 
     // A directory of the outputs, and a single file, by their paths below it.
     let sub = models
@@ -195,6 +217,16 @@ async fn versions_are_the_outputs(stack: Stack) {
     assert_eq!(
         sub.files[1].sha256, version.files[1].sha256,
         "the same content, the same blob"
+    );
+    // A saved artifact alone, by its name.
+    let notes = models
+        .register_model(register("digits-net", &job.id, "notes.txt"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        notes.files.iter().map(|f| (f.path.as_str(), f.size)).collect::<Vec<_>>(),
+        [("notes.txt", NOTES.len() as u64)]
     );
     let log = models
         .register_model(register("digits-net", &job.id, "train.log"))
@@ -211,7 +243,7 @@ async fn versions_are_the_outputs(stack: Stack) {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!((again.version, again.digest.as_str()), (4, version.digest.as_str()));
+    assert_eq!((again.version, again.digest.as_str()), (5, version.digest.as_str()));
 
     // Read back by alias, by number, and the latest.
     let by_alias = pb::GetModelVersionRequest {
@@ -224,7 +256,7 @@ async fn versions_are_the_outputs(stack: Stack) {
         name: "digits-net".into(),
         ..Default::default()
     };
-    assert_eq!(models.get_model_version(latest).await.unwrap().into_inner().version, 4);
+    assert_eq!(models.get_model_version(latest).await.unwrap().into_inner().version, 5);
     let tagged = pb::ListModelVersionsRequest {
         name: "digits-net".into(),
         tags: [("stage".to_string(), "dev".to_string())].into(),
@@ -297,7 +329,7 @@ async fn aliases_move_atomically_and_bad_requests_say_why() {
         (
             register("net", &job.id, "nothing-here"),
             Code::FailedPrecondition,
-            "no outputs under nothing-here",
+            "no outputs or saved artifacts under nothing-here",
         ),
         (
             register("net", "01a22826-4a16-7345-8170-000000000000", ""),

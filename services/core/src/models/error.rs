@@ -13,7 +13,7 @@ pub enum ModelError {
     InvalidPath { path: String },
     #[error("job {job_id} is {state}: register a model from it once it has ended and its outputs are synced")]
     JobNotEnded { job_id: String, state: String },
-    #[error("job {job_id} has no outputs{}; `kiln artifacts ls {job_id}` lists what it wrote", if path.is_empty() { String::new() } else { format!(" under {path}") })]
+    #[error("job {job_id} has no outputs or saved artifacts{}; `kiln artifacts ls {job_id}` and `kiln artifacts saved {job_id}` list what it wrote", if path.is_empty() { String::new() } else { format!(" under {path}") })]
     NoOutputs { job_id: String, path: String },
     #[error("model {name} belongs to project {project}; model names are unique across projects, pick another")]
     OtherProject { name: String, project: String },

@@ -39,8 +39,7 @@ pub struct Lineage {
     pub source_path: String,
 }
 
-/// Builds the lineage of a version of `job`'s outputs: the one place it is put together.
-/// The job's stored config and its sweep are left empty until the job record carries them.
+/// Builds the lineage of a version of `job`'s files: the one place it is put together.
 pub(super) async fn build(
     store: &Store,
     job: &JobRecord,
@@ -56,8 +55,8 @@ pub(super) async fn build(
     let owner = store.user_by_id(&job.owner_id).await?;
     Ok(Lineage {
         job_id: job.id.clone(),
-        sweep_id: String::new(),
-        config: RunConfig::new(),
+        sweep_id: job.sweep_id.clone(),
+        config: job.config()?,
         metrics: metrics.into_iter().filter(|(_, value)| value.is_finite()).collect(),
         image: job.image.clone(),
         code_digest: job.code_digest.clone(),
