@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 use crate::error::Result;
 use crate::observe::{Interest, MetricsFeed, Point};
 use crate::record::{self, Event, SWEEP_EVENT};
+use crate::register::Registration;
 use crate::state::SweepView;
 use crate::stop::{Decision, EarlyStop};
 use crate::{Shared, trials};
@@ -65,6 +66,7 @@ pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
                 tracing::warn!(error = %error, "cannot reach the advisor lease; not leading");
             }
         }
+        shared.metrics.leader.set(i64::from(lease.is_held()));
         match (lease.is_held(), leader.is_some()) {
             (true, false) => match Leader::take_over(&shared).await {
                 Ok(taken) => {
@@ -76,6 +78,8 @@ pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
             },
             (false, true) => {
                 tracing::info!(name, "advisor no longer leading");
+                shared.metrics.sweeps_live.set(0);
+                shared.metrics.trials_running.set(0);
                 leader = None;
                 wakeups.abort_all();
             }
@@ -195,6 +199,9 @@ impl Leader {
             }
             self.tend(shared, &sweep_id, &jobs).await?;
         }
+        let running: usize = self.views.values().map(SweepView::live_trials).sum();
+        shared.metrics.sweeps_live.set(self.views.len() as i64);
+        shared.metrics.trials_running.set(running as i64);
         Ok(())
     }
 
@@ -384,23 +391,19 @@ impl Leader {
 
 /// Appends events to a sweep's record and applies them to its view.
 async fn append(shared: &Shared, view: &mut SweepView, events: Vec<(i32, Event)>) -> Result<()> {
-    if events.is_empty() {
-        return Ok(());
+    let counted: Vec<&'static str> = events.iter().map(|(_, event)| event.kind()).collect();
+    view.append(&shared.sweeps, events).await?;
+    let metrics = &shared.metrics;
+    for kind in counted {
+        match kind {
+            "submit" => metrics.trials_submitted.inc(),
+            "stop" => metrics.trials_stopped.inc(),
+            "end" => metrics.trials_ended.inc(),
+            "observe" => metrics.observations.inc(),
+            "registered" => metrics.models_registered.inc(),
+            _ => 0,
+        };
     }
-    let first = view.last_seq + 1;
-    shared.sweeps.append(&view.record.id, first, &events).await?;
-    let at_ms = now_ms();
-    view.apply(
-        events
-            .into_iter()
-            .zip(first..)
-            .map(|((trial, event), seq)| record::Recorded {
-                seq,
-                trial,
-                event,
-                at_ms,
-            }),
-    );
     Ok(())
 }
 
@@ -465,10 +468,14 @@ async fn finish_if_spent(shared: &Shared, view: &mut SweepView) -> Result<()> {
     };
     let budget = &view.spec().budget;
     let failed = view.failed_trials() > budget.max_failed.unwrap_or(budget.max_trials) as usize;
+    let mut why = why;
     if !failed && view.registered.is_none() && view.spec().register.is_some() {
-        if let Some(version) = crate::register::best_trial(shared, view).await? {
-            shared.sweeps.set_registered(&view.record.id, &version).await?;
-            append(shared, view, vec![(SWEEP_EVENT, Event::Registered { version })]).await?;
+        match crate::register::best_trial(shared, view).await? {
+            Registration::Registered(version) => {
+                shared.sweeps.set_registered(&view.record.id, &version).await?;
+                append(shared, view, vec![(SWEEP_EVENT, Event::Registered { version })]).await?;
+            }
+            Registration::Refused(reason) => why = format!("{why}; the best trial was not registered: {reason}"),
         }
     }
     let to = if failed { record::FAILED } else { record::FINISHED };

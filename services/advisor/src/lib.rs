@@ -17,7 +17,7 @@
 //! - [`leader`]: the lease holder's passes over the live sweeps, with [`observe`] (trials'
 //!   points from `KILN_METRICS`), [`trials`] (trials as jobs) and [`register`] (the best trial
 //!   into the model registry);
-//! - [`grpc`]: `SweepService`, served by every replica.
+//! - [`grpc`]: `SweepService`, served by every replica; [`service_metrics`]: `kiln_advisor_*`.
 //!
 //! Values given to the algorithms are oriented so that lower is better; `goal: maximize`
 //! objectives are negated ([`spec::Objective::oriented`]).
@@ -45,6 +45,7 @@ pub mod leader;
 pub mod observe;
 pub mod record;
 pub mod register;
+pub mod service_metrics;
 pub mod space;
 pub mod spec;
 pub mod state;
@@ -65,6 +66,7 @@ pub struct Shared {
     pub objects: Arc<dyn ObjectStore>,
     /// Where trials reach this service (`KILN_ADVISOR_ADDR`).
     pub advertise_url: String,
+    pub metrics: service_metrics::AdvisorMetrics,
 }
 
 /// The advisor, connected and listening, not yet serving.
@@ -105,6 +107,7 @@ impl Advisor {
             objects,
             advertise_url,
             config,
+            metrics: Default::default(),
         };
         Ok(Advisor {
             shared,
@@ -131,6 +134,7 @@ impl Advisor {
     pub async fn serve(self, shutdown: CancellationToken) -> Result<()> {
         let mut shared = self.shared;
         shared.store.count_transitions(&self.metrics, "advisor");
+        shared.metrics.register(&self.metrics);
         let shared = Arc::new(shared);
         let rpc_metrics = RpcMetricsLayer::new(&self.metrics, "advisor");
         // A JoinSet aborts its tasks when dropped, so a serve future dropped mid-flight takes

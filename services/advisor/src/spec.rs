@@ -310,13 +310,13 @@ impl SweepSpec {
             problems.push(FieldError::new("trial.mem", "must be more than 0"));
         }
         if let Some(register) = &self.register {
-            if let Err(message) = kiln_core::subjects::validate_token("model", &register.model) {
-                problems.push(FieldError::new("register.model", message));
+            if let Err(error) = kiln_core::models::validate_model_name(&register.model) {
+                problems.push(FieldError::new("register.model", error.to_string()));
             }
             if let Some(alias) = &register.alias
-                && let Err(message) = kiln_core::subjects::validate_token("alias", alias)
+                && let Err(error) = kiln_core::models::validate_alias(alias)
             {
-                problems.push(FieldError::new("register.alias", message));
+                problems.push(FieldError::new("register.alias", error.to_string()));
             }
         }
         match (space, argv, cpu_millis, memory_bytes) {

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use kiln_core::runs::RunConfig;
 
 use crate::algo::{Trial, TrialState};
-use crate::record::{Event, Recorded, SWEEP_EVENT, SweepRecord};
+use crate::record::{Event, Recorded, SWEEP_EVENT, SweepRecord, SweepStore};
 use crate::spec::{Checked, SweepSpec};
 
 /// One trial as recorded.
@@ -103,6 +103,24 @@ impl SweepView {
 
     pub fn spec(&self) -> &SweepSpec {
         &self.checked.spec
+    }
+
+    /// Appends `events` (by trial) to the sweep's record, numbered after the last one applied,
+    /// then applies them: the one way the leader (and the sweep benchmark) records a decision.
+    pub async fn append(&mut self, sweeps: &SweepStore, events: Vec<(i32, Event)>) -> crate::Result<()> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        let first = self.last_seq + 1;
+        sweeps.append(&self.record.id, first, &events).await?;
+        let at_ms = kiln_core::ids::now_ms();
+        self.apply(
+            events
+                .into_iter()
+                .zip(first..)
+                .map(|((trial, event), seq)| Recorded { seq, trial, event, at_ms }),
+        );
+        Ok(())
     }
 
     /// Applies recorded events in order.
@@ -224,5 +242,140 @@ impl SweepView {
             .filter_map(|trial| trial.end.as_ref())
             .map(|end| end.gpu_hours)
             .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algo::Algorithm;
+
+    const SPEC: &str = r#"
+name: replay
+objective: {metric: acc, goal: maximize}
+algorithm: {name: random, seed: 3}
+budget: {max-trials: 10, max-parallel: 2}
+parameters:
+  lr: {type: float, min: 0.001, max: 0.1, log: true}
+trial: {command: [train]}
+"#;
+
+    fn view() -> SweepView {
+        let checked = crate::spec::parse(SPEC).expect("the spec checks");
+        let record = SweepRecord {
+            id: "s1".into(),
+            owner_id: "u1".into(),
+            project: "default".into(),
+            name: "replay".into(),
+            spec_yaml: SPEC.into(),
+            spec_json: serde_json::to_string(&checked.spec).unwrap(),
+            code_digest: String::new(),
+            state: crate::record::RUNNING.into(),
+            reason: String::new(),
+            submit_key: String::new(),
+            registered: String::new(),
+            created_at_ms: 0,
+            finished_at_ms: None,
+        };
+        SweepView::new(record).unwrap()
+    }
+
+    fn recorded(seq: i64, trial: i32, event: Event) -> Recorded {
+        Recorded {
+            seq,
+            trial,
+            event,
+            at_ms: 1000 + seq,
+        }
+    }
+
+    fn end(state: &str, value: Option<f64>) -> Event {
+        Event::End {
+            state: state.into(),
+            value,
+            preemptions: 0,
+            gpu_hours: 0.5,
+        }
+    }
+
+    /// A record of three trials: 0 ran to the end, 1 was stopped early at a better value, 2 runs.
+    fn events() -> Vec<Recorded> {
+        let view = view();
+        let config = |index| {
+            Algorithm::Random { seed: 3 }
+                .suggest(&view.checked.space, &[], index)
+                .unwrap()
+        };
+        let observe = |step, value| Event::Observe {
+            step,
+            resource: step as f64,
+            value,
+        };
+        vec![
+            recorded(0, 0, Event::Suggest { config: config(0) }),
+            recorded(1, 0, Event::Submit { job_id: "j0".into() }),
+            recorded(2, 1, Event::Suggest { config: config(1) }),
+            recorded(3, 1, Event::Submit { job_id: "j1".into() }),
+            recorded(4, 0, observe(1, 0.5)),
+            recorded(5, 1, observe(1, 0.9)),
+            recorded(6, 0, observe(2, 0.7)),
+            recorded(
+                7,
+                1,
+                Event::Stop {
+                    job_id: "j1".into(),
+                    rung: 1.0,
+                    reason: "stopped early at 1".into(),
+                },
+            ),
+            recorded(8, 0, end("succeeded", Some(0.7))),
+            recorded(9, 1, end("stopped", Some(0.9))),
+            recorded(10, 2, Event::Suggest { config: config(2) }),
+            recorded(11, SWEEP_EVENT, Event::Registered { version: "m:1".into() }),
+        ]
+    }
+
+    #[test]
+    fn a_replayed_record_tells_the_trials_as_they_went() {
+        let mut view = view();
+        view.apply(events());
+        assert_eq!(view.last_seq, 11);
+        assert_eq!(view.trials.len(), 3);
+        assert_eq!(view.registered.as_deref(), Some("m:1"));
+        let [ran, stopped, pending] = &view.trials[..] else {
+            panic!("three trials")
+        };
+        assert_eq!(
+            (ran.last_value(), ran.resource(), ran.state_name(None)),
+            (Some(0.7), 2.0, "succeeded".to_string())
+        );
+        assert_eq!(stopped.state_name(None), "stopped");
+        assert!(!stopped.failed(), "a trial stopped early does not count as failed");
+        assert_eq!(pending.state_name(None), "pending");
+        assert_eq!((view.live_trials(), view.failed_trials()), (1, 0));
+        assert_eq!(view.gpu_hours(), 1.0);
+        assert_eq!(view.trial_of_job("j1").map(|t| t.index), Some(1));
+        // Maximised: the stopped trial's 0.9 is the best value, and the algorithms see it negated.
+        assert_eq!(view.best().map(|t| t.index), Some(1));
+        let history = view.history();
+        assert_eq!(history[0].value, Some(-0.7));
+        assert_eq!(history[1].state, TrialState::Stopped);
+        assert_eq!(history[2].state, TrialState::Running);
+    }
+
+    #[test]
+    fn replaying_in_two_parts_or_again_changes_nothing() {
+        let mut whole = view();
+        whole.apply(events());
+        let mut parts = view();
+        let all = events();
+        let (first, second) = all.split_at(5);
+        parts.apply(first.to_vec());
+        parts.apply(second.to_vec());
+        assert_eq!(parts.trials, whole.trials);
+        // A new leader that reads an event it already applied (an at-least-once read) stays put.
+        parts.apply(events().into_iter().skip(8));
+        assert_eq!(parts.trials, whole.trials);
+        assert_eq!(parts.last_seq, whole.last_seq);
     }
 }

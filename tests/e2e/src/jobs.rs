@@ -54,6 +54,27 @@ pub async fn upload(
         .map(|r| r.into_inner())
 }
 
+/// Saves `bytes` as the one-file run artifact `name` of `job_id`, as `kiln.save` does: the blob
+/// uploaded first, then named.
+pub async fn save_file(stack: &Stack, job_id: &str, name: &str, bytes: &[u8]) {
+    use sha2::Digest;
+    let digest = hex::encode(sha2::Sha256::digest(bytes));
+    let mut artifacts = stack.artifacts().await;
+    upload(&mut artifacts, bytes, &digest).await.expect("upload the blob");
+    let file = pb::RunArtifactFile {
+        name: String::new(),
+        path: String::new(),
+        digest,
+        size: bytes.len() as u64,
+    };
+    let request = pb::SaveRunArtifactRequest {
+        job_id: job_id.into(),
+        name: name.into(),
+        files: vec![file],
+    };
+    artifacts.save_run_artifact(request).await.expect("save the run artifact");
+}
+
 /// Tells whether a process with this pid exists (zombies count as gone).
 pub fn process_alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {

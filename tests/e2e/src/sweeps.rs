@@ -127,8 +127,9 @@ pub fn curve(lr: f64, epoch: u32) -> f64 {
 }
 
 /// Plays the trials of a sweep on the sim provider until it is no longer running: for each
-/// trial whose job runs, logs the next epoch of [`curve`] (`val/loss` and `epoch`) every tick,
-/// up to `epochs`; a resumed trial goes on from the epoch it had logged. Returns the epochs
+/// trial whose job runs, saves a run artifact `model.txt` on its first epoch and logs the next
+/// epoch of [`curve`] (`val/loss` and `epoch`) every tick, up to `epochs`; a resumed trial goes
+/// on from the epoch it had logged. Returns the epochs
 /// logged per trial.
 pub async fn drive_sim_trials(stack: &Stack, sweep_id: &str, epochs: u32, tick: Duration) -> HashMap<u32, u32> {
     let mut logs = stack.logs_client().await;
@@ -170,6 +171,10 @@ pub async fn drive_sim_trials(stack: &Stack, sweep_id: &str, epochs: u32, tick: 
                 .and_then(ConfigValue::from_proto)
                 .and_then(|value| value.as_f64())
                 .expect("every trial has an lr");
+            if *done == 1 {
+                // What the trial "trained", where a model registered from it will find it.
+                crate::save_file(stack, &trial.job_id, "model.txt", format!("lr={lr}").as_bytes()).await;
+            }
             let step = i64::from(*done);
             logs.write_metrics(pb::WriteMetricsRequest {
                 job_id: trial.job_id.clone(),

@@ -12,7 +12,7 @@ use kiln_proto::v1 as pb;
 use kiln_runner::provider::sim::SimConfig;
 
 /// A spec of `trials` trials, `parallel` at a time, TPE and ASHA over epochs 1..9, with the
-/// trial command `command` (YAML flow list).
+/// trial command `command` (YAML flow list), registering the best trial as `NAME-best`.
 fn spec(name: &str, trials: u32, parallel: u32, command: &str, market: &str) -> String {
     format!(
         r#"
@@ -25,6 +25,7 @@ parameters:
   lr:    {{type: float, min: 1.0e-4, max: 1.0, log: true}}
   width: {{type: int, values: [16, 32, 64]}}
 trial: {{command: {command}, cpu: 0.5, mem: 256M, market: {market}}}
+register: {{model: {name}-best, alias: candidate}}
 "#
     )
 }
@@ -44,6 +45,40 @@ fn assert_each_trial_once(sweep: &pb::Sweep, trials: usize) {
     let jobs: HashSet<&str> = sweep.trials.iter().map(|trial| trial.job_id.as_str()).collect();
     assert_eq!(jobs.len(), trials, "a job serves two trials, or a trial has none");
     assert!(!jobs.contains(""), "a trial without a job");
+}
+
+/// Checks that the sweep registered its best trial, once: version 1 of `NAME-best` under the
+/// alias `candidate`, holding `file` and the trial's lineage (job, sweep, knobs, final value).
+async fn assert_registered(stack: &Stack, sweep: &pb::Sweep, file: &str) {
+    let model = format!("{}-best", sweep.name);
+    assert_eq!(sweep.registered, format!("{model}:1"), "{:?}", sweep.reason);
+    let mut models = stack.models().await;
+    let by_alias = pb::GetModelVersionRequest {
+        name: model.clone(),
+        version: 0,
+        alias: "candidate".into(),
+    };
+    let version = models.get_model_version(by_alias).await.expect("the alias").into_inner();
+    let best = sweep.best.clone().expect("a best trial");
+    let lineage = version.lineage.clone().expect("a lineage");
+    assert_eq!(version.version, 1);
+    assert_eq!(
+        (lineage.job_id.as_str(), lineage.sweep_id.as_str()),
+        (best.job_id.as_str(), sweep.id.as_str())
+    );
+    assert_eq!(lineage.config.get("lr"), best.config.get("lr"));
+    assert_eq!(lineage.metrics.get("val/loss").copied(), best.value);
+    assert_eq!(version.tags.get("sweep"), Some(&sweep.id));
+    assert_eq!(
+        version.files.iter().map(|f| f.path.as_str()).collect::<Vec<_>>(),
+        [file]
+    );
+    let versions = pb::ListModelVersionsRequest {
+        name: model,
+        ..Default::default()
+    };
+    let all = models.list_model_versions(versions).await.unwrap().into_inner().versions;
+    assert_eq!(all.len(), 1, "the best trial was registered more than once");
 }
 
 /// The jobs in the database that belong to the sweep (by the name the advisor gives them).
@@ -100,6 +135,7 @@ async fn a_sim_sweep_reaches_its_budget_and_asha_stops_the_losers() {
         .expect("best trial")
         .into_inner();
     assert_eq!(answered.job_id, best.job_id);
+    assert_registered(&stack, &sweep, "model.txt").await;
 }
 
 #[tokio::test]
@@ -141,6 +177,7 @@ async fn an_advisor_killed_five_times_runs_exactly_max_trials() {
         24,
         "a killed leader submitted a trial twice"
     );
+    assert_registered(&stack, &sweep, "model.txt").await;
     standby.stop().await;
 }
 
@@ -221,6 +258,8 @@ async fn bad_specs_are_refused_naming_the_field() {
         ),
         (good.replace("'${lr}'", "'${learning_rate}'"), "trial.command"),
         (good.replace("max-trials: 4", "max-trials: 0"), "budget.max-trials"),
+        (good.replace("model: badsweep-best", "model: -best"), "register.model"),
+        (good.replace("alias: candidate", "alias: '7'"), "register.alias"),
     ];
     let mut sweeps = stack.sweeps().await;
     for (yaml, field) in cases {
@@ -266,11 +305,13 @@ async fn bad_specs_are_refused_naming_the_field() {
 /// A trial as users write one: the knobs from `kiln.init()`, the objective and the epoch logged
 /// together, and `kiln.should_stop()` checked after each epoch (the same curve as the sim driver).
 const TRIAL_PY: &str = r#"
-import math, sys, time
+import math, os, sys, time
 import kiln
 
 kiln.init(config={"epochs": 9})
 lr = kiln.config["lr"]
+with open(os.path.join(os.environ["KILN_OUTPUTS"], "model.txt"), "w") as model:
+    model.write(f"lr={lr}")
 assert kiln.config["width"] in (16, 32, 64), kiln.config
 for epoch in range(1, kiln.config["epochs"] + 1):
     quality = (math.log10(lr) + 2.0) ** 2
@@ -333,5 +374,6 @@ async fn a_process_sweep_of_sdk_trials_reaches_its_budget_and_stops_losers() {
     let first = stack.get(&sweep.trials[0].job_id).await;
     assert_eq!(first.config.get("lr"), sweep.trials[0].config.get("lr"));
     assert_eq!(first.sweep_id, sweep.id);
-    assert!(sweep.best.is_some());
+    // The best trial's outputs (what it wrote to $KILN_OUTPUTS) became the model.
+    assert_registered(&stack, &sweep, "model.txt").await;
 }
