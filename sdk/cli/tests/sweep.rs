@@ -57,7 +57,12 @@ fn create(up: &Up, yaml: &str) -> String {
     std::fs::write(up.project.path().join("train.py"), TRAIN_PY).unwrap();
     std::fs::write(up.project.path().join("sweep.yaml"), yaml).unwrap();
     let created = ok(up, &["sweep", "create", "-f", "sweep.yaml"]);
-    created.lines().last().expect("the id on the last line").trim().to_string()
+    created
+        .lines()
+        .last()
+        .expect("the id on the last line")
+        .trim()
+        .to_string()
 }
 
 fn wait_for(up: &Up, sweep: &str, state: &str, patience: Duration) -> serde_json::Value {
@@ -110,7 +115,13 @@ fn a_sweep_runs_its_trials_and_registers_the_best() {
     let dest = up.project.path().join("best");
     ok(
         &up,
-        &["model", "get", "clisweep-best@candidate", "--dest", dest.to_str().unwrap()],
+        &[
+            "model",
+            "get",
+            "clisweep-best@candidate",
+            "--dest",
+            dest.to_str().unwrap(),
+        ],
     );
     assert_eq!(
         std::fs::read_to_string(dest.join("model.txt")).unwrap(),

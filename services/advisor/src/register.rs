@@ -40,14 +40,18 @@ pub async fn best_trial(shared: &Shared, view: &SweepView) -> Result<Registratio
         limit: 1,
         ..Default::default()
     };
-    if let Some(done) = shared.store.list_model_versions(&register.model, &tagged).await?.first() {
+    if let Some(done) = shared
+        .store
+        .list_model_versions(&register.model, &tagged)
+        .await?
+        .first()
+    {
         return Ok(Registration::Registered(format!("{}:{}", done.model, done.version)));
     }
-    let Some((trial, job_id)) = view
-        .best()
-        .and_then(|trial| Some((trial, trial.job_id.clone()?)))
-    else {
-        return Ok(Registration::Refused("no trial reported a value of the objective".into()));
+    let Some((trial, job_id)) = view.best().and_then(|trial| Some((trial, trial.job_id.clone()?))) else {
+        return Ok(Registration::Refused(
+            "no trial reported a value of the objective".into(),
+        ));
     };
     let job = shared.store.job(&job_id).await?;
     let owner = shared.store.user_by_id(&view.record.owner_id).await?;
@@ -66,7 +70,9 @@ pub async fn best_trial(shared: &Shared, view: &SweepView) -> Result<Registratio
             (TRIAL_TAG.to_string(), trial.index.to_string()),
         ]),
         alias: register.alias.clone().unwrap_or_default(),
-        registered_by: owner.map(|user| user.name).unwrap_or_else(|| view.record.owner_id.clone()),
+        registered_by: owner
+            .map(|user| user.name)
+            .unwrap_or_else(|| view.record.owner_id.clone()),
     };
     let registry = Registry::new(shared.store.clone(), shared.objects.clone(), shared.nats.clone());
     match registry.register(request).await {

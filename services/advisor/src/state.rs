@@ -114,12 +114,12 @@ impl SweepView {
         let first = self.last_seq + 1;
         sweeps.append(&self.record.id, first, &events).await?;
         let at_ms = kiln_core::ids::now_ms();
-        self.apply(
-            events
-                .into_iter()
-                .zip(first..)
-                .map(|((trial, event), seq)| Recorded { seq, trial, event, at_ms }),
-        );
+        self.apply(events.into_iter().zip(first..).map(|((trial, event), seq)| Recorded {
+            seq,
+            trial,
+            event,
+            at_ms,
+        }));
         Ok(())
     }
 

@@ -72,7 +72,10 @@ pub async fn save_file(stack: &Stack, job_id: &str, name: &str, bytes: &[u8]) {
         name: name.into(),
         files: vec![file],
     };
-    artifacts.save_run_artifact(request).await.expect("save the run artifact");
+    artifacts
+        .save_run_artifact(request)
+        .await
+        .expect("save the run artifact");
 }
 
 /// Tells whether a process with this pid exists (zombies count as gone).

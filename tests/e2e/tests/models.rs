@@ -71,7 +71,10 @@ async fn trained_job(stack: &Stack) -> pb::Job {
     let job = stack.submit_spec(job_spec).await;
     let job = stack.wait_for_state(&job.id, pb::JobState::Succeeded).await;
     // What `kiln.init(config=...)` and `kiln.save(...)` would have stored.
-    let config = [("lr".to_string(), ConfigValue::Float(0.01)), ("model.layers".to_string(), ConfigValue::Int(3))];
+    let config = [
+        ("lr".to_string(), ConfigValue::Float(0.01)),
+        ("model.layers".to_string(), ConfigValue::Int(3)),
+    ];
     let request = pb::UpdateRunRequest {
         job_id: job.id.clone(),
         config: kiln_core::runs::config_to_proto(&config.into_iter().collect()),
@@ -152,12 +155,19 @@ async fn versions_are_the_outputs(stack: Stack) {
     );
 
     // Every output and the saved artifact, byte for byte, under the same paths.
-    let mut sources: Vec<String> = output_files(&stack, &job.id).await.into_iter().map(|f| f.path).collect();
+    let mut sources: Vec<String> = output_files(&stack, &job.id)
+        .await
+        .into_iter()
+        .map(|f| f.path)
+        .collect();
     sources.push("notes.txt".into());
     sources.sort();
     let paths: Vec<&str> = version.files.iter().map(|f| f.path.as_str()).collect();
     assert_eq!(paths, sources);
-    assert_eq!(paths, ["model/sub/config.json", "model/weights.bin", "notes.txt", "train.log"]);
+    assert_eq!(
+        paths,
+        ["model/sub/config.json", "model/weights.bin", "notes.txt", "train.log"]
+    );
     for file in &version.files {
         let original = if file.path == "notes.txt" {
             NOTES.to_vec()
@@ -225,7 +235,11 @@ async fn versions_are_the_outputs(stack: Stack) {
         .unwrap()
         .into_inner();
     assert_eq!(
-        notes.files.iter().map(|f| (f.path.as_str(), f.size)).collect::<Vec<_>>(),
+        notes
+            .files
+            .iter()
+            .map(|f| (f.path.as_str(), f.size))
+            .collect::<Vec<_>>(),
         [("notes.txt", NOTES.len() as u64)]
     );
     let log = models

@@ -58,7 +58,11 @@ async fn assert_registered(stack: &Stack, sweep: &pb::Sweep, file: &str) {
         version: 0,
         alias: "candidate".into(),
     };
-    let version = models.get_model_version(by_alias).await.expect("the alias").into_inner();
+    let version = models
+        .get_model_version(by_alias)
+        .await
+        .expect("the alias")
+        .into_inner();
     let best = sweep.best.clone().expect("a best trial");
     let lineage = version.lineage.clone().expect("a lineage");
     assert_eq!(version.version, 1);
@@ -77,7 +81,12 @@ async fn assert_registered(stack: &Stack, sweep: &pb::Sweep, file: &str) {
         name: model,
         ..Default::default()
     };
-    let all = models.list_model_versions(versions).await.unwrap().into_inner().versions;
+    let all = models
+        .list_model_versions(versions)
+        .await
+        .unwrap()
+        .into_inner()
+        .versions;
     assert_eq!(all.len(), 1, "the best trial was registered more than once");
 }
 
