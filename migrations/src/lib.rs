@@ -17,6 +17,7 @@ mod m0009_tenancy;
 mod m0010_run_tracking;
 mod m0011_models;
 mod m0012_sweeps;
+mod m0013_gpu_time;
 
 /// Migrator lists every migration in order.
 pub struct Migrator;
@@ -37,6 +38,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0010_run_tracking::Migration),
             Box::new(m0011_models::Migration),
             Box::new(m0012_sweeps::Migration),
+            Box::new(m0013_gpu_time::Migration),
         ]
     }
 }

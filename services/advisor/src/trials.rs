@@ -111,12 +111,14 @@ pub fn end_of(trial: &TrialView, job: &JobRecord) -> Option<Event> {
     })
 }
 
-/// GPU-hours a job has held: its GPUs times the time its runner says it ran (to `now_ms` while
-/// it runs).
+/// GPU-hours a job has held: the GPU time its runners recorded for its ended attempts
+/// (preempted ones included), plus, while an attempt runs, its GPUs times its time so far.
 pub fn gpu_hours(job: &JobRecord, now_ms: i64) -> f64 {
-    let Some(started) = job.started_at_ms.filter(|_| job.gpus > 0) else {
-        return 0.0;
+    let running = match job.started_at_ms {
+        Some(started) if job.state == JobState::Running.as_str() => {
+            f64::from(job.gpus.max(0)) * (now_ms - started).max(0) as f64
+        }
+        _ => 0.0,
     };
-    let until = job.finished_at_ms.unwrap_or(now_ms);
-    f64::from(job.gpus) * (until - started).max(0) as f64 / 3_600_000.0
+    (job.gpu_ms as f64 + running) / 3_600_000.0
 }

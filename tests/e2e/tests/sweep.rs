@@ -386,3 +386,50 @@ async fn a_process_sweep_of_sdk_trials_reaches_its_budget_and_stops_losers() {
     // The best trial's outputs (what it wrote to $KILN_OUTPUTS) became the model.
     assert_registered(&stack, &sweep, "model.txt").await;
 }
+
+#[tokio::test]
+async fn a_gpu_hour_budget_ends_the_sweep_counted_from_the_runners_gpu_time() {
+    // One GPU a box; a simulated hour is a wall second, so a trial of `sleep 7200` holds its GPU
+    // for 2 hours (as its runner measures it) in 2 s.
+    let gpu_box = kiln_runner::provider::sim::InstanceType {
+        name: "g.xlarge".into(),
+        gpus: 1,
+        ..cpu_box()
+    };
+    let sim = SimConfig {
+        time_scale: 3600.0,
+        ..cloud(gpu_box, 2, false)
+    };
+    let stack = sim_stack(sim).await;
+    let yaml = spec("gpusweep", 20, 1, "[sleep, '7200']", "on-demand")
+        .replace(
+            "early-stop: {name: asha, resource: epoch, min: 1, max: 9, eta: 3}",
+            "early-stop: {name: none}",
+        )
+        .replace(
+            "budget: {max-trials: 20, max-parallel: 1}",
+            "budget: {max-trials: 20, max-parallel: 1, max-gpu-hours: 5.5}",
+        )
+        .replace("cpu: 0.5, mem: 256M,", "cpu: 0.5, mem: 256M, gpus: 1,");
+    let sweep = stack.create_sweep(&yaml).await;
+    let sweep = stack.wait_for_sweep(&sweep.id, "finished", PATIENCE * 2).await;
+    // 2 GPU-hours a trial (and the moments of its end): two stay under 5.5, the third crosses it
+    // while it runs, and no fourth starts.
+    assert_eq!(sweep.trials.len(), 3, "{:?} {:?}", sweep.reason, sweep.trials);
+    assert!(sweep.reason.contains("GPU-hours"), "{:?}", sweep.reason);
+    let mut recorded = 0.0;
+    for trial in &sweep.trials {
+        let job = stack.store.job(&trial.job_id).await.expect("the trial's job");
+        let hours = job.gpu_ms as f64 / 3_600_000.0;
+        assert!(
+            (1.95..2.75).contains(&hours),
+            "{trial:?}: the runner recorded {hours} GPU-hours"
+        );
+        recorded += hours;
+    }
+    assert!(
+        (sweep.gpu_hours - recorded).abs() < 1e-6,
+        "the sweep counts {} GPU-hours, its trials' jobs {recorded}",
+        sweep.gpu_hours
+    );
+}

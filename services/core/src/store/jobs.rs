@@ -73,6 +73,8 @@ pub struct Change {
     pub resume_from: Option<String>,
     /// Adds an attempt's cost and its on-demand cost, in millionths.
     pub cost_micros: Option<(i64, i64)>,
+    /// Adds an attempt's GPU time (its GPUs times its run time), in milliseconds.
+    pub gpu_ms: Option<i64>,
 }
 
 impl JobRecord {
@@ -256,6 +258,9 @@ impl Store {
                     Expr::value(job.on_demand_cost_micros + on_demand),
                 );
         }
+        if let Some(gpu_ms) = change.gpu_ms {
+            update = update.col_expr(Column::GpuMs, Expr::value(job.gpu_ms + Ord::max(gpu_ms, 0)));
+        }
         if to == JobState::Running {
             update = update.col_expr(Column::StartedAtMs, Expr::value(now));
         }
@@ -385,6 +390,7 @@ pub(super) fn new_record(new: NewJob, state: JobState, pool: &str, instance_id: 
         resume_from: Set(String::new()),
         cost_micros: Set(0),
         on_demand_cost_micros: Set(0),
+        gpu_ms: Set(0),
         submit_key: Set(Some(new.submit_key).filter(|key| !key.is_empty())),
         requested_pool: Set(new.requested_pool),
         config_json: Set(super::runs::config_json(&new.config)?),

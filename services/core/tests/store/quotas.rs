@@ -72,6 +72,7 @@ pub(super) async fn quotas_round_trip_and_queued_jobs_are_counted(store: Store) 
             Change {
                 market: Some(kiln_core::scheduling::Market::Spot),
                 cost_micros: Some((5, 12)),
+                gpu_ms: Some(7),
                 ..Change::default()
             },
         )
@@ -81,9 +82,10 @@ pub(super) async fn quotas_round_trip_and_queued_jobs_are_counted(store: Store) 
         (
             scheduled.market.as_str(),
             scheduled.cost_micros,
-            scheduled.on_demand_cost_micros
+            scheduled.on_demand_cost_micros,
+            scheduled.gpu_ms
         ),
-        ("spot", 5, 12)
+        ("spot", 5, 12, 7)
     );
 }
 

@@ -21,10 +21,12 @@ pub(super) async fn conclude(
     preempted_for: Option<String>,
 ) -> Result<()> {
     let cost = attempt_cost(ctx, &job);
+    let gpu_ms = attempt_gpu_ms(ctx, &job);
     let change = |exit_code: Option<i32>, reason: &str| Change {
         exit_code,
         reason: Some(reason.to_string()),
         cost_micros: cost,
+        gpu_ms,
         ..Change::default()
     };
     let (state, change) = match outcome.clone() {
@@ -43,7 +45,7 @@ pub(super) async fn conclude(
             exit,
             stopped: Some(StopReason::Preempted),
         } => {
-            return requeue_preempted(ctx, job, exit.code, preempted_for, cost).await;
+            return requeue_preempted(ctx, job, exit.code, preempted_for, (cost, gpu_ms)).await;
         }
         Outcome::Exited {
             exit,
@@ -101,12 +103,22 @@ pub(super) fn market_of(ctx: &Context, job: &JobRecord) -> Market {
 /// What the attempt cost from its start until now, and what on-demand would have cost, in
 /// millionths; `None` when it never ran.
 fn attempt_cost(ctx: &Context, job: &JobRecord) -> Option<(i64, i64)> {
-    let started = job.started_at_ms?;
+    let hours = attempt_ms(ctx, job)? / 3_600_000.0;
     let offer = ctx.provider.offer();
-    let hours = (kiln_core::ids::now_ms() - started).max(0) as f64 / 3_600_000.0 * offer.time_scale;
     let asked = (job.cpu_millis, job.memory_bytes, u32::try_from(job.gpus).unwrap_or(0));
     let cost = |market| (offer.cost_per_hour(&ctx.capacity, asked, market) * hours * 1e6).round() as i64;
     Some((cost(market_of(ctx, job)), cost(Market::OnDemand)))
+}
+
+/// How long the attempt ran, in the provider's time (a simulated provider's may run faster).
+fn attempt_ms(ctx: &Context, job: &JobRecord) -> Option<f64> {
+    let started = job.started_at_ms?;
+    Some((kiln_core::ids::now_ms() - started).max(0) as f64 * ctx.provider.offer().time_scale)
+}
+
+/// The attempt's GPU time: its GPUs times how long it ran, in milliseconds.
+fn attempt_gpu_ms(ctx: &Context, job: &JobRecord) -> Option<i64> {
+    Some((attempt_ms(ctx, job)? * job.gpus.max(0) as f64).round() as i64)
 }
 
 /// The instance was taken back (a spot preemption) or a higher priority needs the room: the job
@@ -118,7 +130,7 @@ async fn requeue_preempted(
     job: JobRecord,
     exit_code: i32,
     for_job: Option<String>,
-    cost_micros: Option<(i64, i64)>,
+    (cost_micros, gpu_ms): (Option<(i64, i64)>, Option<i64>),
 ) -> Result<()> {
     let reason = match for_job {
         Some(for_job) => format!("preempted for {for_job}, of a higher priority"),
@@ -130,6 +142,7 @@ async fn requeue_preempted(
         preempted: true,
         resume_from: Some(kiln_core::objects::outputs_prefix(&job.id).to_string()),
         cost_micros,
+        gpu_ms,
         ..Change::default()
     };
     let preempted = ctx.store.transition(&job, JobState::Preempted, change).await?;
