@@ -14,7 +14,7 @@ impl MigrationTrait for Migration {
             .alter_table(
                 Table::alter()
                     .table("jobs")
-                    .add_column(&mut big_integer("gpu_ms").default(0).to_owned())
+                    .add_column(big_integer("gpu_ms").default(0).to_owned())
                     .to_owned(),
             )
             .await

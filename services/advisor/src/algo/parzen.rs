@@ -25,6 +25,10 @@ enum Kernels {
         mus: Vec<f64>,
         sigmas: Vec<f64>,
         log_mass: Vec<f64>,
+        /// `1 / sigma` and `−ln σ − ln √(2π) − log_mass` of each kernel, so that the density's
+        /// inner loop (candidates × kernels × dimensions) has neither a division nor a log.
+        inv_sigmas: Vec<f64>,
+        log_norms: Vec<f64>,
         low: f64,
         high: f64,
         step: Option<f64>,
@@ -40,6 +44,8 @@ pub(crate) struct Parzen {
     log_weights: Vec<f64>,
     dims: Vec<Kernels>,
 }
+
+const LOG_SQRT_2PI: f64 = 0.918_938_533_204_672_7;
 
 /// The standard normal CDF.
 fn cdf(z: f64) -> f64 {
@@ -79,15 +85,23 @@ impl Parzen {
                         .collect();
                     mus.push((a + b) / 2.0);
                     sigmas.push(max_sigma);
-                    let log_mass = mus
+                    let log_mass: Vec<f64> = mus
                         .iter()
                         .zip(&sigmas)
                         .map(|(mu, sigma)| log_mass((a - mu) / sigma, (b - mu) / sigma))
+                        .collect();
+                    let inv_sigmas = sigmas.iter().map(|sigma| 1.0 / sigma).collect();
+                    let log_norms = sigmas
+                        .iter()
+                        .zip(&log_mass)
+                        .map(|(sigma, mass)| -sigma.ln() - LOG_SQRT_2PI - mass)
                         .collect();
                     Kernels::Numeric {
                         mus,
                         sigmas,
                         log_mass,
+                        inv_sigmas,
+                        log_norms,
                         low,
                         high,
                         step,
@@ -138,15 +152,15 @@ impl Parzen {
             match dims {
                 Kernels::Numeric {
                     mus,
-                    sigmas,
-                    log_mass,
+                    inv_sigmas,
+                    log_norms,
                     step: None,
                     ..
                 } => {
-                    const LOG_SQRT_2PI: f64 = 0.918_938_533_204_672_7;
-                    for (k, term) in terms.iter_mut().enumerate() {
-                        let z = (value - mus[k]) / sigmas[k];
-                        *term += -0.5 * z * z - sigmas[k].ln() - LOG_SQRT_2PI - log_mass[k];
+                    for (((term, mu), inv_sigma), log_norm) in terms.iter_mut().zip(mus).zip(inv_sigmas).zip(log_norms)
+                    {
+                        let z = (value - mu) * inv_sigma;
+                        *term += log_norm - 0.5 * z * z;
                     }
                 }
                 Kernels::Numeric {
