@@ -29,33 +29,43 @@ pub struct NatsServer {
 }
 
 impl NatsServer {
-    /// Starts a server and waits until it accepts connections.
+    /// Starts a server and waits until it accepts connections. A port found free may be taken
+    /// by another test's server before this one binds it (this one then exits while the
+    /// other answers on the port): a server that exits is started again on other ports.
     pub fn start() -> NatsServer {
         let binary = nats_server_binary();
-        let dir = tempfile::tempdir().expect("temp dir");
-        let port = free_port().to_string();
-        let monitor_port = free_port();
-        let monitor = monitor_port.to_string();
-        let child = spawn_nats_server(
-            &binary,
-            &["-js", "-a", "127.0.0.1", "-p", &port, "-m", &monitor, "-sd"]
-                .map(std::ffi::OsStr::new)
-                .into_iter()
-                .chain([dir.path().as_os_str()])
-                .collect::<Vec<_>>(),
-        );
-        let port: u16 = port.parse().expect("a port");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "nats-server did not start on port {port}");
-            std::thread::sleep(Duration::from_millis(20));
+        for _ in 0..5 {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let port = free_port();
+            let monitor_port = free_port();
+            let (port_arg, monitor) = (port.to_string(), monitor_port.to_string());
+            let mut child = spawn_nats_server(
+                &binary,
+                &["-js", "-a", "127.0.0.1", "-p", &port_arg, "-m", &monitor, "-sd"]
+                    .map(std::ffi::OsStr::new)
+                    .into_iter()
+                    .chain([dir.path().as_os_str()])
+                    .collect::<Vec<_>>(),
+            );
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let exited = |child: &mut Child| child.try_wait().ok().flatten().is_some();
+            while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() && !exited(&mut child) {
+                assert!(Instant::now() < deadline, "nats-server did not start on port {port}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            // One that could not bind its ports exits at once.
+            std::thread::sleep(Duration::from_millis(200));
+            if exited(&mut child) {
+                continue;
+            }
+            return NatsServer {
+                url: format!("nats://127.0.0.1:{port}"),
+                monitor_port,
+                child,
+                _dir: dir,
+            };
         }
-        NatsServer {
-            url: format!("nats://127.0.0.1:{port}"),
-            monitor_port,
-            child,
-            _dir: dir,
-        }
+        panic!("nats-server exited at start five times (ports taken?): run {binary} -js by hand to see why");
     }
 
     /// The base URL of its monitoring endpoint, what `metrics.nats-monitor` takes.
