@@ -391,18 +391,21 @@ impl Leader {
 
 /// Appends events to a sweep's record and applies them to its view.
 async fn append(shared: &Shared, view: &mut SweepView, events: Vec<(i32, Event)>) -> Result<()> {
-    let counted: Vec<&'static str> = events.iter().map(|(_, event)| event.kind()).collect();
-    view.append(&shared.sweeps, events).await?;
     let metrics = &shared.metrics;
-    for kind in counted {
-        match kind {
-            "submit" => metrics.trials_submitted.inc(),
-            "stop" => metrics.trials_stopped.inc(),
-            "end" => metrics.trials_ended.inc(),
-            "observe" => metrics.observations.inc(),
-            "registered" => metrics.models_registered.inc(),
-            _ => 0,
-        };
+    let counted: Vec<&prometheus_client::metrics::counter::Counter> = events
+        .iter()
+        .filter_map(|(_, event)| match event {
+            Event::Submit { .. } => Some(&metrics.trials_submitted),
+            Event::Stop { .. } => Some(&metrics.trials_stopped),
+            Event::End { .. } => Some(&metrics.trials_ended),
+            Event::Observe { .. } => Some(&metrics.observations),
+            Event::Registered { .. } => Some(&metrics.models_registered),
+            Event::Suggest { .. } => None,
+        })
+        .collect();
+    view.append(&shared.sweeps, events).await?;
+    for counter in counted {
+        counter.inc();
     }
     Ok(())
 }
