@@ -60,16 +60,32 @@ pub async fn metric_batches(stack: &Stack, job_id: &str) -> Vec<pb::MetricBatch>
     .collect()
 }
 
-/// The state changes published for a job (all but QUEUED), in order.
-pub async fn job_events(stack: &Stack, job_id: &str) -> Vec<pb::JobEvent> {
+/// The state changes published for `job` (all but QUEUED), in order, through the version it
+/// has in `job`: a change is committed before it is published, and one whose publish failed (a
+/// cluster electing a stream leader) is published again by its owner's reconciler, so the
+/// stream is waited for until it holds that version.
+pub async fn job_events(stack: &Stack, job: &pb::Job) -> Vec<pb::JobEvent> {
     use prost::Message;
-    stored_messages(
-        stack,
-        kiln_core::subjects::STREAM_JOBS,
-        kiln_core::subjects::job_event(job_id),
-    )
-    .await
-    .iter()
-    .map(|payload| pb::JobEvent::decode(payload.as_ref()).expect("a job event"))
-    .collect()
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let events: Vec<pb::JobEvent> = stored_messages(
+            stack,
+            kiln_core::subjects::STREAM_JOBS,
+            kiln_core::subjects::job_event(&job.id),
+        )
+        .await
+        .iter()
+        .map(|payload| pb::JobEvent::decode(payload.as_ref()).expect("a job event"))
+        .collect();
+        if events.iter().any(|event| event.version >= job.version) {
+            return events;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "version {} of job {} was never published: {events:?}",
+            job.version,
+            job.id
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

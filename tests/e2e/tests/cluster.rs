@@ -103,7 +103,7 @@ async fn jobs_run_through_each_node_dying_once() {
         assert_eq!(job.attempt, 1, "job {n} ran more than once: {job:?}");
 
         // Ended once: one event per version, one of them terminal.
-        let events = job_events(&stack, id).await;
+        let events = job_events(&stack, &job).await;
         let versions: Vec<i64> = events.iter().map(|e| e.version).collect();
         assert!(versions.windows(2).all(|w| w[0] < w[1]), "job {n}: {versions:?}");
         let ended = events.iter().filter(|e| e.state == want as i32).count();

@@ -171,7 +171,7 @@ async fn a_runner_whose_lease_lapsed_kills_its_taken_job_and_takes_no_launch_unt
     // The taken job's state is the scheduler's: LOST, not changed since.
     let after = stack.get(&job.id).await;
     assert_eq!((after.state, after.version), (lost.state, lost.version), "{after:?}");
-    let events = kiln_e2e::job_events(&stack, &job.id).await;
+    let events = kiln_e2e::job_events(&stack, &after).await;
     assert_eq!(
         events.last().map(|e| e.state),
         Some(pb::JobState::Lost as i32),

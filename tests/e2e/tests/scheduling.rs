@@ -254,7 +254,7 @@ async fn a_standby_takes_over_and_no_job_is_launched_twice() {
     for id in &ids {
         let done = stack.wait_for_state(id, pb::JobState::Succeeded).await;
         assert_eq!(done.attempt, 1, "{done:?}");
-        let scheduled = job_events(&stack, id)
+        let scheduled = job_events(&stack, &done)
             .await
             .iter()
             .filter(|event| event.state == pb::JobState::Scheduled as i32)

@@ -49,7 +49,7 @@ async fn a_preempted_job_is_queued_again() {
     let stack = sim_stack(sim).await;
     let job = stack.submit(&["sleep", "3600"]).await;
     let requeued = stack.wait_for(&job.id, "a second attempt", |j| j.attempt >= 2).await;
-    let states: Vec<i32> = job_events(&stack, &job.id).await.iter().map(|e| e.state).collect();
+    let states: Vec<i32> = job_events(&stack, &requeued).await.iter().map(|e| e.state).collect();
     let preempted = pb::JobState::Preempted as i32;
     let at = states
         .iter()
