@@ -5,15 +5,24 @@
 //! 2. reads `KILN_METRICS` up to the stream's last sequence, taken after step 1, so every point
 //!    a trial logged before its job ended is recorded before its end is (the `end` event carries
 //!    the objective's last value);
-//! 3. per sweep: records the ends of trials whose jobs ended (a preempted job is queued again,
+//! 3. per sweep: notes the ends of trials whose jobs ended (a preempted job is queued again,
 //!    so its trial goes on and counts once), asks the early-stop rule about trials with new
-//!    observations and stops the losers, submits the trials that are suggested but not yet
-//!    submitted, suggests new trials within the budget, and ends the sweep when it is spent.
+//!    observations and stops the losers, suggests and submits new trials within the budget, and
+//!    ends the sweep when it is spent.
 //!
-//! Every decision is an event appended to the sweep's record before it acts (a suggestion
-//! before its job, a stop before the job is stopped), and every act is idempotent (a trial's job
-//! has an idempotency key; stopping a stopped job does nothing), so a leader killed at any
-//! instant leaves a record its successor replays to the same place: no trial twice, none lost.
+//! What a pass learns and decides about a sweep is recorded in as few transactions as the
+//! rules allow (one, for a pass that ends a trial and starts the next):
+//! - observations and ends are facts that can be read again (the metric messages are acked only
+//!   after they are recorded; a job's end stays in its record), so they wait for the next write;
+//! - a stop is recorded before its job is stopped;
+//! - a trial's job is submitted first, with an idempotency key naming the sweep and the trial,
+//!   then recorded with the knobs the job holds, and recorded before the next job is submitted:
+//!   a leader that died in between leaves at most one job unrecorded, which its successor finds
+//!   by that key and adopts ([`trials::unrecorded`]).
+//!
+//! Every act is idempotent (the job's key; stopping a stopped job does nothing; an event carries
+//! a dedupe key), so a leader killed at any instant leaves a record and jobs its successor
+//! replays to the same place: no trial twice, none lost.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -28,7 +37,7 @@ use kiln_core::subjects;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Result;
-use crate::observe::{Interest, MetricsFeed, Point};
+use crate::observe::{Drained, Interest, MetricsFeed, Point};
 use crate::record::{self, Event, SWEEP_EVENT};
 use crate::register::Registration;
 use crate::state::SweepView;
@@ -85,13 +94,19 @@ pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
             }
             _ => {}
         }
-        if let Some(current) = leader.as_mut()
-            && let Err(error) = current.pass(&shared, &|| lease.is_held()).await
-        {
-            tracing::warn!(error = %error, "sweep pass failed; the record is read again");
-            // The record is the truth: read it again rather than trust what this pass held.
-            leader = None;
-            wakeups.abort_all();
+        if let Some(current) = leader.as_mut() {
+            let finished = match current.pass(&shared, &|| lease.is_held()).await {
+                Ok(finished) => finished,
+                Err(error) => {
+                    tracing::warn!(error = %error, "sweep pass failed; the record is read again");
+                    false
+                }
+            };
+            if !finished {
+                // The record is the truth: read it again rather than trust what this pass held.
+                leader = None;
+                wakeups.abort_all();
+            }
         }
         let nap = interval.min(renew_every);
         tokio::select! {
@@ -174,6 +189,12 @@ impl Leader {
                 None => {
                     let mut view = SweepView::new(record)?;
                     view.apply(shared.sweeps.events(&view.record.id).await?);
+                    if let Some(job) = trials::unrecorded(shared, &view).await? {
+                        let index = view.trials.len() as u32;
+                        tracing::info!(sweep_id = %view.record.id, trial = index, job_id = %job.id, "adopting a trial the last leader submitted but did not record");
+                        view.stage(vec![trials::suggestion(index, &job)?]);
+                        flush(shared, &mut view).await?;
+                    }
                     self.views.insert(view.record.id.clone(), view);
                 }
             }
@@ -181,7 +202,9 @@ impl Leader {
         Ok(())
     }
 
-    async fn pass(&mut self, shared: &Shared, leading: &(dyn Fn() -> bool + Sync)) -> Result<()> {
+    /// One pass over every live sweep; `false` when the lease was lost part-way (the leader is
+    /// then dropped with what it had not recorded, which its successor reads again).
+    async fn pass(&mut self, shared: &Shared, leading: &(dyn Fn() -> bool + Sync)) -> Result<bool> {
         self.refresh(shared).await?;
         let mut jobs: HashMap<String, JobRecord> = HashMap::new();
         for view in self.views.values() {
@@ -191,35 +214,41 @@ impl Leader {
                 }
             }
         }
-        self.observe(shared).await?;
+        let read = self.observe(shared).await?;
         let ids: Vec<String> = self.views.keys().cloned().collect();
         for sweep_id in ids {
             if !leading() {
-                return Ok(());
+                return Ok(false);
             }
             self.tend(shared, &sweep_id, &jobs).await?;
+        }
+        // Every point read is recorded (each sweep's turn ends with a flush): ack the messages.
+        for drained in read {
+            drained.ack().await;
         }
         let running: usize = self.views.values().map(SweepView::live_trials).sum();
         shared.metrics.sweeps_live.set(self.views.len() as i64);
         shared.metrics.trials_running.set(running as i64);
-        Ok(())
+        Ok(true)
     }
 
-    /// Records every objective point of a live trial published so far.
-    async fn observe(&mut self, shared: &Shared) -> Result<()> {
+    /// Stages every objective point of a live trial published so far; returns the messages
+    /// read, to be acked once the points are recorded.
+    async fn observe(&mut self, shared: &Shared) -> Result<Vec<Drained>> {
         let interest = self.interest();
         self.feed.retain(&interest);
         let target = MetricsFeed::last_sequence(&shared.nats).await?;
+        let mut read = Vec::new();
         loop {
             let drained = self.feed.fetch(&interest).await?;
             if drained.is_empty() {
-                return Ok(());
+                return Ok(read);
             }
-            self.record_points(shared, &drained.points).await?;
+            self.stage_points(&drained.points);
             let read_to = drained.read_to;
-            drained.ack().await;
+            read.push(drained);
             if read_to >= target {
-                return Ok(());
+                return Ok(read);
             }
         }
     }
@@ -250,7 +279,7 @@ impl Leader {
         interest
     }
 
-    async fn record_points(&mut self, shared: &Shared, points: &[Point]) -> Result<()> {
+    fn stage_points(&mut self, points: &[Point]) {
         let mut by_sweep: HashMap<&str, Vec<(i32, Event)>> = HashMap::new();
         for point in points {
             by_sweep.entry(point.sweep_id.as_str()).or_default().push((
@@ -264,10 +293,9 @@ impl Leader {
         }
         for (sweep_id, events) in by_sweep {
             if let Some(view) = self.views.get_mut(sweep_id) {
-                append(shared, view, events).await?;
+                view.stage(events);
             }
         }
-        Ok(())
     }
 
     /// One sweep's turn: ends, early stops, submissions, suggestions, and its own end.
@@ -285,7 +313,7 @@ impl Leader {
                 Some((trial.index as i32, trials::end_of(trial, job)?))
             })
             .collect();
-        append(shared, view, ends).await?;
+        view.stage(ends);
         // Early stops.
         let stopping = view.record.state == record::STOPPING;
         let mut stops = Vec::new();
@@ -323,7 +351,7 @@ impl Leader {
             for upto in judged + 1..=seen {
                 let mut so_far = me.clone();
                 so_far.curve.truncate(upto);
-                if let Decision::Stop { rung, reason } = view.checked.spec.early_stop.decide(&so_far, &history) {
+                if let Decision::Stop { rung, reason } = view.checked.spec.early_stop.decide(&so_far, history) {
                     stops.push((
                         trial.index as i32,
                         Event::Stop {
@@ -336,7 +364,11 @@ impl Leader {
                 }
             }
         }
-        append(shared, view, stops).await?;
+        if !stops.is_empty() {
+            // A stop is on record before its job is stopped.
+            view.stage(stops);
+            flush(shared, view).await?;
+        }
         // Stop the jobs of stopped trials once the grace period (for `kiln.should_stop()`) is over.
         let grace_ms = i64::try_from(shared.config.stop_grace_ms).unwrap_or(i64::MAX);
         for trial in view.trials.iter().filter(|trial| trial.is_live()) {
@@ -361,19 +393,9 @@ impl Leader {
             )
             .await?;
         }
-        // Trials suggested but not submitted (a leader died between the two).
-        let unsubmitted: Vec<u32> = view
-            .trials
-            .iter()
-            .filter(|trial| trial.job_id.is_none() && trial.is_live())
-            .map(|trial| trial.index)
-            .collect();
-        for index in unsubmitted {
-            let job = trials::submit(shared, &view.record, &view.checked, &view.trials[index as usize]).await?;
-            append(shared, view, vec![(index as i32, Event::Submit { job_id: job.id })]).await?;
-        }
         match view.record.state.as_str() {
             record::STOPPING if view.live_trials() == 0 => {
+                flush(shared, view).await?;
                 shared
                     .sweeps
                     .set_state(sweep_id, &[record::STOPPING], record::STOPPED, "stopped by request")
@@ -385,27 +407,21 @@ impl Leader {
             }
             _ => {}
         }
-        Ok(())
+        flush(shared, view).await
     }
 }
 
-/// Appends events to a sweep's record and applies them to its view.
-async fn append(shared: &Shared, view: &mut SweepView, events: Vec<(i32, Event)>) -> Result<()> {
+/// Records a sweep's staged events and counts them.
+async fn flush(shared: &Shared, view: &mut SweepView) -> Result<()> {
     let metrics = &shared.metrics;
-    let counted: Vec<&prometheus_client::metrics::counter::Counter> = events
-        .iter()
-        .filter_map(|(_, event)| match event {
-            Event::Submit { .. } => Some(&metrics.trials_submitted),
-            Event::Stop { .. } => Some(&metrics.trials_stopped),
-            Event::End { .. } => Some(&metrics.trials_ended),
-            Event::Observe { .. } => Some(&metrics.observations),
-            Event::Registered { .. } => Some(&metrics.models_registered),
-            Event::Suggest { .. } => None,
-        })
-        .collect();
-    view.append(&shared.sweeps, events).await?;
-    for counter in counted {
-        counter.inc();
+    for (_, event) in view.flush(&shared.sweeps).await? {
+        match event {
+            Event::Suggest { .. } => metrics.trials_submitted.inc(),
+            Event::Stop { .. } => metrics.trials_stopped.inc(),
+            Event::End { .. } => metrics.trials_ended.inc(),
+            Event::Observe { .. } => metrics.observations.inc(),
+            Event::Registered { .. } => metrics.models_registered.inc(),
+        };
     }
     Ok(())
 }
@@ -440,21 +456,25 @@ fn spent(view: &SweepView, jobs: &HashMap<String, JobRecord>) -> Option<String> 
 
 /// Suggests and submits trials while the sweep has room (max-parallel) and budget.
 async fn suggest(shared: &Shared, view: &mut SweepView, jobs: &HashMap<String, JobRecord>) -> Result<()> {
+    let mut unrecorded = false;
     while view.live_trials() < view.spec().budget.max_parallel as usize && spent(view, jobs).is_none() {
         let index = view.trials.len() as u32;
         let history = view.history();
         let Some(config) = view
             .spec()
             .algorithm
-            .suggest(&view.checked.space, &history, u64::from(index))
+            .suggest(&view.checked.space, history, u64::from(index))
         else {
             view.exhausted = true;
             return Ok(());
         };
-        // The suggestion is on record before its job exists.
-        append(shared, view, vec![(index as i32, Event::Suggest { config })]).await?;
-        let job = trials::submit(shared, &view.record, &view.checked, &view.trials[index as usize]).await?;
-        append(shared, view, vec![(index as i32, Event::Submit { job_id: job.id })]).await?;
+        // One trial at most is submitted and not recorded (the one a successor adopts).
+        if unrecorded {
+            flush(shared, view).await?;
+        }
+        let job = trials::submit(shared, &view.record, &view.checked, index, &config).await?;
+        view.stage(vec![trials::suggestion(index, &job)?]);
+        unrecorded = true;
     }
     Ok(())
 }
@@ -469,6 +489,8 @@ async fn finish_if_spent(shared: &Shared, view: &mut SweepView) -> Result<()> {
         None if view.exhausted => "every grid point was tried".to_string(),
         None => return Ok(()),
     };
+    // The whole record before the sweep ends.
+    flush(shared, view).await?;
     let budget = &view.spec().budget;
     let failed = view.failed_trials() > budget.max_failed.unwrap_or(budget.max_trials) as usize;
     let mut why = why;
@@ -476,7 +498,8 @@ async fn finish_if_spent(shared: &Shared, view: &mut SweepView) -> Result<()> {
         match crate::register::best_trial(shared, view).await? {
             Registration::Registered(version) => {
                 shared.sweeps.set_registered(&view.record.id, &version).await?;
-                append(shared, view, vec![(SWEEP_EVENT, Event::Registered { version })]).await?;
+                view.stage(vec![(SWEEP_EVENT, Event::Registered { version })]);
+                flush(shared, view).await?;
             }
             Registration::Refused(reason) => why = format!("{why}; the best trial was not registered: {reason}"),
         }

@@ -79,6 +79,11 @@ pub struct SweepView {
     /// The algorithm has nothing more to suggest (a grid tried whole); known to the leader
     /// that asked, asked again by the next one.
     pub exhausted: bool,
+    /// The trials as the algorithms see them, one per trial ([`SweepView::history`]).
+    history: Vec<Trial>,
+    /// Events applied but not yet recorded ([`SweepView::stage`]), numbered from
+    /// `last_seq - staged.len() + 1`.
+    staged: Vec<(i32, Event)>,
 }
 
 impl SweepView {
@@ -98,6 +103,8 @@ impl SweepView {
             registered: None,
             last_seq: -1,
             exhausted: false,
+            history: Vec::new(),
+            staged: Vec::new(),
         })
     }
 
@@ -106,21 +113,42 @@ impl SweepView {
     }
 
     /// Appends `events` (by trial) to the sweep's record, numbered after the last one applied,
-    /// then applies them: the one way the leader (and the sweep benchmark) records a decision.
+    /// then applies them: [`SweepView::stage`] and [`SweepView::flush`] at once.
     pub async fn append(&mut self, sweeps: &SweepStore, events: Vec<(i32, Event)>) -> crate::Result<()> {
-        if events.is_empty() {
-            return Ok(());
-        }
+        self.stage(events);
+        self.flush(sweeps).await.map(drop)
+    }
+
+    /// Applies `events` now and keeps them for the next [`SweepView::flush`], so that what one
+    /// pass learns (observations, ends, stops, a suggestion) is one transaction. Only facts that
+    /// can be read again (points from the stream, ends from the jobs) and a suggestion whose job
+    /// adopts it may wait; a stop is flushed before its job is stopped.
+    pub fn stage(&mut self, events: Vec<(i32, Event)>) {
         let first = self.last_seq + 1;
-        sweeps.append(&self.record.id, first, &events).await?;
         let at_ms = kiln_core::ids::now_ms();
+        self.staged.extend(events.iter().cloned());
         self.apply(events.into_iter().zip(first..).map(|((trial, event), seq)| Recorded {
             seq,
             trial,
             event,
             at_ms,
         }));
-        Ok(())
+    }
+
+    /// Whether events wait for [`SweepView::flush`].
+    pub fn has_staged(&self) -> bool {
+        !self.staged.is_empty()
+    }
+
+    /// Records the staged events (an event already recorded, by a leader that died after it
+    /// recorded it, is skipped by its dedupe key). Returns them.
+    pub async fn flush(&mut self, sweeps: &SweepStore) -> crate::Result<Vec<(i32, Event)>> {
+        if self.staged.is_empty() {
+            return Ok(Vec::new());
+        }
+        let first = self.last_seq + 1 - self.staged.len() as i64;
+        sweeps.append(&self.record.id, first, &self.staged).await?;
+        Ok(std::mem::take(&mut self.staged))
     }
 
     /// Applies recorded events in order.
@@ -137,9 +165,12 @@ impl SweepView {
                 continue;
             };
             let trial = self.trial_mut(index);
+            let config_changed = matches!(recorded.event, Event::Suggest { .. });
             match recorded.event {
-                Event::Suggest { config } => trial.config = config,
-                Event::Submit { job_id } => trial.job_id = Some(job_id),
+                Event::Suggest { config, job_id } => {
+                    trial.config = config;
+                    trial.job_id = Some(job_id);
+                }
                 Event::Observe { step, resource, value } => {
                     trial.observations.insert(step, (resource, value));
                 }
@@ -159,6 +190,7 @@ impl SweepView {
                 }
                 Event::Registered { .. } => {}
             }
+            self.refresh_history(index as usize, config_changed);
         }
     }
 
@@ -178,36 +210,46 @@ impl SweepView {
         self.trials.iter().find(|trial| trial.job_id.as_deref() == Some(job_id))
     }
 
-    /// The trials as the algorithms see them (values oriented: lower is better).
-    pub fn history(&self) -> Vec<Trial> {
-        let objective = &self.spec().objective;
-        self.trials
-            .iter()
-            .map(|trial| {
-                let curve = trial
-                    .observations
-                    .values()
-                    .map(|(resource, value)| (*resource, objective.oriented(*value)))
-                    .collect();
-                let state = match &trial.end {
-                    _ if trial.stop.is_some() => TrialState::Stopped,
-                    None => TrialState::Running,
-                    Some(_) if trial.failed() => TrialState::Failed,
-                    Some(_) => TrialState::Done,
-                };
-                let value = match state {
-                    TrialState::Done => trial.last_value().map(|value| objective.oriented(value)),
-                    _ => None,
-                };
-                Trial {
-                    index: u64::from(trial.index),
-                    config: trial.config.clone(),
-                    state,
-                    value,
-                    curve,
-                }
-            })
-            .collect()
+    /// The trials as the algorithms see them (values oriented: lower is better), kept up to
+    /// date as events are applied, so that a suggestion does not copy the whole sweep.
+    pub fn history(&self) -> &[Trial] {
+        &self.history
+    }
+
+    /// Brings trial `index`'s entry of [`SweepView::history`] up to date (its knobs are copied
+    /// only when `config_changed`).
+    fn refresh_history(&mut self, index: usize, config_changed: bool) {
+        let objective = &self.checked.spec.objective;
+        let trial = &self.trials[index];
+        while self.history.len() <= index {
+            let next = self.history.len() as u64;
+            self.history.push(Trial {
+                index: next,
+                config: RunConfig::new(),
+                state: TrialState::Running,
+                value: None,
+                curve: Vec::new(),
+            });
+        }
+        let entry = &mut self.history[index];
+        if config_changed {
+            entry.config = trial.config.clone();
+        }
+        entry.curve = trial
+            .observations
+            .values()
+            .map(|(resource, value)| (*resource, objective.oriented(*value)))
+            .collect();
+        entry.state = match &trial.end {
+            _ if trial.stop.is_some() => TrialState::Stopped,
+            None => TrialState::Running,
+            Some(_) if trial.failed() => TrialState::Failed,
+            Some(_) => TrialState::Done,
+        };
+        entry.value = match entry.state {
+            TrialState::Done => trial.last_value().map(|value| objective.oriented(value)),
+            _ => None,
+        };
     }
 
     /// The trial with the best objective value so far (finished trials first; a trial stopped
@@ -306,21 +348,23 @@ trial: {command: [train]}
                 .suggest(&view.checked.space, &[], index)
                 .unwrap()
         };
+        let suggest = |index, job_id: &str| Event::Suggest {
+            config: config(index),
+            job_id: job_id.into(),
+        };
         let observe = |step, value| Event::Observe {
             step,
             resource: step as f64,
             value,
         };
         vec![
-            recorded(0, 0, Event::Suggest { config: config(0) }),
-            recorded(1, 0, Event::Submit { job_id: "j0".into() }),
-            recorded(2, 1, Event::Suggest { config: config(1) }),
-            recorded(3, 1, Event::Submit { job_id: "j1".into() }),
-            recorded(4, 0, observe(1, 0.5)),
-            recorded(5, 1, observe(1, 0.9)),
-            recorded(6, 0, observe(2, 0.7)),
+            recorded(0, 0, suggest(0, "j0")),
+            recorded(1, 1, suggest(1, "j1")),
+            recorded(2, 0, observe(1, 0.5)),
+            recorded(3, 1, observe(1, 0.9)),
+            recorded(4, 0, observe(2, 0.7)),
             recorded(
-                7,
+                5,
                 1,
                 Event::Stop {
                     job_id: "j1".into(),
@@ -328,10 +372,10 @@ trial: {command: [train]}
                     reason: "stopped early at 1".into(),
                 },
             ),
-            recorded(8, 0, end("succeeded", Some(0.7))),
-            recorded(9, 1, end("stopped", Some(0.9))),
-            recorded(10, 2, Event::Suggest { config: config(2) }),
-            recorded(11, SWEEP_EVENT, Event::Registered { version: "m:1".into() }),
+            recorded(6, 0, end("succeeded", Some(0.7))),
+            recorded(7, 1, end("stopped", Some(0.9))),
+            recorded(8, 2, suggest(2, "j2")),
+            recorded(9, SWEEP_EVENT, Event::Registered { version: "m:1".into() }),
         ]
     }
 
@@ -339,10 +383,10 @@ trial: {command: [train]}
     fn a_replayed_record_tells_the_trials_as_they_went() {
         let mut view = view();
         view.apply(events());
-        assert_eq!(view.last_seq, 11);
+        assert_eq!(view.last_seq, 9);
         assert_eq!(view.trials.len(), 3);
         assert_eq!(view.registered.as_deref(), Some("m:1"));
-        let [ran, stopped, pending] = &view.trials[..] else {
+        let [ran, stopped, running] = &view.trials[..] else {
             panic!("three trials")
         };
         assert_eq!(
@@ -351,13 +395,14 @@ trial: {command: [train]}
         );
         assert_eq!(stopped.state_name(None), "stopped");
         assert!(!stopped.failed(), "a trial stopped early does not count as failed");
-        assert_eq!(pending.state_name(None), "pending");
+        assert_eq!(running.state_name(Some("running")), "running");
         assert_eq!((view.live_trials(), view.failed_trials()), (1, 0));
         assert_eq!(view.gpu_hours(), 1.0);
         assert_eq!(view.trial_of_job("j1").map(|t| t.index), Some(1));
         // Maximised: the stopped trial's 0.9 is the best value, and the algorithms see it negated.
         assert_eq!(view.best().map(|t| t.index), Some(1));
         let history = view.history();
+        assert_eq!(history.len(), 3);
         assert_eq!(history[0].value, Some(-0.7));
         assert_eq!(history[1].state, TrialState::Stopped);
         assert_eq!(history[2].state, TrialState::Running);
@@ -374,7 +419,7 @@ trial: {command: [train]}
         parts.apply(second.to_vec());
         assert_eq!(parts.trials, whole.trials);
         // A new leader that reads an event it already applied (an at-least-once read) stays put.
-        parts.apply(events().into_iter().skip(8));
+        parts.apply(events().into_iter().skip(6));
         assert_eq!(parts.trials, whole.trials);
         assert_eq!(parts.last_seq, whole.last_seq);
     }

@@ -1,11 +1,12 @@
 //! Trials as jobs: submitting a trial (with an idempotency key naming the sweep and the trial,
-//! so a leader that crashed after the insert finds the same job), and what a trial's job
-//! record says about its end.
+//! so a leader that crashed after the insert finds the same job, and adopts it), and what a
+//! trial's job record says about its end.
 
 use std::collections::BTreeMap;
 
 use kiln_core::JobState;
 use kiln_core::events::publish_job_change;
+use kiln_core::runs::RunConfig;
 use kiln_core::scheduling::MarketPolicy;
 use kiln_core::store::{JobRecord, NewJob};
 use kiln_proto::v1 as pb;
@@ -14,7 +15,7 @@ use crate::Shared;
 use crate::error::Result;
 use crate::record::{Event, SweepRecord};
 use crate::spec::{self, Checked};
-use crate::state::TrialView;
+use crate::state::{SweepView, TrialView};
 
 /// Environment variables a trial gets besides the spec's `env`.
 pub const ENV_SWEEP_ID: &str = "KILN_SWEEP_ID";
@@ -29,13 +30,20 @@ pub fn submit_key(sweep_id: &str, index: u32) -> String {
     format!("sweep:{sweep_id}:{index}")
 }
 
-/// Submits a trial's job, or finds the one an earlier submit made.
-pub async fn submit(shared: &Shared, sweep: &SweepRecord, checked: &Checked, trial: &TrialView) -> Result<JobRecord> {
-    let key = submit_key(&sweep.id, trial.index);
+/// Submits the job of trial `index` with `config`, or finds the one an earlier submit made
+/// (whose knobs may differ: the caller records the job's).
+pub async fn submit(
+    shared: &Shared,
+    sweep: &SweepRecord,
+    checked: &Checked,
+    index: u32,
+    config: &RunConfig,
+) -> Result<JobRecord> {
+    let key = submit_key(&sweep.id, index);
     if let Some(job) = shared.store.job_by_submit_key(&sweep.owner_id, &key).await? {
         return Ok(job);
     }
-    let new = new_job(shared, sweep, checked, trial, key.clone());
+    let new = new_job(shared, sweep, checked, index, config, key.clone());
     let job = match shared.store.insert_job(new).await {
         Err(error) if error.is_unique_violation() => shared
             .store
@@ -44,21 +52,47 @@ pub async fn submit(shared: &Shared, sweep: &SweepRecord, checked: &Checked, tri
             .ok_or(error)?,
         inserted => inserted?,
     };
-    tracing::info!(sweep_id = %sweep.id, trial = trial.index, job_id = %job.id, "trial submitted");
+    tracing::info!(sweep_id = %sweep.id, trial = index, job_id = %job.id, "trial submitted");
     if let Err(error) = publish_job_change(&shared.nats, &shared.store, &job).await {
         tracing::warn!(job_id = %job.id, error = %error, "publish failed; the reconciler will retry");
     }
     Ok(job)
 }
 
-fn new_job(shared: &Shared, sweep: &SweepRecord, checked: &Checked, trial: &TrialView, key: String) -> NewJob {
+/// The `suggest` event of trial `index` as its job holds it.
+pub fn suggestion(index: u32, job: &JobRecord) -> Result<(i32, Event)> {
+    Ok((
+        index as i32,
+        Event::Suggest {
+            config: job.config()?,
+            job_id: job.id.clone(),
+        },
+    ))
+}
+
+/// The job of the trial after the last recorded one, when a leader submitted it and died
+/// before recording it (a leader records each trial before it submits the next, so there is
+/// at most one): the new leader adopts it rather than leave it running outside the sweep.
+pub async fn unrecorded(shared: &Shared, view: &SweepView) -> Result<Option<JobRecord>> {
+    let key = submit_key(&view.record.id, view.trials.len() as u32);
+    Ok(shared.store.job_by_submit_key(&view.record.owner_id, &key).await?)
+}
+
+fn new_job(
+    shared: &Shared,
+    sweep: &SweepRecord,
+    checked: &Checked,
+    index: u32,
+    config: &RunConfig,
+    key: String,
+) -> NewJob {
     let spec = &checked.spec.trial;
     let mut env: BTreeMap<String, String> = spec.env.clone();
     env.insert(ENV_SWEEP_ID.into(), sweep.id.clone());
-    env.insert(ENV_TRIAL_INDEX.into(), trial.index.to_string());
+    env.insert(ENV_TRIAL_INDEX.into(), index.to_string());
     env.insert(
         ENV_TRIAL_CONFIG.into(),
-        serde_json::to_string(&trial.config).unwrap_or_else(|_| "{}".into()),
+        serde_json::to_string(config).unwrap_or_else(|_| "{}".into()),
     );
     env.insert(ENV_ADVISOR_ADDR.into(), shared.advertise_url.clone());
     let market = match spec.market.as_str() {
@@ -69,8 +103,8 @@ fn new_job(shared: &Shared, sweep: &SweepRecord, checked: &Checked, trial: &Tria
     NewJob {
         owner_id: sweep.owner_id.clone(),
         project: sweep.project.clone(),
-        name: format!("{}-{}", sweep.name, trial.index),
-        command: spec::trial_argv(&checked.argv, &trial.config),
+        name: format!("{}-{}", sweep.name, index),
+        command: spec::trial_argv(&checked.argv, config),
         env,
         cpu_millis: i64::from(checked.cpu_millis),
         memory_bytes: i64::try_from(checked.memory_bytes).unwrap_or(i64::MAX),
@@ -84,7 +118,7 @@ fn new_job(shared: &Shared, sweep: &SweepRecord, checked: &Checked, trial: &Tria
         requested_pool: spec.pool.clone(),
         secrets: spec.secrets.clone(),
         // The knobs are the trial's config (`kiln status`, `kiln runs ls --sweep`).
-        config: trial.config.clone(),
+        config: config.clone(),
         sweep_id: sweep.id.clone(),
         ..NewJob::default()
     }

@@ -2,7 +2,7 @@
 //! database (sea-orm; SQLite or Postgres).
 //!
 //! A sweep's events are numbered by `seq` (the leader appends them in order) and named by
-//! `dedupe` (`suggest:3`, `submit:3`, `observe:3:27`, `stop:3`, `end:3`, `registered`), which is
+//! `dedupe` (`suggest:3`, `observe:3:27`, `stop:3`, `end:3`, `registered`), which is
 //! unique per sweep: an event recorded twice, by a leader that crashed before it knew it had
 //! recorded it or by two leaders at once, is refused by the database. A new leader reads the
 //! events back ([`crate::state::SweepView`]) and carries on from them, so no trial is suggested
@@ -40,10 +40,11 @@ pub const LIVE: [&str; 2] = [RUNNING, STOPPING];
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum Event {
-    /// The knobs of trial `trial`, recorded before its job is submitted.
-    Suggest { config: RunConfig },
-    /// The trial's job (submitted with an idempotency key naming the sweep and the trial).
-    Submit { job_id: String },
+    /// Trial `trial`: its knobs and its job. The job is submitted first, with an idempotency
+    /// key naming the sweep and the trial and the knobs in its record; the knobs recorded here
+    /// are the job's, so a leader that died between the two adopts the job the first one made
+    /// (and its knobs) instead of suggesting anew.
+    Suggest { config: RunConfig, job_id: String },
     /// The objective's value at a step (with the resource it stands for), as the trial logged it.
     Observe { step: i64, resource: f64, value: f64 },
     /// The advisor stopped the trial early (or with the sweep).
@@ -63,7 +64,6 @@ impl Event {
     pub fn kind(&self) -> &'static str {
         match self {
             Event::Suggest { .. } => "suggest",
-            Event::Submit { .. } => "submit",
             Event::Observe { .. } => "observe",
             Event::Stop { .. } => "stop",
             Event::End { .. } => "end",
