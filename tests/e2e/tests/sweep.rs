@@ -190,6 +190,92 @@ async fn an_advisor_killed_five_times_runs_exactly_max_trials() {
     standby.stop().await;
 }
 
+/// A leader that submitted a trial's job and died before recording it leaves that job behind
+/// (the job is submitted first, then recorded with the knobs it holds). The next leader finds
+/// it by its idempotency key when it loads the sweep and adopts it, knobs and all, even when it
+/// would suggest nothing more (here the sweep was stopped meanwhile), so the job neither runs
+/// outside the sweep nor is submitted again.
+#[tokio::test]
+async fn a_trial_job_a_dead_leader_did_not_record_is_adopted_by_the_next() {
+    use kiln_core::runs::{ConfigValue, RunConfig};
+    let mut stack = Stack::start_without_runner().await;
+    stack.runner = Some(stack.spawn_runner(sim_runner(&stack, cloud(cpu_box(), 8, false))).await);
+    // The dead leader's lease is still held: the advisor answers SweepService but runs no sweep.
+    let nats = kiln_core::streams::connect(&stack.nats.config()).await.unwrap();
+    let mut dead = kiln_core::lease::Lease::new(
+        &nats,
+        kiln_core::subjects::LEASE_ADVISOR,
+        "dead-leader",
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    assert!(dead.tick().await.unwrap(), "the test holds the advisor lease");
+    stack.start_advisor(stack.advisor_config("advisor-1")).await;
+    let sweep = stack
+        .create_sweep(&spec("adopt", 4, 2, "[sleep, '3']", "on-demand"))
+        .await;
+    // What it left: trial 0's job, with knobs the seeded algorithm would not suggest.
+    let knobs = RunConfig::from([
+        ("lr".to_string(), ConfigValue::Float(0.000_123)),
+        ("width".to_string(), ConfigValue::Int(64)),
+    ]);
+    let (token_id, secret) = kiln_core::auth::parse_token(&stack.token).unwrap();
+    let owner = stack.store.verify_token(token_id, secret).await.unwrap().unwrap();
+    let orphan = stack
+        .store
+        .insert_job(kiln_core::store::NewJob {
+            owner_id: owner.user_id,
+            project: "default".into(),
+            name: "adopt-0".into(),
+            command: vec!["sleep".into(), "3".into()],
+            cpu_millis: 500,
+            memory_bytes: 256 << 20,
+            submit_key: kiln_advisor::trials::submit_key(&sweep.id, 0),
+            config: knobs,
+            sweep_id: sweep.id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    kiln_core::events::publish_job_change(&nats, &stack.store, &orphan)
+        .await
+        .unwrap();
+    assert!(
+        stack.sweep(&sweep.id).await.trials.is_empty(),
+        "no leader ran the sweep yet"
+    );
+    let stopping = stack
+        .sweeps()
+        .await
+        .stop_sweep(pb::GetSweepRequest {
+            sweep_id: sweep.id.clone(),
+        })
+        .await
+        .expect("stop")
+        .into_inner();
+    assert_eq!(stopping.state, "stopping");
+
+    dead.release().await.unwrap();
+    let sweep = stack.wait_for_sweep(&sweep.id, "stopped", PATIENCE).await;
+    assert_each_trial_once(&sweep, 1);
+    assert_eq!(jobs_of(&stack, &sweep).await, 1, "a trial was submitted after the stop");
+    let first = &sweep.trials[0];
+    assert_eq!(
+        (first.job_id.as_str(), first.state.as_str()),
+        (orphan.id.as_str(), "stopped"),
+        "{first:?}"
+    );
+    let job = stack.get(&orphan.id).await;
+    assert_eq!(
+        job.state,
+        pb::JobState::Stopped as i32,
+        "the adopted job was stopped with the sweep: {job:?}"
+    );
+    let lr = first.config.get("lr").and_then(ConfigValue::from_proto);
+    assert_eq!(lr, Some(ConfigValue::Float(0.000_123)), "{first:?}");
+}
+
 #[tokio::test]
 async fn a_preempted_trial_resumes_and_counts_once() {
     let stack = sim_stack(cloud(cpu_box(), 8, false)).await;
