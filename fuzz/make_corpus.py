@@ -8,6 +8,7 @@ are committed, so the fuzzers start from them on a clean machine.
 
 import gzip
 import io
+import json
 import pathlib
 import struct
 import tarfile
@@ -165,3 +166,36 @@ metric_batches = {
 }
 for name, data in metric_batches.items():
     write("metric_columns", name, data)
+
+
+# --- oip_request: an inference request body; an odd first byte means the first two bytes
+# (little-endian, shifted right by one) are the JSON header's length, as
+# Inference-Header-Content-Length gives it ------------------------------------------------------
+def with_header(header, tail):
+    head = json.dumps(header).encode()
+    return struct.pack("<H", (len(head) << 1) | 1) + head + tail
+
+
+oip_requests = {
+    "json": json.dumps({
+        "id": "1",
+        "inputs": [
+            {"name": "x", "shape": [2, 2], "datatype": "FP32", "data": [[1.5, 2], [3, 4]]},
+            {"name": "s", "shape": [1], "datatype": "BYTES", "data": ["hi"]},
+        ],
+        "outputs": [{"name": "y", "parameters": {"binary_data": True}}],
+    }).encode(),
+    "binary": with_header(
+        {"inputs": [
+            {"name": "x", "shape": [2], "datatype": "INT16", "parameters": {"binary_data_size": 4}},
+            {"name": "s", "shape": [1], "datatype": "BYTES", "parameters": {"binary_data_size": 6}},
+        ]},
+        struct.pack("<hh", -2, 7) + struct.pack("<I", 2) + b"ok",
+    ),
+    "shape_mismatch": json.dumps(
+        {"inputs": [{"name": "x", "shape": [3], "datatype": "BOOL", "data": [True]}]}).encode(),
+    "huge_shape": json.dumps(
+        {"inputs": [{"name": "x", "shape": [1 << 32, 1 << 32], "datatype": "FP64", "data": []}]}).encode(),
+}
+for name, data in oip_requests.items():
+    write("oip_request", name, data)

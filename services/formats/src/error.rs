@@ -11,6 +11,9 @@ pub enum Error {
     /// Metric columns that do not line up.
     #[error("{0}")]
     Columns(String),
+    /// An inference request or response (Open Inference Protocol) that does not parse.
+    #[error("{0}")]
+    Inference(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,691 @@
+//! Tensors of the Open Inference Protocol (KServe v2) over HTTP: the JSON body of an inference
+//! request or response, and the binary tensor extension.
+//!
+//! A tensor is `{name, shape, datatype, parameters, data}`; `data` is row-major, flat or nested
+//! in arrays (both are accepted, flat is written), numbers for the numeric types, `true`/`false`
+//! for `BOOL`, strings for `BYTES`. With the binary extension the body is the JSON header (its
+//! length in the HTTP header `Inference-Header-Content-Length`) followed by the tensors that
+//! carry `parameters.binary_data_size` in the order they are listed: little-endian values, and
+//! for `BYTES` each element as a 4-byte little-endian length and its bytes.
+//!
+//! Parsing checks what a predictor must not trust: a known datatype, a shape whose product is
+//! the element count (within [`Limits`]), values inside the datatype's range, binary sizes that
+//! add up to the body exactly. Every refusal is an [`Error::Inference`] naming the tensor.
+
+use serde_json::{Map, Value};
+
+use crate::{Error, Result};
+
+/// The HTTP header giving the JSON header's length in a body with binary tensors.
+pub const HEADER_LENGTH: &str = "Inference-Header-Content-Length";
+/// The tensor parameter giving its size in the binary part.
+pub const BINARY_DATA_SIZE: &str = "binary_data_size";
+
+/// The bounds a parsed body must keep.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Elements in one tensor.
+    pub max_elements: u64,
+    /// Tensors in one request or response.
+    pub max_tensors: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_elements: 64 << 20,
+            max_tensors: 1024,
+        }
+    }
+}
+
+/// A tensor's element type, as the protocol names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataType {
+    Bool,
+    Uint8,
+    Uint16,
+    Uint32,
+    Uint64,
+    Int8,
+    Int16,
+    Int32,
+    Int64,
+    Fp16,
+    Fp32,
+    Fp64,
+    Bytes,
+}
+
+const DATA_TYPES: [(DataType, &str); 13] = [
+    (DataType::Bool, "BOOL"),
+    (DataType::Uint8, "UINT8"),
+    (DataType::Uint16, "UINT16"),
+    (DataType::Uint32, "UINT32"),
+    (DataType::Uint64, "UINT64"),
+    (DataType::Int8, "INT8"),
+    (DataType::Int16, "INT16"),
+    (DataType::Int32, "INT32"),
+    (DataType::Int64, "INT64"),
+    (DataType::Fp16, "FP16"),
+    (DataType::Fp32, "FP32"),
+    (DataType::Fp64, "FP64"),
+    (DataType::Bytes, "BYTES"),
+];
+
+impl DataType {
+    pub fn parse(name: &str) -> Option<DataType> {
+        DATA_TYPES.iter().find(|(_, known)| *known == name).map(|(dt, _)| *dt)
+    }
+
+    pub fn name(self) -> &'static str {
+        DATA_TYPES
+            .iter()
+            .find(|(dt, _)| *dt == self)
+            .map_or("", |(_, name)| name)
+    }
+
+    /// Bytes an element takes in the binary part (`None` for `BYTES`, which are prefixed).
+    pub fn width(self) -> Option<usize> {
+        Some(match self {
+            DataType::Bool | DataType::Uint8 | DataType::Int8 => 1,
+            DataType::Uint16 | DataType::Int16 | DataType::Fp16 => 2,
+            DataType::Uint32 | DataType::Int32 | DataType::Fp32 => 4,
+            DataType::Uint64 | DataType::Int64 | DataType::Fp64 => 8,
+            DataType::Bytes => return None,
+        })
+    }
+
+    /// The range of an integer type.
+    fn int_range(self) -> Option<(i128, i128)> {
+        Some(match self {
+            DataType::Uint8 => (0, u8::MAX.into()),
+            DataType::Uint16 => (0, u16::MAX.into()),
+            DataType::Uint32 => (0, u32::MAX.into()),
+            DataType::Uint64 => (0, u64::MAX.into()),
+            DataType::Int8 => (i8::MIN.into(), i8::MAX.into()),
+            DataType::Int16 => (i16::MIN.into(), i16::MAX.into()),
+            DataType::Int32 => (i32::MIN.into(), i32::MAX.into()),
+            DataType::Int64 => (i64::MIN.into(), i64::MAX.into()),
+            _ => return None,
+        })
+    }
+}
+
+/// A tensor's elements, by kind: every integer type in `Int` (checked against its own range),
+/// every float type in `Float`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Data {
+    Bool(Vec<bool>),
+    Int(Vec<i128>),
+    Float(Vec<f64>),
+    Bytes(Vec<Vec<u8>>),
+}
+
+impl Data {
+    pub fn len(&self) -> usize {
+        match self {
+            Data::Bool(values) => values.len(),
+            Data::Int(values) => values.len(),
+            Data::Float(values) => values.len(),
+            Data::Bytes(values) => values.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tensor {
+    pub name: String,
+    pub datatype: DataType,
+    pub shape: Vec<u64>,
+    pub parameters: Map<String, Value>,
+    pub data: Data,
+}
+
+/// An output a request asks for, with its parameters (`binary_data: true`, ...).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestedOutput {
+    pub name: String,
+    pub parameters: Map<String, Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct InferRequest {
+    pub id: Option<String>,
+    pub parameters: Map<String, Value>,
+    pub inputs: Vec<Tensor>,
+    pub outputs: Vec<RequestedOutput>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct InferResponse {
+    pub model_name: String,
+    pub model_version: Option<String>,
+    pub id: Option<String>,
+    pub parameters: Map<String, Value>,
+    pub outputs: Vec<Tensor>,
+}
+
+fn refuse(message: impl Into<String>) -> Error {
+    Error::Inference(message.into())
+}
+
+/// Splits a body into its JSON header and binary part (`header_length` from
+/// [`HEADER_LENGTH`], `None` for a body that is all JSON) and parses the header.
+fn split(body: &[u8], header_length: Option<usize>) -> Result<(Map<String, Value>, &[u8])> {
+    let (json, binary) = match header_length {
+        None => (body, &body[body.len()..]),
+        Some(length) if length <= body.len() => body.split_at(length),
+        Some(length) => {
+            return Err(refuse(format!(
+                "{HEADER_LENGTH} is {length} but the body has {} bytes",
+                body.len()
+            )));
+        }
+    };
+    match serde_json::from_slice(json) {
+        Ok(Value::Object(map)) => Ok((map, binary)),
+        Ok(_) => Err(refuse("the body must be a JSON object")),
+        Err(error) => Err(refuse(format!("the body is not JSON: {error}"))),
+    }
+}
+
+fn string_field(map: &Map<String, Value>, key: &str, what: &str) -> Result<Option<String>> {
+    match map.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(value)) => Ok(Some(value.clone())),
+        Some(_) => Err(refuse(format!("{what}: `{key}` must be a string"))),
+    }
+}
+
+fn parameters(map: &Map<String, Value>, what: &str) -> Result<Map<String, Value>> {
+    match map.get("parameters") {
+        None | Some(Value::Null) => Ok(Map::new()),
+        Some(Value::Object(parameters)) => Ok(parameters.clone()),
+        Some(_) => Err(refuse(format!("{what}: `parameters` must be an object"))),
+    }
+}
+
+fn tensors<'a>(map: &'a Map<String, Value>, key: &str, limits: &Limits) -> Result<&'a [Value]> {
+    let list = match map.get(key) {
+        None => return Ok(&[]),
+        Some(Value::Array(list)) => list,
+        Some(_) => return Err(refuse(format!("`{key}` must be a list of tensors"))),
+    };
+    if list.len() > limits.max_tensors {
+        return Err(refuse(format!(
+            "{} {key}, more than the {} allowed",
+            list.len(),
+            limits.max_tensors
+        )));
+    }
+    Ok(list)
+}
+
+/// Takes `len` bytes off the front of `binary`.
+fn take<'a>(binary: &mut &'a [u8], len: usize, what: &str) -> Result<&'a [u8]> {
+    if len > binary.len() {
+        return Err(refuse(format!(
+            "{what}: {BINARY_DATA_SIZE} {len} runs past the end of the body ({} bytes left)",
+            binary.len()
+        )));
+    }
+    let (head, rest) = binary.split_at(len);
+    *binary = rest;
+    Ok(head)
+}
+
+/// One tensor of `inputs` or `outputs`, its data from the JSON or from `binary`.
+fn tensor(value: &Value, binary: &mut &[u8], limits: &Limits, role: &str, at: usize) -> Result<Tensor> {
+    let Value::Object(map) = value else {
+        return Err(refuse(format!("{role} {at} must be an object")));
+    };
+    let name = string_field(map, "name", &format!("{role} {at}"))?
+        .ok_or_else(|| refuse(format!("{role} {at} has no `name`")))?;
+    let what = format!("{role} `{name}`");
+    let datatype = match string_field(map, "datatype", &what)? {
+        None => return Err(refuse(format!("{what} has no `datatype`"))),
+        Some(dt) => DataType::parse(&dt).ok_or_else(|| {
+            let known: Vec<&str> = DATA_TYPES.iter().map(|(_, name)| *name).collect();
+            refuse(format!("{what}: unknown datatype `{dt}` (known: {})", known.join(", ")))
+        })?,
+    };
+    let shape: Vec<u64> = match map.get("shape") {
+        Some(Value::Array(dims)) => dims
+            .iter()
+            .map(|dim| dim.as_u64())
+            .collect::<Option<_>>()
+            .ok_or_else(|| refuse(format!("{what}: `shape` must be a list of integers ≥ 0")))?,
+        _ => return Err(refuse(format!("{what} has no `shape`"))),
+    };
+    let elements = shape
+        .iter()
+        .try_fold(1u64, |product, dim| product.checked_mul(*dim))
+        .filter(|count| *count <= limits.max_elements)
+        .ok_or_else(|| {
+            refuse(format!(
+                "{what}: shape {shape:?} has more than {} elements",
+                limits.max_elements
+            ))
+        })?;
+    let parameters = parameters(map, &what)?;
+    let data = match (parameters.get(BINARY_DATA_SIZE), map.get("data")) {
+        (Some(size), None) => {
+            let size = size
+                .as_u64()
+                .and_then(|size| usize::try_from(size).ok())
+                .ok_or_else(|| refuse(format!("{what}: {BINARY_DATA_SIZE} must be an integer ≥ 0")))?;
+            let bytes = take(binary, size, &what)?;
+            from_binary(datatype, bytes, elements, &what)?
+        }
+        (Some(_), Some(_)) => {
+            return Err(refuse(format!("{what} has both `data` and {BINARY_DATA_SIZE}")));
+        }
+        (None, Some(data)) => {
+            let mut flat = Vec::new();
+            flatten(data, &mut flat, elements, &what)?;
+            from_json(datatype, &flat, &what)?
+        }
+        (None, None) => return Err(refuse(format!("{what} has no `data`"))),
+    };
+    if data.len() as u64 != elements {
+        return Err(refuse(format!(
+            "{what}: shape {shape:?} holds {elements} elements but the data has {}",
+            data.len()
+        )));
+    }
+    Ok(Tensor {
+        name,
+        datatype,
+        shape,
+        parameters,
+        data,
+    })
+}
+
+/// Row-major leaves of nested arrays, at most `limit` of them.
+fn flatten<'a>(value: &'a Value, into: &mut Vec<&'a Value>, limit: u64, what: &str) -> Result<()> {
+    match value {
+        Value::Array(items) => {
+            for item in items {
+                flatten(item, into, limit, what)?;
+            }
+            Ok(())
+        }
+        leaf if (into.len() as u64) < limit => {
+            into.push(leaf);
+            Ok(())
+        }
+        _ => Err(refuse(format!("{what}: the data has more elements than its shape"))),
+    }
+}
+
+fn from_json(datatype: DataType, values: &[&Value], what: &str) -> Result<Data> {
+    let bad = |at: usize, want: &str| refuse(format!("{what}: element {at} is not {want}"));
+    Ok(match datatype {
+        DataType::Bool => Data::Bool(
+            values
+                .iter()
+                .enumerate()
+                .map(|(at, value)| value.as_bool().ok_or_else(|| bad(at, "true or false")))
+                .collect::<Result<_>>()?,
+        ),
+        DataType::Bytes => Data::Bytes(
+            values
+                .iter()
+                .enumerate()
+                .map(|(at, value)| {
+                    value
+                        .as_str()
+                        .map(|text| text.as_bytes().to_vec())
+                        .ok_or_else(|| bad(at, "a string"))
+                })
+                .collect::<Result<_>>()?,
+        ),
+        DataType::Fp16 | DataType::Fp32 | DataType::Fp64 => Data::Float(
+            values
+                .iter()
+                .enumerate()
+                .map(|(at, value)| value.as_f64().ok_or_else(|| bad(at, "a number")))
+                .collect::<Result<_>>()?,
+        ),
+        _ => {
+            let (low, high) = datatype.int_range().unwrap_or((0, 0));
+            let name = datatype.name();
+            Data::Int(
+                values
+                    .iter()
+                    .enumerate()
+                    .map(|(at, value)| {
+                        let int = value
+                            .as_i64()
+                            .map(i128::from)
+                            .or_else(|| value.as_u64().map(i128::from))
+                            .ok_or_else(|| bad(at, "an integer"))?;
+                        if (low..=high).contains(&int) {
+                            Ok(int)
+                        } else {
+                            Err(refuse(format!("{what}: element {at} ({int}) is outside {name}")))
+                        }
+                    })
+                    .collect::<Result<_>>()?,
+            )
+        }
+    })
+}
+
+fn from_binary(datatype: DataType, bytes: &[u8], elements: u64, what: &str) -> Result<Data> {
+    let Some(width) = datatype.width() else {
+        let mut rest = bytes;
+        let mut items = Vec::new();
+        while !rest.is_empty() {
+            if items.len() as u64 == elements {
+                return Err(refuse(format!("{what}: more BYTES elements than its shape")));
+            }
+            let prefix = take(&mut rest, 4, what)?;
+            let len = u32::from_le_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]) as usize;
+            items.push(take(&mut rest, len, what)?.to_vec());
+        }
+        return Ok(Data::Bytes(items));
+    };
+    if bytes.len() as u64 != elements.saturating_mul(width as u64) {
+        return Err(refuse(format!(
+            "{what}: {BINARY_DATA_SIZE} is {} bytes, but {elements} {} elements take {}",
+            bytes.len(),
+            datatype.name(),
+            elements.saturating_mul(width as u64)
+        )));
+    }
+    let chunks = bytes.chunks_exact(width);
+    let le = |chunk: &[u8]| {
+        let mut word = [0u8; 8];
+        word[..chunk.len()].copy_from_slice(chunk);
+        u64::from_le_bytes(word)
+    };
+    Ok(match datatype {
+        DataType::Bool => Data::Bool(chunks.map(|chunk| chunk[0] != 0).collect()),
+        DataType::Uint8 | DataType::Uint16 | DataType::Uint32 | DataType::Uint64 => {
+            Data::Int(chunks.map(|chunk| i128::from(le(chunk))).collect())
+        }
+        DataType::Int8 => Data::Int(chunks.map(|chunk| i128::from(chunk[0] as i8)).collect()),
+        DataType::Int16 => Data::Int(chunks.map(|chunk| i128::from(le(chunk) as u16 as i16)).collect()),
+        DataType::Int32 => Data::Int(chunks.map(|chunk| i128::from(le(chunk) as u32 as i32)).collect()),
+        DataType::Int64 => Data::Int(chunks.map(|chunk| i128::from(le(chunk) as i64)).collect()),
+        DataType::Fp16 => Data::Float(chunks.map(|chunk| f16_to_f64(le(chunk) as u16)).collect()),
+        DataType::Fp32 => Data::Float(
+            chunks
+                .map(|chunk| f64::from(f32::from_bits(le(chunk) as u32)))
+                .collect(),
+        ),
+        DataType::Fp64 => Data::Float(chunks.map(|chunk| f64::from_bits(le(chunk))).collect()),
+        DataType::Bytes => unreachable!("BYTES has no width"),
+    })
+}
+
+/// An IEEE 754 half-precision value.
+fn f16_to_f64(bits: u16) -> f64 {
+    let sign = if bits >> 15 == 1 { -1.0 } else { 1.0 };
+    let exponent = i32::from((bits >> 10) & 0x1f);
+    let fraction = f64::from(bits & 0x3ff);
+    sign * match exponent {
+        0 => fraction * 2f64.powi(-24),
+        31 if fraction == 0.0 => f64::INFINITY,
+        31 => f64::NAN,
+        _ => (1.0 + fraction / 1024.0) * 2f64.powi(exponent - 15),
+    }
+}
+
+/// The nearest half-precision value (ties to even), for writing FP16.
+fn f64_to_f16(value: f64) -> u16 {
+    let sign: u16 = if value.is_sign_negative() { 0x8000 } else { 0 };
+    let magnitude = value.abs();
+    if magnitude.is_nan() {
+        return sign | 0x7e00;
+    }
+    if magnitude >= 65520.0 {
+        return sign | 0x7c00;
+    }
+    if magnitude < 2f64.powi(-14) {
+        // Subnormal: multiples of 2^-24.
+        return sign | (magnitude * 2f64.powi(24)).round_ties_even() as u16;
+    }
+    let mut exponent = magnitude.log2().floor() as i32;
+    // log2 may round across a power of two: put the exponent where the magnitude is.
+    if magnitude < 2f64.powi(exponent) {
+        exponent -= 1;
+    } else if magnitude >= 2f64.powi(exponent + 1) {
+        exponent += 1;
+    }
+    let mut fraction = (magnitude / 2f64.powi(exponent) - 1.0) * 1024.0;
+    fraction = fraction.round_ties_even();
+    let (exponent, fraction) = if fraction >= 1024.0 {
+        (exponent + 1, 0.0)
+    } else {
+        (exponent, fraction)
+    };
+    sign | (((exponent + 15) as u16) << 10) | fraction as u16
+}
+
+fn to_binary(tensor: &Tensor) -> Vec<u8> {
+    let mut out = Vec::new();
+    let width = tensor.datatype.width().unwrap_or(0);
+    match &tensor.data {
+        Data::Bool(values) => out.extend(values.iter().map(|value| u8::from(*value))),
+        Data::Int(values) => {
+            for value in values {
+                out.extend_from_slice(&(*value as u64).to_le_bytes()[..width]);
+            }
+        }
+        Data::Float(values) => {
+            for value in values {
+                match tensor.datatype {
+                    DataType::Fp16 => out.extend_from_slice(&f64_to_f16(*value).to_le_bytes()),
+                    DataType::Fp32 => out.extend_from_slice(&(*value as f32).to_le_bytes()),
+                    _ => out.extend_from_slice(&value.to_le_bytes()),
+                }
+            }
+        }
+        Data::Bytes(values) => {
+            for value in values {
+                out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+                out.extend_from_slice(value);
+            }
+        }
+    }
+    out
+}
+
+fn to_json(data: &Data) -> Value {
+    match data {
+        Data::Bool(values) => values.iter().copied().map(Value::Bool).collect(),
+        Data::Int(values) => values
+            .iter()
+            .map(|value| match i64::try_from(*value) {
+                Ok(int) => Value::from(int),
+                Err(_) => Value::from(*value as u64),
+            })
+            .collect(),
+        Data::Float(values) => values
+            .iter()
+            .map(|value| serde_json::Number::from_f64(*value).map_or(Value::Null, Value::Number))
+            .collect(),
+        Data::Bytes(values) => values
+            .iter()
+            .map(|value| Value::String(String::from_utf8_lossy(value).into_owned()))
+            .collect(),
+    }
+}
+
+/// Whether JSON can carry the data: its strings are UTF-8 and its numbers finite, so BYTES that
+/// are not text and floats that are NaN or infinite go to the binary part.
+fn json_can_hold(data: &Data) -> bool {
+    match data {
+        Data::Bytes(values) => values.iter().all(|value| std::str::from_utf8(value).is_ok()),
+        Data::Float(values) => values.iter().all(|value| value.is_finite()),
+        Data::Bool(_) | Data::Int(_) => true,
+    }
+}
+
+/// The tensors as JSON; the ones `binary` picks (and those [`json_can_hold`] refuses) go to
+/// `tail`, the binary part, instead.
+fn write_tensors(tensors: &[Tensor], binary: &dyn Fn(&Tensor) -> bool, tail: &mut Vec<u8>) -> Value {
+    tensors
+        .iter()
+        .map(|tensor| {
+            let mut map = Map::new();
+            map.insert("name".into(), Value::String(tensor.name.clone()));
+            map.insert("datatype".into(), Value::String(tensor.datatype.name().into()));
+            map.insert("shape".into(), tensor.shape.iter().copied().map(Value::from).collect());
+            let mut parameters = tensor.parameters.clone();
+            if binary(tensor) || !json_can_hold(&tensor.data) {
+                let bytes = to_binary(tensor);
+                parameters.insert(BINARY_DATA_SIZE.into(), Value::from(bytes.len() as u64));
+                tail.extend_from_slice(&bytes);
+            } else {
+                parameters.remove(BINARY_DATA_SIZE);
+                map.insert("data".into(), to_json(&tensor.data));
+            }
+            if !parameters.is_empty() {
+                map.insert("parameters".into(), Value::Object(parameters));
+            }
+            Value::Object(map)
+        })
+        .collect()
+}
+
+/// The body: JSON, then the binary part; and the JSON's length when there is a binary part
+/// (for [`HEADER_LENGTH`]).
+fn body(header: Map<String, Value>, tail: Vec<u8>) -> (Vec<u8>, Option<usize>) {
+    let mut out = serde_json::to_vec(&Value::Object(header)).unwrap_or_default();
+    if tail.is_empty() {
+        return (out, None);
+    }
+    let length = out.len();
+    out.extend_from_slice(&tail);
+    (out, Some(length))
+}
+
+fn insert_common(map: &mut Map<String, Value>, id: &Option<String>, parameters: &Map<String, Value>) {
+    if let Some(id) = id {
+        map.insert("id".into(), Value::String(id.clone()));
+    }
+    if !parameters.is_empty() {
+        map.insert("parameters".into(), Value::Object(parameters.clone()));
+    }
+}
+
+impl InferRequest {
+    /// Parses a request body (`header_length` from [`HEADER_LENGTH`]).
+    pub fn parse(body: &[u8], header_length: Option<usize>, limits: &Limits) -> Result<InferRequest> {
+        let (map, mut binary) = split(body, header_length)?;
+        let inputs: Vec<Tensor> = tensors(&map, "inputs", limits)?
+            .iter()
+            .enumerate()
+            .map(|(at, value)| tensor(value, &mut binary, limits, "input", at))
+            .collect::<Result<_>>()?;
+        if inputs.is_empty() {
+            return Err(refuse("the request has no `inputs`"));
+        }
+        if !binary.is_empty() {
+            return Err(refuse(format!("{} bytes after the last binary input", binary.len())));
+        }
+        let outputs = tensors(&map, "outputs", limits)?
+            .iter()
+            .enumerate()
+            .map(|(at, value)| {
+                let Value::Object(output) = value else {
+                    return Err(refuse(format!("output {at} must be an object")));
+                };
+                let name = string_field(output, "name", &format!("output {at}"))?
+                    .ok_or_else(|| refuse(format!("output {at} has no `name`")))?;
+                let parameters = parameters(output, &format!("output `{name}`"))?;
+                Ok(RequestedOutput { name, parameters })
+            })
+            .collect::<Result<_>>()?;
+        Ok(InferRequest {
+            id: string_field(&map, "id", "the request")?,
+            parameters: parameters(&map, "the request")?,
+            inputs,
+            outputs,
+        })
+    }
+
+    /// The request's body, with the inputs `binary` picks in the binary part.
+    pub fn encode(&self, binary: &dyn Fn(&Tensor) -> bool) -> (Vec<u8>, Option<usize>) {
+        let mut map = Map::new();
+        insert_common(&mut map, &self.id, &self.parameters);
+        let mut tail = Vec::new();
+        map.insert("inputs".into(), write_tensors(&self.inputs, binary, &mut tail));
+        if !self.outputs.is_empty() {
+            let outputs = self
+                .outputs
+                .iter()
+                .map(|output| {
+                    let mut entry = Map::new();
+                    entry.insert("name".into(), Value::String(output.name.clone()));
+                    if !output.parameters.is_empty() {
+                        entry.insert("parameters".into(), Value::Object(output.parameters.clone()));
+                    }
+                    Value::Object(entry)
+                })
+                .collect();
+            map.insert("outputs".into(), outputs);
+        }
+        body(map, tail)
+    }
+
+    /// Whether the output `name` is wanted in the binary part: its own `binary_data`, else the
+    /// request's `binary_data_output`.
+    pub fn wants_binary(&self, name: &str) -> bool {
+        let own = self
+            .outputs
+            .iter()
+            .find(|output| output.name == name)
+            .and_then(|output| output.parameters.get("binary_data"))
+            .and_then(Value::as_bool);
+        own.or_else(|| self.parameters.get("binary_data_output").and_then(Value::as_bool))
+            .unwrap_or(false)
+    }
+}
+
+impl InferResponse {
+    /// Parses a response body (`header_length` from [`HEADER_LENGTH`]).
+    pub fn parse(body: &[u8], header_length: Option<usize>, limits: &Limits) -> Result<InferResponse> {
+        let (map, mut binary) = split(body, header_length)?;
+        let outputs: Vec<Tensor> = tensors(&map, "outputs", limits)?
+            .iter()
+            .enumerate()
+            .map(|(at, value)| tensor(value, &mut binary, limits, "output", at))
+            .collect::<Result<_>>()?;
+        if !binary.is_empty() {
+            return Err(refuse(format!("{} bytes after the last binary output", binary.len())));
+        }
+        Ok(InferResponse {
+            model_name: string_field(&map, "model_name", "the response")?.unwrap_or_default(),
+            model_version: string_field(&map, "model_version", "the response")?,
+            id: string_field(&map, "id", "the response")?,
+            parameters: parameters(&map, "the response")?,
+            outputs,
+        })
+    }
+
+    /// The response's body, with the outputs `binary` picks in the binary part.
+    pub fn encode(&self, binary: &dyn Fn(&Tensor) -> bool) -> (Vec<u8>, Option<usize>) {
+        let mut map = Map::new();
+        map.insert("model_name".into(), Value::String(self.model_name.clone()));
+        if let Some(version) = &self.model_version {
+            map.insert("model_version".into(), Value::String(version.clone()));
+        }
+        insert_common(&mut map, &self.id, &self.parameters);
+        let mut tail = Vec::new();
+        map.insert("outputs".into(), write_tensors(&self.outputs, binary, &mut tail));
+        body(map, tail)
+    }
+}
+
+#[cfg(test)]
+mod tests;
