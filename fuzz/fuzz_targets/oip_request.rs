@@ -24,7 +24,10 @@ fuzz_target!(|data: &[u8]| {
         let again = InferRequest::parse(&encoded, length, &limits).expect("an encoded request parses");
         assert_eq!(again.inputs.len(), request.inputs.len());
         for (got, want) in again.inputs.iter().zip(&request.inputs) {
-            assert_eq!((&got.name, got.datatype, &got.shape), (&want.name, want.datatype, &want.shape));
+            assert_eq!(
+                (&got.name, got.datatype, &got.shape),
+                (&want.name, want.datatype, &want.shape)
+            );
         }
     }
 });
