@@ -135,11 +135,6 @@ impl SweepView {
         }));
     }
 
-    /// Whether events wait for [`SweepView::flush`].
-    pub fn has_staged(&self) -> bool {
-        !self.staged.is_empty()
-    }
-
     /// Records the staged events (an event already recorded, by a leader that died after it
     /// recorded it, is skipped by its dedupe key). Returns them.
     pub async fn flush(&mut self, sweeps: &SweepStore) -> crate::Result<Vec<(i32, Event)>> {

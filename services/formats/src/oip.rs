@@ -16,6 +16,12 @@ use serde_json::{Map, Value};
 
 use crate::{Error, Result};
 
+mod binary;
+mod json;
+
+use binary::{from_binary, take, to_binary};
+use json::{flatten, from_json, json_can_hold, to_json};
+
 /// The HTTP header giving the JSON header's length in a body with binary tensors.
 pub const HEADER_LENGTH: &str = "Inference-Header-Content-Length";
 /// The tensor parameter giving its size in the binary part.
@@ -226,19 +232,6 @@ fn tensors<'a>(map: &'a Map<String, Value>, key: &str, limits: &Limits) -> Resul
     Ok(list)
 }
 
-/// Takes `len` bytes off the front of `binary`.
-fn take<'a>(binary: &mut &'a [u8], len: usize, what: &str) -> Result<&'a [u8]> {
-    if len > binary.len() {
-        return Err(refuse(format!(
-            "{what}: {BINARY_DATA_SIZE} {len} runs past the end of the body ({} bytes left)",
-            binary.len()
-        )));
-    }
-    let (head, rest) = binary.split_at(len);
-    *binary = rest;
-    Ok(head)
-}
-
 /// One tensor of `inputs` or `outputs`, its data from the JSON or from `binary`.
 fn tensor(value: &Value, binary: &mut &[u8], limits: &Limits, role: &str, at: usize) -> Result<Tensor> {
     let Value::Object(map) = value else {
@@ -307,229 +300,6 @@ fn tensor(value: &Value, binary: &mut &[u8], limits: &Limits, role: &str, at: us
     })
 }
 
-/// Row-major leaves of nested arrays, at most `limit` of them.
-fn flatten<'a>(value: &'a Value, into: &mut Vec<&'a Value>, limit: u64, what: &str) -> Result<()> {
-    match value {
-        Value::Array(items) => {
-            for item in items {
-                flatten(item, into, limit, what)?;
-            }
-            Ok(())
-        }
-        leaf if (into.len() as u64) < limit => {
-            into.push(leaf);
-            Ok(())
-        }
-        _ => Err(refuse(format!("{what}: the data has more elements than its shape"))),
-    }
-}
-
-fn from_json(datatype: DataType, values: &[&Value], what: &str) -> Result<Data> {
-    let bad = |at: usize, want: &str| refuse(format!("{what}: element {at} is not {want}"));
-    Ok(match datatype {
-        DataType::Bool => Data::Bool(
-            values
-                .iter()
-                .enumerate()
-                .map(|(at, value)| value.as_bool().ok_or_else(|| bad(at, "true or false")))
-                .collect::<Result<_>>()?,
-        ),
-        DataType::Bytes => Data::Bytes(
-            values
-                .iter()
-                .enumerate()
-                .map(|(at, value)| {
-                    value
-                        .as_str()
-                        .map(|text| text.as_bytes().to_vec())
-                        .ok_or_else(|| bad(at, "a string"))
-                })
-                .collect::<Result<_>>()?,
-        ),
-        DataType::Fp16 | DataType::Fp32 | DataType::Fp64 => Data::Float(
-            values
-                .iter()
-                .enumerate()
-                .map(|(at, value)| value.as_f64().ok_or_else(|| bad(at, "a number")))
-                .collect::<Result<_>>()?,
-        ),
-        _ => {
-            let (low, high) = datatype.int_range().unwrap_or((0, 0));
-            let name = datatype.name();
-            Data::Int(
-                values
-                    .iter()
-                    .enumerate()
-                    .map(|(at, value)| {
-                        let int = value
-                            .as_i64()
-                            .map(i128::from)
-                            .or_else(|| value.as_u64().map(i128::from))
-                            .ok_or_else(|| bad(at, "an integer"))?;
-                        if (low..=high).contains(&int) {
-                            Ok(int)
-                        } else {
-                            Err(refuse(format!("{what}: element {at} ({int}) is outside {name}")))
-                        }
-                    })
-                    .collect::<Result<_>>()?,
-            )
-        }
-    })
-}
-
-fn from_binary(datatype: DataType, bytes: &[u8], elements: u64, what: &str) -> Result<Data> {
-    let Some(width) = datatype.width() else {
-        let mut rest = bytes;
-        let mut items = Vec::new();
-        while !rest.is_empty() {
-            if items.len() as u64 == elements {
-                return Err(refuse(format!("{what}: more BYTES elements than its shape")));
-            }
-            let prefix = take(&mut rest, 4, what)?;
-            let len = u32::from_le_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]) as usize;
-            items.push(take(&mut rest, len, what)?.to_vec());
-        }
-        return Ok(Data::Bytes(items));
-    };
-    if bytes.len() as u64 != elements.saturating_mul(width as u64) {
-        return Err(refuse(format!(
-            "{what}: {BINARY_DATA_SIZE} is {} bytes, but {elements} {} elements take {}",
-            bytes.len(),
-            datatype.name(),
-            elements.saturating_mul(width as u64)
-        )));
-    }
-    let chunks = bytes.chunks_exact(width);
-    let le = |chunk: &[u8]| {
-        let mut word = [0u8; 8];
-        word[..chunk.len()].copy_from_slice(chunk);
-        u64::from_le_bytes(word)
-    };
-    Ok(match datatype {
-        DataType::Bool => Data::Bool(chunks.map(|chunk| chunk[0] != 0).collect()),
-        DataType::Uint8 | DataType::Uint16 | DataType::Uint32 | DataType::Uint64 => {
-            Data::Int(chunks.map(|chunk| i128::from(le(chunk))).collect())
-        }
-        DataType::Int8 => Data::Int(chunks.map(|chunk| i128::from(chunk[0] as i8)).collect()),
-        DataType::Int16 => Data::Int(chunks.map(|chunk| i128::from(le(chunk) as u16 as i16)).collect()),
-        DataType::Int32 => Data::Int(chunks.map(|chunk| i128::from(le(chunk) as u32 as i32)).collect()),
-        DataType::Int64 => Data::Int(chunks.map(|chunk| i128::from(le(chunk) as i64)).collect()),
-        DataType::Fp16 => Data::Float(chunks.map(|chunk| f16_to_f64(le(chunk) as u16)).collect()),
-        DataType::Fp32 => Data::Float(
-            chunks
-                .map(|chunk| f64::from(f32::from_bits(le(chunk) as u32)))
-                .collect(),
-        ),
-        DataType::Fp64 => Data::Float(chunks.map(|chunk| f64::from_bits(le(chunk))).collect()),
-        DataType::Bytes => unreachable!("BYTES has no width"),
-    })
-}
-
-/// An IEEE 754 half-precision value.
-fn f16_to_f64(bits: u16) -> f64 {
-    let sign = if bits >> 15 == 1 { -1.0 } else { 1.0 };
-    let exponent = i32::from((bits >> 10) & 0x1f);
-    let fraction = f64::from(bits & 0x3ff);
-    sign * match exponent {
-        0 => fraction * 2f64.powi(-24),
-        31 if fraction == 0.0 => f64::INFINITY,
-        31 => f64::NAN,
-        _ => (1.0 + fraction / 1024.0) * 2f64.powi(exponent - 15),
-    }
-}
-
-/// The nearest half-precision value (ties to even), for writing FP16.
-fn f64_to_f16(value: f64) -> u16 {
-    let sign: u16 = if value.is_sign_negative() { 0x8000 } else { 0 };
-    let magnitude = value.abs();
-    if magnitude.is_nan() {
-        return sign | 0x7e00;
-    }
-    if magnitude >= 65520.0 {
-        return sign | 0x7c00;
-    }
-    if magnitude < 2f64.powi(-14) {
-        // Subnormal: multiples of 2^-24.
-        return sign | (magnitude * 2f64.powi(24)).round_ties_even() as u16;
-    }
-    let mut exponent = magnitude.log2().floor() as i32;
-    // log2 may round across a power of two: put the exponent where the magnitude is.
-    if magnitude < 2f64.powi(exponent) {
-        exponent -= 1;
-    } else if magnitude >= 2f64.powi(exponent + 1) {
-        exponent += 1;
-    }
-    let mut fraction = (magnitude / 2f64.powi(exponent) - 1.0) * 1024.0;
-    fraction = fraction.round_ties_even();
-    let (exponent, fraction) = if fraction >= 1024.0 {
-        (exponent + 1, 0.0)
-    } else {
-        (exponent, fraction)
-    };
-    sign | (((exponent + 15) as u16) << 10) | fraction as u16
-}
-
-fn to_binary(tensor: &Tensor) -> Vec<u8> {
-    let mut out = Vec::new();
-    let width = tensor.datatype.width().unwrap_or(0);
-    match &tensor.data {
-        Data::Bool(values) => out.extend(values.iter().map(|value| u8::from(*value))),
-        Data::Int(values) => {
-            for value in values {
-                out.extend_from_slice(&(*value as u64).to_le_bytes()[..width]);
-            }
-        }
-        Data::Float(values) => {
-            for value in values {
-                match tensor.datatype {
-                    DataType::Fp16 => out.extend_from_slice(&f64_to_f16(*value).to_le_bytes()),
-                    DataType::Fp32 => out.extend_from_slice(&(*value as f32).to_le_bytes()),
-                    _ => out.extend_from_slice(&value.to_le_bytes()),
-                }
-            }
-        }
-        Data::Bytes(values) => {
-            for value in values {
-                out.extend_from_slice(&(value.len() as u32).to_le_bytes());
-                out.extend_from_slice(value);
-            }
-        }
-    }
-    out
-}
-
-fn to_json(data: &Data) -> Value {
-    match data {
-        Data::Bool(values) => values.iter().copied().map(Value::Bool).collect(),
-        Data::Int(values) => values
-            .iter()
-            .map(|value| match i64::try_from(*value) {
-                Ok(int) => Value::from(int),
-                Err(_) => Value::from(*value as u64),
-            })
-            .collect(),
-        Data::Float(values) => values
-            .iter()
-            .map(|value| serde_json::Number::from_f64(*value).map_or(Value::Null, Value::Number))
-            .collect(),
-        Data::Bytes(values) => values
-            .iter()
-            .map(|value| Value::String(String::from_utf8_lossy(value).into_owned()))
-            .collect(),
-    }
-}
-
-/// Whether JSON can carry the data: its strings are UTF-8 and its numbers finite, so BYTES that
-/// are not text and floats that are NaN or infinite go to the binary part.
-fn json_can_hold(data: &Data) -> bool {
-    match data {
-        Data::Bytes(values) => values.iter().all(|value| std::str::from_utf8(value).is_ok()),
-        Data::Float(values) => values.iter().all(|value| value.is_finite()),
-        Data::Bool(_) | Data::Int(_) => true,
-    }
-}
-
 /// The tensors as JSON; the ones `binary` picks (and those [`json_can_hold`] refuses) go to
 /// `tail`, the binary part, instead.
 fn write_tensors(tensors: &[Tensor], binary: &dyn Fn(&Tensor) -> bool, tail: &mut Vec<u8>) -> Value {
@@ -569,6 +339,26 @@ fn body(header: Map<String, Value>, tail: Vec<u8>) -> (Vec<u8>, Option<usize>) {
     (out, Some(length))
 }
 
+/// The tensors under `key`, each a `role`, taking their binary data from `binary` in order,
+/// which they must use up.
+fn all_tensors(
+    map: &Map<String, Value>,
+    key: &str,
+    role: &str,
+    mut binary: &[u8],
+    limits: &Limits,
+) -> Result<Vec<Tensor>> {
+    let parsed: Vec<Tensor> = tensors(map, key, limits)?
+        .iter()
+        .enumerate()
+        .map(|(at, value)| tensor(value, &mut binary, limits, role, at))
+        .collect::<Result<_>>()?;
+    if !binary.is_empty() {
+        return Err(refuse(format!("{} bytes after the last binary {role}", binary.len())));
+    }
+    Ok(parsed)
+}
+
 fn insert_common(map: &mut Map<String, Value>, id: &Option<String>, parameters: &Map<String, Value>) {
     if let Some(id) = id {
         map.insert("id".into(), Value::String(id.clone()));
@@ -581,17 +371,10 @@ fn insert_common(map: &mut Map<String, Value>, id: &Option<String>, parameters: 
 impl InferRequest {
     /// Parses a request body (`header_length` from [`HEADER_LENGTH`]).
     pub fn parse(body: &[u8], header_length: Option<usize>, limits: &Limits) -> Result<InferRequest> {
-        let (map, mut binary) = split(body, header_length)?;
-        let inputs: Vec<Tensor> = tensors(&map, "inputs", limits)?
-            .iter()
-            .enumerate()
-            .map(|(at, value)| tensor(value, &mut binary, limits, "input", at))
-            .collect::<Result<_>>()?;
+        let (map, binary) = split(body, header_length)?;
+        let inputs = all_tensors(&map, "inputs", "input", binary, limits)?;
         if inputs.is_empty() {
             return Err(refuse("the request has no `inputs`"));
-        }
-        if !binary.is_empty() {
-            return Err(refuse(format!("{} bytes after the last binary input", binary.len())));
         }
         let outputs = tensors(&map, "outputs", limits)?
             .iter()
@@ -655,15 +438,8 @@ impl InferRequest {
 impl InferResponse {
     /// Parses a response body (`header_length` from [`HEADER_LENGTH`]).
     pub fn parse(body: &[u8], header_length: Option<usize>, limits: &Limits) -> Result<InferResponse> {
-        let (map, mut binary) = split(body, header_length)?;
-        let outputs: Vec<Tensor> = tensors(&map, "outputs", limits)?
-            .iter()
-            .enumerate()
-            .map(|(at, value)| tensor(value, &mut binary, limits, "output", at))
-            .collect::<Result<_>>()?;
-        if !binary.is_empty() {
-            return Err(refuse(format!("{} bytes after the last binary output", binary.len())));
-        }
+        let (map, binary) = split(body, header_length)?;
+        let outputs = all_tensors(&map, "outputs", "output", binary, limits)?;
         Ok(InferResponse {
             model_name: string_field(&map, "model_name", "the response")?.unwrap_or_default(),
             model_version: string_field(&map, "model_version", "the response")?,

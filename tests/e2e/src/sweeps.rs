@@ -1,8 +1,9 @@
 //! Sweeps: the advisor in the stack, its client, waiting on a sweep, and a driver that plays
 //! the trials of a sweep on the `sim` provider (where nothing runs): it logs each running
-//! trial's learning curve, as the trial's code would.
+//! trial's learning curve, as the trial's code would; and the checks every finished sweep must
+//! pass.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -198,4 +199,70 @@ fn point(key: &str, step: i64, value: f64) -> pb::MetricPoint {
         value,
         timestamp_ms: 0,
     }
+}
+
+/// Checks what every finished sweep must show: exactly `trials` trials, one job each.
+pub fn assert_each_trial_once(sweep: &pb::Sweep, trials: usize) {
+    assert_eq!(sweep.trials.len(), trials, "{:?}", sweep.counts);
+    let indexes: HashSet<u32> = sweep.trials.iter().map(|trial| trial.index).collect();
+    assert_eq!(indexes.len(), trials, "trial indexes repeat");
+    let jobs: HashSet<&str> = sweep.trials.iter().map(|trial| trial.job_id.as_str()).collect();
+    assert_eq!(jobs.len(), trials, "a job serves two trials, or a trial has none");
+    assert!(!jobs.contains(""), "a trial without a job");
+}
+
+/// Checks that the sweep registered its best trial, once: version 1 of `NAME-best` under the
+/// alias `candidate`, holding `file` and the trial's lineage (job, sweep, knobs, final value).
+pub async fn assert_registered(stack: &Stack, sweep: &pb::Sweep, file: &str) {
+    let model = format!("{}-best", sweep.name);
+    assert_eq!(sweep.registered, format!("{model}:1"), "{:?}", sweep.reason);
+    let mut models = stack.models().await;
+    let by_alias = pb::GetModelVersionRequest {
+        name: model.clone(),
+        version: 0,
+        alias: "candidate".into(),
+    };
+    let version = models
+        .get_model_version(by_alias)
+        .await
+        .expect("the alias")
+        .into_inner();
+    let best = sweep.best.clone().expect("a best trial");
+    let lineage = version.lineage.clone().expect("a lineage");
+    assert_eq!(version.version, 1);
+    assert_eq!(
+        (lineage.job_id.as_str(), lineage.sweep_id.as_str()),
+        (best.job_id.as_str(), sweep.id.as_str())
+    );
+    assert_eq!(lineage.config.get("lr"), best.config.get("lr"));
+    assert_eq!(lineage.metrics.get("val/loss").copied(), best.value);
+    assert_eq!(version.tags.get("sweep"), Some(&sweep.id));
+    assert_eq!(
+        version.files.iter().map(|f| f.path.as_str()).collect::<Vec<_>>(),
+        [file]
+    );
+    let versions = pb::ListModelVersionsRequest {
+        name: model,
+        ..Default::default()
+    };
+    let all = models
+        .list_model_versions(versions)
+        .await
+        .unwrap()
+        .into_inner()
+        .versions;
+    assert_eq!(all.len(), 1, "the best trial was registered more than once");
+}
+
+/// The jobs in the database that belong to the sweep (by the name the advisor gives them).
+pub async fn jobs_of(stack: &Stack, sweep: &pb::Sweep) -> usize {
+    let prefix = format!("{}-", sweep.name);
+    stack
+        .store
+        .list_jobs(None, &kiln_core::authz::Visible::All, true, 100_000)
+        .await
+        .expect("list jobs")
+        .into_iter()
+        .filter(|job| job.name.starts_with(&prefix))
+        .count()
 }

@@ -1,6 +1,7 @@
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 
+use super::binary::{f16_to_f64, f64_to_f16};
 use super::*;
 
 fn parse(body: &Value) -> Result<InferRequest> {
