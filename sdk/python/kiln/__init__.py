@@ -33,11 +33,18 @@ Batches (a command run once per item, on workers that scale with the backlog):
 
     batch = kiln.Client().batches.create(["python", "resize.py", "{uri}"], max_workers=50)
     batch.add(uris); batch.seal(); batch.wait()
+
+An inference worker, which kiln's relay calls over the Open Inference Protocol's REST API (JSON,
+on KILN_SERVE_PORT). `load` gets the model version's directory (KILN_MODEL_DIR) once; `predict`
+gets numpy arrays by input name and returns arrays by output name, one call at a time:
+
+    kiln.serve(lambda model, inputs: {"y": model(inputs["x"])}, lambda path: load_model(path))
 """
 
 from ._batch import Batch, Client, Progress
 from ._client import RunInfo, Series
 from ._run import Run, finish, init, log, log_series
+from ._serve import serve
 from ._sweep import should_stop
 from ._track import Saved, save, summary
 
@@ -46,5 +53,5 @@ config: dict = {}
 
 __all__ = [
     "Batch", "Client", "Progress", "Run", "RunInfo", "Saved", "Series", "config", "finish", "init", "log", "log_series",
-    "save", "should_stop", "summary",
+    "save", "serve", "should_stop", "summary",
 ]

@@ -204,7 +204,9 @@ pub fn denied_status(denied: &Denied) -> Status {
     crate::error::status(denied.kind(), denied)
 }
 
-async fn authenticate(verifier: &dyn TokenVerifier, headers: &http::HeaderMap) -> Result<Principal, Status> {
+/// Authenticates a call by its `authorization: Bearer <token>` header: the principal, or the
+/// status to refuse it with (UNAUTHENTICATED, or UNAVAILABLE when the lookup failed).
+pub async fn authenticate(verifier: &dyn TokenVerifier, headers: &http::HeaderMap) -> Result<Principal, Status> {
     let header = headers
         .get(http::header::AUTHORIZATION)
         .ok_or_else(|| Status::unauthenticated("missing bearer token: pass `authorization: Bearer <token>` (the CLI reads KILN_TOKEN or ~/.kiln/credentials.toml)"))?;

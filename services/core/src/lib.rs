@@ -17,6 +17,7 @@
 //! - [`tls`]: TLS for gRPC servers (reloaded certificates, client certificates) and clients;
 //! - [`models`]: the model registry's register operation (versions of a job's outputs, lineage);
 //! - [`runs`]: a run's configuration values (what `kiln.init(config)` stores, a trial's knobs);
+//! - [`serving`]: inference services' live definitions and the predictor ↔ relay contract;
 //! - [`objects`]: the blob store; [`telemetry`] and [`shutdown`]: process plumbing.
 #![forbid(unsafe_code)]
 
@@ -39,6 +40,7 @@ pub mod runs;
 pub mod scheduling;
 pub mod secrets;
 pub mod service;
+pub mod serving;
 pub mod shutdown;
 pub mod state;
 pub mod store;

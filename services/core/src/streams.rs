@@ -184,7 +184,7 @@ pub fn stream_configs(replicas: usize) -> Vec<stream::Config> {
 }
 
 /// The KV buckets kiln uses, with the max age of their entries.
-pub const BUCKETS: [(&str, Duration); 4] = [
+pub const BUCKETS: [(&str, Duration); 5] = [
     (BUCKET_LEASES, Duration::from_secs(30)),
     (BUCKET_CAPACITY, Duration::from_secs(60)),
     // An expired runner lease stays readable for an hour, so a scheduler that takes over still
@@ -192,6 +192,7 @@ pub const BUCKETS: [(&str, Duration); 4] = [
     (BUCKET_RUNNERS, Duration::from_secs(3600)),
     // Kept until overwritten (a max age of zero is none).
     (BUCKET_SCHEDULER, Duration::ZERO),
+    (BUCKET_SERVICES, Duration::ZERO),
 ];
 
 /// The stream behind a KV bucket.

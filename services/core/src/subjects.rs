@@ -11,7 +11,8 @@
 //! | `KILN_ITEM_RESULTS` | `kiln.itemres.<batch>` | limits | kiln-agent → item-batch |
 //!
 //! Request/reply on core NATS (no stream): [`SCHEDULER_EXPLAIN`], api → scheduler leader;
-//! [`INGEST_LATEST_VALUES`], the model registry → log-ingest.
+//! [`INGEST_LATEST_VALUES`], the model registry → log-ingest; [`serve`], the predictor → the
+//! relays of inference workers (queue group [`QUEUE_SERVE`]).
 
 pub const STREAM_JOBS: &str = "KILN_JOBS";
 pub const STREAM_LAUNCH: &str = "KILN_LAUNCH";
@@ -73,6 +74,10 @@ pub const BUCKET_LEASES: &str = "kiln_leases";
 pub const BUCKET_CAPACITY: &str = "kiln_capacity";
 /// KV bucket holding each runner's liveness lease, keyed by runner id.
 pub const BUCKET_RUNNERS: &str = "kiln_runners";
+/// KV bucket holding each inference service's live definition
+/// ([`crate::serving::ServiceSpec`], JSON), keyed by service name: the api writes it, every
+/// predictor watches it.
+pub const BUCKET_SERVICES: &str = "kiln_services";
 /// KV bucket holding what the scheduling leader learnt and its successor takes over.
 pub const BUCKET_SCHEDULER: &str = "kiln_scheduler";
 /// Key in [`BUCKET_SCHEDULER`]: the pools' spot preemption rates, as JSON.
@@ -81,6 +86,16 @@ pub const KEY_PREEMPTION_RATES: &str = "preemption-rates";
 pub fn job_event(job_id: &str) -> String {
     format!("kiln.job.event.{job_id}")
 }
+
+/// Request/reply: one inference request for `member` of revision `revision` of `service`,
+/// answered by one of the relays of that member's workers (queue group [`QUEUE_SERVE`]).
+/// Service and member names are NATS tokens ([`crate::serving::check_name`]).
+pub fn serve(service: &str, revision: u64, member: &str) -> String {
+    format!("kiln.serve.{service}.{revision}.{member}")
+}
+
+/// The queue group of the relays on a [`serve`] subject: each request reaches one worker.
+pub const QUEUE_SERVE: &str = "workers";
 
 pub fn launch(pool: &str) -> String {
     format!("kiln.launch.{pool}")

@@ -53,6 +53,7 @@ pub mod logs;
 pub mod outputs;
 pub mod provider;
 mod reconcile;
+pub mod relay;
 mod report;
 mod service_metrics;
 mod supervisor;

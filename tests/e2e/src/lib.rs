@@ -29,6 +29,7 @@ mod docker;
 mod jobs;
 pub mod rpc;
 mod services;
+pub mod serving;
 pub mod sim;
 mod streams;
 pub mod sweeps;

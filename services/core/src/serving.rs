@@ -1,0 +1,216 @@
+//! Inference services' shared contract: the live definition of a service the api writes to
+//! [`BUCKET_SERVICES`](crate::subjects::BUCKET_SERVICES) and every predictor watches, and what
+//! travels on a [`serve`](crate::subjects::serve) subject between a predictor and the relay of
+//! an inference worker.
+//!
+//! A request on that subject is an Open Inference Protocol request body (JSON) with the header
+//! [`BUDGET_HEADER`]; the reply is the worker's response body with [`STATUS_HEADER`] (the
+//! worker's HTTP status) and, when the body has a binary part, the protocol's
+//! `Inference-Header-Content-Length`. A relay answers nothing for work whose budget ran out:
+//! the predictor has answered without it.
+
+use serde::{Deserialize, Serialize};
+
+/// Request header: the microseconds left of the request's deadline when it was sent. A relay
+/// counts them from the moment it receives the request (no clocks are compared across
+/// machines) and drops work it cannot start within them.
+pub const BUDGET_HEADER: &str = "Kiln-Budget-Us";
+/// Reply header: the HTTP status the worker answered with (`200` for an answer).
+pub const STATUS_HEADER: &str = "Kiln-Status";
+
+/// The ensemble rule that combines the members' answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Ensemble {
+    /// The element-wise mean of numeric outputs (BOOL and BYTES outputs are voted).
+    Mean,
+    /// The element-wise mean weighted by the members' weights, over the members that answered.
+    WeightedMean,
+    /// The element-wise majority (weighted by the members' weights); a tie goes to the value
+    /// of the earliest member, in the service's order, among the tied ones.
+    Vote,
+    /// The first answer to arrive; the others are not waited for.
+    First,
+}
+
+impl Ensemble {
+    pub fn parse(text: &str) -> Option<Ensemble> {
+        match text {
+            "mean" => Some(Ensemble::Mean),
+            "weighted-mean" => Some(Ensemble::WeightedMean),
+            "vote" => Some(Ensemble::Vote),
+            "first" => Some(Ensemble::First),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ensemble::Mean => "mean",
+            Ensemble::WeightedMean => "weighted-mean",
+            Ensemble::Vote => "vote",
+            Ensemble::First => "first",
+        }
+    }
+}
+
+/// One model of an ensemble, served by its own workers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Member {
+    /// A NATS token, unique in the service (the model's name by default).
+    pub name: String,
+    /// The registry version it serves (`name:version`), as resolved when the revision was made.
+    pub model: String,
+    /// Its weight in `weighted-mean` and `vote` (1 by default).
+    pub weight: f64,
+}
+
+/// A tensor a service takes or gives, as its metadata states it; `-1` in a shape is any size.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TensorSpec {
+    pub name: String,
+    pub datatype: String,
+    pub shape: Vec<i64>,
+}
+
+/// A service's live definition: what a predictor needs to answer for it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceSpec {
+    /// A NATS token, unique on the instance: the model name clients infer with.
+    pub name: String,
+    /// The project whose viewers may infer.
+    pub project: String,
+    /// The revision serving the traffic; its workers listen on its own subjects.
+    pub revision: u64,
+    pub members: Vec<Member>,
+    pub ensemble: Ensemble,
+    /// The deadline of a request that gives none (`parameters.timeout`), in milliseconds.
+    pub deadline_ms: u64,
+    /// The fewest members whose answers make an answer (at least 1).
+    pub quorum: usize,
+    /// The inputs requests must give; empty when the service does not say (the workers check).
+    #[serde(default)]
+    pub inputs: Vec<TensorSpec>,
+    #[serde(default)]
+    pub outputs: Vec<TensorSpec>,
+}
+
+impl ServiceSpec {
+    /// Every problem of the definition, each naming its field.
+    pub fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if let Err(problem) = check_name("name", &self.name) {
+            problems.push(problem);
+        }
+        if self.members.is_empty() {
+            problems.push("members: a service needs at least one model".into());
+        }
+        for (at, member) in self.members.iter().enumerate() {
+            if let Err(problem) = check_name(&format!("members[{at}].name"), &member.name) {
+                problems.push(problem);
+            }
+            if self.members[..at].iter().any(|other| other.name == member.name) {
+                problems.push(format!("members[{at}].name: `{}` is named twice", member.name));
+            }
+            if !(member.weight.is_finite() && member.weight > 0.0) {
+                problems.push(format!(
+                    "members[{at}].weight is {}; give a positive number",
+                    member.weight
+                ));
+            }
+        }
+        if self.quorum == 0 || self.quorum > self.members.len().max(1) {
+            problems.push(format!(
+                "quorum is {}; give 1 to {} (the number of members)",
+                self.quorum,
+                self.members.len().max(1)
+            ));
+        }
+        if self.deadline_ms == 0 {
+            problems.push("deadline-ms must be at least 1".into());
+        }
+        problems
+    }
+}
+
+/// Checks a service or member name: 1 to 63 of `a-z`, `0-9` and `-`, starting with a letter
+/// (a NATS subject token, and a name that reads well in a URL).
+pub fn check_name(field: &str, name: &str) -> Result<(), String> {
+    let valid = (1..=63).contains(&name.len())
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    if valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "{field} `{name}` must be 1 to 63 of a-z, 0-9 and -, starting with a letter"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> ServiceSpec {
+        ServiceSpec {
+            name: "digits".into(),
+            project: "default".into(),
+            revision: 1,
+            members: vec![Member {
+                name: "svm".into(),
+                model: "digits-svm:3".into(),
+                weight: 1.0,
+            }],
+            ensemble: Ensemble::Mean,
+            deadline_ms: 50,
+            quorum: 1,
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_good_definition_has_no_problems_and_round_trips_through_json() {
+        let spec = spec();
+        assert!(spec.problems().is_empty());
+        let text = serde_json::to_string(&spec).unwrap();
+        assert!(text.contains("\"ensemble\":\"mean\""), "{text}");
+        assert_eq!(serde_json::from_str::<ServiceSpec>(&text).unwrap(), spec);
+    }
+
+    #[test]
+    fn each_problem_names_its_field() {
+        let mut bad = spec();
+        bad.name = "Digits.v2".into();
+        bad.members.push(bad.members[0].clone());
+        bad.members[1].weight = -1.0;
+        bad.quorum = 3;
+        bad.deadline_ms = 0;
+        let problems = bad.problems();
+        assert_eq!(problems.len(), 5, "{problems:?}");
+        assert!(problems[0].starts_with("name `Digits.v2`"), "{problems:?}");
+        assert!(
+            problems[1].contains("members[1].name: `svm` is named twice"),
+            "{problems:?}"
+        );
+        assert!(problems[2].starts_with("members[1].weight is -1"), "{problems:?}");
+        assert!(problems[3].starts_with("quorum is 3; give 1 to 2"), "{problems:?}");
+        assert!(problems[4].starts_with("deadline-ms"), "{problems:?}");
+    }
+
+    #[test]
+    fn names_are_subject_tokens() {
+        for good in ["a", "resnet-cifar", "m2"] {
+            assert!(check_name("name", good).is_ok(), "{good}");
+        }
+        for bad in ["", "2m", "a.b", "a*", "a>", "A", "a b", &"a".repeat(64)] {
+            assert!(check_name("name", bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! The services a predictor answers for: every live definition in
+//! [`BUCKET_SERVICES`](kiln_core::subjects::BUCKET_SERVICES), kept current by a watch.
+//!
+//! A name the watch has not delivered yet (a service made a moment ago) is read from the bucket
+//! before it is called unknown, so a client that infers right after creating a service is
+//! answered.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use async_nats::jetstream::kv::{Operation, Store};
+use futures::StreamExt;
+use kiln_core::serving::ServiceSpec;
+use kiln_core::streams::{Nats, NatsError};
+use kiln_core::subjects::BUCKET_SERVICES;
+use tokio_util::sync::CancellationToken;
+
+/// The known services by name; cheap to clone.
+#[derive(Clone)]
+pub struct Catalog {
+    services: Arc<RwLock<HashMap<String, Arc<ServiceSpec>>>>,
+    bucket: Store,
+}
+
+impl Catalog {
+    /// Opens the bucket; [`Catalog::watch`] then keeps the catalog current.
+    pub async fn open(nats: &Nats) -> Result<Catalog, NatsError> {
+        let bucket = nats
+            .jetstream
+            .get_key_value(BUCKET_SERVICES)
+            .await
+            .map_err(|error| NatsError::Other(format!("bucket {BUCKET_SERVICES}: {error}")))?;
+        Ok(Catalog {
+            services: Default::default(),
+            bucket,
+        })
+    }
+
+    /// Applies every change of the bucket until `shutdown`, watching again after an error.
+    pub async fn watch(self, shutdown: CancellationToken) {
+        loop {
+            let watch = match self.bucket.watch_with_history(">").await {
+                Ok(watch) => watch,
+                Err(error) => {
+                    tracing::warn!(error = %error, "cannot watch the services; retrying");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = tokio::time::sleep(std::time::Duration::from_millis(500)) => continue,
+                    }
+                }
+            };
+            let mut watch = std::pin::pin!(watch.take_until(shutdown.cancelled()));
+            while let Some(entry) = watch.next().await {
+                match entry {
+                    Ok(entry) => match entry.operation {
+                        Operation::Put => self.put(&entry.key, &entry.value),
+                        Operation::Delete | Operation::Purge => self.remove(&entry.key),
+                    },
+                    Err(error) => {
+                        tracing::warn!(error = %error, "the services' watch failed; watching again");
+                        break;
+                    }
+                }
+            }
+            if shutdown.is_cancelled() {
+                return;
+            }
+        }
+    }
+
+    fn put(&self, key: &str, value: &[u8]) {
+        match serde_json::from_slice::<ServiceSpec>(value) {
+            Ok(spec) => {
+                tracing::info!(service = key, revision = spec.revision, "service definition");
+                self.services
+                    .write()
+                    .expect("no writer panics")
+                    .insert(key.to_string(), Arc::new(spec));
+            }
+            Err(error) => tracing::warn!(service = key, error = %error, "unreadable service definition; ignored"),
+        }
+    }
+
+    fn remove(&self, key: &str) {
+        tracing::info!(service = key, "service removed");
+        self.services.write().expect("no writer panics").remove(key);
+    }
+
+    /// The service called `name`, if there is one.
+    pub async fn get(&self, name: &str) -> Result<Option<Arc<ServiceSpec>>, NatsError> {
+        if let Some(spec) = self.services.read().expect("no writer panics").get(name) {
+            return Ok(Some(spec.clone()));
+        }
+        if kiln_core::serving::check_name("name", name).is_err() {
+            return Ok(None);
+        }
+        let value = self
+            .bucket
+            .get(name)
+            .await
+            .map_err(|error| NatsError::Other(format!("bucket {BUCKET_SERVICES}: {error}")))?;
+        Ok(value.and_then(|value| serde_json::from_slice::<ServiceSpec>(&value).ok().map(Arc::new)))
+    }
+
+    /// Every known service, by name.
+    pub fn all(&self) -> Vec<Arc<ServiceSpec>> {
+        let mut all: Vec<_> = self
+            .services
+            .read()
+            .expect("no writer panics")
+            .values()
+            .cloned()
+            .collect();
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        all
+    }
+}

@@ -1,0 +1,67 @@
+//! The predictor's configuration.
+
+use std::net::SocketAddr;
+
+use kiln_core::config::{ConfigError, DatabaseConfig, GrpcConfig, NatsConfig};
+use kiln_core::metrics::MetricsConfig;
+use kiln_core::service::{ServiceConfig, problems_to_result};
+use serde::{Deserialize, Serialize};
+
+/// Default port of the Open Inference Protocol over gRPC.
+pub const DEFAULT_PORT: u16 = 7077;
+
+/// Default port of the Open Inference Protocol over HTTP (and `POST /predict`).
+pub const DEFAULT_HTTP_PORT: u16 = 7078;
+
+/// Default port of the predictor's `/metrics`.
+pub const DEFAULT_METRICS_PORT: u16 = 9477;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct Config {
+    /// Where the Open Inference Protocol's gRPC service (`inference.GRPCInferenceService`)
+    /// listens.
+    pub grpc: GrpcConfig,
+    /// Where the Open Inference Protocol's REST API listens.
+    pub http_listen: SocketAddr,
+    pub metrics: MetricsConfig,
+    /// The metadata database, where callers' tokens are checked.
+    pub database: DatabaseConfig,
+    /// Where the services' definitions are watched and the workers reached.
+    pub nats: NatsConfig,
+    /// The largest request body, in bytes; a member's request must also fit in a NATS message.
+    pub max_body_bytes: usize,
+    /// The longest deadline a request may ask for (`parameters.timeout`), in milliseconds.
+    pub max_deadline_ms: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            grpc: GrpcConfig::local(DEFAULT_PORT),
+            http_listen: SocketAddr::from(([127, 0, 0, 1], DEFAULT_HTTP_PORT)),
+            metrics: MetricsConfig::local(DEFAULT_METRICS_PORT),
+            database: DatabaseConfig::default(),
+            nats: NatsConfig::default(),
+            max_body_bytes: 1 << 20,
+            max_deadline_ms: 60_000,
+        }
+    }
+}
+
+impl ServiceConfig for Config {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let mut problems = Vec::new();
+        self.database.validate(&mut problems);
+        self.grpc.validate(&mut problems);
+        self.nats.validate(&mut problems);
+        self.metrics.validate(&mut problems);
+        if self.max_body_bytes < 1024 {
+            problems.push(format!("max-body-bytes is {}; give at least 1024", self.max_body_bytes));
+        }
+        if self.max_deadline_ms == 0 {
+            problems.push("max-deadline-ms must be at least 1".into());
+        }
+        problems_to_result(problems)
+    }
+}

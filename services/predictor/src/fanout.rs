@@ -1,0 +1,170 @@
+//! One request's fan-out: the member request to one worker of each member (NATS request/reply
+//! on the member's subject, whose queue group picks the worker), gathered until every member
+//! answered or the deadline passed, whichever is first (`first`: the first answer).
+
+use std::time::Duration;
+
+use async_nats::RequestErrorKind;
+use bytes::Bytes;
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use kiln_core::serving::{BUDGET_HEADER, Ensemble, STATUS_HEADER, ServiceSpec};
+use kiln_core::subjects;
+use kiln_formats::oip::{HEADER_LENGTH, InferResponse, Limits};
+use tokio::time::Instant;
+
+/// Why a member's answer is missing.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Miss {
+    /// Not in by the deadline.
+    Late,
+    /// No worker listens for it (none running, or every one out of rotation).
+    Unavailable,
+    /// Its worker refused the request (a 4xx: the request's fault).
+    Refused { status: u16, message: String },
+    /// Its worker is gone (the relay could not reach it, and left the rotation), and so were
+    /// the ones asked again.
+    Gone(String),
+    /// Its worker failed (a 5xx, a body that does not parse, a NATS error).
+    Failed(String),
+}
+
+/// What came back for one request.
+#[derive(Debug, Default)]
+pub struct Gathered {
+    /// (member, answer, how long it took), in the order they arrived.
+    pub answers: Vec<(usize, InferResponse, Duration)>,
+    pub misses: Vec<(usize, Miss)>,
+}
+
+/// Sends `body` (an Open Inference Protocol request in JSON) to one worker of each member of
+/// `spec` and gathers the answers until `deadline`.
+pub async fn gather(
+    client: &async_nats::Client,
+    spec: &ServiceSpec,
+    body: Bytes,
+    deadline: Instant,
+    limits: &Limits,
+) -> Gathered {
+    let started = Instant::now();
+    let mut pending: FuturesUnordered<_> = spec
+        .members
+        .iter()
+        .enumerate()
+        .map(|(member, definition)| {
+            let subject = subjects::serve(&spec.name, spec.revision, &definition.name);
+            let body = body.clone();
+            async move { (member, ask(client, subject, body, deadline, limits).await) }
+        })
+        .collect();
+    let mut gathered = Gathered::default();
+    loop {
+        match tokio::time::timeout_at(deadline, pending.next()).await {
+            Ok(Some((member, Ok(answer)))) => {
+                gathered.answers.push((member, answer, started.elapsed()));
+                if spec.ensemble == Ensemble::First {
+                    break;
+                }
+            }
+            Ok(Some((member, Err(miss)))) => gathered.misses.push((member, miss)),
+            Ok(None) => break,
+            Err(_) => break,
+        }
+    }
+    // What has not come in is late (dropped futures cancel their requests).
+    let done: Vec<usize> = gathered
+        .answers
+        .iter()
+        .map(|(member, ..)| *member)
+        .chain(gathered.misses.iter().map(|(member, _)| *member))
+        .collect();
+    if spec.ensemble != Ensemble::First {
+        for member in 0..spec.members.len() {
+            if !done.contains(&member) {
+                gathered.misses.push((member, Miss::Late));
+            }
+        }
+    }
+    gathered
+}
+
+/// How often a request is sent again to a member whose relay answered 503 (its worker is gone
+/// and the relay left the rotation: the next request reaches another worker).
+const RETRIES_ON_GONE: usize = 3;
+
+async fn ask(
+    client: &async_nats::Client,
+    subject: String,
+    body: Bytes,
+    deadline: Instant,
+    limits: &Limits,
+) -> Result<InferResponse, Miss> {
+    let mut outcome = ask_once(client, &subject, body.clone(), deadline, limits).await;
+    for _ in 0..RETRIES_ON_GONE {
+        match outcome {
+            Err(Miss::Gone(_)) => {
+                outcome = ask_once(client, &subject, body.clone(), deadline, limits).await;
+            }
+            _ => break,
+        }
+    }
+    outcome
+}
+
+async fn ask_once(
+    client: &async_nats::Client,
+    subject: &str,
+    body: Bytes,
+    deadline: Instant,
+    limits: &Limits,
+) -> Result<InferResponse, Miss> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(Miss::Late);
+    }
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(BUDGET_HEADER, left.as_micros().to_string().as_str());
+    let request = async_nats::Request::new()
+        .headers(headers)
+        .payload(body)
+        .timeout(Some(left));
+    let reply = match client.send_request(subject.to_string(), request).await {
+        Ok(reply) => reply,
+        Err(error) if error.kind() == RequestErrorKind::TimedOut => return Err(Miss::Late),
+        Err(error) if error.kind() == RequestErrorKind::NoResponders => return Err(Miss::Unavailable),
+        Err(error) => return Err(Miss::Failed(format!("NATS: {error}"))),
+    };
+    let header = |name: &str| {
+        reply
+            .headers
+            .as_ref()
+            .and_then(|headers| headers.get(name))
+            .map(|value| value.as_str().to_string())
+    };
+    let status: u16 = header(STATUS_HEADER)
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(500);
+    if status != 200 {
+        let message = serde_json::from_slice::<serde_json::Value>(&reply.payload)
+            .ok()
+            .and_then(|body| body.get("error").and_then(|error| error.as_str()).map(str::to_string))
+            .unwrap_or_else(|| String::from_utf8_lossy(&reply.payload).chars().take(200).collect());
+        return Err(if (400..500).contains(&status) {
+            Miss::Refused { status, message }
+        } else if status == 503 {
+            Miss::Gone(message)
+        } else {
+            Miss::Failed(format!("the worker answered {status}: {message}"))
+        });
+    }
+    let header_length = match header(HEADER_LENGTH) {
+        Some(value) => Some(
+            value
+                .parse::<usize>()
+                .map_err(|_| Miss::Failed(format!("the worker's {HEADER_LENGTH} is `{value}`")))?,
+        ),
+        None => None,
+    };
+    InferResponse::parse(&reply.payload, header_length, limits)
+        .map_err(|error| Miss::Failed(format!("the worker's answer does not parse: {error}")))
+}

@@ -1,0 +1,118 @@
+//! The predictor's Prometheus metrics (`kiln_predictor_*`), per service and per member.
+//!
+//! A request counts once under its outcome (`answered`, `partial`, `invalid`, `deadline`,
+//! `unavailable`, `failed`); each member's part of it once under the member's (`answered`,
+//! `late`, `unavailable`, `refused`, `failed`). Ejections are the relays' (`kiln_runner_serve_*`):
+//! a worker is taken out of rotation by its own relay.
+
+use kiln_core::metrics::{HistogramFamily, Metrics, RegistryExt, seconds_histogram};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Unit;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServiceLabels {
+    service: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    service: String,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MemberLabels {
+    service: String,
+    member: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MemberOutcomeLabels {
+    service: String,
+    member: String,
+    outcome: &'static str,
+}
+
+/// The handles of the predictor's metrics.
+#[derive(Clone, Debug)]
+pub struct PredictorMetrics {
+    requests: Family<OutcomeLabels, Counter>,
+    request_seconds: HistogramFamily<ServiceLabels>,
+    member_requests: Family<MemberOutcomeLabels, Counter>,
+    member_seconds: HistogramFamily<MemberLabels>,
+}
+
+impl Default for PredictorMetrics {
+    fn default() -> Self {
+        PredictorMetrics {
+            requests: Family::default(),
+            request_seconds: HistogramFamily::new_with_constructor(seconds_histogram as fn() -> Histogram),
+            member_requests: Family::default(),
+            member_seconds: HistogramFamily::new_with_constructor(seconds_histogram as fn() -> Histogram),
+        }
+    }
+}
+
+impl PredictorMetrics {
+    pub fn register(&self, metrics: &Metrics) {
+        metrics.register("predictor", |registry| {
+            kiln_core::metrics::register_build_info(registry);
+            registry.add(
+                "requests",
+                "Inference requests, by service and outcome (answered, partial, invalid, deadline, unavailable, failed)",
+                self.requests.clone(),
+            );
+            registry.add_with_unit(
+                "request_duration",
+                "Time from a request's arrival to its answer, by service",
+                Unit::Seconds,
+                self.request_seconds.clone(),
+            );
+            registry.add(
+                "member_requests",
+                "Members' parts of requests, by service, member and outcome (answered, late, unavailable, refused, failed)",
+                self.member_requests.clone(),
+            );
+            registry.add_with_unit(
+                "member_duration",
+                "Time from a request's fan-out to a member's answer, by service and member",
+                Unit::Seconds,
+                self.member_seconds.clone(),
+            );
+        });
+    }
+
+    pub(crate) fn request(&self, service: &str, outcome: &'static str, seconds: f64) {
+        self.requests
+            .get_or_create(&OutcomeLabels {
+                service: service.into(),
+                outcome,
+            })
+            .inc();
+        self.request_seconds
+            .get_or_create(&ServiceLabels {
+                service: service.into(),
+            })
+            .observe(seconds);
+    }
+
+    pub(crate) fn member(&self, service: &str, member: &str, outcome: &'static str, seconds: Option<f64>) {
+        let labels = MemberLabels {
+            service: service.into(),
+            member: member.into(),
+        };
+        self.member_requests
+            .get_or_create(&MemberOutcomeLabels {
+                service: labels.service.clone(),
+                member: labels.member.clone(),
+                outcome,
+            })
+            .inc();
+        if let Some(seconds) = seconds {
+            self.member_seconds.get_or_create(&labels).observe(seconds);
+        }
+    }
+}

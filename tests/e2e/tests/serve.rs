@@ -1,0 +1,373 @@
+//! Inference services end to end: Python workers through the SDK's adapter, their relays, a
+//! predictor, and real NATS between them. The services' definitions are written to the
+//! `kiln_services` bucket as the api writes them.
+
+use std::time::Duration;
+
+use kiln_core::serving::{Ensemble, Member, ServiceSpec, TensorSpec};
+use kiln_e2e::serving::{Rest, SCALE_WORKER, Worker, put_service, spawn_predictor, spawn_relay};
+use kiln_e2e::{PATIENCE, Stack};
+use kiln_formats::oip::{Data, DataType, HEADER_LENGTH, InferRequest, InferResponse, Limits, Tensor};
+use kiln_runner::relay::RelayMetrics;
+use nix::sys::signal::Signal;
+use serde_json::json;
+
+fn spec(name: &str, members: &[(&str, f64)], ensemble: Ensemble, deadline_ms: u64) -> ServiceSpec {
+    ServiceSpec {
+        name: name.into(),
+        project: "default".into(),
+        revision: 1,
+        members: members
+            .iter()
+            .map(|(member, weight)| Member {
+                name: (*member).into(),
+                model: format!("{member}:1"),
+                weight: *weight,
+            })
+            .collect(),
+        ensemble,
+        deadline_ms,
+        quorum: 1,
+        inputs: Vec::new(),
+        outputs: Vec::new(),
+    }
+}
+
+fn x_request(values: &[f64]) -> serde_json::Value {
+    json!({"inputs": [{"name": "x", "shape": [values.len()], "datatype": "FP64", "data": values}]})
+}
+
+fn y_of(reply: &serde_json::Value) -> Vec<f64> {
+    let output = reply["outputs"]
+        .as_array()
+        .and_then(|outputs| outputs.iter().find(|output| output["name"] == "y"))
+        .unwrap_or_else(|| panic!("no output y in {reply}"));
+    output["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .map(|value| value.as_f64().expect("a number"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_two_member_mean_is_answered_in_json_binary_and_through_predict() {
+    let stack = Stack::start_without_runner().await;
+    let dir = stack.dir.path();
+    let double = Worker::spawn(dir, "double", SCALE_WORKER, &[("FACTOR", "2")]);
+    let quadruple = Worker::spawn(dir, "quadruple", SCALE_WORKER, &[("FACTOR", "4")]);
+    let relays = RelayMetrics::default();
+    // Three services on the same two workers (a worker may be relayed for several).
+    let mut handles = Vec::new();
+    for service in ["scale", "weighted", "matrix"] {
+        handles.push(spawn_relay(&stack, service, 1, "double", double.addr(), &relays).await);
+        handles.push(spawn_relay(&stack, service, 1, "quadruple", quadruple.addr(), &relays).await);
+    }
+    let members = [("double", 1.0), ("quadruple", 3.0)];
+    put_service(&stack, &spec("scale", &members, Ensemble::Mean, 5_000)).await;
+    put_service(&stack, &spec("weighted", &members, Ensemble::WeightedMean, 5_000)).await;
+    let mut matrix = spec("matrix", &members, Ensemble::Mean, 5_000);
+    matrix.inputs = vec![TensorSpec {
+        name: "x".into(),
+        datatype: "FP64".into(),
+        shape: vec![-1, -1],
+    }];
+    put_service(&stack, &matrix).await;
+    let (_predictor, base) = spawn_predictor(&stack).await;
+    let rest = Rest::new(&base, &stack.token);
+
+    // Until both workers have loaded, answers are partial or refused.
+    let whole = |service: &'static str| {
+        let rest = &rest;
+        async move {
+            let deadline = tokio::time::Instant::now() + PATIENCE;
+            loop {
+                let reply = rest
+                    .post_json(&format!("/v2/models/{service}/infer"), &x_request(&[1.0, 2.5, -3.0]))
+                    .await;
+                if reply.status == 200 && reply.json()["parameters"]["kiln.partial"] == false {
+                    return reply.json();
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "{service} never answered by both members"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let answer = whole("scale").await;
+    assert_eq!(y_of(&answer), vec![3.0, 7.5, -9.0], "{answer}");
+    assert_eq!(answer["model_name"], "scale");
+    assert_eq!(answer["model_version"], "1");
+    assert_eq!(answer["parameters"]["kiln.members_used"], 2);
+    assert_eq!(answer["parameters"]["kiln.members"], 2);
+
+    // The weighted mean weighs quadruple 3 to 1: (1·2 + 3·4)/4 = 3.5 times x.
+    let answer = whole("weighted").await;
+    assert_eq!(y_of(&answer), vec![3.5, 8.75, -10.5], "{answer}");
+
+    // The binary tensor extension both ways.
+    let request = InferRequest {
+        id: Some("r-1".into()),
+        parameters: [("binary_data_output".to_string(), json!(true))].into_iter().collect(),
+        inputs: vec![Tensor {
+            name: "x".into(),
+            datatype: DataType::Fp64,
+            shape: vec![2],
+            parameters: Default::default(),
+            data: Data::Float(vec![0.5, 4.0]),
+        }],
+        outputs: Vec::new(),
+    };
+    let (body, header_length) = request.encode(&|_| true);
+    let reply = rest
+        .post(
+            "/v2/models/scale/infer",
+            &[(HEADER_LENGTH, header_length.expect("a binary part").to_string())],
+            body,
+        )
+        .await;
+    assert_eq!(reply.status, 200, "{}", String::from_utf8_lossy(&reply.body));
+    let length: usize = reply.headers[HEADER_LENGTH].to_str().unwrap().parse().unwrap();
+    let response = InferResponse::parse(&reply.body, Some(length), &Limits::default()).expect("a binary answer");
+    assert_eq!(response.id.as_deref(), Some("r-1"));
+    assert_eq!(
+        response.outputs[0].data,
+        Data::Float(vec![1.5, 12.0]),
+        "the mean of 2x and 4x"
+    );
+
+    // SINGA-Auto's /predict, for one query and for several: the queries are stacked into the
+    // service's declared input, x (FP64 [-1, -1]), and the output split back per query.
+    whole_matrix(&rest).await;
+    let reply = rest.post_json("/predict/matrix", &json!({"query": [1.0, 2.0]})).await;
+    assert_eq!(reply.status, 200, "{}", String::from_utf8_lossy(&reply.body));
+    assert_eq!(reply.json(), json!({"prediction": [3.0, 6.0]}));
+    let reply = rest
+        .post_json("/predict/matrix", &json!({"queries": [[1.0], [4.0]]}))
+        .await;
+    assert_eq!(reply.json(), json!({"predictions": [[3.0], [12.0]]}));
+    // With three services here, /predict must name one.
+    let reply = rest.post_json("/predict", &json!({"query": [1.0]})).await;
+    assert_eq!(reply.status, 400);
+    assert_eq!(
+        reply.error(),
+        "3 services are served here: name one, as POST /predict/NAME"
+    );
+
+    // Metadata and health.
+    let metadata = rest.get("/v2/models/scale").await.json();
+    assert_eq!(metadata["name"], "scale");
+    assert_eq!(metadata["versions"], json!(["1"]));
+    assert_eq!(rest.get("/v2/models/scale/ready").await.status, 200);
+    assert_eq!(rest.get("/v2/health/ready").await.status, 200);
+}
+
+/// Waits until both members of `matrix` answer.
+async fn whole_matrix(rest: &Rest) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let body = json!({"inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP64", "data": [1.0]}]});
+    loop {
+        let reply = rest.post_json("/v2/models/matrix/infer", &body).await;
+        if reply.status == 200 && reply.json()["parameters"]["kiln.partial"] == false {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "matrix never answered by both members"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_requests_are_refused_with_the_problem_named() {
+    let stack = Stack::start_without_runner().await;
+    let mut typed = spec("typed", &[("m", 1.0)], Ensemble::Mean, 1_000);
+    typed.inputs = vec![TensorSpec {
+        name: "x".into(),
+        datatype: "FP32".into(),
+        shape: vec![-1, 4],
+    }];
+    put_service(&stack, &typed).await;
+    let (_predictor, base) = spawn_predictor(&stack).await;
+    let rest = Rest::new(&base, &stack.token);
+    let infer = "/v2/models/typed/infer";
+    let refused = |body: serde_json::Value| {
+        let rest = &rest;
+        async move {
+            let reply = rest.post_json(infer, &body).await;
+            assert_eq!(reply.status, 400, "{body}: {}", String::from_utf8_lossy(&reply.body));
+            reply.error()
+        }
+    };
+    let shape =
+        refused(json!({"inputs": [{"name": "x", "shape": [2, 3], "datatype": "FP32", "data": [1, 2, 3, 4, 5, 6]}]}))
+            .await;
+    assert!(
+        shape.contains("input `x` is FP32 [2, 3]; model `typed` takes FP32 [-1, 4]"),
+        "{shape}"
+    );
+    let datatype =
+        refused(json!({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "INT32", "data": [1, 2, 3, 4]}]})).await;
+    assert!(datatype.contains("input `x` is INT32 [1, 4]"), "{datatype}");
+    let count = refused(json!({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2]}]})).await;
+    assert!(count.contains("`x`"), "{count}");
+    let unknown_input =
+        refused(json!({"inputs": [{"name": "z", "shape": [1], "datatype": "FP32", "data": [1]}]})).await;
+    assert!(
+        unknown_input.contains("input `z` is not an input of model `typed` (its inputs: x)"),
+        "{unknown_input}"
+    );
+    let timeout = refused(json!({"parameters": {"timeout": -5}, "inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]})).await;
+    assert!(timeout.contains("parameters.timeout is -5"), "{timeout}");
+
+    let reply = rest.post(infer, &[], b"{not json".to_vec()).await;
+    assert_eq!(reply.status, 400);
+    let reply = rest.post_json("/v2/models/nothing/infer", &x_request(&[1.0])).await;
+    assert_eq!(reply.status, 400);
+    assert!(
+        reply.error().starts_with("unknown model `nothing`"),
+        "{}",
+        reply.error()
+    );
+    let big = vec![b' '; 65 * 1024];
+    let reply = rest.post(infer, &[], big).await;
+    assert_eq!(reply.status, 400);
+    assert!(reply.error().contains("larger than 65536 bytes"), "{}", reply.error());
+
+    // No token, a wrong one.
+    let anonymous = Rest::new(&base, "");
+    assert_eq!(anonymous.post_json(infer, &x_request(&[1.0])).await.status, 401);
+    let wrong = Rest::new(&base, "kiln_0000_0000");
+    assert_eq!(wrong.get("/v2/models/typed").await.status, 401);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_member_without_workers_is_refused_at_once_with_the_reason() {
+    let stack = Stack::start_without_runner().await;
+    put_service(&stack, &spec("lonely", &[("m", 1.0)], Ensemble::Mean, 10_000)).await;
+    let (_predictor, base) = spawn_predictor(&stack).await;
+    let rest = Rest::new(&base, &stack.token);
+    let started = tokio::time::Instant::now();
+    let reply = rest.post_json("/v2/models/lonely/infer", &x_request(&[1.0])).await;
+    assert_eq!(reply.status, 503);
+    assert!(
+        reply
+            .error()
+            .contains("0 of 1 member(s) of `lonely` answered; the quorum is 1: no worker is serving m"),
+        "{}",
+        reply.error()
+    );
+    // Refused, not waited out: well inside the 10 s deadline.
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paused_worker_is_answered_around_ejected_and_taken_back() {
+    let stack = Stack::start_without_runner().await;
+    let dir = stack.dir.path();
+    let steady = Worker::spawn(dir, "steady", SCALE_WORKER, &[("FACTOR", "2")]);
+    let flaky = Worker::spawn(dir, "flaky", SCALE_WORKER, &[("FACTOR", "2")]);
+    let relays = RelayMetrics::default();
+    let _relays = [
+        spawn_relay(&stack, "pair", 1, "steady", steady.addr(), &relays).await,
+        spawn_relay(&stack, "pair", 1, "flaky", flaky.addr(), &relays).await,
+    ];
+    put_service(
+        &stack,
+        &spec("pair", &[("steady", 1.0), ("flaky", 1.0)], Ensemble::Mean, 200),
+    )
+    .await;
+    let (_predictor, base) = spawn_predictor(&stack).await;
+    let rest = Rest::new(&base, &stack.token);
+    let infer = "/v2/models/pair/infer";
+    let whole =
+        |reply: &kiln_e2e::serving::Reply| reply.status == 200 && reply.json()["parameters"]["kiln.partial"] == false;
+    let until = |want_whole: bool| {
+        let rest = &rest;
+        async move {
+            let deadline = tokio::time::Instant::now() + PATIENCE;
+            loop {
+                let reply = rest.post_json(infer, &x_request(&[1.0])).await;
+                assert_eq!(reply.status, 200, "{}", String::from_utf8_lossy(&reply.body));
+                assert_eq!(y_of(&reply.json()), vec![2.0]);
+                if whole(&reply) == want_whole {
+                    return reply;
+                }
+                assert!(tokio::time::Instant::now() < deadline, "never whole = {want_whole}");
+            }
+        }
+    };
+    rest.post_until(infer, &x_request(&[1.0]), 200).await;
+    until(true).await;
+
+    flaky.pause();
+    // Every request is answered, by steady alone, and flagged.
+    let mut late = 0;
+    for _ in 0..40 {
+        let reply = rest.post_json(infer, &x_request(&[1.0])).await;
+        assert_eq!(reply.status, 200, "{}", String::from_utf8_lossy(&reply.body));
+        let answer = reply.json();
+        assert_eq!(y_of(&answer), vec![2.0]);
+        assert_eq!(answer["parameters"]["kiln.partial"], true, "{answer}");
+        assert_eq!(answer["parameters"]["kiln.missing"], "flaky");
+        assert_eq!(answer["parameters"]["kiln.members_used"], 1);
+        late += 1;
+    }
+    assert_eq!(late, 40);
+    // Its relay took it out of rotation once, after missing 3 deadlines in a row: from then on
+    // flaky is unavailable at once rather than waited for.
+    assert_eq!(relays.ejections("pair", "flaky"), 1);
+    assert_eq!(relays.ejections("pair", "steady"), 0);
+
+    flaky.signal(Signal::SIGCONT);
+    let back = until(true).await;
+    assert_eq!(back.json()["parameters"]["kiln.members_used"], 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_worker_under_load_fails_no_request() {
+    let stack = Stack::start_without_runner().await;
+    let dir = stack.dir.path();
+    let mut first = Worker::spawn(dir, "first", SCALE_WORKER, &[("FACTOR", "3")]);
+    let second = Worker::spawn(dir, "second", SCALE_WORKER, &[("FACTOR", "3")]);
+    let relays = RelayMetrics::default();
+    let _relays = [
+        spawn_relay(&stack, "solo", 1, "m", first.addr(), &relays).await,
+        spawn_relay(&stack, "solo", 1, "m", second.addr(), &relays).await,
+    ];
+    put_service(&stack, &spec("solo", &[("m", 1.0)], Ensemble::Mean, 2_000)).await;
+    let (_predictor, base) = spawn_predictor(&stack).await;
+    let rest = std::sync::Arc::new(Rest::new(&base, &stack.token));
+    rest.post_until("/v2/models/solo/infer", &x_request(&[1.0]), 200).await;
+    // Both workers in rotation before the load starts.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let load = |rest: std::sync::Arc<Rest>| async move {
+        let mut answered = 0;
+        for at in 0..200 {
+            let reply = rest
+                .post_json("/v2/models/solo/infer", &x_request(&[f64::from(at)]))
+                .await;
+            assert_eq!(
+                reply.status,
+                200,
+                "request {at}: {}",
+                String::from_utf8_lossy(&reply.body)
+            );
+            assert_eq!(y_of(&reply.json()), vec![3.0 * f64::from(at)]);
+            answered += 1;
+        }
+        answered
+    };
+    let clients: Vec<_> = (0..4).map(|_| tokio::spawn(load(rest.clone()))).collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    first.kill();
+    let mut answered = 0;
+    for client in clients {
+        answered += client.await.expect("a client");
+    }
+    assert_eq!(answered, 800);
+}
