@@ -1,4 +1,5 @@
-//! Compiles `kiln/v1/*.proto` with the vendored `protoc`, so no system protoc is needed.
+//! Compiles `kiln/v1/*.proto`, and apart from them `inference/grpc_predict_v2.proto`, with the
+//! vendored `protoc`, so no system protoc is needed.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
@@ -10,6 +11,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "kiln/v1/tenancy.proto",
         "kiln/v1/sweep.proto",
         "kiln/v1/model.proto",
+        "kiln/v1/serve.proto",
     ];
     for proto in &protos {
         println!("cargo:rerun-if-changed={proto}");
@@ -17,13 +19,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
     let descriptors = out_dir.join("kiln_v1_descriptors.bin");
     let mut config = tonic_prost_build::Config::new();
-    config.protoc_executable(protoc);
+    config.protoc_executable(&protoc);
     config.file_descriptor_set_path(&descriptors);
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
         .compile_with_config(config, &protos[..], &["."][..])?;
-    write_rpc_methods(&descriptors, &out_dir.join("rpc_methods.rs"))
+    write_rpc_methods(&descriptors, &out_dir.join("rpc_methods.rs"))?;
+    compile_inference(protoc)
+}
+
+/// Compiles the Open Inference Protocol's gRPC service (`inference.GRPCInferenceService`) on its
+/// own, with no descriptor set: a foreign protocol the predictor serves, kept out of
+/// `RPC_METHODS` and so out of kiln's access policy table.
+fn compile_inference(protoc: std::path::PathBuf) -> Result<(), Box<dyn std::error::Error>> {
+    let proto = "inference/grpc_predict_v2.proto";
+    println!("cargo:rerun-if-changed={proto}");
+    let mut config = tonic_prost_build::Config::new();
+    config.protoc_executable(protoc);
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_with_config(config, &[proto][..], &["."][..])?;
+    Ok(())
 }
 
 /// Writes `RPC_METHODS`, the path of every gRPC method (`/kiln.v1.JobService/SubmitJob`), read

@@ -176,6 +176,14 @@ sdk_venv="$repo/target/sdk-venv"
 [ -x "$sdk_venv/bin/python" ] || python3 -m venv "$sdk_venv"
 "$sdk_venv/bin/pip" install -q --disable-pip-version-check "$repo/sdk/python[test]"
 export KILN_TEST_PYTHON="$sdk_venv/bin/python"
+# perf_analyzer for the predictor's gRPC check: tritonclient 2.50.0 is the last wheel whose binary
+# runs on this glibc (2.36; later ones need 2.38, and 2.65+ ship none); it loads libcudart from the
+# CUDA runtime wheel and libb64 from Debian (scripts/setup.sh).
+log "perf_analyzer (tritonclient 2.50.0)"
+perf_venv="$repo/target/perf-venv"
+[ -x "$perf_venv/bin/python" ] || python3 -m venv "$perf_venv"
+"$perf_venv/bin/pip" install -q --disable-pip-version-check --no-deps tritonclient==2.50.0 nvidia-cuda-runtime-cu12==12.9.79
+export KILN_TEST_PERF_ANALYZER="$perf_venv/bin/perf_analyzer"
 
 "$repo/scripts/terraform-check.sh" # deploy/terraform: tofu fmt, tflint, rendered templates, checkov
 log "dashboards and alert rules"

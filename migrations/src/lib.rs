@@ -18,6 +18,7 @@ mod m0010_run_tracking;
 mod m0011_models;
 mod m0012_sweeps;
 mod m0013_gpu_time;
+mod m0014_services;
 
 /// Migrator lists every migration in order.
 pub struct Migrator;
@@ -39,6 +40,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0011_models::Migration),
             Box::new(m0012_sweeps::Migration),
             Box::new(m0013_gpu_time::Migration),
+            Box::new(m0014_services::Migration),
         ]
     }
 }

@@ -20,6 +20,7 @@ use kiln_proto::v1::node_service_client::NodeServiceClient;
 use kiln_proto::v1::project_service_client::ProjectServiceClient;
 use kiln_proto::v1::quota_service_client::QuotaServiceClient;
 use kiln_proto::v1::secret_service_client::SecretServiceClient;
+use kiln_proto::v1::serve_service_client::ServeServiceClient;
 use kiln_proto::v1::sweep_service_client::SweepServiceClient;
 use kiln_proto::v1::user_service_client::UserServiceClient;
 use serde::{Deserialize, Serialize};
@@ -37,6 +38,9 @@ pub struct Credentials {
     /// The advisor (SweepService); files written before sweeps existed have none.
     #[serde(default)]
     pub advisor: String,
+    /// The predictor (ServeService); files written before services existed have none.
+    #[serde(default)]
+    pub predictor: String,
     pub token: String,
     /// The CA of `https://` addresses (the system roots when unset).
     #[serde(default, rename = "ca-file", skip_serializing_if = "Option::is_none")]
@@ -152,6 +156,9 @@ pub fn resolve() -> Result<Credentials> {
     let advisor = env("KILN_ADVISOR_ADDR")
         .or_else(|| file.as_ref().map(|f| f.advisor.clone()).filter(|a| !a.is_empty()))
         .unwrap_or_else(|| api.clone());
+    let predictor = env("KILN_PREDICTOR_ADDR")
+        .or_else(|| file.as_ref().map(|f| f.predictor.clone()).filter(|p| !p.is_empty()))
+        .unwrap_or_else(|| api.clone());
     let flags = TLS_FLAGS.get().cloned().unwrap_or_default();
     let path_setting = |flag: Option<PathBuf>, var: &str, from_file: fn(&Credentials) -> Option<PathBuf>| {
         flag.or_else(|| env(var).map(PathBuf::from))
@@ -162,6 +169,7 @@ pub fn resolve() -> Result<Credentials> {
         logs,
         batches,
         advisor,
+        predictor,
         token,
         ca_file: path_setting(flags.ca_file, "KILN_CA_FILE", |f| f.ca_file.clone()),
         cert_file: path_setting(flags.cert_file, "KILN_CLIENT_CERT", |f| f.cert_file.clone()),
@@ -176,6 +184,7 @@ pub fn normalized(credentials: &Credentials) -> Credentials {
         logs: normalize(&credentials.logs),
         batches: normalize(&credentials.batches),
         advisor: normalize(&credentials.advisor),
+        predictor: normalize(&credentials.predictor),
         ..credentials.clone()
     }
 }
@@ -209,6 +218,7 @@ pub struct Clients {
     pub logs: LogServiceClient<Authed>,
     pub batches: BatchServiceClient<Authed>,
     pub sweeps: SweepServiceClient<Authed>,
+    pub serve: ServeServiceClient<Authed>,
     pub quotas: QuotaServiceClient<Authed>,
     pub users: UserServiceClient<Authed>,
     pub projects: ProjectServiceClient<Authed>,
@@ -264,8 +274,16 @@ pub async fn connect(credentials: &Credentials) -> Result<Clients> {
             .connect_timeout(std::time::Duration::from_secs(5))
             .connect_lazy()
     };
+    let predictor = if credentials.predictor == credentials.api {
+        api.clone()
+    } else {
+        kiln_core::tls::endpoint(&credentials.predictor, &tls)?
+            .connect_timeout(std::time::Duration::from_secs(5))
+            .connect_lazy()
+    };
     let auth = BearerInterceptor::new(&credentials.token);
     Ok(Clients {
+        serve: ServeServiceClient::with_interceptor(predictor, auth.clone()),
         sweeps: SweepServiceClient::with_interceptor(advisor, auth.clone()),
         batches: BatchServiceClient::with_interceptor(batches, auth.clone()).max_encoding_message_size(16 << 20),
         jobs: JobServiceClient::with_interceptor(api.clone(), auth.clone()),

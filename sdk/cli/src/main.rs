@@ -18,6 +18,7 @@ mod quota;
 mod runs;
 mod saved;
 mod secret;
+mod serve;
 mod sweep;
 mod tenancy;
 mod tools;
@@ -122,6 +123,10 @@ enum Command {
     /// stopped early (ASHA, median), within a budget.
     #[command(subcommand)]
     Sweep(sweep::SweepCommand),
+    /// Inference services: registered models served by workers behind the predictor's Open
+    /// Inference Protocol endpoint (ensembles, deadlines, rolling updates).
+    #[command(subcommand)]
+    Serve(serve::ServeCommand),
     /// Users (admin): create, list, disable.
     #[command(subcommand)]
     User(tenancy::UserCommand),
@@ -195,6 +200,7 @@ fn main() -> ExitCode {
             Command::Model(command) => model::model(command).await,
             Command::Batch(command) => batch::batch(command).await,
             Command::Sweep(command) => sweep::sweep(command).await,
+            Command::Serve(command) => serve::serve(command).await,
             Command::User(command) => tenancy::user(command).await,
             Command::Token(command) => tenancy::token(command).await,
             Command::Project(command) => project::project(command).await,

@@ -91,6 +91,9 @@ pub struct LoginArgs {
     /// The advisor's address (default: the api's).
     #[arg(long)]
     pub advisor_addr: Option<String>,
+    /// The predictor's gRPC address (ServeService; default: the api's).
+    #[arg(long)]
+    pub predictor_addr: Option<String>,
 }
 
 pub(crate) fn role_name(role: i32) -> &'static str {
@@ -305,6 +308,7 @@ pub async fn login(args: LoginArgs) -> Result<ExitCode> {
         logs: args.logs_addr.unwrap_or_else(|| args.addr.clone()),
         batches: args.batch_addr.unwrap_or_else(|| args.addr.clone()),
         advisor: args.advisor_addr.unwrap_or_else(|| args.addr.clone()),
+        predictor: args.predictor_addr.unwrap_or_else(|| args.addr.clone()),
         api: args.addr,
         token,
     };

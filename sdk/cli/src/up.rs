@@ -43,6 +43,12 @@ pub struct UpArgs {
     /// Address of the advisor (SweepService, and `kiln.should_stop()` of trials).
     #[arg(long, default_value = "127.0.0.1:7076")]
     pub advisor_addr: SocketAddr,
+    /// Address of the predictor's gRPC API (ServeService).
+    #[arg(long, default_value = "127.0.0.1:7077")]
+    pub predictor_addr: SocketAddr,
+    /// Address of the predictor's Open Inference Protocol REST API (plain HTTP).
+    #[arg(long, default_value = "127.0.0.1:7078")]
+    pub predictor_http_addr: SocketAddr,
     /// The static kiln-agent put into batch workers' containers (scripts/setup.sh builds it
     /// and installs it as kiln-agent in its tools; default: found like nats-server); without
     /// one, batches with an image cannot start workers.
@@ -300,6 +306,8 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
     .await?
     .with_metrics(&metrics);
     let batches_addr = batches.local_addr();
+    let database_for_predictor = database.clone();
+    let nats_for_predictor = nats.clone();
     let advisor = kiln_advisor::Advisor::bind(kiln_advisor::Config {
         grpc: grpc(args.advisor_addr),
         database,
@@ -310,6 +318,17 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
     .await?
     .with_metrics(&metrics);
     let advisor_addr = advisor.local_addr();
+    let predictor = kiln_predictor::Predictor::bind(kiln_predictor::Config {
+        grpc: grpc(args.predictor_addr),
+        http_listen: args.predictor_http_addr,
+        database: database_for_predictor,
+        nats: nats_for_predictor,
+        ..Default::default()
+    })
+    .await?
+    .with_metrics(&metrics);
+    let predictor_addr = predictor.grpc_addr();
+    let predictor_http = predictor.http_addr();
 
     let shutdown = kiln_core::shutdown::on_signal();
     let metrics_config = MetricsConfig {
@@ -331,6 +350,7 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
         logs: format!("{scheme}://{logs_addr}"),
         batches: format!("{scheme}://{batches_addr}"),
         advisor: format!("{scheme}://{advisor_addr}"),
+        predictor: format!("{scheme}://{predictor_addr}"),
         token,
         // Absolute: clients read it from wherever they run.
         ca_file: args.tls.tls_ca.as_deref().map(std::path::absolute).transpose()?,
@@ -343,6 +363,7 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
     println!("  logs:     {}", credentials.logs);
     println!("  batches:  {}", credentials.batches);
     println!("  advisor:  {}", credentials.advisor);
+    println!("  serving:  {} (Open Inference Protocol: http://{predictor_http})", credentials.predictor);
     println!("  nats:     {nats_url}");
     println!("  metrics:  http://{metrics_addr}/metrics");
     println!("  data:     {}", home.display());
@@ -366,6 +387,8 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
     services.spawn(async move { ("item-batch", batches.serve(token).await.map_err(Into::into)) });
     let token = shutdown.clone();
     services.spawn(async move { ("advisor", advisor.serve(token).await.map_err(Into::into)) });
+    let token = shutdown.clone();
+    services.spawn(async move { ("predictor", predictor.serve(token).await.map_err(Into::into)) });
     let mut failure = None;
     while let Some(joined) = services.join_next().await {
         let (service, result) = joined.context("a service panicked")?;

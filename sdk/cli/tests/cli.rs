@@ -150,6 +150,10 @@ fn a_second_up_on_the_same_home_is_refused_and_ctrl_c_stops_everything() {
             "127.0.0.1:0",
             "--advisor-addr",
             "127.0.0.1:0",
+            "--predictor-addr",
+            "127.0.0.1:0",
+            "--predictor-http-addr",
+            "127.0.0.1:0",
         ])
         .env("KILN_HOME", up.home.path())
         .output()

@@ -53,6 +53,10 @@ fn up_with(home: &Path, user_home: &Path, path: &str) -> (bool, String) {
             "127.0.0.1:0",
             "--advisor-addr",
             "127.0.0.1:0",
+            "--predictor-addr",
+            "127.0.0.1:0",
+            "--predictor-http-addr",
+            "127.0.0.1:0",
         ])
         .env_clear()
         .env("KILN_HOME", home)

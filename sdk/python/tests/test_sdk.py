@@ -29,7 +29,7 @@ def up():
     home = tempfile.mkdtemp(prefix="kiln-sdk-test-")
     log = open(pathlib.Path(home) / "up.log", "w")
     process = subprocess.Popen(
-        [KILN, "up", "--provider", "process", "--api-addr", "127.0.0.1:0", "--logs-addr", "127.0.0.1:0", "--batch-addr", "127.0.0.1:0", "--advisor-addr", "127.0.0.1:0"],
+        [KILN, "up", "--provider", "process", "--api-addr", "127.0.0.1:0", "--logs-addr", "127.0.0.1:0", "--batch-addr", "127.0.0.1:0", "--advisor-addr", "127.0.0.1:0", "--predictor-addr", "127.0.0.1:0", "--predictor-http-addr", "127.0.0.1:0"],
         env={**os.environ, "KILN_HOME": home, "KILN_LOG": "warn"},
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -81,7 +81,7 @@ def tls_up():
     log = open(home / "up.log", "w")
     process = subprocess.Popen(
         [KILN, "up", "--provider", "process", "--api-addr", "127.0.0.1:0", "--logs-addr", "127.0.0.1:0",
-         "--batch-addr", "127.0.0.1:0", "--advisor-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0",
+         "--batch-addr", "127.0.0.1:0", "--advisor-addr", "127.0.0.1:0", "--predictor-addr", "127.0.0.1:0", "--predictor-http-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0",
          "--tls-cert", str(server_cert), "--tls-key", str(server_key), "--tls-ca", str(ca.ca_file),
          "--tls-client-ca", str(ca.ca_file), "--job-client-cert", str(job_cert), "--job-client-key", str(job_key)],
         env={**os.environ, "KILN_HOME": str(home), "KILN_LOG": "warn"}, stdout=log, stderr=subprocess.STDOUT,

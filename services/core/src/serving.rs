@@ -15,8 +15,23 @@ use serde::{Deserialize, Serialize};
 /// counts them from the moment it receives the request (no clocks are compared across
 /// machines) and drops work it cannot start within them.
 pub const BUDGET_HEADER: &str = "Kiln-Budget-Us";
+/// Request header of a readiness probe: the relay answers at once, without the worker. A
+/// relay is in its member's queue group only while its worker is ready, so any answer means
+/// the member has a ready worker.
+pub const PROBE_HEADER: &str = "Kiln-Probe";
 /// Reply header: the HTTP status the worker answered with (`200` for an answer).
 pub const STATUS_HEADER: &str = "Kiln-Status";
+
+/// Environment of a service's worker job: the service, revision and member it serves and the
+/// model version (`name:version`) it loads. The runner reads them to stage the model's files
+/// into [`ENV_MODEL_DIR`] and to relay the member's subject to the worker's [`ENV_PORT`].
+pub const ENV_SERVICE: &str = "KILN_SERVE_SERVICE";
+pub const ENV_REVISION: &str = "KILN_SERVE_REVISION";
+pub const ENV_MEMBER: &str = "KILN_SERVE_MEMBER";
+pub const ENV_MODEL: &str = "KILN_SERVE_MODEL";
+/// Set by the runner: the port the worker listens on (127.0.0.1) and its model's files.
+pub const ENV_PORT: &str = "KILN_SERVE_PORT";
+pub const ENV_MODEL_DIR: &str = "KILN_MODEL_DIR";
 
 /// The ensemble rule that combines the members' answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -61,6 +61,10 @@ pub const CONSUMER_METRICS: &str = "log-ingest-metrics";
 /// Durable consumer of item-batch on `KILN_ITEM_RESULTS`, shared by all its replicas.
 pub const CONSUMER_ITEM_RESULTS: &str = "item-batch-results";
 
+/// The lease in `kiln_leases` whose holder is the predictor replica keeping the services'
+/// workers (the controller).
+pub const LEASE_PREDICTOR_CONTROLLER: &str = "predictor-controller";
+
 /// The lease in `kiln_leases` whose holder is the advisor replica running the sweeps.
 pub const LEASE_ADVISOR: &str = "advisor";
 /// Durable consumer of the advisor leader on `KILN_METRICS` (trials' objective points).

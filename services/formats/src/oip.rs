@@ -11,6 +11,10 @@
 //! Parsing checks what a predictor must not trust: a known datatype, a shape whose product is
 //! the element count (within [`Limits`]), values inside the datatype's range, binary sizes that
 //! add up to the body exactly. Every refusal is an [`Error::Inference`] naming the tensor.
+//!
+//! The gRPC protocol carries the same tensors in protobuf: [`Tensor::from_raw`] and
+//! [`Tensor::to_raw`] read and write its raw contents (the binary extension's layout),
+//! [`Tensor::from_data`] checks its typed contents.
 
 use serde_json::{Map, Value};
 
@@ -82,6 +86,17 @@ const DATA_TYPES: [(DataType, &str); 13] = [
 impl DataType {
     pub fn parse(name: &str) -> Option<DataType> {
         DATA_TYPES.iter().find(|(_, known)| *known == name).map(|(dt, _)| *dt)
+    }
+
+    /// The datatype called `name`; refused naming `what` (`input `x``) and the known names.
+    pub fn named(name: &str, what: &str) -> Result<DataType> {
+        DataType::parse(name).ok_or_else(|| {
+            let known: Vec<&str> = DATA_TYPES.iter().map(|(_, known)| *known).collect();
+            refuse(format!(
+                "{what}: unknown datatype `{name}` (known: {})",
+                known.join(", ")
+            ))
+        })
     }
 
     pub fn name(self) -> &'static str {
@@ -242,10 +257,7 @@ fn tensor(value: &Value, binary: &mut &[u8], limits: &Limits, role: &str, at: us
     let what = format!("{role} `{name}`");
     let datatype = match string_field(map, "datatype", &what)? {
         None => return Err(refuse(format!("{what} has no `datatype`"))),
-        Some(dt) => DataType::parse(&dt).ok_or_else(|| {
-            let known: Vec<&str> = DATA_TYPES.iter().map(|(_, name)| *name).collect();
-            refuse(format!("{what}: unknown datatype `{dt}` (known: {})", known.join(", ")))
-        })?,
+        Some(dt) => DataType::named(&dt, &what)?,
     };
     let shape: Vec<u64> = match map.get("shape") {
         Some(Value::Array(dims)) => dims
@@ -255,16 +267,7 @@ fn tensor(value: &Value, binary: &mut &[u8], limits: &Limits, role: &str, at: us
             .ok_or_else(|| refuse(format!("{what}: `shape` must be a list of integers ≥ 0")))?,
         _ => return Err(refuse(format!("{what} has no `shape`"))),
     };
-    let elements = shape
-        .iter()
-        .try_fold(1u64, |product, dim| product.checked_mul(*dim))
-        .filter(|count| *count <= limits.max_elements)
-        .ok_or_else(|| {
-            refuse(format!(
-                "{what}: shape {shape:?} has more than {} elements",
-                limits.max_elements
-            ))
-        })?;
+    let elements = element_count(&shape, limits, &what)?;
     let parameters = parameters(map, &what)?;
     let data = match (parameters.get(BINARY_DATA_SIZE), map.get("data")) {
         (Some(size), None) => {
@@ -285,12 +288,7 @@ fn tensor(value: &Value, binary: &mut &[u8], limits: &Limits, role: &str, at: us
         }
         (None, None) => return Err(refuse(format!("{what} has no `data`"))),
     };
-    if data.len() as u64 != elements {
-        return Err(refuse(format!(
-            "{what}: shape {shape:?} holds {elements} elements but the data has {}",
-            data.len()
-        )));
-    }
+    check_count(&data, elements, &shape, &what)?;
     Ok(Tensor {
         name,
         datatype,
@@ -298,6 +296,121 @@ fn tensor(value: &Value, binary: &mut &[u8], limits: &Limits, role: &str, at: us
         parameters,
         data,
     })
+}
+
+/// The elements a shape holds, at most [`Limits::max_elements`].
+fn element_count(shape: &[u64], limits: &Limits, what: &str) -> Result<u64> {
+    shape
+        .iter()
+        .try_fold(1u64, |product, dim| product.checked_mul(*dim))
+        .filter(|count| *count <= limits.max_elements)
+        .ok_or_else(|| {
+            refuse(format!(
+                "{what}: shape {shape:?} has more than {} elements",
+                limits.max_elements
+            ))
+        })
+}
+
+fn check_count(data: &Data, elements: u64, shape: &[u64], what: &str) -> Result<()> {
+    if data.len() as u64 != elements {
+        return Err(refuse(format!(
+            "{what}: shape {shape:?} holds {elements} elements but the data has {}",
+            data.len()
+        )));
+    }
+    Ok(())
+}
+
+// === impl Tensor ===
+
+impl Tensor {
+    /// A tensor from its raw contents, laid out as in the binary tensor extension (and the gRPC
+    /// protocol's `raw_input_contents`): the row-major elements little-endian, BYTES each as a
+    /// 4-byte little-endian length and its bytes. Checked as a parsed body is; a refusal names
+    /// the tensor as `role` (`input`, `output`). Its parameters are empty.
+    pub fn from_raw(
+        name: String,
+        datatype: DataType,
+        shape: Vec<u64>,
+        raw: &[u8],
+        role: &str,
+        limits: &Limits,
+    ) -> Result<Tensor> {
+        let what = format!("{role} `{name}`");
+        let elements = element_count(&shape, limits, &what)?;
+        if let Some(width) = datatype.width()
+            && raw.len() as u64 != elements.saturating_mul(width as u64)
+        {
+            return Err(refuse(format!(
+                "{what}: its raw contents are {} bytes, but {elements} {} elements take {}",
+                raw.len(),
+                datatype.name(),
+                elements.saturating_mul(width as u64)
+            )));
+        }
+        let data = from_binary(datatype, raw, elements, &what)?;
+        check_count(&data, elements, &shape, &what)?;
+        Ok(Tensor {
+            name,
+            datatype,
+            shape,
+            parameters: Map::new(),
+            data,
+        })
+    }
+
+    /// A tensor from typed elements (the gRPC protocol's `contents`), checked as a parsed body
+    /// is: elements of the datatype's kind, integers inside its range, as many as the shape
+    /// holds. Its parameters are empty.
+    pub fn from_data(
+        name: String,
+        datatype: DataType,
+        shape: Vec<u64>,
+        data: Data,
+        role: &str,
+        limits: &Limits,
+    ) -> Result<Tensor> {
+        let what = format!("{role} `{name}`");
+        let elements = element_count(&shape, limits, &what)?;
+        let kind_fits = match (&data, datatype) {
+            (Data::Bool(_), DataType::Bool) | (Data::Bytes(_), DataType::Bytes) => true,
+            (Data::Float(_), DataType::Fp16 | DataType::Fp32 | DataType::Fp64) => true,
+            (Data::Int(values), _) => match datatype.int_range() {
+                Some((low, high)) => {
+                    if let Some((at, value)) = values
+                        .iter()
+                        .enumerate()
+                        .find(|(_, value)| !(low..=high).contains(*value))
+                    {
+                        return Err(refuse(format!(
+                            "{what}: element {at} ({value}) is outside {}",
+                            datatype.name()
+                        )));
+                    }
+                    true
+                }
+                None => false,
+            },
+            _ => false,
+        };
+        if !kind_fits {
+            return Err(refuse(format!("{what}: its elements are not {}", datatype.name())));
+        }
+        check_count(&data, elements, &shape, &what)?;
+        Ok(Tensor {
+            name,
+            datatype,
+            shape,
+            parameters: Map::new(),
+            data,
+        })
+    }
+
+    /// The tensor's raw contents, laid out as [`Tensor::from_raw`] reads them.
+    pub fn to_raw(&self) -> Vec<u8> {
+        to_binary(self)
+    }
 }
 
 /// The tensors as JSON; the ones `binary` picks (and those [`json_can_hold`] refuses) go to

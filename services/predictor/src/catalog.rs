@@ -102,6 +102,11 @@ impl Catalog {
         Ok(value.and_then(|value| serde_json::from_slice::<ServiceSpec>(&value).ok().map(Arc::new)))
     }
 
+    /// The bucket itself (the controller writes it).
+    pub fn bucket(&self) -> &Store {
+        &self.bucket
+    }
+
     /// Every known service, by name.
     pub fn all(&self) -> Vec<Arc<ServiceSpec>> {
         let mut all: Vec<_> = self

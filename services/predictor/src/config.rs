@@ -24,6 +24,9 @@ pub struct Config {
     pub grpc: GrpcConfig,
     /// Where the Open Inference Protocol's REST API listens.
     pub http_listen: SocketAddr,
+    /// The REST API's base URL as clients reach it (`kiln serve status` shows it); empty for
+    /// `http://<http-listen>`.
+    pub http_advertise_url: String,
     pub metrics: MetricsConfig,
     /// The metadata database, where callers' tokens are checked.
     pub database: DatabaseConfig,
@@ -31,6 +34,11 @@ pub struct Config {
     pub nats: NatsConfig,
     /// The largest request body, in bytes; a member's request must also fit in a NATS message.
     pub max_body_bytes: usize,
+    /// How long the controller's lease lasts without renewal (a standby takes over within it),
+    /// in milliseconds; under 30 s.
+    pub lease_ttl_ms: u64,
+    /// How often the controller looks at every service's workers, in milliseconds.
+    pub control_interval_ms: u64,
     /// The longest deadline a request may ask for (`parameters.timeout`), in milliseconds.
     pub max_deadline_ms: u64,
 }
@@ -40,11 +48,14 @@ impl Default for Config {
         Config {
             grpc: GrpcConfig::local(DEFAULT_PORT),
             http_listen: SocketAddr::from(([127, 0, 0, 1], DEFAULT_HTTP_PORT)),
+            http_advertise_url: String::new(),
             metrics: MetricsConfig::local(DEFAULT_METRICS_PORT),
             database: DatabaseConfig::default(),
             nats: NatsConfig::default(),
             max_body_bytes: 1 << 20,
             max_deadline_ms: 60_000,
+            lease_ttl_ms: 10_000,
+            control_interval_ms: 1_000,
         }
     }
 }
@@ -58,6 +69,15 @@ impl ServiceConfig for Config {
         self.metrics.validate(&mut problems);
         if self.max_body_bytes < 1024 {
             problems.push(format!("max-body-bytes is {}; give at least 1024", self.max_body_bytes));
+        }
+        if !(300..30_000).contains(&self.lease_ttl_ms) {
+            problems.push(format!(
+                "lease-ttl-ms is {}; give 300 to 29999 (the lease bucket forgets entries after 30 s)",
+                self.lease_ttl_ms
+            ));
+        }
+        if self.control_interval_ms == 0 {
+            problems.push("control-interval-ms must be at least 1".into());
         }
         if self.max_deadline_ms == 0 {
             problems.push("max-deadline-ms must be at least 1".into());

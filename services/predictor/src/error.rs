@@ -13,6 +13,10 @@ pub enum Error {
     #[error("{0}")]
     NotFound(String),
     #[error("{0}")]
+    AlreadyExists(String),
+    #[error("{0}")]
+    FailedPrecondition(String),
+    #[error("{0}")]
     Unauthenticated(String),
     #[error("{0}")]
     PermissionDenied(String),
@@ -30,6 +34,9 @@ pub enum Error {
     Internal(String),
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// An operation of kiln-core that spans the store and NATS (authorisation included).
+    #[error(transparent)]
+    Core(#[from] kiln_core::Error),
     #[error(transparent)]
     Nats(#[from] NatsError),
     #[error("cannot listen on {addr}: {source}")]
@@ -39,6 +46,8 @@ pub enum Error {
     },
     #[error(transparent)]
     Metrics(#[from] kiln_core::metrics::MetricsError),
+    #[error(transparent)]
+    Tls(#[from] kiln_core::tls::TlsError),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -48,13 +57,18 @@ impl Error {
         match self {
             Error::InvalidArgument(_) => ErrorKind::InvalidArgument,
             Error::NotFound(_) => ErrorKind::NotFound,
+            Error::AlreadyExists(_) => ErrorKind::AlreadyExists,
+            Error::FailedPrecondition(_) => ErrorKind::FailedPrecondition,
             Error::Unauthenticated(_) => ErrorKind::Unauthenticated,
             Error::PermissionDenied(_) => ErrorKind::PermissionDenied,
             Error::DeadlineExceeded(_) => ErrorKind::Timeout,
             Error::Unavailable(_) => ErrorKind::Unavailable,
             Error::Store(error) => error.kind(),
+            Error::Core(error) => error.kind(),
             Error::Nats(error) => error.kind(),
-            Error::MemberFailed(_) | Error::Internal(_) | Error::Bind { .. } | Error::Metrics(_) => ErrorKind::Internal,
+            Error::MemberFailed(_) | Error::Internal(_) | Error::Bind { .. } | Error::Metrics(_) | Error::Tls(_) => {
+                ErrorKind::Internal
+            }
         }
     }
 
@@ -77,10 +91,17 @@ impl Error {
             ErrorKind::Unauthenticated => 401,
             ErrorKind::PermissionDenied => 403,
             ErrorKind::NotFound => 404,
+            ErrorKind::AlreadyExists | ErrorKind::FailedPrecondition => 409,
             ErrorKind::Timeout => 504,
             ErrorKind::Unavailable => 503,
             ErrorKind::ResourceExhausted => 429,
             _ => 500,
         }
+    }
+}
+
+impl From<Error> for tonic::Status {
+    fn from(error: Error) -> tonic::Status {
+        tonic::Status::new(error.kind().code(), error.public_message())
     }
 }

@@ -29,8 +29,8 @@ use crate::{Error, Result, Shared, infer, predict};
 
 pub fn router(shared: Arc<Shared>) -> Router {
     Router::new()
-        .route("/v2/health/live", get(|| async { StatusCode::OK }))
-        .route("/v2/health/ready", get(|| async { StatusCode::OK }))
+        .route("/v2/health/live", get(|| async { axum::Json(json!({"live": true})) }))
+        .route("/v2/health/ready", get(|| async { axum::Json(json!({"ready": true})) }))
         .route("/v2", get(server_metadata))
         .route("/v2/models/{name}", get(model_metadata))
         .route("/v2/models/{name}/versions/{version}", get(model_metadata_at))
@@ -115,7 +115,7 @@ async fn metadata(
         async {
             let principal = caller(&shared, &headers).await?;
             let spec = infer::service(&shared, &principal, &name).await?;
-            check_version(&spec, version.as_deref())?;
+            infer::check_version(&spec, version.as_deref())?;
             let tensors = |specs: &[kiln_core::serving::TensorSpec]| -> Value {
                 specs
                     .iter()
@@ -157,22 +157,11 @@ async fn ready(
         async {
             let principal = caller(&shared, &headers).await?;
             let spec = infer::service(&shared, &principal, &name).await?;
-            check_version(&spec, version.as_deref())?;
-            Ok(StatusCode::OK.into_response())
+            infer::check_version(&spec, version.as_deref())?;
+            Ok(axum::Json(json!({"name": spec.name, "ready": true})).into_response())
         }
         .await,
     )
-}
-
-/// A version in the path must be the serving revision.
-fn check_version(spec: &kiln_core::serving::ServiceSpec, version: Option<&str>) -> Result<()> {
-    match version {
-        Some(version) if version != spec.revision.to_string() => Err(Error::InvalidArgument(format!(
-            "model `{}` has no version {version}; it serves revision {}",
-            spec.name, spec.revision
-        ))),
-        _ => Ok(()),
-    }
 }
 
 async fn infer_latest(state: State<Arc<Shared>>, headers: HeaderMap, Path(name): Path<String>, body: Body) -> Response {
@@ -199,7 +188,7 @@ async fn infer_http(
         async {
             let principal = caller(&shared, &headers).await?;
             let spec = infer::service(&shared, &principal, &name).await?;
-            check_version(&spec, version.as_deref())?;
+            infer::check_version(&spec, version.as_deref())?;
             let header_length = match headers.get(HEADER_LENGTH) {
                 None => None,
                 Some(value) => Some(

@@ -42,6 +42,17 @@ pub async fn service(shared: &Shared, principal: &Principal, name: &str) -> Resu
     }
 }
 
+/// A version the caller names must be the serving revision.
+pub fn check_version(spec: &ServiceSpec, version: Option<&str>) -> Result<()> {
+    match version {
+        Some(version) if version != spec.revision.to_string() => Err(Error::InvalidArgument(format!(
+            "model `{}` has no version {version}; it serves revision {}",
+            spec.name, spec.revision
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Answers `request` for the service `spec`.
 pub async fn infer(shared: &Shared, spec: &ServiceSpec, request: InferRequest) -> Result<InferResponse> {
     let arrived = Instant::now();

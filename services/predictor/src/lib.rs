@@ -9,7 +9,10 @@
 //! - [`infer`]: one inference whatever the protocol: lookup, access, input checks, deadline,
 //!   quorum and the reply's `kiln.*` parameters;
 //! - [`http`]: the Open Inference Protocol's REST API and [`predict`], SINGA-Auto's
-//!   `POST /predict`;
+//!   `POST /predict`; [`grpc`]: the Open Inference Protocol over gRPC, on the gRPC listener;
+//! - [`manage`]: `ServeService`, services made, read, rolled, scaled and stopped, with their
+//!   [`record`]s and [`revision`]s; [`controller`]: the lease holder keeping every service's
+//!   worker jobs and switching rolls;
 //! - [`service_metrics`]: `kiln_predictor_*`, per service and member.
 //!
 //! The predictor keeps no state of its own: replicas behind a load balancer answer alike.
@@ -19,21 +22,28 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kiln_core::auth::AuthLayer;
 use kiln_core::metrics::Metrics;
 use kiln_core::store::Store;
 use kiln_core::streams::{self, Nats};
 use kiln_formats::oip::Limits;
+use kiln_proto::v1::serve_service_server::ServeServiceServer;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub mod catalog;
 pub mod config;
+pub mod controller;
 pub mod ensemble;
 pub mod error;
 pub mod fanout;
+pub mod grpc;
 pub mod http;
 pub mod infer;
+pub mod manage;
 pub mod predict;
+pub mod record;
+pub mod revision;
 pub mod service_metrics;
 
 pub use config::Config;
@@ -51,12 +61,19 @@ pub struct Shared {
     pub metrics: service_metrics::PredictorMetrics,
     /// The bounds of a parsed request or a worker's answer.
     pub limits: Limits,
+    pub services: record::ServiceStore,
+    /// The REST API's base URL as clients reach it.
+    pub http_url: String,
+    /// Wakes the controller after a change.
+    pub wake: tokio::sync::Notify,
 }
 
 /// The predictor, connected and listening, not yet serving.
 pub struct Predictor {
     shared: Shared,
     http: TcpListener,
+    /// kiln's own gRPC API (`ServeService`).
+    grpc: TcpListener,
     metrics: Metrics,
 }
 
@@ -72,8 +89,26 @@ impl Predictor {
                 addr: config.http_listen,
                 source,
             })?;
+        let grpc = TcpListener::bind(config.grpc.listen)
+            .await
+            .map_err(|source| Error::Bind {
+                addr: config.grpc.listen,
+                source,
+            })?;
+        let http_url = if config.http_advertise_url.is_empty() {
+            let addr = http.local_addr().map_err(|source| Error::Bind {
+                addr: config.http_listen,
+                source,
+            })?;
+            format!("http://{addr}")
+        } else {
+            config.http_advertise_url.clone()
+        };
         Ok(Predictor {
             shared: Shared {
+                services: record::ServiceStore::new(&store),
+                http_url,
+                wake: tokio::sync::Notify::new(),
                 config,
                 store,
                 nats,
@@ -82,6 +117,7 @@ impl Predictor {
                 limits: Limits::default(),
             },
             http,
+            grpc,
             metrics: Metrics::default(),
         })
     }
@@ -102,18 +138,49 @@ impl Predictor {
         self.http.local_addr().expect("a bound listener has an address")
     }
 
-    pub async fn serve(self, shutdown: CancellationToken) -> Result<()> {
+    /// Where the gRPC services listen: kiln's `ServeService` and the Open Inference Protocol's
+    /// `inference.GRPCInferenceService`.
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc.local_addr().expect("a bound listener has an address")
+    }
+
+    pub async fn serve(mut self, shutdown: CancellationToken) -> Result<()> {
         self.shared.metrics.register(&self.metrics);
+        self.shared.store.count_transitions(&self.metrics, "predictor");
         let shared = Arc::new(self.shared);
+        let rpc_metrics = kiln_core::metrics::rpc::RpcMetricsLayer::new(&self.metrics, "predictor");
+        // A JoinSet aborts its tasks when dropped, so a serve future dropped mid-flight takes
+        // the controller with it, as a process exit would.
         let mut tasks = tokio::task::JoinSet::new();
         tasks.spawn(shared.catalog.clone().watch(shutdown.clone()));
-        tracing::info!(http = %self.http.local_addr().map_err(|source| Error::Bind { addr: shared.config.http_listen, source })?, "predictor serving");
-        let served = axum::serve(self.http, http::router(shared.clone()))
-            .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+        tasks.spawn(controller::run(shared.clone(), shutdown.clone()));
+        let (health_reporter, health_service) = tonic_health::server::health_reporter();
+        health_reporter
+            .set_serving::<ServeServiceServer<manage::ServeApi>>()
             .await;
+        tracing::info!(http = %self.http.local_addr().map_err(|source| Error::Bind { addr: shared.config.http_listen, source })?, grpc = %self.grpc.local_addr().map_err(|source| Error::Bind { addr: shared.config.grpc.listen, source })?, "predictor serving");
+        let grpc = tonic::transport::Server::builder()
+            .layer(rpc_metrics)
+            // The inference service authenticates its own calls (ServerLive and ServerReady
+            // take no token); kiln's AuthLayer guards the rest.
+            .layer(grpc::ExceptInference::new(AuthLayer::new(Arc::new(
+                shared.store.clone(),
+            ))))
+            .add_service(health_service)
+            .add_service(kiln_core::whoami::NodeApi::new("predictor").server())
+            .add_service(ServeServiceServer::new(manage::ServeApi { shared: shared.clone() }))
+            .add_service(grpc::InferenceApi::new(shared.clone()).server())
+            .serve_with_incoming_shutdown(
+                kiln_core::tls::incoming(self.grpc, &shared.config.grpc.tls)?,
+                shutdown.clone().cancelled_owned(),
+            );
+        let http = axum::serve(self.http, http::router(shared.clone()))
+            .with_graceful_shutdown(shutdown.clone().cancelled_owned());
+        let (grpc, http) = tokio::join!(grpc, async { http.await });
         shutdown.cancel();
         while tasks.join_next().await.is_some() {}
-        served.map_err(|error| Error::Internal(format!("HTTP server: {error}")))
+        grpc.map_err(|error| Error::Internal(format!("gRPC server: {error}")))?;
+        http.map_err(|error| Error::Internal(format!("HTTP server: {error}")))
     }
 }
 

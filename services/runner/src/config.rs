@@ -79,6 +79,8 @@ pub struct Config {
     pub idle_gpu: IdleGpuConfig,
     /// Where jobs' code is unpacked and run.
     pub work_dir: PathBuf,
+    /// How the relays of inference workers treat them (`[relay]`).
+    pub relay: crate::relay::RelaySettings,
     /// Datasets on this runner's disk, fetched once and shared by the jobs that name them.
     pub dataset_cache: DatasetCacheConfig,
     /// Time between SIGTERM and SIGKILL when a job is stopped, in milliseconds.
@@ -128,6 +130,7 @@ impl Default for Config {
             gpus: 0,
             idle_gpu: IdleGpuConfig::default(),
             work_dir: PathBuf::from("./data/work"),
+            relay: Default::default(),
             dataset_cache: DatasetCacheConfig::default(),
             stop_grace_period_ms: 10_000,
             api_url: "http://127.0.0.1:7070".into(),

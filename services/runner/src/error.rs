@@ -24,6 +24,9 @@ pub enum Error {
     Docker { what: String, message: String },
     #[error("dataset: {0}")]
     Dataset(String),
+    /// The model version an inference worker serves cannot be staged.
+    #[error("model: {0}")]
+    Model(String),
     #[error("cannot restore the outputs of the earlier attempts: {0}")]
     Restore(String),
     #[error(transparent)]
@@ -67,7 +70,9 @@ impl Error {
             | Error::ImageUnsupported { .. } => ErrorKind::InvalidArgument,
             Error::Docker { .. } => ErrorKind::Unavailable,
             Error::Capacity(_) => ErrorKind::ResourceExhausted,
-            Error::Restore(_) | Error::Dataset(_) | Error::SecretMissing { .. } => ErrorKind::FailedPrecondition,
+            Error::Restore(_) | Error::Dataset(_) | Error::Model(_) | Error::SecretMissing { .. } => {
+                ErrorKind::FailedPrecondition
+            }
             Error::Secrets(error) => error.kind(),
             Error::Store(error) => error.kind(),
             Error::Core(error) => error.kind(),

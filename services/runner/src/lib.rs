@@ -50,6 +50,7 @@ pub mod gpu;
 mod launch;
 mod liveness;
 pub mod logs;
+mod models;
 pub mod outputs;
 pub mod provider;
 mod reconcile;

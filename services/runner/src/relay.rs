@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use kiln_core::serving::{BUDGET_HEADER, STATUS_HEADER};
+use kiln_core::serving::{BUDGET_HEADER, ENV_MEMBER, ENV_PORT, ENV_REVISION, ENV_SERVICE, PROBE_HEADER, STATUS_HEADER};
 use kiln_core::subjects::{self, QUEUE_SERVE};
 use kiln_formats::oip::HEADER_LENGTH;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -71,6 +71,19 @@ pub struct Member {
     pub member: String,
     /// The worker's REST API (`127.0.0.1:KILN_SERVE_PORT`).
     pub worker: SocketAddr,
+}
+
+impl Member {
+    /// The member an inference worker's job environment names, with the port the runner gave
+    /// it; `None` for other jobs.
+    pub fn of_env(env: &std::collections::BTreeMap<String, String>) -> Option<Member> {
+        Some(Member {
+            service: env.get(ENV_SERVICE)?.clone(),
+            revision: env.get(ENV_REVISION)?.parse().ok()?,
+            member: env.get(ENV_MEMBER)?.clone(),
+            worker: SocketAddr::from(([127, 0, 0, 1], env.get(ENV_PORT)?.parse().ok()?)),
+        })
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -267,6 +280,18 @@ impl Relay {
         let Some(reply) = message.reply.clone() else {
             return;
         };
+        if message
+            .headers
+            .as_ref()
+            .is_some_and(|headers| headers.get(PROBE_HEADER).is_some())
+        {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(STATUS_HEADER, "200");
+            if let Err(error) = self.client.publish_with_headers(reply, headers, Bytes::new()).await {
+                tracing::warn!(error = %error, "cannot answer a readiness probe");
+            }
+            return;
+        }
         let budget = message
             .headers
             .as_ref()

@@ -73,6 +73,8 @@ pub(crate) struct RunnerMetrics {
     sync_duration: Histogram,
     provider_errors: Family<PoolProviderLabels, Counter>,
     spend: Family<PoolMarketLabels, Dollars>,
+    /// The inference workers' relays (`serve_*`).
+    pub relays: crate::relay::RelayMetrics,
 }
 
 impl RunnerMetrics {
@@ -113,12 +115,14 @@ impl RunnerMetrics {
             sync_durations,
             provider_errors: Family::default(),
             spend: Family::default(),
+            relays: Default::default(),
         }
     }
 
     pub fn register(&self, metrics: &Metrics) {
         metrics.register("runner", |registry| {
             kiln_core::metrics::register_build_info(registry);
+            self.relays.register(registry);
             registry.add(
                 "instances",
                 "Instances this runner holds, by state",

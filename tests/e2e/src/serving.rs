@@ -157,18 +157,42 @@ pub async fn spawn_relay(
 
 /// A predictor on this stack, and its REST API's base URL.
 pub async fn spawn_predictor(stack: &Stack) -> (ServiceHandle, String) {
+    let (handle, url, _) = spawn_predictor_with_api(stack).await;
+    (handle, url)
+}
+
+/// A predictor on this stack: its REST API's base URL and where its `ServeService` listens.
+pub async fn spawn_predictor_with_api(stack: &Stack) -> (ServiceHandle, String, SocketAddr) {
     let predictor = kiln_predictor::Predictor::bind(kiln_predictor::Config {
         grpc: kiln_core::config::GrpcConfig::at(SocketAddr::from(([127, 0, 0, 1], 0))),
         http_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         database: stack.database.clone(),
         nats: stack.nats.config(),
         max_body_bytes: 64 * 1024,
+        control_interval_ms: 200,
         ..Default::default()
     })
     .await
     .expect("the predictor binds");
     let url = format!("http://{}", predictor.http_addr());
-    (ServiceHandle::spawn(|token| predictor.serve(token)), url)
+    let api = predictor.grpc_addr();
+    (ServiceHandle::spawn(|token| predictor.serve(token)), url, api)
+}
+
+/// A `ServeService` client of the predictor at `addr`.
+pub async fn serve_client(
+    addr: SocketAddr,
+    token: &str,
+) -> kiln_proto::v1::serve_service_client::ServeServiceClient<crate::Authed> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("an endpoint")
+        .connect()
+        .await
+        .expect("connect to the predictor");
+    kiln_proto::v1::serve_service_client::ServeServiceClient::with_interceptor(
+        channel,
+        kiln_core::auth::BearerInterceptor::new(token),
+    )
 }
 
 /// Writes `spec` as the service's live definition.
@@ -277,4 +301,47 @@ impl Reply {
         let body = response.bytes().await.expect("the body");
         Reply { status, headers, body }
     }
+}
+
+/// An Open Inference Protocol gRPC client (`inference.GRPCInferenceService`) of the predictor
+/// at `addr`, sending `token`.
+pub async fn inference_client(
+    addr: SocketAddr,
+    token: &str,
+) -> kiln_proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient<crate::Authed> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("an endpoint")
+        .connect()
+        .await
+        .expect("connect to the predictor");
+    kiln_proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient::with_interceptor(
+        channel,
+        kiln_core::auth::BearerInterceptor::new(token),
+    )
+}
+
+/// Runs `script` (written to `dir/name.py`) with the SDK's Python and `env`, and returns its
+/// stdout; panics with its stdout and stderr unless it exits 0 within `limit`.
+pub async fn run_python(dir: &Path, name: &str, script: &str, env: &[(&str, &str)], limit: Duration) -> String {
+    let path = dir.join(format!("{name}.py"));
+    std::fs::write(&path, script).expect("write the script");
+    let mut command = tokio::process::Command::new(python());
+    command
+        .arg(&path)
+        .current_dir(dir)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    let output = tokio::time::timeout(limit, command.output())
+        .await
+        .unwrap_or_else(|_| panic!("{name}.py ran longer than {limit:?}"))
+        .expect("run the script");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{name}.py failed ({}):\n--- stdout\n{stdout}\n--- stderr\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
 }

@@ -277,7 +277,7 @@ async fn a_paused_worker_is_answered_around_ejected_and_taken_back() {
     ];
     put_service(
         &stack,
-        &spec("pair", &[("steady", 1.0), ("flaky", 1.0)], Ensemble::Mean, 200),
+        &spec("pair", &[("steady", 1.0), ("flaky", 1.0)], Ensemble::Mean, 1_000),
     )
     .await;
     let (_predictor, base) = spawn_predictor(&stack).await;

@@ -154,6 +154,7 @@ pub(super) fn validate_spec(principal: &Principal, spec: Option<pb::JobSpec>) ->
         requested_pool: spec.pool,
         config: Default::default(),
         sweep_id: String::new(),
+        service_id: String::new(),
     })
 }
 

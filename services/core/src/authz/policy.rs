@@ -119,4 +119,11 @@ pub const POLICY: &[Rule] = &[
     rule("/kiln.v1.SweepService/ResumeSweep", MEMBER_OWN_MAINTAINER_ANY, Deny),
     rule("/kiln.v1.SweepService/BestTrial", Needs(Viewer), Deny),
     rule("/kiln.v1.SweepService/ShouldStop", Needs(Viewer), OwnJob),
+    // predictor: inference services
+    rule("/kiln.v1.ServeService/CreateService", Needs(Member), Deny),
+    rule("/kiln.v1.ServeService/GetService", Needs(Viewer), Deny),
+    rule("/kiln.v1.ServeService/ListServices", Needs(Viewer), Deny),
+    rule("/kiln.v1.ServeService/UpdateService", MEMBER_OWN_MAINTAINER_ANY, Deny),
+    rule("/kiln.v1.ServeService/ScaleService", MEMBER_OWN_MAINTAINER_ANY, Deny),
+    rule("/kiln.v1.ServeService/StopService", MEMBER_OWN_MAINTAINER_ANY, Deny),
 ];

@@ -109,6 +109,7 @@ pub mod job {
         pub summary_json: String,
         /// The sweep this job is a trial of; empty for other jobs.
         pub sweep_id: String,
+        pub service_id: String,
         /// GPU-milliseconds of the ended attempts: GPUs times each attempt's run time, as its
         /// runner measured it (the running attempt's is not in it yet).
         pub gpu_ms: i64,

@@ -42,6 +42,8 @@ pub struct NewJob {
     pub config: crate::runs::RunConfig,
     /// The sweep this job is a trial of; empty for other jobs.
     pub sweep_id: String,
+    /// The inference service this job is a worker of; empty for other jobs.
+    pub service_id: String,
 }
 
 /// The pool of runs that execute outside kiln (they hold no capacity of any pool).
@@ -171,12 +173,22 @@ impl Store {
     /// The worker jobs of a batch that have not ended (a preempted one is about to be queued
     /// again, so it counts), oldest first.
     pub async fn live_batch_workers(&self, batch_id: &str) -> StoreResult<Vec<JobRecord>> {
+        self.live_workers(Column::BatchId, batch_id).await
+    }
+
+    /// The workers of an inference service not ended yet (a preempted one is queued again),
+    /// oldest first.
+    pub async fn live_service_workers(&self, service_id: &str) -> StoreResult<Vec<JobRecord>> {
+        self.live_workers(Column::ServiceId, service_id).await
+    }
+
+    async fn live_workers(&self, owner: Column, id: &str) -> StoreResult<Vec<JobRecord>> {
         let live = JobState::ALL
             .into_iter()
             .filter(|s| !s.is_terminal() || *s == JobState::Preempted)
             .map(JobState::as_str);
         Ok(Jobs::find()
-            .filter(Column::BatchId.eq(batch_id))
+            .filter(owner.eq(id))
             .filter(Column::State.is_in(live))
             .order_by_asc(Column::Id)
             .all(&self.db)
@@ -396,6 +408,7 @@ pub(super) fn new_record(new: NewJob, state: JobState, pool: &str, instance_id: 
         config_json: Set(super::runs::config_json(&new.config)?),
         summary_json: Set("{}".to_string()),
         sweep_id: Set(new.sweep_id),
+        service_id: Set(new.service_id),
     })
 }
 

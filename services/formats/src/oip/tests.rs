@@ -265,7 +265,82 @@ fn a_tensor() -> impl Strategy<Value = Tensor> {
     })
 }
 
+#[test]
+fn raw_contents_are_the_binary_extension_s_layout_and_are_checked_alike() {
+    let limits = Limits::default();
+    let x = Tensor::from_raw(
+        "x".into(),
+        DataType::Fp32,
+        vec![2],
+        &[0, 0, 0x80, 0x3f, 0, 0, 0, 0xc0],
+        "input",
+        &limits,
+    )
+    .unwrap();
+    assert_eq!(x.data, Data::Float(vec![1.0, -2.0]));
+    assert_eq!(x.to_raw(), [0, 0, 0x80, 0x3f, 0, 0, 0, 0xc0]);
+    let words = Tensor::from_raw(
+        "w".into(),
+        DataType::Bytes,
+        vec![2],
+        b"\x02\0\0\0hi\0\0\0\0",
+        "input",
+        &limits,
+    )
+    .unwrap();
+    assert_eq!(words.data, Data::Bytes(vec![b"hi".to_vec(), Vec::new()]));
+    assert_eq!(words.to_raw(), b"\x02\0\0\0hi\0\0\0\0");
+
+    let refusal = |datatype, shape: &[u64], raw: &[u8]| {
+        Tensor::from_raw("x".into(), datatype, shape.to_vec(), raw, "input", &limits)
+            .expect_err("refused")
+            .to_string()
+    };
+    assert_eq!(
+        refusal(DataType::Fp32, &[3], &[0; 8]),
+        "input `x`: its raw contents are 8 bytes, but 3 FP32 elements take 12"
+    );
+    assert_eq!(
+        refusal(DataType::Bytes, &[3], b"\x01\0\0\0a"),
+        "input `x`: shape [3] holds 3 elements but the data has 1"
+    );
+    assert!(refusal(DataType::Uint8, &[u64::MAX, 2], &[]).starts_with("input `x`: shape"));
+}
+
+#[test]
+fn typed_contents_must_be_of_the_datatype_s_kind_and_range() {
+    let limits = Limits::default();
+    let from = |datatype, data| Tensor::from_data("y".into(), datatype, vec![2], data, "output", &limits);
+    assert_eq!(
+        from(DataType::Int16, Data::Int(vec![-3, 4])).unwrap().data,
+        Data::Int(vec![-3, 4])
+    );
+    assert_eq!(
+        from(DataType::Uint8, Data::Int(vec![1, 256])).unwrap_err().to_string(),
+        "output `y`: element 1 (256) is outside UINT8"
+    );
+    assert_eq!(
+        from(DataType::Fp32, Data::Int(vec![1, 2])).unwrap_err().to_string(),
+        "output `y`: its elements are not FP32"
+    );
+    assert_eq!(
+        from(DataType::Bool, Data::Bool(vec![true])).unwrap_err().to_string(),
+        "output `y`: shape [2] holds 2 elements but the data has 1"
+    );
+    assert_eq!(
+        DataType::named("BF16", "input `x`").unwrap_err().to_string(),
+        "input `x`: unknown datatype `BF16` (known: BOOL, UINT8, UINT16, UINT32, UINT64, INT8, INT16, INT32, INT64, FP16, FP32, FP64, BYTES)"
+    );
+}
+
 proptest! {
+    #[test]
+    fn any_tensor_round_trips_through_its_raw_contents(tensor in a_tensor()) {
+        let raw = tensor.to_raw();
+        let back = Tensor::from_raw(tensor.name.clone(), tensor.datatype, tensor.shape.clone(), &raw, "input", &Limits::default()).unwrap();
+        prop_assert_eq!(back.data, tensor.data);
+    }
+
     #[test]
     fn any_request_round_trips_in_json_and_in_binary(
         inputs in prop::collection::vec(a_tensor(), 1..5),

@@ -83,6 +83,8 @@ struct Host {
     phase: Phase,
     /// When its launch request arrived.
     received: std::time::Instant,
+    /// An inference worker's relay, while it runs.
+    relay: Option<watch::Relay>,
 }
 
 /// Why the runner stopped a job.
@@ -126,6 +128,7 @@ pub(crate) async fn supervise(
         datasets: Vec::new(),
         phase: ctx.metrics.phase(),
         received,
+        relay: None,
     };
     let (outcome, current, instance) = execute(&ctx, job, gpu_devices, &mut host, &shipper, &controls, &shutdown).await;
     ctx.metrics
@@ -260,6 +263,7 @@ async fn execute(
         Ok(prepared) => prepared,
         Err(error) => return (not_started(error), job, None),
     };
+    let serving = crate::relay::Member::of_env(&spec.env);
     let provisioned = ctx.provider.provision(&spec).await;
     // The provider has put the code, datasets and restored outputs in place (or failed): their
     // archives on this host are done with.
@@ -331,7 +335,22 @@ async fn execute(
     ));
     // After the output and metrics are taken care of: the publish may wait for a stream leader.
     publish(ctx, &job).await;
-    let (exit, stopped) = watch(ctx, &job, &instance, gpu_devices, controls, shutdown, &mut host.phase).await;
+    // An inference worker's relay joins its member's rotation once the worker is ready.
+    host.relay = serving.map(|member| {
+        let drain = CancellationToken::new();
+        let relay = crate::relay::Relay::new(
+            ctx.nats.client.clone(),
+            member,
+            ctx.config.relay.clone(),
+            ctx.metrics.relays.clone(),
+        );
+        (drain.clone(), tokio::spawn(relay.run(drain)))
+    });
+    let (exit, stopped) = watch(ctx, &job, &instance, gpu_devices, controls, shutdown, host).await;
+    if let Some((drain, task)) = host.relay.take() {
+        drain.cancel();
+        task.abort();
+    }
     collector.abort();
     // Whatever the job left behind goes too, so its output streams end.
     let _ = ctx.provider.signal(&instance, Signal::SIGKILL).await;

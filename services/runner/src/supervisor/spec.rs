@@ -22,7 +22,20 @@ use crate::Context;
 use crate::bundle::{LIMITS, MAX_UNPACKED_BYTES};
 use crate::datasets::DatasetLease;
 use crate::error::{Error, Result};
-use crate::provider::{InstanceSpec, OUTPUTS_DIR};
+use crate::provider::{DATA_DIR, InstanceSpec, OUTPUTS_DIR};
+use kiln_core::serving::{ENV_MODEL, ENV_MODEL_DIR, ENV_PORT};
+
+/// The dataset name an inference worker's model files are mounted under (a name no dataset
+/// can have: dataset names start with a letter).
+pub(crate) const MODEL_DATASET: &str = "_model";
+
+/// A port on 127.0.0.1 free a moment ago, for an inference worker to listen on.
+fn free_port() -> Result<u16> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .map_err(Error::io("cannot find a free port for the inference worker"))
+}
 
 /// The restored outputs of a resumed attempt, in its scratch dir until the instance is provisioned.
 const RESTORE_ARCHIVE: &str = "restore.tar.gz";
@@ -118,6 +131,18 @@ pub(super) async fn instance_spec(
         .create_token(&job.owner_id, &format!("job {}", job.id), Scope::Job(job.id.clone()))
         .await?;
     let mut env = job.env()?;
+    if let Some(model) = env.get(ENV_MODEL).cloned() {
+        // An inference worker: its model version's files, and the port its relay calls.
+        let staged = crate::models::stage(ctx, &model).await?;
+        let dir = if job.image.is_empty() {
+            staged.display().to_string()
+        } else {
+            format!("{DATA_DIR}/{MODEL_DATASET}")
+        };
+        datasets.push((MODEL_DATASET.to_string(), staged));
+        env.insert(ENV_MODEL_DIR.into(), dir);
+        env.insert(ENV_PORT.into(), free_port()?.to_string());
+    }
     let masker = open_secrets(ctx, job, &mut env).await?;
     env.insert("KILN_JOB_ID".into(), job.id.clone());
     if !job.resume_from.is_empty() {

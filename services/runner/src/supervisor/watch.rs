@@ -8,15 +8,19 @@ use kiln_core::store::JobRecord;
 use nix::sys::signal::Signal;
 use tokio_util::sync::CancellationToken;
 
-use super::{Controls, STOP_POLL, StopReason};
+use super::{Controls, Host, STOP_POLL, StopReason};
+
+/// An inference worker's relay: its drain token and its task.
+pub(super) type Relay = (CancellationToken, tokio::task::JoinHandle<crate::Result<()>>);
 use crate::Context;
 use crate::error::Result;
 use crate::liveness::Holding;
 use crate::provider::{Exit, Instance};
-use crate::service_metrics::{self as metrics, Phase};
+use crate::service_metrics as metrics;
 
 /// Waits for the job to end, stopping it on request, on timeout, when its GPUs stay idle, or
-/// at shutdown.
+/// at shutdown; an inference worker's relay (in `host`) is drained before the worker is
+/// signalled.
 pub(super) async fn watch(
     ctx: &Context,
     job: &JobRecord,
@@ -24,7 +28,7 @@ pub(super) async fn watch(
     gpu_devices: Vec<u32>,
     controls: &Controls,
     shutdown: &CancellationToken,
-    phase: &mut Phase,
+    host: &mut Host,
 ) -> (Result<Exit>, Option<StopReason>) {
     let deadline = (job.max_runtime_secs > 0).then(|| {
         tokio::time::Instant::now() + Duration::from_secs(u64::try_from(job.max_runtime_secs).unwrap_or(u64::MAX / 2))
@@ -63,7 +67,14 @@ pub(super) async fn watch(
             }
         }
         if let Some(reason) = stopping {
-            phase.enter(metrics::STOPPING);
+            host.phase.enter(metrics::STOPPING);
+            if let Some((drain, task)) = host.relay.take() {
+                // An inference worker drains first: out of rotation, its requests in flight
+                // answered; then it is stopped.
+                tracing::info!(job_id = %job.id, ?reason, "draining the inference worker");
+                drain.cancel();
+                let _ = task.await;
+            }
             tracing::info!(job_id = %job.id, ?reason, grace_ms = ctx.config.stop_grace_period_ms, "stopping job: SIGTERM");
             if let Err(error) = ctx.provider.signal(instance, Signal::SIGTERM).await {
                 ctx.metrics.provider_error(instance.provider);

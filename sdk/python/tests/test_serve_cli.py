@@ -1,0 +1,95 @@
+"""`kiln serve` end to end on `kiln up`: a model registered from a job's outputs, served by a
+`kiln.serve` worker job the predictor's controller starts, answered over the Open Inference
+Protocol and SINGA-Auto's /predict, listed, and stopped."""
+
+import json
+import pathlib
+import subprocess
+import sys
+import time
+import tomllib
+import urllib.error
+import urllib.request
+
+from kiln.v1 import job_pb2
+
+from test_sdk import KILN, stubs, up  # noqa: F401  (up is the module's fixture)
+
+WORKER = """
+import os
+import kiln
+
+def load(path):
+    with open(os.path.join(path, "factor.txt")) as f:
+        return float(f.read())
+
+kiln.serve(lambda factor, inputs: {"y": inputs["x"] * factor}, load)
+"""
+
+
+def cli(*args):
+    done = subprocess.run([KILN, *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def wait_succeeded(job_id):
+    jobs, _, metadata = stubs()
+    deadline = time.monotonic() + 120
+    while True:
+        job = jobs.GetJob(job_pb2.GetJobRequest(job_id=job_id), metadata=metadata)
+        if job.state == job_pb2.JOB_STATE_SUCCEEDED:
+            return
+        assert job.state not in (job_pb2.JOB_STATE_FAILED, job_pb2.JOB_STATE_STOPPED), job
+        assert time.monotonic() < deadline, f"job {job_id} did not end: {job}"
+        time.sleep(0.1)
+
+
+def post(url, token, body):
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"authorization": f"Bearer {token}", "content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_a_registered_model_is_served_by_a_kiln_serve_worker(up, tmp_path):
+    script = 'mkdir -p "$KILN_OUTPUTS/model" && echo 4 > "$KILN_OUTPUTS/model/factor.txt"'
+    job_id = cli("run", "--no-code", "--", "sh", "-c", script).split()[-1]
+    wait_succeeded(job_id)
+    assert cli("model", "register", "scale", "--from", f"{job_id}:model").split()[-1] == "scale:1"
+
+    (tmp_path / "worker.py").write_text(WORKER)
+    url = cli("serve", "create", "scale", "--model", "scale", "--code", str(tmp_path), "--deadline-ms", "2000",
+              "--cpu", "0.5", "--mem", "256M", "--input", "x:FP64:-1,-1", "--output", "y:FP64:-1,-1",
+              "--", sys.executable, "worker.py").split()[-1]
+    status = json.loads(cli("serve", "status", "scale", "-o", "json"))
+    assert status["url"] == url and status["revision"] == 1, status
+    assert status["members"][0]["model_version"] == "scale:1", status
+
+    token = tomllib.loads((pathlib.Path(up) / "credentials.toml").read_text())["token"]
+    body = {"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP64", "data": [1.5, -2.0]}]}
+    deadline = time.monotonic() + 120
+    while True:
+        code, answer = post(f"{url}/v2/models/scale/infer", token, body)
+        if code == 200:
+            break
+        assert code == 503, answer  # no worker in rotation yet
+        assert time.monotonic() < deadline, answer
+        time.sleep(0.2)
+    assert answer["outputs"][0]["data"] == [6.0, -8.0], answer
+    assert answer["parameters"]["kiln.partial"] is False, answer
+    code, answer = post(f"{url}/predict/scale", token, {"queries": [[1.0], [2.0]]})
+    assert (code, answer) == (200, {"predictions": [[4.0], [8.0]]})
+    # The declared input is checked before any worker sees the request.
+    code, answer = post(f"{url}/v2/models/scale/infer", token,
+                        {"inputs": [{"name": "x", "shape": [2], "datatype": "FP64", "data": [1.0, 2.0]}]})
+    assert code == 400 and "input `x` is FP64 [2]; model `scale` takes FP64 [-1, -1]" in answer["error"], answer
+
+    listed = cli("serve", "ls")
+    assert "scale" in listed and "scale:1" in listed and "1/1" in listed, listed
+    cli("serve", "stop", "scale")
+    code, answer = post(f"{url}/v2/models/scale/infer", token, body)
+    assert code == 400 and "unknown model `scale`" in answer["error"], answer

@@ -1,0 +1,237 @@
+//! The controller: the predictor replica holding the `predictor-controller` lease keeps every
+//! running service's workers as its record says, on each pass (every `control-interval-ms`,
+//! and at once after a change through `ServeService`):
+//!
+//! - each member of the serving revision, and of the latest while a roll is on, has `replicas`
+//!   live worker jobs: a worker that failed, was lost or stopped is replaced (a preempted one
+//!   is queued again by the scheduler and still counts); surplus ones are stopped, those not
+//!   started first;
+//! - a roll switches once every member of the latest revision answers a readiness probe (its
+//!   relay is in rotation, so its worker loaded the model): the latest revision's live
+//!   definition is published to `kiln_services` and recorded as serving, and the old
+//!   revision's workers are stopped [`ROLL_GRACE`] later, when every predictor has switched;
+//! - a stopped service's definition is removed from `kiln_services` and its workers stopped.
+//!
+//! Workers are ordinary jobs (quotas, fair share and markets apply) whose environment names
+//! the service, revision, member and model version ([`kiln_core::serving`]).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kiln_core::events::{publish_job_change, stop_job};
+use kiln_core::ids::now_ms;
+use kiln_core::lease::Lease;
+use kiln_core::scheduling::MarketPolicy;
+use kiln_core::serving::{ENV_MEMBER, ENV_MODEL, ENV_REVISION, ENV_SERVICE, PROBE_HEADER};
+use kiln_core::store::{JobRecord, NewJob};
+use kiln_core::{JobState, subjects};
+use tokio_util::sync::CancellationToken;
+
+use crate::manage::workers_of;
+use crate::record::{RUNNING, ServiceRecord};
+use crate::revision::Revision;
+use crate::{Error, Result, Shared};
+
+/// How long after a roll switched the old revision's workers keep serving, for predictors
+/// that have not read the switch yet.
+pub const ROLL_GRACE: Duration = Duration::from_secs(3);
+
+/// How long a readiness probe waits for a member's relay.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Writes `revision` as the live definition of `record`'s service.
+pub async fn publish(shared: &Shared, record: &ServiceRecord, revision: &Revision) -> Result<()> {
+    let spec = revision.live(&record.name, &record.project);
+    let value = serde_json::to_vec(&spec).map_err(|error| Error::Internal(error.to_string()))?;
+    shared
+        .catalog
+        .bucket()
+        .put(&record.name, value.into())
+        .await
+        .map_err(|error| Error::Unavailable(format!("cannot publish service {}: {error}", record.name)))?;
+    Ok(())
+}
+
+/// Removes a service's live definition: the predictors stop answering for it.
+pub async fn forget(shared: &Shared, name: &str) -> Result<()> {
+    shared
+        .catalog
+        .bucket()
+        .delete(name)
+        .await
+        .map_err(|error| Error::Unavailable(format!("cannot remove service {name}: {error}")))?;
+    Ok(())
+}
+
+/// Runs the controller until `shutdown`: a lease loop, passes while it holds the lease.
+pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
+    let name = format!("predictor-{}", kiln_core::ids::new_id());
+    let ttl = Duration::from_millis(shared.config.lease_ttl_ms);
+    let mut lease = loop {
+        match Lease::new(&shared.nats, subjects::LEASE_PREDICTOR_CONTROLLER, &name, ttl).await {
+            Ok(lease) => break lease,
+            Err(error) => tracing::warn!(error = %error, "cannot open the controller lease; retrying"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    };
+    let interval = Duration::from_millis(shared.config.control_interval_ms);
+    let renew_every = ttl / 3;
+    let mut last_tick: Option<tokio::time::Instant> = None;
+    while !shutdown.is_cancelled() {
+        if last_tick.is_none_or(|at| at.elapsed() >= renew_every) {
+            last_tick = Some(tokio::time::Instant::now());
+            if let Err(error) = lease.tick().await {
+                tracing::warn!(error = %error, "cannot reach the controller lease; not controlling");
+            }
+        }
+        if lease.is_held()
+            && let Err(error) = pass(&shared).await
+        {
+            tracing::warn!(error = %error, "control pass failed");
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            _ = tokio::time::sleep(interval.min(renew_every)) => {}
+            _ = shared.wake.notified() => {}
+        }
+    }
+    if let Err(error) = lease.release().await {
+        tracing::warn!(error = %error, "cannot release the controller lease; a standby takes over when it expires");
+    }
+}
+
+/// One look at every service.
+pub async fn pass(shared: &Shared) -> Result<()> {
+    for record in shared.services.list(&kiln_core::authz::Visible::All, true).await? {
+        if record.state == RUNNING {
+            tend(shared, &record).await?;
+        } else {
+            let workers = shared.store.live_service_workers(&record.id).await?;
+            stop_all(shared, workers, "the service was stopped").await?;
+        }
+    }
+    Ok(())
+}
+
+async fn tend(shared: &Shared, record: &ServiceRecord) -> Result<()> {
+    let mut wanted = vec![shared.services.revision(&record.id, record.revision).await?];
+    if record.latest_revision > record.revision {
+        let latest = shared.services.revision(&record.id, record.latest_revision).await?;
+        if ready(shared, record, &latest).await {
+            publish(shared, record, &latest).await?;
+            if shared
+                .services
+                .serve_revision(&record.id, record.latest_revision)
+                .await?
+            {
+                tracing::info!(service = %record.name, revision = latest.revision, "service now serves its latest revision");
+            }
+        }
+        wanted.push(latest);
+    }
+    // The old revision's workers serve on through the grace after a switch.
+    keep(shared, record, &wanted).await
+}
+
+/// Keeps `replicas` workers for every member of `revisions`, and none for any other.
+async fn keep(shared: &Shared, record: &ServiceRecord, revisions: &[Revision]) -> Result<()> {
+    let workers = shared.store.live_service_workers(&record.id).await?;
+    let replicas = usize::try_from(record.replicas.max(1)).unwrap_or(1);
+    let in_grace = now_ms() - record.updated_at_ms < ROLL_GRACE.as_millis() as i64;
+    let mut kept: Vec<&str> = Vec::new();
+    for revision in revisions {
+        for member in &revision.members {
+            let live: Vec<&JobRecord> = workers_of(&workers, revision.revision, &member.name).collect();
+            kept.extend(live.iter().map(|job| job.id.as_str()));
+            for _ in live.len()..replicas {
+                submit(shared, record, revision, &member.name, &member.model_version()).await?;
+            }
+            if live.len() > replicas {
+                let surplus: Vec<JobRecord> = unstarted_first(&live).into_iter().take(live.len() - replicas).collect();
+                stop_all(shared, surplus, "not needed: the service was scaled down").await?;
+            }
+        }
+    }
+    if in_grace {
+        return Ok(());
+    }
+    let others: Vec<JobRecord> = workers
+        .iter()
+        .filter(|job| !kept.contains(&job.id.as_str()))
+        .cloned()
+        .collect();
+    stop_all(shared, others, "not needed: the service serves another revision").await
+}
+
+fn unstarted_first(live: &[&JobRecord]) -> Vec<JobRecord> {
+    let mut ordered: Vec<JobRecord> = live.iter().rev().map(|job| (*job).clone()).collect();
+    ordered.sort_by_key(|job| !matches!(job.state(), Ok(JobState::Queued)));
+    ordered
+}
+
+async fn stop_all(shared: &Shared, workers: Vec<JobRecord>, reason: &str) -> Result<()> {
+    for job in workers {
+        if job.stop_requested {
+            continue;
+        }
+        tracing::info!(job_id = %job.id, reason, "stopping a service worker");
+        stop_job(&shared.nats, &shared.store, job, reason).await?;
+    }
+    Ok(())
+}
+
+/// Whether every member of `revision` has a worker in rotation.
+async fn ready(shared: &Shared, record: &ServiceRecord, revision: &Revision) -> bool {
+    for member in &revision.members {
+        let subject = subjects::serve(&record.name, revision.revision, &member.name);
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(PROBE_HEADER, "ready");
+        let probe = async_nats::Request::new()
+            .headers(headers)
+            .payload(bytes::Bytes::new())
+            .timeout(Some(PROBE_TIMEOUT));
+        if shared.nats.client.send_request(subject, probe).await.is_err() {
+            return false;
+        }
+    }
+    true
+}
+
+async fn submit(shared: &Shared, record: &ServiceRecord, revision: &Revision, member: &str, model: &str) -> Result<()> {
+    let worker = &revision.worker;
+    let mut env: BTreeMap<String, String> = worker.env.clone();
+    env.insert(ENV_SERVICE.into(), record.name.clone());
+    env.insert(ENV_REVISION.into(), revision.revision.to_string());
+    env.insert(ENV_MEMBER.into(), member.to_string());
+    env.insert(ENV_MODEL.into(), model.to_string());
+    let job = shared
+        .store
+        .insert_job(NewJob {
+            owner_id: record.owner_id.clone(),
+            project: record.project.clone(),
+            name: format!("{}-{member}-r{}", record.name, revision.revision),
+            command: worker.command.clone(),
+            env,
+            cpu_millis: worker.cpu_millis,
+            memory_bytes: worker.memory_bytes,
+            code_digest: worker.code_digest.clone(),
+            image: worker.image.clone(),
+            gpus: worker.gpus,
+            priority_class: worker.priority_class.clone(),
+            market_policy: MarketPolicy::parse(&worker.market),
+            requested_pool: worker.pool.clone(),
+            secrets: worker.secrets.clone(),
+            service_id: record.id.clone(),
+            ..NewJob::default()
+        })
+        .await?;
+    tracing::info!(service = %record.name, member, revision = revision.revision, job_id = %job.id, "worker asked for");
+    if let Err(error) = publish_job_change(&shared.nats, &shared.store, &job).await {
+        tracing::warn!(job_id = %job.id, error = %error, "publish failed; the reconciler will retry");
+    }
+    Ok(())
+}

@@ -1,0 +1,407 @@
+//! `ServeService`: inference services made, read, rolled to new revisions, scaled and stopped.
+//!
+//! A create or update checks the definition (every problem named), resolves each model to a
+//! registry version the caller may read, and records the revision. A new service's first
+//! revision is published to `kiln_services` at once; a later one is published by the
+//! [`crate::controller`] once each of its members has a worker ready, so a roll fails no
+//! request.
+
+use std::sync::Arc;
+
+use kiln_core::authz::{Caller, Need, Resource, Role};
+use kiln_core::scheduling::MarketPolicy;
+use kiln_core::serving::{ENV_MEMBER, ENV_REVISION, Ensemble, TensorSpec};
+use kiln_core::store::JobRecord;
+use kiln_proto::v1 as pb;
+use tonic::{Request, Response, Status};
+
+use crate::record::{RUNNING, ServiceRecord};
+use crate::revision::{DEFAULT_DEADLINE_MS, ModelRef, Revision, RevisionMember, WorkerSpec, default_member_name};
+use crate::{Error, Result, Shared};
+
+/// The most workers a member may ask for.
+pub const MAX_REPLICAS: u32 = 64;
+
+pub struct ServeApi {
+    pub shared: Arc<Shared>,
+}
+
+fn caller<T>(request: &Request<T>) -> Result<Caller> {
+    Ok(Caller::of(request).map_err(kiln_core::Error::from)?)
+}
+
+#[tonic::async_trait]
+impl pb::serve_service_server::ServeService for ServeApi {
+    async fn create_service(
+        &self,
+        request: Request<pb::CreateServiceRequest>,
+    ) -> Result<Response<pb::Service>, Status> {
+        let caller = caller(&request)?;
+        Ok(Response::new(self.create(&caller, request.into_inner()).await?))
+    }
+
+    async fn get_service(&self, request: Request<pb::GetServiceRequest>) -> Result<Response<pb::Service>, Status> {
+        let caller = caller(&request)?;
+        let record = self.visible(&caller, &request.get_ref().name).await?;
+        Ok(Response::new(self.describe(&record).await?))
+    }
+
+    async fn list_services(
+        &self,
+        request: Request<pb::ListServicesRequest>,
+    ) -> Result<Response<pb::ListServicesResponse>, Status> {
+        let caller = caller(&request)?;
+        let request = request.into_inner();
+        let visible = caller
+            .listed_projects(&self.shared.store, &request.project)
+            .await
+            .map_err(Error::from)?;
+        let mut services = Vec::new();
+        for record in self.shared.services.list(&visible, request.all).await? {
+            services.push(self.describe(&record).await?);
+        }
+        Ok(Response::new(pb::ListServicesResponse { services }))
+    }
+
+    async fn update_service(
+        &self,
+        request: Request<pb::UpdateServiceRequest>,
+    ) -> Result<Response<pb::Service>, Status> {
+        let caller = caller(&request)?;
+        let request = request.into_inner();
+        let record = self.visible(&caller, &request.name).await?;
+        running(&record)?;
+        let definition = request
+            .definition
+            .ok_or_else(|| Error::InvalidArgument("definition is missing".into()))?;
+        let next = self
+            .revision(&caller, &record.project, record.latest_revision as u64 + 1, &definition)
+            .await?;
+        self.shared.services.add_revision(&record, &next).await?;
+        tracing::info!(service = %record.name, revision = next.revision, "service rolling to a new revision");
+        self.shared.wake.notify_one();
+        let record = self.named(&record.name).await?;
+        Ok(Response::new(self.describe(&record).await?))
+    }
+
+    async fn scale_service(&self, request: Request<pb::ScaleServiceRequest>) -> Result<Response<pb::Service>, Status> {
+        let caller = caller(&request)?;
+        let request = request.into_inner();
+        let record = self.visible(&caller, &request.name).await?;
+        running(&record)?;
+        let replicas = check_replicas(request.replicas)?;
+        self.shared.services.set_replicas(&record.id, replicas).await?;
+        self.shared.wake.notify_one();
+        let record = self.named(&record.name).await?;
+        Ok(Response::new(self.describe(&record).await?))
+    }
+
+    async fn stop_service(&self, request: Request<pb::StopServiceRequest>) -> Result<Response<pb::Service>, Status> {
+        let caller = caller(&request)?;
+        let record = self.visible(&caller, &request.get_ref().name).await?;
+        if self.shared.services.stop(&record.id, "stopped by request").await? {
+            tracing::info!(service = %record.name, "service stopped");
+        }
+        crate::controller::forget(&self.shared, &record.name).await?;
+        self.shared.wake.notify_one();
+        let record = self.named(&record.name).await?;
+        Ok(Response::new(self.describe(&record).await?))
+    }
+}
+
+fn running(record: &ServiceRecord) -> Result<()> {
+    if record.state == RUNNING {
+        Ok(())
+    } else {
+        Err(Error::FailedPrecondition(format!(
+            "service {} is {}; create it again to serve it",
+            record.name, record.state
+        )))
+    }
+}
+
+fn check_replicas(replicas: u32) -> Result<i32> {
+    match replicas {
+        0 => Ok(1),
+        1..=MAX_REPLICAS => Ok(replicas as i32),
+        _ => Err(Error::InvalidArgument(format!(
+            "replicas is {replicas}; give 1 to {MAX_REPLICAS} workers per member"
+        ))),
+    }
+}
+
+impl ServeApi {
+    async fn create(&self, caller: &Caller, request: pb::CreateServiceRequest) -> Result<pb::Service> {
+        let project = caller.named_project(&self.shared.store, &request.project).await?;
+        caller
+            .authorize(&Resource::project(&project))
+            .map_err(kiln_core::Error::from)?;
+        kiln_core::serving::check_name("name", &request.name).map_err(Error::InvalidArgument)?;
+        let definition = request
+            .definition
+            .ok_or_else(|| Error::InvalidArgument("definition is missing".into()))?;
+        let replicas = check_replicas(definition.replicas)?;
+        let first = self.revision(caller, &project, 1, &definition).await?;
+        let record = self
+            .shared
+            .services
+            .create(&request.name, &project, caller.user_id(), replicas, &first)
+            .await?;
+        crate::controller::publish(&self.shared, &record, &first).await?;
+        tracing::info!(service = %record.name, owner = %caller.principal.user_name, "service created");
+        self.shared.wake.notify_one();
+        self.describe(&record).await
+    }
+
+    /// Checks a definition and resolves its models into revision `number`.
+    async fn revision(
+        &self,
+        caller: &Caller,
+        project: &str,
+        number: u64,
+        definition: &pb::ServiceDefinition,
+    ) -> Result<Revision> {
+        let ensemble = match definition.ensemble.as_str() {
+            "" => Ensemble::Mean,
+            other => Ensemble::parse(other).ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "ensemble is `{other}`; give mean, weighted-mean, vote or first"
+                ))
+            })?,
+        };
+        let worker = definition.worker.clone().unwrap_or_default();
+        let resources = worker.resources.unwrap_or_default();
+        let store = &self.shared.store;
+        if !worker.code_digest.is_empty() && store.artifact(&worker.code_digest).await?.is_none() {
+            return Err(Error::FailedPrecondition(format!(
+                "code bundle {} is not uploaded; upload it with ArtifactService first",
+                worker.code_digest
+            )));
+        }
+        if let Some(name) = store.missing_secret(project, &worker.secrets).await? {
+            return Err(Error::FailedPrecondition(format!(
+                "project {project} has no secret {name}; set it with `kiln secret set {name} --project {project}`"
+            )));
+        }
+        let mut members = Vec::new();
+        for model in &definition.models {
+            let reference = ModelRef::parse(&model.model).map_err(Error::InvalidArgument)?;
+            let version = self.resolve(caller, &reference).await?;
+            members.push(RevisionMember {
+                name: if model.member.is_empty() {
+                    default_member_name(reference.model())
+                } else {
+                    model.member.clone()
+                },
+                asked: model.model.clone(),
+                model: reference.model().to_string(),
+                version,
+                weight: if model.weight == 0.0 { 1.0 } else { model.weight },
+            });
+        }
+        let tensors = |tensors: &[pb::TensorMetadata]| -> Vec<TensorSpec> {
+            tensors
+                .iter()
+                .map(|tensor| TensorSpec {
+                    name: tensor.name.clone(),
+                    datatype: tensor.datatype.clone(),
+                    shape: tensor.shape.clone(),
+                })
+                .collect()
+        };
+        let revision = Revision {
+            revision: number,
+            members,
+            ensemble,
+            deadline_ms: if definition.deadline_ms == 0 {
+                DEFAULT_DEADLINE_MS
+            } else {
+                definition.deadline_ms
+            },
+            quorum: definition.quorum.max(1) as usize,
+            inputs: tensors(&definition.inputs),
+            outputs: tensors(&definition.outputs),
+            worker: WorkerSpec {
+                command: worker.command,
+                env: worker.env.into_iter().collect(),
+                image: worker.image,
+                cpu_millis: i64::from(resources.cpu_millis),
+                memory_bytes: i64::try_from(resources.memory_bytes).unwrap_or(i64::MAX),
+                gpus: i32::try_from(worker.gpus).unwrap_or(i32::MAX),
+                code_digest: worker.code_digest,
+                market: MarketPolicy::from_proto(pb::Market::try_from(worker.market).unwrap_or_default())
+                    .as_str()
+                    .to_string(),
+                pool: worker.pool,
+                secrets: worker.secrets,
+                priority_class: worker.priority_class,
+            },
+        };
+        let problems = revision.problems("service");
+        if !problems.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "the service definition has {} problem(s): {}",
+                problems.len(),
+                problems.join("; ")
+            )));
+        }
+        Ok(revision)
+    }
+
+    /// The version a model reference names, once the caller may read the model.
+    async fn resolve(&self, caller: &Caller, reference: &ModelRef) -> Result<i64> {
+        let store = &self.shared.store;
+        let name = reference.model();
+        let unknown = || Error::InvalidArgument(format!("model {name} not found in the registry (`kiln model ls`)"));
+        let model = store.model(name).await?.ok_or_else(unknown)?;
+        caller
+            .authorize_with(
+                Need::Role(Role::Viewer),
+                &Resource {
+                    kind: "model",
+                    ..Resource::project(&model.project)
+                },
+            )
+            .map_err(|_| unknown())?;
+        let version = match reference {
+            ModelRef::Latest { .. } => model.latest_version,
+            ModelRef::Version { version, .. } => *version,
+            ModelRef::Alias { alias, .. } => store.model_alias(name, alias).await?.ok_or_else(|| {
+                Error::InvalidArgument(format!("model {name} has no alias {alias} (`kiln model alias`)"))
+            })?,
+        };
+        if store.model_version(name, version).await?.is_none() {
+            return Err(Error::InvalidArgument(format!("model {name} has no version {version}")));
+        }
+        Ok(version)
+    }
+
+    async fn named(&self, name: &str) -> Result<ServiceRecord> {
+        self.shared
+            .services
+            .by_name(name)
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("service {name} not found")))
+    }
+
+    /// Reads a service and asks the caller's rule about it (an unseen one is not found).
+    async fn visible(&self, caller: &Caller, name: &str) -> Result<ServiceRecord> {
+        let record = self.named(name).await?;
+        caller
+            .authorize(&Resource::owned(
+                "service",
+                &record.name,
+                &record.project,
+                &record.owner_id,
+            ))
+            .map_err(kiln_core::Error::from)?;
+        Ok(record)
+    }
+
+    async fn describe(&self, record: &ServiceRecord) -> Result<pb::Service> {
+        let services = &self.shared.services;
+        let latest = services.revision(&record.id, record.latest_revision).await?;
+        let workers = self.shared.store.live_service_workers(&record.id).await?;
+        let mut members = Vec::new();
+        let mut revisions = vec![record.revision];
+        if record.latest_revision != record.revision {
+            revisions.push(record.latest_revision);
+        }
+        for number in revisions {
+            let revision = services.revision(&record.id, number).await?;
+            for member in &revision.members {
+                members.push(pb::ServiceMember {
+                    member: member.name.clone(),
+                    model_version: member.model_version(),
+                    weight: member.weight,
+                    revision: revision.revision,
+                    wanted: if record.state == RUNNING {
+                        record.replicas as u32
+                    } else {
+                        0
+                    },
+                    workers: workers_of(&workers, revision.revision, &member.name)
+                        .map(|job| pb::ServiceWorker {
+                            job_id: job.id.clone(),
+                            state: job.to_proto().state,
+                        })
+                        .collect(),
+                });
+            }
+        }
+        Ok(pb::Service {
+            name: record.name.clone(),
+            project: record.project.clone(),
+            owner: record.owner_id.clone(),
+            state: record.state.clone(),
+            reason: record.reason.clone(),
+            revision: record.revision as u64,
+            latest_revision: record.latest_revision as u64,
+            definition: Some(definition_of(&latest, record.replicas)),
+            members,
+            created_at_ms: record.created_at_ms,
+            updated_at_ms: record.updated_at_ms,
+            url: self.shared.http_url.clone(),
+        })
+    }
+}
+
+/// The workers (live jobs) of `member` of `revision`.
+pub fn workers_of<'a>(
+    workers: &'a [JobRecord],
+    revision: u64,
+    member: &'a str,
+) -> impl Iterator<Item = &'a JobRecord> + 'a {
+    workers.iter().filter(move |job| {
+        let env = job.env().unwrap_or_default();
+        env.get(ENV_REVISION).and_then(|value| value.parse::<u64>().ok()) == Some(revision)
+            && env.get(ENV_MEMBER).map(String::as_str) == Some(member)
+    })
+}
+
+fn definition_of(revision: &Revision, replicas: i32) -> pb::ServiceDefinition {
+    let tensors = |tensors: &[TensorSpec]| -> Vec<pb::TensorMetadata> {
+        tensors
+            .iter()
+            .map(|tensor| pb::TensorMetadata {
+                name: tensor.name.clone(),
+                datatype: tensor.datatype.clone(),
+                shape: tensor.shape.clone(),
+            })
+            .collect()
+    };
+    let worker = &revision.worker;
+    pb::ServiceDefinition {
+        models: revision
+            .members
+            .iter()
+            .map(|member| pb::ServiceModel {
+                model: member.asked.clone(),
+                weight: member.weight,
+                member: member.name.clone(),
+            })
+            .collect(),
+        ensemble: revision.ensemble.as_str().to_string(),
+        deadline_ms: revision.deadline_ms,
+        quorum: revision.quorum as u32,
+        replicas: replicas as u32,
+        worker: Some(pb::JobSpec {
+            command: worker.command.clone(),
+            env: worker.env.clone().into_iter().collect(),
+            resources: Some(pb::Resources {
+                cpu_millis: u32::try_from(worker.cpu_millis).unwrap_or(0),
+                memory_bytes: u64::try_from(worker.memory_bytes).unwrap_or(0),
+            }),
+            code_digest: worker.code_digest.clone(),
+            image: worker.image.clone(),
+            gpus: u32::try_from(worker.gpus).unwrap_or(0),
+            market: MarketPolicy::parse(&worker.market).to_proto() as i32,
+            pool: worker.pool.clone(),
+            secrets: worker.secrets.clone(),
+            priority_class: worker.priority_class.clone(),
+            ..Default::default()
+        }),
+        inputs: tensors(&revision.inputs),
+        outputs: tensors(&revision.outputs),
+    }
+}

@@ -1,0 +1,50 @@
+//! The sea-orm entities of the service tables: `services` and `service_revisions`.
+
+pub mod service {
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "services")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub id: String,
+        pub name: String,
+        pub project: String,
+        pub owner_id: String,
+        pub state: String,
+        /// The revision the predictors answer with.
+        pub revision: i64,
+        /// The newest revision; ahead of `revision` while the service rolls to it.
+        pub latest_revision: i64,
+        pub replicas: i32,
+        pub reason: String,
+        pub created_at_ms: i64,
+        pub updated_at_ms: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+pub mod revision {
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "service_revisions")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub service_id: String,
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub revision: i64,
+        /// The revision ([`crate::revision::Revision`]) as JSON.
+        pub spec_json: String,
+        pub created_at_ms: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}

@@ -1,0 +1,216 @@
+//! The service tables: a service's record (its name, project, state, serving and latest
+//! revision, replicas) and its revisions, each recorded once and never changed.
+
+use kiln_core::authz::Visible;
+use kiln_core::ids::{new_id, now_ms};
+use sea_orm::sea_query::Expr;
+use sea_orm::{
+    ActiveValue::Set, ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, QueryOrder, TransactionTrait,
+};
+
+use crate::revision::Revision;
+use crate::{Error, Result};
+
+pub mod entity;
+
+use entity::{revision, service};
+
+pub type ServiceRecord = service::Model;
+
+pub const RUNNING: &str = "RUNNING";
+pub const STOPPED: &str = "STOPPED";
+
+/// ServiceStore reads and writes the service tables.
+#[derive(Clone)]
+pub struct ServiceStore {
+    db: DatabaseConnection,
+}
+
+fn corrupt(error: serde_json::Error) -> Error {
+    Error::Internal(format!("a recorded revision does not read back: {error}"))
+}
+
+impl ServiceStore {
+    pub fn new(store: &kiln_core::store::Store) -> ServiceStore {
+        ServiceStore {
+            db: store.connection().clone(),
+        }
+    }
+
+    /// Records a new service with its first revision; ALREADY_EXISTS-like error when the name is
+    /// taken.
+    pub async fn create(
+        &self,
+        name: &str,
+        project: &str,
+        owner_id: &str,
+        replicas: i32,
+        first: &Revision,
+    ) -> Result<ServiceRecord> {
+        if self.by_name(name).await?.is_some() {
+            return Err(Error::AlreadyExists(format!(
+                "a service named {name} exists; pick another name, or `kiln serve update {name}`"
+            )));
+        }
+        let now = now_ms();
+        let record = ServiceRecord {
+            id: new_id(),
+            name: name.to_string(),
+            project: project.to_string(),
+            owner_id: owner_id.to_string(),
+            state: RUNNING.to_string(),
+            revision: first.revision as i64,
+            latest_revision: first.revision as i64,
+            replicas,
+            reason: String::new(),
+            created_at_ms: now,
+            updated_at_ms: now,
+        };
+        let spec_json = serde_json::to_string(first).map_err(corrupt)?;
+        let inserted = record.clone();
+        self.db
+            .transaction::<_, (), sea_orm::DbErr>(|tx| {
+                Box::pin(async move {
+                    service::Entity::insert(service::ActiveModel::from(inserted.clone()))
+                        .exec_without_returning(tx)
+                        .await?;
+                    revision::Entity::insert(revision::ActiveModel {
+                        service_id: Set(inserted.id.clone()),
+                        revision: Set(inserted.revision),
+                        spec_json: Set(spec_json),
+                        created_at_ms: Set(now),
+                    })
+                    .exec_without_returning(tx)
+                    .await?;
+                    Ok(())
+                })
+            })
+            .await
+            .map_err(|error| match error {
+                // Two creates raced for the name: the unique index refused the second.
+                sea_orm::TransactionError::Transaction(error)
+                    if error.to_string().contains("UNIQUE") || error.to_string().contains("unique") =>
+                {
+                    Error::AlreadyExists(format!("a service named {name} exists; pick another name"))
+                }
+                other => Error::Internal(format!("cannot record service {name}: {other}")),
+            })?;
+        Ok(record)
+    }
+
+    pub async fn by_name(&self, name: &str) -> Result<Option<ServiceRecord>> {
+        Ok(service::Entity::find()
+            .filter(service::Column::Name.eq(name))
+            .one(&self.db)
+            .await
+            .map_err(kiln_core::store::StoreError::from)?)
+    }
+
+    /// Services of the visible projects, by name; running ones only unless `all`.
+    pub async fn list(&self, visible: &Visible, all: bool) -> Result<Vec<ServiceRecord>> {
+        let mut query = service::Entity::find();
+        if let Visible::Only(projects) = visible {
+            query = query.filter(service::Column::Project.is_in(projects.clone()));
+        }
+        if !all {
+            query = query.filter(service::Column::State.eq(RUNNING));
+        }
+        Ok(query
+            .order_by_asc(service::Column::Name)
+            .all(&self.db)
+            .await
+            .map_err(kiln_core::store::StoreError::from)?)
+    }
+
+    pub async fn revision(&self, service_id: &str, number: i64) -> Result<Revision> {
+        let row = revision::Entity::find_by_id((service_id.to_string(), number))
+            .one(&self.db)
+            .await
+            .map_err(kiln_core::store::StoreError::from)?
+            .ok_or_else(|| Error::Internal(format!("service {service_id} has no revision {number}")))?;
+        serde_json::from_str(&row.spec_json).map_err(corrupt)
+    }
+
+    /// Records `next` as the service's newest revision, if the newest is still `after` (an
+    /// update raced by another is refused).
+    pub async fn add_revision(&self, record: &ServiceRecord, next: &Revision) -> Result<()> {
+        let spec_json = serde_json::to_string(next).map_err(corrupt)?;
+        let service_id = record.id.clone();
+        let after = record.latest_revision;
+        let number = next.revision as i64;
+        let moved = self
+            .db
+            .transaction::<_, bool, sea_orm::DbErr>(|tx| {
+                Box::pin(async move {
+                    let updated = service::Entity::update_many()
+                        .col_expr(service::Column::LatestRevision, Expr::value(number))
+                        .col_expr(service::Column::UpdatedAtMs, Expr::value(now_ms()))
+                        .filter(service::Column::Id.eq(service_id.as_str()))
+                        .filter(service::Column::LatestRevision.eq(after))
+                        .filter(service::Column::State.eq(RUNNING))
+                        .exec(tx)
+                        .await?;
+                    if updated.rows_affected == 0 {
+                        return Ok(false);
+                    }
+                    revision::Entity::insert(revision::ActiveModel {
+                        service_id: Set(service_id),
+                        revision: Set(number),
+                        spec_json: Set(spec_json),
+                        created_at_ms: Set(now_ms()),
+                    })
+                    .exec_without_returning(tx)
+                    .await?;
+                    Ok(true)
+                })
+            })
+            .await
+            .map_err(|error| Error::Internal(format!("cannot record the revision: {error}")))?;
+        if moved {
+            Ok(())
+        } else {
+            Err(Error::FailedPrecondition(format!(
+                "service {} changed meanwhile (or was stopped); read it again and retry",
+                record.name
+            )))
+        }
+    }
+
+    /// Makes `number` the serving revision, if it is newer than the serving one.
+    pub async fn serve_revision(&self, service_id: &str, number: i64) -> Result<bool> {
+        let updated = service::Entity::update_many()
+            .col_expr(service::Column::Revision, Expr::value(number))
+            .col_expr(service::Column::UpdatedAtMs, Expr::value(now_ms()))
+            .filter(service::Column::Id.eq(service_id))
+            .filter(service::Column::Revision.lt(number))
+            .exec(&self.db)
+            .await
+            .map_err(kiln_core::store::StoreError::from)?;
+        Ok(updated.rows_affected > 0)
+    }
+
+    pub async fn set_replicas(&self, service_id: &str, replicas: i32) -> Result<()> {
+        service::Entity::update_many()
+            .col_expr(service::Column::Replicas, Expr::value(replicas))
+            .col_expr(service::Column::UpdatedAtMs, Expr::value(now_ms()))
+            .filter(service::Column::Id.eq(service_id))
+            .exec(&self.db)
+            .await
+            .map_err(kiln_core::store::StoreError::from)?;
+        Ok(())
+    }
+
+    /// Stops a running service; false when it was stopped already.
+    pub async fn stop(&self, service_id: &str, reason: &str) -> Result<bool> {
+        let updated = service::Entity::update_many()
+            .col_expr(service::Column::State, Expr::value(STOPPED))
+            .col_expr(service::Column::Reason, Expr::value(reason))
+            .col_expr(service::Column::UpdatedAtMs, Expr::value(now_ms()))
+            .filter(service::Column::Id.eq(service_id))
+            .filter(service::Column::State.eq(RUNNING))
+            .exec(&self.db)
+            .await
+            .map_err(kiln_core::store::StoreError::from)?;
+        Ok(updated.rows_affected > 0)
+    }
+}

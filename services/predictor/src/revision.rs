@@ -1,0 +1,206 @@
+//! One revision of a service, as recorded: the definition as asked, each member's model
+//! resolved to a registry version, and the worker job every member runs.
+//!
+//! A revision never changes once recorded; an update makes the next one. Its live form, what
+//! the predictors read from `kiln_services`, is [`Revision::live`].
+
+use std::collections::BTreeMap;
+
+use kiln_core::serving::{Ensemble, Member, ServiceSpec, TensorSpec, check_name};
+use serde::{Deserialize, Serialize};
+
+/// The deadline of a request that gives none, when the definition does not say.
+pub const DEFAULT_DEADLINE_MS: u64 = 100;
+
+/// One member of a revision.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RevisionMember {
+    pub name: String,
+    /// The model as asked (`name@alias`, `name:3`, `name`).
+    pub asked: String,
+    pub model: String,
+    pub version: i64,
+    pub weight: f64,
+}
+
+impl RevisionMember {
+    /// `name:version`.
+    pub fn model_version(&self) -> String {
+        format!("{}:{}", self.model, self.version)
+    }
+}
+
+/// The worker job of every member of a revision.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct WorkerSpec {
+    pub command: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub image: String,
+    pub cpu_millis: i64,
+    pub memory_bytes: i64,
+    pub gpus: i32,
+    pub code_digest: String,
+    /// `auto`, `spot` or `on-demand` ([`kiln_core::scheduling::MarketPolicy`]).
+    pub market: String,
+    pub pool: String,
+    pub secrets: Vec<String>,
+    pub priority_class: String,
+}
+
+/// A recorded revision.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Revision {
+    pub revision: u64,
+    pub members: Vec<RevisionMember>,
+    pub ensemble: Ensemble,
+    pub deadline_ms: u64,
+    pub quorum: usize,
+    pub inputs: Vec<TensorSpec>,
+    pub outputs: Vec<TensorSpec>,
+    pub worker: WorkerSpec,
+}
+
+impl Revision {
+    /// What the predictors answer with for service `name` of `project` at this revision.
+    pub fn live(&self, name: &str, project: &str) -> ServiceSpec {
+        ServiceSpec {
+            name: name.to_string(),
+            project: project.to_string(),
+            revision: self.revision,
+            members: self
+                .members
+                .iter()
+                .map(|member| Member {
+                    name: member.name.clone(),
+                    model: member.model_version(),
+                    weight: member.weight,
+                })
+                .collect(),
+            ensemble: self.ensemble,
+            deadline_ms: self.deadline_ms,
+            quorum: self.quorum,
+            inputs: self.inputs.clone(),
+            outputs: self.outputs.clone(),
+        }
+    }
+
+    /// Every problem of the revision, each naming its field (the service's name is checked
+    /// by the live form's rules too).
+    pub fn problems(&self, name: &str) -> Vec<String> {
+        let mut problems = self.live(name, "").problems();
+        if self.worker.command.is_empty() {
+            problems.push("worker.command: give the command that starts the worker (it calls kiln.serve)".into());
+        }
+        if self.worker.cpu_millis <= 0 || self.worker.memory_bytes <= 0 {
+            problems.push("worker.resources: give CPU and memory per worker (--cpu, --mem)".into());
+        }
+        for (at, tensor) in self.inputs.iter().chain(&self.outputs).enumerate() {
+            if kiln_formats::oip::DataType::parse(&tensor.datatype).is_none() {
+                problems.push(format!(
+                    "tensor {at} (`{}`): datatype `{}` is not one of the protocol's (FP32, INT64, BYTES...)",
+                    tensor.name, tensor.datatype
+                ));
+            }
+            if tensor.shape.iter().any(|&dim| dim < -1) {
+                problems.push(format!("tensor `{}`: a dimension is a size or -1", tensor.name));
+            }
+        }
+        problems
+    }
+}
+
+/// The member name a model gets when none is given: its name, made a subject token.
+pub fn default_member_name(model: &str) -> String {
+    let name: String = model
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    if check_name("member", &name).is_ok() {
+        name
+    } else {
+        format!("m-{name}")
+    }
+}
+
+/// A model as asked, split: `name@alias` or `name:version` or `name`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelRef {
+    Alias { model: String, alias: String },
+    Version { model: String, version: i64 },
+    Latest { model: String },
+}
+
+impl ModelRef {
+    pub fn parse(text: &str) -> Result<ModelRef, String> {
+        if let Some((model, alias)) = text.split_once('@') {
+            return Ok(ModelRef::Alias {
+                model: model.into(),
+                alias: alias.into(),
+            });
+        }
+        if let Some((model, version)) = text.rsplit_once(':') {
+            let version = version
+                .parse::<i64>()
+                .ok()
+                .filter(|version| *version > 0)
+                .ok_or_else(|| format!("model `{text}`: the version after `:` must be a positive number"))?;
+            return Ok(ModelRef::Version {
+                model: model.into(),
+                version,
+            });
+        }
+        if text.is_empty() {
+            return Err("a model is named as NAME@ALIAS, NAME:VERSION or NAME".into());
+        }
+        Ok(ModelRef::Latest { model: text.into() })
+    }
+
+    pub fn model(&self) -> &str {
+        match self {
+            ModelRef::Alias { model, .. } | ModelRef::Version { model, .. } | ModelRef::Latest { model } => model,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_references_parse() {
+        assert_eq!(
+            ModelRef::parse("resnet-cifar@production"),
+            Ok(ModelRef::Alias {
+                model: "resnet-cifar".into(),
+                alias: "production".into()
+            })
+        );
+        assert_eq!(
+            ModelRef::parse("other:3"),
+            Ok(ModelRef::Version {
+                model: "other".into(),
+                version: 3
+            })
+        );
+        assert_eq!(
+            ModelRef::parse("digits"),
+            Ok(ModelRef::Latest { model: "digits".into() })
+        );
+        assert!(ModelRef::parse("other:x").unwrap_err().contains("positive number"));
+        assert!(ModelRef::parse("other:0").is_err());
+    }
+
+    #[test]
+    fn member_names_are_subject_tokens() {
+        assert_eq!(default_member_name("resnet_cifar"), "resnet-cifar");
+        assert_eq!(default_member_name("Digits.SVM"), "digits-svm");
+        assert_eq!(default_member_name("3d"), "m-3d");
+    }
+}
