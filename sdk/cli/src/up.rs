@@ -363,7 +363,10 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
     println!("  logs:     {}", credentials.logs);
     println!("  batches:  {}", credentials.batches);
     println!("  advisor:  {}", credentials.advisor);
-    println!("  serving:  {} (Open Inference Protocol: http://{predictor_http})", credentials.predictor);
+    println!(
+        "  serving:  {} (Open Inference Protocol: http://{predictor_http})",
+        credentials.predictor
+    );
     println!("  nats:     {nats_url}");
     println!("  metrics:  http://{metrics_addr}/metrics");
     println!("  data:     {}", home.display());
