@@ -19,6 +19,7 @@ mod m0011_models;
 mod m0012_sweeps;
 mod m0013_gpu_time;
 mod m0014_services;
+mod m0015_service_rollouts;
 
 /// Migrator lists every migration in order.
 pub struct Migrator;
@@ -41,6 +42,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0012_sweeps::Migration),
             Box::new(m0013_gpu_time::Migration),
             Box::new(m0014_services::Migration),
+            Box::new(m0015_service_rollouts::Migration),
         ]
     }
 }

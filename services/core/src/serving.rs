@@ -111,6 +111,95 @@ pub struct ServiceSpec {
     pub inputs: Vec<TensorSpec>,
     #[serde(default)]
     pub outputs: Vec<TensorSpec>,
+    /// How long a request that finds no worker of a member waits for one (asking the
+    /// controller for it on [`serve_demand`](crate::subjects::serve_demand)), in
+    /// milliseconds; 0 answers UNAVAILABLE at once. Its deadline counts from when the wait ends.
+    #[serde(default)]
+    pub cold_wait_ms: u64,
+    /// A newer revision taking a share of the requests, or copies of them, while it is tried.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<Split>,
+}
+
+/// A revision tried beside the serving one: it answers `traffic` percent of the requests, or,
+/// in `shadow`, gets a copy of every request and its answers are only compared and counted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Split {
+    /// Its definition (`split` is always empty there).
+    pub spec: Box<ServiceSpec>,
+    /// 1 to 99: the percent of requests it answers (ignored in shadow).
+    pub traffic: u32,
+    pub shadow: bool,
+}
+
+/// How many workers a member has: `min_replicas` to `max_replicas`, set by the controller from
+/// its workers' load ([`LoadReport`]) when the two differ.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Scaling {
+    /// 0 lets an idle member go without workers (scale to zero).
+    pub min_replicas: u32,
+    pub max_replicas: u32,
+    /// In-flight requests per worker the controller aims at.
+    pub target_in_flight: f64,
+    /// When the workers' mean time per request is above it, one more worker is asked for;
+    /// 0: latency does not scale.
+    pub target_latency_ms: u64,
+    /// How long a member's load must stay low before its workers are cut (and, with
+    /// `min_replicas` 0, how long it stays up after its last request).
+    pub scale_down_delay_ms: u64,
+    /// [`ServiceSpec::cold_wait_ms`].
+    pub cold_wait_ms: u64,
+}
+
+/// The defaults of [`Scaling`] a definition leaves out.
+pub const DEFAULT_TARGET_IN_FLIGHT: f64 = 2.0;
+pub const DEFAULT_SCALE_DOWN_DELAY_MS: u64 = 30_000;
+/// The cold-start wait of a service that scales to zero, when it gives none.
+pub const DEFAULT_COLD_WAIT_MS: u64 = 60_000;
+
+impl Default for Scaling {
+    fn default() -> Self {
+        Scaling::fixed(1)
+    }
+}
+
+impl Scaling {
+    /// Exactly `replicas` workers per member.
+    pub fn fixed(replicas: u32) -> Scaling {
+        Scaling {
+            min_replicas: replicas,
+            max_replicas: replicas,
+            target_in_flight: DEFAULT_TARGET_IN_FLIGHT,
+            target_latency_ms: 0,
+            scale_down_delay_ms: DEFAULT_SCALE_DOWN_DELAY_MS,
+            cold_wait_ms: 0,
+        }
+    }
+
+    pub fn autoscaled(&self) -> bool {
+        self.max_replicas > self.min_replicas
+    }
+}
+
+/// What a relay tells the controller about its worker, every report interval, on
+/// [`serve_load`](crate::subjects::serve_load).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoadReport {
+    pub job_id: String,
+    pub service: String,
+    pub revision: u64,
+    pub member: String,
+    /// Requests in the relay (waiting for the worker or being answered), averaged over the
+    /// interval.
+    pub in_flight: f64,
+    /// Requests answered in the interval.
+    pub answered: u64,
+    /// Their mean time from arrival at the relay to the answer, in milliseconds.
+    pub mean_ms: f64,
+    /// Whether the relay is in its member's queue group (its worker ready, not ejected).
+    pub in_rotation: bool,
 }
 
 impl ServiceSpec {
@@ -187,6 +276,8 @@ mod tests {
             quorum: 1,
             inputs: Vec::new(),
             outputs: Vec::new(),
+            cold_wait_ms: 0,
+            split: None,
         }
     }
 

@@ -101,6 +101,20 @@ pub fn serve(service: &str, revision: u64, member: &str) -> String {
 /// The queue group of the relays on a [`serve`] subject: each request reaches one worker.
 pub const QUEUE_SERVE: &str = "workers";
 
+/// Core NATS: a relay's load report ([`crate::serving::LoadReport`], JSON) for `service`,
+/// read by the predictor holding the controller lease.
+pub fn serve_load(service: &str) -> String {
+    format!("kiln.serving.load.{service}")
+}
+pub const SERVE_LOAD_ALL: &str = "kiln.serving.load.*";
+
+/// Core NATS: a predictor holding a request for `service` found no worker of a member (the
+/// payload names the revision); the controller asks for one when the service scales to zero.
+pub fn serve_demand(service: &str) -> String {
+    format!("kiln.serving.demand.{service}")
+}
+pub const SERVE_DEMAND_ALL: &str = "kiln.serving.demand.*";
+
 pub fn launch(pool: &str) -> String {
     format!("kiln.launch.{pool}")
 }

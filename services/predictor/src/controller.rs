@@ -2,14 +2,18 @@
 //! running service's workers as its record says, on each pass (every `control-interval-ms`,
 //! and at once after a change through `ServeService`):
 //!
-//! - each member of the serving revision, and of the latest while a roll is on, has `replicas`
-//!   live worker jobs: a worker that failed, was lost or stopped is replaced (a preempted one
-//!   is queued again by the scheduler and still counts); surplus ones are stopped, those not
-//!   started first;
+//! - each member of the serving revision, and of the latest while it is ahead, has the live
+//!   worker jobs the [`autoscale`](crate::autoscale)r wants (its fixed `replicas` when the
+//!   service does not autoscale): a worker that failed, was lost or stopped is replaced (a
+//!   preempted one is queued again by the scheduler and still counts); surplus ones are
+//!   stopped, those not started first. The latest revision has at least one worker per member
+//!   (so it can be ready), and during a roll as many as the serving member it replaces;
 //! - a roll switches once every member of the latest revision answers a readiness probe (its
 //!   relay is in rotation, so its worker loaded the model): the latest revision's live
 //!   definition is published to `kiln_services` and recorded as serving, and the old
 //!   revision's workers are stopped [`ROLL_GRACE`] later, when every predictor has switched;
+//! - a latest revision tried with part of the traffic, or in shadow, is published as the
+//!   serving definition's [`Split`] while it is ready, and left out while it is not;
 //! - a stopped service's definition is removed from `kiln_services` and its workers stopped.
 //!
 //! Workers are ordinary jobs (quotas, fair share and markets apply) whose environment names
@@ -23,7 +27,7 @@ use kiln_core::events::{publish_job_change, stop_job};
 use kiln_core::ids::now_ms;
 use kiln_core::lease::Lease;
 use kiln_core::scheduling::MarketPolicy;
-use kiln_core::serving::{ENV_MEMBER, ENV_MODEL, ENV_REVISION, ENV_SERVICE, PROBE_HEADER};
+use kiln_core::serving::{ENV_MEMBER, ENV_MODEL, ENV_REVISION, ENV_SERVICE, ServiceSpec, Split};
 use kiln_core::store::{JobRecord, NewJob};
 use kiln_core::{JobState, subjects};
 use tokio_util::sync::CancellationToken;
@@ -40,16 +44,32 @@ pub const ROLL_GRACE: Duration = Duration::from_secs(3);
 /// How long a readiness probe waits for a member's relay.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 
-/// Writes `revision` as the live definition of `record`'s service.
-pub async fn publish(shared: &Shared, record: &ServiceRecord, revision: &Revision) -> Result<()> {
-    let spec = revision.live(&record.name, &record.project);
-    let value = serde_json::to_vec(&spec).map_err(|error| Error::Internal(error.to_string()))?;
+/// What the predictors answer `record`'s service with at `revision`, without a split.
+pub fn live(record: &ServiceRecord, revision: &Revision) -> ServiceSpec {
+    let mut spec = revision.live(&record.name, &record.project);
+    spec.cold_wait_ms = record.scaling().cold_wait_ms;
+    spec
+}
+
+/// Writes `spec` as the live definition of its service, unless it is that already.
+pub async fn publish(shared: &Shared, spec: &ServiceSpec) -> Result<()> {
+    if shared
+        .catalog
+        .get(&spec.name)
+        .await
+        .ok()
+        .flatten()
+        .is_some_and(|current| *current == *spec)
+    {
+        return Ok(());
+    }
+    let value = serde_json::to_vec(spec).map_err(|error| Error::Internal(error.to_string()))?;
     shared
         .catalog
         .bucket()
-        .put(&record.name, value.into())
+        .put(&spec.name, value.into())
         .await
-        .map_err(|error| Error::Unavailable(format!("cannot publish service {}: {error}", record.name)))?;
+        .map_err(|error| Error::Unavailable(format!("cannot publish service {}: {error}", spec.name)))?;
     Ok(())
 }
 
@@ -106,53 +126,95 @@ pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
 
 /// One look at every service.
 pub async fn pass(shared: &Shared) -> Result<()> {
+    let mut kept = Vec::new();
     for record in shared.services.list(&kiln_core::authz::Visible::All, true).await? {
         if record.state == RUNNING {
+            kept.push((record.name.clone(), record.revision as u64));
+            kept.push((record.name.clone(), record.latest_revision as u64));
             tend(shared, &record).await?;
         } else {
             let workers = shared.store.live_service_workers(&record.id).await?;
             stop_all(shared, workers, "the service was stopped").await?;
         }
     }
+    shared.autoscaler.retain(&kept);
     Ok(())
 }
 
 async fn tend(shared: &Shared, record: &ServiceRecord) -> Result<()> {
-    let mut wanted = vec![shared.services.revision(&record.id, record.revision).await?];
+    let serving = shared.services.revision(&record.id, record.revision).await?;
+    let mut spec = live(record, &serving);
+    let mut wanted = vec![(serving, 0)];
     if record.latest_revision > record.revision {
         let latest = shared.services.revision(&record.id, record.latest_revision).await?;
+        let rollout = record.rollout();
         if ready(shared, record, &latest).await {
-            publish(shared, record, &latest).await?;
-            if shared
-                .services
-                .serve_revision(&record.id, record.latest_revision)
-                .await?
-            {
-                tracing::info!(service = %record.name, revision = latest.revision, "service now serves its latest revision");
+            if rollout.rolls() {
+                spec = live(record, &latest);
+                publish(shared, &spec).await?;
+                if shared
+                    .services
+                    .serve_revision(&record.id, record.latest_revision)
+                    .await?
+                {
+                    tracing::info!(service = %record.name, revision = latest.revision, "service now serves its latest revision");
+                }
+            } else {
+                spec.split = Some(Split {
+                    spec: Box::new(live(record, &latest)),
+                    traffic: rollout.traffic,
+                    shadow: rollout.shadow,
+                });
             }
         }
-        wanted.push(latest);
+        // During a roll its members get the capacity of the ones they replace.
+        wanted.push((latest, if rollout.rolls() { u32::MAX } else { 1 }));
     }
+    publish(shared, &spec).await?;
     // The old revision's workers serve on through the grace after a switch.
     keep(shared, record, &wanted).await
 }
 
-/// Keeps `replicas` workers for every member of `revisions`, and none for any other.
-async fn keep(shared: &Shared, record: &ServiceRecord, revisions: &[Revision]) -> Result<()> {
+/// Keeps the wanted workers for every member of `revisions` (each with the fewest its members
+/// get: `u32::MAX` for as many as the serving revision's member of that name), and none for
+/// any other revision.
+async fn keep(shared: &Shared, record: &ServiceRecord, revisions: &[(Revision, u32)]) -> Result<()> {
     let workers = shared.store.live_service_workers(&record.id).await?;
-    let replicas = usize::try_from(record.replicas.max(1)).unwrap_or(1);
+    let scaling = record.scaling();
     let in_grace = now_ms() - record.updated_at_ms < ROLL_GRACE.as_millis() as i64;
     let mut kept: Vec<&str> = Vec::new();
-    for revision in revisions {
+    let mut counts: BTreeMap<&str, u32> = BTreeMap::new();
+    for (revision, floor) in revisions {
         for member in &revision.members {
-            let live: Vec<&JobRecord> = workers_of(&workers, revision.revision, &member.name).collect();
+            let live: Vec<&JobRecord> = workers_of(&workers, revision.revision, &member.name)
+                .filter(|job| !job.stop_requested)
+                .collect();
             kept.extend(live.iter().map(|job| job.id.as_str()));
+            let floor = match *floor {
+                u32::MAX => counts.get(member.name.as_str()).copied().unwrap_or(1).max(1),
+                floor => floor,
+            };
+            let replicas = shared.autoscaler.wanted(
+                &record.name,
+                revision.revision,
+                &member.name,
+                &scaling,
+                live.len() as u32,
+                floor,
+            );
+            counts.entry(member.name.as_str()).or_insert(replicas);
+            let replicas = replicas as usize;
             for _ in live.len()..replicas {
                 submit(shared, record, revision, &member.name, &member.model_version()).await?;
             }
             if live.len() > replicas {
                 let surplus: Vec<JobRecord> = unstarted_first(&live).into_iter().take(live.len() - replicas).collect();
-                stop_all(shared, surplus, "not needed: the service was scaled down").await?;
+                let reason = if scaling.autoscaled() {
+                    "not needed: the member's load went down"
+                } else {
+                    "not needed: the service was scaled down"
+                };
+                stop_all(shared, surplus, reason).await?;
             }
         }
     }
@@ -186,19 +248,8 @@ async fn stop_all(shared: &Shared, workers: Vec<JobRecord>, reason: &str) -> Res
 
 /// Whether every member of `revision` has a worker in rotation.
 async fn ready(shared: &Shared, record: &ServiceRecord, revision: &Revision) -> bool {
-    for member in &revision.members {
-        let subject = subjects::serve(&record.name, revision.revision, &member.name);
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert(PROBE_HEADER, "ready");
-        let probe = async_nats::Request::new()
-            .headers(headers)
-            .payload(bytes::Bytes::new())
-            .timeout(Some(PROBE_TIMEOUT));
-        if shared.nats.client.send_request(subject, probe).await.is_err() {
-            return false;
-        }
-    }
-    true
+    let spec = live(record, revision);
+    crate::fanout::ready_members(&shared.nats.client, &spec, PROBE_TIMEOUT).await == spec.members.len()
 }
 
 async fn submit(shared: &Shared, record: &ServiceRecord, revision: &Revision, member: &str, model: &str) -> Result<()> {

@@ -8,7 +8,7 @@ use async_nats::RequestErrorKind;
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use kiln_core::serving::{BUDGET_HEADER, Ensemble, STATUS_HEADER, ServiceSpec};
+use kiln_core::serving::{BUDGET_HEADER, Ensemble, PROBE_HEADER, STATUS_HEADER, ServiceSpec};
 use kiln_core::subjects;
 use kiln_formats::oip::{HEADER_LENGTH, InferResponse, Limits};
 use tokio::time::Instant;
@@ -167,4 +167,24 @@ async fn ask_once(
     };
     InferResponse::parse(&reply.payload, header_length, limits)
         .map_err(|error| Miss::Failed(format!("the worker's answer does not parse: {error}")))
+}
+
+/// How many members of `spec` have a worker in rotation: each member's subject is probed
+/// ([`PROBE_HEADER`]: its relay answers at once, without the worker) and waited on for `wait`.
+pub async fn ready_members(client: &async_nats::Client, spec: &ServiceSpec, wait: Duration) -> usize {
+    let probes = spec.members.iter().map(|member| {
+        let subject = subjects::serve(&spec.name, spec.revision, &member.name);
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(PROBE_HEADER, "ready");
+        let probe = async_nats::Request::new()
+            .headers(headers)
+            .payload(Bytes::new())
+            .timeout(Some(wait));
+        async move { client.send_request(subject, probe).await.is_ok() }
+    });
+    futures::future::join_all(probes)
+        .await
+        .into_iter()
+        .filter(|ready| *ready)
+        .count()
 }

@@ -63,8 +63,7 @@ impl InferenceApi {
         let headers = metadata.clone().into_headers();
         let principal = kiln_core::auth::authenticate(&self.shared.store, &headers).await?;
         let spec = infer::service(&self.shared, &principal, name).await.map_err(status)?;
-        infer::check_version(&spec, Some(version).filter(|version| !version.is_empty())).map_err(status)?;
-        Ok(spec)
+        infer::at_version(spec, Some(version).filter(|version| !version.is_empty())).map_err(status)
     }
 }
 

@@ -114,8 +114,7 @@ async fn metadata(
     respond(
         async {
             let principal = caller(&shared, &headers).await?;
-            let spec = infer::service(&shared, &principal, &name).await?;
-            infer::check_version(&spec, version.as_deref())?;
+            let spec = infer::at_version(infer::service(&shared, &principal, &name).await?, version.as_deref())?;
             let tensors = |specs: &[kiln_core::serving::TensorSpec]| -> Value {
                 specs
                     .iter()
@@ -156,8 +155,7 @@ async fn ready(
     respond(
         async {
             let principal = caller(&shared, &headers).await?;
-            let spec = infer::service(&shared, &principal, &name).await?;
-            infer::check_version(&spec, version.as_deref())?;
+            let spec = infer::at_version(infer::service(&shared, &principal, &name).await?, version.as_deref())?;
             Ok(axum::Json(json!({"name": spec.name, "ready": true})).into_response())
         }
         .await,
@@ -187,8 +185,7 @@ async fn infer_http(
     respond(
         async {
             let principal = caller(&shared, &headers).await?;
-            let spec = infer::service(&shared, &principal, &name).await?;
-            infer::check_version(&spec, version.as_deref())?;
+            let spec = infer::at_version(infer::service(&shared, &principal, &name).await?, version.as_deref())?;
             let header_length = match headers.get(HEADER_LENGTH) {
                 None => None,
                 Some(value) => Some(

@@ -3,8 +3,19 @@
 //! answers combined by the ensemble rule, and the reply's flat parameters saying how it was made
 //! (`kiln.members_used`, `kiln.members`, `kiln.partial`, and `kiln.missing` naming the members
 //! left out).
+//!
+//! - A service with a [`Split`](kiln_core::serving::Split) sends its share of requests to the
+//!   revision being tried (exactly `traffic` of every 100 this predictor answers; back to the
+//!   serving revision when the tried one has no worker), or, in shadow, a copy of every request,
+//!   whose answer is compared with the one returned and counted
+//!   (`kiln_predictor_shadow_requests`), never returned. A version named in the path picks its
+//!   revision and no split.
+//! - A request that finds no worker for the quorum waits up to the service's `cold_wait_ms`
+//!   for one (a service scaled to zero: the controller is asked for a worker), then is
+//!   answered with its whole deadline, or refused UNAVAILABLE with the reason.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -42,21 +53,40 @@ pub async fn service(shared: &Shared, principal: &Principal, name: &str) -> Resu
     }
 }
 
-/// A version the caller names must be the serving revision.
-pub fn check_version(spec: &ServiceSpec, version: Option<&str>) -> Result<()> {
-    match version {
-        Some(version) if version != spec.revision.to_string() => Err(Error::InvalidArgument(format!(
-            "model `{}` has no version {version}; it serves revision {}",
-            spec.name, spec.revision
-        ))),
-        _ => Ok(()),
+/// The definition a request naming `version` is answered with: the serving revision's or the
+/// tried one's, without a split; any version when it names none.
+pub fn at_version(spec: Arc<ServiceSpec>, version: Option<&str>) -> Result<Arc<ServiceSpec>> {
+    let Some(version) = version else {
+        return Ok(spec);
+    };
+    if version == spec.revision.to_string() {
+        return Ok(Arc::new(ServiceSpec {
+            split: None,
+            ..(*spec).clone()
+        }));
     }
+    if let Some(split) = spec
+        .split
+        .as_ref()
+        .filter(|split| version == split.spec.revision.to_string())
+    {
+        return Ok(Arc::new((*split.spec).clone()));
+    }
+    let tried = spec
+        .split
+        .as_ref()
+        .map(|split| format!(" and tries revision {}", split.spec.revision))
+        .unwrap_or_default();
+    Err(Error::InvalidArgument(format!(
+        "model `{}` has no version {version}; it serves revision {}{tried}",
+        spec.name, spec.revision
+    )))
 }
 
 /// Answers `request` for the service `spec`.
-pub async fn infer(shared: &Shared, spec: &ServiceSpec, request: InferRequest) -> Result<InferResponse> {
+pub async fn infer(shared: &Arc<Shared>, spec: &ServiceSpec, request: InferRequest) -> Result<InferResponse> {
     let arrived = Instant::now();
-    let outcome = answer(shared, spec, request, arrived).await;
+    let outcome = route(shared, spec, request, arrived).await;
     let label = match &outcome {
         Ok(response) if response.parameters.get("kiln.partial") == Some(&Value::Bool(true)) => "partial",
         Ok(_) => "answered",
@@ -71,9 +101,77 @@ pub async fn infer(shared: &Shared, spec: &ServiceSpec, request: InferRequest) -
     outcome
 }
 
+/// Picks the revision that answers: the serving one, or the tried one for its share.
+async fn route(
+    shared: &Arc<Shared>,
+    spec: &ServiceSpec,
+    request: InferRequest,
+    arrived: Instant,
+) -> Result<InferResponse> {
+    let Some(split) = &spec.split else {
+        return answer(shared, spec, request, arrived).await;
+    };
+    if split.shadow {
+        let shadow = (*split.spec).clone();
+        let copy = request.clone();
+        let (sent, answered) = tokio::sync::oneshot::channel::<Vec<Tensor>>();
+        let task_shared = shared.clone();
+        tokio::spawn(async move {
+            let outcome = answer(&task_shared, &shadow, copy, arrived).await;
+            let label = match (&outcome, answered.await) {
+                (Err(_), _) => "missed",
+                (Ok(_), Err(_)) => "unmatched",
+                (Ok(tried), Ok(returned)) if agree(&tried.outputs, &returned) => "agreed",
+                (Ok(_), Ok(_)) => "differed",
+            };
+            task_shared
+                .metrics
+                .shadow(&shadow.name, label, arrived.elapsed().as_secs_f64());
+        });
+        let primary = answer(shared, spec, request, arrived).await;
+        if let Ok(response) = &primary {
+            let _ = sent.send(response.outputs.clone());
+        }
+        return primary;
+    }
+    // Exactly `traffic` of every 100 requests (a Bresenham split of this predictor's turns).
+    let turn = shared.split_turns.fetch_add(1, Ordering::Relaxed);
+    let traffic = u64::from(split.traffic.min(100));
+    if (turn + 1) * traffic / 100 > turn * traffic / 100 {
+        match answer(shared, &split.spec, request.clone(), arrived).await {
+            Err(Error::Unavailable(_)) => {}
+            outcome => return outcome,
+        }
+    }
+    answer(shared, spec, request, arrived).await
+}
+
+/// Whether a shadow's outputs match the returned ones: the same names, shapes and values
+/// (floats within a millionth, relative).
+fn agree(tried: &[Tensor], returned: &[Tensor]) -> bool {
+    use kiln_formats::oip::Data;
+    tried.len() == returned.len()
+        && returned.iter().all(|want| {
+            tried.iter().find(|have| have.name == want.name).is_some_and(|have| {
+                have.shape == want.shape
+                    && match (&have.data, &want.data) {
+                        (Data::Float(have), Data::Float(want)) => {
+                            have.len() == want.len()
+                                && have
+                                    .iter()
+                                    .zip(want)
+                                    .all(|(a, b)| (a - b).abs() <= 1e-6 * a.abs().max(b.abs()).max(1.0))
+                        }
+                        (have, want) => have == want,
+                    }
+            })
+        })
+}
+
 async fn answer(shared: &Shared, spec: &ServiceSpec, request: InferRequest, arrived: Instant) -> Result<InferResponse> {
     check_inputs(spec, &request.inputs)?;
-    let deadline = arrived + deadline(shared, spec, &request.parameters)?;
+    let budget = deadline(shared, spec, &request.parameters)?;
+    let deadline = arrived + budget;
     let member_request = InferRequest {
         id: request.id.clone(),
         parameters: forwarded(&request.parameters),
@@ -88,7 +186,20 @@ async fn answer(shared: &Shared, spec: &ServiceSpec, request: InferRequest, arri
             .collect(),
     };
     let (body, _) = member_request.encode(&|_| false);
-    let gathered = fanout::gather(&shared.nats.client, spec, Bytes::from(body), deadline, &shared.limits).await;
+    let body = Bytes::from(body);
+    let mut gathered = fanout::gather(&shared.nats.client, spec, body.clone(), deadline, &shared.limits).await;
+    let no_worker = |gathered: &fanout::Gathered| {
+        gathered.answers.len() < spec.quorum.max(1)
+            && gathered
+                .misses
+                .iter()
+                .any(|(_, miss)| matches!(miss, Miss::Unavailable | Miss::Gone(_)))
+    };
+    if spec.cold_wait_ms > 0 && no_worker(&gathered) {
+        cold_start(shared, spec).await?;
+        let deadline = Instant::now() + budget;
+        gathered = fanout::gather(&shared.nats.client, spec, body, deadline, &shared.limits).await;
+    }
     for (member, _, took) in &gathered.answers {
         shared.metrics.member(
             &spec.name,
@@ -150,6 +261,44 @@ async fn answer(shared: &Shared, spec: &ServiceSpec, request: InferRequest, arri
         parameters,
         outputs: filter_outputs(outputs, &request.outputs),
     })
+}
+
+/// How often a request waiting for a worker probes the members and asks for one again.
+const COLD_PROBE_EVERY: Duration = Duration::from_millis(100);
+const COLD_ASK_EVERY: Duration = Duration::from_secs(1);
+
+/// Waits, up to the service's cold-start wait, until the quorum of its members have a worker
+/// in rotation, asking the controller for workers meanwhile.
+async fn cold_start(shared: &Shared, spec: &ServiceSpec) -> Result<()> {
+    let started = Instant::now();
+    let until = started + Duration::from_millis(spec.cold_wait_ms);
+    let mut asked: Option<Instant> = None;
+    shared.metrics.cold_start(&spec.name);
+    loop {
+        if asked.is_none_or(|at| at.elapsed() >= COLD_ASK_EVERY) {
+            asked = Some(Instant::now());
+            let subject = kiln_core::subjects::serve_demand(&spec.name);
+            if let Err(error) = shared
+                .nats
+                .client
+                .publish(subject, spec.revision.to_string().into())
+                .await
+            {
+                tracing::warn!(service = %spec.name, error = %error, "cannot ask for a worker");
+            }
+        }
+        if fanout::ready_members(&shared.nats.client, spec, COLD_PROBE_EVERY).await >= spec.quorum.max(1) {
+            tracing::debug!(service = %spec.name, waited_ms = started.elapsed().as_millis() as u64, "a request found its workers");
+            return Ok(());
+        }
+        if Instant::now() >= until {
+            return Err(Error::Unavailable(format!(
+                "model `{}` has no worker ready: none answered within its {} ms cold-start wait (it scales to zero when idle, or its workers are starting); a worker was asked for, retry shortly or see `kiln serve status {}`",
+                spec.name, spec.cold_wait_ms, spec.name
+            )));
+        }
+        tokio::time::sleep_until((Instant::now() + COLD_PROBE_EVERY).min(until)).await;
+    }
 }
 
 /// The request's deadline: `parameters.timeout` (microseconds) when it gives one, else the

@@ -12,7 +12,7 @@
 //!   `POST /predict`; [`grpc`]: the Open Inference Protocol over gRPC, on the gRPC listener;
 //! - [`manage`]: `ServeService`, services made, read, rolled, scaled and stopped, with their
 //!   [`record`]s and [`revision`]s; [`controller`]: the lease holder keeping every service's
-//!   worker jobs and switching rolls;
+//!   worker jobs, switching rolls and splitting traffic, with the [`autoscale`]r;
 //! - [`service_metrics`]: `kiln_predictor_*`, per service and member.
 //!
 //! The predictor keeps no state of its own: replicas behind a load balancer answer alike.
@@ -31,6 +31,7 @@ use kiln_proto::v1::serve_service_server::ServeServiceServer;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+pub mod autoscale;
 pub mod catalog;
 pub mod config;
 pub mod controller;
@@ -66,6 +67,10 @@ pub struct Shared {
     pub http_url: String,
     /// Wakes the controller after a change.
     pub wake: tokio::sync::Notify,
+    /// The workers' load, which the controller scales on.
+    pub autoscaler: autoscale::Autoscaler,
+    /// Requests this predictor answered for split services ([`infer`]'s traffic split).
+    pub split_turns: std::sync::atomic::AtomicU64,
 }
 
 /// The predictor, connected and listening, not yet serving.
@@ -109,6 +114,8 @@ impl Predictor {
                 services: record::ServiceStore::new(&store),
                 http_url,
                 wake: tokio::sync::Notify::new(),
+                autoscaler: Default::default(),
+                split_turns: Default::default(),
                 config,
                 store,
                 nats,
@@ -154,6 +161,7 @@ impl Predictor {
         let mut tasks = tokio::task::JoinSet::new();
         tasks.spawn(shared.catalog.clone().watch(shutdown.clone()));
         tasks.spawn(controller::run(shared.clone(), shutdown.clone()));
+        tasks.spawn(autoscale::listen(shared.clone(), shutdown.clone()));
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
         health_reporter
             .set_serving::<ServeServiceServer<manage::ServeApi>>()

@@ -10,17 +10,22 @@ use std::sync::Arc;
 
 use kiln_core::authz::{Caller, Need, Resource, Role};
 use kiln_core::scheduling::MarketPolicy;
-use kiln_core::serving::{ENV_MEMBER, ENV_REVISION, Ensemble, TensorSpec};
+use kiln_core::serving::{
+    DEFAULT_COLD_WAIT_MS, DEFAULT_SCALE_DOWN_DELAY_MS, DEFAULT_TARGET_IN_FLIGHT, ENV_MEMBER, ENV_REVISION, Ensemble,
+    Scaling, TensorSpec,
+};
 use kiln_core::store::JobRecord;
 use kiln_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
-use crate::record::{RUNNING, ServiceRecord};
+use crate::record::{RUNNING, Rollout, ServiceRecord};
 use crate::revision::{DEFAULT_DEADLINE_MS, ModelRef, Revision, RevisionMember, WorkerSpec, default_member_name};
 use crate::{Error, Result, Shared};
 
 /// The most workers a member may ask for.
 pub const MAX_REPLICAS: u32 = 64;
+/// The longest a request may wait for a worker of a service scaled to zero.
+pub const MAX_COLD_WAIT_MS: u64 = 600_000;
 
 pub struct ServeApi {
     pub shared: Arc<Shared>,
@@ -71,14 +76,24 @@ impl pb::serve_service_server::ServeService for ServeApi {
         let request = request.into_inner();
         let record = self.visible(&caller, &request.name).await?;
         running(&record)?;
-        let definition = request
-            .definition
-            .ok_or_else(|| Error::InvalidArgument("definition is missing".into()))?;
-        let next = self
-            .revision(&caller, &record.project, record.latest_revision as u64 + 1, &definition)
-            .await?;
-        self.shared.services.add_revision(&record, &next).await?;
-        tracing::info!(service = %record.name, revision = next.revision, "service rolling to a new revision");
+        let rollout = rollout_of(request.traffic, request.shadow)?;
+        match &request.definition {
+            Some(definition) => {
+                let next = self
+                    .revision(&caller, &record.project, record.latest_revision as u64 + 1, definition)
+                    .await?;
+                if let Some(scaling) = &definition.scaling {
+                    let scaling = check_scaling(definition.replicas, Some(scaling))?;
+                    self.shared.services.set_scaling(&record.id, &scaling).await?;
+                }
+                self.shared.services.add_revision(&record, &next, rollout).await?;
+                tracing::info!(service = %record.name, revision = next.revision, traffic = rollout.traffic, shadow = rollout.shadow, "service trying a new revision");
+            }
+            None => {
+                self.shared.services.set_rollout(&record, rollout).await?;
+                tracing::info!(service = %record.name, revision = record.latest_revision, traffic = rollout.traffic, shadow = rollout.shadow, "service's latest revision tried anew");
+            }
+        }
         self.shared.wake.notify_one();
         let record = self.named(&record.name).await?;
         Ok(Response::new(self.describe(&record).await?))
@@ -89,8 +104,8 @@ impl pb::serve_service_server::ServeService for ServeApi {
         let request = request.into_inner();
         let record = self.visible(&caller, &request.name).await?;
         running(&record)?;
-        let replicas = check_replicas(request.replicas)?;
-        self.shared.services.set_replicas(&record.id, replicas).await?;
+        let scaling = check_scaling(request.replicas, request.scaling.as_ref())?;
+        self.shared.services.set_scaling(&record.id, &scaling).await?;
         self.shared.wake.notify_one();
         let record = self.named(&record.name).await?;
         Ok(Response::new(self.describe(&record).await?))
@@ -120,13 +135,92 @@ fn running(record: &ServiceRecord) -> Result<()> {
     }
 }
 
-fn check_replicas(replicas: u32) -> Result<i32> {
-    match replicas {
-        0 => Ok(1),
-        1..=MAX_REPLICAS => Ok(replicas as i32),
+/// A definition's or scale request's scaling, defaults filled in: `replicas` fixed when it
+/// gives no `scaling`.
+pub fn check_scaling(replicas: u32, scaling: Option<&pb::Scaling>) -> Result<Scaling> {
+    let Some(scaling) = scaling else {
+        return match replicas {
+            0 => Ok(Scaling::fixed(1)),
+            1..=MAX_REPLICAS => Ok(Scaling::fixed(replicas)),
+            _ => Err(Error::InvalidArgument(format!(
+                "replicas is {replicas}; give 1 to {MAX_REPLICAS} workers per member"
+            ))),
+        };
+    };
+    let min = scaling.min_replicas;
+    let max = if scaling.max_replicas == 0 {
+        min
+    } else {
+        scaling.max_replicas
+    };
+    let mut problems = Vec::new();
+    if max > MAX_REPLICAS {
+        problems.push(format!(
+            "max-replicas is {max}; give at most {MAX_REPLICAS} workers per member"
+        ));
+    }
+    if max == 0 {
+        problems.push(
+            "max-replicas is 0; give at least 1 (min-replicas 0 with max-replicas 1 or more scales to zero)".into(),
+        );
+    }
+    if min > max {
+        problems.push(format!("min-replicas ({min}) is above max-replicas ({max})"));
+    }
+    if !(scaling.target_in_flight.is_finite() && scaling.target_in_flight >= 0.0) {
+        problems.push(format!(
+            "target-in-flight is {}; give a positive number of requests per worker",
+            scaling.target_in_flight
+        ));
+    }
+    if scaling.cold_wait_ms > MAX_COLD_WAIT_MS {
+        problems.push(format!(
+            "cold-wait-ms is {}; give at most {MAX_COLD_WAIT_MS} (10 minutes)",
+            scaling.cold_wait_ms
+        ));
+    }
+    if !problems.is_empty() {
+        return Err(Error::InvalidArgument(format!("scaling: {}", problems.join("; "))));
+    }
+    Ok(Scaling {
+        min_replicas: min,
+        max_replicas: max,
+        target_in_flight: if scaling.target_in_flight == 0.0 {
+            DEFAULT_TARGET_IN_FLIGHT
+        } else {
+            scaling.target_in_flight
+        },
+        target_latency_ms: scaling.target_latency_ms,
+        scale_down_delay_ms: if scaling.scale_down_delay_ms == 0 {
+            DEFAULT_SCALE_DOWN_DELAY_MS
+        } else {
+            scaling.scale_down_delay_ms
+        },
+        cold_wait_ms: match (scaling.cold_wait_ms, min) {
+            (0, 0) => DEFAULT_COLD_WAIT_MS,
+            (wait, _) => wait,
+        },
+    })
+}
+
+fn rollout_of(traffic: u32, shadow: bool) -> Result<Rollout> {
+    match traffic {
+        0 => Ok(Rollout { traffic: 100, shadow }),
+        1..=100 => Ok(Rollout { traffic, shadow }),
         _ => Err(Error::InvalidArgument(format!(
-            "replicas is {replicas}; give 1 to {MAX_REPLICAS} workers per member"
+            "traffic is {traffic}; give the percent of requests the new revision answers, 1 to 100"
         ))),
+    }
+}
+
+fn scaling_to_proto(scaling: &Scaling) -> pb::Scaling {
+    pb::Scaling {
+        min_replicas: scaling.min_replicas,
+        max_replicas: scaling.max_replicas,
+        target_in_flight: scaling.target_in_flight,
+        target_latency_ms: scaling.target_latency_ms,
+        scale_down_delay_ms: scaling.scale_down_delay_ms,
+        cold_wait_ms: scaling.cold_wait_ms,
     }
 }
 
@@ -140,14 +234,14 @@ impl ServeApi {
         let definition = request
             .definition
             .ok_or_else(|| Error::InvalidArgument("definition is missing".into()))?;
-        let replicas = check_replicas(definition.replicas)?;
+        let scaling = check_scaling(definition.replicas, definition.scaling.as_ref())?;
         let first = self.revision(caller, &project, 1, &definition).await?;
         let record = self
             .shared
             .services
-            .create(&request.name, &project, caller.user_id(), replicas, &first)
+            .create(&request.name, &project, caller.user_id(), &scaling, &first)
             .await?;
-        crate::controller::publish(&self.shared, &record, &first).await?;
+        crate::controller::publish(&self.shared, &crate::controller::live(&record, &first)).await?;
         tracing::info!(service = %record.name, owner = %caller.principal.user_name, "service created");
         self.shared.wake.notify_one();
         self.describe(&record).await
@@ -316,7 +410,9 @@ impl ServeApi {
                     weight: member.weight,
                     revision: revision.revision,
                     wanted: if record.state == RUNNING {
-                        record.replicas as u32
+                        workers_of(&workers, revision.revision, &member.name)
+                            .filter(|job| !job.stop_requested)
+                            .count() as u32
                     } else {
                         0
                     },
@@ -338,6 +434,9 @@ impl ServeApi {
             revision: record.revision as u64,
             latest_revision: record.latest_revision as u64,
             definition: Some(definition_of(&latest, record.replicas)),
+            traffic: record.rollout().traffic,
+            shadow: record.rollout().shadow,
+            scaling: Some(scaling_to_proto(&record.scaling())),
             members,
             created_at_ms: record.created_at_ms,
             updated_at_ms: record.updated_at_ms,
@@ -403,5 +502,6 @@ fn definition_of(revision: &Revision, replicas: i32) -> pb::ServiceDefinition {
         }),
         inputs: tensors(&revision.inputs),
         outputs: tensors(&revision.outputs),
+        scaling: None,
     }
 }

@@ -7,6 +7,8 @@
 //! booleans); the answer's first output is split along its first dimension into one
 //! prediction per query, each nested as its shape says.
 
+use std::sync::Arc;
+
 use kiln_core::serving::ServiceSpec;
 use kiln_formats::oip::{Data, InferRequest, Tensor};
 use serde_json::{Value, json};
@@ -28,7 +30,7 @@ pub fn only_service(shared: &Shared) -> Result<String> {
     }
 }
 
-pub async fn predict(shared: &Shared, spec: &ServiceSpec, body: &[u8]) -> Result<Value> {
+pub async fn predict(shared: &Arc<Shared>, spec: &ServiceSpec, body: &[u8]) -> Result<Value> {
     let body: Value = serde_json::from_slice(body)
         .map_err(|error| Error::InvalidArgument(format!("the body is not JSON: {error}")))?;
     let (queries, single) = match (body.get("query"), body.get("queries")) {

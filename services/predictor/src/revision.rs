@@ -82,6 +82,8 @@ impl Revision {
             quorum: self.quorum,
             inputs: self.inputs.clone(),
             outputs: self.outputs.clone(),
+            cold_wait_ms: 0,
+            split: None,
         }
     }
 

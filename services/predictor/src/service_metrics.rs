@@ -2,7 +2,8 @@
 //!
 //! A request counts once under its outcome (`answered`, `partial`, `invalid`, `deadline`,
 //! `unavailable`, `failed`); each member's part of it once under the member's (`answered`,
-//! `late`, `unavailable`, `refused`, `failed`). Ejections are the relays' (`kiln_runner_serve_*`):
+//! `late`, `unavailable`, `refused`, `failed`); a shadow revision's copies under theirs
+//! (`agreed`, `differed`, `missed`, `unmatched`). Ejections are the relays' (`kiln_runner_serve_*`):
 //! a worker is taken out of rotation by its own relay.
 
 use kiln_core::metrics::{HistogramFamily, Metrics, RegistryExt, seconds_histogram};
@@ -43,6 +44,9 @@ pub struct PredictorMetrics {
     request_seconds: HistogramFamily<ServiceLabels>,
     member_requests: Family<MemberOutcomeLabels, Counter>,
     member_seconds: HistogramFamily<MemberLabels>,
+    shadow_requests: Family<OutcomeLabels, Counter>,
+    shadow_seconds: HistogramFamily<ServiceLabels>,
+    cold_starts: Family<ServiceLabels, Counter>,
 }
 
 impl Default for PredictorMetrics {
@@ -52,6 +56,9 @@ impl Default for PredictorMetrics {
             request_seconds: HistogramFamily::new_with_constructor(seconds_histogram as fn() -> Histogram),
             member_requests: Family::default(),
             member_seconds: HistogramFamily::new_with_constructor(seconds_histogram as fn() -> Histogram),
+            shadow_requests: Family::default(),
+            shadow_seconds: HistogramFamily::new_with_constructor(seconds_histogram as fn() -> Histogram),
+            cold_starts: Family::default(),
         }
     }
 }
@@ -82,6 +89,22 @@ impl PredictorMetrics {
                 Unit::Seconds,
                 self.member_seconds.clone(),
             );
+            registry.add(
+                "shadow_requests",
+                "Copies of requests sent to a service's revision in shadow, by service and outcome (agreed, differed: its answer and the returned one do not match, missed: it gave none, unmatched: the returned answer failed)",
+                self.shadow_requests.clone(),
+            );
+            registry.add_with_unit(
+                "shadow_duration",
+                "Time from a request's arrival to its shadow revision's answer, by service",
+                Unit::Seconds,
+                self.shadow_seconds.clone(),
+            );
+            registry.add(
+                "cold_starts",
+                "Requests that found no worker and waited for one (a service scaled to zero, or starting), by service",
+                self.cold_starts.clone(),
+            );
         });
     }
 
@@ -97,6 +120,28 @@ impl PredictorMetrics {
                 service: service.into(),
             })
             .observe(seconds);
+    }
+
+    pub(crate) fn shadow(&self, service: &str, outcome: &'static str, seconds: f64) {
+        self.shadow_requests
+            .get_or_create(&OutcomeLabels {
+                service: service.into(),
+                outcome,
+            })
+            .inc();
+        self.shadow_seconds
+            .get_or_create(&ServiceLabels {
+                service: service.into(),
+            })
+            .observe(seconds);
+    }
+
+    pub(crate) fn cold_start(&self, service: &str) {
+        self.cold_starts
+            .get_or_create(&ServiceLabels {
+                service: service.into(),
+            })
+            .inc();
     }
 
     pub(crate) fn member(&self, service: &str, member: &str, outcome: &'static str, seconds: Option<f64>) {

@@ -14,15 +14,20 @@
 //!   request is answered 503 (`Kiln-Status`), which the predictor asks another worker again.
 //! - Draining (a stop or a preemption notice) leaves the queue group, answers what was already
 //!   delivered, and returns once in-flight requests are done.
+//! - Every `report-interval-ms` it tells the predictors' controller its worker's load
+//!   ([`LoadReport`] on [`subjects::serve_load`]: requests in flight on average, answered, their
+//!   mean time, whether it is in rotation), which the controller scales the member on.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use kiln_core::serving::{BUDGET_HEADER, ENV_MEMBER, ENV_PORT, ENV_REVISION, ENV_SERVICE, PROBE_HEADER, STATUS_HEADER};
+use kiln_core::serving::{
+    BUDGET_HEADER, ENV_MEMBER, ENV_PORT, ENV_REVISION, ENV_SERVICE, LoadReport, PROBE_HEADER, STATUS_HEADER,
+};
 use kiln_core::subjects::{self, QUEUE_SERVE};
 use kiln_formats::oip::HEADER_LENGTH;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -50,6 +55,8 @@ pub struct RelaySettings {
     pub probe_interval_ms: u64,
     /// How long a drain waits for in-flight requests, in milliseconds.
     pub drain_grace_ms: u64,
+    /// How often the worker's load is reported to the controller, in milliseconds.
+    pub report_interval_ms: u64,
 }
 
 impl Default for RelaySettings {
@@ -59,6 +66,7 @@ impl Default for RelaySettings {
             eject_after: 3,
             probe_interval_ms: 200,
             drain_grace_ms: 10_000,
+            report_interval_ms: 1_000,
         }
     }
 }
@@ -71,6 +79,8 @@ pub struct Member {
     pub member: String,
     /// The worker's REST API (`127.0.0.1:KILN_SERVE_PORT`).
     pub worker: SocketAddr,
+    /// The worker's job, named in its load reports.
+    pub job_id: String,
 }
 
 impl Member {
@@ -82,6 +92,7 @@ impl Member {
             revision: env.get(ENV_REVISION)?.parse().ok()?,
             member: env.get(ENV_MEMBER)?.clone(),
             worker: SocketAddr::from(([127, 0, 0, 1], env.get(ENV_PORT)?.parse().ok()?)),
+            job_id: env.get("KILN_JOB_ID").cloned().unwrap_or_default(),
         })
     }
 }
@@ -162,6 +173,16 @@ pub struct Relay {
     member: Member,
     settings: RelaySettings,
     metrics: RelayMetrics,
+    load: Load,
+}
+
+/// What the load reports are made of, kept by the handlers.
+#[derive(Default)]
+struct Load {
+    in_flight: AtomicUsize,
+    answered: AtomicU64,
+    answered_us: AtomicU64,
+    in_rotation: AtomicBool,
 }
 
 /// What a request's handler shares with the loop.
@@ -185,6 +206,7 @@ impl Relay {
             member,
             settings,
             metrics,
+            load: Load::default(),
         }
     }
 
@@ -202,6 +224,7 @@ impl Relay {
             .get_or_create(&RelayMetrics::labels(&relay.member))
             .clone();
         let mut in_flight = JoinSet::new();
+        let reporter = tokio::spawn(relay.clone().report(drain.clone()));
         loop {
             if !relay.wait_ready(&drain).await {
                 break;
@@ -221,6 +244,7 @@ impl Relay {
                     )))
                 })?;
             rotation.inc();
+            relay.load.in_rotation.store(true, Ordering::Relaxed);
             tracing::info!(subject, worker = %relay.member.worker, "worker in rotation");
             let ejected = loop {
                 tokio::select! {
@@ -236,6 +260,7 @@ impl Relay {
                 }
             };
             rotation.dec();
+            relay.load.in_rotation.store(false, Ordering::Relaxed);
             // Leave the group, and answer what it had already delivered.
             let _ = requests.drain().await;
             while let Some(message) = requests.next().await {
@@ -253,7 +278,45 @@ impl Relay {
         }
         let grace = Duration::from_millis(relay.settings.drain_grace_ms);
         let _ = tokio::time::timeout(grace, async { while in_flight.join_next().await.is_some() {} }).await;
+        reporter.abort();
         Ok(())
+    }
+
+    /// Reports the worker's load every interval until the relay drains; requests in flight
+    /// are sampled 10 times an interval.
+    async fn report(self: Arc<Self>, drain: CancellationToken) {
+        let interval = Duration::from_millis(self.settings.report_interval_ms.max(10));
+        let subject = subjects::serve_load(&self.member.service);
+        loop {
+            let mut sum = 0usize;
+            for _ in 0..10 {
+                tokio::select! {
+                    _ = drain.cancelled() => return,
+                    _ = tokio::time::sleep(interval / 10) => {}
+                }
+                sum += self.load.in_flight.load(Ordering::Relaxed);
+            }
+            let answered = self.load.answered.swap(0, Ordering::Relaxed);
+            let answered_us = self.load.answered_us.swap(0, Ordering::Relaxed);
+            let report = LoadReport {
+                job_id: self.member.job_id.clone(),
+                service: self.member.service.clone(),
+                revision: self.member.revision,
+                member: self.member.member.clone(),
+                in_flight: sum as f64 / 10.0,
+                answered,
+                mean_ms: if answered == 0 {
+                    0.0
+                } else {
+                    answered_us as f64 / answered as f64 / 1000.0
+                },
+                in_rotation: self.load.in_rotation.load(Ordering::Relaxed),
+            };
+            let body = serde_json::to_vec(&report).expect("a load report serializes");
+            if let Err(error) = self.client.publish(subject.clone(), body.into()).await {
+                tracing::debug!(error = %error, "cannot report the worker's load");
+            }
+        }
     }
 
     /// Probes the worker until it is ready (true) or the relay drains (false).
@@ -277,6 +340,12 @@ impl Relay {
     }
 
     async fn handle(self: Arc<Self>, turn: Arc<Turn>, message: async_nats::Message, arrived: Instant) {
+        self.load.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.clone().answer(turn, message, arrived).await;
+        self.load.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    async fn answer(self: Arc<Self>, turn: Arc<Turn>, message: async_nats::Message, arrived: Instant) {
         let Some(reply) = message.reply.clone() else {
             return;
         };
@@ -346,6 +415,10 @@ impl Relay {
         turn.misses.store(0, Ordering::Relaxed);
         self.metrics
             .count(&self.member, if status == 200 { "answered" } else { "failed" });
+        self.load.answered.fetch_add(1, Ordering::Relaxed);
+        self.load
+            .answered_us
+            .fetch_add(arrived.elapsed().as_micros() as u64, Ordering::Relaxed);
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(STATUS_HEADER, status.to_string().as_str());
         if let Some(length) = header_length {

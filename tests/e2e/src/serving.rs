@@ -145,6 +145,7 @@ pub async fn spawn_relay(
             revision,
             member: member.into(),
             worker,
+            job_id: String::new(),
         },
         RelaySettings {
             probe_interval_ms: 50,
@@ -180,10 +181,10 @@ pub async fn spawn_predictor_with_api(stack: &Stack) -> (ServiceHandle, String, 
 }
 
 /// A `ServeService` client of the predictor at `addr`.
-pub async fn serve_client(
-    addr: SocketAddr,
-    token: &str,
-) -> kiln_proto::v1::serve_service_client::ServeServiceClient<crate::Authed> {
+/// A `ServeService` client with a token.
+pub type ServeClient = kiln_proto::v1::serve_service_client::ServeServiceClient<crate::Authed>;
+
+pub async fn serve_client(addr: SocketAddr, token: &str) -> ServeClient {
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .expect("an endpoint")
         .connect()
@@ -209,6 +210,7 @@ pub async fn put_service(stack: &Stack, spec: &ServiceSpec) {
 }
 
 /// A REST client of a predictor.
+#[derive(Clone)]
 pub struct Rest {
     pub base: String,
     pub token: String,

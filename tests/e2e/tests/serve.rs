@@ -30,6 +30,8 @@ fn spec(name: &str, members: &[(&str, f64)], ensemble: Ensemble, deadline_ms: u6
         quorum: 1,
         inputs: Vec::new(),
         outputs: Vec::new(),
+        cold_wait_ms: 0,
+        split: None,
     }
 }
 

@@ -66,6 +66,8 @@ impl Scale {
                 quorum: 1,
                 inputs: vec![fp64("x")],
                 outputs: vec![fp64("y")],
+                cold_wait_ms: 0,
+                split: None,
             },
         )
         .await;

@@ -16,10 +16,17 @@ pub mod service {
         pub revision: i64,
         /// The newest revision; ahead of `revision` while the service rolls to it.
         pub latest_revision: i64,
+        /// Workers per member when `scaling_json` is empty (and its `min_replicas` otherwise).
         pub replicas: i32,
         pub reason: String,
         pub created_at_ms: i64,
         pub updated_at_ms: i64,
+        /// [`kiln_core::serving::Scaling`] as JSON; empty: `replicas` fixed.
+        pub scaling_json: String,
+        /// The percent of requests the latest revision answers while it is ahead (100: a roll).
+        pub traffic: i32,
+        /// The latest revision gets copies of the requests instead, its answers only compared.
+        pub shadow: bool,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

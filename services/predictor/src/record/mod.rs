@@ -3,6 +3,7 @@
 
 use kiln_core::authz::Visible;
 use kiln_core::ids::{new_id, now_ms};
+use kiln_core::serving::Scaling;
 use sea_orm::sea_query::Expr;
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, QueryOrder, TransactionTrait,
@@ -19,6 +20,51 @@ pub type ServiceRecord = service::Model;
 
 pub const RUNNING: &str = "RUNNING";
 pub const STOPPED: &str = "STOPPED";
+
+/// How the latest revision is tried while it is ahead of the serving one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rollout {
+    /// 1 to 100: the percent of requests it answers; 100 rolls to it once it is ready.
+    pub traffic: u32,
+    /// Copies of every request go to it; its answers are compared, never returned.
+    pub shadow: bool,
+}
+
+impl Rollout {
+    /// Roll to the latest revision as soon as it is ready.
+    pub const ROLL: Rollout = Rollout {
+        traffic: 100,
+        shadow: false,
+    };
+
+    /// Whether the serving revision is left for the latest once the latest is ready.
+    pub fn rolls(self) -> bool {
+        self.traffic >= 100 && !self.shadow
+    }
+}
+
+impl ServiceRecord {
+    pub fn scaling(&self) -> Scaling {
+        if self.scaling_json.is_empty() {
+            return Scaling::fixed(u32::try_from(self.replicas).unwrap_or(1));
+        }
+        serde_json::from_str(&self.scaling_json).unwrap_or_else(|error| {
+            tracing::warn!(service = %self.name, error = %error, "the recorded scaling does not read back; keeping its replicas fixed");
+            Scaling::fixed(u32::try_from(self.replicas).unwrap_or(1))
+        })
+    }
+
+    pub fn rollout(&self) -> Rollout {
+        Rollout {
+            traffic: u32::try_from(self.traffic).unwrap_or(100).clamp(1, 100),
+            shadow: self.shadow,
+        }
+    }
+}
+
+fn scaling_json(scaling: &Scaling) -> String {
+    serde_json::to_string(scaling).expect("scaling serializes")
+}
 
 /// ServiceStore reads and writes the service tables.
 #[derive(Clone)]
@@ -44,7 +90,7 @@ impl ServiceStore {
         name: &str,
         project: &str,
         owner_id: &str,
-        replicas: i32,
+        scaling: &Scaling,
         first: &Revision,
     ) -> Result<ServiceRecord> {
         if self.by_name(name).await?.is_some() {
@@ -61,10 +107,13 @@ impl ServiceStore {
             state: RUNNING.to_string(),
             revision: first.revision as i64,
             latest_revision: first.revision as i64,
-            replicas,
+            replicas: scaling.min_replicas as i32,
             reason: String::new(),
             created_at_ms: now,
             updated_at_ms: now,
+            scaling_json: scaling_json(scaling),
+            traffic: 100,
+            shadow: false,
         };
         let spec_json = serde_json::to_string(first).map_err(corrupt)?;
         let inserted = record.clone();
@@ -131,9 +180,9 @@ impl ServiceStore {
         serde_json::from_str(&row.spec_json).map_err(corrupt)
     }
 
-    /// Records `next` as the service's newest revision, if the newest is still `after` (an
-    /// update raced by another is refused).
-    pub async fn add_revision(&self, record: &ServiceRecord, next: &Revision) -> Result<()> {
+    /// Records `next` as the service's newest revision, tried as `rollout` says, if the newest
+    /// is still `after` (an update raced by another is refused).
+    pub async fn add_revision(&self, record: &ServiceRecord, next: &Revision, rollout: Rollout) -> Result<()> {
         let spec_json = serde_json::to_string(next).map_err(corrupt)?;
         let service_id = record.id.clone();
         let after = record.latest_revision;
@@ -144,6 +193,8 @@ impl ServiceStore {
                 Box::pin(async move {
                     let updated = service::Entity::update_many()
                         .col_expr(service::Column::LatestRevision, Expr::value(number))
+                        .col_expr(service::Column::Traffic, Expr::value(rollout.traffic as i32))
+                        .col_expr(service::Column::Shadow, Expr::value(rollout.shadow))
                         .col_expr(service::Column::UpdatedAtMs, Expr::value(now_ms()))
                         .filter(service::Column::Id.eq(service_id.as_str()))
                         .filter(service::Column::LatestRevision.eq(after))
@@ -189,14 +240,37 @@ impl ServiceStore {
         Ok(updated.rows_affected > 0)
     }
 
-    pub async fn set_replicas(&self, service_id: &str, replicas: i32) -> Result<()> {
+    /// Sets a service's worker bounds and targets. (Its `updated_at_ms` is left alone: it
+    /// times a roll's grace.)
+    pub async fn set_scaling(&self, service_id: &str, scaling: &Scaling) -> Result<()> {
         service::Entity::update_many()
-            .col_expr(service::Column::Replicas, Expr::value(replicas))
-            .col_expr(service::Column::UpdatedAtMs, Expr::value(now_ms()))
+            .col_expr(service::Column::Replicas, Expr::value(scaling.min_replicas as i32))
+            .col_expr(service::Column::ScalingJson, Expr::value(scaling_json(scaling)))
             .filter(service::Column::Id.eq(service_id))
             .exec(&self.db)
             .await
             .map_err(kiln_core::store::StoreError::from)?;
+        Ok(())
+    }
+
+    /// Changes how the latest revision is tried, if it is still `latest` and ahead of the
+    /// serving one.
+    pub async fn set_rollout(&self, record: &ServiceRecord, rollout: Rollout) -> Result<()> {
+        let updated = service::Entity::update_many()
+            .col_expr(service::Column::Traffic, Expr::value(rollout.traffic as i32))
+            .col_expr(service::Column::Shadow, Expr::value(rollout.shadow))
+            .filter(service::Column::Id.eq(record.id.as_str()))
+            .filter(service::Column::LatestRevision.eq(record.latest_revision))
+            .filter(service::Column::Revision.lt(record.latest_revision))
+            .exec(&self.db)
+            .await
+            .map_err(kiln_core::store::StoreError::from)?;
+        if updated.rows_affected == 0 {
+            return Err(Error::FailedPrecondition(format!(
+                "service {} has no revision being tried (its latest serves all requests); `kiln serve update {}` with a new definition first",
+                record.name, record.name
+            )));
+        }
         Ok(())
     }
 
