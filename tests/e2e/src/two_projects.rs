@@ -1,5 +1,5 @@
-//! A stack with two projects and a caller of every kind: `alpha` (a running job, a batch and a
-//! dataset of its maintainer's, a viewer and a member who own none of them) and `beta` (a
+//! A stack with two projects and a caller of every kind: `alpha` (a running job, a batch, a
+//! sweep, a dataset, a model and an inference service of its maintainer's, a viewer and a member who own none of them) and `beta` (a
 //! viewer, member and maintainer, and a running job whose token its runner issued), plus no
 //! token, a wrong, a revoked and an expired token. The authorisation matrix (tests/authz.rs)
 //! and the tenancy tests (tests/tenancy.rs) run on it.
@@ -12,7 +12,7 @@ use kiln_proto::v1 as pb;
 use crate::rpc::Targets;
 use crate::{PATIENCE, ServiceHandle, Stack, spec, wait_for_line};
 
-/// The five services of the stack, by the gRPC services each serves.
+/// The services of the stack, by the gRPC services each serves.
 pub struct Addresses {
     pub api: SocketAddr,
     pub logs: SocketAddr,
@@ -20,6 +20,7 @@ pub struct Addresses {
     pub scheduler: SocketAddr,
     pub runner: SocketAddr,
     pub advisor: SocketAddr,
+    pub predictor: SocketAddr,
 }
 
 impl Addresses {
@@ -31,6 +32,7 @@ impl Addresses {
             "LogService" => vec![self.logs],
             "BatchService" | "ItemWorkService" => vec![self.batches],
             "SweepService" => vec![self.advisor],
+            "ServeService" => vec![self.predictor],
             "NodeService" => vec![
                 self.api,
                 self.logs,
@@ -38,6 +40,7 @@ impl Addresses {
                 self.scheduler,
                 self.runner,
                 self.advisor,
+                self.predictor,
             ],
             other => panic!("{other} is served by no service this test knows: add it to Addresses::of"),
         }
@@ -68,6 +71,7 @@ pub struct World {
     pub alpha: Alpha,
     pub tokens: Vec<(Caller, Option<String>)>,
     _runner: ServiceHandle,
+    _predictor: ServiceHandle,
 }
 
 /// Runs `script` as a job of `project` by `token`'s owner, and returns it.
@@ -186,6 +190,30 @@ pub async fn world() -> World {
         })
         .await
         .expect("record a model of alpha");
+    // An inference service of alpha serving that model, scaled to zero (so no worker is started
+    // for a version whose files are not there), named as the matrix names what it addresses.
+    let (predictor, _, predictor_addr) = crate::serving::spawn_predictor_with_api(&stack).await;
+    crate::serving::serve_client(predictor_addr, &alpha_token)
+        .await
+        .create_service(pb::CreateServiceRequest {
+            name: "matrix".into(),
+            project: "alpha".into(),
+            definition: Some(pb::ServiceDefinition {
+                models: vec![pb::ServiceModel {
+                    model: "matrix".into(),
+                    ..Default::default()
+                }],
+                scaling: Some(pb::Scaling {
+                    min_replicas: 0,
+                    max_replicas: 1,
+                    ..Default::default()
+                }),
+                worker: Some(spec(&["true"])),
+                ..Default::default()
+            }),
+        })
+        .await
+        .expect("create a service of alpha");
     // A revoked and an expired token of alpha's maintainer.
     let mut users = stack.users_as(&alpha_token).await;
     let revoked = users
@@ -250,6 +278,7 @@ pub async fn world() -> World {
             scheduler: stack.scheduler_addr,
             runner: runner_addr,
             advisor: stack.advisor_addr.expect("advisor"),
+            predictor: predictor_addr,
         },
         alpha: Alpha {
             job_id: job.id,
@@ -259,5 +288,6 @@ pub async fn world() -> World {
         stack,
         tokens,
         _runner: runner,
+        _predictor: predictor,
     }
 }
