@@ -154,11 +154,25 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
     Ok(ExitCode::from(code))
 }
 
-/// Prints a job's logs: its stdout lines to stdout, its stderr lines to stderr.
 /// Prints a job's lines (its last `tail` lines when given), following it with `follow`.
 async fn print_logs(clients: &mut Clients, job_id: &str, follow: bool, tail: Option<u32>) -> Result<()> {
+    let mut lines = log_lines(clients, job_id, follow, tail).await?;
+    while let Some(line) = lines.next().await {
+        print_line(&line?, "")?;
+    }
+    Ok(())
+}
+
+/// Opens a job's lines (its last `tail` lines when given), following it with `follow`: how
+/// `kiln logs` and `kiln serve logs` read a job's logs.
+pub async fn log_lines(
+    clients: &mut Clients,
+    job_id: &str,
+    follow: bool,
+    tail: Option<u32>,
+) -> Result<tonic::Streaming<pb::LogLine>> {
     let job_id = job_id.to_string();
-    let mut lines = match tail {
+    let lines = match tail {
         None => clients.logs.get_logs(pb::GetLogsRequest { job_id, follow }).await?,
         Some(lines) => {
             clients
@@ -166,17 +180,16 @@ async fn print_logs(clients: &mut Clients, job_id: &str, follow: bool, tail: Opt
                 .tail_logs(pb::TailLogsRequest { job_id, lines, follow })
                 .await?
         }
-    }
-    .into_inner();
-    let stdout = std::io::stdout();
-    let stderr = std::io::stderr();
-    while let Some(line) = lines.next().await {
-        let line = line?;
-        if line.stream == pb::LogStream::Stderr as i32 {
-            writeln!(stderr.lock(), "{}", line.text)?;
-        } else {
-            writeln!(stdout.lock(), "{}", line.text)?;
-        }
+    };
+    Ok(lines.into_inner())
+}
+
+/// Prints a job's line after `prefix`: a stdout line to stdout, a stderr line to stderr.
+pub fn print_line(line: &pb::LogLine, prefix: &str) -> Result<()> {
+    if line.stream == pb::LogStream::Stderr as i32 {
+        writeln!(std::io::stderr().lock(), "{prefix}{}", line.text)?;
+    } else {
+        writeln!(std::io::stdout().lock(), "{prefix}{}", line.text)?;
     }
     Ok(())
 }

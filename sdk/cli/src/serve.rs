@@ -1,6 +1,6 @@
 //! `kiln serve`: inference services run by the predictor — create (packing the working
 //! directory as `kiln run` does, so every worker runs that code), ls, status, update (a new
-//! revision, rolled to without a failed request), scale and stop.
+//! revision, rolled to without a failed request), scale, stop and logs (its workers' lines).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -14,12 +14,14 @@ use crate::client;
 use crate::format::{self, Output, out, state_name};
 use crate::pack;
 
+mod logs;
+
 /// What a revision is made of (create and update take the same).
 #[derive(Debug, clap::Args)]
 pub struct DefinitionArgs {
     /// A registered model: NAME@ALIAS, NAME:VERSION or NAME (its latest version); repeat for an
     /// ensemble.
-    #[arg(long = "model", required = true)]
+    #[arg(long = "model")]
     pub models: Vec<String>,
     /// How the members' answers combine: mean, weighted-mean, vote or first.
     #[arg(long, default_value = "mean")]
@@ -33,9 +35,11 @@ pub struct DefinitionArgs {
     /// The fewest members whose answers make an answer.
     #[arg(long, default_value_t = 1)]
     pub quorum: u32,
-    /// Workers per member.
+    /// Workers per member (without --min-replicas/--max-replicas).
     #[arg(long, default_value_t = 1)]
     pub replicas: u32,
+    #[command(flatten)]
+    pub scaling: ScalingArgs,
     /// An input requests must give, NAME:DATATYPE:SHAPE with -1 for any size (such as
     /// x:FP32:-1,64); repeatable. The predictor checks requests against them, serves them as
     /// the model's metadata, and /predict feeds the first.
@@ -73,8 +77,62 @@ pub struct DefinitionArgs {
     #[arg(long, conflicts_with = "code")]
     pub no_code: bool,
     /// The worker's command, after `--` (it calls `kiln.serve(predict, load)`).
-    #[arg(last = true, required = true)]
+    #[arg(last = true)]
     pub command: Vec<String>,
+}
+
+/// Autoscaling: workers per member between the bounds, from their load.
+#[derive(Debug, clap::Args)]
+pub struct ScalingArgs {
+    /// The fewest workers per member; 0 lets an idle member go without (scale to zero).
+    #[arg(long)]
+    pub min_replicas: Option<u32>,
+    /// The most workers per member.
+    #[arg(long)]
+    pub max_replicas: Option<u32>,
+    /// In-flight requests per worker aimed at.
+    #[arg(long, default_value_t = kiln_core::serving::DEFAULT_TARGET_IN_FLIGHT)]
+    pub target_in_flight: f64,
+    /// One more worker while the workers' mean time per request is above it (0: off).
+    #[arg(long, default_value_t = 0)]
+    pub target_latency_ms: u64,
+    /// How long the load stays low before workers are cut (and an idle member goes to
+    /// --min-replicas).
+    #[arg(long, default_value_t = kiln_core::serving::DEFAULT_SCALE_DOWN_DELAY_MS)]
+    pub scale_down_delay_ms: u64,
+    /// How long a request that finds no worker waits for one (default: 60000 with
+    /// --min-replicas 0, else none).
+    #[arg(long)]
+    pub cold_wait_ms: Option<u64>,
+}
+
+impl ScalingArgs {
+    /// The bounds asked for; `None` when neither bound is given (fixed replicas).
+    fn to_proto(&self) -> Option<pb::Scaling> {
+        if self.min_replicas.is_none() && self.max_replicas.is_none() {
+            return None;
+        }
+        let min = self.min_replicas.unwrap_or(1);
+        Some(pb::Scaling {
+            min_replicas: min,
+            max_replicas: self.max_replicas.unwrap_or(min),
+            target_in_flight: self.target_in_flight,
+            target_latency_ms: self.target_latency_ms,
+            scale_down_delay_ms: self.scale_down_delay_ms,
+            cold_wait_ms: self.cold_wait_ms.unwrap_or(0),
+        })
+    }
+}
+
+/// `new=N` or `N`: the percent of requests the new revision answers.
+fn parse_traffic(text: &str) -> Result<u32, String> {
+    let percent = text.strip_prefix("new=").unwrap_or(text);
+    match percent.parse::<u32>() {
+        Ok(percent) if (1..=100).contains(&percent) => Ok(percent),
+        _ => Err(format!(
+            "`{text}` is not new=PERCENT with PERCENT 1 to 100 (such as new=10)"
+        )),
+    }
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -102,16 +160,34 @@ pub enum ServeCommand {
         #[arg(short, long, value_enum, default_value = "table")]
         output: Output,
     },
-    /// Roll to a new revision: the predictors switch once its workers are ready.
+    /// Roll to a new revision: the predictors switch once its workers are ready; with
+    /// --traffic or --shadow it is tried beside the serving one instead (without --model, the
+    /// revision being tried gets the new share: --traffic new=100 rolls to it).
     Update {
         name: String,
         #[command(flatten)]
         definition: DefinitionArgs,
+        /// The share of requests the new revision answers once ready, new=PERCENT (1 to 100).
+        #[arg(long, value_parser = parse_traffic)]
+        traffic: Option<u32>,
+        /// Send copies of every request to the new revision, compare its answers with the
+        /// serving one's and count them (kiln_predictor_shadow_requests), never return them.
+        #[arg(long, conflicts_with = "traffic")]
+        shadow: bool,
     },
-    /// Set the workers per member.
-    Scale { name: String, replicas: u32 },
+    /// Set the workers per member: a fixed number, or bounds to autoscale within.
+    Scale {
+        name: String,
+        #[arg(required_unless_present_any = ["min_replicas", "max_replicas"])]
+        replicas: Option<u32>,
+        #[command(flatten)]
+        scaling: ScalingArgs,
+    },
     /// Stop a service and its workers.
     Stop { name: String },
+    /// The logs of the service's workers, each line prefixed with its worker (member,
+    /// revision, the end of its job id); -f follows them and the workers that start later.
+    Logs(logs::LogsArgs),
 }
 
 pub async fn serve(command: ServeCommand) -> Result<ExitCode> {
@@ -183,30 +259,88 @@ pub async fn serve(command: ServeCommand) -> Result<ExitCode> {
                 Output::Table => print_status(&service)?,
             }
         }
-        ServeCommand::Update { name, definition } => {
-            let definition = definition_of(&mut clients, definition).await?;
+        ServeCommand::Update {
+            name,
+            definition,
+            traffic,
+            shadow,
+        } => {
+            let rollout_only = definition.models.is_empty() && definition.command.is_empty();
+            if rollout_only && traffic.is_none() && !shadow {
+                bail!(
+                    "give the new revision (--model ... -- COMMAND), or --traffic new=PERCENT / --shadow for the one being tried"
+                );
+            }
+            let definition = if rollout_only {
+                None
+            } else {
+                Some(definition_of(&mut clients, definition).await?)
+            };
             let service = clients
                 .serve
                 .update_service(pb::UpdateServiceRequest {
                     name,
-                    definition: Some(definition),
+                    definition,
+                    traffic: traffic.unwrap_or(0),
+                    shadow,
                 })
                 .await?
                 .into_inner();
-            out!(
-                "service {} rolling to revision {} (serving {} until its workers are ready)",
-                service.name,
-                service.latest_revision,
-                service.revision
-            );
+            if service.latest_revision == service.revision {
+                out!("service {} serves revision {}", service.name, service.revision);
+            } else if service.shadow {
+                out!(
+                    "service {} tries revision {} in shadow once its workers are ready (serving {})",
+                    service.name,
+                    service.latest_revision,
+                    service.revision
+                );
+            } else if service.traffic < 100 {
+                out!(
+                    "service {} sends {}% of requests to revision {} once its workers are ready (serving {})",
+                    service.name,
+                    service.traffic,
+                    service.latest_revision,
+                    service.revision
+                );
+            } else {
+                out!(
+                    "service {} rolling to revision {} (serving {} until its workers are ready)",
+                    service.name,
+                    service.latest_revision,
+                    service.revision
+                );
+            }
         }
-        ServeCommand::Scale { name, replicas } => {
+        ServeCommand::Scale {
+            name,
+            replicas,
+            scaling,
+        } => {
             let service = clients
                 .serve
-                .scale_service(pb::ScaleServiceRequest { name, replicas })
+                .scale_service(pb::ScaleServiceRequest {
+                    name,
+                    replicas: replicas.unwrap_or(0),
+                    scaling: scaling.to_proto(),
+                })
                 .await?
                 .into_inner();
-            out!("service {}: {} worker(s) per member", service.name, replicas.max(1));
+            let scaling = service.scaling.unwrap_or_default();
+            if scaling.max_replicas > scaling.min_replicas {
+                out!(
+                    "service {}: {} to {} worker(s) per member, autoscaled",
+                    service.name,
+                    scaling.min_replicas,
+                    scaling.max_replicas
+                );
+            } else {
+                out!(
+                    "service {}: {} worker(s) per member",
+                    service.name,
+                    scaling.min_replicas
+                );
+            }
         }
         ServeCommand::Stop { name } => {
             let service = clients
@@ -216,11 +350,18 @@ pub async fn serve(command: ServeCommand) -> Result<ExitCode> {
                 .into_inner();
             out!("service {} {}", service.name, service.state.to_lowercase());
         }
+        ServeCommand::Logs(args) => logs::logs(&mut clients, args).await?,
     }
     Ok(ExitCode::SUCCESS)
 }
 
 async fn definition_of(clients: &mut client::Clients, args: DefinitionArgs) -> Result<pb::ServiceDefinition> {
+    if args.models.is_empty() {
+        bail!("give the service's model(s): --model NAME@ALIAS, NAME:VERSION or NAME (repeat for an ensemble)");
+    }
+    if args.command.is_empty() {
+        bail!("give the worker's command after `--` (it calls kiln.serve(predict, load))");
+    }
     if !args.weights.is_empty() && args.weights.len() != args.models.len() {
         bail!(
             "--weights gives {} weight(s) for {} model(s); give one per --model, in order",
@@ -253,6 +394,7 @@ async fn definition_of(clients: &mut client::Clients, args: DefinitionArgs) -> R
         deadline_ms: args.deadline_ms,
         quorum: args.quorum,
         replicas: args.replicas,
+        scaling: args.scaling.to_proto(),
         worker: Some(pb::JobSpec {
             command: args.command,
             env: args.env.into_iter().collect(),
@@ -284,7 +426,11 @@ fn parse_tensor(text: &str) -> Result<pb::TensorMetadata, String> {
     let shape = shape
         .split(',')
         .filter(|dim| !dim.is_empty())
-        .map(|dim| dim.trim().parse::<i64>().map_err(|_| format!("`{dim}` in `{text}` is not a size or -1")))
+        .map(|dim| {
+            dim.trim()
+                .parse::<i64>()
+                .map_err(|_| format!("`{dim}` in `{text}` is not a size or -1"))
+        })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(pb::TensorMetadata {
         name: name.into(),
@@ -340,6 +486,40 @@ fn print_status(service: &pb::Service) -> Result<()> {
             definition.quorum
         );
     }
+    if let Some(scaling) = &service.scaling {
+        if scaling.max_replicas > scaling.min_replicas {
+            out!(
+                "workers   {} to {} per member, autoscaled ({} in flight per worker{}, down after {} ms{})",
+                scaling.min_replicas,
+                scaling.max_replicas,
+                scaling.target_in_flight,
+                if scaling.target_latency_ms > 0 {
+                    format!(", {} ms a request", scaling.target_latency_ms)
+                } else {
+                    String::new()
+                },
+                scaling.scale_down_delay_ms,
+                if scaling.cold_wait_ms > 0 {
+                    format!(", a request waits up to {} ms for a worker", scaling.cold_wait_ms)
+                } else {
+                    String::new()
+                }
+            );
+        } else {
+            out!("workers   {} per member", scaling.min_replicas);
+        }
+    }
+    if service.latest_revision > service.revision {
+        if service.shadow {
+            out!("trying    revision {} in shadow", service.latest_revision);
+        } else if service.traffic < 100 {
+            out!(
+                "trying    revision {} with {}% of requests",
+                service.latest_revision,
+                service.traffic
+            );
+        }
+    }
     if !service.reason.is_empty() {
         out!("reason    {}", service.reason);
     }
@@ -384,6 +564,16 @@ fn service_json(service: &pb::Service) -> serde_json::Value {
         "ensemble": service.definition.as_ref().map(|definition| definition.ensemble.clone()),
         "deadline_ms": service.definition.as_ref().map(|definition| definition.deadline_ms),
         "quorum": service.definition.as_ref().map(|definition| definition.quorum),
+        "traffic": service.traffic,
+        "shadow": service.shadow,
+        "scaling": service.scaling.as_ref().map(|scaling| json!({
+            "min_replicas": scaling.min_replicas,
+            "max_replicas": scaling.max_replicas,
+            "target_in_flight": scaling.target_in_flight,
+            "target_latency_ms": scaling.target_latency_ms,
+            "scale_down_delay_ms": scaling.scale_down_delay_ms,
+            "cold_wait_ms": scaling.cold_wait_ms,
+        })),
         "members": service.members.iter().map(|member| json!({
             "member": member.member,
             "model_version": member.model_version,

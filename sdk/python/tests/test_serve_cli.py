@@ -88,6 +88,31 @@ def test_a_registered_model_is_served_by_a_kiln_serve_worker(up, tmp_path):
                         {"inputs": [{"name": "x", "shape": [2], "datatype": "FP64", "data": [1.0, 2.0]}]})
     assert code == 400 and "input `x` is FP64 [2]; model `scale` takes FP64 [-1, -1]" in answer["error"], answer
 
+    # The workers' logs, each line after its worker: the adapter's line once the model loaded.
+    # (The line is shipped as the worker runs: read again until it is stored.)
+    deadline = time.monotonic() + 60
+    while True:
+        logs = subprocess.run([KILN, "serve", "logs", "scale"], capture_output=True, text=True, timeout=60)
+        assert logs.returncode == 0, logs.stderr
+        loaded = [line for line in logs.stderr.splitlines() if "kiln.serve: model loaded" in line]
+        if loaded or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert loaded and loaded[0].startswith("[scale r1 "), logs.stderr
+    other = subprocess.run([KILN, "serve", "logs", "scale", "--member", "other"], capture_output=True, text=True,
+                           timeout=60)
+    assert other.returncode == 0 and "has no worker of member other" in other.stderr, other.stderr
+
+    # Bounds instead of a fixed count: the service says so, and keeps at least min workers.
+    assert "1 to 3 worker(s) per member, autoscaled" in cli("serve", "scale", "scale", "--min-replicas", "1",
+                                                              "--max-replicas", "3")
+    scaled = json.loads(cli("serve", "status", "scale", "-o", "json"))
+    assert (scaled["scaling"]["min_replicas"], scaled["scaling"]["max_replicas"]) == (1, 3), scaled
+    assert "autoscaled" in cli("serve", "status", "scale")
+    refused = subprocess.run([KILN, "serve", "scale", "scale", "--min-replicas", "4", "--max-replicas", "2"],
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "min-replicas (4) is above max-replicas (2)" in refused.stderr, refused.stderr
+
     listed = cli("serve", "ls")
     assert "scale" in listed and "scale:1" in listed and "1/1" in listed, listed
     cli("serve", "stop", "scale")
