@@ -1,8 +1,8 @@
 # syntax=docker/dockerfile:1
 # kiln's service images, one binary each, built from one builder stage:
 #   docker build --target kiln-api -t kiln/kiln-api .        (kiln-scheduler, kiln-runner,
-#   kiln-log-ingest, kiln-item-batch, kiln-advisor likewise; deploy/compose/compose.yaml builds
-#   all six)
+#   kiln-log-ingest, kiln-item-batch, kiln-advisor, kiln-predictor likewise;
+#   deploy/compose/compose.yaml builds all seven)
 #
 # Static with musl: the binaries run FROM scratch, with nothing but the CA certificates, the
 # gRPC health probe of the healthchecks and, for the runner, the static kiln-agent it puts into
@@ -33,9 +33,10 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --target "${RUST_TARGET}" \
       -p kiln-api -p kiln-scheduler -p kiln-runner -p kiln-log-ingest -p kiln-item-batch -p kiln-advisor \
-      -p kiln-agent \
+      -p kiln-predictor -p kiln-agent \
  && mkdir -p /out/bin /out/data \
- && for bin in kiln-api kiln-scheduler kiln-runner kiln-log-ingest kiln-item-batch kiln-advisor kiln-agent; do \
+ && for bin in kiln-api kiln-scheduler kiln-runner kiln-log-ingest kiln-item-batch kiln-advisor kiln-predictor \
+      kiln-agent; do \
       cp "target/${RUST_TARGET}/release/${bin}" /out/bin/; \
       if ldd "/out/bin/${bin}" 2>&1 | grep -q '=>'; then echo "${bin} is not static" >&2; exit 1; fi; \
     done
@@ -80,3 +81,8 @@ FROM base AS kiln-advisor
 COPY --from=builder /out/bin/kiln-advisor /usr/local/bin/kiln-advisor
 EXPOSE 7076 9476
 ENTRYPOINT ["/usr/local/bin/kiln-advisor"]
+
+FROM base AS kiln-predictor
+COPY --from=builder /out/bin/kiln-predictor /usr/local/bin/kiln-predictor
+EXPOSE 7077 7078 9477
+ENTRYPOINT ["/usr/local/bin/kiln-predictor"]

@@ -1,5 +1,6 @@
 # A private zone of the VPC: one name per service for all its replicas (jobs reach the api and
-# log-ingest by these names; users inside the VPC can too, and the CLI's `kiln sweep` the advisor).
+# log-ingest by these names; users inside the VPC can too, the CLI's `kiln sweep` the advisor,
+# and `kiln serve` and inference clients the predictor, whose REST API advertises its name).
 resource "aws_route53_zone" "private" {
   name = var.private_zone
 
@@ -15,6 +16,7 @@ resource "aws_route53_record" "service" {
     log-ingest = local.ips["log-ingest"]
     item-batch = local.ips["item-batch"]
     advisor    = local.ips["advisor"]
+    predictor  = local.ips["predictor"]
     nats       = local.ips["nats"]
   }
   zone_id = aws_route53_zone.private.zone_id

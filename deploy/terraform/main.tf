@@ -44,10 +44,10 @@ locals {
   release_prefix = "releases/${var.kiln_version}"
 
   # The address plan: node i of a set is host (offset + i div AZs) of private subnet i mod AZs,
-  # inside the first /26 of each subnet, which is reserved for explicit addresses.
+  # inside the first two /26s of each subnet, which are reserved for explicit addresses.
   plan = {
-    # 8 hosts per set and subnet: enough for 9 replicas over 2 AZs, and 56 + 4 stays in the /26
-    # (which the advisor fills: a further set needs a wider reservation in modules/network).
+    # 8 hosts per set and subnet: enough for 9 replicas over 2 AZs. The first /26 ends with the
+    # advisor (56 + 4); the predictor opens the second (64 to 127, room for 7 more sets).
     nats       = { offset = 8, count = 3 }
     scylla     = { offset = 16, count = 3 }
     api        = { offset = 24, count = var.service_replicas }
@@ -55,6 +55,7 @@ locals {
     log-ingest = { offset = 40, count = var.service_replicas }
     item-batch = { offset = 48, count = var.service_replicas }
     advisor    = { offset = 56, count = var.service_replicas }
+    predictor  = { offset = 64, count = var.service_replicas }
   }
   ips = { for set, p in local.plan : set => [for i in range(p.count) :
     cidrhost(module.network.private_subnet_cidrs[i % length(local.azs)], p.offset + floor(i / length(local.azs)))
@@ -161,7 +162,9 @@ module "services" {
     log-ingest = local.ips["log-ingest"]
     item-batch = local.ips["item-batch"]
     advisor    = local.ips["advisor"]
+    predictor  = local.ips["predictor"]
   }
+  private_zone              = var.private_zone
   subnet_ids                = module.network.private_subnet_ids
   instance_types            = var.service_instance_types
   ami_id                    = data.aws_ssm_parameter.ami.insecure_value

@@ -48,6 +48,16 @@ output "advisor_urls" {
   value       = module.services.advisor_urls
 }
 
+output "predictor_urls" {
+  description = "The predictor replicas' gRPC addresses; predictor.ZONE:7077 names them all, for KILN_PREDICTOR_ADDR (`kiln serve`)."
+  value       = module.services.predictor_urls
+}
+
+output "predictor_http_url" {
+  description = "The predictor's REST API (the Open Inference Protocol over HTTP), every replica by name: its http-advertise-url."
+  value       = "http://predictor.${var.private_zone}:7078"
+}
+
 output "addresses" {
   description = "The address plan: each node set's private addresses."
   value       = local.ips

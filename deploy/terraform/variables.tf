@@ -15,7 +15,7 @@ variable "name" {
 }
 
 variable "kiln_version" {
-  description = "The kiln release to run: its binaries are at s3://BUCKET/releases/VERSION/ (kiln-api, kiln-scheduler, kiln-log-ingest, kiln-item-batch, kiln-advisor, kiln-runner, kiln-agent)."
+  description = "The kiln release to run: its binaries are at s3://BUCKET/releases/VERSION/ (kiln-api, kiln-scheduler, kiln-log-ingest, kiln-item-batch, kiln-advisor, kiln-predictor, kiln-runner, kiln-agent)."
   type        = string
 }
 
@@ -43,13 +43,13 @@ variable "single_nat_gateway" {
 }
 
 variable "client_cidrs" {
-  description = "Ranges the kiln CLI and SDK connect from (api 7070, log-ingest 7071, item-batch 7075, advisor 7076); empty: the whole VPC. Reach the VPC through a VPN, peering or SSM port forwarding: nothing is public."
+  description = "Ranges the kiln CLI and SDK connect from (api 7070, log-ingest 7071, item-batch 7075, advisor 7076, predictor 7077 gRPC and 7078 HTTP); empty: the whole VPC. Reach the VPC through a VPN, peering or SSM port forwarding: nothing is public."
   type        = list(string)
   default     = []
 }
 
 variable "metrics_cidrs" {
-  description = "Ranges a Prometheus scrapes kiln's metrics ports (9470-9476) and NATS monitoring (8222) from; empty: the whole VPC."
+  description = "Ranges a Prometheus scrapes kiln's metrics ports (9470-9477) and NATS monitoring (8222) from; empty: the whole VPC."
   type        = list(string)
   default     = []
 }
@@ -66,7 +66,7 @@ variable "objects_prefix" {
 }
 
 variable "service_replicas" {
-  description = "Replicas of each kiln service (api, scheduler, log-ingest, item-batch, advisor), spread over the AZs."
+  description = "Replicas of each kiln service (api, scheduler, log-ingest, item-batch, advisor, predictor), spread over the AZs."
   type        = number
   default     = 2
 
@@ -85,6 +85,7 @@ variable "service_instance_types" {
     log-ingest = "m7i.large"
     item-batch = "m7i.large"
     advisor    = "m7i.large"
+    predictor  = "m7i.large"
   }
 }
 
@@ -233,7 +234,7 @@ variable "create_autoscaling_service_linked_role" {
 }
 
 variable "private_zone" {
-  description = "The private DNS zone of the VPC: api.ZONE, log-ingest.ZONE, item-batch.ZONE and advisor.ZONE name every replica."
+  description = "The private DNS zone of the VPC: api.ZONE, log-ingest.ZONE, item-batch.ZONE, advisor.ZONE and predictor.ZONE name every replica."
   type        = string
   default     = "kiln.internal"
 }

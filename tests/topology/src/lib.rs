@@ -6,7 +6,8 @@
 //! `KILN_TEST_SCYLLA_NODES` (a fresh keyspace) for the Scylla stores and the S3 server of
 //! `KILN_TEST_S3_*` (a fresh prefix of its bucket) for the objects, and then two
 //! replicas of every service binary from `target/` — api, scheduler, runner (process provider),
-//! log-ingest, item-batch, advisor — plus one runner of a simulated pool ([`Topology::start`]).
+//! log-ingest, item-batch, advisor, predictor — plus one runner of a simulated pool
+//! ([`Topology::start`]).
 //!
 //! The services are those of `deploy/compose/compose.yaml`, read through compose itself
 //! ([`compose`]: `docker-compose config --format json`, the binary of `KILN_TEST_COMPOSE`):
@@ -37,7 +38,15 @@ use postgres::Postgres;
 use proc::Proc;
 
 /// The service binaries, each run as two replicas.
-pub const SERVICES: [&str; 6] = ["api", "scheduler", "runner", "log-ingest", "item-batch", "advisor"];
+pub const SERVICES: [&str; 7] = [
+    "api",
+    "scheduler",
+    "runner",
+    "log-ingest",
+    "item-batch",
+    "advisor",
+    "predictor",
+];
 /// The runner of the simulated pool.
 pub const SIM_RUNNER: &str = "runner-sim";
 /// How long the harness waits for a process to listen.
@@ -308,6 +317,7 @@ impl Topology {
             ("KILN_LOGS_ADDR", self.url("log-ingest-1")),
             ("KILN_BATCH_ADDR", self.url("item-batch-1")),
             ("KILN_ADVISOR_ADDR", self.url("advisor-1")),
+            ("KILN_PREDICTOR_ADDR", self.url("predictor-1")),
             ("KILN_TOKEN", self.token.clone()),
         ];
         if let Some(tls) = &self.tls {

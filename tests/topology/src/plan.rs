@@ -280,7 +280,8 @@ mod tests {
     use super::*;
 
     /// The real compose file plans every instance: each listens on its own loopback ports for
-    /// gRPC and metrics, and no host name of compose's network is left in its environment.
+    /// gRPC and metrics (the predictor also for its REST API), and no host name of compose's
+    /// network is left in its environment.
     #[test]
     fn the_compose_file_plans_every_instance() {
         let compose = crate::compose::load();
@@ -311,10 +312,9 @@ mod tests {
         let mut seen = BTreeSet::new();
         for instance in &instances {
             for key in ["grpc.listen", "metrics.listen"] {
-                let addr = instance
-                    .listens
-                    .get(key)
-                    .unwrap_or_else(|| panic!("{}: no {key}", instance.name));
+                assert!(instance.listens.contains_key(key), "{}: no {key}", instance.name);
+            }
+            for (key, addr) in &instance.listens {
                 assert!(seen.insert(*addr), "{}: {key} {addr} is taken twice", instance.name);
             }
             let env: BTreeMap<&str, &str> = instance.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
@@ -343,6 +343,19 @@ mod tests {
             "[\"http://127.0.0.1:11\", \"http://127.0.0.1:12\", \"http://127.0.0.1:13\"]"
         );
         assert_eq!(env["KILN_SCHEDULER__DATABASE__URL"], infra.database_url);
+        // Each predictor replica advertises its own REST API.
+        for name in ["predictor-1", "predictor-2"] {
+            let predictor = instances.iter().find(|i| i.name == name).unwrap();
+            let http = predictor.listens["http-listen"];
+            assert!(
+                predictor.env.contains(&(
+                    "KILN_PREDICTOR__HTTP_ADVERTISE_URL".into(),
+                    format!("\"http://{http}\"")
+                )),
+                "{name}: {:?}",
+                predictor.env
+            );
+        }
         let sim = instances.iter().find(|i| i.name == SIM_RUNNER).unwrap();
         assert!(sim.env.contains(&("KILN_RUNNER__POOL".into(), "\"sim\"".into())));
         let api = instances.iter().find(|i| i.name == "api-1").unwrap();

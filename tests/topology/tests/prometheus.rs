@@ -32,13 +32,14 @@ const PATIENCE: Duration = Duration::from_secs(240);
 const SCRAPED_FOR: Duration = Duration::from_secs(75);
 /// The scrape jobs, as deploy/compose/prometheus/prometheus.yml names them, and the instances
 /// of each.
-const JOBS: [(&str, &str); 6] = [
+const JOBS: [(&str, &str); 7] = [
     ("kiln-api", "api-"),
     ("kiln-scheduler", "scheduler-"),
     ("kiln-runner", "runner-"),
     ("kiln-log-ingest", "log-ingest-"),
     ("kiln-item-batch", "item-batch-"),
     ("kiln-advisor", "advisor-"),
+    ("kiln-predictor", "predictor-"),
 ];
 
 fn prometheus_binary() -> PathBuf {

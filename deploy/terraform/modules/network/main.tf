@@ -64,14 +64,23 @@ resource "aws_subnet" "private" {
   tags              = { Name = "${var.name}-private-${local.azs[count.index]}" }
 }
 
-# The first /26 of each private subnet is for addresses given explicitly (the nodes of the
-# address plan): AWS assigns none of it to Auto Scaling instances, RDS or endpoints.
+# The first two /26s of each private subnet are for addresses given explicitly (the nodes of
+# the address plan): AWS assigns none of them to Auto Scaling instances, RDS or endpoints. Two
+# reservations rather than one /25, so that the first stays as it was when the second was added.
 resource "aws_ec2_subnet_cidr_reservation" "static" {
   count            = local.az_count
   subnet_id        = aws_subnet.private[count.index].id
   cidr_block       = cidrsubnet(local.private_cidrs[count.index], 6, 0)
   reservation_type = "explicit"
   description      = "kiln nodes at planned addresses"
+}
+
+resource "aws_ec2_subnet_cidr_reservation" "static_second" {
+  count            = local.az_count
+  subnet_id        = aws_subnet.private[count.index].id
+  cidr_block       = cidrsubnet(local.private_cidrs[count.index], 6, 1)
+  reservation_type = "explicit"
+  description      = "kiln nodes at planned addresses (second block)"
 }
 
 resource "aws_eip" "nat" {

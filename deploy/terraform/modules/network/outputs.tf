@@ -19,8 +19,8 @@ output "private_subnet_cidrs" {
 }
 
 output "static_reservation_ids" {
-  description = "The reservations of each private subnet's first /26 (host numbers 4 to 63 are the address plan's)."
-  value       = aws_ec2_subnet_cidr_reservation.static[*].id
+  description = "The reservations of each private subnet's first two /26s (host numbers 4 to 127 are the address plan's)."
+  value       = concat(aws_ec2_subnet_cidr_reservation.static[*].id, aws_ec2_subnet_cidr_reservation.static_second[*].id)
 }
 
 output "public_subnet_ids" {

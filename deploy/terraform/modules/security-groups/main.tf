@@ -33,13 +33,14 @@ locals {
     log_ingest = "kiln-log-ingest: gRPC 7071, metrics 9471"
     item_batch = "kiln-item-batch: gRPC 7075, metrics 9475"
     advisor    = "kiln-advisor: gRPC 7076, metrics 9476"
+    predictor  = "kiln-predictor: gRPC 7077, HTTP 7078, metrics 9477"
     runner     = "kiln-runner: gRPC 7074, metrics 9474"
     nats       = "NATS: client 4222, cluster 6222, monitoring 8222"
     scylla     = "ScyllaDB: CQL 9042, inter-node 7000"
     postgres   = "RDS Postgres: 5432"
   }
 
-  kiln = ["api", "scheduler", "log_ingest", "item_batch", "advisor", "runner"]
+  kiln = ["api", "scheduler", "log_ingest", "item_batch", "advisor", "predictor", "runner"]
 
   # Who may reach which port of which group, from another group.
   from_groups = concat(
@@ -68,6 +69,8 @@ locals {
       { to = "log_ingest", port = 7071, cidr = cidr, what = "kiln logs and metrics" },
       { to = "item_batch", port = 7075, cidr = cidr, what = "kiln batch" },
       { to = "advisor", port = 7076, cidr = cidr, what = "kiln sweep" },
+      { to = "predictor", port = 7077, cidr = cidr, what = "kiln serve, inference over gRPC" },
+      { to = "predictor", port = 7078, cidr = cidr, what = "inference over HTTP" },
     ]]),
     flatten([for cidr in var.metrics_cidrs : [
       { to = "api", port = 9470, cidr = cidr, what = "metrics" },
@@ -76,6 +79,7 @@ locals {
       { to = "runner", port = 9474, cidr = cidr, what = "metrics" },
       { to = "item_batch", port = 9475, cidr = cidr, what = "metrics" },
       { to = "advisor", port = 9476, cidr = cidr, what = "metrics" },
+      { to = "predictor", port = 9477, cidr = cidr, what = "metrics" },
       { to = "nats", port = 8222, cidr = cidr, what = "NATS monitoring" },
       # Health checks of the gRPC ports of the services nobody else calls.
       { to = "scheduler", port = 7073, cidr = cidr, what = "gRPC health" },
@@ -126,7 +130,7 @@ resource "aws_vpc_security_group_egress_rule" "vpc" {
   cidr_ipv4         = var.vpc_cidr
   ip_protocol       = "tcp"
   from_port         = 4222
-  to_port           = 9476
+  to_port           = 9477
   description       = "kiln, NATS, Postgres and Scylla ports inside the VPC"
 }
 
@@ -141,6 +145,6 @@ resource "aws_vpc_security_group_egress_rule" "https" {
 }
 
 output "ids" {
-  description = "Security group id by kind: api, scheduler, log_ingest, item_batch, advisor, runner, nats, scylla, postgres."
+  description = "Security group id by kind: api, scheduler, log_ingest, item_batch, advisor, predictor, runner, nats, scylla, postgres."
   value       = { for k, g in aws_security_group.this : k => g.id }
 }

@@ -5,7 +5,8 @@
 #   advisor:    read, write and list kiln's blobs, no delete (registering a sweep's best trial
 #               as a model version lists and reads its outputs/ and saved artifacts/, and copies
 #               them to artifacts/sha256/, a HEAD first: a missing blob must answer 404);
-#   scheduler, log-ingest: no S3 at all.
+#   scheduler, log-ingest, predictor: no S3 at all (the predictor reaches its workers over
+#               NATS; the runners stage the workers' model versions).
 # Blobs are SSE-KMS: reading needs kms:Decrypt, writing kms:GenerateDataKey, both only through S3.
 locals {
   blobs = "${var.bucket_arn}/${var.objects_prefix}/*"

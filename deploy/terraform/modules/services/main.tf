@@ -1,7 +1,9 @@
 # The kiln services on fixed EC2 instances (not Auto Scaling groups): each replica has an
 # address chosen in advance, because item-batch tells workers every replica's address
 # (advertise-url), trials are given the address of the advisor replica that submitted them, and
-# the scheduler, item-batch and advisor replicas hold leases under their own names.
+# the scheduler, item-batch and advisor replicas hold leases under their own names. The
+# predictor needs none of that (stateless replicas, its REST API advertised under its DNS name),
+# but runs the same way, its replicas named together by predictor.ZONE.
 # A lost instance is recovered in place (auto recovery) and keeps its address.
 locals {
   services = {
@@ -25,6 +27,10 @@ locals {
       binary     = "kiln-advisor"
       env_prefix = "KILN_ADVISOR"
     }
+    predictor = {
+      binary     = "kiln-predictor"
+      env_prefix = "KILN_PREDICTOR"
+    }
   }
   group = {
     api        = "api"
@@ -32,6 +38,7 @@ locals {
     log-ingest = "log_ingest"
     item-batch = "item_batch"
     advisor    = "advisor"
+    predictor  = "predictor"
   }
 
   objects_url = "s3://${var.bucket}/${var.objects_prefix}"
@@ -56,6 +63,7 @@ locals {
       config = templatefile("${path.module}/config/${service}.toml.tftpl", {
         instance                  = "${var.name}-${service}-${i}"
         private_ip                = ip
+        private_zone              = var.private_zone
         nats_urls                 = var.nats_urls
         nats_replicas             = var.nats_replicas
         objects_url               = local.objects_url

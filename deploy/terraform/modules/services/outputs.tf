@@ -27,3 +27,13 @@ output "advisor_urls" {
   description = "The advisor replicas' gRPC addresses."
   value       = [for ip in var.private_ips["advisor"] : "http://${ip}:7076"]
 }
+
+output "predictor_urls" {
+  description = "The predictor replicas' gRPC addresses (ServeService, the Open Inference Protocol over gRPC)."
+  value       = [for ip in var.private_ips["predictor"] : "http://${ip}:7077"]
+}
+
+output "predictor_http_urls" {
+  description = "The predictor replicas' REST API base URLs (the Open Inference Protocol over HTTP)."
+  value       = [for ip in var.private_ips["predictor"] : "http://${ip}:7078"]
+}

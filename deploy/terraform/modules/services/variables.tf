@@ -14,12 +14,17 @@ variable "subnet_ids" {
 }
 
 variable "private_ips" {
-  description = "Addresses of each service's replicas from the address plan: api, scheduler, log-ingest, item-batch, advisor."
+  description = "Addresses of each service's replicas from the address plan: api, scheduler, log-ingest, item-batch, advisor, predictor."
   type        = map(list(string))
 }
 
+variable "private_zone" {
+  description = "The VPC's private DNS zone: the predictor advertises its REST API as http://predictor.ZONE:7078."
+  type        = string
+}
+
 variable "instance_types" {
-  description = "Instance type of each service: api, scheduler, log-ingest, item-batch, advisor."
+  description = "Instance type of each service: api, scheduler, log-ingest, item-batch, advisor, predictor."
   type        = map(string)
 }
 

@@ -18,6 +18,7 @@ TOPOLOGY_FILE = {
     "log-ingest": "log-ingest.toml",
     "item-batch": "item-batch.toml",
     "advisor": "advisor.toml",
+    "predictor": "predictor.toml",
     "runner": "runner.toml",
 }
 # Keys the AWS deployment sets that the local topology leaves at their defaults.

@@ -14,6 +14,7 @@ locals {
   sample = {
     instance                  = "kiln-api-0"
     private_ip                = "10.40.128.24"
+    private_zone              = "kiln.internal"
     nats_urls                 = "nats://10.40.128.8:4222,nats://10.40.144.8:4222,nats://10.40.160.8:4222"
     nats_replicas             = 3
     objects_url               = "s3://kiln-bucket/kiln"
@@ -39,7 +40,7 @@ locals {
   }
 
   configs = merge(
-    { for s in ["api", "scheduler", "log-ingest", "item-batch", "advisor"] : s => templatefile("${local.services}/${s}.toml.tftpl", local.sample) },
+    { for s in ["api", "scheduler", "log-ingest", "item-batch", "advisor", "predictor"] : s => templatefile("${local.services}/${s}.toml.tftpl", local.sample) },
     {
       runner = templatefile("${local.pool}/runner.toml.tftpl", merge(local.sample, {
         pool     = "cpu"
