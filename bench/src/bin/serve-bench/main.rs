@@ -370,10 +370,13 @@ async fn measure(args: &Args, kiln: &Kiln, python: &Path, dir: &Path, report: &m
 async fn main() -> Result<()> {
     let args = Args::parse();
     let kiln_binary = args.kiln.clone().unwrap_or_else(|| repo().join("target/release/kiln"));
-    let python = args
-        .python
-        .clone()
-        .unwrap_or_else(|| repo().join("target/bench-venv/bin/python"));
+    // Absolute (not canonical: a venv's python is a symlink whose target is not the venv's),
+    // since jobs run it from their own working directory.
+    let python = std::path::absolute(
+        args.python
+            .clone()
+            .unwrap_or_else(|| repo().join("target/bench-venv/bin/python")),
+    )?;
     let dir = tempfile::Builder::new().prefix("serve-bench-").tempdir()?;
     let mut report = Report {
         load_start: report::load_average(),
