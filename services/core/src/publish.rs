@@ -94,9 +94,18 @@ pub async fn publish(js: &jetstream::Context, subject: String, msg_id: &str, pay
     }
 }
 
+/// How long the oldest ack of a [`Pipeline`] may be awaited before nothing more is sent until
+/// it comes. A stored message is acked in about a millisecond here; one unanswered this long
+/// was most likely sent to a leader that died, and a message sent after it could be stored by
+/// the next leader before it is sent again, out of order.
+pub const ACK_OVERDUE: Duration = Duration::from_millis(300);
+
 /// Publishes to one subject with up to `in_flight` messages awaiting their acks. When an ack
 /// fails, that message and every one sent after it are sent again in order, one at a time, by
-/// [`publish`] (those already stored are dropped as duplicates), and pipelining goes on.
+/// [`publish`] (those already stored are dropped as duplicates), and pipelining goes on. While
+/// the oldest ack is overdue ([`ACK_OVERDUE`]) nothing new is sent, so that a stream leader's
+/// election in a quiet stream (a job's log lines) does not store later messages before earlier
+/// ones; a message sent in the moment before the earlier one is known lost can still be.
 pub struct Pipeline {
     js: jetstream::Context,
     subject: String,
@@ -108,6 +117,7 @@ struct Pending {
     msg_id: String,
     payload: Bytes,
     ack: Option<PublishAckFuture>,
+    sent_at: Instant,
 }
 
 impl Pipeline {
@@ -122,6 +132,13 @@ impl Pipeline {
 
     /// Sends a message, first waiting for the oldest ack when `in_flight` await theirs.
     pub async fn send(&mut self, msg_id: String, payload: Bytes) -> Result<(), NatsError> {
+        while self
+            .in_flight
+            .front()
+            .is_some_and(|oldest| oldest.sent_at.elapsed() >= ACK_OVERDUE)
+        {
+            self.settle_oldest().await?;
+        }
         let sent = self
             .js
             .send_publish(self.subject.clone(), message(&msg_id, payload.clone()))
@@ -131,6 +148,7 @@ impl Pipeline {
             msg_id,
             payload,
             ack: sent.ok(),
+            sent_at: Instant::now(),
         });
         if let Some(error) = failed {
             return self.send_again(&error).await;
