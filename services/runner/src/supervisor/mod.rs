@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use kiln_core::JobState;
 use kiln_core::auth::Scope;
-use kiln_core::store::{Change, JobRecord, StoreError};
+use kiln_core::store::{Change, JobRecord, Store, StoreError, StoreResult};
 use kiln_proto::v1::LogStream;
 use nix::sys::signal::Signal;
 use tokio_util::sync::CancellationToken;
@@ -311,7 +311,7 @@ async fn execute(
         instance_id: Some(instance.id.clone()),
         ..Change::default()
     };
-    let job = match ctx.store.transition(&job, JobState::Running, change).await {
+    let job = match transition_patiently(&ctx.store, &job, JobState::Running, change).await {
         Ok(running) => running,
         Err(error) => {
             let _ = ctx.provider.signal(&instance, Signal::SIGKILL).await;
@@ -370,6 +370,34 @@ async fn execute(
         }
     };
     (outcome, job, Some(instance))
+}
+
+/// How long a transition is tried again while the database cannot be reached.
+const STORE_PATIENCE: Duration = Duration::from_secs(30);
+
+/// Moves `job` to `state`, trying again while the database cannot be reached (a restart or a
+/// fail-over) for up to [`STORE_PATIENCE`]: a job that started must not fail because its record
+/// could not be written for a moment.
+async fn transition_patiently(
+    store: &Store,
+    job: &JobRecord,
+    state: JobState,
+    change: Change,
+) -> StoreResult<JobRecord> {
+    let deadline = tokio::time::Instant::now() + STORE_PATIENCE;
+    let mut attempt = 0;
+    loop {
+        match store.transition(job, state, change.clone()).await {
+            Err(error)
+                if error.kind() == kiln_core::ErrorKind::Unavailable && tokio::time::Instant::now() < deadline =>
+            {
+                tracing::warn!(job_id = %job.id, error = %error, "cannot record the job's state; trying again");
+                tokio::time::sleep(kiln_core::publish::backoff(attempt)).await;
+                attempt += 1;
+            }
+            outcome => return outcome,
+        }
+    }
 }
 
 fn not_started(error: Error) -> Outcome {
