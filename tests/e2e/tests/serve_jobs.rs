@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use kiln_e2e::serving::{Rest, ServeClient, python, serve_client, spawn_predictor_with_api};
-use kiln_e2e::{PATIENCE, Stack, bundle, spec, upload};
+use kiln_e2e::{PATIENCE, ServiceHandle, Stack, bundle, spec, upload};
 use kiln_proto::v1 as pb;
 use serde_json::json;
 
@@ -39,6 +39,38 @@ kiln.serve(predict, load)
 "#;
 
 /// Registers version `n` of model `scale`, whose factor is `factor`, from a job's outputs.
+/// What every test starts from: a stack with the worker's code uploaded, the directory its
+/// workers write their pids to, and a predictor with its clients.
+struct World {
+    stack: Stack,
+    code_digest: String,
+    pid_dir: String,
+    serve: ServeClient,
+    rest: Rest,
+    predictor: ServiceHandle,
+}
+
+async fn world() -> World {
+    let stack = Stack::start().await;
+    let (code, code_digest) = bundle(&[("worker.py", WORKER)]);
+    upload(&mut stack.artifacts().await, &code, &code_digest)
+        .await
+        .expect("upload");
+    let pid_dir = stack.dir.path().join("pids");
+    std::fs::create_dir_all(&pid_dir).expect("pid dir");
+    let (predictor, base, api) = spawn_predictor_with_api(&stack).await;
+    let serve = serve_client(api, &stack.token).await;
+    let rest = Rest::new(&base, &stack.token);
+    World {
+        code_digest,
+        pid_dir: pid_dir.display().to_string(),
+        serve,
+        rest,
+        predictor,
+        stack,
+    }
+}
+
 async fn register_factor(stack: &Stack, factor: u32) -> i64 {
     let script = format!("mkdir -p \"$KILN_OUTPUTS/model\" && echo {factor} > \"$KILN_OUTPUTS/model/factor.txt\"");
     let job = stack.submit_spec(spec(&["sh", "-c", &script])).await;
@@ -102,18 +134,16 @@ async fn until_factor(rest: &Rest, factor: f64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_service_of_jobs_rolls_to_a_new_revision_and_replaces_a_dead_worker_without_a_failed_request() {
-    let stack = Stack::start().await;
+    let World {
+        stack,
+        code_digest,
+        pid_dir,
+        mut serve,
+        rest: rest_client,
+        predictor: _predictor,
+    } = world().await;
     let first = register_factor(&stack, 3).await;
     let second = register_factor(&stack, 5).await;
-    let (code, code_digest) = bundle(&[("worker.py", WORKER)]);
-    upload(&mut stack.artifacts().await, &code, &code_digest)
-        .await
-        .expect("upload");
-    let pid_dir = stack.dir.path().join("pids");
-    std::fs::create_dir_all(&pid_dir).expect("pid dir");
-    let pid_dir = pid_dir.display().to_string();
-    let (_predictor, base, api) = spawn_predictor_with_api(&stack).await;
-    let mut serve = serve_client(api, &stack.token).await;
 
     let created = serve
         .create_service(pb::CreateServiceRequest {
@@ -126,7 +156,7 @@ async fn a_service_of_jobs_rolls_to_a_new_revision_and_replaces_a_dead_worker_wi
         .into_inner();
     assert_eq!(created.revision, 1);
     assert_eq!(created.members[0].model_version, format!("scale:{first}"));
-    let rest = std::sync::Arc::new(Rest::new(&base, &stack.token));
+    let rest = std::sync::Arc::new(rest_client);
     until_factor(&rest, 3.0).await;
 
     // Load from here on: every request must be answered, by one revision or the other.
@@ -249,19 +279,16 @@ async fn until<F: std::future::Future<Output = bool>>(what: &str, mut check: imp
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_tried_revision_gets_its_share_of_the_traffic_then_copies_in_shadow_then_all_of_it() {
-    let stack = Stack::start().await;
+    let World {
+        stack,
+        code_digest,
+        pid_dir,
+        mut serve,
+        rest,
+        predictor: _predictor,
+    } = world().await;
     let first = register_factor(&stack, 3).await;
     let second = register_factor(&stack, 5).await;
-    let (code, code_digest) = bundle(&[("worker.py", WORKER)]);
-    upload(&mut stack.artifacts().await, &code, &code_digest)
-        .await
-        .expect("upload");
-    let pid_dir = stack.dir.path().join("pids");
-    std::fs::create_dir_all(&pid_dir).expect("pid dir");
-    let pid_dir = pid_dir.display().to_string();
-    let (_predictor, base, api) = spawn_predictor_with_api(&stack).await;
-    let mut serve = serve_client(api, &stack.token).await;
-    let rest = Rest::new(&base, &stack.token);
     serve
         .create_service(pb::CreateServiceRequest {
             name: "scale".into(),
@@ -374,18 +401,15 @@ async fn a_tried_revision_gets_its_share_of_the_traffic_then_copies_in_shadow_th
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_service_scales_up_on_load_down_to_zero_when_idle_and_back_on_the_first_request() {
-    let stack = Stack::start().await;
+    let World {
+        stack,
+        code_digest,
+        pid_dir,
+        mut serve,
+        rest,
+        predictor: _predictor,
+    } = world().await;
     let first = register_factor(&stack, 3).await;
-    let (code, code_digest) = bundle(&[("worker.py", WORKER)]);
-    upload(&mut stack.artifacts().await, &code, &code_digest)
-        .await
-        .expect("upload");
-    let pid_dir = stack.dir.path().join("pids");
-    std::fs::create_dir_all(&pid_dir).expect("pid dir");
-    let pid_dir = pid_dir.display().to_string();
-    let (_predictor, base, api) = spawn_predictor_with_api(&stack).await;
-    let mut serve = serve_client(api, &stack.token).await;
-    let rest = Rest::new(&base, &stack.token);
     let mut definition = definition(&format!("scale:{first}"), &code_digest, &pid_dir);
     if let Some(worker) = definition.worker.as_mut() {
         worker.env.insert("SLOW_MS".into(), "40".into());
