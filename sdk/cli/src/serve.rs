@@ -7,14 +7,16 @@ use std::process::ExitCode;
 
 use anyhow::{Result, bail};
 use kiln_proto::v1 as pb;
-use serde_json::json;
 use tabled::settings::Style;
 
 use crate::client;
-use crate::format::{self, Output, out, state_name};
+use crate::format::{self, Output, out};
 use crate::pack;
 
 mod logs;
+mod show;
+
+use show::{models_text, print_status, revision_text, service_json, workers_running};
 
 /// What a revision is made of (create and update take the same).
 #[derive(Debug, clap::Args)]
@@ -436,156 +438,5 @@ fn parse_tensor(text: &str) -> Result<pb::TensorMetadata, String> {
         name: name.into(),
         datatype: datatype.to_uppercase(),
         shape,
-    })
-}
-
-fn revision_text(service: &pb::Service) -> String {
-    if service.latest_revision > service.revision {
-        format!("{} → {}", service.revision, service.latest_revision)
-    } else {
-        service.revision.to_string()
-    }
-}
-
-fn models_text(service: &pb::Service) -> String {
-    service
-        .members
-        .iter()
-        .filter(|member| member.revision == service.revision)
-        .map(|member| member.model_version.clone())
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-fn workers_running(service: &pb::Service) -> String {
-    let (running, wanted) = service
-        .members
-        .iter()
-        .filter(|member| member.revision == service.revision)
-        .fold((0, 0), |(running, wanted), member| {
-            let up = member
-                .workers
-                .iter()
-                .filter(|worker| worker.state == pb::JobState::Running as i32)
-                .count();
-            (running + up, wanted + member.wanted as usize)
-        });
-    format!("{running}/{wanted}")
-}
-
-fn print_status(service: &pb::Service) -> Result<()> {
-    out!("service   {} ({})", service.name, service.state);
-    out!("project   {}", service.project);
-    out!("url       {}/v2/models/{}/infer", service.url, service.name);
-    out!("revision  {}", revision_text(service));
-    if let Some(definition) = &service.definition {
-        out!(
-            "ensemble  {}, deadline {} ms, quorum {}",
-            definition.ensemble,
-            definition.deadline_ms,
-            definition.quorum
-        );
-    }
-    if let Some(scaling) = &service.scaling {
-        if scaling.max_replicas > scaling.min_replicas {
-            out!(
-                "workers   {} to {} per member, autoscaled ({} in flight per worker{}, down after {} ms{})",
-                scaling.min_replicas,
-                scaling.max_replicas,
-                scaling.target_in_flight,
-                if scaling.target_latency_ms > 0 {
-                    format!(", {} ms a request", scaling.target_latency_ms)
-                } else {
-                    String::new()
-                },
-                scaling.scale_down_delay_ms,
-                if scaling.cold_wait_ms > 0 {
-                    format!(", a request waits up to {} ms for a worker", scaling.cold_wait_ms)
-                } else {
-                    String::new()
-                }
-            );
-        } else {
-            out!("workers   {} per member", scaling.min_replicas);
-        }
-    }
-    if service.latest_revision > service.revision {
-        if service.shadow {
-            out!("trying    revision {} in shadow", service.latest_revision);
-        } else if service.traffic < 100 {
-            out!(
-                "trying    revision {} with {}% of requests",
-                service.latest_revision,
-                service.traffic
-            );
-        }
-    }
-    if !service.reason.is_empty() {
-        out!("reason    {}", service.reason);
-    }
-    let mut table = tabled::builder::Builder::default();
-    table.push_record(["REVISION", "MEMBER", "MODEL", "WEIGHT", "WORKER", "STATE"]);
-    for member in &service.members {
-        if member.workers.is_empty() {
-            table.push_record([
-                member.revision.to_string(),
-                member.member.clone(),
-                member.model_version.clone(),
-                member.weight.to_string(),
-                String::new(),
-                "(none yet)".into(),
-            ]);
-        }
-        for worker in &member.workers {
-            table.push_record([
-                member.revision.to_string(),
-                member.member.clone(),
-                member.model_version.clone(),
-                member.weight.to_string(),
-                worker.job_id.clone(),
-                state_name(worker.state),
-            ]);
-        }
-    }
-    out!("{}", table.build().with(Style::blank()));
-    Ok(())
-}
-
-fn service_json(service: &pb::Service) -> serde_json::Value {
-    json!({
-        "name": service.name,
-        "project": service.project,
-        "owner": service.owner,
-        "state": service.state,
-        "reason": service.reason,
-        "url": service.url,
-        "revision": service.revision,
-        "latest_revision": service.latest_revision,
-        "ensemble": service.definition.as_ref().map(|definition| definition.ensemble.clone()),
-        "deadline_ms": service.definition.as_ref().map(|definition| definition.deadline_ms),
-        "quorum": service.definition.as_ref().map(|definition| definition.quorum),
-        "traffic": service.traffic,
-        "shadow": service.shadow,
-        "scaling": service.scaling.as_ref().map(|scaling| json!({
-            "min_replicas": scaling.min_replicas,
-            "max_replicas": scaling.max_replicas,
-            "target_in_flight": scaling.target_in_flight,
-            "target_latency_ms": scaling.target_latency_ms,
-            "scale_down_delay_ms": scaling.scale_down_delay_ms,
-            "cold_wait_ms": scaling.cold_wait_ms,
-        })),
-        "members": service.members.iter().map(|member| json!({
-            "member": member.member,
-            "model_version": member.model_version,
-            "weight": member.weight,
-            "revision": member.revision,
-            "wanted": member.wanted,
-            "workers": member.workers.iter().map(|worker| json!({
-                "job_id": worker.job_id,
-                "state": state_name(worker.state),
-            })).collect::<Vec<_>>(),
-        })).collect::<Vec<_>>(),
-        "created_at_ms": service.created_at_ms,
-        "updated_at_ms": service.updated_at_ms,
     })
 }
