@@ -125,6 +125,8 @@ pub struct Runner {
     ctx: Context,
     listener: TcpListener,
     registry: Metrics,
+    /// The simulated cloud, on the `sim` provider.
+    sim: Option<provider::sim::SimCloud>,
 }
 
 impl Runner {
@@ -150,7 +152,7 @@ impl Runner {
                 addr: config.grpc.listen,
                 source,
             })?;
-        let provider = connect_provider(&config).await?;
+        let (provider, sim) = connect_provider(&config).await?;
         let datasets = datasets::DatasetCache::open(&config.dataset_cache, &config.work_dir, objects.clone()).await?;
         let mut capacity = provider.capacity().await?;
         // GPUs: configured, else those NVML finds, else the provider's own (a simulated cloud's).
@@ -188,6 +190,7 @@ impl Runner {
             ctx,
             listener,
             registry: Metrics::default(),
+            sim,
         })
     }
 
@@ -209,6 +212,12 @@ impl Runner {
     /// The provider this runner runs its instances on.
     pub fn provider_name(&self) -> &'static str {
         self.ctx.provider.name()
+    }
+
+    /// The simulated cloud's handle, on the `sim` provider (a test or a study takes its
+    /// instances back through it).
+    pub fn sim_cloud(&self) -> Option<provider::sim::SimCloud> {
+        self.sim.clone()
     }
 
     /// A handle that pauses this runner's lease renewals (tests: a runner cut off from NATS).
@@ -282,9 +291,9 @@ impl Runner {
     }
 }
 
-/// Builds the provider the configuration asks for; `auto` runs image jobs in containers when
-/// the engine answers, and the rest as processes.
-async fn connect_provider(config: &Config) -> Result<Arc<dyn Provider>> {
+/// Builds the provider the configuration asks for, and the simulated cloud's handle on `sim`;
+/// `auto` runs image jobs in containers when the engine answers, and the rest as processes.
+async fn connect_provider(config: &Config) -> Result<(Arc<dyn Provider>, Option<provider::sim::SimCloud>)> {
     let docker = || DockerProvider::connect(config.docker.clone(), config.cpu_millis, config.memory_bytes);
     let process = || {
         let capacity = Capacity {
@@ -294,9 +303,14 @@ async fn connect_provider(config: &Config) -> Result<Arc<dyn Provider>> {
         };
         ProcessProvider::new(capacity, config.work_dir.clone())
     };
-    Ok(match config.provider {
-        ProviderKind::Process => Arc::new(process()),
-        ProviderKind::Sim => Arc::new(provider::sim::SimProvider::new(config.sim.clone())),
+    if config.provider == ProviderKind::Sim {
+        // Inference workers run for real on the simulated cloud's instances.
+        let sim = provider::sim::SimProvider::new(config.sim.clone()).with_host(process());
+        let cloud = sim.cloud();
+        return Ok((Arc::new(sim), Some(cloud)));
+    }
+    let provider: Arc<dyn Provider> = match config.provider {
+        ProviderKind::Process | ProviderKind::Sim => Arc::new(process()),
         ProviderKind::Docker => Arc::new(docker().await?),
         // Containers for jobs with an image, processes for the others.
         ProviderKind::Auto => match tokio::time::timeout(Duration::from_secs(5), docker()).await {
@@ -310,7 +324,8 @@ async fn connect_provider(config: &Config) -> Result<Arc<dyn Provider>> {
                 Arc::new(process())
             }
         },
-    })
+    };
+    Ok((provider, None))
 }
 
 /// Runs a runner until `shutdown` is cancelled, serving `/metrics` as `[metrics]` says.

@@ -28,6 +28,7 @@ mod clients;
 mod docker;
 mod jobs;
 pub mod rpc;
+pub mod serve_world;
 mod services;
 pub mod serving;
 pub mod sim;

@@ -109,6 +109,21 @@ impl Stack {
         ServiceHandle::spawn(|token| runner.serve(token))
     }
 
+    /// Starts a runner on the `sim` provider with its metrics in `metrics`, and the handle on
+    /// its simulated cloud.
+    pub async fn spawn_sim_runner(
+        &self,
+        config: kiln_runner::Config,
+        metrics: &kiln_core::metrics::Metrics,
+    ) -> (ServiceHandle, kiln_runner::provider::sim::SimCloud) {
+        let runner = kiln_runner::Runner::bind(config)
+            .await
+            .expect("runner binds")
+            .with_metrics(metrics);
+        let cloud = runner.sim_cloud().expect("a runner on the sim provider");
+        (ServiceHandle::spawn(|token| runner.serve(token)), cloud)
+    }
+
     /// Starts a runner whose lease renewals the returned handle pauses and resumes.
     pub async fn spawn_runner_pausable(&self, config: kiln_runner::Config) -> (ServiceHandle, kiln_runner::LeasePause) {
         let runner = kiln_runner::Runner::bind(config).await.expect("runner binds");

@@ -6,11 +6,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::StreamExt;
 use kiln_core::scheduling::Market;
+use kiln_core::serving::ENV_PORT;
 use kiln_proto::v1::LogStream;
 use nix::sys::signal::Signal;
 use rand::Rng;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Notify, mpsc, watch};
 
 use super::super::{
     Capacity, Exit, Instance, InstanceSpec, InstanceStats, Offer, OutputStream, Outputs, Preemption, Provider,
@@ -28,6 +30,21 @@ fn agent_settings(spec: &InstanceSpec) -> Option<kiln_agent::Settings> {
         masker: std::sync::Arc::new(kiln_agent::Masker::from_env(|name| spec.env.get(name).cloned())),
         tls: kiln_agent::TlsSettings::from_vars(|name| spec.env.get(name).cloned()).ok()?,
     })
+}
+
+/// Ready when the cloud sends the spot notice: `after` the start when a preemption was drawn,
+/// or when [`SimCloud::preempt`](super::SimCloud::preempt) asks.
+async fn notice_due(started: tokio::time::Instant, after: Option<Duration>, asked: &Notify) {
+    let drawn = async {
+        match after {
+            Some(after) => tokio::time::sleep_until(started + after).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = drawn => {}
+        _ = asked.notified() => {}
+    }
 }
 
 /// Simulated run time of a command, in ms, and its exit code.
@@ -97,23 +114,34 @@ impl Provider for SimProvider {
                     exit: None,
                     signals: None,
                     rng,
+                    job_id: spec.job_id.clone(),
+                    hosted: None,
+                    preempt_now: Default::default(),
                 },
             );
         }
         tokio::time::sleep(self.wall(boot_ms)).await;
+        let mut scratch_dir = PathBuf::new();
+        if let Some(host) = self.host.as_ref().filter(|_| spec.env.contains_key(ENV_PORT)) {
+            let hosted = host.provision(spec).await?;
+            scratch_dir = hosted.scratch_dir.clone();
+            if let Some(sim) = self.instances.lock().expect("sim lock").get_mut(&id) {
+                sim.hosted = Some(hosted);
+            }
+        }
         Ok(Instance {
             provider: "sim",
             job_id: spec.job_id.clone(),
             attempt: spec.attempt,
             id,
-            scratch_dir: PathBuf::new(),
+            scratch_dir,
         })
     }
 
     async fn start(&self, instance: &mut Instance) -> Result<OutputStream> {
         let (exit_tx, exit_rx) = watch::channel(None);
         let (signals_tx, mut signals_rx) = mpsc::unbounded_channel();
-        let (record, command, agent, resume_from) = {
+        let (record, command, agent, resume_from, hosted, preempt_now) = {
             let mut instances = self.instances.lock().expect("sim lock");
             let sim = instances
                 .get_mut(&instance.id)
@@ -126,15 +154,48 @@ impl Provider for SimProvider {
                 sim.command.clone(),
                 sim.agent.clone(),
                 sim.resume_from.clone(),
+                sim.hosted.clone(),
+                sim.preempt_now.clone(),
             )
         };
+        let mut line = format!(
+            "sim: {} ({}) booted in {} ms",
+            record.instance_type,
+            if record.spot { "spot" } else { "on-demand" },
+            record.boot_ms
+        );
+        if let Some(resume_from) = &resume_from {
+            line.push_str(&format!("; KILN_RESUME_FROM={resume_from}"));
+        }
+        let boot_line = futures::stream::iter([(LogStream::Stdout, Bytes::from(line + "\n"))]);
+        let notify_after = record
+            .preempted_after_ms
+            .map(|after| self.wall(after.saturating_sub(self.config.notice_ms)));
+        let notice = Preemption {
+            job_id: instance.job_id.clone(),
+            notice: Duration::from_millis(self.config.notice_ms),
+        };
+        if let (Some(mut process), Some(host)) = (hosted, self.host.clone()) {
+            let output = host.start(&mut process).await?;
+            if let Some(sim) = self.instances.lock().expect("sim lock").get_mut(&instance.id) {
+                sim.hosted = Some(process.clone());
+            }
+            let (notices, grace) = (self.preemptions_tx.clone(), self.wall(self.config.notice_ms));
+            tokio::spawn(async move {
+                let due = notice_due(tokio::time::Instant::now(), notify_after, &preempt_now);
+                let exit = super::hosted::live(host, process, signals_rx, due, notices, notice, grace).await;
+                let _ = exit_tx.send(Some(exit));
+            });
+            return Ok(Box::pin(boot_line.chain(output)));
+        }
         // An agent runs until told to stop: a year stands for "no end of its own".
         let (run_ms, code) = match agent {
             Some(_) => (365 * 86_400_000, 0),
             None => behaviour(&command),
         };
         let run = self.wall(run_ms);
-        let preemption = record.preempted_after_ms.filter(|&after| after < run_ms);
+        // A drawn preemption after the command's end does not happen.
+        let notify_after = notify_after.filter(|_| record.preempted_after_ms.is_some_and(|after| after < run_ms));
         // A batch worker's agent: it ends the instance when item-batch tells it to stop.
         let agent_stop = tokio_util::sync::CancellationToken::new();
         let mut agent_done = match agent {
@@ -151,11 +212,8 @@ impl Provider for SimProvider {
             }
             None => None,
         };
-        let notice = self.wall(self.config.notice_ms);
+        let grace = self.wall(self.config.notice_ms);
         let preemptions = self.preemptions_tx.clone();
-        let job_id = instance.job_id.clone();
-        let notify_at = preemption.map(|after| self.wall(after.saturating_sub(self.config.notice_ms)));
-        let notice_ms = self.config.notice_ms;
         tokio::spawn(async move {
             let started = tokio::time::Instant::now();
             let agent_ended = async {
@@ -166,12 +224,7 @@ impl Provider for SimProvider {
             };
             tokio::pin!(agent_ended);
             let exit_code = loop {
-                let notify = async {
-                    match notify_at {
-                        Some(at) => tokio::time::sleep_until(started + at).await,
-                        None => std::future::pending().await,
-                    }
-                };
+                let notify = notice_due(started, notify_after, &preempt_now);
                 tokio::select! {
                     _ = tokio::time::sleep_until(started + run) => break code,
                     code = &mut agent_ended => break code,
@@ -181,10 +234,10 @@ impl Provider for SimProvider {
                         Some(_) => {}
                     },
                     _ = notify => {
-                        let _ = preemptions.send(Preemption { job_id: job_id.clone(), notice: Duration::from_millis(notice_ms) }).await;
+                        let _ = preemptions.send(notice.clone()).await;
                         // The cloud takes the machine back after the notice, whatever the job does.
                         tokio::select! {
-                            _ = tokio::time::sleep(notice) => break 128 + 9,
+                            _ = tokio::time::sleep(grace) => break 128 + 9,
                             signal = signals_rx.recv() => break match signal {
                                 Some(Signal::SIGTERM) => 128 + 15,
                                 _ => 128 + 9,
@@ -200,19 +253,7 @@ impl Provider for SimProvider {
                 oom_killed: false,
             }));
         });
-        let mut line = format!(
-            "sim: {} ({}) booted in {} ms",
-            record.instance_type,
-            if record.spot { "spot" } else { "on-demand" },
-            record.boot_ms
-        );
-        if let Some(resume_from) = &resume_from {
-            line.push_str(&format!("; KILN_RESUME_FROM={resume_from}"));
-        }
-        Ok(Box::pin(futures::stream::iter([(
-            LogStream::Stdout,
-            Bytes::from(line + "\n"),
-        )])))
+        Ok(Box::pin(boot_line))
     }
 
     async fn signal(&self, instance: &Instance, signal: Signal) -> Result<()> {
@@ -248,21 +289,31 @@ impl Provider for SimProvider {
         Ok(exit.expect("waited for some"))
     }
 
-    async fn outputs(&self, _instance: &Instance) -> Result<Outputs> {
-        Ok(Outputs::None)
+    async fn outputs(&self, instance: &Instance) -> Result<Outputs> {
+        match self.hosted(instance) {
+            Some((host, hosted)) => host.outputs(&hosted).await,
+            None => Ok(Outputs::None),
+        }
     }
 
-    async fn stats(&self, _instance: &Instance) -> Result<Option<InstanceStats>> {
-        Ok(None)
+    async fn stats(&self, instance: &Instance) -> Result<Option<InstanceStats>> {
+        match self.hosted(instance) {
+            Some((host, hosted)) => host.stats(&hosted).await,
+            None => Ok(None),
+        }
     }
 
     async fn release(&self, instance: &Instance) -> Result<()> {
+        let hosted = self.hosted(instance);
         if let Some(sim) = self.instances.lock().expect("sim lock").remove(&instance.id)
             && let Some(signals) = sim.signals
         {
             let _ = signals.send(Signal::SIGKILL);
         }
-        Ok(())
+        match hosted {
+            Some((host, hosted)) => host.release(&hosted).await,
+            None => Ok(()),
+        }
     }
 
     async fn capacity(&self) -> Result<Capacity> {
@@ -308,7 +359,11 @@ impl Provider for SimProvider {
         Ok(None)
     }
 
-    async fn release_leftovers(&self, _runner_id: &str, _keep: &[String]) -> Result<usize> {
-        Ok(0)
+    async fn release_leftovers(&self, runner_id: &str, keep: &[String]) -> Result<usize> {
+        // Hosted processes of a runner that went away are the host's leftovers.
+        match &self.host {
+            Some(host) => host.release_leftovers(runner_id, keep).await,
+            None => Ok(0),
+        }
     }
 }

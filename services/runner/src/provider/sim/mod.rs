@@ -17,23 +17,34 @@
 //! for real, with built-ins only (`kiln:noop`): it takes items from item-batch until told to
 //! stop (exit 0), and a preemption or a signal ends it at once, so its items go to other workers.
 //!
+//! An inference worker (its environment names `KILN_SERVE_PORT`) runs its command for real, as a
+//! local process of the runner's host ([`SimProvider::with_host`]), on its simulated instance: the
+//! cloud still picks, prices and boots the instance and takes it back after a spot notice
+//! (the process is SIGKILLed when the notice is over), while signals, outputs and stats are the
+//! process's. A runner on the sim hosts them so; without a host one runs nothing, like any job.
+//!
+//! [`SimCloud::preempt`] takes a spot instance back now, as a test or a study asks: the same
+//! notice and end as a drawn preemption.
+//!
 //! `config` is the `[sim]` section of the runner's configuration, the catalogue of instance
 //! types included; `lifecycle` answers the [`Provider`](super::Provider) calls, from picking
-//! and booting an instance to its end; this module holds the simulated cloud's state and its
-//! seeded draws.
+//! and booting an instance to its end; `hosted` runs a hosted instance's process; this module
+//! holds the simulated cloud's state and its seeded draws.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Notify, mpsc, watch};
 
+use super::process::ProcessProvider;
 use super::{Exit, Instance, Preemption};
 
 mod config;
+mod hosted;
 mod lifecycle;
 
 pub use config::{InstanceType, SimConfig};
@@ -59,12 +70,44 @@ struct SimInstance {
     exit: Option<watch::Receiver<Option<Exit>>>,
     signals: Option<mpsc::UnboundedSender<Signal>>,
     rng: StdRng,
+    /// The job the instance runs.
+    job_id: String,
+    /// The host's instance running an inference worker's process (provisioned, then started).
+    hosted: Option<Instance>,
+    /// Told when [`SimCloud::preempt`] takes the instance back.
+    preempt_now: Arc<Notify>,
+}
+
+type Instances = Arc<Mutex<HashMap<String, SimInstance>>>;
+
+/// A handle on a simulated cloud's instances, kept by whoever may take them back.
+#[derive(Clone)]
+pub struct SimCloud {
+    instances: Instances,
+}
+
+impl SimCloud {
+    /// Takes back the spot instance running `job_id` as a drawn preemption does: the notice
+    /// now, the instance ended when it is over. False when no spot instance runs the job.
+    pub fn preempt(&self, job_id: &str) -> bool {
+        let instances = self.instances.lock().expect("sim lock");
+        let Some(instance) = instances
+            .values()
+            .find(|instance| instance.job_id == job_id && instance.record.spot && instance.signals.is_some())
+        else {
+            return false;
+        };
+        instance.preempt_now.notify_one();
+        true
+    }
 }
 
 /// A simulated cloud.
 pub struct SimProvider {
     config: SimConfig,
-    instances: Mutex<HashMap<String, SimInstance>>,
+    instances: Instances,
+    /// Runs inference workers' processes.
+    host: Option<Arc<ProcessProvider>>,
     preemptions_tx: mpsc::Sender<Preemption>,
     preemptions_rx: Mutex<Option<mpsc::Receiver<Preemption>>>,
 }
@@ -74,10 +117,37 @@ impl SimProvider {
         let (preemptions_tx, preemptions_rx) = mpsc::channel(4096);
         SimProvider {
             config,
-            instances: Mutex::default(),
+            instances: Instances::default(),
+            host: None,
             preemptions_tx,
             preemptions_rx: Mutex::new(Some(preemptions_rx)),
         }
+    }
+
+    /// Runs inference workers' processes on `host` (see the module's notes).
+    pub fn with_host(mut self, host: ProcessProvider) -> SimProvider {
+        self.host = Some(Arc::new(host));
+        self
+    }
+
+    /// A handle that takes instances back ([`SimCloud::preempt`]).
+    pub fn cloud(&self) -> SimCloud {
+        SimCloud {
+            instances: self.instances.clone(),
+        }
+    }
+
+    /// The host's instance of a hosted instance, if it is one.
+    fn hosted(&self, instance: &Instance) -> Option<(Arc<ProcessProvider>, Instance)> {
+        let host = self.host.clone()?;
+        let hosted = self
+            .instances
+            .lock()
+            .expect("sim lock")
+            .get(&instance.id)?
+            .hosted
+            .clone()?;
+        Some((host, hosted))
     }
 
     /// Wall-clock time of a simulated duration.
