@@ -6,11 +6,15 @@
 //! store on every call (so a revoked or expired token fails at once on every service), applies
 //! the part of the method's [`crate::authz`] rule that needs no object, and hands the handler a
 //! [`crate::authz::Caller`] through the request extensions; clients add the header with
-//! [`BearerInterceptor`].
+//! [`BearerInterceptor`]. The one exception is a data path whose calls are each worth less
+//! than a database round trip (the predictor's inferences): it checks through a
+//! [`CachedVerifier`], which a revocation reaches within its time to live.
 
+use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use rand::RngCore;
 use sha2::{Digest, Sha256};
@@ -227,6 +231,55 @@ pub async fn authenticate(verifier: &dyn TokenVerifier, headers: &http::HeaderMa
     }
 }
 
+/// The most principals a [`CachedVerifier`] remembers; a full cache starts over.
+const CACHED_TOKENS: usize = 10_000;
+
+/// A [`TokenVerifier`] that remembers, for `ttl`, the principals another one accepted, so a
+/// hot path checks a token without a database round trip. A revoked or expired token, a
+/// disabled user and a changed role reach it within `ttl`; refusals and failed lookups are
+/// never remembered. Entries are keyed by the token's id and the SHA-256 of its secret.
+pub struct CachedVerifier {
+    inner: Arc<dyn TokenVerifier>,
+    ttl: Duration,
+    entries: Mutex<HashMap<(String, String), (Instant, Principal)>>,
+}
+
+impl CachedVerifier {
+    pub fn new(inner: Arc<dyn TokenVerifier>, ttl: Duration) -> CachedVerifier {
+        CachedVerifier {
+            inner,
+            ttl,
+            entries: Mutex::default(),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl TokenVerifier for CachedVerifier {
+    async fn verify(&self, token_id: &str, secret: &str) -> Result<Option<Principal>, String> {
+        let key = (token_id.to_string(), hash_secret(secret));
+        if let Some((at, principal)) = self.entries.lock().expect("token cache lock").get(&key)
+            && at.elapsed() < self.ttl
+        {
+            return Ok(Some(principal.clone()));
+        }
+        let verified = self.inner.verify(token_id, secret).await?;
+        let mut entries = self.entries.lock().expect("token cache lock");
+        match &verified {
+            Some(principal) if !self.ttl.is_zero() => {
+                if entries.len() >= CACHED_TOKENS {
+                    entries.clear();
+                }
+                entries.insert(key, (Instant::now(), principal.clone()));
+            }
+            _ => {
+                entries.remove(&key);
+            }
+        }
+        Ok(verified)
+    }
+}
+
 // === impl BearerInterceptor ===
 
 /// BearerInterceptor adds the token to every call of a client.
@@ -272,6 +325,50 @@ mod tests {
         }
         assert!(!constant_time_eq("abc", "abd"));
         assert!(!constant_time_eq("abc", "ab"));
+    }
+
+    /// Accepts `kiln`'s one secret `right` and counts its lookups.
+    #[derive(Default)]
+    struct Counting {
+        lookups: std::sync::atomic::AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl TokenVerifier for Counting {
+        async fn verify(&self, token_id: &str, secret: &str) -> Result<Option<Principal>, String> {
+            self.lookups.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok((secret == "right").then(|| Principal {
+                user_id: "u1".into(),
+                user_name: "ada".into(),
+                is_admin: false,
+                scope: Scope::User,
+                token_id: token_id.into(),
+                token_name: "t".into(),
+                roles: Default::default(),
+                job_batch_id: None,
+            }))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_cached_verifier_remembers_what_was_accepted_for_its_time_to_live_only() {
+        let counting = Arc::new(Counting::default());
+        let lookups = || counting.lookups.load(std::sync::atomic::Ordering::SeqCst);
+        let cached = CachedVerifier::new(counting.clone(), Duration::from_secs(3600));
+        for _ in 0..3 {
+            assert_eq!(cached.verify("kiln", "right").await.unwrap().unwrap().user_name, "ada");
+        }
+        assert_eq!(lookups(), 1, "accepted once, then remembered");
+        // A wrong secret for the same id is looked up, every time, and refused.
+        for _ in 0..2 {
+            assert!(cached.verify("kiln", "wrong").await.unwrap().is_none());
+        }
+        assert_eq!(lookups(), 3);
+        // Without a time to live nothing is remembered.
+        let uncached = CachedVerifier::new(counting.clone(), Duration::ZERO);
+        uncached.verify("kiln", "right").await.unwrap();
+        uncached.verify("kiln", "right").await.unwrap();
+        assert_eq!(lookups(), 5);
     }
 
     #[test]

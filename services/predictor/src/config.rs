@@ -41,6 +41,10 @@ pub struct Config {
     pub control_interval_ms: u64,
     /// The longest deadline a request may ask for (`parameters.timeout`), in milliseconds.
     pub max_deadline_ms: u64,
+    /// How long an inference call's accepted token is remembered, in milliseconds (a
+    /// revocation or a role change reaches inference calls within it; kiln's own API checks
+    /// every call); 0 checks every call in the database.
+    pub token_cache_ms: u64,
 }
 
 impl Default for Config {
@@ -56,6 +60,7 @@ impl Default for Config {
             max_deadline_ms: 60_000,
             lease_ttl_ms: 10_000,
             control_interval_ms: 1_000,
+            token_cache_ms: 5_000,
         }
     }
 }
@@ -78,6 +83,12 @@ impl ServiceConfig for Config {
         }
         if self.control_interval_ms == 0 {
             problems.push("control-interval-ms must be at least 1".into());
+        }
+        if self.token_cache_ms > 60_000 {
+            problems.push(format!(
+                "token-cache-ms is {}; give at most 60000, or a revoked token is served that long",
+                self.token_cache_ms
+            ));
         }
         if self.max_deadline_ms == 0 {
             problems.push("max-deadline-ms must be at least 1".into());

@@ -61,7 +61,7 @@ impl InferenceApi {
     /// The service `name` at `version` (empty: the serving revision), if the caller may use it.
     async fn spec(&self, metadata: &MetadataMap, name: &str, version: &str) -> Result<Arc<ServiceSpec>, Status> {
         let headers = metadata.clone().into_headers();
-        let principal = kiln_core::auth::authenticate(&self.shared.store, &headers).await?;
+        let principal = kiln_core::auth::authenticate(&self.shared.tokens, &headers).await?;
         let spec = infer::service(&self.shared, &principal, name).await.map_err(status)?;
         infer::at_version(spec, Some(version).filter(|version| !version.is_empty())).map_err(status)
     }
@@ -105,7 +105,7 @@ impl GrpcInferenceService for InferenceApi {
         request: Request<pb::ServerMetadataRequest>,
     ) -> Result<Response<pb::ServerMetadataResponse>, Status> {
         let headers = request.metadata().clone().into_headers();
-        kiln_core::auth::authenticate(&self.shared.store, &headers).await?;
+        kiln_core::auth::authenticate(&self.shared.tokens, &headers).await?;
         Ok(Response::new(pb::ServerMetadataResponse {
             name: "kiln".into(),
             version: env!("CARGO_PKG_VERSION").into(),

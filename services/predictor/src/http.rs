@@ -58,7 +58,7 @@ fn respond(outcome: Result<Response>) -> Response {
 }
 
 async fn caller(shared: &Shared, headers: &HeaderMap) -> Result<Principal> {
-    kiln_core::auth::authenticate(&shared.store, headers)
+    kiln_core::auth::authenticate(&shared.tokens, headers)
         .await
         .map_err(|status| {
             if status.code() == tonic::Code::Unavailable {

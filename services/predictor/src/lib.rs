@@ -55,8 +55,11 @@ const SCHEMA_WAIT: Duration = Duration::from_secs(60);
 /// What every request shares.
 pub struct Shared {
     pub config: Config,
-    /// Where tokens are checked.
+    /// Where tokens are checked (kiln's own API: every call).
     pub store: Store,
+    /// Where inference calls' tokens are checked: the store, remembered for
+    /// `token-cache-ms`.
+    pub tokens: kiln_core::auth::CachedVerifier,
     pub nats: Nats,
     pub catalog: catalog::Catalog,
     pub metrics: service_metrics::PredictorMetrics,
@@ -116,6 +119,10 @@ impl Predictor {
                 wake: tokio::sync::Notify::new(),
                 autoscaler: Default::default(),
                 split_turns: Default::default(),
+                tokens: kiln_core::auth::CachedVerifier::new(
+                    Arc::new(store.clone()),
+                    Duration::from_millis(config.token_cache_ms),
+                ),
                 config,
                 store,
                 nats,
