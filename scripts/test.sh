@@ -184,6 +184,12 @@ perf_venv="$repo/target/perf-venv"
 [ -x "$perf_venv/bin/python" ] || python3 -m venv "$perf_venv"
 "$perf_venv/bin/pip" install -q --disable-pip-version-check --no-deps tritonclient==2.50.0 nvidia-cuda-runtime-cu12==12.9.79
 export KILN_TEST_PERF_ANALYZER="$perf_venv/bin/perf_analyzer"
+# The kserve client, in a venv of its own: its pins (fastapi, protobuf, ...) clash with the SDK's.
+log "kserve client (kserve 0.21.0)"
+kserve_venv="$repo/target/kserve-venv"
+[ -x "$kserve_venv/bin/python" ] || python3 -m venv "$kserve_venv"
+"$kserve_venv/bin/pip" install -q --disable-pip-version-check kserve==0.21.0
+export KILN_TEST_KSERVE_PYTHON="$kserve_venv/bin/python"
 
 "$repo/scripts/terraform-check.sh" # deploy/terraform: tofu fmt, tflint, rendered templates, checkov
 log "dashboards and alert rules"

@@ -325,9 +325,21 @@ pub async fn inference_client(
 /// Runs `script` (written to `dir/name.py`) with the SDK's Python and `env`, and returns its
 /// stdout; panics with its stdout and stderr unless it exits 0 within `limit`.
 pub async fn run_python(dir: &Path, name: &str, script: &str, env: &[(&str, &str)], limit: Duration) -> String {
+    run_python_with(&python(), dir, name, script, env, limit).await
+}
+
+/// [`run_python`] with another interpreter (a venv of its own).
+pub async fn run_python_with(
+    python: &str,
+    dir: &Path,
+    name: &str,
+    script: &str,
+    env: &[(&str, &str)],
+    limit: Duration,
+) -> String {
     let path = dir.join(format!("{name}.py"));
     std::fs::write(&path, script).expect("write the script");
-    let mut command = tokio::process::Command::new(python());
+    let mut command = tokio::process::Command::new(python);
     command
         .arg(&path)
         .current_dir(dir)

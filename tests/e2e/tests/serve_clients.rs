@@ -1,6 +1,7 @@
 //! Real Open Inference Protocol clients against a predictor: Triton's Python clients
 //! (`tritonclient.http` with JSON and binary tensors, `tritonclient.grpc`) run by the SDK's
-//! venv Python, and a tonic client of `inference.GRPCInferenceService` from `kiln_proto`. The
+//! venv Python, the `kserve` client (REST v2 and gRPC) run by a venv of its own,
+//! `perf_analyzer`, and a tonic client of `inference.GRPCInferenceService` from `kiln_proto`. The
 //! stack is the serve test's: two Python workers through `kiln.serve`, their relays, a
 //! mean-ensemble service and a predictor on real NATS.
 
@@ -9,7 +10,8 @@ use std::time::Duration;
 
 use kiln_core::serving::{Ensemble, Member, ServiceSpec, TensorSpec};
 use kiln_e2e::serving::{
-    Rest, SCALE_WORKER, Worker, inference_client, put_service, run_python, spawn_predictor_with_api, spawn_relay,
+    Rest, SCALE_WORKER, Worker, inference_client, put_service, run_python, run_python_with, spawn_predictor_with_api,
+    spawn_relay,
 };
 use kiln_e2e::{PATIENCE, ServiceHandle, Stack};
 use kiln_formats::oip::{Data, DataType, Limits, Tensor};
@@ -20,6 +22,9 @@ use serde_json::json;
 
 /// The client script; it asserts and exits non-zero on the first failure.
 const CLIENTS: &str = include_str!("serve_clients.py");
+
+/// The kserve client's script, likewise.
+const KSERVE: &str = include_str!("serve_kserve.py");
 
 /// A service stack: `scale`, the mean of a worker doubling `x` and one quadrupling it, so
 /// `y = 3x`; its input `x` is FP64 of any length.
@@ -124,6 +129,33 @@ async fn triton_s_python_clients_infer_over_rest_and_grpc() {
     .await;
     assert!(
         out.contains("tritonclient.http ok") && out.contains("tritonclient.grpc ok"),
+        "{out}"
+    );
+}
+
+/// The Python of the kserve client's venv (its pins clash with the SDK's).
+fn kserve_python() -> String {
+    std::env::var("KILN_TEST_KSERVE_PYTHON").expect(
+        "KILN_TEST_KSERVE_PYTHON is not set: run the tests through scripts/test.sh, which makes the kserve venv",
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_kserve_client_infers_over_rest_and_grpc() {
+    let python = kserve_python();
+    let scale = Scale::start().await;
+    let http = scale.rest.trim_start_matches("http://").to_string();
+    let grpc = scale.grpc.to_string();
+    let env = [
+        ("KILN_PREDICTOR_HTTP", http.as_str()),
+        ("KILN_PREDICTOR_GRPC", grpc.as_str()),
+        ("KILN_TOKEN", scale.stack.token.as_str()),
+        ("KILN_MODEL", "scale"),
+        ("NO_PROXY", "*"),
+    ];
+    let out = run_python_with(&python, scale.stack.dir.path(), "kserve_clients", KSERVE, &env, PATIENCE * 2).await;
+    assert!(
+        out.contains("kserve rest ok") && out.contains("kserve grpc ok"),
         "{out}"
     );
 }
