@@ -491,15 +491,18 @@ def _port(port) -> int:
     return number
 
 
-def serve(predict_fn, load_fn=None, *, port: int | None = None, model_dir=None, host: str = "127.0.0.1") -> None:
+def serve(predict_fn, load_fn=None, *, port: int | None = None, model_dir=None, host: str | None = None) -> None:
     """Serves `predict_fn(model, inputs) -> outputs` as an inference worker until SIGTERM or
     Ctrl-C, then returns once the requests being answered are done (at most 30s; a second
     SIGTERM ends the process at once).
 
     `load_fn(path)` is called once with `model_dir` (else KILN_MODEL_DIR, else the current
     directory) and returns the model; without it the model is None. `port` defaults to
-    KILN_SERVE_PORT. Inputs are numpy arrays shaped and typed as sent (BYTES: object arrays of
-    bytes), nested lists without numpy; outputs are arrays, numpy scalars, lists or scalars."""
+    KILN_SERVE_PORT, `host` to KILN_SERVE_HOST, else 127.0.0.1 (kiln sets 0.0.0.0 in a container,
+    whose port it publishes on the host's loopback). Inputs are numpy arrays shaped and typed as
+    sent (BYTES: object arrays of bytes), nested lists without numpy; outputs are arrays, numpy
+    scalars, lists or scalars."""
+    host = host or os.environ.get("KILN_SERVE_HOST") or "127.0.0.1"
     server = _Server(predict_fn, load_fn, port=_port(port), model_dir=model_dir, host=host)
     stop = threading.Event()
 

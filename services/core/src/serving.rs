@@ -29,9 +29,12 @@ pub const ENV_SERVICE: &str = "KILN_SERVE_SERVICE";
 pub const ENV_REVISION: &str = "KILN_SERVE_REVISION";
 pub const ENV_MEMBER: &str = "KILN_SERVE_MEMBER";
 pub const ENV_MODEL: &str = "KILN_SERVE_MODEL";
-/// Set by the runner: the port the worker listens on (127.0.0.1) and its model's files.
+/// Set by the runner: the port the worker listens on and its model's files.
 pub const ENV_PORT: &str = "KILN_SERVE_PORT";
 pub const ENV_MODEL_DIR: &str = "KILN_MODEL_DIR";
+/// Set by the docker provider: the address the worker listens on in its container (`0.0.0.0`,
+/// so the port published on the host's 127.0.0.1 reaches it); elsewhere it is `127.0.0.1`.
+pub const ENV_HOST: &str = "KILN_SERVE_HOST";
 
 /// The ensemble rule that combines the members' answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

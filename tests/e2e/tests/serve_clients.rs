@@ -153,7 +153,15 @@ async fn the_kserve_client_infers_over_rest_and_grpc() {
         ("KILN_MODEL", "scale"),
         ("NO_PROXY", "*"),
     ];
-    let out = run_python_with(&python, scale.stack.dir.path(), "kserve_clients", KSERVE, &env, PATIENCE * 2).await;
+    let out = run_python_with(
+        &python,
+        scale.stack.dir.path(),
+        "kserve_clients",
+        KSERVE,
+        &env,
+        PATIENCE * 2,
+    )
+    .await;
     assert!(
         out.contains("kserve rest ok") && out.contains("kserve grpc ok"),
         "{out}"

@@ -5,12 +5,15 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use bollard::container::LogOutput;
-use bollard::models::{ContainerCreateBody, DeviceRequest, HostConfig, Mount, MountType, VolumeCreateRequest};
+use bollard::models::{
+    ContainerCreateBody, DeviceRequest, HostConfig, Mount, MountType, PortBinding, PortMap, VolumeCreateRequest,
+};
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, CreateImageOptionsBuilder, ListContainersOptionsBuilder, ListVolumesOptionsBuilder,
     LogsOptionsBuilder, RemoveContainerOptionsBuilder, RemoveVolumeOptionsBuilder, UploadToContainerOptionsBuilder,
 };
 use futures::StreamExt;
+use kiln_core::serving::{ENV_HOST, ENV_PORT};
 use kiln_proto::v1::LogStream;
 
 use super::super::{CODE_DIR, DATA_DIR, Instance, InstanceSpec, OUTPUTS_DIR, OutputStream, Provider};
@@ -154,6 +157,22 @@ impl DockerProvider {
         env.push(format!("KILN_CODE={CODE_DIR}"));
         env.push(format!("KILN_OUTPUTS={OUTPUTS_DIR}"));
         env.push(format!("KILN_DATA={DATA_DIR}"));
+        // An inference worker listens on every address of its container, and its port is
+        // published on the host's loopback, where its relay calls it (with host networking it
+        // is there already).
+        let serve_port = spec.env.get(ENV_PORT).filter(|_| self.config.network != "host");
+        if spec.env.contains_key(ENV_PORT) {
+            env.push(format!("{ENV_HOST}=0.0.0.0"));
+        }
+        let port_bindings = serve_port.map(|port| {
+            PortMap::from([(
+                format!("{port}/tcp"),
+                Some(vec![PortBinding {
+                    host_ip: Some("127.0.0.1".into()),
+                    host_port: Some(port.clone()),
+                }]),
+            )])
+        });
         let device_requests = (!spec.gpu_devices.is_empty()).then(|| {
             vec![DeviceRequest {
                 driver: Some("nvidia".into()),
@@ -167,6 +186,7 @@ impl DockerProvider {
             cmd: Some(spec.command.clone()),
             env: Some(env),
             working_dir: Some(CODE_DIR.into()),
+            exposed_ports: serve_port.map(|port| vec![format!("{port}/tcp")]),
             labels: Some(labels),
             user: (!self.config.user.is_empty()).then(|| self.config.user.clone()),
             host_config: Some(HostConfig {
@@ -180,6 +200,7 @@ impl DockerProvider {
                 security_opt: Some(vec!["no-new-privileges".into()]),
                 network_mode: Some(self.config.network.clone()),
                 mounts: Some(mounts),
+                port_bindings,
                 device_requests,
                 ..Default::default()
             }),
