@@ -33,6 +33,7 @@
 //! - Pause: the digits ensemble under `--pause-clients` clients at its 50 ms deadline; the
 //!   `digits-b` worker is stopped for `--pause-seconds`.
 
+mod bare;
 mod load;
 mod pause;
 mod ray;
@@ -46,6 +47,7 @@ use anyhow::{Context, Result};
 use bytes::Bytes;
 use clap::Parser;
 
+use crate::bare::{Bare, Hop};
 use crate::load::{Endpoint, Route};
 use crate::report::{LatencyRow, Report, ThroughputRow};
 use crate::stack::{Kiln, Worker};
@@ -217,6 +219,21 @@ async fn set_up(kiln: &Kiln, code: &Path, python: &str) -> Result<Vec<(String, V
     Ok(found)
 }
 
+/// The bare proxies of [`bare`], by what their rows are called.
+fn floors(kiln: &Kiln, workers: &[String]) -> Result<Vec<(&'static str, Bare)>> {
+    let hops = [
+        ("bare proxy -> worker", Hop::Worker),
+        ("bare proxy -> HTTP -> relay -> worker", Hop::Relay),
+        (
+            "bare proxy -> NATS -> relay -> worker",
+            Hop::Nats { url: kiln.nats.clone() },
+        ),
+    ];
+    hops.into_iter()
+        .map(|(label, hop)| Ok((label, Bare::start(workers, &hop)?)))
+        .collect()
+}
+
 fn workers_of<'a>(services: &'a [(String, Vec<Worker>)], name: &str) -> Result<&'a [Worker]> {
     services
         .iter()
@@ -262,17 +279,27 @@ async fn measure(args: &Args, kiln: &Kiln, python: &Path, dir: &Path, report: &m
         for (model, ray_url) in MODELS.iter().zip(&ray_urls) {
             eprintln!("serve-bench: latency, {model}");
             let worker = &workers_of(&services, model)?[0];
-            let routes = [
+            let bare = floors(kiln, &[worker.infer_url(model)])?;
+            let mut routes = vec![
                 Route::One(Endpoint::plain(worker.infer_url(model))),
                 Route::One(kiln_url(model)?),
                 Route::One(Endpoint::plain(ray_url.clone())),
             ];
+            routes.extend(
+                bare.iter()
+                    .map(|(_, proxy)| Route::One(Endpoint::plain(proxy.url.clone()))),
+            );
             let summaries = load::latency(&routes, &request, args.warmup, requests, args.block).await?;
             report.latency.push(LatencyRow {
                 model: model.to_string(),
                 direct: summaries[0],
                 kiln: summaries[1],
                 ray: summaries[2],
+                floors: bare
+                    .iter()
+                    .map(|(label, _)| *label)
+                    .zip(summaries[3..].iter().copied())
+                    .collect(),
             });
         }
         for url in &ray_urls {
@@ -298,11 +325,22 @@ async fn measure(args: &Args, kiln: &Kiln, python: &Path, dir: &Path, report: &m
                 Endpoint::plain(workers[0].infer_url(&workers[0].member)),
                 Endpoint::plain(workers[1].infer_url(&workers[1].member)),
             );
-            let routes = [
+            let bare = floors(
+                kiln,
+                &[
+                    workers[0].infer_url(&workers[0].member),
+                    workers[1].infer_url(&workers[1].member),
+                ],
+            )?;
+            let mut routes = vec![
                 fan_out,
                 Route::One(kiln_url(&pair)?),
                 Route::One(Endpoint::plain(ray_url.clone())),
             ];
+            routes.extend(
+                bare.iter()
+                    .map(|(_, proxy)| Route::One(Endpoint::plain(proxy.url.clone()))),
+            );
             // Whose CPU each system's row counts: the two workers; kiln up (predictor, relays,
             // ...) with its nats-server and every worker, and its parts; serve_ray.py with
             // Ray's processes.
@@ -312,31 +350,40 @@ async fn measure(args: &Args, kiln: &Kiln, python: &Path, dir: &Path, report: &m
                 descendants,
             };
             let pair_pids = vec![workers[0].pid, workers[1].pid];
+            let nats = || group("nats-server", kiln.nats_pid().into_iter().collect(), false);
             let servers = [
                 vec![group("the 2 workers", pair_pids.clone(), false)],
                 vec![
                     group("kiln up and children", vec![kiln.pid()], true),
                     group("kiln up alone", vec![kiln.pid()], false),
-                    group("nats-server", kiln.nats_pid().into_iter().collect(), false),
-                    group("the 2 workers", pair_pids, false),
+                    nats(),
+                    group("the 2 workers", pair_pids.clone(), false),
                 ],
                 vec![group("Ray's processes", vec![ray.pid()], true)],
+                // The bare proxies and relays run in this process: the client's CPU has them.
+                vec![group("the 2 workers", pair_pids.clone(), false)],
+                vec![group("the 2 workers", pair_pids.clone(), false)],
+                vec![nats(), group("the 2 workers", pair_pids, false)],
             ];
             for &concurrency in &clients {
                 eprintln!("serve-bench: throughput, {model}, {concurrency} clients");
-                let mut measured: [Vec<load::Throughput>; 3] = Default::default();
+                let mut measured: Vec<Vec<load::Throughput>> = vec![Vec::new(); routes.len()];
                 for _ in 0..rounds {
                     for ((route, rows), servers) in routes.iter().zip(&mut measured).zip(&servers) {
                         rows.push(load::throughput(route, &request, concurrency, (warmup, seconds), servers).await?);
                     }
                 }
-                let [fan_out, kiln_row, ray_row] = measured.map(median_row);
+                let mut rows: Vec<load::Throughput> = measured.into_iter().map(median_row).collect();
+                let floors = rows.split_off(3);
+                let [fan_out, kiln_row, ray_row]: [load::Throughput; 3] =
+                    rows.try_into().expect("the three systems' rows");
                 report.throughput.push(ThroughputRow {
                     model: model.to_string(),
                     clients: concurrency,
                     fan_out,
                     kiln: kiln_row,
                     ray: ray_row,
+                    floors: bare.iter().map(|(label, _)| *label).zip(floors).collect(),
                 });
             }
             ray.delete(&ray_url).await?;

@@ -12,6 +12,8 @@ pub struct LatencyRow {
     pub direct: Summary,
     pub kiln: Summary,
     pub ray: Summary,
+    /// The bare proxies' rows ([`crate::bare`]), by what they are.
+    pub floors: Vec<(&'static str, Summary)>,
 }
 
 #[derive(Debug)]
@@ -21,6 +23,7 @@ pub struct ThroughputRow {
     pub fan_out: Throughput,
     pub kiln: Throughput,
     pub ray: Throughput,
+    pub floors: Vec<(&'static str, Throughput)>,
 }
 
 #[derive(Debug, Default)]
@@ -93,8 +96,11 @@ impl Report {
                     );
                 };
                 line("direct to a worker (kiln.serve)", &row.direct, false);
-                line("kiln predictor (NATS, relay)", &row.kiln, true);
+                line("kiln predictor -> relay -> worker", &row.kiln, true);
                 line("Ray Serve HTTP proxy (2 replicas)", &row.ray, true);
+                for (floor, summary) in &row.floors {
+                    line(floor, summary, true);
+                }
                 let kiln_added = (row.kiln.p50_ms - row.direct.p50_ms, row.kiln.p99_ms - row.direct.p99_ms);
                 let ray_added = (row.ray.p50_ms - row.direct.p50_ms, row.ray.p99_ms - row.direct.p99_ms);
                 targets.push((
@@ -143,7 +149,18 @@ impl Report {
                         .collect::<Vec<_>>()
                         .join(", ")
                 );
-                for (system, t) in [("fan-out", &row.fan_out), ("kiln", &row.kiln), ("Ray", &row.ray)] {
+                for (floor, t) in &row.floors {
+                    println!(
+                        "         {floor}: {:.0} answers/s, {:.0}% of the fan-out; p50 / p99 {:.1}/{:.1} ms",
+                        t.rps,
+                        t.rps / row.fan_out.rps * 100.0,
+                        t.latency.p50_ms,
+                        t.latency.p99_ms
+                    );
+                }
+                let systems = [("fan-out", &row.fan_out), ("kiln", &row.kiln), ("Ray", &row.ray)];
+                let floors = row.floors.iter().map(|(floor, t)| (*floor, t));
+                for (system, t) in systems.into_iter().chain(floors) {
                     let answers = (t.rps * t.seconds).max(1.0);
                     let parts: Vec<String> = t
                         .server_cpu_s
@@ -156,7 +173,9 @@ impl Report {
                         t.client_cpu_s * 1e3 / answers
                     );
                 }
-                for (system, t) in [("fan-out", &row.fan_out), ("kiln", &row.kiln), ("Ray", &row.ray)] {
+                let systems = [("fan-out", &row.fan_out), ("kiln", &row.kiln), ("Ray", &row.ray)];
+                let floors = row.floors.iter().map(|(floor, t)| (*floor, t));
+                for (system, t) in systems.into_iter().chain(floors) {
                     if t.partial > 0 || t.failed > 0 {
                         println!(
                             "         {system}: {} partial, {} failed answers in the window (first error: {})",

@@ -29,6 +29,8 @@ pub struct Kiln {
     pub predictor: String,
     /// Every service's `/metrics`.
     pub metrics: String,
+    /// The child nats-server's URL.
+    pub nats: String,
     pub token: String,
 }
 
@@ -79,9 +81,9 @@ impl Kiln {
             .spawn()
             .with_context(|| format!("start {} up", binary.display()))?;
         let mut lines = BufReader::new(up.stdout.take().context("kiln up's stdout")?).lines();
-        let (mut predictor, mut metrics) = (None, None);
+        let (mut predictor, mut metrics, mut nats) = (None, None, None);
         let deadline = Instant::now() + PATIENCE;
-        while predictor.is_none() || metrics.is_none() {
+        while predictor.is_none() || metrics.is_none() || nats.is_none() {
             let line = tokio::time::timeout_at(deadline, lines.next_line())
                 .await
                 .context("kiln up did not come up in time")??
@@ -91,6 +93,9 @@ impl Kiln {
             }
             if let Some(rest) = line.trim().strip_prefix("metrics:") {
                 metrics = Some(rest.trim().to_string());
+            }
+            if let Some(rest) = line.trim().strip_prefix("nats:") {
+                nats = Some(rest.trim().to_string());
             }
         }
         // The rest of its stdout is not needed, but must be read so it never blocks.
@@ -106,6 +111,7 @@ impl Kiln {
             up,
             predictor: predictor.unwrap_or_default(),
             metrics: metrics.unwrap_or_default(),
+            nats: nats.unwrap_or_default(),
             token,
         })
     }
