@@ -284,6 +284,11 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
                 .unwrap_or_else(|| kiln_runner::provider::docker::DockerConfig::default().host),
             ..Default::default()
         },
+        // The predictor runs in this process: the relays' direct channels are on its loopback.
+        relay: kiln_runner::relay::RelaySettings {
+            direct_addr: "127.0.0.1:0".into(),
+            ..Default::default()
+        },
         ..Default::default()
     })
     .await?
@@ -328,7 +333,7 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
     .await?
     .with_metrics(&metrics);
     let predictor_addr = predictor.grpc_addr();
-    let predictor_http = predictor.http_addr();
+    let predictor_http = predictor.http_url().to_string();
 
     let shutdown = kiln_core::shutdown::on_signal();
     let metrics_config = MetricsConfig {
@@ -364,7 +369,7 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
     println!("  batches:  {}", credentials.batches);
     println!("  advisor:  {}", credentials.advisor);
     println!(
-        "  serving:  {} (Open Inference Protocol: http://{predictor_http})",
+        "  serving:  {} (Open Inference Protocol: {predictor_http})",
         credentials.predictor
     );
     println!("  nats:     {nats_url}");

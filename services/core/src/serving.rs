@@ -203,7 +203,16 @@ pub struct LoadReport {
     pub mean_ms: f64,
     /// Whether the relay is in its member's queue group (its worker ready, not ejected).
     pub in_rotation: bool,
+    /// The relay's direct channel (`http://ADDR`, `POST /infer`), empty when it has none.
+    #[serde(default)]
+    pub direct_url: String,
+    /// What a request on the direct channel must carry in [`DIRECT_TOKEN_HEADER`].
+    #[serde(default)]
+    pub direct_token: String,
 }
+
+/// The header carrying a relay's direct-channel token ([`LoadReport::direct_token`]).
+pub const DIRECT_TOKEN_HEADER: &str = "Kiln-Relay-Token";
 
 impl ServiceSpec {
     /// Every problem of the definition, each naming its field.

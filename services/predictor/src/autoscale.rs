@@ -195,7 +195,12 @@ pub async fn listen(shared: Arc<Shared>, shutdown: CancellationToken) {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             Some(message) = loads.next() => match serde_json::from_slice::<LoadReport>(&message.payload) {
-                Ok(report) => shared.autoscaler.report(report),
+                Ok(report) => {
+                    if let Some(directory) = &shared.directory {
+                        directory.report(&report);
+                    }
+                    shared.autoscaler.report(report);
+                }
                 Err(error) => tracing::debug!(error = %error, "a load report does not parse"),
             },
             Some(message) = demands.next() => {
@@ -282,6 +287,8 @@ mod tests {
             answered: 10,
             mean_ms: 2.0,
             in_rotation: true,
+            direct_url: String::new(),
+            direct_token: String::new(),
         }
     }
 

@@ -16,13 +16,22 @@ pub const DEFAULT_HTTP_PORT: u16 = 7078;
 /// Default port of the predictor's `/metrics`.
 pub const DEFAULT_METRICS_PORT: u16 = 9477;
 
+/// How member requests reach the relays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Channel {
+    Direct,
+    Nats,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
 pub struct Config {
     /// Where the Open Inference Protocol's gRPC service (`inference.GRPCInferenceService`)
     /// listens.
     pub grpc: GrpcConfig,
-    /// Where the Open Inference Protocol's REST API listens.
+    /// Where the Open Inference Protocol's REST API listens; it speaks TLS (HTTP/1.1) with
+    /// `grpc.tls`'s certificate, key and client CA when they are set.
     pub http_listen: SocketAddr,
     /// The REST API's base URL as clients reach it (`kiln serve status` shows it); empty for
     /// `http://<http-listen>`.
@@ -41,6 +50,9 @@ pub struct Config {
     pub control_interval_ms: u64,
     /// The longest deadline a request may ask for (`parameters.timeout`), in milliseconds.
     pub max_deadline_ms: u64,
+    /// How member requests reach the relays: `direct` (HTTP/1.1 to the relay a load report
+    /// named, NATS when none is known) or `nats` (request/reply through nats-server only).
+    pub channel: Channel,
     /// How long an inference call's accepted token is remembered, in milliseconds (a
     /// revocation or a role change reaches inference calls within it; kiln's own API checks
     /// every call); 0 checks every call in the database.
@@ -61,6 +73,7 @@ impl Default for Config {
             lease_ttl_ms: 10_000,
             control_interval_ms: 1_000,
             token_cache_ms: 5_000,
+            channel: Channel::Direct,
         }
     }
 }

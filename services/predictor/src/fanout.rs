@@ -1,6 +1,7 @@
-//! One request's fan-out: the member request to one worker of each member (NATS request/reply
-//! on the member's subject, whose queue group picks the worker), gathered until every member
-//! answered or the deadline passed, whichever is first (`first`: the first answer).
+//! One request's fan-out: the member request to one worker of each member (over the direct
+//! channel to a relay the [`Directory`] knows, else NATS request/reply on the member's subject,
+//! whose queue group picks the worker), gathered until every member answered or the deadline
+//! passed, whichever is first (`first`: the first answer).
 
 use std::time::Duration;
 
@@ -12,6 +13,16 @@ use kiln_core::serving::{BUDGET_HEADER, Ensemble, PROBE_HEADER, STATUS_HEADER, S
 use kiln_core::subjects;
 use kiln_formats::oip::{HEADER_LENGTH, InferResponse, Limits};
 use tokio::time::Instant;
+
+use crate::direct::{Answer, Directory};
+
+/// How the member requests travel: the relays' direct channels where known, NATS otherwise.
+#[derive(Clone, Copy)]
+pub struct Channel<'a> {
+    pub nats: &'a async_nats::Client,
+    /// `None`: NATS only (`channel = "nats"`).
+    pub directory: Option<&'a Directory>,
+}
 
 /// Why a member's answer is missing.
 #[derive(Debug, Clone, PartialEq)]
@@ -40,7 +51,7 @@ pub struct Gathered {
 /// Sends `body` (an Open Inference Protocol request in JSON) to one worker of each member of
 /// `spec` and gathers the answers until `deadline`.
 pub async fn gather(
-    client: &async_nats::Client,
+    channel: Channel<'_>,
     spec: &ServiceSpec,
     body: Bytes,
     deadline: Instant,
@@ -52,9 +63,13 @@ pub async fn gather(
         .iter()
         .enumerate()
         .map(|(member, definition)| {
-            let subject = subjects::serve(&spec.name, spec.revision, &definition.name);
             let body = body.clone();
-            async move { (member, ask(client, subject, body, deadline, limits).await) }
+            async move {
+                (
+                    member,
+                    ask(channel, spec, &definition.name, body, deadline, limits).await,
+                )
+            }
         })
         .collect();
     let mut gathered = Gathered::default();
@@ -93,22 +108,44 @@ pub async fn gather(
 const RETRIES_ON_GONE: usize = 3;
 
 async fn ask(
-    client: &async_nats::Client,
-    subject: String,
+    channel: Channel<'_>,
+    spec: &ServiceSpec,
+    member: &str,
     body: Bytes,
     deadline: Instant,
     limits: &Limits,
 ) -> Result<InferResponse, Miss> {
-    let mut outcome = ask_once(client, &subject, body.clone(), deadline, limits).await;
-    for _ in 0..RETRIES_ON_GONE {
-        match outcome {
-            Err(Miss::Gone(_)) => {
-                outcome = ask_once(client, &subject, body.clone(), deadline, limits).await;
+    let subject = subjects::serve(&spec.name, spec.revision, member);
+    let mut refused_by = Vec::new();
+    let mut tries = 0;
+    loop {
+        let relay = channel.directory.and_then(|directory| {
+            Some((
+                directory,
+                directory.pick(&spec.name, spec.revision, member, &refused_by)?,
+            ))
+        });
+        let outcome = match relay {
+            Some((directory, (url, token))) => {
+                let outcome = match directory.ask(&url, &token, body.clone(), deadline).await {
+                    Answer::Reply(status, header_length, payload) => interpret(status, header_length, &payload, limits),
+                    Answer::Late => Err(Miss::Late),
+                    Answer::Unreachable(message) => Err(Miss::Gone(message)),
+                };
+                if matches!(outcome, Err(Miss::Gone(_))) {
+                    // Out of rotation or gone: not asked again until it reports again.
+                    directory.forget(&url);
+                    refused_by.push(url);
+                }
+                outcome
             }
-            _ => break,
+            None => ask_once(channel.nats, &subject, body.clone(), deadline, limits).await,
+        };
+        match outcome {
+            Err(Miss::Gone(_)) if tries < RETRIES_ON_GONE => tries += 1,
+            outcome => return outcome,
         }
     }
-    outcome
 }
 
 async fn ask_once(
@@ -144,11 +181,21 @@ async fn ask_once(
     let status: u16 = header(STATUS_HEADER)
         .and_then(|value| value.parse().ok())
         .unwrap_or(500);
+    interpret(status, header(HEADER_LENGTH), &reply.payload, limits)
+}
+
+/// A relay's reply, by its status: the worker's answer parsed, or why it is missing.
+fn interpret(
+    status: u16,
+    header_length: Option<String>,
+    payload: &[u8],
+    limits: &Limits,
+) -> Result<InferResponse, Miss> {
     if status != 200 {
-        let message = serde_json::from_slice::<serde_json::Value>(&reply.payload)
+        let message = serde_json::from_slice::<serde_json::Value>(payload)
             .ok()
             .and_then(|body| body.get("error").and_then(|error| error.as_str()).map(str::to_string))
-            .unwrap_or_else(|| String::from_utf8_lossy(&reply.payload).chars().take(200).collect());
+            .unwrap_or_else(|| String::from_utf8_lossy(payload).chars().take(200).collect());
         return Err(if (400..500).contains(&status) {
             Miss::Refused { status, message }
         } else if status == 503 {
@@ -157,7 +204,7 @@ async fn ask_once(
             Miss::Failed(format!("the worker answered {status}: {message}"))
         });
     }
-    let header_length = match header(HEADER_LENGTH) {
+    let header_length = match header_length {
         Some(value) => Some(
             value
                 .parse::<usize>()
@@ -165,7 +212,7 @@ async fn ask_once(
         ),
         None => None,
     };
-    InferResponse::parse(&reply.payload, header_length, limits)
+    InferResponse::parse(payload, header_length, limits)
         .map_err(|error| Miss::Failed(format!("the worker's answer does not parse: {error}")))
 }
 

@@ -187,7 +187,7 @@ async fn answer(shared: &Shared, spec: &ServiceSpec, request: InferRequest, arri
     };
     let (body, _) = member_request.encode(&|_| false);
     let body = Bytes::from(body);
-    let mut gathered = fanout::gather(&shared.nats.client, spec, body.clone(), deadline, &shared.limits).await;
+    let mut gathered = fanout::gather(shared.channel(), spec, body.clone(), deadline, &shared.limits).await;
     let no_worker = |gathered: &fanout::Gathered| {
         gathered.answers.len() < spec.quorum.max(1)
             && gathered
@@ -198,7 +198,7 @@ async fn answer(shared: &Shared, spec: &ServiceSpec, request: InferRequest, arri
     if spec.cold_wait_ms > 0 && no_worker(&gathered) {
         cold_start(shared, spec).await?;
         let deadline = Instant::now() + budget;
-        gathered = fanout::gather(&shared.nats.client, spec, body, deadline, &shared.limits).await;
+        gathered = fanout::gather(shared.channel(), spec, body, deadline, &shared.limits).await;
     }
     for (member, _, took) in &gathered.answers {
         shared.metrics.member(

@@ -35,6 +35,7 @@ pub mod autoscale;
 pub mod catalog;
 pub mod config;
 pub mod controller;
+pub mod direct;
 pub mod ensemble;
 pub mod error;
 pub mod fanout;
@@ -74,6 +75,18 @@ pub struct Shared {
     pub autoscaler: autoscale::Autoscaler,
     /// Requests this predictor answered for split services ([`infer`]'s traffic split).
     pub split_turns: std::sync::atomic::AtomicU64,
+    /// The relays' direct channels, from their load reports; `None` with `channel = "nats"`.
+    pub directory: Option<direct::Directory>,
+}
+
+impl Shared {
+    /// How member requests travel.
+    pub fn channel(&self) -> fanout::Channel<'_> {
+        fanout::Channel {
+            nats: &self.nats.client,
+            directory: self.directory.as_ref(),
+        }
+    }
 }
 
 /// The predictor, connected and listening, not yet serving.
@@ -108,7 +121,12 @@ impl Predictor {
                 addr: config.http_listen,
                 source,
             })?;
-            format!("http://{addr}")
+            let scheme = if config.grpc.tls.cert_file.is_some() {
+                "https"
+            } else {
+                "http"
+            };
+            format!("{scheme}://{addr}")
         } else {
             config.http_advertise_url.clone()
         };
@@ -119,6 +137,7 @@ impl Predictor {
                 wake: tokio::sync::Notify::new(),
                 autoscaler: Default::default(),
                 split_turns: Default::default(),
+                directory: (config.channel == config::Channel::Direct).then(direct::Directory::default),
                 tokens: kiln_core::auth::CachedVerifier::new(
                     Arc::new(store.clone()),
                     Duration::from_millis(config.token_cache_ms),
@@ -145,6 +164,11 @@ impl Predictor {
 
     pub fn nats(&self) -> &Nats {
         &self.shared.nats
+    }
+
+    /// The REST API's base URL as clients reach it (`https://` with TLS).
+    pub fn http_url(&self) -> &str {
+        &self.shared.http_url
     }
 
     /// Where the REST API listens.
@@ -189,8 +213,11 @@ impl Predictor {
                 kiln_core::tls::incoming(self.grpc, &shared.config.grpc.tls)?,
                 shutdown.clone().cancelled_owned(),
             );
-        let http = axum::serve(self.http, http::router(shared.clone()))
-            .with_graceful_shutdown(shutdown.clone().cancelled_owned());
+        let http = axum::serve(
+            kiln_core::tls::http_listener(self.http, &shared.config.grpc.tls)?,
+            http::router(shared.clone()),
+        )
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned());
         let (grpc, http) = tokio::join!(grpc, async { http.await });
         shutdown.cancel();
         while tasks.join_next().await.is_some() {}

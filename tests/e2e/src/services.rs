@@ -22,6 +22,11 @@ impl Stack {
             report_interval_ms: 200,
             metrics_interval_ms: 200,
             provider: kiln_runner::ProviderKind::Process,
+            // As `kiln up`: the predictors of the stack reach the relays on this machine.
+            relay: kiln_runner::relay::RelaySettings {
+                direct_addr: "127.0.0.1:0".into(),
+                ..Default::default()
+            },
             ..Default::default()
         }
     }

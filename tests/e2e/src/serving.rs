@@ -149,6 +149,7 @@ pub async fn spawn_relay(
         },
         RelaySettings {
             probe_interval_ms: 50,
+            direct_addr: "127.0.0.1:0".into(),
             ..Default::default()
         },
         metrics.clone(),
@@ -164,7 +165,15 @@ pub async fn spawn_predictor(stack: &Stack) -> (ServiceHandle, String) {
 
 /// A predictor on this stack: its REST API's base URL and where its `ServeService` listens.
 pub async fn spawn_predictor_with_api(stack: &Stack) -> (ServiceHandle, String, SocketAddr) {
-    let predictor = kiln_predictor::Predictor::bind(kiln_predictor::Config {
+    spawn_predictor_configured(stack, |_| {}).await
+}
+
+/// [`spawn_predictor_with_api`] with its configuration changed by `tweak` first.
+pub async fn spawn_predictor_configured(
+    stack: &Stack,
+    tweak: impl FnOnce(&mut kiln_predictor::Config),
+) -> (ServiceHandle, String, SocketAddr) {
+    let mut config = kiln_predictor::Config {
         grpc: kiln_core::config::GrpcConfig::at(SocketAddr::from(([127, 0, 0, 1], 0))),
         http_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         database: stack.database.clone(),
@@ -172,10 +181,12 @@ pub async fn spawn_predictor_with_api(stack: &Stack) -> (ServiceHandle, String, 
         max_body_bytes: 64 * 1024,
         control_interval_ms: 200,
         ..Default::default()
-    })
-    .await
-    .expect("the predictor binds");
-    let url = format!("http://{}", predictor.http_addr());
+    };
+    tweak(&mut config);
+    let predictor = kiln_predictor::Predictor::bind(config)
+        .await
+        .expect("the predictor binds");
+    let url = predictor.http_url().to_string();
     let api = predictor.grpc_addr();
     (ServiceHandle::spawn(|token| predictor.serve(token)), url, api)
 }

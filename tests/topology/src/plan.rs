@@ -181,6 +181,10 @@ fn instance(
     if table.contains_key("scylla") {
         set("SCYLLA__KEYSPACE", text(infra.keyspace));
     }
+    if service_name == "kiln-runner" {
+        // The predictors reach the relays' direct channels on this machine.
+        set("RELAY__DIRECT_ADVERTISE_HOST", text("127.0.0.1"));
+    }
     match (service_name.as_str(), name == SIM_RUNNER) {
         ("kiln-item-batch", _) => {
             // Workers are told every replica, not compose's one name.

@@ -25,7 +25,7 @@ mod client;
 mod server;
 
 pub use client::{ClientTlsConfig, endpoint};
-pub use server::{Conn, Incoming, incoming};
+pub use server::{Conn, HttpListener, Incoming, http_listener, incoming};
 
 /// TlsError says why a certificate, key or CA file cannot be used, naming the file.
 #[derive(Debug, thiserror::Error)]

@@ -2,6 +2,7 @@
 //! connection stream every service hands to tonic.
 
 use std::io;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -36,7 +37,12 @@ pub type Incoming = Pin<Box<dyn Stream<Item = io::Result<Conn>> + Send>>;
 /// streams once their handshake succeeded when on. A failed or slow handshake is logged and
 /// dropped; the listener keeps accepting. The listener is closed when tonic drops the stream.
 pub fn incoming(listener: TcpListener, tls: &ServerTlsConfig) -> Result<Incoming, TlsError> {
-    let Some(acceptor) = acceptor(tls)? else {
+    incoming_speaking(listener, tls, b"h2")
+}
+
+/// [`incoming`] for a server whose clients negotiate `protocol` (ALPN) when they negotiate one.
+fn incoming_speaking(listener: TcpListener, tls: &ServerTlsConfig, protocol: &[u8]) -> Result<Incoming, TlsError> {
+    let Some(acceptor) = acceptor(tls, protocol)? else {
         return Ok(Box::pin(
             TcpListenerStream::new(listener).map(|stream| stream.map(|s| Conn(Either::Left(no_delay(s))))),
         ));
@@ -84,8 +90,52 @@ fn no_delay(stream: TcpStream) -> TcpStream {
     stream
 }
 
-/// The TLS acceptor of `tls`, `None` when TLS is off.
-fn acceptor(tls: &ServerTlsConfig) -> Result<Option<TlsAcceptor>, TlsError> {
+/// An HTTP/1.1 server's listener for `axum::serve`: the connections of [`incoming`], with
+/// `http/1.1` as the protocol clients negotiate.
+pub struct HttpListener {
+    incoming: Incoming,
+    local: SocketAddr,
+}
+
+/// The [`HttpListener`] of `listener`: TLS when `tls` names a certificate, plain TCP when not.
+pub fn http_listener(listener: TcpListener, tls: &ServerTlsConfig) -> Result<HttpListener, TlsError> {
+    let local = listener
+        .local_addr()
+        .map_err(|error| TlsError::Invalid(format!("the listener has no address: {error}")))?;
+    Ok(HttpListener {
+        incoming: incoming_speaking(listener, tls, b"http/1.1")?,
+        local,
+    })
+}
+
+impl axum::serve::Listener for HttpListener {
+    type Io = Conn;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Conn, SocketAddr) {
+        loop {
+            match self.incoming.next().await {
+                Some(Ok(conn)) => {
+                    let peer = conn.connect_info().remote_addr().unwrap_or(self.local);
+                    return (conn, peer);
+                }
+                Some(Err(error)) => {
+                    tracing::warn!(error = %error, "cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                // The accepting task ended: nothing will come.
+                None => std::future::pending().await,
+            }
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.local)
+    }
+}
+
+/// The TLS acceptor of `tls` whose clients negotiate `protocol`, `None` when TLS is off.
+fn acceptor(tls: &ServerTlsConfig, protocol: &[u8]) -> Result<Option<TlsAcceptor>, TlsError> {
     let (Some(cert_file), Some(key_file)) = (&tls.cert_file, &tls.key_file) else {
         if tls.cert_file.is_some() || tls.key_file.is_some() {
             return Err(TlsError::Invalid("cert-file and key-file go together".into()));
@@ -116,7 +166,7 @@ fn acceptor(tls: &ServerTlsConfig) -> Result<Option<TlsAcceptor>, TlsError> {
         None => builder.with_no_client_auth(),
     };
     let mut config = builder.with_cert_resolver(Arc::new(resolver));
-    config.alpn_protocols = vec![b"h2".to_vec()];
+    config.alpn_protocols = vec![protocol.to_vec()];
     Ok(Some(TlsAcceptor::from(Arc::new(config))))
 }
 

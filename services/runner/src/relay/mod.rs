@@ -17,24 +17,22 @@
 //! - Every `report-interval-ms` it tells the predictors' controller its worker's load
 //!   ([`LoadReport`] on [`subjects::serve_load`]: requests in flight on average, answered, their
 //!   mean time, whether it is in rotation), which the controller scales the member on.
+//! - Its direct channel (`direct`: `POST /infer` on `direct-addr`, over HTTP/1.1 keep-alive)
+//!   takes the same requests without the hop through nats-server: the predictors learn its URL
+//!   and token from the load reports and call it while it is in rotation; out of rotation it
+//!   answers 503 at once, and a request it drops is answered 504. Measured against NATS
+//!   request/reply by serve-bench (the README's Performance section), it is the predictors'
+//!   default; NATS stays for discovery, probes and when no direct URL is known.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use kiln_core::serving::{
-    BUDGET_HEADER, ENV_MEMBER, ENV_PORT, ENV_REVISION, ENV_SERVICE, LoadReport, PROBE_HEADER, STATUS_HEADER,
-};
+use kiln_core::serving::{BUDGET_HEADER, LoadReport, PROBE_HEADER, STATUS_HEADER};
 use kiln_core::subjects::{self, QUEUE_SERVE};
 use kiln_formats::oip::HEADER_LENGTH;
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -42,129 +40,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{Error, Result};
 
-/// How a relay treats its worker.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
-pub struct RelaySettings {
-    /// Requests the worker is given at once; the rest wait in the relay, where an expired one
-    /// can still be dropped.
-    pub concurrency: usize,
-    /// Deadlines missed in a row that take the worker out of rotation.
-    pub eject_after: u32,
-    /// How often a worker out of rotation (or still loading) is probed, in milliseconds.
-    pub probe_interval_ms: u64,
-    /// How long a drain waits for in-flight requests, in milliseconds.
-    pub drain_grace_ms: u64,
-    /// How often the worker's load is reported to the controller, in milliseconds.
-    pub report_interval_ms: u64,
-}
+mod direct;
+mod metrics;
+mod settings;
 
-impl Default for RelaySettings {
-    fn default() -> Self {
-        RelaySettings {
-            concurrency: 2,
-            eject_after: 3,
-            probe_interval_ms: 200,
-            drain_grace_ms: 10_000,
-            report_interval_ms: 1_000,
-        }
-    }
-}
-
-/// The member a relay's worker serves.
-#[derive(Debug, Clone)]
-pub struct Member {
-    pub service: String,
-    pub revision: u64,
-    pub member: String,
-    /// The worker's REST API (`127.0.0.1:KILN_SERVE_PORT`).
-    pub worker: SocketAddr,
-    /// The worker's job, named in its load reports.
-    pub job_id: String,
-}
-
-impl Member {
-    /// The member an inference worker's job environment names, with the port the runner gave
-    /// it; `None` for other jobs.
-    pub fn of_env(env: &std::collections::BTreeMap<String, String>) -> Option<Member> {
-        Some(Member {
-            service: env.get(ENV_SERVICE)?.clone(),
-            revision: env.get(ENV_REVISION)?.parse().ok()?,
-            member: env.get(ENV_MEMBER)?.clone(),
-            worker: SocketAddr::from(([127, 0, 0, 1], env.get(ENV_PORT)?.parse().ok()?)),
-            job_id: env.get("KILN_JOB_ID").cloned().unwrap_or_default(),
-        })
-    }
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct MemberLabels {
-    service: String,
-    member: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct OutcomeLabels {
-    service: String,
-    member: String,
-    outcome: &'static str,
-}
-
-/// The relays' metrics (`kiln_runner_serve_*`), shared by every relay of a runner.
-#[derive(Clone, Debug, Default)]
-pub struct RelayMetrics {
-    requests: Family<OutcomeLabels, Counter>,
-    ejections: Family<MemberLabels, Counter>,
-    in_rotation: Family<MemberLabels, Gauge>,
-}
-
-impl RelayMetrics {
-    pub fn register(&self, registry: &mut prometheus_client::registry::Registry) {
-        use kiln_core::metrics::RegistryExt;
-        registry.add(
-            "serve_requests",
-            "Inference requests the relays took, by service, member and outcome (answered, dropped: expired before the worker took it, late: the worker missed the deadline, failed)",
-            self.requests.clone(),
-        );
-        registry.add(
-            "serve_ejections",
-            "Times a worker was taken out of rotation for missing deadlines in a row",
-            self.ejections.clone(),
-        );
-        registry.add(
-            "serve_in_rotation",
-            "Workers in rotation (their relay in the member's queue group)",
-            self.in_rotation.clone(),
-        );
-    }
-
-    /// How often the worker of `member` of `service` was taken out of rotation.
-    pub fn ejections(&self, service: &str, member: &str) -> u64 {
-        self.ejections
-            .get_or_create(&MemberLabels {
-                service: service.into(),
-                member: member.into(),
-            })
-            .get()
-    }
-
-    fn count(&self, member: &Member, outcome: &'static str) {
-        self.requests
-            .get_or_create(&OutcomeLabels {
-                service: member.service.clone(),
-                member: member.member.clone(),
-                outcome,
-            })
-            .inc();
-    }
-
-    fn labels(member: &Member) -> MemberLabels {
-        MemberLabels {
-            service: member.service.clone(),
-            member: member.member.clone(),
-        }
-    }
-}
+pub use metrics::RelayMetrics;
+pub use settings::{Member, RelaySettings};
 
 /// One worker's relay; [`Relay::run`] serves until `drain` is cancelled.
 pub struct Relay {
@@ -174,6 +55,32 @@ pub struct Relay {
     settings: RelaySettings,
     metrics: RelayMetrics,
     load: Load,
+    /// The turn of the rotation the relay is in; `None` out of it.
+    current: std::sync::Mutex<Option<Arc<Turn>>>,
+    /// The direct channel's URL and token, once it listens.
+    direct: std::sync::OnceLock<(String, String)>,
+}
+
+/// One request, as it came.
+struct Request {
+    /// The time it may take, from its arrival.
+    budget: Duration,
+    payload: Bytes,
+    arrived: Instant,
+    /// `direct` or `nats`.
+    channel: &'static str,
+}
+
+/// What became of one request.
+enum Reply {
+    /// The worker's answer, or the relay's refusal: status, the binary header's length, body.
+    Answer {
+        status: u16,
+        header_length: Option<String>,
+        body: Bytes,
+    },
+    /// None: it expired before the worker took it, or the worker missed its deadline.
+    Nothing,
 }
 
 /// What the load reports are made of, kept by the handlers.
@@ -207,6 +114,8 @@ impl Relay {
             settings,
             metrics,
             load: Load::default(),
+            current: std::sync::Mutex::default(),
+            direct: std::sync::OnceLock::new(),
         }
     }
 
@@ -224,6 +133,13 @@ impl Relay {
             .get_or_create(&RelayMetrics::labels(&relay.member))
             .clone();
         let mut in_flight = JoinSet::new();
+        let direct_stop = CancellationToken::new();
+        if !relay.settings.direct_addr.is_empty()
+            && let Err(error) = direct::listen(relay.clone(), direct_stop.clone()).await
+        {
+            // NATS alone still reaches the worker.
+            tracing::warn!(error = %error, "the relay's direct channel cannot listen; NATS only");
+        }
         let reporter = tokio::spawn(relay.clone().report(drain.clone()));
         loop {
             if !relay.wait_ready(&drain).await {
@@ -245,6 +161,7 @@ impl Relay {
                 })?;
             rotation.inc();
             relay.load.in_rotation.store(true, Ordering::Relaxed);
+            *relay.current.lock().expect("rotation lock") = Some(turn.clone());
             tracing::info!(subject, worker = %relay.member.worker, "worker in rotation");
             let ejected = loop {
                 tokio::select! {
@@ -261,6 +178,7 @@ impl Relay {
             };
             rotation.dec();
             relay.load.in_rotation.store(false, Ordering::Relaxed);
+            *relay.current.lock().expect("rotation lock") = None;
             // Leave the group, and answer what it had already delivered.
             let _ = requests.drain().await;
             while let Some(message) = requests.next().await {
@@ -277,7 +195,15 @@ impl Relay {
             tracing::warn!(subject, worker = %relay.member.worker, missed = relay.settings.eject_after, "worker missed its deadlines; out of rotation until it answers a probe");
         }
         let grace = Duration::from_millis(relay.settings.drain_grace_ms);
-        let _ = tokio::time::timeout(grace, async { while in_flight.join_next().await.is_some() {} }).await;
+        let _ = tokio::time::timeout(grace, async {
+            while in_flight.join_next().await.is_some() {}
+            // The direct channel's requests are counted, not held.
+            while relay.load.in_flight.load(Ordering::Relaxed) > 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+        direct_stop.cancel();
         reporter.abort();
         Ok(())
     }
@@ -311,6 +237,8 @@ impl Relay {
                     answered_us as f64 / answered as f64 / 1000.0
                 },
                 in_rotation: self.load.in_rotation.load(Ordering::Relaxed),
+                direct_url: self.direct.get().map(|(url, _)| url.clone()).unwrap_or_default(),
+                direct_token: self.direct.get().map(|(_, token)| token.clone()).unwrap_or_default(),
             };
             let body = serde_json::to_vec(&report).expect("a load report serializes");
             if let Err(error) = self.client.publish(subject.clone(), body.into()).await {
@@ -345,80 +273,37 @@ impl Relay {
         self.load.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 
+    /// Answers a request that came through NATS.
     async fn answer(self: Arc<Self>, turn: Arc<Turn>, message: async_nats::Message, arrived: Instant) {
         let Some(reply) = message.reply.clone() else {
             return;
         };
-        if message
-            .headers
-            .as_ref()
-            .is_some_and(|headers| headers.get(PROBE_HEADER).is_some())
-        {
-            let mut headers = async_nats::HeaderMap::new();
-            headers.insert(STATUS_HEADER, "200");
-            if let Err(error) = self.client.publish_with_headers(reply, headers, Bytes::new()).await {
-                tracing::warn!(error = %error, "cannot answer a readiness probe");
-            }
-            return;
-        }
-        let budget = message
-            .headers
-            .as_ref()
-            .and_then(|headers| headers.get(BUDGET_HEADER))
-            .and_then(|value| value.as_str().parse::<u64>().ok())
-            .map_or(Duration::from_secs(60), Duration::from_micros);
-        let deadline = arrived + budget;
-        let Ok(Ok(_slot)) = tokio::time::timeout_at(deadline, turn.slots.acquire()).await else {
-            self.metrics.count(&self.member, "dropped");
-            return;
+        let header = |name: &str| {
+            message
+                .headers
+                .as_ref()
+                .and_then(|headers| headers.get(name))
+                .map(|value| value.as_str().to_string())
         };
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            self.metrics.count(&self.member, "dropped");
-            return;
-        }
-        let sent = self
-            .http
-            .post(self.url(&format!("/v2/models/{}/infer", self.member.member)))
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(message.payload.clone())
-            .timeout(left)
-            .send()
-            .await;
-        let answer = match sent {
-            Ok(answer) => answer,
-            Err(error) if error.is_timeout() => return self.missed(&turn),
-            Err(error) => {
-                // A worker that is gone (killed, restarting) leaves the rotation at once; the
-                // predictor asks another worker of the member.
-                turn.eject.notify_one();
-                return self
-                    .fail(&reply, 503, &format!("the worker cannot be reached: {error}"))
-                    .await;
+        let (status, header_length, body) = if header(PROBE_HEADER).is_some() {
+            (200, None, Bytes::new())
+        } else {
+            let budget = budget_of(header(BUDGET_HEADER).as_deref());
+            let request = Request {
+                budget,
+                payload: message.payload.clone(),
+                arrived,
+                channel: "nats",
+            };
+            match self.take(&turn, request).await {
+                Reply::Answer {
+                    status,
+                    header_length,
+                    body,
+                } => (status, header_length, body),
+                Reply::Nothing => return,
             }
         };
-        let status = answer.status().as_u16();
-        let header_length = answer
-            .headers()
-            .get(HEADER_LENGTH)
-            .and_then(|value| value.to_str().ok())
-            .map(str::to_string);
-        let body = match tokio::time::timeout_at(deadline, answer.bytes()).await {
-            Ok(Ok(body)) => body,
-            Ok(Err(error)) => {
-                return self
-                    .fail(&reply, 502, &format!("the worker's answer broke off: {error}"))
-                    .await;
-            }
-            Err(_) => return self.missed(&turn),
-        };
-        turn.misses.store(0, Ordering::Relaxed);
-        self.metrics
-            .count(&self.member, if status == 200 { "answered" } else { "failed" });
-        self.load.answered.fetch_add(1, Ordering::Relaxed);
-        self.load
-            .answered_us
-            .fetch_add(arrived.elapsed().as_micros() as u64, Ordering::Relaxed);
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(STATUS_HEADER, status.to_string().as_str());
         if let Some(length) = header_length {
@@ -429,21 +314,90 @@ impl Relay {
         }
     }
 
-    fn missed(&self, turn: &Turn) {
-        self.metrics.count(&self.member, "late");
-        if turn.misses.fetch_add(1, Ordering::Relaxed) + 1 >= self.settings.eject_after.max(1) {
-            turn.eject.notify_one();
+    /// Gives a request to the worker once a slot is free, within `budget` from `arrived`.
+    async fn take(&self, turn: &Turn, request: Request) -> Reply {
+        let Request {
+            budget,
+            payload,
+            arrived,
+            channel,
+        } = request;
+        let deadline = arrived + budget;
+        let Ok(Ok(_slot)) = tokio::time::timeout_at(deadline, turn.slots.acquire()).await else {
+            self.metrics.count(&self.member, channel, "dropped");
+            return Reply::Nothing;
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            self.metrics.count(&self.member, channel, "dropped");
+            return Reply::Nothing;
+        }
+        let sent = self
+            .http
+            .post(self.url(&format!("/v2/models/{}/infer", self.member.member)))
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(payload)
+            .timeout(left)
+            .send()
+            .await;
+        let answer = match sent {
+            Ok(answer) => answer,
+            Err(error) if error.is_timeout() => return self.missed(turn, channel),
+            Err(error) => {
+                // A worker that is gone (killed, restarting) leaves the rotation at once; the
+                // predictor asks another worker of the member.
+                turn.eject.notify_one();
+                return self.fail(channel, 503, &format!("the worker cannot be reached: {error}"));
+            }
+        };
+        let status = answer.status().as_u16();
+        let header_length = answer
+            .headers()
+            .get(HEADER_LENGTH)
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_string);
+        let body = match tokio::time::timeout_at(deadline, answer.bytes()).await {
+            Ok(Ok(body)) => body,
+            Ok(Err(error)) => return self.fail(channel, 502, &format!("the worker's answer broke off: {error}")),
+            Err(_) => return self.missed(turn, channel),
+        };
+        turn.misses.store(0, Ordering::Relaxed);
+        self.metrics
+            .count(&self.member, channel, if status == 200 { "answered" } else { "failed" });
+        self.load.answered.fetch_add(1, Ordering::Relaxed);
+        self.load
+            .answered_us
+            .fetch_add(arrived.elapsed().as_micros() as u64, Ordering::Relaxed);
+        Reply::Answer {
+            status,
+            header_length,
+            body,
         }
     }
 
-    /// Answers with `status` (503: ask another worker; 502: the worker failed this request).
-    async fn fail(&self, reply: &async_nats::Subject, status: u16, message: &str) {
-        self.metrics.count(&self.member, "failed");
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert(STATUS_HEADER, status.to_string().as_str());
-        let body = Bytes::from(serde_json::json!({ "error": message }).to_string());
-        if let Err(error) = self.client.publish_with_headers(reply.clone(), headers, body).await {
-            tracing::warn!(error = %error, "cannot send an inference error");
+    fn missed(&self, turn: &Turn, channel: &'static str) -> Reply {
+        self.metrics.count(&self.member, channel, "late");
+        if turn.misses.fetch_add(1, Ordering::Relaxed) + 1 >= self.settings.eject_after.max(1) {
+            turn.eject.notify_one();
+        }
+        Reply::Nothing
+    }
+
+    /// The relay's own answer `status` (503: ask another worker; 502: the worker failed this
+    /// request).
+    fn fail(&self, channel: &'static str, status: u16, message: &str) -> Reply {
+        self.metrics.count(&self.member, channel, "failed");
+        Reply::Answer {
+            status,
+            header_length: None,
+            body: Bytes::from(serde_json::json!({ "error": message }).to_string()),
         }
     }
+}
+
+/// A request's budget from its header (microseconds); a minute without one.
+fn budget_of(header: Option<&str>) -> Duration {
+    header
+        .and_then(|value| value.parse::<u64>().ok())
+        .map_or(Duration::from_secs(60), Duration::from_micros)
 }
