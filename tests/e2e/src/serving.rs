@@ -207,6 +207,37 @@ pub async fn serve_client(addr: SocketAddr, token: &str) -> ServeClient {
     )
 }
 
+/// A service's definition as these tests' relays serve it: revision 1 of project `default`,
+/// `members` (each `(name, weight)`, model `NAME:1`) combined by `ensemble`, quorum 1, no declared
+/// tensors.
+pub fn service_spec(
+    name: &str,
+    members: &[(&str, f64)],
+    ensemble: kiln_core::serving::Ensemble,
+    deadline_ms: u64,
+) -> ServiceSpec {
+    ServiceSpec {
+        name: name.into(),
+        project: "default".into(),
+        revision: 1,
+        members: members
+            .iter()
+            .map(|(member, weight)| kiln_core::serving::Member {
+                name: (*member).into(),
+                model: format!("{member}:1"),
+                weight: *weight,
+            })
+            .collect(),
+        ensemble,
+        deadline_ms,
+        quorum: 1,
+        inputs: Vec::new(),
+        outputs: Vec::new(),
+        cold_wait_ms: 0,
+        split: None,
+    }
+}
+
 /// Writes `spec` as the service's live definition.
 pub async fn put_service(stack: &Stack, spec: &ServiceSpec) {
     let jetstream = async_nats::jetstream::new(stack.nats.client().await);

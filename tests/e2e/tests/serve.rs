@@ -4,36 +4,13 @@
 
 use std::time::Duration;
 
-use kiln_core::serving::{Ensemble, Member, ServiceSpec, TensorSpec};
-use kiln_e2e::serving::{Rest, SCALE_WORKER, Worker, put_service, spawn_predictor, spawn_relay};
+use kiln_core::serving::{Ensemble, TensorSpec};
+use kiln_e2e::serving::{Rest, SCALE_WORKER, Worker, put_service, service_spec, spawn_predictor, spawn_relay};
 use kiln_e2e::{PATIENCE, Stack};
 use kiln_formats::oip::{Data, DataType, HEADER_LENGTH, InferRequest, InferResponse, Limits, Tensor};
 use kiln_runner::relay::RelayMetrics;
 use nix::sys::signal::Signal;
 use serde_json::json;
-
-fn spec(name: &str, members: &[(&str, f64)], ensemble: Ensemble, deadline_ms: u64) -> ServiceSpec {
-    ServiceSpec {
-        name: name.into(),
-        project: "default".into(),
-        revision: 1,
-        members: members
-            .iter()
-            .map(|(member, weight)| Member {
-                name: (*member).into(),
-                model: format!("{member}:1"),
-                weight: *weight,
-            })
-            .collect(),
-        ensemble,
-        deadline_ms,
-        quorum: 1,
-        inputs: Vec::new(),
-        outputs: Vec::new(),
-        cold_wait_ms: 0,
-        split: None,
-    }
-}
 
 fn x_request(values: &[f64]) -> serde_json::Value {
     json!({"inputs": [{"name": "x", "shape": [values.len()], "datatype": "FP64", "data": values}]})
@@ -66,9 +43,13 @@ async fn a_two_member_mean_is_answered_in_json_binary_and_through_predict() {
         handles.push(spawn_relay(&stack, service, 1, "quadruple", quadruple.addr(), &relays).await);
     }
     let members = [("double", 1.0), ("quadruple", 3.0)];
-    put_service(&stack, &spec("scale", &members, Ensemble::Mean, 5_000)).await;
-    put_service(&stack, &spec("weighted", &members, Ensemble::WeightedMean, 5_000)).await;
-    let mut matrix = spec("matrix", &members, Ensemble::Mean, 5_000);
+    put_service(&stack, &service_spec("scale", &members, Ensemble::Mean, 5_000)).await;
+    put_service(
+        &stack,
+        &service_spec("weighted", &members, Ensemble::WeightedMean, 5_000),
+    )
+    .await;
+    let mut matrix = service_spec("matrix", &members, Ensemble::Mean, 5_000);
     matrix.inputs = vec![TensorSpec {
         name: "x".into(),
         datatype: "FP64".into(),
@@ -186,7 +167,7 @@ async fn whole_matrix(rest: &Rest) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_requests_are_refused_with_the_problem_named() {
     let stack = Stack::start_without_runner().await;
-    let mut typed = spec("typed", &[("m", 1.0)], Ensemble::Mean, 1_000);
+    let mut typed = service_spec("typed", &[("m", 1.0)], Ensemble::Mean, 1_000);
     typed.inputs = vec![TensorSpec {
         name: "x".into(),
         datatype: "FP32".into(),
@@ -249,7 +230,7 @@ async fn bad_requests_are_refused_with_the_problem_named() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_member_without_workers_is_refused_at_once_with_the_reason() {
     let stack = Stack::start_without_runner().await;
-    put_service(&stack, &spec("lonely", &[("m", 1.0)], Ensemble::Mean, 10_000)).await;
+    put_service(&stack, &service_spec("lonely", &[("m", 1.0)], Ensemble::Mean, 10_000)).await;
     let (_predictor, base) = spawn_predictor(&stack).await;
     let rest = Rest::new(&base, &stack.token);
     let started = tokio::time::Instant::now();
@@ -279,7 +260,7 @@ async fn a_paused_worker_is_answered_around_ejected_and_taken_back() {
     ];
     put_service(
         &stack,
-        &spec("pair", &[("steady", 1.0), ("flaky", 1.0)], Ensemble::Mean, 1_000),
+        &service_spec("pair", &[("steady", 1.0), ("flaky", 1.0)], Ensemble::Mean, 1_000),
     )
     .await;
     let (_predictor, base) = spawn_predictor(&stack).await;
@@ -340,7 +321,7 @@ async fn a_killed_worker_under_load_fails_no_request() {
         spawn_relay(&stack, "solo", 1, "m", first.addr(), &relays).await,
         spawn_relay(&stack, "solo", 1, "m", second.addr(), &relays).await,
     ];
-    put_service(&stack, &spec("solo", &[("m", 1.0)], Ensemble::Mean, 2_000)).await;
+    put_service(&stack, &service_spec("solo", &[("m", 1.0)], Ensemble::Mean, 2_000)).await;
     let (_predictor, base) = spawn_predictor(&stack).await;
     let rest = std::sync::Arc::new(Rest::new(&base, &stack.token));
     rest.post_until("/v2/models/solo/infer", &x_request(&[1.0]), 200).await;

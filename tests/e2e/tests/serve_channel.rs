@@ -5,8 +5,10 @@
 
 use std::time::Duration;
 
-use kiln_core::serving::{Ensemble, Member, ServiceSpec};
-use kiln_e2e::serving::{Rest, SCALE_WORKER, Worker, put_service, spawn_predictor_configured, spawn_relay};
+use kiln_core::serving::Ensemble;
+use kiln_e2e::serving::{
+    Rest, SCALE_WORKER, Worker, put_service, service_spec, spawn_predictor_configured, spawn_relay,
+};
 use kiln_e2e::{PATIENCE, Stack};
 use kiln_runner::relay::RelayMetrics;
 use serde_json::json;
@@ -32,23 +34,7 @@ async fn requests_go_direct_once_the_relay_reported_and_through_nats_otherwise()
     let _relay = spawn_relay(&stack, "scale", 1, "double", worker.addr(), &relays).await;
     put_service(
         &stack,
-        &ServiceSpec {
-            name: "scale".into(),
-            project: "default".into(),
-            revision: 1,
-            members: vec![Member {
-                name: "double".into(),
-                model: "double:1".into(),
-                weight: 1.0,
-            }],
-            ensemble: Ensemble::Mean,
-            deadline_ms: 5_000,
-            quorum: 1,
-            inputs: Vec::new(),
-            outputs: Vec::new(),
-            cold_wait_ms: 0,
-            split: None,
-        },
+        &service_spec("scale", &[("double", 1.0)], Ensemble::Mean, 5_000),
     )
     .await;
     let (_direct, direct_base, _) = spawn_predictor_configured(&stack, |_| {}).await;

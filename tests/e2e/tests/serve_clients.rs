@@ -8,10 +8,10 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use kiln_core::serving::{Ensemble, Member, ServiceSpec, TensorSpec};
+use kiln_core::serving::{Ensemble, ServiceSpec, TensorSpec};
 use kiln_e2e::serving::{
-    Rest, SCALE_WORKER, Worker, inference_client, put_service, run_python, run_python_with, spawn_predictor_with_api,
-    spawn_relay,
+    Rest, SCALE_WORKER, Worker, inference_client, put_service, run_python, run_python_with, service_spec,
+    spawn_predictor_with_api, spawn_relay,
 };
 use kiln_e2e::{PATIENCE, ServiceHandle, Stack};
 use kiln_formats::oip::{Data, DataType, Limits, Tensor};
@@ -55,24 +55,9 @@ impl Scale {
         put_service(
             &stack,
             &ServiceSpec {
-                name: "scale".into(),
-                project: "default".into(),
-                revision: 1,
-                members: ["double", "quadruple"]
-                    .iter()
-                    .map(|member| Member {
-                        name: (*member).into(),
-                        model: format!("{member}:1"),
-                        weight: 1.0,
-                    })
-                    .collect(),
-                ensemble: Ensemble::Mean,
-                deadline_ms: 5_000,
-                quorum: 1,
                 inputs: vec![fp64("x")],
                 outputs: vec![fp64("y")],
-                cold_wait_ms: 0,
-                split: None,
+                ..service_spec("scale", &[("double", 1.0), ("quadruple", 1.0)], Ensemble::Mean, 5_000)
             },
         )
         .await;

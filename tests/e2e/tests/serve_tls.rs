@@ -3,9 +3,11 @@
 //! infers, one that does not is refused in the handshake, and plain HTTP gets no answer. The
 //! client is Python's standard library (the SDK's venv), as an application's would be.
 
-use kiln_core::serving::{Ensemble, Member, ServiceSpec};
+use kiln_core::serving::Ensemble;
 use kiln_core::testing::TestCa;
-use kiln_e2e::serving::{SCALE_WORKER, Worker, put_service, run_python, spawn_predictor_configured, spawn_relay};
+use kiln_e2e::serving::{
+    SCALE_WORKER, Worker, put_service, run_python, service_spec, spawn_predictor_configured, spawn_relay,
+};
 use kiln_e2e::{PATIENCE, Stack};
 use kiln_runner::relay::RelayMetrics;
 
@@ -57,23 +59,7 @@ async fn the_rest_api_speaks_tls_with_the_grpc_side_s_certificate() {
     let _relay = spawn_relay(&stack, "scale", 1, "double", worker.addr(), &relays).await;
     put_service(
         &stack,
-        &ServiceSpec {
-            name: "scale".into(),
-            project: "default".into(),
-            revision: 1,
-            members: vec![Member {
-                name: "double".into(),
-                model: "double:1".into(),
-                weight: 1.0,
-            }],
-            ensemble: Ensemble::Mean,
-            deadline_ms: 5_000,
-            quorum: 1,
-            inputs: Vec::new(),
-            outputs: Vec::new(),
-            cold_wait_ms: 0,
-            split: None,
-        },
+        &service_spec("scale", &[("double", 1.0)], Ensemble::Mean, 5_000),
     )
     .await;
     let tls = ca.server_tls("predictor", false);

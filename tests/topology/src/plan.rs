@@ -268,6 +268,11 @@ fn collect_listens(
             toml::Value::String(text) => {
                 if let Some(port) = text.strip_prefix("0.0.0.0:") {
                     let port: u16 = port.parse().expect("a port");
+                    if port == 0 {
+                        // Any free port (the relays' direct channels): on the loopback here too.
+                        out.insert(path, SocketAddr::from(([127, 0, 0, 1], 0)));
+                        continue;
+                    }
                     let addr = ports
                         .get(&port)
                         .unwrap_or_else(|| panic!("{path} = {text:?} listens on a port compose.yaml does not publish"));
