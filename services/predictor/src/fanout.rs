@@ -115,7 +115,6 @@ async fn ask(
     deadline: Instant,
     limits: &Limits,
 ) -> Result<InferResponse, Miss> {
-    let subject = subjects::serve(&spec.name, spec.revision, member);
     let mut refused_by = Vec::new();
     let mut tries = 0;
     loop {
@@ -139,7 +138,10 @@ async fn ask(
                 }
                 outcome
             }
-            None => ask_once(channel.nats, &subject, body.clone(), deadline, limits).await,
+            None => {
+                let subject = subjects::serve(&spec.name, spec.revision, member);
+                ask_once(channel.nats, &subject, body.clone(), deadline, limits).await
+            }
         };
         match outcome {
             Err(Miss::Gone(_)) if tries < RETRIES_ON_GONE => tries += 1,

@@ -238,6 +238,16 @@ pub fn service_spec(
     }
 }
 
+/// Service `scale` on this stack with one member, `double` (a worker answering y = 2x), and
+/// its relay counting into `relays`: the worker and the relay's handle, to keep alive.
+pub async fn serve_double(stack: &Stack, relays: &RelayMetrics) -> (Worker, ServiceHandle) {
+    let worker = Worker::spawn(stack.dir.path(), "double", SCALE_WORKER, &[("FACTOR", "2")]);
+    let relay = spawn_relay(stack, "scale", 1, "double", worker.addr(), relays).await;
+    let spec = service_spec("scale", &[("double", 1.0)], kiln_core::serving::Ensemble::Mean, 5_000);
+    put_service(stack, &spec).await;
+    (worker, relay)
+}
+
 /// Writes `spec` as the service's live definition.
 pub async fn put_service(stack: &Stack, spec: &ServiceSpec) {
     let jetstream = async_nats::jetstream::new(stack.nats.client().await);

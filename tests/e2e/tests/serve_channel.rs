@@ -5,10 +5,7 @@
 
 use std::time::Duration;
 
-use kiln_core::serving::Ensemble;
-use kiln_e2e::serving::{
-    Rest, SCALE_WORKER, Worker, put_service, service_spec, spawn_predictor_configured, spawn_relay,
-};
+use kiln_e2e::serving::{Rest, serve_double, spawn_predictor_configured};
 use kiln_e2e::{PATIENCE, Stack};
 use kiln_runner::relay::RelayMetrics;
 use serde_json::json;
@@ -29,14 +26,8 @@ async fn ask(rest: &Rest, times: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn requests_go_direct_once_the_relay_reported_and_through_nats_otherwise() {
     let stack = Stack::start_without_runner().await;
-    let worker = Worker::spawn(stack.dir.path(), "double", SCALE_WORKER, &[("FACTOR", "2")]);
     let relays = RelayMetrics::default();
-    let _relay = spawn_relay(&stack, "scale", 1, "double", worker.addr(), &relays).await;
-    put_service(
-        &stack,
-        &service_spec("scale", &[("double", 1.0)], Ensemble::Mean, 5_000),
-    )
-    .await;
+    let _double = serve_double(&stack, &relays).await;
     let (_direct, direct_base, _) = spawn_predictor_configured(&stack, |_| {}).await;
     let (_nats, nats_base, _) =
         spawn_predictor_configured(&stack, |config| config.channel = kiln_predictor::config::Channel::Nats).await;

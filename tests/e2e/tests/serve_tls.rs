@@ -3,11 +3,8 @@
 //! infers, one that does not is refused in the handshake, and plain HTTP gets no answer. The
 //! client is Python's standard library (the SDK's venv), as an application's would be.
 
-use kiln_core::serving::Ensemble;
 use kiln_core::testing::TestCa;
-use kiln_e2e::serving::{
-    SCALE_WORKER, Worker, put_service, run_python, service_spec, spawn_predictor_configured, spawn_relay,
-};
+use kiln_e2e::serving::{run_python, serve_double, spawn_predictor_configured};
 use kiln_e2e::{PATIENCE, Stack};
 use kiln_runner::relay::RelayMetrics;
 
@@ -54,14 +51,8 @@ async fn the_rest_api_speaks_tls_with_the_grpc_side_s_certificate() {
     let stack = Stack::start_without_runner().await;
     let certs = tempfile::tempdir().expect("a temp dir");
     let ca = TestCa::new(certs.path(), "kiln");
-    let worker = Worker::spawn(stack.dir.path(), "double", SCALE_WORKER, &[("FACTOR", "2")]);
     let relays = RelayMetrics::default();
-    let _relay = spawn_relay(&stack, "scale", 1, "double", worker.addr(), &relays).await;
-    put_service(
-        &stack,
-        &service_spec("scale", &[("double", 1.0)], Ensemble::Mean, 5_000),
-    )
-    .await;
+    let _double = serve_double(&stack, &relays).await;
     let tls = ca.server_tls("predictor", false);
     let (_predictor, base, _) = spawn_predictor_configured(&stack, |config| config.grpc.tls = tls).await;
     let addr = base
