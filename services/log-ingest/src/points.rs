@@ -15,6 +15,9 @@ use kiln_proto::v1 as pb;
 
 use crate::error::{Error, Result};
 
+mod sampler;
+pub use sampler::{Band, Sampler, Series};
+
 /// One metric point. The job and the key are shared with the other points of their batch or
 /// series (a clone is a reference count, not a copy).
 #[derive(Debug, Clone, PartialEq)]
@@ -59,107 +62,6 @@ pub fn points_of(batch: pb::MetricBatch) -> Vec<Point> {
         }
     }
     points
-}
-
-/// A downsampled series and how many points it had in the range.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Series {
-    pub points: Vec<Point>,
-    pub total: u64,
-}
-
-/// Downsamples a series in one pass over its points (in any order; each store reads them in
-/// step order): every point while there are at most `max_points`, else buckets of equal step
-/// width between `lo` and `hi`, each giving its lowest and its highest value, so spikes
-/// survive (NaN only where a bucket holds nothing else: a run that diverged shows it).
-pub struct Sampler {
-    lo: i64,
-    /// Steps per bucket; a u128, as the span of `i64::MIN..=i64::MAX` (plus one) fits neither
-    /// an i64 nor a u64.
-    width: u128,
-    max_points: usize,
-    total: u64,
-    all: Vec<Sample>,
-    /// Per bucket: the lowest and the highest point seen.
-    buckets: Vec<Option<(Sample, Sample)>>,
-}
-
-/// A point of the series being sampled: (step, value, time).
-type Sample = (i64, f64, i64);
-
-impl Sampler {
-    pub fn new(lo: i64, hi: i64, max_points: usize) -> Sampler {
-        let buckets = (max_points / 2).max(1);
-        let width = u128::from(hi.abs_diff(lo)) / buckets as u128 + 1;
-        Sampler {
-            lo,
-            width,
-            max_points,
-            total: 0,
-            all: Vec::new(),
-            buckets: vec![None; buckets],
-        }
-    }
-
-    /// Adds a point of the range.
-    pub fn add(&mut self, step: i64, value: f64, timestamp_ms: i64) {
-        let point = (step, value, timestamp_ms);
-        self.total += 1;
-        if self.all.len() <= self.max_points {
-            self.all.push(point);
-        }
-        let bucket = if step < self.lo {
-            0
-        } else {
-            usize::try_from(u128::from(step.abs_diff(self.lo)) / self.width).unwrap_or(usize::MAX)
-        };
-        let Some(slot) = self.buckets.get_mut(bucket) else {
-            return;
-        };
-        match slot {
-            None => *slot = Some((point, point)),
-            Some((low, high)) => {
-                if value < low.1 || low.1.is_nan() {
-                    *low = point;
-                }
-                if value > high.1 || high.1.is_nan() {
-                    *high = point;
-                }
-            }
-        }
-    }
-
-    /// The series of `key` of `job_id`: its points in step order, and how many there were.
-    pub fn finish(self, job_id: &str, key: &str) -> Series {
-        let (job_id, key): (Arc<str>, Arc<str>) = (job_id.into(), key.into());
-        let mut points = if self.all.len() <= self.max_points {
-            self.all
-        } else {
-            let keep_low = self.max_points >= 2;
-            self.buckets
-                .into_iter()
-                .flatten()
-                .flat_map(|(low, high)| [keep_low.then_some(low), Some(high)])
-                .flatten()
-                .collect()
-        };
-        points.sort_by_key(|point| point.0);
-        points.dedup_by_key(|point| point.0);
-        let points = points
-            .into_iter()
-            .map(|(step, value, timestamp_ms)| Point {
-                job_id: job_id.clone(),
-                key: key.clone(),
-                step,
-                value,
-                timestamp_ms,
-            })
-            .collect();
-        Series {
-            points,
-            total: self.total,
-        }
-    }
 }
 
 /// A store of metric points.
@@ -371,10 +273,7 @@ impl MetricStore for SqliteMetricStore {
                 Ok(connection.prepare_cached(&sql)?.query_row(range, |row| row.get(0))?)
             };
             let (Some(lo), Some(hi)) = (bound("MIN")?, bound("MAX")?) else {
-                return Ok(Series {
-                    points: Vec::new(),
-                    total: 0,
-                });
+                return Ok(Series::empty());
             };
             let mut sampler = Sampler::new(lo, hi, max_points);
             let mut statement = connection.prepare_cached(&format!(

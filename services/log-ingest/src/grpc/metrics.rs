@@ -102,6 +102,9 @@ impl LogsApi {
             0 => DEFAULT_MAX_POINTS,
             n => (n as usize).min(LARGEST_MAX_POINTS),
         };
+        // The sampler gives each bucket two points (its lowest and highest): bands want
+        // max_points buckets.
+        let sampled_points = if request.bands { max_points * 2 } else { max_points };
         let min_step = request.min_step.unwrap_or(i64::MIN);
         let max_step = request.max_step.unwrap_or(i64::MAX);
         let mut jobs = Vec::with_capacity(request.job_ids.len());
@@ -114,13 +117,19 @@ impl LogsApi {
             for key in self.keys_of(&job.id, &request.keys).await? {
                 let series = self
                     .points
-                    .series(&job.id, &key, min_step, max_step, max_points)
+                    .series(&job.id, &key, min_step, max_step, sampled_points)
                     .await?;
+                let (points, bands) = if request.bands {
+                    (Vec::new(), Some(bands_to_proto(&series.bands)))
+                } else {
+                    (series.points.into_iter().map(to_proto).collect(), None)
+                };
                 out.push(pb::MetricSeries {
                     job_id: job.id.clone(),
-                    points: series.points.into_iter().map(to_proto).collect(),
+                    points,
                     key,
                     total_points: series.total,
+                    bands,
                 });
             }
         }
@@ -146,11 +155,22 @@ impl LogsApi {
                         key,
                         points: vec![to_proto(point)],
                         total_points: 1,
+                        bands: None,
                     });
                 }
             }
         }
         Ok(out)
+    }
+}
+
+fn bands_to_proto(bands: &[crate::points::Band]) -> pb::MetricBands {
+    pb::MetricBands {
+        steps: bands.iter().map(|band| band.step).collect(),
+        timestamps_ms: bands.iter().map(|band| band.timestamp_ms).collect(),
+        mins: bands.iter().map(|band| band.min).collect(),
+        maxs: bands.iter().map(|band| band.max).collect(),
+        lasts: bands.iter().map(|band| band.last).collect(),
     }
 }
 

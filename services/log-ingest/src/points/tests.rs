@@ -101,3 +101,27 @@ mod properties {
         }
     }
 }
+
+#[test]
+fn bands_give_each_bucket_its_lowest_highest_and_last_value() {
+    // Four buckets of 25 steps, points given out of order: a spike in the first, NaN mixed into
+    // the second and last in the third, only NaN in the fourth.
+    let mut points: Vec<(i64, f64)> = (0..100)
+        .map(|step| match step {
+            7 => (step, 1e9),
+            30 | 74 => (step, f64::NAN),
+            75..100 => (step, f64::NAN),
+            _ => (step, -(step as f64)),
+        })
+        .collect();
+    points.reverse();
+    let bands = sampled(&points, 8).bands;
+    assert_eq!(bands.len(), 4);
+    assert_eq!(bands.iter().map(|b| b.step).collect::<Vec<_>>(), vec![24, 49, 74, 99]);
+    assert_eq!(bands[0].timestamp_ms, 240);
+    assert_eq!((bands[0].min, bands[0].max, bands[0].last), (-24.0, 1e9, -24.0));
+    assert_eq!((bands[1].min, bands[1].max, bands[1].last), (-49.0, -25.0, -49.0));
+    assert_eq!((bands[2].min, bands[2].max), (-73.0, -50.0));
+    assert!(bands[2].last.is_nan(), "the last value is the last point's, NaN or not");
+    assert!(bands[3].min.is_nan() && bands[3].max.is_nan() && bands[3].last.is_nan());
+}

@@ -242,10 +242,7 @@ impl MetricStore for ScyllaMetricStore {
             }
         }
         if lo > hi {
-            return Ok(Series {
-                points: Vec::new(),
-                total: 0,
-            });
+            return Ok(Series::empty());
         }
         let mut sampler = Sampler::new(lo, hi, max_points);
         for &bucket in &buckets {
