@@ -1,0 +1,67 @@
+// Shapes QueryMetrics answers into uPlot's columnar data. uPlot draws `null` as a gap, so
+// non-finite values (NaN, the gateway's "NaN"/"Infinity" strings) become null: a chart has no
+// place to put them.
+
+import { toNumber } from './numbers';
+import type { JsonDouble, MetricBands, MetricPoint } from './types';
+
+/** uPlot data of one run's chart: x (steps), then the line (lasts), the band's low and high. */
+export type BandData = [number[], (number | null)[], (number | null)[], (number | null)[]];
+
+function finiteOrNull(value: JsonDouble | number | undefined): number | null {
+  const number = toNumber(value);
+  return Number.isFinite(number) ? number : null;
+}
+
+/** Converts a series' bands; an absent or malformed column gives empty data rather than a throw. */
+export function bandsToData(bands: MetricBands | undefined): BandData {
+  const steps = bands?.steps ?? [];
+  const length = Math.min(steps.length, bands?.lasts?.length ?? 0);
+  const xs: number[] = new Array(length);
+  const lasts: (number | null)[] = new Array(length);
+  const mins: (number | null)[] = new Array(length);
+  const maxs: (number | null)[] = new Array(length);
+  for (let i = 0; i < length; i++) {
+    xs[i] = Number(steps[i]);
+    lasts[i] = finiteOrNull(bands!.lasts[i]);
+    mins[i] = finiteOrNull(bands!.mins?.[i]);
+    maxs[i] = finiteOrNull(bands!.maxs?.[i]);
+  }
+  return [xs, lasts, mins, maxs];
+}
+
+/** One run's points as x and y columns, sorted by x (step, or time in seconds for uPlot). */
+export function pointsToColumns(points: MetricPoint[], x: 'step' | 'time'): [number[], (number | null)[]] {
+  const sorted = [...points].sort((a, b) =>
+    x === 'step' ? a.step - b.step || a.timestampMs - b.timestampMs : a.timestampMs - b.timestampMs || a.step - b.step);
+  const xs: number[] = [];
+  const ys: (number | null)[] = [];
+  for (const point of sorted) {
+    const at = x === 'step' ? point.step : point.timestampMs / 1000;
+    // Two points at one x (a bucket's min and max) keep the later one: uPlot needs x increasing.
+    if (xs.length > 0 && xs[xs.length - 1] === at) {
+      ys[ys.length - 1] = finiteOrNull(point.value);
+      continue;
+    }
+    xs.push(at);
+    ys.push(finiteOrNull(point.value));
+  }
+  return [xs, ys];
+}
+
+/**
+ * Aligns several series with their own x values onto one x column (the union, ascending),
+ * filling null where a series has no point: uPlot's data layout for overlaid runs.
+ */
+export function alignSeries(series: [number[], (number | null)[]][]): [number[], ...(number | null)[][]] {
+  const all = new Set<number>();
+  for (const [xs] of series) for (const x of xs) all.add(x);
+  const xs = [...all].sort((a, b) => a - b);
+  const index = new Map(xs.map((x, i) => [x, i]));
+  const columns = series.map(([sx, sy]) => {
+    const column: (number | null)[] = new Array(xs.length).fill(null);
+    for (let i = 0; i < sx.length; i++) column[index.get(sx[i])!] = sy[i];
+    return column;
+  });
+  return [xs, ...columns];
+}
