@@ -1,10 +1,11 @@
 import { describe, expect, it } from 'vitest';
-import { alignSeries, bandsToData, pointsToColumns } from './bands';
+import { alignSeries, bandsToColumns, bandsToData } from './bands';
 
 describe('bandsToData', () => {
   it('turns columns into uPlot data, with NaN strings and infinities as gaps', () => {
     const data = bandsToData({
       steps: [9, 19, 29],
+      timestampsMs: [0, 0, 0],
       mins: [0.5, 'NaN', -1],
       maxs: [1.5, 'Infinity', 2],
       lasts: [1, 'NaN', '-Infinity'],
@@ -17,21 +18,23 @@ describe('bandsToData', () => {
   });
 
   it('cuts to the shortest of steps and lasts', () => {
-    expect(bandsToData({ steps: [1, 2], mins: [0], maxs: [0], lasts: [5] })[0]).toEqual([1]);
+    expect(bandsToData({ steps: [1, 2], timestampsMs: [0, 0], mins: [0], maxs: [0], lasts: [5] })[0]).toEqual([1]);
   });
 });
 
-describe('pointsToColumns', () => {
-  const points = [
-    { key: 'k', step: 2, value: 3, timestampMs: 2000 },
-    { key: 'k', step: 1, value: 'NaN' as const, timestampMs: 1000 },
-    { key: 'k', step: 2, value: 4, timestampMs: 2500 },
-  ];
-  it('sorts by step and keeps the later of two points at one step', () => {
-    expect(pointsToColumns(points, 'step')).toEqual([[1, 2], [null, 4]]);
+describe('bandsToColumns', () => {
+  const bands = {
+    steps: [1, 2, 3],
+    timestampsMs: [1000, 2500, 2500],
+    mins: [0, 0, 0],
+    maxs: [9, 9, 9],
+    lasts: ['NaN' as const, 4, 5],
+  };
+  it('gives steps and lasts on a step axis', () => {
+    expect(bandsToColumns(bands, 'step')).toEqual([[1, 2, 3], [null, 4, 5]]);
   });
-  it('uses seconds on a time axis', () => {
-    expect(pointsToColumns(points, 'time')).toEqual([[1, 2, 2.5], [null, 3, 4]]);
+  it('gives seconds on a time axis, keeping the later of two buckets at one time', () => {
+    expect(bandsToColumns(bands, 'time')).toEqual([[1, 2.5], [null, 5]]);
   });
 });
 

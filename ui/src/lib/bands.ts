@@ -3,7 +3,7 @@
 // place to put them.
 
 import { toNumber } from './numbers';
-import type { JsonDouble, MetricBands, MetricPoint } from './types';
+import type { JsonDouble, MetricBands } from './types';
 
 /** uPlot data of one run's chart: x (steps), then the line (lasts), the band's low and high. */
 export type BandData = [number[], (number | null)[], (number | null)[], (number | null)[]];
@@ -30,21 +30,24 @@ export function bandsToData(bands: MetricBands | undefined): BandData {
   return [xs, lasts, mins, maxs];
 }
 
-/** One run's points as x and y columns, sorted by x (step, or time in seconds for uPlot). */
-export function pointsToColumns(points: MetricPoint[], x: 'step' | 'time'): [number[], (number | null)[]] {
-  const sorted = [...points].sort((a, b) =>
-    x === 'step' ? a.step - b.step || a.timestampMs - b.timestampMs : a.timestampMs - b.timestampMs || a.step - b.step);
+/**
+ * One run's line (its buckets' last values) as x and y columns: x is the step, or the time of
+ * the bucket's last point in seconds (uPlot's time unit). Time x values are made strictly
+ * increasing (two buckets written in one millisecond), as uPlot needs.
+ */
+export function bandsToColumns(bands: MetricBands | undefined, x: 'step' | 'time'): [number[], (number | null)[]] {
+  const [steps, lasts] = bandsToData(bands);
+  if (x === 'step') return [steps, lasts];
   const xs: number[] = [];
   const ys: (number | null)[] = [];
-  for (const point of sorted) {
-    const at = x === 'step' ? point.step : point.timestampMs / 1000;
-    // Two points at one x (a bucket's min and max) keep the later one: uPlot needs x increasing.
-    if (xs.length > 0 && xs[xs.length - 1] === at) {
-      ys[ys.length - 1] = finiteOrNull(point.value);
+  for (let i = 0; i < steps.length; i++) {
+    const at = Number(bands!.timestampsMs?.[i] ?? 0) / 1000;
+    if (xs.length > 0 && at <= xs[xs.length - 1]) {
+      ys[ys.length - 1] = lasts[i];
       continue;
     }
     xs.push(at);
-    ys.push(finiteOrNull(point.value));
+    ys.push(lasts[i]);
   }
   return [xs, ys];
 }

@@ -81,6 +81,7 @@ export interface MetricPoint {
 /** QueryMetrics' buckets with `"bands": true`: one entry per bucket in each column. */
 export interface MetricBands {
   steps: number[];
+  timestampsMs: number[];
   mins: JsonDouble[];
   maxs: JsonDouble[];
   lasts: JsonDouble[];
