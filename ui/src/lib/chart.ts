@@ -23,7 +23,11 @@ export function axes(xLabel: 'step' | 'time'): uPlot.Axis[] {
   const grid = { stroke: cssColor('--grid'), width: 1 };
   const ticks = { stroke: cssColor('--grid'), width: 1 };
   return [
-    { stroke, grid, ticks, label: xLabel === 'step' ? 'step' : undefined, labelSize: 14, size: 36 },
+    {
+      stroke, grid, ticks, label: xLabel === 'step' ? 'step' : undefined, labelSize: 14, size: 36,
+      // Steps read better as 200k than 200,000; times keep uPlot's own date labels.
+      ...(xLabel === 'step' ? { values: (_u: uPlot, splits: number[]) => splits.map(compactNumber) } : {}),
+    },
     { stroke, grid, ticks, size: 56, values: (_u, splits) => splits.map(compactNumber) },
   ];
 }
