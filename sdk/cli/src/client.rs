@@ -1,6 +1,6 @@
 //! Finding and talking to a kiln endpoint: credentials from `KILN_HOME/credentials.toml`
-//! (written by `kiln up`), overridden by `KILN_ADDR`, `KILN_LOGS_ADDR`, `KILN_BATCH_ADDR` and
-//! `KILN_TOKEN`. `https://` addresses trust `--ca-file` (`KILN_CA_FILE`, the file's `ca-file`),
+//! (written by `kiln up`), overridden by `KILN_ADDR`, `KILN_LOGS_ADDR`, `KILN_BATCH_ADDR`,
+//! `KILN_UI_ADDR` and `KILN_TOKEN`. `https://` addresses trust `--ca-file` (`KILN_CA_FILE`, the file's `ca-file`),
 //! else the system roots, and present `--client-cert`/`--client-key` (`KILN_CLIENT_CERT`,
 //! `KILN_CLIENT_KEY`, `cert-file`/`key-file`) to servers that require a client certificate.
 
@@ -41,6 +41,9 @@ pub struct Credentials {
     /// The predictor (ServeService); files written before services existed have none.
     #[serde(default)]
     pub predictor: String,
+    /// The web UI and its HTTP API; files written before it existed have none.
+    #[serde(default)]
+    pub ui: String,
     pub token: String,
     /// The CA of `https://` addresses (the system roots when unset).
     #[serde(default, rename = "ca-file", skip_serializing_if = "Option::is_none")]
@@ -159,6 +162,9 @@ pub fn resolve() -> Result<Credentials> {
     let predictor = env("KILN_PREDICTOR_ADDR")
         .or_else(|| file.as_ref().map(|f| f.predictor.clone()).filter(|p| !p.is_empty()))
         .unwrap_or_else(|| api.clone());
+    let ui = env("KILN_UI_ADDR")
+        .or_else(|| file.as_ref().map(|f| f.ui.clone()))
+        .unwrap_or_default();
     let flags = TLS_FLAGS.get().cloned().unwrap_or_default();
     let path_setting = |flag: Option<PathBuf>, var: &str, from_file: fn(&Credentials) -> Option<PathBuf>| {
         flag.or_else(|| env(var).map(PathBuf::from))
@@ -170,6 +176,7 @@ pub fn resolve() -> Result<Credentials> {
         batches,
         advisor,
         predictor,
+        ui,
         token,
         ca_file: path_setting(flags.ca_file, "KILN_CA_FILE", |f| f.ca_file.clone()),
         cert_file: path_setting(flags.cert_file, "KILN_CLIENT_CERT", |f| f.cert_file.clone()),
@@ -185,6 +192,11 @@ pub fn normalized(credentials: &Credentials) -> Credentials {
         batches: normalize(&credentials.batches),
         advisor: normalize(&credentials.advisor),
         predictor: normalize(&credentials.predictor),
+        ui: if credentials.ui.is_empty() {
+            String::new()
+        } else {
+            normalize(&credentials.ui)
+        },
         ..credentials.clone()
     }
 }

@@ -22,6 +22,7 @@ mod serve;
 mod sweep;
 mod tenancy;
 mod tools;
+mod ui;
 mod up;
 
 use format::Output;
@@ -143,6 +144,8 @@ enum Command {
     },
     /// Store a token (read from stdin) and the addresses in KILN_HOME/credentials.toml.
     Login(tenancy::LoginArgs),
+    /// Open the web UI signed in as the token in use (--print-url prints a single-use URL).
+    Ui(ui::UiArgs),
     /// Print a shell completion script: `source <(kiln completions bash)`, or save it where the
     /// shell loads completions from (see the README).
     Completions {
@@ -206,6 +209,7 @@ fn main() -> ExitCode {
             Command::Project(command) => project::project(command).await,
             Command::Whoami { output } => tenancy::whoami(output).await,
             Command::Login(args) => tenancy::login(args).await,
+            Command::Ui(args) => ui::ui(args).await,
             Command::Completions { .. } => unreachable!("answered before the runtime starts"),
         }
     });

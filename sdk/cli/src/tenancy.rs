@@ -94,6 +94,9 @@ pub struct LoginArgs {
     /// The predictor's gRPC address (ServeService; default: the api's).
     #[arg(long)]
     pub predictor_addr: Option<String>,
+    /// The web UI's address (`kiln ui`; default: none).
+    #[arg(long)]
+    pub ui_addr: Option<String>,
 }
 
 pub(crate) fn role_name(role: i32) -> &'static str {
@@ -309,6 +312,7 @@ pub async fn login(args: LoginArgs) -> Result<ExitCode> {
         batches: args.batch_addr.unwrap_or_else(|| args.addr.clone()),
         advisor: args.advisor_addr.unwrap_or_else(|| args.addr.clone()),
         predictor: args.predictor_addr.unwrap_or_else(|| args.addr.clone()),
+        ui: args.ui_addr.unwrap_or_default(),
         api: args.addr,
         token,
     };

@@ -34,16 +34,19 @@ impl ToolDirs {
         }
     }
 
+    /// The tool directories setup may have installed into, in search order: `bin/` holds
+    /// the programs, `ui/` the built web UI.
+    pub fn roots(&self) -> Vec<PathBuf> {
+        let mut roots = Vec::new();
+        roots.extend(self.kiln_tools.clone());
+        roots.push(self.home.join("tools"));
+        roots.extend(self.user_home.as_ref().map(|user_home| user_home.join(".kiln/tools")));
+        roots
+    }
+
     /// The candidate paths of `program`, in search order (the flag excepted).
     fn candidates(&self, program: &str) -> Vec<PathBuf> {
-        let mut candidates = Vec::new();
-        if let Some(tools) = &self.kiln_tools {
-            candidates.push(tools.join("bin").join(program));
-        }
-        candidates.push(self.home.join("tools/bin").join(program));
-        if let Some(user_home) = &self.user_home {
-            candidates.push(user_home.join(".kiln/tools/bin").join(program));
-        }
+        let mut candidates: Vec<PathBuf> = self.roots().iter().map(|root| root.join("bin").join(program)).collect();
         if let Some(path) = &self.path {
             candidates.extend(std::env::split_paths(path).map(|dir| dir.join(program)));
         }

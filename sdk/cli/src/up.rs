@@ -49,6 +49,14 @@ pub struct UpArgs {
     /// Address of the predictor's Open Inference Protocol REST API (plain HTTP).
     #[arg(long, default_value = "127.0.0.1:7078")]
     pub predictor_http_addr: SocketAddr,
+    /// Address of the web UI and its HTTP API (over HTTPS with --tls-cert).
+    #[arg(long, default_value = "127.0.0.1:7079")]
+    pub http_addr: SocketAddr,
+    /// The built web UI (ui/dist; default: KILN_UI_DIR, else the `ui` directory of the tool
+    /// directories, where scripts/setup.sh installs it). Without one the HTTP API is served
+    /// alone.
+    #[arg(long, env = "KILN_UI_DIR")]
+    pub ui_dir: Option<PathBuf>,
     /// The static kiln-agent put into batch workers' containers (scripts/setup.sh builds it
     /// and installs it as kiln-agent in its tools; default: found like nats-server); without
     /// one, batches with an image cannot start workers.
@@ -110,6 +118,24 @@ fn find(program: &str, flag: Option<&Path>, home: &Path, remedy: &str) -> Result
     tools::find_tool(program, flag, &ToolDirs::from_env(home)).map_err(|looked| anyhow::anyhow!("{looked}: {remedy}"))
 }
 
+/// The built web UI to serve: `--ui-dir` (or KILN_UI_DIR), else `ui/` of the tool directories.
+fn ui_dir(args: &UpArgs, home: &Path) -> Option<PathBuf> {
+    if let Some(dir) = &args.ui_dir {
+        return Some(dir.clone());
+    }
+    let found = ToolDirs::from_env(home)
+        .roots()
+        .into_iter()
+        .map(|tools| tools.join("ui"))
+        .find(|dir| dir.join("index.html").is_file());
+    if found.is_none() {
+        eprintln!(
+            "kiln: warning: no built web UI found (run scripts/ui.sh build, or pass --ui-dir); serving the HTTP API alone"
+        );
+    }
+    found
+}
+
 /// Takes the `KILN_HOME` lock, so two `kiln up` never share a data directory.
 fn lock_home(home: &Path) -> Result<File> {
     let path = home.join("kiln.lock");
@@ -148,6 +174,7 @@ pub async fn up(args: UpArgs) -> Result<ExitCode> {
         ("--api-addr", args.api_addr),
         ("--logs-addr", args.logs_addr),
         ("--batch-addr", args.batch_addr),
+        ("--http-addr", args.http_addr),
     ])?;
     let _lock = lock_home(&home)?;
 
@@ -228,10 +255,17 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
         objects: objects.clone(),
         secrets: secrets.clone(),
         bootstrap_token_file: token_file.clone(),
+        http: kiln_api::config::HttpConfig {
+            listen: Some(args.http_addr),
+            ui_dir: ui_dir(args, home),
+            tls: args.tls.jobs(),
+            ..Default::default()
+        },
         ..Default::default()
     })
     .await?
     .with_metrics(&metrics);
+    let http_addr = api.http_addr().expect("kiln up serves the HTTP side");
     let api_addr = api.local_addr();
     let logs = kiln_log_ingest::LogIngest::bind(kiln_log_ingest::Config {
         grpc: grpc(args.logs_addr),
@@ -334,6 +368,12 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
     .with_metrics(&metrics);
     let predictor_addr = predictor.grpc_addr();
     let predictor_http = predictor.http_url().to_string();
+    let api = api.with_http_upstreams(
+        format!("{scheme}://{logs_addr}"),
+        format!("{scheme}://{batches_addr}"),
+        format!("{scheme}://{advisor_addr}"),
+        format!("{scheme}://{predictor_addr}"),
+    );
 
     let shutdown = kiln_core::shutdown::on_signal();
     let metrics_config = MetricsConfig {
@@ -356,6 +396,7 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
         batches: format!("{scheme}://{batches_addr}"),
         advisor: format!("{scheme}://{advisor_addr}"),
         predictor: format!("{scheme}://{predictor_addr}"),
+        ui: format!("{scheme}://{http_addr}"),
         token,
         // Absolute: clients read it from wherever they run.
         ca_file: args.tls.tls_ca.as_deref().map(std::path::absolute).transpose()?,
@@ -372,6 +413,7 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
         "  serving:  {} (Open Inference Protocol: {predictor_http})",
         credentials.predictor
     );
+    println!("  ui:       {}/", credentials.ui);
     println!("  nats:     {nats_url}");
     println!("  metrics:  http://{metrics_addr}/metrics");
     println!("  data:     {}", home.display());

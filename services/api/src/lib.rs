@@ -10,6 +10,7 @@
 //! - [`secrets`]: `SecretService` (project secrets, sealed at rest, never read back);
 //! - reconciler: at start and then periodically, publishes QUEUED and STOPPED changes that
 //!   were committed but not published (a crash or a NATS outage between the two);
+//! - [`http`]: the web UI's files and its HTTP API, a transcoder of the gRPC services;
 //! - [`config`], [`error`], [`grpc`]: configuration, the error type and its mapping to statuses.
 #![forbid(unsafe_code)]
 
@@ -39,6 +40,7 @@ pub mod config;
 pub mod datasets;
 pub mod error;
 pub mod grpc;
+pub mod http;
 pub mod jobs;
 pub mod models;
 pub mod projects;
@@ -55,6 +57,8 @@ pub use error::{Error, Result};
 pub struct Api {
     config: Config,
     listener: TcpListener,
+    /// The HTTP side's, when `[http] listen` is set.
+    http_listener: Option<TcpListener>,
     store: Store,
     nats: Nats,
     metrics: Metrics,
@@ -83,14 +87,31 @@ impl Api {
                 addr: config.grpc.listen,
                 source,
             })?;
+        let http_listener = match config.http.listen {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| Error::Bind { addr, source })?,
+            ),
+            None => None,
+        };
         Ok(Api {
             config,
             listener,
+            http_listener,
             store,
             nats,
             metrics: Metrics::default(),
             secrets_key,
         })
+    }
+
+    /// Sets the gRPC URLs the HTTP side calls log-ingest, item-batch, the advisor and the
+    /// predictor at (known once they are bound, when they share a process with the api).
+    pub fn with_http_upstreams(mut self, logs: String, batches: String, advisor: String, predictor: String) -> Api {
+        let http = &mut self.config.http;
+        (http.logs, http.batches, http.advisor, http.predictor) = (logs, batches, advisor, predictor);
+        self
     }
 
     /// Registers the api's metrics in `metrics` (the process's registry) instead of a private one.
@@ -105,6 +126,13 @@ impl Api {
 
     pub fn local_addr(&self) -> SocketAddr {
         self.listener.local_addr().expect("a bound listener has an address")
+    }
+
+    /// Where the web UI and the HTTP API listen, when they do.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http_listener
+            .as_ref()
+            .map(|listener| listener.local_addr().expect("a bound listener has an address"))
     }
 
     /// Serves until `shutdown` is cancelled.
@@ -135,10 +163,7 @@ impl Api {
             shutdown.clone(),
         ));
         tracing::info!(addr = %self.local_addr(), "api serving");
-        let served = tonic::transport::Server::builder()
-            .layer(rpc_metrics)
-            .layer(AuthLayer::new(std::sync::Arc::new(self.store.clone())))
-            .add_service(health_service)
+        let routes = tonic::service::Routes::new(health_service)
             .add_service(kiln_core::whoami::NodeApi::new("api").server())
             .add_service(JobServiceServer::new(jobs))
             .add_service(ArtifactServiceServer::new(artifacts))
@@ -166,7 +191,34 @@ impl Api {
             .add_service(SecretServiceServer::new(secrets::SecretsApi {
                 store: self.store.clone(),
                 key: self.secrets_key.clone(),
-            }))
+            }));
+        let auth = AuthLayer::new(std::sync::Arc::new(self.store.clone()));
+        let http = match self.http_listener.take() {
+            Some(listener) => {
+                // The HTTP side calls the api's own services through the same layers as a
+                // gRPC client does, without a connection.
+                let own = http::transcode::Upstream::new(
+                    tower::ServiceBuilder::new()
+                        .map_err(|never: std::convert::Infallible| -> tonic::Status { match never {} })
+                        .layer(rpc_metrics.clone())
+                        .layer(auth.clone())
+                        .service(routes.clone()),
+                );
+                let gateway = http_gateway(&self.config, &self.store, own)?;
+                tracing::info!(addr = %listener.local_addr().map_err(|source| Error::Bind { addr: self.config.http.listen.unwrap_or(self.config.grpc.listen), source })?, "web UI and HTTP API serving");
+                let served = axum::serve(
+                    kiln_core::tls::http_listener(listener, &self.config.grpc.tls)?,
+                    http::router(std::sync::Arc::new(gateway)),
+                )
+                .with_graceful_shutdown(shutdown.clone().cancelled_owned());
+                Some(tokio::spawn(async move { served.await }))
+            }
+            None => None,
+        };
+        let served = tonic::transport::Server::builder()
+            .layer(rpc_metrics)
+            .layer(auth)
+            .add_routes(routes)
             .serve_with_incoming_shutdown(
                 kiln_core::tls::incoming(self.listener, &self.config.grpc.tls)?,
                 shutdown.clone().cancelled_owned(),
@@ -174,9 +226,64 @@ impl Api {
             .await;
         shutdown.cancel();
         let _ = reconciler.await;
+        if let Some(http) = http {
+            match http.await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => tracing::error!(error = %error, "the HTTP side failed"),
+                Err(error) => tracing::error!(error = %error, "the HTTP side panicked"),
+            }
+        }
         served?;
         Ok(())
     }
+}
+
+/// The HTTP side: the api's own services through `own`, the others over channels to their
+/// URLs in `[http]`.
+fn http_gateway(config: &Config, store: &Store, own: http::transcode::Upstream) -> Result<http::Gateway> {
+    use http::transcode::Upstream;
+    let mut upstreams = std::collections::HashMap::new();
+    for service in [
+        "JobService",
+        "ArtifactService",
+        "DatasetService",
+        "ModelService",
+        "QuotaService",
+        "UserService",
+        "ProjectService",
+        "SecretService",
+        "NodeService",
+    ] {
+        upstreams.insert(service.to_string(), own.clone());
+    }
+    let settings = &config.http;
+    for (service, url) in [
+        ("LogService", &settings.logs),
+        ("BatchService", &settings.batches),
+        ("SweepService", &settings.advisor),
+        ("ServeService", &settings.predictor),
+    ] {
+        if url.is_empty() {
+            continue;
+        }
+        let channel = kiln_core::tls::endpoint(url, &settings.tls)?.connect_lazy();
+        let upstream = tower::ServiceBuilder::new()
+            .map_err({
+                let url = url.clone();
+                move |error: tonic::transport::Error| {
+                    tonic::Status::unavailable(format!("{service} is not reachable at {url}: {error}"))
+                }
+            })
+            .service(channel);
+        upstreams.insert(service.to_string(), Upstream::new(upstream));
+    }
+    Ok(http::Gateway {
+        transcoder: http::transcode::Transcoder::new(upstreams),
+        store: store.clone(),
+        session_ms: i64::try_from(settings.session_hours).unwrap_or(720) * 3_600_000,
+        secure: config.grpc.tls.enabled(),
+        files: http::Files::find(settings.ui_dir.clone()),
+    })
 }
 
 /// Runs the api until `shutdown` is cancelled, serving `/metrics` as `[metrics]` says.

@@ -254,4 +254,22 @@ impl UserService for UsersApi {
             self.revoke_token(&caller, &request.get_ref().token).await?,
         ))
     }
+
+    #[tracing::instrument(skip_all)]
+    async fn create_login_code(
+        &self,
+        request: Request<pb::CreateLoginCodeRequest>,
+    ) -> Result<Response<pb::LoginCode>, Status> {
+        let caller = access::caller(&request)?;
+        let issued = self
+            .store
+            .issue_login_code(&caller.principal)
+            .await
+            .map_err(Error::from)?;
+        tracing::info!(user = %caller.principal.user_name, "login code issued");
+        Ok(Response::new(pb::LoginCode {
+            code: issued.token,
+            expires_at_ms: now_ms() + kiln_core::store::logins::LOGIN_CODE_TTL_MS,
+        }))
+    }
 }

@@ -47,6 +47,9 @@ pub enum Scope {
     User,
     /// Only write the logs and metrics of one job (the token a job runs with).
     Job(String),
+    /// Nothing: a single-use code that signs a browser in (`kiln ui`), redeemed by
+    /// [`crate::store::Store::redeem_login_code`] and never accepted as a bearer token.
+    Login,
 }
 
 impl Scope {
@@ -54,12 +57,14 @@ impl Scope {
         match self {
             Scope::User => "user".into(),
             Scope::Job(job_id) => format!("job:{job_id}"),
+            Scope::Login => "login".into(),
         }
     }
 
     pub fn from_db(text: &str) -> Scope {
         match text.strip_prefix("job:") {
             Some(job_id) => Scope::Job(job_id.to_string()),
+            None if text == "login" => Scope::Login,
             None => Scope::User,
         }
     }

@@ -330,6 +330,9 @@ pub fn precheck(principal: &Principal, rule: &Rule) -> Result<(), Denied> {
             rule.method
         ))),
         (Scope::User, _) => Ok(()),
+        (Scope::Login, _) => Err(Denied::Unauthenticated(
+            "a login code signs a browser in (its URL); it is not a bearer token".into(),
+        )),
     }
 }
 

@@ -31,7 +31,7 @@ impl pb::node_service_server::NodeService for NodeApi {
         let principal = caller.principal;
         let job_id = match &principal.scope {
             Scope::Job(job_id) => job_id.clone(),
-            Scope::User => String::new(),
+            Scope::User | Scope::Login => String::new(),
         };
         Ok(Response::new(pb::WhoAmIResponse {
             memberships: principal

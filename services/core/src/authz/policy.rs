@@ -70,6 +70,7 @@ pub const POLICY: &[Rule] = &[
     rule("/kiln.v1.UserService/ListUsers", Admin, Deny),
     rule("/kiln.v1.UserService/DisableUser", Admin, Deny),
     rule("/kiln.v1.UserService/CreateToken", Caller, Deny),
+    rule("/kiln.v1.UserService/CreateLoginCode", Caller, Deny),
     rule("/kiln.v1.UserService/ListTokens", Caller, Deny),
     rule("/kiln.v1.UserService/RevokeToken", Caller, Deny),
     // api: projects

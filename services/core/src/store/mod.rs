@@ -15,6 +15,7 @@ use crate::error::ErrorKind;
 mod artifacts;
 pub mod entities;
 mod jobs;
+pub mod logins;
 pub mod models;
 mod projects;
 mod quotas;

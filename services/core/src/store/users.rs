@@ -103,7 +103,7 @@ impl Store {
         .await
     }
 
-    async fn insert_token(
+    pub(super) async fn insert_token(
         &self,
         user_id: &str,
         name: &str,
@@ -203,14 +203,14 @@ impl Store {
             return Ok(None);
         };
         let scope = Scope::from_db(&token.scope);
-        if user.disabled && scope == Scope::User {
+        if (user.disabled && scope == Scope::User) || scope == Scope::Login {
             return Ok(None);
         }
         self.note_token_use(&token, now).await?;
         let narrowed = Role::parse(&token.role).filter(|_| !token.project.is_empty());
         let (roles, job_batch_id) = match &scope {
             Scope::Job(job_id) => (Roles::new(), self.batch_of_job(job_id).await?),
-            Scope::User => {
+            Scope::User | Scope::Login => {
                 let mut roles = if user.is_admin {
                     Roles::new()
                 } else {
