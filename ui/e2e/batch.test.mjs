@@ -1,0 +1,56 @@
+// A batch from the CLI: its page's counters move live until it is DONE, with its dead letter.
+import assert from 'node:assert/strict';
+import { writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import { launch, login, newPage, screenshot } from './browser.mjs';
+import { startKiln } from './kiln.mjs';
+
+describe('batches', () => {
+  let kiln;
+  let browser;
+  before(async () => {
+    kiln = await startKiln();
+    browser = await launch();
+  });
+  after(async () => {
+    await browser?.close();
+    await kiln?.stop();
+  });
+
+  it('shows a batch\'s counters moving to DONE, and its dead letter', async () => {
+    const created = await kiln.cli([
+      'batch', 'create', '--name', 'e2e-batch', '--cpu', '0.25', '--mem', '128M', '--max-workers', '2', '--max-attempts', '1',
+      '--', 'sh', '-c', 'sleep 0.2; echo "item $KILN_ITEM"; test "$KILN_ITEM" != bad',
+    ]);
+    const batchId = created.stdout.trim().split(/\s+/).pop();
+    assert.ok(batchId, `no batch id in ${created.stdout} ${created.stderr}`);
+
+    const page = await newPage(browser);
+    await login(page, kiln.url, kiln.token);
+    await page.goto(`${kiln.url}/batches/${batchId}`);
+    await page.getByTestId('counters').waitFor();
+    assert.equal(await page.getByTestId('count-total').textContent(), '0');
+
+    const items = [...Array.from({ length: 19 }, (_, i) => `item-${i + 1}`), 'bad'].join('\n') + '\n';
+    const file = join(kiln.home, 'items.txt');
+    await writeFile(file, items);
+    await kiln.cli(['batch', 'add', batchId, '--from', file]);
+    await kiln.cli(['batch', 'seal', batchId]);
+
+    // The page was opened before the items existed: the counters come by polling.
+    await page.waitForFunction(() => document.querySelector('[data-testid="count-total"]')?.textContent === '20', null, { timeout: 30_000 });
+    await page.getByTestId('batch-state').and(page.locator('[data-state="DONE"]')).waitFor({ timeout: 120_000 });
+    assert.equal(await page.getByTestId('count-succeeded').textContent(), '19');
+    assert.equal(await page.getByTestId('count-dead').textContent(), '1');
+    const dead = page.getByTestId('dead-letters');
+    await dead.locator('summary', { hasText: 'bad' }).click();
+    await dead.getByTestId('item-logs').filter({ hasText: 'item bad' }).waitFor();
+    await screenshot(page, 'batch', { fullPage: true });
+
+    await page.goto(`${kiln.url}/batches`);
+    await page.locator(`tr[data-batch-id="${batchId}"]`).waitFor();
+    await screenshot(page, 'batches');
+    assert.deepEqual(page.errors, []);
+  });
+});

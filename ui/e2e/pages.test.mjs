@@ -1,0 +1,81 @@
+// The remaining pages render for the admin (and are screenshotted), the dark theme, signing out,
+// a lost session sending the user to the login page, and `kiln ui`'s single-use link.
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import { launch, login, newPage, screenshot } from './browser.mjs';
+import { startKiln, submit } from './kiln.mjs';
+
+describe('pages', () => {
+  let kiln;
+  let browser;
+  before(async () => {
+    kiln = await startKiln();
+    browser = await launch();
+  });
+  after(async () => {
+    await browser?.close();
+    await kiln?.stop();
+  });
+
+  it('renders sweeps, services, models and admin', async () => {
+    const page = await newPage(browser);
+    await login(page, kiln.url, kiln.token);
+    for (const [path, name, ready] of [
+      ['/sweeps', 'sweeps', 'No sweeps'],
+      ['/services', 'services', 'No inference services'],
+      ['/models', 'models', 'No models'],
+    ]) {
+      await page.goto(`${kiln.url}${path}`);
+      await page.getByText(ready).waitFor();
+      await screenshot(page, name);
+    }
+    await page.getByRole('link', { name: 'Admin' }).click();
+    await page.getByTestId('users').locator('td', { hasText: 'admin' }).first().waitFor();
+    await page.getByTestId('projects').locator('td', { hasText: 'default' }).first().waitFor();
+    await screenshot(page, 'admin');
+    assert.deepEqual(page.errors, []);
+  });
+
+  it('switches to the dark theme and remembers it', async () => {
+    await submit(kiln, ['sh', '-c', 'echo dark'], { name: 'dark-theme' });
+    const page = await newPage(browser);
+    await login(page, kiln.url, kiln.token);
+    assert.equal(await page.evaluate(() => document.documentElement.dataset.theme), 'light');
+    await page.getByTestId('theme-toggle').click();
+    assert.equal(await page.evaluate(() => document.documentElement.dataset.theme), 'dark');
+    await page.reload();
+    await page.getByTestId('runs-table').waitFor();
+    assert.equal(await page.evaluate(() => document.documentElement.dataset.theme), 'dark');
+    const background = await page.evaluate(() => getComputedStyle(document.body).backgroundColor);
+    assert.equal(background, 'rgb(13, 17, 23)');
+    await screenshot(page, 'runs-dark');
+  });
+
+  it('sends the user to the login page when the session is gone', async () => {
+    const page = await newPage(browser);
+    await login(page, kiln.url, kiln.token);
+    await page.context().clearCookies();
+    // The next poll of the Runs table gets a 401.
+    await page.waitForURL(`${kiln.url}/login`, { timeout: 15_000 });
+    await login(page, kiln.url, kiln.token);
+    await page.getByTestId('logout').click();
+    await page.waitForURL(`${kiln.url}/login`);
+    await page.goto(`${kiln.url}/batches`);
+    await page.waitForURL(`${kiln.url}/login`);
+  });
+
+  it('signs in once with `kiln ui --print-url`', async () => {
+    const { stdout } = await kiln.cli(['ui', '--print-url']);
+    const link = stdout.trim().split('\n').pop();
+    assert.match(link, /\/api\/v1\/login\/code\?code=/);
+    const page = await newPage(browser);
+    await page.goto(link);
+    await page.waitForURL(`${kiln.url}/`);
+    await page.getByTestId('runs-table').waitFor();
+    // A used code is refused, and the login page says why.
+    const second = await newPage(browser);
+    await second.goto(link);
+    await second.waitForURL(/\/login\?error=/);
+    await second.getByTestId('login-link-error').waitFor();
+  });
+});

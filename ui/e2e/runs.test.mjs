@@ -1,0 +1,75 @@
+// Signing in, the Runs table following a job live, and a run's live logs.
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import { launch, login, newPage, screenshot } from './browser.mjs';
+import { startKiln, submit } from './kiln.mjs';
+
+describe('runs', () => {
+  let kiln;
+  let browser;
+  before(async () => {
+    kiln = await startKiln();
+    browser = await launch();
+  });
+  after(async () => {
+    await browser?.close();
+    await kiln?.stop();
+  });
+
+  it('refuses a wrong token and signs in with the right one', async () => {
+    const page = await newPage(browser);
+    await page.goto(`${kiln.url}/`);
+    // Not signed in: any page sends the user to the login form.
+    await page.waitForURL(`${kiln.url}/login`);
+    await page.getByLabel('API token').fill('kiln_not_a_token');
+    await page.getByTestId('login-submit').click();
+    await page.getByTestId('login-error').waitFor();
+    await screenshot(page, 'login');
+    await login(page, kiln.url, kiln.token);
+    assert.equal(await page.getByTestId('whoami').textContent(), 'admin (admin)');
+    assert.deepEqual(page.errors, []);
+  });
+
+  it('shows a job going RUNNING then SUCCEEDED without a reload', async () => {
+    const page = await newPage(browser);
+    await login(page, kiln.url, kiln.token);
+    // A marker that a reload would wipe.
+    await page.evaluate(() => (window.__noReload = true));
+    const id = await submit(kiln, ['sh', '-c', 'echo hello; sleep 5; echo done'], { name: 'hello' });
+    const state = page.locator(`tr[data-job-id="${id}"] [data-testid="state"]`);
+    await state.and(page.locator('[data-state="RUNNING"]')).waitFor({ timeout: 60_000 });
+    await screenshot(page, 'runs');
+    await state.and(page.locator('[data-state="SUCCEEDED"]')).waitFor({ timeout: 60_000 });
+    assert.equal(await page.evaluate(() => window.__noReload), true);
+
+    // The filter box narrows the table.
+    await page.getByTestId('filter').fill('state:failed');
+    await page.getByTestId('runs-empty').waitFor();
+    await page.getByTestId('filter').fill('state:succeeded name:hello');
+    await page.locator(`tr[data-job-id="${id}"]`).waitFor();
+    assert.deepEqual(page.errors, []);
+  });
+
+  it('follows a run\'s logs live, in colour', async () => {
+    const page = await newPage(browser);
+    await login(page, kiln.url, kiln.token);
+    const script = 'for i in $(seq 1 30); do printf "\\033[32mline\\033[0m %s\\n" $i; sleep 0.2; done';
+    const id = await submit(kiln, ['sh', '-c', script], { name: 'logger' });
+    await page.goto(`${kiln.url}/runs/${id}`);
+    const logs = page.getByTestId('logs');
+    await logs.waitFor();
+    // Lines arrive while the page is open: the first is there before the last is printed.
+    await logs.locator('[data-seq]').first().waitFor({ timeout: 60_000 });
+    await logs.locator('[data-seq]', { hasText: 'line 30' }).waitFor({ timeout: 60_000 });
+    assert.equal(await logs.getAttribute('data-lines'), '30');
+    const green = logs.locator('[data-seq] span.ansi-fg-2', { hasText: 'line' }).first();
+    assert.equal(await green.textContent(), 'line');
+    await page.getByTestId('run-state').and(page.locator('[data-state="SUCCEEDED"]')).waitFor({ timeout: 60_000 });
+    await page.getByTestId('log-search').fill('line 2');
+    // "line 2" and "line 20".."line 29".
+    await page.waitForFunction(() => document.querySelectorAll('[data-testid="logs"] [data-seq]').length === 11);
+    await page.getByTestId('log-search').fill('');
+    await screenshot(page, 'run', { fullPage: true });
+    assert.deepEqual(page.errors, []);
+  });
+});
