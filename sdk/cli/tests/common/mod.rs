@@ -110,6 +110,28 @@ impl Up {
         line.split_whitespace().nth(1).unwrap().to_string()
     }
 
+    /// The web UI's URL `kiln up` printed (`http://127.0.0.1:PORT`, no trailing slash).
+    pub fn ui_url(&self) -> String {
+        let log = self.log();
+        let line = log
+            .lines()
+            .find(|l| l.trim_start().starts_with("ui:"))
+            .unwrap_or_else(|| panic!("no ui line in:\n{log}"));
+        line.split_whitespace()
+            .nth(1)
+            .unwrap()
+            .trim_end_matches('/')
+            .to_string()
+    }
+
+    /// The admin token `kiln up` wrote.
+    pub fn admin_token(&self) -> String {
+        std::fs::read_to_string(self.home.path().join("admin.token"))
+            .unwrap()
+            .trim()
+            .to_string()
+    }
+
     pub fn nats_url(&self) -> String {
         let log = self.log();
         let line = log
@@ -159,6 +181,8 @@ pub fn spawn_up(home: &Path, flags: &[String]) -> Child {
             "--predictor-http-addr",
             "127.0.0.1:0",
             "--metrics-addr",
+            "127.0.0.1:0",
+            "--http-addr",
             "127.0.0.1:0",
             "--grace-period",
             "2",
