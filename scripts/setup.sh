@@ -10,6 +10,8 @@
 #     proxy into $KILN_TOOLS/bin; it needs Go 1.21 or later on PATH (or in /usr/local/go/bin),
 #     which fetches the Go release versitygw asks for (1.25) itself
 #   - the Rust toolchain pinned in rust-toolchain.toml (through rustup)
+#   - the web UI (scripts/ui.sh build: npm ci of ui/'s pinned packages, vite build), installed
+#     as $KILN_TOOLS/ui, where `kiln up` finds it; Debian's chromium for its browser tests
 #   - `cargo build --workspace --all-targets` (dev profile; `target/` is reused by the tests), and
 #     the static kiln-agent that batch workers' containers run (scripts/build-agent.sh), linked
 #     as $KILN_TOOLS/bin/kiln-agent, where `kiln up` looks for it
@@ -30,14 +32,15 @@ as_root() {
 }
 
 # --- Debian packages -------------------------------------------------------------------------
-packages=(build-essential pkg-config git ca-certificates curl python3 python3-pip postgresql docker.io busybox-static prometheus libb64-0d)
+packages=(build-essential pkg-config git ca-certificates curl python3 python3-pip postgresql docker.io busybox-static prometheus libb64-0d chromium)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
 done
 command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || missing+=(maven)
-# Node.js with npm checks the Grafana dashboards against @grafana/schema (scripts/check-dashboards.sh).
+# Node.js with npm builds the web UI (scripts/ui.sh) and checks the Grafana dashboards against
+# @grafana/schema (scripts/check-dashboards.sh); chromium (above) runs the UI's browser tests.
 command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
 if [ ${#missing[@]} -gt 0 ]; then
   log "installing Debian packages: ${missing[*]}"
@@ -90,6 +93,9 @@ log "building the static kiln-agent for batch workers' containers"
 agent=$("$repo/scripts/build-agent.sh")
 ln -sf "$agent" "$KILN_TOOLS/bin/kiln-agent"
 log "kiln-agent: $KILN_TOOLS/bin/kiln-agent -> $agent"
+
+log "building the web UI (scripts/ui.sh build)"
+"$repo/scripts/ui.sh" build
 
 # --- Docker Engine ---------------------------------------------------------------------------
 # Not fatal: without an engine, `kiln up` runs jobs as local processes (and says so).

@@ -21,7 +21,8 @@
 # (licenses, bans, sources: deny.toml; not advisories, whose database is on GitHub), cargo test
 # for the whole workspace, the fuzz targets for 20 s each (scripts/fuzz.sh, when a nightly
 # toolchain is installed; a loud warning when not), and the Python SDK's pytest suite against a
-# real `kiln up`.
+# real `kiln up`, and the web UI's svelte-check, vitest and browser tests (scripts/ui.sh, Debian's
+# chromium driven by playwright-core; screenshots of every page in ui/e2e/artifacts/).
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -196,6 +197,15 @@ log "dashboards and alert rules"
 "$repo/scripts/check-dashboards.sh" # @grafana/schema, promtool check/test rules, check config
 log "cargo test"
 cargo test --workspace --locked
+
+# --- the web UI: its unit tests, then the browser tests against a real `kiln up` ---------------
+log "web UI: svelte-check and vitest (scripts/ui.sh check)"
+"$repo/scripts/ui.sh" check
+log "web UI: browser tests in chromium (scripts/ui.sh e2e; screenshots in ui/e2e/artifacts/)"
+KILN_BIN="$repo/target/debug/kiln" "$repo/scripts/ui.sh" e2e
+log "web UI: the api with the UI embedded (--features embed-ui)"
+cargo clippy -p kiln-api --features embed-ui --all-targets --locked -- -D warnings
+cargo test -p kiln-api --features embed-ui --locked --lib http::files
 
 # --- fuzzing ---------------------------------------------------------------------------------
 # cargo-fuzz needs a nightly toolchain, which no registry reachable here ships: run the targets
