@@ -75,7 +75,7 @@ export async function startKiln() {
   child.stdout.on('data', keepLog);
   child.stderr.on('data', keepLog);
 
-  const [, url] = await waitForOutput(child, /ui: (http:\/\/\S+?)\/?\s/, 120_000);
+  const [, url] = await waitForOutput(child, /\bui:\s+(http:\/\/\S+?)\/?\s/, 120_000);
   const credentials = await readFile(join(home, 'credentials.toml'), 'utf8');
   const token = /^token\s*=\s*"([^"]+)"/m.exec(credentials)?.[1];
   if (!token) throw new Error(`no token in ${home}/credentials.toml`);
