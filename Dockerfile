@@ -21,6 +21,14 @@ ARG GRPC_HEALTH_PROBE_VERSION=v0.4.63
 RUN CGO_ENABLED=0 GOBIN=/out go install \
       "github.com/grpc-ecosystem/grpc-health-probe@${GRPC_HEALTH_PROBE_VERSION}"
 
+FROM node:20-bookworm AS ui
+# The web UI, built into kiln-api (its embed-ui feature): the package versions are ui/'s lock file's.
+WORKDIR /ui
+COPY ui/package.json ui/package-lock.json ./
+RUN npm ci --no-audit --no-fund
+COPY ui/ ./
+RUN npm run build
+
 FROM rust:${RUST_VERSION}-bookworm AS builder
 ARG RUST_TARGET
 RUN apt-get update \
@@ -29,11 +37,12 @@ RUN apt-get update \
  && rustup target add "${RUST_TARGET}"
 WORKDIR /src
 COPY . .
+COPY --from=ui /ui/dist ui/dist
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --target "${RUST_TARGET}" \
       -p kiln-api -p kiln-scheduler -p kiln-runner -p kiln-log-ingest -p kiln-item-batch -p kiln-advisor \
-      -p kiln-predictor -p kiln-agent \
+      -p kiln-predictor -p kiln-agent --features kiln-api/embed-ui \
  && mkdir -p /out/bin /out/data \
  && for bin in kiln-api kiln-scheduler kiln-runner kiln-log-ingest kiln-item-batch kiln-advisor kiln-predictor \
       kiln-agent; do \
