@@ -43,7 +43,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Start every kiln service in this process, on embedded defaults.
-    Up(up::UpArgs),
+    Up(Box<up::UpArgs>),
     /// Submit a job: pack the working directory, upload it, run the command.
     Run(commands::RunArgs),
     /// List your jobs (active ones; --all for every job, --everyone for other users' too).
@@ -169,7 +169,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async move {
         match cli.command {
-            Command::Up(args) => up::up(args).await,
+            Command::Up(args) => up::up(*args).await,
             Command::Run(args) => commands::run(args).await,
             Command::Ps {
                 all,

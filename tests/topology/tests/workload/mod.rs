@@ -220,6 +220,7 @@ pub async fn stored_points(clients: &Clients, job_id: &str, points: usize) -> Ve
                     min_step: Some(from),
                     max_step: Some(from + window - 1),
                     max_points: 100_000,
+                    bands: false,
                 };
                 async move { client.query_metrics(request).await.map(|r| r.into_inner()) }
             })
