@@ -35,5 +35,7 @@ export async function login(page, url, token) {
 
 export async function screenshot(page, name, options = {}) {
   await mkdir(ARTIFACTS, { recursive: true });
+  // A full-page shot of a scrolled page would draw the sticky header mid-page.
+  if (options.fullPage) await page.evaluate(() => window.scrollTo(0, 0));
   await page.screenshot({ path: join(ARTIFACTS, `${name}.png`), ...options });
 }

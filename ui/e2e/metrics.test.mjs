@@ -7,13 +7,15 @@ import { startKiln } from './kiln.mjs';
 /** Points per WriteMetrics call: log-ingest takes at most 4 MiB of protobuf a request. */
 const CHUNK = 50_000;
 
-/** Writes `count` points of `key` (a decaying curve with noise; one NaN) to a run, in chunks. */
+/** Writes `count` points of `key` (a decaying curve with noise; one NaN), 10 ms apart, in chunks. */
 async function writeSeries(kiln, jobId, key, count, scale = 1) {
+  const start = Date.now() - count * 10;
   for (let first = 0; first < count; first += CHUNK) {
     const n = Math.min(CHUNK, count - first);
     const steps = Array.from({ length: n }, (_, i) => first + i);
     const values = steps.map((step) => (step === 7 ? 'NaN' : scale * (Math.exp(-step / (count / 4)) + 0.05 * Math.sin(step))));
-    await kiln.call('LogService', 'WriteMetrics', { jobId, columns: { keys: [key], keyIndex: new Array(n).fill(0), steps, values } });
+    const timestampsMs = steps.map((step) => start + step * 10);
+    await kiln.call('LogService', 'WriteMetrics', { jobId, columns: { keys: [key], keyIndex: new Array(n).fill(0), steps, values, timestampsMs } });
   }
 }
 
@@ -71,6 +73,9 @@ describe('metrics', () => {
     const page = await newPage(browser);
     await login(page, kiln.url, kiln.token);
     for (const id of ids) await page.locator(`tr[data-job-id="${id}"] [data-testid="select"]`).check();
+    // The config and the latest metric values are columns of the table.
+    await page.locator(`tr[data-job-id="${ids[0]}"] td[data-metric="loss"]`).filter({ hasText: /\d/ }).waitFor();
+    await screenshot(page, 'runs-selected');
     await page.getByTestId('compare').click();
     await page.waitForURL(/\/compare\?ids=/);
     assert.deepEqual(new URL(page.url()).searchParams.get('ids').split(',').sort(), [...ids].sort());
@@ -79,10 +84,12 @@ describe('metrics', () => {
     await chart.and(page.locator('[data-drawn="true"]')).waitFor({ timeout: 30_000 });
     assert.equal(await chart.getAttribute('data-runs'), '3');
     await page.getByTestId('smoothing').fill('0.9');
+    await chart.and(page.locator('[data-drawn="true"]')).waitFor();
+    await screenshot(page, 'compare');
     await page.getByTestId('x-time').check();
     await chart.and(page.locator('[data-drawn="true"]')).waitFor();
-    assert.ok(Number(await chart.getAttribute('data-points')) > 0);
-    await screenshot(page, 'compare');
+    // Points 10 ms apart: on a time axis they stay apart.
+    assert.ok(Number(await chart.getAttribute('data-points')) > 500);
     assert.deepEqual(page.errors, []);
   });
 });

@@ -18,10 +18,14 @@ describe('pages', () => {
   });
 
   it('renders sweeps, services, models and admin', async () => {
+    await kiln.cli(['quota', 'set', 'global', '--running-jobs', '50', '--queued-jobs', '1000']);
+    await kiln.cli(['user', 'create', 'ada']);
+    await kiln.cli(['project', 'create', 'vision']);
+    await kiln.cli(['project', 'add-member', 'vision', 'ada', '--role', 'maintainer']);
     const page = await newPage(browser);
     await login(page, kiln.url, kiln.token);
     for (const [path, name, ready] of [
-      ['/sweeps', 'sweeps', 'No sweeps'],
+      ['/sweeps', 'sweeps-empty', 'No sweeps'],
       ['/services', 'services', 'No inference services'],
       ['/models', 'models', 'No models'],
     ]) {
@@ -31,7 +35,8 @@ describe('pages', () => {
     }
     await page.getByRole('link', { name: 'Admin' }).click();
     await page.getByTestId('users').locator('td', { hasText: 'admin' }).first().waitFor();
-    await page.getByTestId('projects').locator('td', { hasText: 'default' }).first().waitFor();
+    await page.getByTestId('projects').locator('td', { hasText: 'ada (maintainer)' }).waitFor();
+    await page.getByTestId('quotas').locator('td', { hasText: 'global' }).waitFor();
     await screenshot(page, 'admin');
     assert.deepEqual(page.errors, []);
   });

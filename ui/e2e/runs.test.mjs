@@ -69,6 +69,17 @@ describe('runs', () => {
     // "line 2" and "line 20".."line 29".
     await page.waitForFunction(() => document.querySelectorAll('[data-testid="logs"] [data-seq]').length === 11);
     await page.getByTestId('log-search').fill('');
+    // The runner records the job's CPU and memory: they are charted apart, under System, each
+    // drawn once scrolled into view.
+    const system = page.getByTestId('system-charts').locator('[data-testid="chart"]');
+    await system.first().waitFor({ timeout: 30_000 });
+    const count = await system.count();
+    assert.ok(count >= 1);
+    for (let i = 0; i < count; i++) {
+      await system.nth(i).scrollIntoViewIfNeeded();
+      await system.nth(i).and(page.locator('[data-drawn="true"]')).waitFor();
+    }
+    assert.ok((await system.first().getAttribute('data-key')).startsWith('sys/'));
     await screenshot(page, 'run', { fullPage: true });
     assert.deepEqual(page.errors, []);
   });

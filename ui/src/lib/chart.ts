@@ -18,13 +18,14 @@ export function faint(color: string, alpha = 0.25): string {
   return `rgba(${(n >> 16) & 255},${(n >> 8) & 255},${n & 255},${alpha})`;
 }
 
-export function axes(xLabel: 'step' | 'time'): uPlot.Axis[] {
+/** A chart's axes; `label` names the x axis (step axes only: time labels speak for themselves). */
+export function axes(xLabel: 'step' | 'time', label = 'step'): uPlot.Axis[] {
   const stroke = cssColor('--muted');
   const grid = { stroke: cssColor('--grid'), width: 1 };
   const ticks = { stroke: cssColor('--grid'), width: 1 };
   return [
     {
-      stroke, grid, ticks, label: xLabel === 'step' ? 'step' : undefined, labelSize: 14, size: 36,
+      stroke, grid, ticks, label: xLabel === 'step' ? label : undefined, labelSize: 14, size: 36,
       // Steps read better as 200k than 200,000; times keep uPlot's own date labels.
       ...(xLabel === 'step' ? { values: (_u: uPlot, splits: number[]) => splits.map(compactNumber) } : {}),
     },

@@ -31,6 +31,7 @@ async function loadMyUserId(): Promise<void> {
 
 export function setSession(me: WhoAmI | undefined): void {
   session.me = me;
+  session.loaded = true;
   session.myUserId = undefined;
   if (me) void loadMyUserId();
 }

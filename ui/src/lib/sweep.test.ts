@@ -37,4 +37,11 @@ describe('parallel coordinates', () => {
     expect(axisPosition(loss, trials[0])).toBe(0);
     expect(axisPosition(lr, trial(2, undefined))).toBeUndefined();
   });
+  it('reads a knob spanning orders of magnitude on a log scale', () => {
+    const spread = [1e-4, 1e-3, 1e-2].map((lr, i) => trial(i, 1, { lr: { floatValue: lr } }));
+    const [lr] = parallelAxes(spread, 'loss');
+    expect(lr.log).toBe(true);
+    expect(axisPosition(lr, spread[1])).toBeCloseTo(0.5, 10);
+    expect(parallelAxes(trials, 'loss')[0].log).toBe(false);
+  });
 });

@@ -21,12 +21,17 @@ export function bestSoFar(trials: Trial[], goal: string): { index: number[]; val
   return out;
 }
 
+/** An axis whose values span this factor or more is drawn on a log scale. */
+const LOG_SPREAD = 100;
+
 export interface Axis {
   key: string;
   /** A config key's axis, or the objective's (the trial's value). */
   kind: 'config' | 'objective';
   /** Numeric axes scale between min and max; categorical ones spread their values evenly. */
   categories?: string[];
+  /** Spread over orders of magnitude (a learning rate): positions are read on a log scale. */
+  log?: boolean;
   min: number;
   max: number;
 }
@@ -38,7 +43,9 @@ export function parallelAxes(trials: Trial[], objective: string): Axis[] {
     const values = trials.map((trial) => configValue(trial.config?.[key])).filter((v) => v !== undefined);
     if (values.every((v) => typeof v === 'number')) {
       const numbers = values as number[];
-      return { key, kind: 'config' as const, min: Math.min(...numbers), max: Math.max(...numbers) };
+      const min = Math.min(...numbers);
+      const max = Math.max(...numbers);
+      return { key, kind: 'config' as const, min, max, log: min > 0 && max / min >= LOG_SPREAD };
     }
     const categories = [...new Set(values.map(String))].sort();
     return { key, kind: 'config' as const, categories, min: 0, max: Math.max(1, categories.length - 1) };
@@ -52,7 +59,8 @@ export function parallelAxes(trials: Trial[], objective: string): Axis[] {
 export function axisPosition(axis: Axis, trial: Trial): number | undefined {
   const value = axis.kind === 'objective' ? (trial.value === undefined ? undefined : toNumber(trial.value)) : configValue(trial.config?.[axis.key]);
   if (value === undefined || (typeof value === 'number' && !Number.isFinite(value))) return undefined;
-  const at = axis.categories ? axis.categories.indexOf(String(value)) : Number(value);
   if (axis.max === axis.min) return 0.5;
-  return (at - axis.min) / (axis.max - axis.min);
+  if (axis.categories) return (axis.categories.indexOf(String(value)) - axis.min) / (axis.max - axis.min);
+  if (axis.log) return Math.log(Number(value) / axis.min) / Math.log(axis.max / axis.min);
+  return (Number(value) - axis.min) / (axis.max - axis.min);
 }
