@@ -482,3 +482,47 @@ fn the_ui_is_served_from_its_directory_with_every_other_path_its_index() {
         (StatusCode::NOT_FOUND, Some("not_found"))
     );
 }
+
+#[test]
+fn a_jobs_output_downloads_as_a_file() {
+    let up = Up::start();
+    let admin = Auth::Bearer(up.admin_token());
+    let job = last_line(&up.kiln(&[
+        "run",
+        "--no-code",
+        "--",
+        "sh",
+        "-c",
+        "echo weights > $KILN_OUTPUTS/model.txt",
+    ]));
+    up.wait_for_state(&job, "SUCCEEDED");
+    let download = |method: &str, request: Value| {
+        let request = serde_json::to_string(&request).unwrap();
+        admin
+            .apply(
+                client()
+                    .get(format!("{}/api/v1/download/{method}", up.ui_url()))
+                    .query(&[("request", request.as_str()), ("filename", "model \"x\".txt")]),
+            )
+            .send()
+            .unwrap()
+    };
+    let file = download("ArtifactService/GetOutput", json!({"jobId": job, "path": "model.txt"}));
+    assert_eq!(file.status(), StatusCode::OK);
+    assert_eq!(
+        file.headers()["content-disposition"],
+        "attachment; filename=\"modelx.txt\"",
+        "the name is cleaned"
+    );
+    assert_eq!(file.text().unwrap(), "weights\n");
+    let (status, missing) = json_of(download(
+        "ArtifactService/GetOutput",
+        json!({"jobId": job, "path": "nothing"}),
+    ));
+    assert_eq!(
+        (status, missing["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("not_found"))
+    );
+    let (status, _) = json_of(download("LogService/GetLogs", json!({"jobId": job})));
+    assert_eq!(status, StatusCode::BAD_REQUEST, "log lines are no file");
+}

@@ -46,6 +46,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .route("/api/v1/login/code", get(session::redeem))
         .route("/api/v1/rpc/{service}/{method}", post(rpc))
         .route("/api/v1/stream/{service}/{method}", get(stream))
+        .route("/api/v1/download/{service}/{method}", get(download))
         .route("/api/{*rest}", axum::routing::any(no_such_call))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(gateway);
@@ -93,6 +94,47 @@ async fn rpc(
 struct StreamQuery {
     #[serde(default)]
     request: String,
+    /// What the browser saves a download as.
+    #[serde(default)]
+    filename: String,
+}
+
+/// `GET /api/v1/download/{service}/{method}?request=<JSON>&filename=<name>`: a file served in
+/// chunks by a server-streaming method (`ArtifactService/GetRunArtifact`, `GetOutput`,
+/// `ModelService/GetModelFile`) as the body of a download. A failure after the first byte
+/// breaks the body, so a download never ends cut short but whole-looking.
+async fn download(
+    State(gateway): State<Arc<Gateway>>,
+    Path((service, method)): Path<(String, String)>,
+    Query(query): Query<StreamQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let started = async {
+        let token = session::token(&headers)?;
+        gateway
+            .transcoder
+            .call(&service, &method, Shape::ServerStreaming)?
+            .download(&token, query.request.as_bytes())
+            .await
+    };
+    let chunks = match started.await {
+        Ok(chunks) => chunks,
+        Err(status) => return status_response(status),
+    };
+    let name: String = query
+        .filename
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || "._-".contains(*c))
+        .collect();
+    let name = if name.is_empty() { "download".to_string() } else { name };
+    (
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+            (header::CONTENT_DISPOSITION, format!("attachment; filename=\"{name}\"")),
+        ],
+        axum::body::Body::from_stream(chunks),
+    )
+        .into_response()
 }
 
 /// `GET /api/v1/stream/{service}/{method}?request=<JSON>`: a server-streaming call as

@@ -103,17 +103,48 @@ impl Call {
         token: &str,
         json: &[u8],
     ) -> Result<impl Stream<Item = Result<(Option<u64>, Vec<u8>), Status>> + use<>, Status> {
-        let request = self.request(token, json)?;
-        let path = self.path()?;
-        let mut grpc = tonic::client::Grpc::new(self.upstream);
-        grpc.ready().await?;
-        let codec = DynamicCodec(self.method.output());
-        let answers = grpc.server_streaming(request, path, codec).await?.into_inner();
+        let answers = self.server_streaming_messages(token, json).await?;
         Ok(answers.map(|answer| {
             let answer = answer?;
             let seq = answer.get_field_by_name("seq").and_then(|value| value.as_u64());
             Ok((seq, to_json(&answer)?))
         }))
+    }
+
+    /// Calls a server-streaming method whose answers carry a `bytes data` field (a file in
+    /// chunks); the chunks' bytes.
+    pub async fn download(
+        self,
+        token: &str,
+        json: &[u8],
+    ) -> Result<impl Stream<Item = Result<bytes::Bytes, Status>> + use<>, Status> {
+        let output = self.method.output();
+        if output.get_field_by_name("data").map(|field| field.kind()) != Some(prost_reflect::Kind::Bytes) {
+            return Err(Status::invalid_argument(format!(
+                "{} answers no file (its {} has no `bytes data`)",
+                self.method.name(),
+                output.name()
+            )));
+        }
+        let answers = self.server_streaming_messages(token, json).await?;
+        Ok(answers.map(|answer| {
+            let answer = answer?;
+            let data = answer.get_field_by_name("data");
+            Ok(data.and_then(|value| value.as_bytes().cloned()).unwrap_or_default())
+        }))
+    }
+
+    async fn server_streaming_messages(
+        self,
+        token: &str,
+        json: &[u8],
+    ) -> Result<tonic::Streaming<DynamicMessage>, Status> {
+        let request = self.request(token, json)?;
+        let path = self.path()?;
+        let mut grpc = tonic::client::Grpc::new(self.upstream);
+        grpc.ready().await?;
+        let codec = DynamicCodec(self.method.output());
+        Ok(grpc.server_streaming(request, path, codec).await?.into_inner())
     }
 
     fn request(&self, token: &str, json: &[u8]) -> Result<tonic::Request<DynamicMessage>, Status> {
