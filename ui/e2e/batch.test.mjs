@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import { launch, login, newPage, screenshot } from './browser.mjs';
+import { assertAccessible, launch, login, newPage, screenshot } from './browser.mjs';
 import { startKiln } from './kiln.mjs';
 
 describe('batches', () => {
@@ -47,10 +47,12 @@ describe('batches', () => {
     await dead.locator('summary', { hasText: 'bad' }).click();
     await dead.getByTestId('item-logs').filter({ hasText: 'item bad' }).waitFor();
     await screenshot(page, 'batch', { fullPage: true });
+    await assertAccessible(page);
 
     await page.goto(`${kiln.url}/batches`);
     await page.locator(`tr[data-batch-id="${batchId}"]`).waitFor();
     await screenshot(page, 'batches');
+    await assertAccessible(page);
     assert.deepEqual(page.errors, []);
   });
 });

@@ -1,7 +1,8 @@
 // The system chromium, driven by playwright-core (never a downloaded browser), and what every
 // test does with it: sign in through the form, take screenshots into e2e/artifacts/.
 
-import { mkdir } from 'node:fs/promises';
+import { mkdir, readFile } from 'node:fs/promises';
+import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { chromium } from 'playwright-core';
@@ -31,6 +32,24 @@ export async function login(page, url, token) {
   await page.getByTestId('login-submit').click();
   await page.waitForURL(`${url}/`);
   await page.getByTestId('runs-table').waitFor();
+}
+
+const AXE = createRequire(import.meta.url).resolve('axe-core/axe.min.js');
+
+/**
+ * Runs axe-core (WCAG 2 A and AA rules, colour contrast included) on the page as it is and
+ * fails on any serious or critical violation, naming each.
+ */
+export async function assertAccessible(page) {
+  // Evaluated through the DevTools protocol: the gateway's CSP rightly refuses inline scripts.
+  await page.evaluate(await readFile(AXE, 'utf8'));
+  const violations = await page.evaluate(async () => {
+    const result = await window.axe.run(document, { runOnly: ['wcag2a', 'wcag2aa'], resultTypes: ['violations'] });
+    return result.violations
+      .filter((violation) => violation.impact === 'serious' || violation.impact === 'critical')
+      .map((violation) => `${violation.id}: ${violation.nodes.map((node) => node.target.join(' ')).slice(0, 3).join(', ')}`);
+  });
+  if (violations.length > 0) throw new Error(`accessibility violations on ${page.url()}:\n${violations.join('\n')}`);
 }
 
 export async function screenshot(page, name, options = {}) {

@@ -1,7 +1,7 @@
 // A run with 1,000,000 points in one series drawn as one chart, zoomed, and three runs compared.
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
-import { launch, login, newPage, screenshot } from './browser.mjs';
+import { assertAccessible, launch, login, newPage, screenshot } from './browser.mjs';
 import { startKiln } from './kiln.mjs';
 
 /** Points per WriteMetrics call: log-ingest takes at most 4 MiB of protobuf a request. */
@@ -59,6 +59,7 @@ describe('metrics', () => {
     const zoomedTotal = Number(await chart.getByTestId('total-points').getAttribute('data-total'));
     assert.ok(zoomedTotal > 50_000 && zoomedTotal < 200_000, `the zoomed range holds ${zoomedTotal} points`);
     await screenshot(page, 'run-metrics', { fullPage: true });
+    await assertAccessible(page);
     assert.deepEqual(page.errors, []);
   });
 
@@ -86,6 +87,7 @@ describe('metrics', () => {
     await page.getByTestId('smoothing').fill('0.9');
     await chart.and(page.locator('[data-drawn="true"]')).waitFor();
     await screenshot(page, 'compare');
+    await assertAccessible(page);
     await page.getByTestId('x-time').check();
     await chart.and(page.locator('[data-drawn="true"]')).waitFor();
     // Points 10 ms apart: on a time axis they stay apart.

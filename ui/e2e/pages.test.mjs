@@ -2,7 +2,7 @@
 // a lost session sending the user to the login page, and `kiln ui`'s single-use link.
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
-import { launch, login, newPage, screenshot } from './browser.mjs';
+import { assertAccessible, launch, login, newPage, screenshot } from './browser.mjs';
 import { startKiln, submit } from './kiln.mjs';
 
 describe('pages', () => {
@@ -32,12 +32,14 @@ describe('pages', () => {
       await page.goto(`${kiln.url}${path}`);
       await page.getByText(ready).waitFor();
       await screenshot(page, name);
+      await assertAccessible(page);
     }
     await page.getByRole('link', { name: 'Admin' }).click();
     await page.getByTestId('users').locator('td', { hasText: 'admin' }).first().waitFor();
     await page.getByTestId('projects').locator('td', { hasText: 'ada (maintainer)' }).waitFor();
     await page.getByTestId('quotas').locator('td', { hasText: 'global' }).waitFor();
     await screenshot(page, 'admin');
+    await assertAccessible(page);
     assert.deepEqual(page.errors, []);
   });
 
@@ -54,6 +56,7 @@ describe('pages', () => {
     const background = await page.evaluate(() => getComputedStyle(document.body).backgroundColor);
     assert.equal(background, 'rgb(13, 17, 23)');
     await screenshot(page, 'runs-dark');
+    await assertAccessible(page);
   });
 
   it('sends the user to the login page when the session is gone', async () => {

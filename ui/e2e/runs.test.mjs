@@ -1,7 +1,7 @@
 // Signing in, the Runs table following a job live, and a run's live logs.
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
-import { launch, login, newPage, screenshot } from './browser.mjs';
+import { assertAccessible, launch, login, newPage, screenshot } from './browser.mjs';
 import { startKiln, submit } from './kiln.mjs';
 
 describe('runs', () => {
@@ -25,6 +25,7 @@ describe('runs', () => {
     await page.getByTestId('login-submit').click();
     await page.getByTestId('login-error').waitFor();
     await screenshot(page, 'login');
+    await assertAccessible(page);
     await login(page, kiln.url, kiln.token);
     assert.equal(await page.getByTestId('whoami').textContent(), 'admin (admin)');
     assert.deepEqual(page.errors, []);
@@ -39,6 +40,7 @@ describe('runs', () => {
     const state = page.locator(`tr[data-job-id="${id}"] [data-testid="state"]`);
     await state.and(page.locator('[data-state="RUNNING"]')).waitFor({ timeout: 60_000 });
     await screenshot(page, 'runs');
+    await assertAccessible(page);
     await state.and(page.locator('[data-state="SUCCEEDED"]')).waitFor({ timeout: 60_000 });
     assert.equal(await page.evaluate(() => window.__noReload), true);
 
@@ -81,6 +83,7 @@ describe('runs', () => {
     }
     assert.ok((await system.first().getAttribute('data-key')).startsWith('sys/'));
     await screenshot(page, 'run', { fullPage: true });
+    await assertAccessible(page);
     assert.deepEqual(page.errors, []);
   });
 });

@@ -18,15 +18,17 @@ describe('scale', () => {
     kiln = await startKiln();
     browser = await launch();
     let next = 0;
-    const ids = new Array(RUNS);
     await Promise.all(Array.from({ length: PARALLEL }, async () => {
       while (next < RUNS) {
         const index = next++;
-        ids[index] = (await kiln.call('JobService', 'CreateRun', { name: `run-${index}`, project: 'default' })).id;
+        await kiln.call('JobService', 'CreateRun', { name: `run-${index}`, project: 'default' });
       }
     }));
-    first = ids[0];
-    last = ids[RUNS - 1];
+    // Made in parallel: the list's own order says which came first and last.
+    const ids = (await kiln.call('JobService', 'ListJobs', { all: true, everyone: true, limit: RUNS })).jobs.map((job) => job.id);
+    assert.equal(ids.length, RUNS);
+    last = ids[0];
+    first = ids[RUNS - 1];
     // A config value on a few runs, to filter on.
     for (const [i, id] of [ids[10], ids[20], ids[30]].entries()) {
       await kiln.call('JobService', 'UpdateRun', { jobId: id, config: { lr: { floatValue: 0.1 * (i + 1) } } });

@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import { launch, login, newPage, screenshot } from './browser.mjs';
+import { assertAccessible, launch, login, newPage, screenshot } from './browser.mjs';
 import { startKiln } from './kiln.mjs';
 
 // A trial: its objective is a made-up function of its knobs, logged at three steps.
@@ -67,9 +67,11 @@ describe('sweeps', () => {
     await page.locator('[data-key="best-so-far"][data-drawn="true"]').waitFor();
     assert.equal(await page.getByTestId('parallel-coords').locator('polyline').count(), 6);
     await screenshot(page, 'sweep', { fullPage: true });
+    await assertAccessible(page);
     await page.goto(`${kiln.url}/sweeps`);
     await page.getByTestId('sweeps').waitFor();
     await screenshot(page, 'sweeps');
+    await assertAccessible(page);
     assert.deepEqual(page.errors, []);
   });
 });

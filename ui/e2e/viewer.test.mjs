@@ -2,7 +2,7 @@
 // the admin sees the button and stops the job with it.
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
-import { launch, login, newPage, screenshot } from './browser.mjs';
+import { assertAccessible, launch, login, newPage, screenshot } from './browser.mjs';
 import { startKiln, submit } from './kiln.mjs';
 
 describe('roles', () => {
@@ -35,6 +35,7 @@ describe('roles', () => {
     // No Admin link either.
     assert.equal(await viewer.getByRole('link', { name: 'Admin' }).count(), 0);
     await screenshot(viewer, 'run-viewer');
+    await assertAccessible(viewer);
 
     const forced = await kiln.api('JobService', 'StopJob', { jobId: id }, viewerToken);
     assert.equal(forced.status, 403);
