@@ -55,4 +55,21 @@ describe('batches', () => {
     await assertAccessible(page);
     assert.deepEqual(page.errors, []);
   });
+
+  it('cancels a batch from its page', async () => {
+    const created = await kiln.cli(['batch', 'create', '--name', 'slow', '--cpu', '0.25', '--mem', '128M', '--max-workers', '1', '--', 'sleep', '30']);
+    const batchId = created.stdout.trim().split(/\s+/).pop();
+    const file = join(kiln.home, 'slow.txt');
+    await writeFile(file, 'a\nb\nc\n');
+    await kiln.cli(['batch', 'add', batchId, '--from', file]);
+    const page = await newPage(browser);
+    await login(page, kiln.url, kiln.token);
+    await page.goto(`${kiln.url}/batches/${batchId}`);
+    await page.waitForFunction(() => document.querySelector('[data-testid="count-total"]')?.textContent === '3');
+    await page.getByTestId('cancel').click();
+    await page.getByTestId('cancel-confirm').click();
+    await page.getByTestId('batch-state').and(page.locator('[data-state="CANCELLED"]')).waitFor();
+    assert.equal(await page.getByTestId('cancel').count(), 0);
+    assert.deepEqual(page.errors, []);
+  });
 });

@@ -130,12 +130,24 @@ export async function startKiln() {
 }
 
 /** Submits a job with the CLI (no code) and returns its id. */
-export async function submit(kiln, command, { name, project } = {}) {
-  const args = ['run', '--no-code', '--cpu', '0.1', '--mem', '64M'];
+export async function submit(kiln, command, { name, project, cpu = '0.1' } = {}) {
+  const args = ['run', '--no-code', '--cpu', cpu, '--mem', '64M'];
   if (name) args.push('--name', name);
   if (project) args.push('--project', project);
   const { stdout, stderr } = await kiln.cli([...args, '--', ...command]);
   const id = /job (\S+) submitted/.exec(stderr)?.[1] ?? stdout.trim().split(/\s+/).pop();
   if (!id) throw new Error(`no job id in: ${stdout} ${stderr}`);
   return id;
+}
+
+/** Polls a job through the API until it is in `state` (or any end state, which fails). */
+export async function waitForJob(kiln, id, state = 'JOB_STATE_SUCCEEDED') {
+  for (;;) {
+    const job = await kiln.call('JobService', 'GetJob', { jobId: id });
+    if (job.state === state) return job;
+    if (['JOB_STATE_SUCCEEDED', 'JOB_STATE_FAILED', 'JOB_STATE_STOPPED', 'JOB_STATE_LOST'].includes(job.state)) {
+      throw new Error(`job ${id} ended ${job.state}, not ${state}: ${job.reason}`);
+    }
+    await new Promise((resolve) => setTimeout(resolve, 250));
+  }
 }

@@ -3,7 +3,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { assertAccessible, launch, login, newPage, screenshot } from './browser.mjs';
-import { startKiln, submit } from './kiln.mjs';
+import { startKiln, submit, waitForJob } from './kiln.mjs';
 
 describe('pages', () => {
   let kiln;
@@ -27,13 +27,26 @@ describe('pages', () => {
     for (const [path, name, ready] of [
       ['/sweeps', 'sweeps-empty', 'No sweeps'],
       ['/services', 'services', 'No inference services'],
-      ['/models', 'models', 'No models'],
     ]) {
       await page.goto(`${kiln.url}${path}`);
       await page.getByText(ready).waitFor();
       await screenshot(page, name);
       await assertAccessible(page);
     }
+    // A model registered from a job's outputs, twice.
+    const job = await submit(kiln, ['sh', '-c', 'echo weights > "$KILN_OUTPUTS/model.bin"'], { name: 'train-resnet' });
+    await waitForJob(kiln, job);
+    await kiln.cli(['model', 'register', 'resnet', '--from', job, '--tag', 'stage=e2e', '--description', 'first']);
+    await kiln.cli(['model', 'register', 'resnet', '--from', job, '--alias', 'production', '--description', 'second']);
+    await page.goto(`${kiln.url}/models`);
+    await page.getByRole('button', { name: 'resnet' }).click();
+    const versions = page.getByTestId('model-versions').locator('tbody tr');
+    await versions.first().waitFor();
+    assert.equal(await versions.count(), 2);
+    assert.match(await versions.first().textContent(), /v2.*production/);
+    await screenshot(page, 'models');
+    await assertAccessible(page);
+
     await page.getByRole('link', { name: 'Admin' }).click();
     await page.getByTestId('users').locator('td', { hasText: 'admin' }).first().waitFor();
     await page.getByTestId('projects').locator('td', { hasText: 'ada (maintainer)' }).waitFor();

@@ -49,6 +49,30 @@ describe('runs', () => {
     await page.getByTestId('runs-empty').waitFor();
     await page.getByTestId('filter').fill('state:succeeded name:hello');
     await page.locator(`tr[data-job-id="${id}"]`).waitFor();
+
+    // Re-run submits the same spec as a new job, and opens it.
+    await page.locator(`tr[data-job-id="${id}"] [data-testid="run-link"]`).click();
+    await page.getByTestId('rerun').click();
+    await page.waitForURL((url) => url.pathname.startsWith('/runs/') && !url.pathname.endsWith(id));
+    await page.getByTestId('logs').locator('[data-seq]', { hasText: 'done' }).waitFor({ timeout: 60_000 });
+    assert.deepEqual(page.errors, []);
+  });
+
+  it('says why a queued job waits, and stops it', async () => {
+    const page = await newPage(browser);
+    await login(page, kiln.url, kiln.token);
+    // More CPU than the machine has: it stays queued.
+    const id = await submit(kiln, ['true'], { name: 'too-big', cpu: '512' });
+    await page.goto(`${kiln.url}/runs/${id}`);
+    await page.getByTestId('run-state').and(page.locator('[data-state="QUEUED"]')).waitFor();
+    const explanation = page.getByTestId('explanation');
+    await explanation.waitFor();
+    // The scheduler's own words name what the job asks for.
+    assert.match(await explanation.textContent(), /512 CPU/);
+    await screenshot(page, 'run-queued');
+    await page.getByTestId('stop').click();
+    await page.getByTestId('run-state').and(page.locator('[data-state="STOPPED"]')).waitFor();
+    await explanation.waitFor({ state: 'detached' });
     assert.deepEqual(page.errors, []);
   });
 

@@ -57,6 +57,8 @@ export async function rpc<T>(service: string, method: string, request: object = 
 }
 
 export interface StreamHandlers<T> {
+  /** The connection is open (again, after a reconnect); messages may still be a while. */
+  onOpen?: () => void;
   /** One response message; `id` is the event id (a log line's seq), when the server set one. */
   onMessage: (message: T, id: string) => void;
   /** The stream ended normally. */
@@ -73,6 +75,7 @@ export interface StreamHandlers<T> {
 export function stream<T>(service: string, method: string, request: object, handlers: StreamHandlers<T>): () => void {
   const url = `/api/v1/stream/${service}/${method}?request=${encodeURIComponent(JSON.stringify(request))}`;
   const source = new EventSource(url, { withCredentials: false });
+  source.addEventListener('open', () => handlers.onOpen?.());
   source.addEventListener('message', (event) => {
     handlers.onMessage(JSON.parse(event.data) as T, event.lastEventId);
   });

@@ -111,7 +111,7 @@ function matchesField(subject: FilterSubject, field: Extract<Term, { kind: 'fiel
     return state.startsWith(wanted.replace(/^job_state_/, ''));
   }
   if (field === 'name') return subject.name.toLowerCase().includes(wanted);
-  if (field === 'id') return subject.id.toLowerCase().startsWith(wanted);
+  if (field === 'id') return subject.id.toLowerCase().includes(wanted);
   return subject[field].toLowerCase() === wanted;
 }
 
