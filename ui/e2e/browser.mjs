@@ -22,6 +22,12 @@ export async function newPage(browser, { colorScheme = 'light' } = {}) {
   const page = await context.newPage();
   page.errors = [];
   page.on('pageerror', (error) => page.errors.push(error.message));
+  // Everything the UI needs is bundled and served by kiln: no request may leave for the net.
+  page.externalRequests = [];
+  page.on('request', (request) => {
+    const url = new URL(request.url());
+    if (!['127.0.0.1', 'localhost'].includes(url.hostname) && !['data:', 'blob:'].includes(url.protocol)) page.externalRequests.push(request.url());
+  });
   return page;
 }
 

@@ -47,6 +47,7 @@ describe('metrics', () => {
     // One bucket per pixel of the chart, not a million points.
     assert.ok(points > 100 && points <= width, `drew ${points} points on ${width} px`);
     assert.equal(await chart.getByTestId('total-points').getAttribute('data-total'), '1000000');
+    await screenshot(page, 'run-million', { fullPage: true });
 
     // Dragging across the middle asks for that step range only.
     const box = await chart.locator('.u-over').boundingBox();

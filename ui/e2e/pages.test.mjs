@@ -53,6 +53,7 @@ describe('pages', () => {
     await page.getByTestId('quotas').locator('td', { hasText: 'global' }).waitFor();
     await screenshot(page, 'admin');
     await assertAccessible(page);
+    assert.deepEqual(page.externalRequests, []);
     assert.deepEqual(page.errors, []);
   });
 

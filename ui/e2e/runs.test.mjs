@@ -108,6 +108,7 @@ describe('runs', () => {
     assert.ok((await system.first().getAttribute('data-key')).startsWith('sys/'));
     await screenshot(page, 'run', { fullPage: true });
     await assertAccessible(page);
+    assert.deepEqual(page.externalRequests, []);
     assert.deepEqual(page.errors, []);
   });
 });
