@@ -73,6 +73,16 @@ describe('pages', () => {
     await assertAccessible(page);
   });
 
+  it('follows the system\'s dark preference until the toggle says otherwise', async () => {
+    const page = await newPage(browser, { colorScheme: 'dark' });
+    await login(page, kiln.url, kiln.token);
+    assert.equal(await page.evaluate(() => document.documentElement.dataset.theme), 'dark');
+    // From the system's choice, the toggle picks the other theme.
+    await page.getByTestId('theme-toggle').click();
+    assert.equal(await page.evaluate(() => document.documentElement.dataset.theme), 'light');
+    await assertAccessible(page);
+  });
+
   it('sends the user to the login page when the session is gone', async () => {
     const page = await newPage(browser);
     await login(page, kiln.url, kiln.token);

@@ -1,0 +1,55 @@
+import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
+import { ApiError, login, rpc, setUnauthenticatedHandler } from './api';
+
+function answer(status: number, body: unknown): Response {
+  return new Response(JSON.stringify(body), { status, headers: { 'Content-Type': 'application/json' } });
+}
+
+describe('rpc', () => {
+  const fetchMock = vi.fn();
+  beforeEach(() => {
+    fetchMock.mockReset();
+    vi.stubGlobal('fetch', fetchMock);
+  });
+  afterEach(() => vi.unstubAllGlobals());
+
+  it('posts JSON with the CSRF header and the session cookie', async () => {
+    fetchMock.mockResolvedValue(answer(200, { id: 'j1' }));
+    expect(await rpc('JobService', 'GetJob', { jobId: 'j1' })).toEqual({ id: 'j1' });
+    const [url, init] = fetchMock.mock.calls[0];
+    expect(url).toBe('/api/v1/rpc/JobService/GetJob');
+    expect(init.method).toBe('POST');
+    expect(init.credentials).toBe('same-origin');
+    expect(init.headers).toEqual({ 'Content-Type': 'application/json', 'X-Kiln-Csrf': '1' });
+    expect(JSON.parse(init.body)).toEqual({ jobId: 'j1' });
+  });
+
+  it('throws the server\'s code and message with the status', async () => {
+    fetchMock.mockResolvedValue(answer(403, { code: 'permission_denied', message: 'needs maintainer' }));
+    const error = await rpc('JobService', 'StopJob', {}).catch((e) => e);
+    expect(error).toBeInstanceOf(ApiError);
+    expect([error.status, error.code, error.message]).toEqual([403, 'permission_denied', 'needs maintainer']);
+  });
+
+  it('keeps the status line when the error body is not JSON', async () => {
+    fetchMock.mockResolvedValue(new Response('<html>bad gateway</html>', { status: 502, statusText: 'Bad Gateway' }));
+    const error = await rpc('JobService', 'ListJobs').catch((e) => e);
+    expect([error.status, error.code, error.message]).toEqual([502, 'unknown', '502 Bad Gateway']);
+  });
+
+  it('sends a 401 to the sign-in handler', async () => {
+    const handler = vi.fn();
+    setUnauthenticatedHandler(handler);
+    fetchMock.mockResolvedValue(answer(401, { code: 'unauthenticated', message: 'no session' }));
+    await expect(rpc('JobService', 'ListJobs')).rejects.toThrow('no session');
+    expect(handler).toHaveBeenCalledOnce();
+  });
+
+  it('does not treat a refused login token as a lost session', async () => {
+    const handler = vi.fn();
+    setUnauthenticatedHandler(handler);
+    fetchMock.mockResolvedValue(answer(401, { code: 'unauthenticated', message: 'bad token' }));
+    await expect(login('kiln_x')).rejects.toMatchObject({ status: 401 });
+    expect(handler).not.toHaveBeenCalled();
+  });
+});
