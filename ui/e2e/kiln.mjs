@@ -130,11 +130,12 @@ export async function startKiln() {
 }
 
 /** Submits a job with the CLI (no code) and returns its id. */
-export async function submit(kiln, command, { name, project, cpu = '0.1' } = {}) {
+export async function submit(kiln, command, { name, project, cpu = '0.1', token } = {}) {
   const args = ['run', '--no-code', '--cpu', cpu, '--mem', '64M'];
   if (name) args.push('--name', name);
   if (project) args.push('--project', project);
-  const { stdout, stderr } = await kiln.cli([...args, '--', ...command]);
+  const env = token ? { KILN_TOKEN: token } : {};
+  const { stdout, stderr } = await kiln.cli([...args, '--', ...command], { env });
   const id = /job (\S+) submitted/.exec(stderr)?.[1] ?? stdout.trim().split(/\s+/).pop();
   if (!id) throw new Error(`no job id in: ${stdout} ${stderr}`);
   return id;

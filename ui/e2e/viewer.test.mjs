@@ -41,12 +41,32 @@ describe('roles', () => {
     assert.equal(forced.status, 403);
     assert.equal(forced.body.code, 'permission_denied');
 
+    // A member may stop their own job, not another's (the admin's here).
+    const member = (await kiln.cli(['user', 'create', 'mia'])).stdout.trim().split('\n').pop().trim();
+    await kiln.cli(['project', 'add-member', 'vision', 'mia', '--role', 'member']);
+    const own = await submit(kiln, ['sleep', '300'], { name: 'mine', project: 'vision', token: member });
+    const page = await newPage(browser);
+    await login(page, kiln.url, member);
+    await page.goto(`${kiln.url}/runs/${own}`);
+    await page.getByTestId('stop').waitFor();
+    await page.goto(`${kiln.url}/runs/${id}`);
+    await page.getByTestId('run-state').and(page.locator('[data-state="RUNNING"]')).waitFor();
+    assert.equal(await page.getByTestId('stop').count(), 0);
+    // The User column names the member's own runs.
+    await page.goto(`${kiln.url}/?q=user:mia`);
+    await page.locator(`tr[data-job-id="${own}"]`).waitFor();
+    assert.equal(await page.locator('tr[data-job-id]').count(), 1);
+    await page.goto(`${kiln.url}/runs/${own}`);
+    await page.getByTestId('stop').click();
+    await page.getByTestId('run-state').and(page.locator('[data-state="STOPPED"]')).waitFor({ timeout: 60_000 });
+
     const admin = await newPage(browser);
     await login(admin, kiln.url, kiln.token);
     await admin.goto(`${kiln.url}/runs/${id}`);
     await admin.getByTestId('stop').click();
     await admin.getByTestId('run-state').and(admin.locator('[data-state="STOPPED"]')).waitFor({ timeout: 60_000 });
     assert.deepEqual(viewer.errors, []);
+    assert.deepEqual(page.errors, []);
     assert.deepEqual(admin.errors, []);
   });
 });

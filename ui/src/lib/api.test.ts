@@ -26,14 +26,14 @@ describe('rpc', () => {
 
   it('throws the server\'s code and message with the status', async () => {
     fetchMock.mockResolvedValue(answer(403, { code: 'permission_denied', message: 'needs maintainer' }));
-    const error = await rpc('JobService', 'StopJob', {}).catch((e) => e);
+    const error = (await rpc('JobService', 'StopJob', {}).catch((e: unknown) => e)) as ApiError;
     expect(error).toBeInstanceOf(ApiError);
     expect([error.status, error.code, error.message]).toEqual([403, 'permission_denied', 'needs maintainer']);
   });
 
   it('keeps the status line when the error body is not JSON', async () => {
     fetchMock.mockResolvedValue(new Response('<html>bad gateway</html>', { status: 502, statusText: 'Bad Gateway' }));
-    const error = await rpc('JobService', 'ListJobs').catch((e) => e);
+    const error = (await rpc('JobService', 'ListJobs').catch((e: unknown) => e)) as ApiError;
     expect([error.status, error.code, error.message]).toEqual([502, 'unknown', '502 Bad Gateway']);
   });
 

@@ -52,6 +52,13 @@ describe('matches', () => {
     expect(matches(parseFilter('acc!=1').terms, run)).toBe(true);
   });
 
+  it('matches a user by name or by id', () => {
+    const run = subject({ user: 'ada', userId: '01u1' });
+    expect(matches(parseFilter('user:ADA').terms, run)).toBe(true);
+    expect(matches(parseFilter('user:01u1').terms, run)).toBe(true);
+    expect(matches(parseFilter('user:bob').terms, run)).toBe(false);
+  });
+
   it('ANDs every term', () => {
     const run = subject({}, { lr: 0.1 });
     expect(matches(parseFilter('project:vision user:ada lr>=0.1 resnet').terms, run)).toBe(true);

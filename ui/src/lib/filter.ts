@@ -77,7 +77,9 @@ export function parseFilter(input: string): ParsedFilter {
 export interface FilterSubject {
   state: string;
   project: string;
+  /** The owner's name when known, else their id; `userId` is the id. */
   user: string;
+  userId?: string;
   sweep: string;
   name: string;
   id: string;
@@ -112,6 +114,7 @@ function matchesField(subject: FilterSubject, field: Extract<Term, { kind: 'fiel
   }
   if (field === 'name') return subject.name.toLowerCase().includes(wanted);
   if (field === 'id') return subject.id.toLowerCase().includes(wanted);
+  if (field === 'user') return subject.user.toLowerCase() === wanted || subject.userId?.toLowerCase() === wanted;
   return subject[field].toLowerCase() === wanted;
 }
 

@@ -30,6 +30,11 @@ describe('runs table model', () => {
     expect(filterJobs(jobs, parseFilter('lr>0.01 loss<0.5').terms, latest).map((j) => j.id)).toEqual(['a']);
   });
 
+  it('filters on an owner by name when the name is known', () => {
+    const jobs = [job('a', {}), job('b', {}, { owner: 'u2' })];
+    expect(filterJobs(jobs, parseFilter('user:ada').terms, latest, new Map([['u1', 'ada']])).map((j) => j.id)).toEqual(['a']);
+  });
+
   it('sorts by a metric with missing values last in both directions', () => {
     const jobs = [job('c', {}), job('b', {}), job('a', {})];
     const up = sortJobs(jobs, { key: { kind: 'metric', key: 'loss' }, descending: false }, latest, 0);

@@ -42,13 +42,15 @@ export function keyedValue(job: Job, latest: Latest, key: string): number | stri
   return latest.get(job.id)?.get(key);
 }
 
-export function filterJobs(jobs: Job[], terms: Term[], latest: Latest): Job[] {
+/** `userNames` maps owner ids to names where known (all of them for the admin). */
+export function filterJobs(jobs: Job[], terms: Term[], latest: Latest, userNames: Map<string, string> = new Map()): Job[] {
   if (terms.length === 0) return jobs;
   return jobs.filter((job) =>
     matches(terms, {
       state: job.state,
       project: job.spec?.project ?? '',
-      user: job.owner,
+      user: userNames.get(job.owner) ?? job.owner,
+      userId: job.owner,
       sweep: job.sweepId,
       name: job.spec?.name ?? '',
       id: job.id,
