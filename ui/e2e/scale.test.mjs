@@ -1,9 +1,10 @@
 // The Runs table with 10,000 runs: only the rows in view are in the DOM, scrolling and the
-// keyboard reach the oldest run, and a filter on config narrows all of them.
+// keyboard reach the oldest run, and a filter on config narrows all of them. A log of 100,000
+// lines: all of them come over the stream, a few dozen are in the DOM.
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { launch, login, newPage } from './browser.mjs';
-import { startKiln } from './kiln.mjs';
+import { startKiln, submit, waitForJob } from './kiln.mjs';
 
 const RUNS = 10_000;
 /** CreateRun calls in flight at once. */
@@ -66,6 +67,28 @@ describe('scale', () => {
     await page.goBack();
     await page.getByTestId('filter').fill('lr>=0.2');
     await page.waitForFunction((n) => document.querySelector('[data-testid="run-count"]')?.textContent === `2 of ${n} runs`, RUNS);
+    assert.deepEqual(page.errors, []);
+  });
+
+  it('streams a log of 100,000 lines into a virtualised view', async () => {
+    const id = await submit(kiln, ['seq', '1', '100000'], { name: 'lines' });
+    await waitForJob(kiln, id);
+    const page = await newPage(browser);
+    await login(page, kiln.url, kiln.token);
+    await page.goto(`${kiln.url}/runs/${id}`);
+    const logs = page.getByTestId('logs');
+    await page.waitForFunction(() => document.querySelector('[data-testid="logs"]')?.dataset.lines === '100000', null, { timeout: 120_000 });
+    const rendered = await logs.locator('[data-seq]').count();
+    assert.ok(rendered > 10 && rendered < 200, `${rendered} lines in the DOM`);
+    // Following: the view is at the end.
+    await logs.locator('[data-seq]', { hasText: /^100000$/ }).waitFor();
+    await page.getByTestId('log-search').fill('99999');
+    await page.waitForFunction(() => document.querySelectorAll('[data-testid="logs"] [data-seq]').length === 1);
+    assert.equal(await logs.locator('[data-seq]').textContent(), '99999');
+    await page.getByTestId('log-search').fill('');
+    await logs.evaluate((element) => (element.scrollTop = 0));
+    await logs.locator('[data-seq]', { hasText: /^1$/ }).waitFor();
+    assert.equal(await page.getByTestId('log-follow').isChecked(), false);
     assert.deepEqual(page.errors, []);
   });
 });
