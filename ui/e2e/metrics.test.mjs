@@ -49,8 +49,12 @@ describe('metrics', () => {
     assert.equal(await chart.getByTestId('total-points').getAttribute('data-total'), '1000000');
     await screenshot(page, 'run-million', { fullPage: true });
 
-    // Dragging across the middle asks for that step range only.
+    // Pointing at the chart reads the bucket under the cursor.
     const box = await chart.locator('.u-over').boundingBox();
+    await page.mouse.move(box.x + box.width / 2, box.y + box.height / 2);
+    await page.waitForFunction(() => /^step \d+: /.test(document.querySelector('[data-key="train/loss"] [data-testid="chart-value"]')?.textContent ?? ''));
+
+    // Dragging across the middle asks for that step range only.
     await page.mouse.move(box.x + box.width * 0.4, box.y + box.height / 2);
     await page.mouse.down();
     await page.mouse.move(box.x + box.width * 0.5, box.y + box.height / 2, { steps: 5 });
