@@ -459,11 +459,13 @@ async function measure(context, { name, url, cfg, apiPrefix, after, trace }) {
     const slowest = before.reduce((a, b) => (b.end - b.start > (a ? a.end - a.start : -1) ? b : a), undefined);
     if (slowest) done.slowestCall = { name: slowest.name, ms: Math.round(slowest.end - slowest.start), bytes: slowest.bytes };
     done.errors = errors.length;
+    // The waterfall of the API calls before the drawn frame (in the JSON report only).
+    done.calls = before.map((call) => ({ name: call.name, start: Math.round(call.start), end: Math.round(call.end), bytes: call.bytes }));
     let second;
     if (after && !done.timeout) second = await after(page, done);
     await page.close();
     if (rep === 0) {
-      log(`${name}: warm-up ${Math.round(done.ms)} ms ${JSON.stringify({ ...done, ms: undefined, slowestCall: undefined })}${second ? ` then ${Math.round(second.ms)} ms` : ''}`);
+      log(`${name}: warm-up ${Math.round(done.ms)} ms ${JSON.stringify({ ...done, ms: undefined, slowestCall: undefined, calls: undefined })}${second ? ` then ${Math.round(second.ms)} ms` : ''}`);
       if (done.timeout) break;
       continue;
     }
@@ -567,7 +569,7 @@ function report(kiln, mlflow, load, meta) {
     { scenario: `compare ${SIZES.compareRuns} runs × ${SIZES.compareKeys} keys`, size: `${SIZES.compareRuns} runs × ${SIZES.compareKeys} keys × ${fmt(SIZES.comparePoints)} pts`, kiln: kiln.compare.ms, mlflow: mlflow?.compare?.ms, goalMs: 1500, note: 'MLflow: experiment chart view, 20 runs shown' },
     { scenario: `Runs table: first rows`, size: `${fmt(SIZES.runs)} runs`, kiln: kiln.runs.ms, mlflow: mlflow?.runs?.ms, goalMs: 1000, note: `rows listed: kiln ${kiln.runs.detail?.rows ?? '?'}, MLflow ${mlflow?.runs?.detail?.rows ?? '?'} (a page)` },
     { scenario: `Runs table: scroll to the last run`, size: `${fmt(SIZES.runs)} runs`, kiln: kiln.runs.then?.ms, mlflow: mlflow?.runs?.then?.ms, goalMs: 1000, note: mlflow?.runs?.then ? `MLflow: ${mlflow.runs.then.detail?.clicks ?? '?'} "Load more" presses${mlflow.runs.then.timeouts ? ', timed out' : ''}` : '' },
-  ].map((row) => {
+  ].filter((row) => WITH_MLFLOW || !row.scenario.includes('MLflow')).map((row) => {
     const ratio = row.kiln && row.mlflow ? row.mlflow.median / row.kiln.median : undefined;
     return {
       ...row,
@@ -586,7 +588,7 @@ function report(kiln, mlflow, load, meta) {
   const widths = header.map((h, i) => Math.max(h.length, ...lines.map((line) => line[i].length)));
   const printLine = (cells) => console.log(cells.map((cell, i) => cell.padEnd(widths[i])).join(' | '));
   console.log('');
-  console.log(`kiln web UI vs MLflow ${meta.mlflowVersion ?? ''} UI — ${meta.kilnBin} — chromium ${meta.chromium} — ${meta.cpus} CPUs, load ${meta.loadBefore.map((l) => l.toFixed(2)).join(' ')} before / ${meta.loadAfter.map((l) => l.toFixed(2)).join(' ')} after`);
+  console.log(`kiln web UI${meta.mlflowVersion ? ` vs MLflow ${meta.mlflowVersion} UI` : ''} — ${meta.kilnBin} — chromium ${meta.chromium} — ${meta.cpus} CPUs, load ${meta.loadBefore.map((l) => l.toFixed(2)).join(' ')} before / ${meta.loadAfter.map((l) => l.toFixed(2)).join(' ')} after`);
   printLine(header);
   console.log(widths.map((w) => '-'.repeat(w)).join('-|-'));
   for (const line of lines) printLine(line);
