@@ -13,6 +13,8 @@ import { promisify } from 'node:util';
 const run = promisify(execFile);
 export const REPO = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 export const KILN_BIN = process.env.KILN_BIN || join(REPO, 'target', 'debug', 'kiln');
+/** The built UI kiln serves (`npm run build`); KILN_UI_DIST tests another build. */
+export const UI_DIST = process.env.KILN_UI_DIST || join(REPO, 'ui', 'dist');
 
 async function freePort() {
   return new Promise((resolve, reject) => {
@@ -58,7 +60,21 @@ function waitForOutput(child, pattern, timeoutMs) {
   });
 }
 
+/**
+ * Starts kiln; a free port found here may be taken by another process before kiln binds it,
+ * so a start that fails on a port in use is tried again on new ports.
+ */
 export async function startKiln() {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await startKilnOnce();
+    } catch (error) {
+      if (attempt >= 3 || !/Address already in use/.test(String(error.message))) throw error;
+    }
+  }
+}
+
+async function startKilnOnce() {
   const home = await mkdtemp(join(tmpdir(), 'kiln-ui-e2e-'));
   const [apiPort, logs, batch, advisor, predictor, predictorHttp, metrics, http] = await Promise.all(Array.from({ length: 8 }, freePort));
   const at = (port) => `127.0.0.1:${port}`;
@@ -66,7 +82,7 @@ export async function startKiln() {
     'up', '--home', home, '--provider', 'process',
     '--api-addr', at(apiPort), '--logs-addr', at(logs), '--batch-addr', at(batch), '--advisor-addr', at(advisor),
     '--predictor-addr', at(predictor), '--predictor-http-addr', at(predictorHttp), '--metrics-addr', at(metrics),
-    '--http-addr', at(http), '--ui-dir', join(REPO, 'ui', 'dist'),
+    '--http-addr', at(http), '--ui-dir', UI_DIST,
   ], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, KILN_HOME: home } });
   child.stdout.setEncoding('utf8');
   child.stderr.setEncoding('utf8');
@@ -75,7 +91,14 @@ export async function startKiln() {
   child.stdout.on('data', keepLog);
   child.stderr.on('data', keepLog);
 
-  const [, url] = await waitForOutput(child, /\bui:\s+(http:\/\/\S+?)\/?\s/, 120_000);
+  let url;
+  try {
+    [, url] = await waitForOutput(child, /\bui:\s+(http:\/\/\S+?)\/?\s/, 120_000);
+  } catch (error) {
+    if (child.exitCode === null) child.kill('SIGKILL');
+    await rm(home, { recursive: true, force: true });
+    throw error;
+  }
   const credentials = await readFile(join(home, 'credentials.toml'), 'utf8');
   const token = /^token\s*=\s*"([^"]+)"/m.exec(credentials)?.[1];
   if (!token) throw new Error(`no token in ${home}/credentials.toml`);
