@@ -44,6 +44,7 @@ impl pb::node_service_server::NodeService for NodeApi {
                 })
                 .collect(),
             user: principal.user_name,
+            user_id: principal.user_id,
             admin: principal.is_admin,
             token_name: principal.token_name,
             job_id,

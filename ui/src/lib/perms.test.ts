@@ -4,7 +4,7 @@ import type { RoleName, WhoAmI } from './types';
 
 function me(role: RoleName | undefined, admin = false): WhoAmI {
   return {
-    user: 'ada', admin, tokenName: 't', jobId: '', service: 'api',
+    user: 'ada', userId: 'u-ada', admin, tokenName: 't', jobId: '', service: 'api',
     memberships: role ? [{ project: 'vision', user: 'ada', role }] : [],
   };
 }

@@ -1,8 +1,7 @@
-// Who is signed in (NodeService/WhoAmI), and their user id, which WhoAmI does not give but jobs
-// carry as `owner`: the owner of any job ListJobs returns without `everyone` is the caller.
+// Who is signed in (NodeService/WhoAmI), and their user id: what jobs carry as `owner`.
 
-import { rpc, whoAmI } from './api';
-import type { Job, WhoAmI } from './types';
+import { whoAmI } from './api';
+import type { WhoAmI } from './types';
 
 export const session = $state<{ me: WhoAmI | undefined; myUserId: string | undefined; loaded: boolean }>({
   me: undefined,
@@ -11,27 +10,17 @@ export const session = $state<{ me: WhoAmI | undefined; myUserId: string | undef
 });
 
 export async function loadSession(): Promise<void> {
+  let me: WhoAmI | undefined;
   try {
-    session.me = await whoAmI();
+    me = await whoAmI();
   } catch {
-    session.me = undefined;
+    me = undefined;
   }
-  session.loaded = true;
-  if (session.me) void loadMyUserId();
-}
-
-async function loadMyUserId(): Promise<void> {
-  try {
-    const { jobs } = await rpc<{ jobs: Job[] }>('JobService', 'ListJobs', { all: true, limit: 1 });
-    session.myUserId = jobs[0]?.owner;
-  } catch {
-    session.myUserId = undefined;
-  }
+  setSession(me);
 }
 
 export function setSession(me: WhoAmI | undefined): void {
   session.me = me;
   session.loaded = true;
-  session.myUserId = undefined;
-  if (me) void loadMyUserId();
+  session.myUserId = me?.userId || undefined;
 }

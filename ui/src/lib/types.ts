@@ -112,6 +112,8 @@ export interface WhoAmI {
   jobId: string;
   memberships: Member[];
   service: string;
+  /** The caller's user id: what jobs carry as `owner`. */
+  userId: string;
 }
 
 export interface BatchCounts {
