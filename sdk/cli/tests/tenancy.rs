@@ -6,18 +6,7 @@ use std::process::{Command, Stdio};
 
 mod common;
 
-use common::{KILN, Up, text};
-
-/// The last line of a command's stdout (where token-making commands put the token).
-fn last_line(output: &std::process::Output) -> String {
-    assert!(output.status.success(), "{}", text(&output.stderr));
-    text(&output.stdout)
-        .lines()
-        .last()
-        .unwrap_or_default()
-        .trim()
-        .to_string()
-}
+use common::{KILN, Up, last_line, text};
 
 fn ok(output: std::process::Output) -> String {
     assert!(output.status.success(), "{}", text(&output.stderr));

@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod http;
+
 pub const KILN: &str = env!("CARGO_BIN_EXE_kiln");
 
 /// A `kiln up` running on a temp KILN_HOME, on free ports.
@@ -195,6 +197,17 @@ pub fn spawn_up(home: &Path, flags: &[String]) -> Child {
         .stderr(log)
         .spawn()
         .unwrap()
+}
+
+/// The last line of a command's stdout (where commands put the id or token they made).
+pub fn last_line(output: &Output) -> String {
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    text(&output.stdout)
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .trim()
+        .to_string()
 }
 
 pub fn text(bytes: &[u8]) -> String {
