@@ -81,6 +81,14 @@ describe('metrics', () => {
     for (const id of ids) await page.locator(`tr[data-job-id="${id}"] [data-testid="select"]`).check();
     // The config and the latest metric values are columns of the table.
     await page.locator(`tr[data-job-id="${ids[0]}"] td[data-metric="loss"]`).filter({ hasText: /\d/ }).waitFor();
+    // The best loss is the series' lowest value, as the table shows numbers (4 digits).
+    const lowest = (scale) => Math.min(...Array.from({ length: 2_000 }, (_, step) => (step === 7 ? Infinity : scale * (Math.exp(-step / 500) + 0.05 * Math.sin(step)))));
+    const shown = (value) => Number(value.toPrecision(4)).toString();
+    assert.equal(await page.locator(`tr[data-job-id="${ids[0]}"] td[data-best="loss"]`).textContent(), shown(lowest(1)));
+    // Sorting by it puts the lowest first: the run scaled by 3 dips furthest below zero.
+    await page.getByTestId('sort-best-loss').click();
+    const order = await page.locator('tr[data-job-id]').evaluateAll((rows) => rows.slice(0, 3).map((row) => row.dataset.jobId));
+    assert.deepEqual(order, [ids[2], ids[1], ids[0]]);
     await screenshot(page, 'runs-selected');
     await page.getByTestId('compare').click();
     await page.waitForURL(/\/compare\?ids=/);

@@ -158,6 +158,19 @@ fn metrics_come_back_as_bands_a_chart_draws_per_pixel() {
     let zoomed = &zoomed["series"][0];
     assert_eq!(zoomed["totalPoints"], 50);
     assert_eq!(zoomed["bands"]["steps"].as_array().unwrap().len(), 50);
+
+    // One bucket summarises the whole series: the Runs table's latest and best values.
+    let (_, whole) = json_of(rpc(
+        &up,
+        &admin,
+        "LogService/QueryMetrics",
+        json!({"jobIds": [job], "maxPoints": 1, "bands": true}),
+    ));
+    let whole = &whole["series"][0]["bands"];
+    assert_eq!(whole["steps"], json!([9999]));
+    assert_eq!(whole["mins"], json!([-9998.0]));
+    assert_eq!(whole["maxs"], json!([1e6]));
+    assert_eq!(whole["lasts"], json!(["NaN"]));
 }
 
 #[test]

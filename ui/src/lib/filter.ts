@@ -1,6 +1,6 @@
 // The Runs page's filter box: `state:RUNNING project:x user:y sweep:z lr>0.01 loss<0.5 word`.
 // `field:value` matches a job's field, `key OP value` compares a config value or the latest
-// value of a metric, and a bare word matches the name or id.
+// value of a metric (`best(key) OP value` its best value), and a bare word matches the name or id.
 
 export type Op = '<' | '<=' | '>' | '>=' | '=' | '!=';
 
@@ -83,7 +83,7 @@ export interface FilterSubject {
   sweep: string;
   name: string;
   id: string;
-  /** A config value or latest metric by key; undefined when the run has neither. */
+  /** A config value or metric value by key; undefined when the run has neither. */
   value: (key: string) => number | string | boolean | undefined;
 }
 

@@ -1,16 +1,36 @@
 // The Runs table's model: its columns, how a row is filtered and sorted. Metric values are
-// each run's latest (LogService/LatestMetrics), kept by job id then key.
+// each run's latest and best, kept by job id then key: both come from one QueryMetrics call
+// asking for a single band over the whole series (its last, lowest and highest value).
 
-import { matches, type Term } from './filter';
-import { configValue } from './numbers';
+import { comparedKeys, matches, type Term } from './filter';
+import { configValue, toNumber } from './numbers';
 import { jobDurationMs } from './format';
-import type { Job } from './types';
+import type { Job, MetricSeries } from './types';
 
 export type Latest = Map<string, Map<string, number>>;
 
+/** Metric values by job then key: the latest, and the best (lowest or highest, by metricGoal). */
+export interface RunMetrics {
+  latest: Latest;
+  best: Latest;
+}
+
 export type SortKey =
   | { kind: 'field'; field: 'state' | 'name' | 'id' | 'user' | 'project' | 'duration' | 'cost' | 'created' }
-  | { kind: 'config' | 'metric'; key: string };
+  | { kind: 'config' | 'metric' | 'best'; key: string };
+
+/** Whether lower or higher values of a metric are better. A key that reads as an error (loss,
+ * error, mse, perplexity, latency, …) is best at its lowest; any other (accuracy, f1, reward,
+ * throughput, …) at its highest. */
+export function metricGoal(key: string): 'min' | 'max' {
+  return LOWER_IS_BETTER.test(key) ? 'min' : 'max';
+}
+const LOWER_IS_BETTER = /loss|err|mse|mae|rmse|mape|nll|perplexity|ppl|wer|cer|latency|regret|divergence/i;
+
+/** `best(loss)` in a filter or sort names the best value of `loss`; the inner key, else undefined. */
+export function bestOf(key: string): string | undefined {
+  return /^best\((.+)\)$/.exec(key)?.[1];
+}
 
 export interface Sort {
   key: SortKey;
@@ -35,15 +55,17 @@ export function metricColumns(latest: Latest, max = MAX_METRIC_COLUMNS): string[
   return [...keys].sort().slice(0, max);
 }
 
-/** A run's value for a filter or sort key: its config value first, else its latest metric. */
-export function keyedValue(job: Job, latest: Latest, key: string): number | string | boolean | undefined {
+/** A run's value for a filter key: its config value first, else its latest metric, or the
+ * best one for `best(key)`. */
+export function keyedValue(job: Job, metrics: RunMetrics, key: string): number | string | boolean | undefined {
   const config = configValue(job.config?.[key]);
   if (config !== undefined) return config;
-  return latest.get(job.id)?.get(key);
+  const best = bestOf(key);
+  return best === undefined ? metrics.latest.get(job.id)?.get(key) : metrics.best.get(job.id)?.get(best);
 }
 
 /** `userNames` maps owner ids to names where known (all of them for the admin). */
-export function filterJobs(jobs: Job[], terms: Term[], latest: Latest, userNames: Map<string, string> = new Map()): Job[] {
+export function filterJobs(jobs: Job[], terms: Term[], metrics: RunMetrics, userNames: Map<string, string> = new Map()): Job[] {
   if (terms.length === 0) return jobs;
   return jobs.filter((job) =>
     matches(terms, {
@@ -54,13 +76,16 @@ export function filterJobs(jobs: Job[], terms: Term[], latest: Latest, userNames
       sweep: job.sweepId,
       name: job.spec?.name ?? '',
       id: job.id,
-      value: (key) => keyedValue(job, latest, key),
+      value: (key) => keyedValue(job, metrics, key),
     }),
   );
 }
 
-function sortValue(job: Job, key: SortKey, latest: Latest, nowMs: number): number | string | boolean | undefined {
-  if (key.kind !== 'field') return key.kind === 'config' ? configValue(job.config?.[key.key]) : latest.get(job.id)?.get(key.key);
+function sortValue(job: Job, key: SortKey, metrics: RunMetrics, nowMs: number): number | string | boolean | undefined {
+  if (key.kind === 'config') return configValue(job.config?.[key.key]);
+  if (key.kind === 'metric') return metrics.latest.get(job.id)?.get(key.key);
+  if (key.kind === 'best') return metrics.best.get(job.id)?.get(key.key);
+  if (key.kind !== 'field') return undefined;
   switch (key.field) {
     case 'state': return job.state;
     case 'name': return job.spec?.name ?? '';
@@ -74,8 +99,8 @@ function sortValue(job: Job, key: SortKey, latest: Latest, nowMs: number): numbe
 }
 
 /** Sorts a copy; runs without a value (or a NaN) go last in either direction. */
-export function sortJobs(jobs: Job[], sort: Sort, latest: Latest, nowMs: number): Job[] {
-  const keyed = jobs.map((job) => ({ job, value: sortValue(job, sort.key, latest, nowMs) }));
+export function sortJobs(jobs: Job[], sort: Sort, metrics: RunMetrics, nowMs: number): Job[] {
+  const keyed = jobs.map((job) => ({ job, value: sortValue(job, sort.key, metrics, nowMs) }));
   const sign = sort.descending ? -1 : 1;
   keyed.sort((a, b) => {
     const missingA = a.value === undefined || (typeof a.value === 'number' && Number.isNaN(a.value));
@@ -90,4 +115,47 @@ export function sortJobs(jobs: Job[], sort: Sort, latest: Latest, nowMs: number)
 export function sameSortKey(a: SortKey, b: SortKey): boolean {
   if (a.kind === 'field' && b.kind === 'field') return a.field === b.field;
   return a.kind === b.kind && (a as { key: string }).key === (b as { key: string }).key;
+}
+
+/** The metric keys whose values every run needs, not only the rows in view: those a filter
+ * compares (that are not config columns) and the one sorted on, split into latest and best. */
+export function keysForAllRuns(terms: Term[], sort: SortKey, configKeys: string[]): { latest: string[]; best: string[] } {
+  const latest = new Set<string>();
+  const best = new Set<string>();
+  for (const key of comparedKeys(terms)) {
+    if (configKeys.includes(key)) continue;
+    const inner = bestOf(key);
+    if (inner === undefined) latest.add(key);
+    else best.add(inner);
+  }
+  if (sort.kind === 'metric') latest.add(sort.key);
+  if (sort.kind === 'best') best.add(sort.key);
+  return { latest: [...latest].sort(), best: [...best].sort() };
+}
+
+/** Stores the single whole-series band of each series (QueryMetrics with bands and one bucket)
+ * as the run's latest and best value of that key. */
+export function storeSummaries(metrics: RunMetrics, series: MetricSeries[]): void {
+  for (const one of series) {
+    const bands = one.bands;
+    const last = bands ? bands.steps.length - 1 : -1;
+    if (!bands || last < 0) continue;
+    const extreme = metricGoal(one.key) === 'min' ? bands.mins[last] : bands.maxs[last];
+    valuesOf(metrics.latest, one.jobId).set(one.key, toNumber(bands.lasts[last]));
+    valuesOf(metrics.best, one.jobId).set(one.key, toNumber(extreme));
+  }
+}
+
+/** Stores each series' last point (LatestMetrics) as the run's latest value of that key. */
+export function storeLatest(metrics: RunMetrics, series: MetricSeries[]): void {
+  for (const one of series) {
+    const point = one.points[one.points.length - 1];
+    if (point) valuesOf(metrics.latest, one.jobId).set(one.key, toNumber(point.value));
+  }
+}
+
+function valuesOf(values: Latest, jobId: string): Map<string, number> {
+  let map = values.get(jobId);
+  if (!map) values.set(jobId, (map = new Map()));
+  return map;
 }
