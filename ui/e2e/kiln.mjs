@@ -149,7 +149,7 @@ async function startKilnOnce() {
     else await rm(home, { recursive: true, force: true });
   }
 
-  return { home, url, token, cli, api, call, stop, log: () => log };
+  return { home, url, token, predictorUrl: `http://${at(predictorHttp)}`, cli, api, call, stop, log: () => log };
 }
 
 /** Submits a job with the CLI (no code) and returns its id. */

@@ -26,7 +26,7 @@ describe('pages', () => {
     await login(page, kiln.url, kiln.token);
     for (const [path, name, ready] of [
       ['/sweeps', 'sweeps-empty', 'No sweeps'],
-      ['/services', 'services', 'No inference services'],
+      ['/services', 'services-empty', 'No inference services'],
     ]) {
       await page.goto(`${kiln.url}${path}`);
       await page.getByText(ready).waitFor();

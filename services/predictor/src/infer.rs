@@ -95,9 +95,14 @@ pub async fn infer(shared: &Arc<Shared>, spec: &ServiceSpec, request: InferReque
         Err(Error::Unavailable(_)) => "unavailable",
         Err(_) => "failed",
     };
-    shared
-        .metrics
-        .request(&spec.name, label, arrived.elapsed().as_secs_f64());
+    let seconds = arrived.elapsed().as_secs_f64();
+    shared.metrics.request(&spec.name, label, seconds);
+    shared.traffic.record(
+        &spec.name,
+        crate::traffic::Outcome::of_label(label),
+        seconds,
+        std::time::Instant::now(),
+    );
     outcome
 }
 

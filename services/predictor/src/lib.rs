@@ -13,7 +13,8 @@
 //! - [`manage`]: `ServeService`, services made, read, rolled, scaled and stopped, with their
 //!   [`record`]s and [`revision`]s; [`controller`]: the lease holder keeping every service's
 //!   worker jobs, switching rolls and splitting traffic, with the [`autoscale`]r;
-//! - [`service_metrics`]: `kiln_predictor_*`, per service and member.
+//! - [`service_metrics`]: `kiln_predictor_*`, per service and member; [`traffic`]: each
+//!   service's last five minutes of requests, for `GetService`.
 //!
 //! The predictor keeps no state of its own: replicas behind a load balancer answer alike.
 #![forbid(unsafe_code)]
@@ -47,6 +48,7 @@ pub mod predict;
 pub mod record;
 pub mod revision;
 pub mod service_metrics;
+pub mod traffic;
 
 pub use config::Config;
 pub use error::{Error, Result};
@@ -75,6 +77,8 @@ pub struct Shared {
     pub autoscaler: autoscale::Autoscaler,
     /// Requests this predictor answered for split services ([`infer`]'s traffic split).
     pub split_turns: std::sync::atomic::AtomicU64,
+    /// Each service's recent requests, for `GetService`.
+    pub traffic: traffic::Traffic,
     /// The relays' direct channels, from their load reports; `None` with `channel = "nats"`.
     pub directory: Option<direct::Directory>,
 }
@@ -137,6 +141,7 @@ impl Predictor {
                 wake: tokio::sync::Notify::new(),
                 autoscaler: Default::default(),
                 split_turns: Default::default(),
+                traffic: Default::default(),
                 directory: (config.channel == config::Channel::Direct).then(direct::Directory::default),
                 tokens: kiln_core::auth::CachedVerifier::new(
                     Arc::new(store.clone()),

@@ -153,6 +153,8 @@ impl ServeApi {
             .await?;
         crate::controller::publish(&self.shared, &crate::controller::live(&record, &first)).await?;
         tracing::info!(service = %record.name, owner = %caller.principal.user_name, "service created");
+        // A name made again after a stop starts with no traffic of its own.
+        self.shared.traffic.forget(&record.name);
         self.shared.wake.notify_one();
         self.describe(&record).await
     }
@@ -351,6 +353,7 @@ impl ServeApi {
             created_at_ms: record.created_at_ms,
             updated_at_ms: record.updated_at_ms,
             url: self.shared.http_url.clone(),
+            recent: Some(self.shared.traffic.summary(&record.name, std::time::Instant::now())),
         })
     }
 }

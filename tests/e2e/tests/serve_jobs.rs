@@ -90,6 +90,28 @@ async fn a_service_of_jobs_rolls_to_a_new_revision_and_replaces_a_dead_worker_wi
         "{answered:?}"
     );
     assert!(answered.contains(&5.0));
+    // The predictor counted every one of them, answered, with their latency.
+    let recent = serve
+        .get_service(pb::GetServiceRequest { name: "scale".into() })
+        .await
+        .expect("get")
+        .into_inner()
+        .recent
+        .expect("recent traffic");
+    assert!(
+        recent.answered >= answered.len() as u64,
+        "{recent:?} for {} requests",
+        answered.len()
+    );
+    assert_eq!(
+        recent.requests,
+        recent.answered + recent.partial + recent.invalid + recent.failed,
+        "{recent:?}"
+    );
+    assert!(
+        recent.p50_ms > 0.0 && recent.p50_ms <= recent.p95_ms && recent.p95_ms <= recent.p99_ms,
+        "{recent:?}"
+    );
 
     let pid: i32 = std::fs::read_to_string(std::path::Path::new(&pid_dir).join(&worker))
         .expect("the worker's pid")

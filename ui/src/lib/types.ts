@@ -175,6 +175,11 @@ export interface Service {
   name: string; project: string; owner: string; state: string; reason: string;
   revision: number; latestRevision: number; members: ServiceMember[];
   createdAtMs: number; updatedAtMs: number; url: string; traffic: number; shadow: boolean;
+  recent?: ServiceTraffic;
+}
+export interface ServiceTraffic {
+  windowSeconds: number; requests: number; answered: number; partial: number; invalid: number; failed: number;
+  p50Ms: number; p95Ms: number; p99Ms: number;
 }
 
 export interface Model {

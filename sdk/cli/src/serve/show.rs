@@ -92,6 +92,7 @@ pub(super) fn print_status(service: &pb::Service) -> Result<()> {
     if !service.reason.is_empty() {
         out!("reason    {}", service.reason);
     }
+    out!("requests  {}", traffic_text(service.recent.as_ref()));
     let mut table = tabled::builder::Builder::default();
     table.push_record(["REVISION", "MEMBER", "MODEL", "WEIGHT", "WORKER", "STATE"]);
     for member in &service.members {
@@ -118,6 +119,24 @@ pub(super) fn print_status(service: &pb::Service) -> Result<()> {
     }
     out!("{}", table.build().with(Style::blank()));
     Ok(())
+}
+
+/// The last five minutes of requests: rate, latency percentiles, partial and failed shares.
+fn traffic_text(recent: Option<&pb::ServiceTraffic>) -> String {
+    let Some(recent) = recent.filter(|recent| recent.requests > 0 && recent.window_seconds > 0.0) else {
+        return "none in the last 5 minutes".into();
+    };
+    let share = |n: u64| n as f64 / recent.requests as f64 * 100.0;
+    format!(
+        "{:.2}/s over the last {:.0} s; p50 {:.1} ms, p95 {:.1} ms, p99 {:.1} ms; {:.1}% partial, {:.1}% failed",
+        recent.requests as f64 / recent.window_seconds,
+        recent.window_seconds,
+        recent.p50_ms,
+        recent.p95_ms,
+        recent.p99_ms,
+        share(recent.partial),
+        share(recent.failed + recent.invalid)
+    )
 }
 
 pub(super) fn service_json(service: &pb::Service) -> serde_json::Value {
@@ -154,7 +173,47 @@ pub(super) fn service_json(service: &pb::Service) -> serde_json::Value {
                 "state": state_name(worker.state),
             })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
+        "recent": service.recent.as_ref().map(|recent| json!({
+            "window_seconds": recent.window_seconds,
+            "requests": recent.requests,
+            "answered": recent.answered,
+            "partial": recent.partial,
+            "invalid": recent.invalid,
+            "failed": recent.failed,
+            "p50_ms": recent.p50_ms,
+            "p95_ms": recent.p95_ms,
+            "p99_ms": recent.p99_ms,
+        })),
         "created_at_ms": service.created_at_ms,
         "updated_at_ms": service.updated_at_ms,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn traffic_reads_as_rate_latency_and_shares() {
+        let recent = pb::ServiceTraffic {
+            window_seconds: 300.0,
+            requests: 600,
+            answered: 570,
+            partial: 24,
+            invalid: 3,
+            failed: 3,
+            p50_ms: 4.31,
+            p95_ms: 38.0,
+            p99_ms: 120.5,
+        };
+        assert_eq!(
+            traffic_text(Some(&recent)),
+            "2.00/s over the last 300 s; p50 4.3 ms, p95 38.0 ms, p99 120.5 ms; 4.0% partial, 1.0% failed"
+        );
+        assert_eq!(traffic_text(None), "none in the last 5 minutes");
+        assert_eq!(
+            traffic_text(Some(&pb::ServiceTraffic::default())),
+            "none in the last 5 minutes"
+        );
+    }
 }
