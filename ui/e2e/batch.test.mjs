@@ -1,4 +1,5 @@
-// A batch from the CLI: its page's counters move live until it is DONE, with its dead letter.
+// A batch from the CLI: its page's counters move live until it is DONE, with its dead letter,
+// which Retry runs again; Cancel from the page.
 import assert from 'node:assert/strict';
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -46,8 +47,26 @@ describe('batches', () => {
     const dead = page.getByTestId('dead-letters');
     await dead.locator('summary', { hasText: 'bad' }).click();
     await dead.getByTestId('item-logs').filter({ hasText: 'item bad' }).waitFor();
+    // The workers the page saw, over time.
+    assert.ok(Number(await page.getByTestId('workers-chart').getAttribute('data-points')) > 1);
     await screenshot(page, 'batch', { fullPage: true });
     await assertAccessible(page);
+
+    // Retrying the dead item runs it again: the batch is live, then done again (and dead again).
+    const before = await kiln.call('BatchService', 'GetBatch', { batchId });
+    await page.getByTestId('retry').click();
+    assert.equal(await page.getByTestId('retry-result').textContent(), 'Retried 1 dead item.');
+    const deadline = Date.now() + 120_000;
+    for (;;) {
+      const now = await kiln.call('BatchService', 'GetBatch', { batchId });
+      if (now.state === 'BATCH_STATE_DONE' && now.finishedAtMs > before.finishedAtMs) {
+        assert.equal(now.counts.dead, 1);
+        break;
+      }
+      assert.ok(Date.now() < deadline, `the retried batch never finished again: ${JSON.stringify(now)}`);
+      await new Promise((resolve) => setTimeout(resolve, 250));
+    }
+    await page.getByTestId('batch-state').and(page.locator('[data-state="DONE"]')).waitFor();
 
     await page.goto(`${kiln.url}/batches`);
     await page.locator(`tr[data-batch-id="${batchId}"]`).waitFor();
