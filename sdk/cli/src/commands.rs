@@ -84,7 +84,8 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
             None => std::env::current_dir()?,
         };
         let bundle = tokio::task::spawn_blocking(move || pack::pack(&root)).await??;
-        let uploaded = pack::upload(&mut clients, &bundle, "uploading code").await?;
+        let project = args.project.as_deref().unwrap_or_default();
+        let uploaded = pack::upload(&mut clients, &bundle, project, "uploading code").await?;
         tracing::debug!(digest = %bundle.digest, files = bundle.files, uploaded, "code bundle ready");
         code_digest = bundle.digest;
     }

@@ -63,8 +63,13 @@ pub enum DatasetCommand {
         #[arg(short, long, value_enum, default_value = "table")]
         output: Output,
     },
-    /// Delete a dataset (its creator or an admin; refused while a queued or running job names it).
-    Rm { name: String },
+    /// Delete a dataset (its creator or a maintainer; refused while a queued or running job names it).
+    Rm {
+        name: String,
+        /// The project it belongs to (default: `default`).
+        #[arg(long)]
+        project: Option<String>,
+    },
 }
 
 pub async fn artifacts(command: ArtifactsCommand) -> Result<ExitCode> {
@@ -152,7 +157,13 @@ pub async fn dataset(command: DatasetCommand) -> Result<ExitCode> {
                 bail!("{} is not a directory", from.display());
             }
             let bundle = tokio::task::spawn_blocking(move || pack::pack_with(&from, false)).await??;
-            pack::upload(&mut clients, &bundle, "uploading dataset").await?;
+            pack::upload(
+                &mut clients,
+                &bundle,
+                project.as_deref().unwrap_or_default(),
+                "uploading dataset",
+            )
+            .await?;
             let request = pb::CreateDatasetRequest {
                 name,
                 digest: bundle.digest.clone(),
@@ -166,8 +177,11 @@ pub async fn dataset(command: DatasetCommand) -> Result<ExitCode> {
                 bytes(dataset.size)
             );
         }
-        DatasetCommand::Rm { name } => {
-            let request = pb::DeleteDatasetRequest { name: name.clone() };
+        DatasetCommand::Rm { name, project } => {
+            let request = pb::DeleteDatasetRequest {
+                name: name.clone(),
+                project: project.unwrap_or_default(),
+            };
             let deleted = clients.datasets.delete_dataset(request).await?.into_inner();
             if deleted.archive_deleted {
                 out!("dataset {name} deleted");

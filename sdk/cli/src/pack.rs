@@ -128,12 +128,14 @@ pub fn pack_with(root: &Path, ignores: bool) -> Result<Bundle> {
     })
 }
 
-/// Uploads the bundle unless the server has it. Returns true when it was uploaded.
-pub async fn upload(clients: &mut Clients, bundle: &Bundle, what: &str) -> Result<bool> {
+/// Uploads the bundle to `project` (empty: `default`) unless that project has it. Returns true
+/// when it was uploaded.
+pub async fn upload(clients: &mut Clients, bundle: &Bundle, project: &str, what: &str) -> Result<bool> {
     let stat = clients
         .artifacts
         .stat_artifact(pb::StatArtifactRequest {
             digest: bundle.digest.clone(),
+            project: project.to_string(),
         })
         .await?
         .into_inner();
@@ -146,6 +148,7 @@ pub async fn upload(clients: &mut Clients, bundle: &Bundle, what: &str) -> Resul
         part: Some(Part::Header(pb::ArtifactHeader {
             digest: bundle.digest.clone(),
             size,
+            project: project.to_string(),
         })),
     };
     // Streamed from the file, a chunk at a time; a read error ends the stream early (the server

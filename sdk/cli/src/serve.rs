@@ -201,7 +201,7 @@ pub async fn serve(command: ServeCommand) -> Result<ExitCode> {
             project,
             definition,
         } => {
-            let definition = definition_of(&mut clients, definition).await?;
+            let definition = definition_of(&mut clients, project.as_deref().unwrap_or_default(), definition).await?;
             let service = clients
                 .serve
                 .create_service(pb::CreateServiceRequest {
@@ -276,7 +276,14 @@ pub async fn serve(command: ServeCommand) -> Result<ExitCode> {
             let definition = if rollout_only {
                 None
             } else {
-                Some(definition_of(&mut clients, definition).await?)
+                // The code goes to the service's project.
+                let project = clients
+                    .serve
+                    .get_service(pb::GetServiceRequest { name: name.clone() })
+                    .await?
+                    .into_inner()
+                    .project;
+                Some(definition_of(&mut clients, &project, definition).await?)
             };
             let service = clients
                 .serve
@@ -357,7 +364,11 @@ pub async fn serve(command: ServeCommand) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-async fn definition_of(clients: &mut client::Clients, args: DefinitionArgs) -> Result<pb::ServiceDefinition> {
+async fn definition_of(
+    clients: &mut client::Clients,
+    project: &str,
+    args: DefinitionArgs,
+) -> Result<pb::ServiceDefinition> {
     if args.models.is_empty() {
         bail!("give the service's model(s): --model NAME@ALIAS, NAME:VERSION or NAME (repeat for an ensemble)");
     }
@@ -378,7 +389,7 @@ async fn definition_of(clients: &mut client::Clients, args: DefinitionArgs) -> R
             None => std::env::current_dir()?,
         };
         let bundle = tokio::task::spawn_blocking(move || pack::pack(&root)).await??;
-        pack::upload(clients, &bundle, "uploading code").await?;
+        pack::upload(clients, &bundle, project, "uploading code").await?;
         code_digest = bundle.digest;
     }
     Ok(pb::ServiceDefinition {

@@ -81,7 +81,12 @@ pub async fn sweep(command: SweepCommand) -> Result<ExitCode> {
                     None => std::env::current_dir()?,
                 };
                 let bundle = tokio::task::spawn_blocking(move || pack::pack(&root)).await??;
-                pack::upload(&mut clients, &bundle, "uploading code").await?;
+                // The code goes to the sweep's project: the flag's, else the spec's.
+                let spec_project = kiln_advisor::spec::parse(&spec_yaml)
+                    .map(|checked| checked.spec.project)
+                    .unwrap_or_default();
+                let target = project.clone().unwrap_or(spec_project);
+                pack::upload(&mut clients, &bundle, &target, "uploading code").await?;
                 code_digest = bundle.digest;
             }
             let sweep = clients

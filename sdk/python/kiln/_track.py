@@ -66,6 +66,8 @@ class _Session:
     job_id: str
     api_address: str
     token: str
+    # The run's project, where its blobs go; empty inside a job (the job's own).
+    project: str = ""
 
     @property
     def metadata(self):
@@ -75,10 +77,10 @@ class _Session:
 _session: _Session | None = None
 
 
-def bind(job_id: str, api_address: str, token: str) -> None:
+def bind(job_id: str, api_address: str, token: str, project: str = "") -> None:
     """Called by `kiln.init`: the run and the api that `summary` and `save` talk to."""
     global _session
-    _session = _Session(job_id=job_id, api_address=api_address, token=token)
+    _session = _Session(job_id=job_id, api_address=api_address, token=token, project=project)
 
 
 def unbind() -> None:
@@ -135,8 +137,9 @@ def _digest(path: pathlib.Path) -> tuple[str, int]:
     return sha.hexdigest(), size
 
 
-def _chunks(path: pathlib.Path, digest: str, size: int) -> Iterator[artifact_pb2.UploadArtifactRequest]:
-    yield artifact_pb2.UploadArtifactRequest(header=artifact_pb2.ArtifactHeader(digest=digest, size=size))
+def _chunks(path: pathlib.Path, digest: str, size: int, project: str) -> Iterator[artifact_pb2.UploadArtifactRequest]:
+    header = artifact_pb2.ArtifactHeader(digest=digest, size=size, project=project)
+    yield artifact_pb2.UploadArtifactRequest(header=header)
     with open(path, "rb") as source:
         while chunk := source.read(CHUNK):
             yield artifact_pb2.UploadArtifactRequest(chunk=chunk)
@@ -180,11 +183,12 @@ def save(path: str | os.PathLike, name: str | None = None) -> Saved:
             if digest in done:
                 continue
             done.add(digest)
-            stat = artifacts.StatArtifact(artifact_pb2.StatArtifactRequest(digest=digest), metadata=session.metadata, timeout=60)
+            asked = artifact_pb2.StatArtifactRequest(digest=digest, project=session.project)
+            stat = artifacts.StatArtifact(asked, metadata=session.metadata, timeout=60)
             if stat.exists:
                 skipped += 1
                 continue
-            artifacts.UploadArtifact(_chunks(file, digest, size), metadata=session.metadata)
+            artifacts.UploadArtifact(_chunks(file, digest, size, session.project), metadata=session.metadata)
             uploaded += 1
         artifacts.SaveRunArtifact(
             artifact_pb2.SaveRunArtifactRequest(job_id=session.job_id, name=name, files=listed),

@@ -188,14 +188,21 @@ impl SweepApi {
             return self.describe(&self.view(existing).await?, true).await;
         }
         let store = &self.shared.store;
-        if !request.code_digest.is_empty() && store.artifact(&request.code_digest).await?.is_none() {
+        // The code and datasets must be the project's or of a project the caller reads; what is
+        // out of reach reads as missing.
+        if !request.code_digest.is_empty()
+            && caller
+                .usable_blob(store, &request.code_digest, &project)
+                .await?
+                .is_none()
+        {
             return Err(Error::FailedPrecondition(format!(
                 "code bundle {} is not uploaded; upload it with ArtifactService first",
                 request.code_digest
             )));
         }
         for name in &checked.spec.trial.datasets {
-            if store.dataset(name).await?.is_none() {
+            if caller.readable_dataset(store, &project, name).await?.is_none() {
                 return Err(Error::FailedPrecondition(format!(
                     "dataset {name} does not exist (trial.datasets)"
                 )));

@@ -4,6 +4,8 @@ use std::sync::Arc;
 
 use futures::Stream;
 use futures::StreamExt;
+use kiln_core::auth::Scope;
+use kiln_core::authz::Caller;
 use kiln_core::objects::{artifact_path, is_sha256_hex};
 use kiln_core::objects::{join, outputs_prefix, relative_path};
 use kiln_core::store::{NewArtifact, Store};
@@ -35,9 +37,14 @@ pub(crate) fn check_digest(digest: &str) -> Result<()> {
 }
 
 impl ArtifactsApi {
+    /// The project a blob call names (see [`blob_project`]).
+    async fn blob_project(&self, caller: &Caller, named: &str) -> Result<String> {
+        blob_project(&self.store, caller, named).await
+    }
+
     async fn upload(
         &self,
-        user_id: &str,
+        caller: &Caller,
         mut parts: Streaming<pb::UploadArtifactRequest>,
     ) -> Result<pb::UploadArtifactResponse> {
         let header = match parts.next().await {
@@ -61,6 +68,7 @@ impl ArtifactsApi {
                 ));
             }
         };
+        let project = self.blob_project(caller, &header.project).await?;
         check_digest(&header.digest)?;
         if header.size > self.max_bytes {
             return Err(Error::TooLarge(format!(
@@ -68,55 +76,32 @@ impl ArtifactsApi {
                 header.size, self.max_bytes
             )));
         }
-        if let Some(existing) = self.store.artifact(&header.digest).await? {
+        let stored = self.store.artifact(&header.digest).await?;
+        if let Some(existing) = &stored
+            && self.store.artifact_projects(&header.digest).await?.contains(&project)
+        {
             return Ok(pb::UploadArtifactResponse {
-                digest: existing.digest,
+                digest: existing.digest.clone(),
                 size: u64::try_from(existing.size).unwrap_or(0),
+                created: false,
+            });
+        }
+        if stored.is_some() {
+            // Stored for another project: knowing the digest is not having the content, so it
+            // is received and checked like a new blob before this project may use it.
+            receive(&mut parts, &header, None).await?;
+            self.store.grant_artifact(&header.digest, &project).await?;
+            tracing::info!(digest = %header.digest, project, "artifact proven and shared with a project");
+            return Ok(pb::UploadArtifactResponse {
+                digest: header.digest,
+                size: header.size,
                 created: false,
             });
         }
         // Stream into a multipart upload that only becomes visible once the digest checks out.
         let path = artifact_path(&header.digest);
         let mut writer = WriteMultipart::new(self.objects.put_multipart(&path).await?);
-        let mut hasher = Sha256::new();
-        let mut received: u64 = 0;
-        let outcome: Result<()> = async {
-            while let Some(part) = parts.next().await {
-                let part =
-                    part.map_err(|status| Error::InvalidArgument(format!("upload interrupted: {}", status.message())))?;
-                let Some(Part::Chunk(chunk)) = part.part else {
-                    return Err(Error::InvalidArgument(
-                        "only the first message of an upload may be a header".into(),
-                    ));
-                };
-                received += chunk.len() as u64;
-                if received > header.size {
-                    return Err(Error::InvalidArgument(format!(
-                        "upload is larger than its declared {} bytes",
-                        header.size
-                    )));
-                }
-                hasher.update(&chunk);
-                // At most 4 parts in flight: a fast client never fills the api's memory.
-                writer.wait_for_capacity(4).await?;
-                writer.write(&chunk);
-            }
-            if received != header.size {
-                return Err(Error::InvalidArgument(format!(
-                    "upload ended after {received} of {} bytes",
-                    header.size
-                )));
-            }
-            let actual = hex::encode(hasher.finalize_reset());
-            if actual != header.digest {
-                return Err(Error::InvalidArgument(format!(
-                    "content sha256 is {actual}, not the declared {}",
-                    header.digest
-                )));
-            }
-            Ok(())
-        }
-        .await;
+        let outcome = receive(&mut parts, &header, Some(&mut writer)).await;
         if let Err(error) = outcome {
             let _ = writer.abort().await;
             return Err(error);
@@ -127,7 +112,8 @@ impl ArtifactsApi {
             .insert_artifact(NewArtifact {
                 digest: header.digest.clone(),
                 size: i64::try_from(header.size).unwrap_or(i64::MAX),
-                created_by: user_id.to_string(),
+                created_by: caller.user_id().to_string(),
+                project: project.clone(),
             })
             .await?;
         tracing::info!(digest = %header.digest, size = header.size, created, "artifact stored");
@@ -137,6 +123,70 @@ impl ArtifactsApi {
             created,
         })
     }
+}
+
+/// Receives an upload's content after its header, into `writer` when given, and checks its
+/// size and sha256 against the header.
+async fn receive(
+    parts: &mut Streaming<pb::UploadArtifactRequest>,
+    header: &pb::ArtifactHeader,
+    mut writer: Option<&mut WriteMultipart>,
+) -> Result<()> {
+    let mut hasher = Sha256::new();
+    let mut received: u64 = 0;
+    while let Some(part) = parts.next().await {
+        let part =
+            part.map_err(|status| Error::InvalidArgument(format!("upload interrupted: {}", status.message())))?;
+        let Some(Part::Chunk(chunk)) = part.part else {
+            return Err(Error::InvalidArgument(
+                "only the first message of an upload may be a header".into(),
+            ));
+        };
+        received += chunk.len() as u64;
+        if received > header.size {
+            return Err(Error::InvalidArgument(format!(
+                "upload is larger than its declared {} bytes",
+                header.size
+            )));
+        }
+        hasher.update(&chunk);
+        if let Some(writer) = writer.as_deref_mut() {
+            // At most 4 parts in flight: a fast client never fills the api's memory.
+            writer.wait_for_capacity(4).await?;
+            writer.write(&chunk);
+        }
+    }
+    if received != header.size {
+        return Err(Error::InvalidArgument(format!(
+            "upload ended after {received} of {} bytes",
+            header.size
+        )));
+    }
+    let actual = hex::encode(hasher.finalize());
+    if actual != header.digest {
+        return Err(Error::InvalidArgument(format!(
+            "content sha256 is {actual}, not the declared {}",
+            header.digest
+        )));
+    }
+    Ok(())
+}
+
+/// The project a blob call names: a job's token acts in its job's project only; a user needs the
+/// method's role (viewer to ask, member to upload) in the project named (empty: `default`).
+pub(crate) async fn blob_project(store: &Store, caller: &Caller, named: &str) -> Result<String> {
+    if let Scope::Job(job_id) = &caller.principal.scope {
+        let job = store.job(job_id).await?;
+        if !named.is_empty() && named != job.project {
+            return Err(kiln_core::authz::Denied::NotFound {
+                kind: "project",
+                id: named.to_string(),
+            }
+            .into());
+        }
+        return Ok(job.project);
+    }
+    crate::access::project(store, caller, named).await
 }
 
 pub(crate) type ChunkStream = std::pin::Pin<Box<dyn Stream<Item = Result<pb::OutputChunk, Status>> + Send>>;
@@ -251,13 +301,24 @@ impl ArtifactService for ArtifactsApi {
         &self,
         request: Request<pb::StatArtifactRequest>,
     ) -> Result<Response<pb::StatArtifactResponse>, Status> {
-        crate::access::caller(&request)?;
-        check_digest(&request.get_ref().digest)?;
-        let found = self
-            .store
-            .artifact(&request.get_ref().digest)
-            .await
-            .map_err(Error::from)?;
+        let caller = crate::access::caller(&request)?;
+        let request = request.into_inner();
+        let project = self.blob_project(&caller, &request.project).await?;
+        check_digest(&request.digest)?;
+        // Only the project's own blobs: another's reads as absent (and is uploaded again).
+        let found = match self.store.artifact(&request.digest).await.map_err(Error::from)? {
+            Some(blob)
+                if self
+                    .store
+                    .artifact_projects(&request.digest)
+                    .await
+                    .map_err(Error::from)?
+                    .contains(&project) =>
+            {
+                Some(blob)
+            }
+            _ => None,
+        };
         Ok(Response::new(pb::StatArtifactResponse {
             exists: found.is_some(),
             size: found.map(|a| u64::try_from(a.size).unwrap_or(0)).unwrap_or(0),
@@ -304,7 +365,7 @@ impl ArtifactService for ArtifactsApi {
         request: Request<Streaming<pb::UploadArtifactRequest>>,
     ) -> Result<Response<pb::UploadArtifactResponse>, Status> {
         let caller = crate::access::caller(&request)?;
-        let response = self.upload(caller.user_id(), request.into_inner()).await?;
+        let response = self.upload(&caller, request.into_inner()).await?;
         Ok(Response::new(response))
     }
 }

@@ -1,10 +1,11 @@
 //! `DatasetService`: names for uploaded archives, which jobs mount read-only.
 //!
 //! A dataset is immutable: its name points at one content-addressed archive for good, so a job
-//! always sees the data it was submitted with. Dataset names are shared by all users. Its
-//! creator or an admin may delete it once no job that has not ended names it; the archive goes
-//! with it unless another dataset (or a live job's code) is the same blob. Datasets belong to a
-//! project (its viewers list them, members create them); names stay unique across projects.
+//! always sees the data it was submitted with. Datasets belong to a project (its viewers list
+//! them and name them from jobs of other projects as `PROJECT/NAME`, members create them), and
+//! names are unique in a project. Its creator or a maintainer may delete it once no job that has
+//! not ended names it; the archive goes with it unless another dataset (or a live job's code) is
+//! the same blob.
 
 use std::sync::Arc;
 
@@ -43,9 +44,9 @@ impl DatasetsApi {
         let project = access::project(&self.store, caller, &request.project).await?;
         validate_dataset_name(&request.name)?;
         let user_name = &caller.principal.user_name;
-        let artifact = self
-            .store
-            .artifact(&request.digest)
+        // The archive must be the project's, or of a project the caller reads.
+        let artifact = caller
+            .usable_blob(&self.store, &request.digest, &project)
             .await?
             .ok_or_else(|| Error::ArtifactMissing {
                 digest: request.digest.clone(),
@@ -57,26 +58,36 @@ impl DatasetsApi {
         {
             return Err(Error::DatasetExists { name: request.name });
         }
-        let dataset = self.store.dataset(&request.name).await?.expect("dataset just created");
+        let dataset = self
+            .store
+            .dataset(&project, &request.name)
+            .await?
+            .ok_or_else(|| Error::Internal(format!("dataset {} vanished after its creation", request.name)))?;
         tracing::info!(name = %dataset.name, digest = %dataset.digest, "dataset created");
         Ok(to_proto(dataset))
     }
 }
 
 impl DatasetsApi {
-    async fn delete(&self, caller: &Caller, name: &str) -> Result<pb::DeleteDatasetResponse> {
+    async fn delete(&self, caller: &Caller, request: &pb::DeleteDatasetRequest) -> Result<pb::DeleteDatasetResponse> {
+        let name = request.name.as_str();
+        let project = if request.project.is_empty() {
+            kiln_core::authz::DEFAULT_PROJECT
+        } else {
+            request.project.as_str()
+        };
         let missing = || Error::NotFound(format!("dataset {name} not found"));
-        let dataset = self.store.dataset(name).await?.ok_or_else(missing)?;
+        let dataset = self.store.dataset(project, name).await?.ok_or_else(missing)?;
         let creator = self.store.user_by_name(&dataset.created_by).await?;
         let owner_id = creator.as_ref().map_or("", |user| user.id.as_str());
         caller.authorize(&Resource::owned("dataset", name, &dataset.project, owner_id))?;
-        if let Some(job_id) = self.store.live_job_naming_dataset(name).await? {
+        if let Some(job_id) = self.store.live_job_naming_dataset(project, name).await? {
             return Err(Error::DatasetInUse {
                 name: name.to_string(),
                 job_id,
             });
         }
-        if !self.store.delete_dataset(name).await? {
+        if !self.store.delete_dataset(project, name).await? {
             return Err(missing());
         }
         let archive_deleted = !self.store.blob_in_use(&dataset.digest).await?;
@@ -101,7 +112,7 @@ impl DatasetService for DatasetsApi {
         request: Request<pb::DeleteDatasetRequest>,
     ) -> Result<Response<pb::DeleteDatasetResponse>, Status> {
         let caller = access::caller(&request)?;
-        Ok(Response::new(self.delete(&caller, &request.get_ref().name).await?))
+        Ok(Response::new(self.delete(&caller, request.get_ref()).await?))
     }
 
     #[tracing::instrument(skip_all, fields(name = %request.get_ref().name))]

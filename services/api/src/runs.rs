@@ -131,7 +131,9 @@ impl ArtifactsApi {
                 )));
             }
             check_digest(&file.digest)?;
-            let stored = self.store.artifact(&file.digest).await?;
+            // A blob of the job's project, or of one the caller reads (a blob out of reach reads
+            // as one never uploaded).
+            let stored = caller.usable_blob(&self.store, &file.digest, &job.project).await?;
             if stored.as_ref().and_then(|blob| u64::try_from(blob.size).ok()) != Some(file.size) {
                 return Err(Error::BlobMissing {
                     digest: file.digest,

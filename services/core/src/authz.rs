@@ -19,6 +19,7 @@ use crate::auth::{Principal, Scope};
 use crate::error::ErrorKind;
 
 mod policy;
+mod references;
 
 pub use policy::POLICY;
 

@@ -125,7 +125,7 @@ impl Registry {
         let sources = source_files(&self.store, self.objects.as_ref(), job, &request.path).await?;
         let mut manifest = Vec::with_capacity(sources.len());
         for source in &sources {
-            manifest.push(self.store_blob(source, &request.registered_by).await?);
+            manifest.push(self.store_blob(source, &request.registered_by, &job.project).await?);
         }
         manifest.sort_by(|a, b| a.path.cmp(&b.path));
         let metrics = latest_values(&self.nats, &job.id, self.metrics_timeout).await?;
@@ -161,7 +161,12 @@ impl Registry {
 
     /// Hashes a source file as it streams and copies it to its content-addressed blob (unless a
     /// blob of that content is stored already); records the blob.
-    async fn store_blob(&self, source: &SourceFile, registered_by: &str) -> Result<ManifestEntry, ModelError> {
+    async fn store_blob(
+        &self,
+        source: &SourceFile,
+        registered_by: &str,
+        project: &str,
+    ) -> Result<ManifestEntry, ModelError> {
         let mut hasher = Sha256::new();
         let mut size = 0u64;
         let mut chunks = self.objects.get(&source.location).await?.into_stream();
@@ -182,6 +187,7 @@ impl Registry {
                 digest: sha256.clone(),
                 size: size as i64,
                 created_by: registered_by.to_string(),
+                project: project.to_string(),
             })
             .await?;
         Ok(ManifestEntry {

@@ -388,6 +388,7 @@ async fn artifacts_are_recorded_once(store: Store) {
         digest: digest.clone(),
         size: 10,
         created_by: "u1".into(),
+        project: "default".into(),
     };
     assert!(store.insert_artifact(new()).await.unwrap());
     assert!(!store.insert_artifact(new()).await.unwrap());

@@ -116,10 +116,10 @@ impl BatchService for BatchApi {
         let batch = self.visible(&caller, &request.batch_id).await?;
         let (added, duplicates) = match request.source {
             Some(pb::add_items_from_objects_request::Source::Prefix(prefix)) => {
-                crate::sources::add_from_prefix(&self.shared, &batch.id, &prefix).await?
+                crate::sources::add_from_prefix(&self.shared, &batch.id, &batch.project, &prefix).await?
             }
             Some(pb::add_items_from_objects_request::Source::Manifest(path)) => {
-                crate::sources::add_from_manifest(&self.shared, &batch.id, &path).await?
+                crate::sources::add_from_manifest(&self.shared, &batch.id, &batch.project, &path).await?
             }
             None => return Err(Error::InvalidArgument("give a prefix or a manifest".into()).into()),
         };

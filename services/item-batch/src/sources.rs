@@ -1,11 +1,13 @@
 //! Items from object storage: the objects under a prefix (their paths as URIs), or the lines of
-//! a manifest object. Both are read as streams and added in messages of at most
+//! a manifest object, both among the outputs of the batch's project's jobs (what its members may
+//! read; no other object of kiln's store). Both are read as streams and added in messages of at most
 //! [`MAX_ITEMS_PER_MESSAGE`], so neither a listing of millions of objects nor a manifest of
 //! gigabytes is ever held whole; items go in listing order (lexicographic on S3).
 
 use futures::StreamExt;
 use kiln_proto::v1 as pb;
 use object_store::ObjectStoreExt;
+use object_store::path::Path as ObjectPath;
 
 use crate::Shared;
 use crate::error::{Error, Result};
@@ -68,10 +70,45 @@ impl<'a> Adder<'a> {
     }
 }
 
-/// Adds the objects under `prefix` as items; returns (added, duplicates).
-pub(crate) async fn add_from_prefix(shared: &Shared, batch_id: &str, prefix: &str) -> Result<(u64, u64)> {
-    let prefix = kiln_core::objects::relative_path(prefix)
-        .ok_or_else(|| Error::InvalidArgument(format!("{prefix:?} is not a relative object path")))?;
+/// Where a batch may take items from: the outputs of jobs of its own project
+/// (`outputs/<job id>/...`). `None` for a location of a job of another project or of no job,
+/// which the caller is told about as of a location that holds nothing; an error for a path
+/// that is no outputs location at all.
+async fn readable_location(shared: &Shared, project: &str, text: &str) -> Result<Option<ObjectPath>> {
+    let path = kiln_core::objects::relative_path(text)
+        .ok_or_else(|| Error::InvalidArgument(format!("{text:?} is not a relative object path")))?;
+    let mut parts = path.parts();
+    let (Some(root), Some(job_id)) = (parts.next(), parts.next()) else {
+        return Err(Error::InvalidArgument(format!(
+            "{text:?} is not a job's outputs: a batch takes items from outputs/<job id>/... of its project's jobs"
+        )));
+    };
+    if root.as_ref() != "outputs" {
+        return Err(Error::InvalidArgument(format!(
+            "{text:?} is not a job's outputs: a batch takes items from outputs/<job id>/... of its project's jobs"
+        )));
+    }
+    let Ok(job_id) = kiln_core::ids::parse_id("job", job_id.as_ref()) else {
+        return Ok(None);
+    };
+    match shared.store.job(&job_id).await {
+        Ok(job) if job.project == project => Ok(Some(path)),
+        Ok(_) | Err(kiln_core::store::StoreError::JobNotFound { .. }) => Ok(None),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Adds the objects under `prefix` (outputs of a job of the batch's `project`) as items;
+/// returns (added, duplicates).
+pub(crate) async fn add_from_prefix(
+    shared: &Shared,
+    batch_id: &str,
+    project: &str,
+    prefix: &str,
+) -> Result<(u64, u64)> {
+    let Some(prefix) = readable_location(shared, project, prefix).await? else {
+        return Err(Error::InvalidArgument(format!("no objects under {prefix}")));
+    };
     let mut adder = Adder::new(shared, batch_id);
     let mut listing = shared.objects.list(Some(&prefix));
     while let Some(meta) = listing.next().await {
@@ -85,9 +122,15 @@ pub(crate) async fn add_from_prefix(shared: &Shared, batch_id: &str, prefix: &st
 
 /// Adds the lines of a manifest object as items, one URI per line (blank lines and lines
 /// starting with # are skipped); returns (added, duplicates).
-pub(crate) async fn add_from_manifest(shared: &Shared, batch_id: &str, path: &str) -> Result<(u64, u64)> {
-    let location = kiln_core::objects::relative_path(path)
-        .ok_or_else(|| Error::InvalidArgument(format!("{path:?} is not a relative object path")))?;
+pub(crate) async fn add_from_manifest(
+    shared: &Shared,
+    batch_id: &str,
+    project: &str,
+    path: &str,
+) -> Result<(u64, u64)> {
+    let Some(location) = readable_location(shared, project, path).await? else {
+        return Err(Error::InvalidArgument(format!("manifest {path} does not exist")));
+    };
     let mut chunks = match shared.objects.get(&location).await {
         Ok(object) => object.into_stream(),
         Err(object_store::Error::NotFound { .. }) => {

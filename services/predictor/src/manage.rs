@@ -178,7 +178,7 @@ impl ServeApi {
         let worker = definition.worker.clone().unwrap_or_default();
         let resources = worker.resources.unwrap_or_default();
         let store = &self.shared.store;
-        if !worker.code_digest.is_empty() && store.artifact(&worker.code_digest).await?.is_none() {
+        if !worker.code_digest.is_empty() && caller.usable_blob(store, &worker.code_digest, project).await?.is_none() {
             return Err(Error::FailedPrecondition(format!(
                 "code bundle {} is not uploaded; upload it with ArtifactService first",
                 worker.code_digest

@@ -32,17 +32,28 @@ pub fn bundle(files: &[(&str, &str)]) -> (Vec<u8>, String) {
     (bytes, digest)
 }
 
-/// Uploads a bundle through `ArtifactService`.
+/// Uploads a bundle through `ArtifactService` to the `default` project.
 pub async fn upload(
     client: &mut ArtifactServiceClient<Authed>,
     bytes: &[u8],
     digest: &str,
+) -> Result<pb::UploadArtifactResponse, tonic::Status> {
+    upload_to(client, bytes, digest, "").await
+}
+
+/// Uploads a bundle through `ArtifactService` to `project` (empty: `default`, or a job's own).
+pub async fn upload_to(
+    client: &mut ArtifactServiceClient<Authed>,
+    bytes: &[u8],
+    digest: &str,
+    project: &str,
 ) -> Result<pb::UploadArtifactResponse, tonic::Status> {
     use pb::upload_artifact_request::Part;
     let mut messages = vec![pb::UploadArtifactRequest {
         part: Some(Part::Header(pb::ArtifactHeader {
             digest: digest.into(),
             size: bytes.len() as u64,
+            project: project.into(),
         })),
     }];
     messages.extend(bytes.chunks(1000).map(|c| pb::UploadArtifactRequest {

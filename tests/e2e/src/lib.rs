@@ -27,6 +27,7 @@ mod batches;
 mod clients;
 mod docker;
 mod jobs;
+pub mod references;
 pub mod rpc;
 pub mod serve_world;
 mod services;

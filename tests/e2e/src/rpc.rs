@@ -67,6 +67,20 @@ pub async fn call(
     token: Option<&str>,
     body: Vec<u8>,
 ) -> Result<Vec<u8>, tonic::Status> {
+    call_within(addr, method, path, token, body, Duration::from_secs(20))
+        .await
+        .unwrap_or_else(|| panic!("{path} did not answer"))
+}
+
+/// [`call`], or `None` when no answer came within `patience` (a stream that waits for events).
+pub async fn call_within(
+    addr: SocketAddr,
+    method: &MethodDescriptorProto,
+    path: &str,
+    token: Option<&str>,
+    body: Vec<u8>,
+    patience: Duration,
+) -> Option<Result<Vec<u8>, tonic::Status>> {
     let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
         .expect("uri")
         .connect()
@@ -74,7 +88,6 @@ pub async fn call(
         .expect("connect");
     let mut grpc = tonic::client::Grpc::new(channel);
     grpc.ready().await.expect("ready");
-    let shown = path.to_string();
     let path: http::uri::PathAndQuery = path.parse().expect("path");
     let client_streaming = method.client_streaming();
     let server_streaming = method.server_streaming();
@@ -108,9 +121,7 @@ pub async fn call(
             }
         }
     };
-    tokio::time::timeout(Duration::from_secs(20), answer)
-        .await
-        .unwrap_or_else(|_| panic!("{shown} did not answer"))
+    tokio::time::timeout(patience, answer).await.ok()
 }
 
 /// Adds the bearer token, when there is one.

@@ -65,10 +65,22 @@ pub enum Caller {
     Alpha(pb::Role),
 }
 
+/// What the cross-project matrix (tests/authz.rs) names: alpha's objects that a request made in
+/// beta may not reach, and beta's own of the same kinds.
+pub struct References {
+    /// The archive of alpha's dataset `alpha-data`, uploaded to alpha only.
+    pub alpha_digest: String,
+    pub beta_job_id: String,
+    pub beta_batch_id: String,
+    /// A blob uploaded to beta, also the archive of beta's dataset `beta-data`.
+    pub beta_digest: String,
+}
+
 pub struct World {
     pub stack: Stack,
     pub addresses: Addresses,
     pub alpha: Alpha,
+    pub references: References,
     pub tokens: Vec<(Caller, Option<String>)>,
     _runner: ServiceHandle,
     _predictor: ServiceHandle,
@@ -164,17 +176,20 @@ pub async fn world() -> World {
         .into_inner();
     let (archive, digest) = crate::bundle(&[("data.txt", "alpha's")]);
     let mut artifacts = stack.artifacts_as(&alpha_token).await;
-    crate::upload(&mut artifacts, &archive, &digest).await.expect("upload");
+    crate::upload_to(&mut artifacts, &archive, &digest, "alpha")
+        .await
+        .expect("upload");
     stack
         .datasets_as(&alpha_token)
         .await
         .create_dataset(pb::CreateDatasetRequest {
             name: "alpha-data".into(),
-            digest,
+            digest: digest.clone(),
             project: "alpha".into(),
         })
         .await
         .expect("create dataset");
+    let alpha_digest = digest;
     // A model of alpha (named as the matrix names what it addresses), recorded directly: its
     // job is still running.
     stack
@@ -253,6 +268,46 @@ pub async fn world() -> World {
         .expect("the job's token")
         .to_string();
     tokens.push((Caller::OtherJob, Some(job_token)));
+    // beta's own objects of the kinds the cross-project matrix names: a batch, a blob and a
+    // dataset of it, and an object among each project's job's outputs.
+    let beta_maintainer = tokens[4].1.clone().expect("beta maintainer");
+    let beta_batch = stack
+        .batches_client_at(stack.batches_addr.expect("item-batch"))
+        .await
+        .create_batch(pb::CreateBatchRequest {
+            spec: Some(pb::BatchSpec {
+                project: "beta".into(),
+                command: vec!["echo".into(), "{uri}".into()],
+                ..Default::default()
+            }),
+        })
+        .await
+        .expect("create a batch of beta")
+        .into_inner();
+    let (beta_archive, beta_digest) = crate::bundle(&[("data.txt", "beta's")]);
+    crate::upload_to(
+        &mut stack.artifacts_as(&beta_maintainer).await,
+        &beta_archive,
+        &beta_digest,
+        "beta",
+    )
+    .await
+    .expect("upload to beta");
+    stack
+        .datasets_as(&beta_maintainer)
+        .await
+        .create_dataset(pb::CreateDatasetRequest {
+            name: "beta-data".into(),
+            digest: beta_digest.clone(),
+            project: "beta".into(),
+        })
+        .await
+        .expect("create a dataset of beta");
+    for job_id in [&job.id, &beta_job.id] {
+        let inbox = stack.objects_dir().join("outputs").join(job_id).join("in");
+        std::fs::create_dir_all(&inbox).expect("outputs dir");
+        std::fs::write(inbox.join("item.txt"), "an item\n").expect("an output object");
+    }
     wait_for_line(&stack, &job.id, "up").await;
     // By now the short token has expired (it lived one second).
     let deadline = tokio::time::Instant::now() + PATIENCE;
@@ -284,6 +339,12 @@ pub async fn world() -> World {
             job_id: job.id,
             batch_id: batch.id,
             sweep_id: sweep.id,
+        },
+        references: References {
+            alpha_digest,
+            beta_job_id: beta_job.id,
+            beta_batch_id: beta_batch.id,
+            beta_digest,
         },
         stack,
         tokens,

@@ -230,7 +230,10 @@ async fn the_same_bundle_is_stored_once() {
     let (bytes, digest) = bundle(&[("train.py", "print('hi')\n")]);
 
     let stat = artifacts
-        .stat_artifact(pb::StatArtifactRequest { digest: digest.clone() })
+        .stat_artifact(pb::StatArtifactRequest {
+            digest: digest.clone(),
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner();
@@ -240,7 +243,10 @@ async fn the_same_bundle_is_stored_once() {
     let second = upload(&mut artifacts, &bytes, &digest).await.unwrap();
     assert!(!second.created);
     let stat = artifacts
-        .stat_artifact(pb::StatArtifactRequest { digest: digest.clone() })
+        .stat_artifact(pb::StatArtifactRequest {
+            digest: digest.clone(),
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner();
@@ -270,7 +276,10 @@ async fn corrupt_uploads_store_nothing() {
     let status = upload(&mut artifacts, &bytes, "XYZ").await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument);
     let stat = artifacts
-        .stat_artifact(pb::StatArtifactRequest { digest: wrong.clone() })
+        .stat_artifact(pb::StatArtifactRequest {
+            digest: wrong.clone(),
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner();

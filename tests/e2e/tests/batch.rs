@@ -328,15 +328,18 @@ async fn killing_item_batch_and_a_worker_loses_nothing_and_counts_nothing_twice(
 #[tokio::test]
 async fn items_come_from_object_storage_and_dead_ones_can_be_retried() {
     let stack = started().await;
-    // Objects under a prefix, and a manifest.
+    // Objects under a prefix of a job's outputs in the batch's project, and a manifest there.
+    let job = stack.submit(&["true"]).await;
+    let outputs = format!("outputs/{}", job.id);
+    let inbox = format!("{outputs}/inbox");
     for name in ["a", "b", "c"] {
-        let path = stack.objects_dir().join("inbox").join(name);
+        let path = stack.objects_dir().join(&inbox).join(name);
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(path, name).unwrap();
     }
     std::fs::write(
-        stack.objects_dir().join("manifest.txt"),
-        "# uris\nmem://x\n\nmem://y\ninbox/a\n",
+        stack.objects_dir().join(&outputs).join("manifest.txt"),
+        format!("# uris\nmem://x\n\nmem://y\n{inbox}/a\n"),
     )
     .unwrap();
     let batch = create(&stack, spec(&["sh", "-c", "[ {uri} != mem://y ] || exit 9"])).await;
@@ -347,7 +350,7 @@ async fn items_come_from_object_storage_and_dead_ones_can_be_retried() {
     };
     let added = client
         .add_items_from_objects(from_objects(pb::add_items_from_objects_request::Source::Prefix(
-            "inbox".into(),
+            inbox.clone(),
         )))
         .await
         .unwrap()
@@ -355,7 +358,7 @@ async fn items_come_from_object_storage_and_dead_ones_can_be_retried() {
     assert_eq!((added.added, added.total), (3, 3));
     let added = client
         .add_items_from_objects(from_objects(pb::add_items_from_objects_request::Source::Manifest(
-            "manifest.txt".into(),
+            format!("{outputs}/manifest.txt"),
         )))
         .await
         .unwrap()
@@ -367,7 +370,7 @@ async fn items_come_from_object_storage_and_dead_ones_can_be_retried() {
     );
     let missing = client
         .add_items_from_objects(from_objects(pb::add_items_from_objects_request::Source::Manifest(
-            "nope.txt".into(),
+            format!("{outputs}/nope.txt"),
         )))
         .await
         .unwrap_err();
@@ -379,6 +382,16 @@ async fn items_come_from_object_storage_and_dead_ones_can_be_retried() {
         .await
         .unwrap_err();
     assert_eq!(escaping.code(), Code::InvalidArgument);
+    // Nothing of kiln's store outside the project's jobs' outputs: code blobs, other places.
+    for outside in ["artifacts", "outputs", "manifest.txt"] {
+        let refused = client
+            .add_items_from_objects(from_objects(pb::add_items_from_objects_request::Source::Prefix(
+                outside.into(),
+            )))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), Code::InvalidArgument, "{outside}: {refused:?}");
+    }
     client
         .seal_batch(pb::BatchRef {
             batch_id: batch.id.clone(),

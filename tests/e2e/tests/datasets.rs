@@ -26,7 +26,10 @@ async fn delete_dataset(stack: &Stack, name: &str) -> Result<pb::DeleteDatasetRe
     stack
         .datasets()
         .await
-        .delete_dataset(pb::DeleteDatasetRequest { name: name.into() })
+        .delete_dataset(pb::DeleteDatasetRequest {
+            name: name.into(),
+            ..Default::default()
+        })
         .await
         .map(|r| r.into_inner())
 }
@@ -100,7 +103,10 @@ async fn a_dataset_is_deleted_once_no_live_job_names_it() {
     let denied = stack
         .datasets_as(&ada_token)
         .await
-        .delete_dataset(pb::DeleteDatasetRequest { name: "b".into() })
+        .delete_dataset(pb::DeleteDatasetRequest {
+            name: "b".into(),
+            ..Default::default()
+        })
         .await
         .unwrap_err();
     assert_eq!(denied.code(), tonic::Code::PermissionDenied, "{denied:?}");
@@ -124,7 +130,10 @@ async fn a_dataset_is_deleted_once_no_live_job_names_it() {
     let stat = stack
         .artifacts()
         .await
-        .stat_artifact(pb::StatArtifactRequest { digest: digest.clone() })
+        .stat_artifact(pb::StatArtifactRequest {
+            digest: digest.clone(),
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner();
@@ -191,6 +200,7 @@ async fn upload_file(stack: &Stack, path: &Path, digest: &str, size: u64) {
         part: Some(Part::Header(pb::ArtifactHeader {
             digest: digest.into(),
             size,
+            ..Default::default()
         })),
     };
     let file = tokio::fs::File::open(path).await.unwrap();

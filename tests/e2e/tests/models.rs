@@ -203,7 +203,7 @@ async fn versions_are_the_outputs(stack: Stack) {
         (lineage.project.as_str(), lineage.job_owner.as_str()),
         ("default", "admin")
     );
-    let dataset = stack.store.dataset("digits").await.unwrap().unwrap();
+    let dataset = stack.store.dataset("default", "digits").await.unwrap().unwrap();
     assert_eq!(
         lineage.datasets,
         [pb::DatasetRef {

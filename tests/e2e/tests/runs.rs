@@ -139,7 +139,10 @@ async fn saved_files_and_directories_download_byte_identical_and_blobs_are_store
     ];
     artifacts.save_run_artifact(save("ckpt", directory)).await.unwrap();
     let stat = artifacts
-        .stat_artifact(pb::StatArtifactRequest { digest: sha256(&state) })
+        .stat_artifact(pb::StatArtifactRequest {
+            digest: sha256(&state),
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner();

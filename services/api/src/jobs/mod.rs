@@ -47,18 +47,21 @@ impl JobsApi {
         let mut new = validate_spec(principal, request.spec)?;
         new.project = access::project(&self.store, caller, &new.project).await?;
         new.submit_key = validate_submit_key(request.idempotency_key)?;
+        new.datasets = self.named_datasets(caller, &new.project, &new.datasets).await?;
         if let Some(existing) = self.submitted_before(&new).await? {
             return Ok(existing);
         }
-        if !new.code_digest.is_empty() && self.store.artifact(&new.code_digest).await?.is_none() {
+        // The code must be the project's, or of a project the caller reads (then it is this
+        // one's too); a blob out of reach reads as one never uploaded.
+        if !new.code_digest.is_empty()
+            && caller
+                .usable_blob(&self.store, &new.code_digest, &new.project)
+                .await?
+                .is_none()
+        {
             return Err(Error::ArtifactMissing {
                 digest: new.code_digest,
             });
-        }
-        for name in &new.datasets {
-            if self.store.dataset(name).await?.is_none() {
-                return Err(Error::DatasetMissing { name: name.clone() });
-            }
         }
         if let Some(name) = self.store.missing_secret(&new.project, &new.secrets).await? {
             return Err(Error::SecretMissing {
@@ -87,8 +90,37 @@ impl JobsApi {
         Ok(job)
     }
 
+    /// The datasets a spec of `project` names, each checked against the caller's role in its own
+    /// project and written as `project` writes it (see [`kiln_core::store::DatasetRef`]); one the
+    /// caller may not read is refused in the words of a dataset that does not exist.
+    async fn named_datasets(&self, caller: &Caller, project: &str, references: &[String]) -> Result<Vec<String>> {
+        let mut named: Vec<String> = Vec::with_capacity(references.len());
+        let mut mounts = std::collections::BTreeSet::new();
+        for reference in references {
+            let Some(dataset) = caller.readable_dataset(&self.store, project, reference).await? else {
+                return Err(Error::DatasetMissing {
+                    name: reference.clone(),
+                });
+            };
+            // Each is mounted at /kiln/data/<name>: two of one name cannot both be.
+            if !mounts.insert(dataset.name.clone()) {
+                return Err(Error::InvalidArgument(format!(
+                    "two datasets named {} would both mount at /kiln/data/{}",
+                    dataset.name, dataset.name
+                )));
+            }
+            let written = kiln_core::store::DatasetRef {
+                project: dataset.project,
+                name: dataset.name,
+            }
+            .relative_to(project);
+            named.push(written);
+        }
+        Ok(named)
+    }
+
     /// The job an earlier submit with the same idempotency key made, when it was for the same
-    /// spec; a key reused for another spec is refused.
+    /// spec (the canonical hash of all of it); a key reused for another spec is refused.
     async fn submitted_before(&self, new: &NewJob) -> Result<Option<JobRecord>> {
         if new.submit_key.is_empty() {
             return Ok(None);
@@ -96,14 +128,19 @@ impl JobsApi {
         let Some(existing) = self.store.job_by_submit_key(&new.owner_id, &new.submit_key).await? else {
             return Ok(None);
         };
-        let same = existing.name == new.name
-            && existing.project == new.project
-            && existing.command()? == new.command
-            && existing.cpu_millis == new.cpu_millis
-            && existing.memory_bytes == new.memory_bytes
-            && existing.code_digest == new.code_digest
-            && existing.image == new.image
-            && existing.requested_pool == new.requested_pool;
+        let same = if existing.submit_hash.is_empty() {
+            // Submitted before specs were hashed: the fields compared then.
+            existing.name == new.name
+                && existing.project == new.project
+                && existing.command()? == new.command
+                && existing.cpu_millis == new.cpu_millis
+                && existing.memory_bytes == new.memory_bytes
+                && existing.code_digest == new.code_digest
+                && existing.image == new.image
+                && existing.requested_pool == new.requested_pool
+        } else {
+            existing.submit_hash == new.spec_hash()?
+        };
         if !same {
             return Err(Error::SubmitKeyReused {
                 key: new.submit_key.clone(),

@@ -116,8 +116,8 @@ pub(super) fn validate_spec(principal: &Principal, spec: Option<pb::JobSpec>) ->
     }
     let max_runtime_secs = i64::try_from(spec.max_runtime_secs)
         .map_err(|_| Error::InvalidArgument("max_runtime_secs is too large".into()))?;
-    for name in &spec.datasets {
-        validate_dataset_name(name)?;
+    for reference in &spec.datasets {
+        validate_dataset_reference(reference)?;
     }
     let class = priority_class(&spec.priority_class).ok_or_else(|| {
         let names: Vec<&str> = PRIORITY_CLASSES.iter().map(|class| class.name).collect();
@@ -175,6 +175,18 @@ pub(super) fn validate_submit_key(key: String) -> Result<String> {
 const MAX_GPUS: u32 = 16;
 
 /// Checks a dataset name: it becomes a directory name under /kiln/data.
+/// Checks a dataset a spec names: `NAME`, or `PROJECT/NAME` for another project's.
+pub(crate) fn validate_dataset_reference(reference: &str) -> Result<()> {
+    match reference.split_once('/') {
+        Some((project, name)) => {
+            subjects::validate_token("project", project)
+                .map_err(|why| Error::InvalidArgument(format!("dataset {reference:?}: {why}")))?;
+            validate_dataset_name(name)
+        }
+        None => validate_dataset_name(reference),
+    }
+}
+
 pub(crate) fn validate_dataset_name(name: &str) -> Result<()> {
     subjects::validate_token("dataset", name).map_err(Error::InvalidArgument)?;
     if name.starts_with(['-', '_']) {

@@ -35,11 +35,10 @@ pub const POLICY: &[Rule] = &[
     // (a listing of what the caller may read: the global quota, their own, their projects')
     rule("/kiln.v1.QuotaService/ListQuotas", Caller, Deny),
     rule("/kiln.v1.QuotaService/DeleteQuota", Needs(Maintainer), Deny),
-    // api: content-addressed blobs (code bundles, and what `kiln.save` uploads from inside a
-    // job: a blob belongs to nothing until SaveRunArtifact names it), a job's outputs and the
-    // artifacts a run saved
-    rule("/kiln.v1.ArtifactService/StatArtifact", Caller, Allow),
-    rule("/kiln.v1.ArtifactService/UploadArtifact", Caller, Allow),
+    // api: content-addressed blobs of projects (code bundles, and what `kiln.save` uploads from
+    // inside a job, to the job's project), a job's outputs and the artifacts a run saved
+    rule("/kiln.v1.ArtifactService/StatArtifact", Needs(Viewer), Allow),
+    rule("/kiln.v1.ArtifactService/UploadArtifact", Needs(Member), Allow),
     rule("/kiln.v1.ArtifactService/ListOutputs", Needs(Viewer), OwnJob),
     rule("/kiln.v1.ArtifactService/GetOutput", Needs(Viewer), OwnJob),
     rule(

@@ -15,7 +15,9 @@ pub enum ModelError {
     JobNotEnded { job_id: String, state: String },
     #[error("job {job_id} has no outputs or saved artifacts{}; `kiln artifacts ls {job_id}` and `kiln artifacts saved {job_id}` list what it wrote", if path.is_empty() { String::new() } else { format!(" under {path}") })]
     NoOutputs { job_id: String, path: String },
-    #[error("model {name} belongs to project {project}; model names are unique across projects, pick another")]
+    /// The name is another project's: which one is not said, so a non-member learns nothing
+    /// of that project (`project` is for the operator's logs).
+    #[error("model name {name} is taken by another project; model names are unique across the instance, pick another")]
     OtherProject { name: String, project: String },
     #[error("model {name} not found; `kiln model ls` lists the models")]
     ModelNotFound { name: String },

@@ -49,7 +49,11 @@ pub(super) async fn build(
     let mut datasets = Vec::new();
     for name in job.datasets()? {
         // A dataset deleted since the job ran keeps its name, without a digest.
-        let digest = store.dataset(&name).await?.map(|d| d.digest).unwrap_or_default();
+        let digest = store
+            .dataset_named(&job.project, &name)
+            .await?
+            .map(|d| d.digest)
+            .unwrap_or_default();
         datasets.push(DatasetRef { name, digest });
     }
     let owner = store.user_by_id(&job.owner_id).await?;

@@ -99,6 +99,9 @@ pub mod job {
         pub on_demand_cost_micros: i64,
         /// The client's idempotency key of the submit, unique per owner; NULL for none.
         pub submit_key: Option<String>,
+        /// The canonical hash of the submitted spec ([`crate::store::NewJob::spec_hash`]), so a
+        /// key reused for another spec is refused; empty for jobs submitted without a key.
+        pub submit_hash: String,
         /// The one pool the job may run on; empty for any pool that fits.
         pub requested_pool: String,
         /// Names of the project secrets the job gets as environment variables (JSON list).
@@ -164,19 +167,40 @@ pub mod artifact {
     impl ActiveModelBehavior for ActiveModel {}
 }
 
+pub mod artifact_project {
+    use sea_orm::entity::prelude::*;
+
+    /// A project a blob belongs to: it uploaded the blob, or a record of it names the blob.
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "artifact_projects")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub digest: String,
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub project: String,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
 pub mod dataset {
     use sea_orm::entity::prelude::*;
 
     #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
-    #[sea_orm(table_name = "datasets")]
+    /// A dataset: a name, unique in its project, for one archive.
+    #[sea_orm(table_name = "project_datasets")]
     pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub project: String,
         #[sea_orm(primary_key, auto_increment = false)]
         pub name: String,
         pub digest: String,
         pub size: i64,
         pub created_by: String,
         pub created_at_ms: i64,
-        pub project: String,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -46,6 +46,38 @@ pub struct NewJob {
     pub service_id: String,
 }
 
+impl NewJob {
+    /// A canonical hash of everything the submitter asked for (all but the owner and the key), so
+    /// an idempotency key reused for another spec is told apart from a retry of the same submit.
+    pub fn spec_hash(&self) -> StoreResult<String> {
+        use sha2::{Digest, Sha256};
+        let canonical = serde_json::json!({
+            "project": self.project,
+            "name": self.name,
+            "command": self.command,
+            "env": self.env,
+            "cpu_millis": self.cpu_millis,
+            "memory_bytes": self.memory_bytes,
+            "code_digest": self.code_digest,
+            "image": self.image,
+            "gpus": self.gpus,
+            "max_runtime_secs": self.max_runtime_secs,
+            "datasets": self.datasets,
+            "batch_id": self.batch_id,
+            "priority_class": self.priority_class,
+            "market_policy": self.market_policy.as_str(),
+            "requested_pool": self.requested_pool,
+            "secrets": self.secrets,
+            "config": self.config,
+            "sweep_id": self.sweep_id,
+            "service_id": self.service_id,
+        });
+        // serde_json's maps are sorted (no preserve_order), so equal specs print equal bytes.
+        let bytes = serde_json::to_vec(&canonical).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        Ok(hex::encode(Sha256::digest(bytes)))
+    }
+}
+
 /// The pool of runs that execute outside kiln (they hold no capacity of any pool).
 pub const EXTERNAL_POOL: &str = "external";
 
@@ -364,6 +396,11 @@ pub(super) fn new_record(new: NewJob, state: JobState, pool: &str, instance_id: 
     let now = now_ms();
     let class = priority_class(&new.priority_class)
         .ok_or_else(|| StoreError::Corrupt(format!("priority class {:?} is not a class", new.priority_class)))?;
+    let submit_hash = if new.submit_key.is_empty() {
+        String::new()
+    } else {
+        new.spec_hash()?
+    };
     Ok(job::ActiveModel {
         id: Set(new_id()),
         owner_id: Set(new.owner_id),
@@ -403,6 +440,7 @@ pub(super) fn new_record(new: NewJob, state: JobState, pool: &str, instance_id: 
         cost_micros: Set(0),
         on_demand_cost_micros: Set(0),
         gpu_ms: Set(0),
+        submit_hash: Set(submit_hash),
         submit_key: Set(Some(new.submit_key).filter(|key| !key.is_empty())),
         requested_pool: Set(new.requested_pool),
         config_json: Set(super::runs::config_json(&new.config)?),

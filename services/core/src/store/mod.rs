@@ -23,7 +23,7 @@ mod runs;
 mod secrets;
 mod users;
 
-pub use artifacts::NewArtifact;
+pub use artifacts::{DatasetRef, NewArtifact};
 pub use entities::job::Model as JobRecord;
 pub use jobs::{Change, EXTERNAL_POOL, NewJob, Usage};
 pub use models::{ModelRecord, ModelVersionRecord, NewModelVersion, Registered, VersionFilter};

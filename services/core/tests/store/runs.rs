@@ -130,6 +130,7 @@ pub async fn run_artifacts_are_saved_listed_and_replaced(store: Store) {
                 digest: digest.clone(),
                 size: 10,
                 created_by: "u1".into(),
+                project: "default".into(),
             })
             .await
             .unwrap();

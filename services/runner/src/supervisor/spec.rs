@@ -104,12 +104,14 @@ pub(super) async fn instance_spec(
         Some(fetch_archive(ctx, &job.code_digest, dest, "code bundle").await?)
     };
     let mut datasets = Vec::new();
-    for name in job.datasets()? {
+    for reference in job.datasets()? {
+        // Checked against the submitter's roles when the job was submitted.
         let dataset = ctx
             .store
-            .dataset(&name)
+            .dataset_named(&job.project, &reference)
             .await?
-            .ok_or_else(|| Error::Dataset(format!("{name} does not exist")))?;
+            .ok_or_else(|| Error::Dataset(format!("{reference} does not exist")))?;
+        let name = dataset.name;
         let lease = ctx
             .datasets
             .acquire(&dataset.digest)
