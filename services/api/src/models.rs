@@ -57,8 +57,16 @@ impl ModelsApi {
     async fn model(&self, caller: &Caller, name: &str) -> Result<ModelRecord> {
         validate_model_name(name)?;
         let model = Version::model(&self.registry.store, name).await?;
-        caller.authorize(&Resource::owned("model", &model.name, &model.project, ""))?;
-        Ok(model)
+        match caller.authorize(&Resource::owned("model", &model.name, &model.project, "")) {
+            // In the words of a model that does not exist.
+            Err(kiln_core::authz::Denied::NotFound { .. }) => {
+                Err(ModelError::ModelNotFound { name: name.to_string() }.into())
+            }
+            denied => {
+                denied?;
+                Ok(model)
+            }
+        }
     }
 
     async fn model_proto(&self, model: ModelRecord) -> Result<pb::Model> {

@@ -385,6 +385,23 @@ async fn a_submit_retried_with_its_idempotency_key_makes_one_job() {
     let status = jobs.submit_job(keyed("false", "retry-1")).await.unwrap_err();
     assert_eq!(status.code(), Code::AlreadyExists, "{status:?}");
     assert!(status.message().contains(&first.id), "{status:?}");
+    // So is the same key with any other part of the spec changed (the whole spec is hashed):
+    // env, GPUs, priority, market and run time, which the old comparison left out.
+    let changes: [(&str, fn(&mut pb::JobSpec)); 5] = [
+        ("env", |spec| {
+            spec.env.insert("SEED".into(), "2".into());
+        }),
+        ("gpus", |spec| spec.gpus = 1),
+        ("priority", |spec| spec.priority_class = "high".into()),
+        ("market", |spec| spec.market = pb::Market::Spot as i32),
+        ("max runtime", |spec| spec.max_runtime_secs = 60),
+    ];
+    for (what, change) in changes {
+        let mut changed = keyed("true", "retry-1");
+        change(changed.spec.as_mut().expect("spec"));
+        let status = jobs.submit_job(changed).await.unwrap_err();
+        assert_eq!(status.code(), Code::AlreadyExists, "{what}: {status:?}");
+    }
 
     // Keys are per user: another user's equal key is another job.
     let ada_token = stack.member("ada").await;

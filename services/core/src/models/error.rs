@@ -61,3 +61,28 @@ impl ModelError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A refusal of a taken name reaches a caller of another project: it must not say whose.
+    #[test]
+    fn a_taken_name_does_not_name_its_project() {
+        let refusal = ModelError::OtherProject {
+            name: "resnet".into(),
+            project: "secret-lab".into(),
+        }
+        .to_string();
+        assert!(refusal.contains("resnet"), "{refusal}");
+        assert!(!refusal.contains("secret-lab"), "{refusal}");
+        assert_eq!(
+            ModelError::OtherProject {
+                name: "resnet".into(),
+                project: "secret-lab".into(),
+            }
+            .kind(),
+            ErrorKind::AlreadyExists
+        );
+    }
+}
