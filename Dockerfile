@@ -81,6 +81,17 @@ COPY --from=builder /out/bin/kiln-agent /usr/local/bin/kiln-agent
 EXPOSE 7074 9474
 ENTRYPOINT ["/usr/local/bin/kiln-runner"]
 
+# compose's jobs-firewall: kiln-runner with `docker.firewall = "keeper"` in the Docker host's
+# network namespace, keeping the iptables rules of the jobs' network (docs/security/network.md).
+# Debian, for the iptables program (nf_tables; `docker.iptables = "iptables-legacy"` for a host
+# whose engine uses the legacy tables). Runs as root with CAP_NET_ADMIN only.
+FROM debian:bookworm-slim AS kiln-jobs-firewall
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends iptables \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=builder /out/bin/kiln-runner /usr/local/bin/kiln-runner
+ENTRYPOINT ["/usr/local/bin/kiln-runner"]
+
 FROM base AS kiln-item-batch
 COPY --from=builder /out/bin/kiln-item-batch /usr/local/bin/kiln-item-batch
 EXPOSE 7075 9475

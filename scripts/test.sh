@@ -4,7 +4,8 @@
 #   - a throw-away Postgres 15 cluster in a temp dir (KILN_TEST_DATABASE_URL)
 #   - nats-server: the tests start their own, one per test, from KILN_TEST_NATS_SERVER
 #   - Apache Cassandra 5.0 (scripts/cassandra: jars from Maven Central, run on the JDK) on free
-#     ports, standing in for ScyllaDB (KILN_TEST_SCYLLA_NODES)
+#     ports, standing in for ScyllaDB (KILN_TEST_SCYLLA_NODES), and a second one with password
+#     authentication and TLS with client certificates (KILN_TEST_SCYLLA_SECURE_NODES, _DIR)
 #   - a Docker Engine: the one at DOCKER_HOST or /var/run/docker.sock when it answers, else a
 #     dockerd started here (KILN_TEST_DOCKER_HOST), and a test image built locally from
 #     busybox-static with `docker import` (no registry is needed), cached by content
@@ -58,6 +59,7 @@ if [ "$(id -u)" = 0 ]; then
 fi
 docker_dir=""
 cass_dir=""
+cass_secure_dir=""
 s3_dir=""
 cleanup() {
   if [ -n "$s3_dir" ]; then
@@ -66,6 +68,10 @@ cleanup() {
   fi
   if [ -n "$cass_dir" ]; then
     CASSANDRA_RUN_DIR="$cass_dir" "$repo/scripts/cassandra/stop.sh" --kill --clean >/dev/null 2>&1 || true
+  fi
+  if [ -n "$cass_secure_dir" ]; then
+    CASSANDRA_RUN_DIR="$cass_secure_dir/run" "$repo/scripts/cassandra/stop.sh" --kill --clean >/dev/null 2>&1 || true
+    rm -rf "$cass_secure_dir"
   fi
   "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$pg_dir/data" -m immediate stop >/dev/null 2>&1 || true
   rm -rf "$pg_dir"
@@ -94,6 +100,17 @@ log "starting Cassandra on 127.0.0.1:$cass_port"
 CASSANDRA_RUN_DIR="$cass_dir" CASSANDRA_NATIVE_PORT="$cass_port" CASSANDRA_STORAGE_PORT="$(free_port)" \
   CASSANDRA_CLEAN=1 "$repo/scripts/cassandra/start.sh" >/dev/null
 export KILN_TEST_SCYLLA_NODES="127.0.0.1:$cass_port"
+# A second node for log-ingest's credentials and TLS (tests/scylla_secure.rs): password
+# authentication and client encryption with client certificates of a throw-away CA.
+cass_secure_dir=$(mktemp -d /tmp/kiln-test-cassandra-secure.XXXXXX)
+cass_secure_port=$(free_port)
+log "starting Cassandra with PasswordAuthenticator and TLS on 127.0.0.1:$cass_secure_port"
+"$repo/scripts/test-ca.sh" "$cass_secure_dir/ca" 127.0.0.1 client
+CASSANDRA_RUN_DIR="$cass_secure_dir/run" CASSANDRA_SECURE_DIR="$cass_secure_dir/ca" \
+  CASSANDRA_NATIVE_PORT="$cass_secure_port" CASSANDRA_STORAGE_PORT="$(free_port)" \
+  CASSANDRA_CLEAN=1 "$repo/scripts/cassandra/start.sh" >/dev/null
+export KILN_TEST_SCYLLA_SECURE_NODES="127.0.0.1:$cass_secure_port"
+export KILN_TEST_SCYLLA_SECURE_DIR="$cass_secure_dir/ca"
 
 # --- Docker Engine ---------------------------------------------------------------------------
 docker_host=${DOCKER_HOST:-unix:///var/run/docker.sock}

@@ -211,5 +211,6 @@ module "runner_pool" {
   database          = local.database
   api_url           = "http://api.${var.private_zone}:7070"
   logs_url          = "http://log-ingest.${var.private_zone}:7071"
+  job_endpoints     = ["item-batch.${var.private_zone}:7075"]
   depends_on        = [aws_s3_object.connect_probe]
 }

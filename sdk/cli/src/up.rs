@@ -75,6 +75,12 @@ pub struct UpArgs {
     /// The Docker Engine to use (default: DOCKER_HOST, else the local socket).
     #[arg(long, env = "DOCKER_HOST")]
     pub docker_host: Option<String>,
+    /// Lets job containers reach everything the host reaches (the services' ports, the cloud's
+    /// instance metadata). By default they run on their own network (`kiln-jobs`) behind an
+    /// iptables firewall, which needs root (or CAP_NET_ADMIN) and the iptables program;
+    /// without them, jobs with --image are refused. See docs/security/network.md.
+    #[arg(long)]
+    pub no_job_isolation: bool,
     /// Where metric points are kept: sqlite (under KILN_HOME) or scylla.
     #[arg(long, value_enum, default_value = "sqlite")]
     pub metric_store: StoreArg,
@@ -316,6 +322,9 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
                 .docker_host
                 .clone()
                 .unwrap_or_else(|| kiln_runner::provider::docker::DockerConfig::default().host),
+            isolate_jobs: !args.no_job_isolation,
+            // Batch workers' agents reach item-batch.
+            job_endpoints: vec![args.batch_addr.to_string()],
             ..Default::default()
         },
         // The predictor runs in this process: the relays' direct channels are on its loopback.

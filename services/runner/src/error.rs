@@ -22,6 +22,11 @@ pub enum Error {
     Capacity(String),
     #[error("docker: cannot {what}: {message}")]
     Docker { what: String, message: String },
+    /// The jobs' network or its firewall cannot be made (see `docker.isolate-jobs`).
+    #[error(
+        "cannot isolate job containers: {message} (or set docker.isolate-jobs = false, which lets jobs reach kiln's services)"
+    )]
+    Firewall { message: String },
     #[error("dataset: {0}")]
     Dataset(String),
     /// The model version an inference worker serves cannot be staged.
@@ -69,6 +74,7 @@ impl Error {
             | Error::NoImage
             | Error::ImageUnsupported { .. } => ErrorKind::InvalidArgument,
             Error::Docker { .. } => ErrorKind::Unavailable,
+            Error::Firewall { .. } => ErrorKind::FailedPrecondition,
             Error::Capacity(_) => ErrorKind::ResourceExhausted,
             Error::Restore(_) | Error::Dataset(_) | Error::Model(_) | Error::SecretMissing { .. } => {
                 ErrorKind::FailedPrecondition

@@ -294,7 +294,15 @@ impl Runner {
 /// Builds the provider the configuration asks for, and the simulated cloud's handle on `sim`;
 /// `auto` runs image jobs in containers when the engine answers, and the rest as processes.
 async fn connect_provider(config: &Config) -> Result<(Arc<dyn Provider>, Option<provider::sim::SimCloud>)> {
-    let docker = || DockerProvider::connect(config.docker.clone(), config.cpu_millis, config.memory_bytes);
+    let job_endpoints = job_endpoints(config);
+    let docker = || {
+        DockerProvider::connect(
+            config.docker.clone(),
+            config.cpu_millis,
+            config.memory_bytes,
+            &job_endpoints,
+        )
+    };
     let process = || {
         let capacity = Capacity {
             cpu_millis: config.offered_cpu_millis(),
@@ -313,8 +321,17 @@ async fn connect_provider(config: &Config) -> Result<(Arc<dyn Provider>, Option<
         ProviderKind::Process | ProviderKind::Sim => Arc::new(process()),
         ProviderKind::Docker => Arc::new(docker().await?),
         // Containers for jobs with an image, processes for the others.
-        ProviderKind::Auto => match tokio::time::timeout(Duration::from_secs(5), docker()).await {
+        // 20 s: an engine that answers also gets its jobs' network and firewall (tens of iptables calls).
+        ProviderKind::Auto => match tokio::time::timeout(Duration::from_secs(20), docker()).await {
             Ok(Ok(docker)) => Arc::new(provider::auto::AutoProvider::new(docker, process())),
+            // Fail closed: image jobs are refused rather than run unconfined.
+            Ok(Err(error @ Error::Firewall { .. })) => {
+                tracing::error!(
+                    error = %error,
+                    "cannot isolate job containers: jobs with an image are refused; fix the firewall (root or CAP_NET_ADMIN, the iptables program) or set docker.isolate-jobs = false"
+                );
+                Arc::new(process())
+            }
             Ok(Err(error)) => {
                 tracing::info!(host = %config.docker.host, error = %error, "no Docker engine; running jobs as local processes");
                 Arc::new(process())
@@ -328,8 +345,18 @@ async fn connect_provider(config: &Config) -> Result<(Arc<dyn Provider>, Option<
     Ok((provider, None))
 }
 
-/// Runs a runner until `shutdown` is cancelled, serving `/metrics` as `[metrics]` says.
+/// What jobs are given (`KILN_API`, `KILN_LOGS`): what their firewall lets them reach.
+fn job_endpoints(config: &Config) -> [String; 2] {
+    [config.api_url.clone(), config.logs_url.clone()]
+}
+
+/// Runs a runner until `shutdown` is cancelled, serving `/metrics` as `[metrics]` says; with
+/// `docker.firewall = "keeper"` only keeps the jobs' network and firewall in place.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
+    if config.docker.firewall == provider::docker::FirewallMode::Keeper {
+        let docker = DockerProvider::engine(&config.docker).await?;
+        return provider::docker::network::keep(&docker, &config.docker, &job_endpoints(&config), shutdown).await;
+    }
     let metrics = Metrics::default();
     let runner = Runner::bind(config.clone()).await?.with_metrics(&metrics);
     kiln_core::metrics::export(&config.metrics, &metrics, runner.nats(), &shutdown).await?;

@@ -19,6 +19,8 @@ async fn ten_thousand_items_on_four_containers_with_retries_and_a_dead_letter() 
     stack.start_item_batch(config).await;
     let mut runner = stack.docker_runner_config(&stack.docker_runner_id());
     runner.docker.network = "bridge".into();
+    // The engine's bridge, unconfined: the isolated network has its own tests (docker_isolation.rs).
+    runner.docker.isolate_jobs = false;
     runner.agent_binary = static_agent_binary();
     runner.cpu_millis = 4000;
     stack.runner = Some(stack.spawn_runner(runner).await);

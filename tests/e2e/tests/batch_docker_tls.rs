@@ -52,6 +52,8 @@ async fn agents_in_containers_reach_a_tls_only_item_batch_with_the_runner_s_cert
     stack.start_item_batch(config).await;
     let mut runner = stack.docker_runner_config(&stack.docker_runner_id());
     runner.docker.network = "bridge".into();
+    // The engine's bridge, unconfined: the isolated network has its own tests (docker_isolation.rs).
+    runner.docker.isolate_jobs = false;
     runner.agent_binary = static_agent_binary();
     runner.job_tls = ca.client_tls("job");
     stack.runner = Some(stack.spawn_runner(runner).await);

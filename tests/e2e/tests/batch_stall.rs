@@ -33,6 +33,8 @@ async fn a_batch_whose_workers_cannot_start_stalls_with_their_reason_and_resumes
     stack.start_item_batch(config).await;
     let mut runner = stack.docker_runner_config(&stack.docker_runner_id());
     runner.docker.network = "bridge".into();
+    // The engine's bridge, unconfined: the isolated network has its own tests (docker_isolation.rs).
+    runner.docker.isolate_jobs = false;
     runner.cpu_millis = 2000;
     // No agent binary: every worker fails at once.
     stack.runner = Some(stack.spawn_runner(runner.clone()).await);

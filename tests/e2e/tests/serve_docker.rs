@@ -29,6 +29,8 @@ async fn a_worker_in_a_container_is_reached_through_its_published_port() {
     let runner_id = stack.docker_runner_id();
     let mut config = stack.docker_runner_config(&runner_id);
     config.docker.network = "bridge".into();
+    // The engine's bridge, unconfined: the isolated network has its own tests (docker_isolation.rs).
+    config.docker.isolate_jobs = false;
     stack.runner = Some(stack.spawn_runner(config).await);
 
     let (code, code_digest) = bundle(&[("handler.sh", HANDLER)]);

@@ -184,6 +184,14 @@ fn instance(
     if service_name == "kiln-runner" {
         // The predictors reach the relays' direct channels on this machine.
         set("RELAY__DIRECT_ADVERTISE_HOST", text("127.0.0.1"));
+        // compose gives jobs the host's published ports (they run on an isolated network);
+        // here, the api and log-ingest of the runner's replica number.
+        for (key, service, port) in [("API_URL", "api", 7070), ("LOGS_URL", "log-ingest", 7071)] {
+            set(
+                key,
+                text(&format!("http://{}", ports[&format!("{service}-{peer}")][&port])),
+            );
+        }
     }
     match (service_name.as_str(), name == SIM_RUNNER) {
         ("kiln-item-batch", _) => {
@@ -220,6 +228,11 @@ fn instance(
         _ => {}
     }
     for (key, value) in &service.environment {
+        // compose's Scylla requires a password; the harness's Cassandra does not, and compose's
+        // secret file does not exist here.
+        if key.ends_with("__SCYLLA__USERNAME") || key.ends_with("__SCYLLA__PASSWORD_FILE") {
+            continue;
+        }
         let value = if key.ends_with("__DATABASE__URL") {
             infra.database_url.clone()
         } else if key == "AWS_ACCESS_KEY_ID" {

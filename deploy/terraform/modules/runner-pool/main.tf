@@ -17,11 +17,14 @@ locals {
     db_name              = var.database.name
     after                = " docker.service kiln-imds-block.service"
     supplementary_groups = ["docker"]
+    # iptables for the jobs' firewall (docs/security/network.md), nothing else of root's.
+    ambient_capabilities = "CAP_NET_ADMIN CAP_NET_RAW"
     setup                = templatefile("${path.module}/setup.sh.tftpl", { gpu = var.gpu })
     config = templatefile("${path.module}/runner.toml.tftpl", {
       pool          = var.pool
       api_url       = var.api_url
       logs_url      = var.logs_url
+      job_endpoints = var.job_endpoints
       nats_urls     = var.nats_urls
       nats_replicas = var.nats_replicas
       objects_url   = local.objects_url

@@ -122,3 +122,9 @@ variable "logs_url" {
   description = "log-ingest's address, given to jobs as KILN_LOGS."
   type        = string
 }
+
+variable "job_endpoints" {
+  description = "More host:port endpoints jobs may reach besides api_url and logs_url: item-batch's name (every replica's address)."
+  type        = list(string)
+  default     = []
+}

@@ -60,6 +60,7 @@ locals {
       setup                = ""
       after                = ""
       supplementary_groups = []
+      ambient_capabilities = ""
       config = templatefile("${path.module}/config/${service}.toml.tftpl", {
         instance                  = "${var.name}-${service}-${i}"
         private_ip                = ip

@@ -37,15 +37,17 @@ locals {
     setup                = ""
     after                = ""
     supplementary_groups = []
+    ambient_capabilities = ""
   }
 
   configs = merge(
     { for s in ["api", "scheduler", "log-ingest", "item-batch", "advisor", "predictor"] : s => templatefile("${local.services}/${s}.toml.tftpl", local.sample) },
     {
       runner = templatefile("${local.pool}/runner.toml.tftpl", merge(local.sample, {
-        pool     = "cpu"
-        api_url  = "http://api.kiln.internal:7070"
-        logs_url = "http://log-ingest.kiln.internal:7071"
+        pool          = "cpu"
+        api_url       = "http://api.kiln.internal:7070"
+        logs_url      = "http://log-ingest.kiln.internal:7071"
+        job_endpoints = ["item-batch.kiln.internal:7075"]
       }))
     },
   )
@@ -65,6 +67,7 @@ locals {
       config               = local.configs["runner"]
       after                = " docker.service kiln-imds-block.service"
       supplementary_groups = ["docker"]
+      ambient_capabilities = "CAP_NET_ADMIN CAP_NET_RAW"
       setup                = templatefile("${local.pool}/setup.sh.tftpl", { gpu = gpu })
     })) },
     {

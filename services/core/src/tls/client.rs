@@ -1,11 +1,14 @@
 //! The client side: one way to make a channel to a kiln service from a URL.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
+use rustls::pki_types::PrivateKeyDer;
+use rustls::pki_types::pem::PemObject;
 use serde::{Deserialize, Serialize};
 use tonic::transport::{Certificate, Endpoint, Identity};
 
-use super::{TlsError, load_certs, read};
+use super::{TlsError, load_certified_key, load_certs, load_roots, provider, read};
 
 /// ClientTlsConfig says whom an `https://` client trusts and who it is: `ca-file` (PEM CA
 /// certificates; the system roots when unset) and, for servers that require one, a client
@@ -62,6 +65,40 @@ pub const ENV_CLIENT_CERT_PEM: &str = "KILN_CLIENT_CERT_PEM";
 pub const ENV_CLIENT_KEY_PEM: &str = "KILN_CLIENT_KEY_PEM";
 
 impl ClientTlsConfig {
+    /// A rustls client configuration (the `ring` provider) for clients other than tonic's (the
+    /// Scylla driver): trusting `ca-file`, which it needs, and presenting the client certificate
+    /// when one is set.
+    pub fn rustls_config(&self) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+        let ca = self
+            .ca_file
+            .as_ref()
+            .ok_or_else(|| TlsError::Invalid("TLS to this server needs a CA file".into()))?;
+        let builder = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| TlsError::Invalid(e.to_string()))?
+            .with_root_certificates(load_roots(ca)?);
+        let config = match (&self.cert_file, &self.key_file) {
+            (Some(cert), Some(key)) => {
+                load_certified_key(cert, key)?;
+                let key_der = PrivateKeyDer::from_pem_slice(&read(key)?).map_err(|e| TlsError::Pem {
+                    path: key.clone(),
+                    what: "private key",
+                    message: e.to_string(),
+                })?;
+                builder
+                    .with_client_auth_cert(load_certs(cert)?, key_der)
+                    .map_err(|e| TlsError::Invalid(e.to_string()))?
+            }
+            (None, None) => builder.with_no_client_auth(),
+            _ => {
+                return Err(TlsError::Invalid(
+                    "a client certificate needs both its cert file and its key file".into(),
+                ));
+            }
+        };
+        Ok(Arc::new(config))
+    }
+
     /// Adds what is wrong with the files to `problems`, prefixing each with `section`.
     pub fn validate(&self, section: &str, problems: &mut Vec<String>) {
         if let Some(path) = &self.ca_file

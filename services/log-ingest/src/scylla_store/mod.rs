@@ -8,8 +8,11 @@
 //! points go in rows of up to 1,024 consecutive steps each ([`chunks`]). Writing a row again
 //! overwrites it with the same value, so redelivery never duplicates one.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
+use kiln_core::config::Secret;
+use kiln_core::tls::ClientTlsConfig;
 use scylla::client::session::Session;
 use scylla::client::session_builder::SessionBuilder;
 use scylla::statement::batch::{Batch, BatchType};
@@ -43,6 +46,19 @@ pub struct ScyllaConfig {
     pub ttl_secs: u64,
     /// Write requests (batches of one partition) in flight at once, at most.
     pub write_concurrency: usize,
+    /// The role log-ingest logs in as (`PasswordAuthenticator`); empty: no authentication.
+    pub username: String,
+    /// A file holding the role's password (its first line), or
+    pub password_file: Option<PathBuf>,
+    /// the password itself (`KILN_LOG_INGEST__SCYLLA__PASSWORD`); masked when printed.
+    pub password: Secret,
+    /// TLS to every node (`client_encryption_options`): the CA that signs the nodes'
+    /// certificates, which must name their IP addresses (the driver checks the address it
+    /// connects to). Unset: plain CQL.
+    pub tls_ca_file: Option<PathBuf>,
+    /// The client certificate and key log-ingest presents (`require_client_auth`).
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
 }
 
 impl Default for ScyllaConfig {
@@ -53,6 +69,12 @@ impl Default for ScyllaConfig {
             replication_factor: 1,
             ttl_secs: 0,
             write_concurrency: 32,
+            username: String::new(),
+            password_file: None,
+            password: Secret::default(),
+            tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
         }
     }
 }
@@ -75,6 +97,40 @@ impl ScyllaConfig {
         if self.write_concurrency == 0 {
             problems.push("scylla.write-concurrency must be at least 1".into());
         }
+        let (from_file, inline) = (self.password_file.is_some(), !self.password.expose().is_empty());
+        if self.username.is_empty() && (from_file || inline) {
+            problems.push("scylla.password-file and scylla.password need scylla.username".into());
+        }
+        // Exactly one source of the password: both or neither is a mistake.
+        if !self.username.is_empty() && from_file == inline {
+            problems.push("scylla.username needs one of scylla.password-file and scylla.password".into());
+        }
+        if let Some(tls) = self.tls() {
+            if let Err(error) = tls.rustls_config() {
+                problems.push(format!("scylla.tls-*: {error}"));
+            }
+        } else if self.tls_cert_file.is_some() || self.tls_key_file.is_some() {
+            problems.push("scylla.tls-cert-file and scylla.tls-key-file need scylla.tls-ca-file".into());
+        }
+    }
+
+    /// The TLS settings of the connections, when they are TLS.
+    fn tls(&self) -> Option<ClientTlsConfig> {
+        self.tls_ca_file.as_ref().map(|ca| ClientTlsConfig {
+            ca_file: Some(ca.clone()),
+            cert_file: self.tls_cert_file.clone(),
+            key_file: self.tls_key_file.clone(),
+        })
+    }
+
+    /// The password: the first line of `password-file`, else `password`.
+    fn password(&self) -> Result<String> {
+        match &self.password_file {
+            Some(path) => std::fs::read_to_string(path)
+                .map(|text| text.lines().next().unwrap_or_default().to_string())
+                .map_err(|e| Error::LogStore(format!("scylla: cannot read the password file {}: {e}", path.display()))),
+            None => Ok(self.password.expose().to_string()),
+        }
     }
 }
 
@@ -84,11 +140,17 @@ pub(crate) fn cql_error(what: &str) -> impl FnOnce(&dyn std::fmt::Display) -> Er
 
 /// Connects to the cluster and applies the CQL schema.
 pub async fn connect(config: &ScyllaConfig) -> Result<Arc<Session>> {
-    let session = SessionBuilder::new()
-        .known_nodes(&config.nodes)
-        .build()
-        .await
-        .map_err(|e| cql_error("connect")(&e))?;
+    let mut builder = SessionBuilder::new().known_nodes(&config.nodes);
+    if !config.username.is_empty() {
+        builder = builder.user(config.username.clone(), config.password()?);
+    }
+    if let Some(tls) = config.tls() {
+        let context = tls
+            .rustls_config()
+            .map_err(|e| Error::LogStore(format!("scylla: TLS: {e}")))?;
+        builder = builder.tls_context(Some(context));
+    }
+    let session = builder.build().await.map_err(|e| cql_error("connect")(&e))?;
     for file in SCHEMA {
         for statement in schema_statements(file, config) {
             session
@@ -168,6 +230,39 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credentials_and_tls_settings_are_checked_and_the_password_is_masked() {
+        let problems_of = |config: ScyllaConfig| {
+            let mut problems = Vec::new();
+            config.validate(&mut problems);
+            problems
+        };
+        let with = |username: &str, password: &str, file: Option<&str>| ScyllaConfig {
+            username: username.into(),
+            password: Secret::new(password),
+            password_file: file.map(PathBuf::from),
+            ..ScyllaConfig::default()
+        };
+        assert!(problems_of(with("kiln", "hunter2", None)).is_empty());
+        assert!(problems_of(with("kiln", "", Some("/run/secrets/scylla"))).is_empty());
+        assert_eq!(problems_of(with("kiln", "", None)).len(), 1);
+        assert_eq!(problems_of(with("kiln", "x", Some("/f"))).len(), 1);
+        assert_eq!(problems_of(with("", "x", None)).len(), 1);
+        let shown = format!("{:?}", with("kiln", "hunter2", None));
+        assert!(!shown.contains("hunter2") && shown.contains("***"), "{shown}");
+        let client_cert_alone = ScyllaConfig {
+            tls_cert_file: Some("/c.pem".into()),
+            tls_key_file: Some("/c.key".into()),
+            ..ScyllaConfig::default()
+        };
+        assert!(problems_of(client_cert_alone)[0].contains("need scylla.tls-ca-file"));
+        let missing_ca = ScyllaConfig {
+            tls_ca_file: Some("/nonexistent/ca.pem".into()),
+            ..ScyllaConfig::default()
+        };
+        assert!(problems_of(missing_ca)[0].contains("/nonexistent/ca.pem"));
+    }
 
     #[test]
     fn schema_files_split_into_filled_statements() {

@@ -198,7 +198,7 @@ impl DockerProvider {
                 privileged: Some(false),
                 cap_drop: Some(vec!["ALL".into()]),
                 security_opt: Some(vec!["no-new-privileges".into()]),
-                network_mode: Some(self.config.network.clone()),
+                network_mode: Some(self.network_mode.clone()),
                 mounts: Some(mounts),
                 port_bindings,
                 device_requests,

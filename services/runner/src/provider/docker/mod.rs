@@ -4,7 +4,9 @@
 //! - CPU (NanoCPUs) and memory (no swap) limits come from the job; GPUs are device requests to
 //!   the NVIDIA runtime; labels `kiln.job`, `kiln.attempt` and `kiln.runner` mark everything.
 //! - Not privileged, every capability dropped, `no-new-privileges`, an init process that
-//!   forwards signals, no Docker socket, and the network of the configuration (never the host's
+//!   forwards signals, no Docker socket. The network: with `isolate-jobs` (the default) the
+//!   jobs' own bridge, made at connect, whose firewall lets jobs reach only kiln's job
+//!   endpoints (see `firewall`); else the network of the configuration (never the host's
 //!   unless configured).
 //! - Volumes ("block storage" of the instance): the code at `/kiln/code` (the working
 //!   directory), outputs at `/kiln/outputs`. The code (and a resumed attempt's restored
@@ -33,8 +35,10 @@ use crate::error::{Error, Result};
 
 mod config;
 mod engine;
+pub mod firewall;
+pub mod network;
 
-pub use config::DockerConfig;
+pub use config::{DockerConfig, FirewallMode, PRIVATE_RANGES};
 
 pub const LABEL_JOB: &str = "kiln.job";
 pub const LABEL_ATTEMPT: &str = "kiln.attempt";
@@ -59,27 +63,26 @@ pub struct DockerProvider {
     docker: Docker,
     config: DockerConfig,
     capacity: Capacity,
-    /// The host's address on the default bridge, as containers see it (for `bridge` networks).
+    /// The host's address on the jobs' bridge, as containers see it (the isolated network, or
+    /// the engine's `bridge`).
     gateway: Option<String>,
+    /// The network jobs join.
+    network_mode: String,
 }
 
 impl DockerProvider {
     /// Connects to the engine, negotiating the API version (Debian's engine speaks 1.41), and
-    /// checks it answers. `cpu_millis`/`memory_bytes` of 0 take the engine's own figures.
-    pub async fn connect(config: DockerConfig, cpu_millis: i64, memory_bytes: i64) -> Result<DockerProvider> {
-        let timeout = 120;
-        let docker = if let Some(path) = config.host.strip_prefix("unix://") {
-            Docker::connect_with_socket(path, timeout, bollard::API_DEFAULT_VERSION)
-        } else if let (Some(ca), Some(cert), Some(key)) = (&config.tls_ca, &config.tls_cert, &config.tls_key) {
-            Docker::connect_with_ssl(&config.host, key, cert, ca, timeout, bollard::API_DEFAULT_VERSION)
-        } else {
-            Docker::connect_with_http(&config.host, timeout, bollard::API_DEFAULT_VERSION)
-        }
-        .map_err(docker_error("connect"))?;
-        let docker = docker
-            .negotiate_version()
-            .await
-            .map_err(docker_error("negotiate the API version"))?;
+    /// checks it answers. `cpu_millis`/`memory_bytes` of 0 take the engine's own figures. With
+    /// `isolate-jobs`, makes the jobs' network and installs its firewall, letting jobs reach
+    /// `job_endpoints` (the URLs kiln gives them) and `docker.job-endpoints`; a failure there
+    /// is an error: no job runs unconfined unless the configuration says so.
+    pub async fn connect(
+        config: DockerConfig,
+        cpu_millis: i64,
+        memory_bytes: i64,
+        job_endpoints: &[String],
+    ) -> Result<DockerProvider> {
+        let docker = DockerProvider::engine(&config).await?;
         let info = docker.info().await.map_err(docker_error("read the engine's info"))?;
         let capacity = Capacity {
             cpu_millis: if cpu_millis > 0 {
@@ -94,6 +97,22 @@ impl DockerProvider {
             },
             gpus: 0,
         };
+        if config.isolated() {
+            let network = network::isolate(&docker, &config, job_endpoints).await?;
+            return Ok(DockerProvider {
+                docker,
+                network_mode: network.name,
+                gateway: Some(network.gateway),
+                config,
+                capacity,
+            });
+        }
+        if config.network != "none" {
+            tracing::warn!(
+                network = %config.network,
+                "docker.isolate-jobs = false: jobs reach whatever this network reaches (kiln's services, the instance metadata address)"
+            );
+        }
         let gateway = if config.network == "bridge" {
             match docker
                 .inspect_network("bridge", None::<bollard::query_parameters::InspectNetworkOptions>)
@@ -110,10 +129,28 @@ impl DockerProvider {
         };
         Ok(DockerProvider {
             docker,
+            network_mode: config.network.clone(),
             config,
             capacity,
             gateway,
         })
+    }
+
+    /// A client of the engine of `config`, at the API version both speak.
+    pub async fn engine(config: &DockerConfig) -> Result<Docker> {
+        let timeout = 120;
+        let docker = if let Some(path) = config.host.strip_prefix("unix://") {
+            Docker::connect_with_socket(path, timeout, bollard::API_DEFAULT_VERSION)
+        } else if let (Some(ca), Some(cert), Some(key)) = (&config.tls_ca, &config.tls_cert, &config.tls_key) {
+            Docker::connect_with_ssl(&config.host, key, cert, ca, timeout, bollard::API_DEFAULT_VERSION)
+        } else {
+            Docker::connect_with_http(&config.host, timeout, bollard::API_DEFAULT_VERSION)
+        }
+        .map_err(docker_error("connect"))?;
+        docker
+            .negotiate_version()
+            .await
+            .map_err(docker_error("negotiate the API version"))
     }
 
     /// Rewrites loopback URLs of kiln (`http://127.0.0.1:7070`, each of a comma-separated list)
@@ -141,7 +178,7 @@ impl DockerProvider {
 
 /// The host's address on a bridge: its IPAM gateway, or (the default bridge of Engine 20.10
 /// names none) the first address of its IPv4 subnet, where dockerd puts the host.
-fn bridge_gateway(configs: Vec<bollard::models::IpamConfig>) -> Option<String> {
+pub(crate) fn bridge_gateway(configs: Vec<bollard::models::IpamConfig>) -> Option<String> {
     configs.into_iter().find_map(|config| {
         if let Some(gateway) = config.gateway.filter(|g| !g.is_empty()) {
             return Some(gateway);
