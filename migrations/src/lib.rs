@@ -20,6 +20,7 @@ mod m0012_sweeps;
 mod m0013_gpu_time;
 mod m0014_services;
 mod m0015_service_rollouts;
+mod m0017_controller_pauses;
 
 /// Migrator lists every migration in order.
 pub struct Migrator;
@@ -43,6 +44,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0013_gpu_time::Migration),
             Box::new(m0014_services::Migration),
             Box::new(m0015_service_rollouts::Migration),
+            Box::new(m0017_controller_pauses::Migration),
         ]
     }
 }
