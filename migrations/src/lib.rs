@@ -21,6 +21,7 @@ mod m0013_gpu_time;
 mod m0014_services;
 mod m0015_service_rollouts;
 mod m0016_project_scoped_names;
+mod m0017_controller_pauses;
 
 /// Migrator lists every migration in order.
 pub struct Migrator;
@@ -45,6 +46,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0014_services::Migration),
             Box::new(m0015_service_rollouts::Migration),
             Box::new(m0016_project_scoped_names::Migration),
+            Box::new(m0017_controller_pauses::Migration),
         ]
     }
 }

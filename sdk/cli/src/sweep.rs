@@ -203,6 +203,13 @@ fn print_status(sweep: &pb::Sweep) -> Result<()> {
             format!(": {}", sweep.reason)
         }
     );
+    if !sweep.paused_reason.is_empty() {
+        out!(
+            "paused    {}\n          no trials run: once the owner may run jobs again, `kiln sweep resume {}`",
+            sweep.paused_reason,
+            sweep.id
+        );
+    }
     out!("objective {} {}", sweep.goal, sweep.objective_metric);
     out!("search    {}, early stop {}", sweep.algorithm, sweep.early_stop);
     out!(
@@ -277,6 +284,7 @@ fn sweep_json(sweep: &pb::Sweep) -> serde_json::Value {
         "project": sweep.project,
         "state": sweep.state,
         "reason": sweep.reason,
+        "paused_reason": sweep.paused_reason,
         "objective": {"metric": sweep.objective_metric, "goal": sweep.goal},
         "algorithm": sweep.algorithm,
         "early_stop": sweep.early_stop,

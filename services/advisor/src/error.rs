@@ -50,6 +50,14 @@ fn field_list(problems: &[FieldError]) -> String {
 }
 
 impl Error {
+    /// Why the owner may no longer have jobs made for them, when this is that refusal.
+    pub fn owner_revoked(&self) -> Option<&str> {
+        match self {
+            Error::Store(error) => error.owner_revoked(),
+            _ => None,
+        }
+    }
+
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::InvalidArgument(_) | Error::InvalidSpec(_) => ErrorKind::InvalidArgument,

@@ -90,11 +90,18 @@ impl SweepService for SweepApi {
     async fn resume_sweep(&self, request: Request<pb::GetSweepRequest>) -> Result<Response<pb::Sweep>, Status> {
         let caller = caller(&request)?;
         let record = self.visible(&caller, &request.get_ref().sweep_id).await?;
-        let moved = self
-            .shared
-            .sweeps
-            .set_state(&record.id, &[record::STOPPING, record::STOPPED], record::RUNNING, "")
-            .await?;
+        // A paused sweep (or any) runs on only while its owner may still run jobs.
+        if let Err(error) = self.shared.store.check_owner(&record.owner_id, &record.project).await {
+            return Err(match error.owner_revoked() {
+                Some(why) => Error::FailedPrecondition(format!(
+                    "sweep {} cannot resume: {why}; re-enable the owner or restore their role first",
+                    record.id
+                )),
+                None => error.into(),
+            }
+            .into());
+        }
+        let moved = self.shared.sweeps.resume(&record.id).await?;
         if moved.is_none() && record.state != record::RUNNING {
             return Err(Error::FailedPrecondition(format!(
                 "sweep {} is {}; only a stopped sweep resumes",
@@ -227,6 +234,7 @@ impl SweepApi {
             registered: String::new(),
             created_at_ms: now_ms(),
             finished_at_ms: None,
+            paused_reason: String::new(),
         };
         self.shared.sweeps.insert_sweep(record.clone()).await?;
         tracing::info!(sweep_id = %record.id, owner = %caller.principal.user_name, "sweep created");
@@ -325,6 +333,7 @@ impl SweepApi {
             finished_at_ms: view.record.finished_at_ms.unwrap_or(0),
             best,
             registered: view.record.registered.clone(),
+            paused_reason: view.record.paused_reason.clone(),
         })
     }
 

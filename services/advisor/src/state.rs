@@ -313,6 +313,7 @@ trial: {command: [train]}
             registered: String::new(),
             created_at_ms: 0,
             finished_at_ms: None,
+            paused_reason: String::new(),
         };
         SweepView::new(record).unwrap()
     }

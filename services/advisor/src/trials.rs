@@ -44,7 +44,8 @@ pub async fn submit(
         return Ok(job);
     }
     let new = new_job(shared, sweep, checked, index, config, key.clone());
-    let job = match shared.store.insert_job(new).await {
+    // Only while the owner may still run jobs here (else `OwnerRevoked`: the sweep pauses).
+    let job = match shared.store.insert_controller_job(new).await {
         Err(error) if error.is_unique_violation() => shared
             .store
             .job_by_submit_key(&sweep.owner_id, &key)

@@ -186,6 +186,7 @@ impl Api {
             .add_service(kiln_proto::v1::project_service_server::ProjectServiceServer::new(
                 projects::ProjectsApi {
                     store: self.store.clone(),
+                    nats: self.nats.clone(),
                 },
             ))
             .add_service(SecretServiceServer::new(secrets::SecretsApi {

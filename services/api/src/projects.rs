@@ -1,7 +1,9 @@
 //! `ProjectService`: projects (made by the admin) and their members (managed by maintainers).
 
 use kiln_core::authz::{Caller, Role};
+use kiln_core::events::stop_owner_jobs;
 use kiln_core::store::{MemberRecord, Store};
+use kiln_core::streams::Nats;
 use kiln_core::subjects;
 use kiln_proto::v1 as pb;
 use kiln_proto::v1::project_service_server::ProjectService;
@@ -14,6 +16,7 @@ use crate::error::{Error, Result};
 #[derive(Clone)]
 pub struct ProjectsApi {
     pub(crate) store: Store,
+    pub(crate) nats: Nats,
 }
 
 fn member_to_proto(member: MemberRecord) -> pb::Member {
@@ -77,6 +80,13 @@ impl ProjectsApi {
         let user = self.member_user(&request.user).await?;
         self.store.set_member(&project, &user.id, role).await?;
         tracing::info!(%project, user = %user.name, %role, by = %caller.principal.user_name, "member set");
+        if role < Role::Member && !user.is_admin {
+            // A viewer runs nothing: their jobs here stop, and their sweeps, services and
+            // batches here pause on their controllers' next pass.
+            let reason = format!("owner {} is only a viewer of project {project}", user.name);
+            let stopped = stop_owner_jobs(&self.nats, &self.store, &user.id, Some(&project), &reason).await?;
+            tracing::info!(%project, user = %user.name, stopped, "jobs of a member made viewer stopped");
+        }
         Ok(pb::Member {
             project,
             user: user.name,
@@ -93,7 +103,16 @@ impl ProjectsApi {
                 user.name
             )));
         }
-        tracing::info!(%project, user = %user.name, by = %caller.principal.user_name, "member removed");
+        // Nothing of theirs runs here any more: their jobs stop, and their sweeps, services and
+        // batches here pause on their controllers' next pass (their next job insert is refused
+        // by the same check, `Store::check_owner`). An instance admin needs no membership.
+        let stopped = if user.is_admin {
+            0
+        } else {
+            let reason = format!("owner {} is no longer a member of project {project}", user.name);
+            stop_owner_jobs(&self.nats, &self.store, &user.id, Some(&project), &reason).await?
+        };
+        tracing::info!(%project, user = %user.name, by = %caller.principal.user_name, stopped, "member removed");
         Ok(())
     }
 }

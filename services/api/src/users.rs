@@ -1,8 +1,7 @@
 //! `UserService`: users (made, listed and disabled by the admin) and every user's own tokens.
 
-use kiln_core::JobState;
-use kiln_core::authz::{Caller, Need, Resource, Role, Visible};
-use kiln_core::events::stop_job;
+use kiln_core::authz::{Caller, Need, Resource, Role};
+use kiln_core::events::stop_owner_jobs;
 use kiln_core::ids::now_ms;
 use kiln_core::store::entities::{api_token, user};
 use kiln_core::store::{Store, TokenGrant};
@@ -85,7 +84,10 @@ impl UsersApi {
         })
     }
 
-    /// Disables a user: their tokens fail from now on and their queued jobs stop.
+    /// Disables a user: their tokens fail from now on and nothing of theirs runs: every job
+    /// of theirs that is queued, running or preempted stops, those their sweeps, services and
+    /// batches made too, and those controllers pause on their next pass (their next job insert
+    /// is refused by the same check, [`Store::check_owner`]).
     async fn disable_user(&self, caller: &Caller, name: &str) -> Result<pb::User> {
         let user = self.user_named(name).await?;
         if user.id == caller.user_id() {
@@ -94,17 +96,8 @@ impl UsersApi {
             ));
         }
         self.store.disable_user(&user.id).await?;
-        let jobs = self
-            .store
-            .list_jobs(Some(&user.id), &Visible::All, false, 100_000)
-            .await?;
-        let mut stopped = 0;
-        for job in jobs {
-            if job.state()? == JobState::Queued {
-                stop_job(&self.nats, &self.store, job, "owner disabled").await?;
-                stopped += 1;
-            }
-        }
+        let reason = format!("owner {} was disabled", user.name);
+        let stopped = stop_owner_jobs(&self.nats, &self.store, &user.id, None, &reason).await?;
         tracing::info!(user = %user.name, stopped, "user disabled");
         let disabled = self.store.user_by_id(&user.id).await?.unwrap_or(user);
         Ok(user_to_proto(disabled))

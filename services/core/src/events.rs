@@ -104,6 +104,24 @@ pub async fn stop_job(nats: &Nats, store: &Store, job: JobRecord, reason: &str) 
     Ok(job)
 }
 
+/// Stops every job of `owner_id` (in `project` when given) that runs or may run again, its own
+/// and those its sweeps, services and batches made: the owner was disabled, or lost the right
+/// to run jobs in the project. `reason` is each job's reason. Returns how many it stopped.
+pub async fn stop_owner_jobs(
+    nats: &Nats,
+    store: &Store,
+    owner_id: &str,
+    project: Option<&str>,
+    reason: &str,
+) -> Result<usize, Error> {
+    let jobs = store.owner_live_jobs(owner_id, project).await?;
+    let count = jobs.len();
+    for job in jobs {
+        stop_job(nats, store, job, reason).await?;
+    }
+    Ok(count)
+}
+
 /// Asks the runner of an active job to preempt it for `for_job`: it is stopped like a spot
 /// preemption (SIGTERM, the grace period, outputs synced) and queued again.
 pub async fn preempt_job(nats: &Nats, job: &JobRecord, for_job: &str) -> Result<(), Error> {

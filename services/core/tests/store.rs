@@ -9,12 +9,17 @@ use kiln_core::store::{Change, NewArtifact, NewJob, Store, StoreError};
 
 #[path = "store/models.rs"]
 mod models;
+#[path = "store/owners.rs"]
+mod owners;
 #[path = "store/quotas.rs"]
 mod quotas;
 #[path = "store/runs.rs"]
 mod runs;
 
 use models::{aliases_move_atomically_under_concurrent_calls, model_versions_are_numbered_and_searched};
+use owners::{
+    a_disable_racing_controller_inserts_leaves_no_job_behind, controller_jobs_need_an_owner_in_good_standing,
+};
 use quotas::{concurrent_submits_never_pass_a_queued_quota_together, quotas_round_trip_and_queued_jobs_are_counted};
 use runs::{
     concurrent_run_updates_all_land, run_artifacts_are_saved_listed_and_replaced, runs_keep_config_summary_and_sweep,
@@ -440,6 +445,8 @@ macro_rules! store_suite {
 
 store_suite!(
     migrations_apply_and_are_idempotent,
+    controller_jobs_need_an_owner_in_good_standing,
+    a_disable_racing_controller_inserts_leaves_no_job_behind,
     jobs_round_trip,
     listing_filters_owner_and_state,
     transitions_compare_and_set,

@@ -41,6 +41,14 @@ pub enum Error {
 }
 
 impl Error {
+    /// Why the owner may no longer have jobs made for them, when this is that refusal.
+    pub fn owner_revoked(&self) -> Option<&str> {
+        match self {
+            Error::Store(error) => error.owner_revoked(),
+            _ => None,
+        }
+    }
+
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::InvalidArgument(_) => ErrorKind::InvalidArgument,

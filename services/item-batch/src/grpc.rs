@@ -69,6 +69,7 @@ impl BatchService for BatchApi {
             finished_at_ms: None,
             stalled_reason: String::new(),
             worker_failures_since_ms: 0,
+            paused_reason: String::new(),
         };
         self.shared.batches.insert_batch(record.clone()).await?;
         self.shared.ensure_consumer(&record.id).await?;
@@ -269,8 +270,24 @@ impl BatchService for BatchApi {
         if batch.state == store::CANCELLED {
             return Err(Error::FailedPrecondition(format!("batch {} is cancelled", batch.id)).into());
         }
+        // A paused batch resumes only once its owner may run jobs again.
+        if !batch.paused_reason.is_empty() {
+            if let Err(error) = self.shared.store.check_owner(&batch.owner_id, &batch.project).await {
+                return Err(match error.owner_revoked() {
+                    Some(why) => Error::FailedPrecondition(format!(
+                        "batch {} stays paused: {why}; re-enable the owner or restore their role first",
+                        batch.id
+                    )),
+                    None => error.into(),
+                }
+                .into());
+            }
+            if self.shared.batches.clear_pause(&batch.id).await? {
+                tracing::info!(batch_id = %batch.id, "paused batch resumed: asking for workers again");
+            }
+        }
         // Workers are asked for again, counting failures afresh: the cause may be fixed.
-        let resumed = self.shared.batches.clear_stall(&batch.id).await?;
+        let resumed = self.shared.batches.clear_stall(&batch.id).await? || !batch.paused_reason.is_empty();
         if resumed {
             tracing::info!(batch_id = %batch.id, "stalled batch retried: asking for workers again");
         }

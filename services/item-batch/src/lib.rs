@@ -311,6 +311,7 @@ impl Shared {
             } else {
                 String::new()
             },
+            paused_reason: record.paused_reason.clone(),
         })
     }
 }

@@ -10,6 +10,10 @@
 //! or stops workers, and counts the workers the last leader asked for (they are job rows), so a
 //! hand-over asks for none twice. A batch whose workers fail `max-worker-failures` times in a
 //! row is stalled: it asks for none until `RetryFailed` ([`crate::store::BatchStore::stall`]).
+//! A batch whose owner may no longer run jobs (disabled, or no longer a member of its project:
+//! [`kiln_core::store::Store::check_owner`], made on each pass and again by every worker insert)
+//! is paused: it asks for none, its workers are stopped, until `RetryFailed` finds the owner
+//! back in good standing ([`crate::store::BatchStore::pause`]).
 //! Standbys still sample their batches' counters, so the rate and
 //! ETA they answer with are as good as the leader's.
 
@@ -20,7 +24,7 @@ use futures::StreamExt;
 use kiln_core::events::{publish_job_change, stop_job};
 use kiln_core::lease::Lease;
 use kiln_core::scheduling::MarketPolicy;
-use kiln_core::store::{JobRecord, NewJob};
+use kiln_core::store::{JobRecord, NewJob, paused_reason};
 use kiln_core::{JobState, subjects};
 use kiln_proto::v1 as pb;
 use tokio_util::sync::CancellationToken;
@@ -176,6 +180,12 @@ async fn tend(
     }
     let spec = Spec::from_json(&batch.spec_json)?;
     let live = shared.store.live_batch_workers(&batch.id).await?;
+    if !batch.paused_reason.is_empty() {
+        return stop_paused(shared, live, &batch.paused_reason, leading).await;
+    }
+    if let Err(error) = shared.store.check_owner(&batch.owner_id, &batch.project).await {
+        return pause(shared, batch, live, error.into(), leading).await;
+    }
     let wanted = desired_workers(&tally, spec.max_workers, shared.rate(&batch.id), live.len());
     totals.workers_live += live.len() as u64;
     totals.workers_requested += wanted as u64;
@@ -191,7 +201,49 @@ async fn tend(
             .buffer_unordered(SUBMIT_CONCURRENCY)
             .collect()
             .await;
-        submitted.into_iter().collect::<Result<Vec<()>>>()?;
+        if let Some(revoked) = submitted.into_iter().filter_map(Result::err).next() {
+            // The owner lost the right between the check above and the insert.
+            let live = shared.store.live_batch_workers(&batch.id).await?;
+            return pause(shared, batch, live, revoked, leading).await;
+        }
+    }
+    Ok(())
+}
+
+/// Pauses a live batch for `error` when it is [`kiln_core::store::StoreError::OwnerRevoked`]
+/// (and returns any other error): it asks for no more workers, and its workers stop.
+async fn pause(
+    shared: &Shared,
+    batch: &BatchRecord,
+    live: Vec<JobRecord>,
+    error: Error,
+    leading: &(dyn Fn() -> bool + Sync),
+) -> Result<()> {
+    let Some(why) = error.owner_revoked() else {
+        return Err(error);
+    };
+    let reason = paused_reason(why);
+    if !leading() {
+        return Ok(());
+    }
+    if shared.batches.pause(&batch.id, &reason).await? {
+        tracing::warn!(batch_id = %batch.id, reason = %reason, "batch paused: its owner may no longer run jobs");
+    }
+    stop_paused(shared, live, &reason, leading).await
+}
+
+/// Stops every live worker of a paused batch, started or not.
+async fn stop_paused(
+    shared: &Shared,
+    live: Vec<JobRecord>,
+    reason: &str,
+    leading: &(dyn Fn() -> bool + Sync),
+) -> Result<()> {
+    for job in live.into_iter().filter(|job| !job.stop_requested) {
+        if !leading() {
+            return Ok(());
+        }
+        stop_job(&shared.nats, &shared.store, job, reason).await?;
     }
     Ok(())
 }
@@ -261,9 +313,10 @@ async fn submit_worker(shared: &Shared, batch: &BatchRecord, spec: &Spec) -> Res
     let mut env = spec.env.clone();
     env.insert("KILN_BATCH_ID".into(), batch.id.clone());
     env.insert("KILN_ITEMS_ADDR".into(), shared.advertise_url.clone());
+    // Only while the owner may still run jobs here (else `OwnerRevoked`: the batch pauses).
     let job = shared
         .store
-        .insert_job(NewJob {
+        .insert_controller_job(NewJob {
             owner_id: batch.owner_id.clone(),
             project: batch.project.clone(),
             name: format!("{}-worker", spec.name),

@@ -14,7 +14,10 @@
 //!   revision's workers are stopped [`ROLL_GRACE`] later, when every predictor has switched;
 //! - a latest revision tried with part of the traffic, or in shadow, is published as the
 //!   serving definition's [`Split`] while it is ready, and left out while it is not;
-//! - a stopped service's definition is removed from `kiln_services` and its workers stopped.
+//! - a stopped service's definition is removed from `kiln_services` and its workers stopped;
+//! - a service whose owner may no longer run jobs (disabled, or no longer a member or
+//!   maintainer of its project: [`kiln_core::store::Store::check_owner`], made again by every
+//!   worker insert) is paused: stopped, with the reason in its status, like a stopped service.
 //!
 //! Workers are ordinary jobs (quotas, fair share and markets apply) whose environment names
 //! the service, revision, member and model version ([`kiln_core::serving`]).
@@ -28,7 +31,7 @@ use kiln_core::ids::now_ms;
 use kiln_core::lease::Lease;
 use kiln_core::scheduling::MarketPolicy;
 use kiln_core::serving::{ENV_MEMBER, ENV_MODEL, ENV_REVISION, ENV_SERVICE, ServiceSpec, Split};
-use kiln_core::store::{JobRecord, NewJob};
+use kiln_core::store::{JobRecord, NewJob, paused_reason};
 use kiln_core::{JobState, subjects};
 use tokio_util::sync::CancellationToken;
 
@@ -131,7 +134,14 @@ pub async fn pass(shared: &Shared) -> Result<()> {
         if record.state == RUNNING {
             kept.push((record.name.clone(), record.revision as u64));
             kept.push((record.name.clone(), record.latest_revision as u64));
-            tend(shared, &record).await?;
+            let tended = match shared.store.check_owner(&record.owner_id, &record.project).await {
+                Ok(()) => tend(shared, &record).await,
+                Err(error) => Err(error.into()),
+            };
+            match tended {
+                Err(error) if error.owner_revoked().is_some() => pause(shared, &record, &error).await?,
+                tended => tended?,
+            }
         } else {
             let workers = shared.store.live_service_workers(&record.id).await?;
             stop_all(shared, workers, "the service was stopped").await?;
@@ -139,6 +149,18 @@ pub async fn pass(shared: &Shared) -> Result<()> {
     }
     shared.autoscaler.retain(&kept);
     Ok(())
+}
+
+/// Pauses a running service whose owner may no longer run jobs (`error` says why): it is
+/// stopped with the reason, its definition removed from `kiln_services` and its workers stopped.
+async fn pause(shared: &Shared, record: &ServiceRecord, error: &Error) -> Result<()> {
+    let reason = paused_reason(error.owner_revoked().unwrap_or("its owner may no longer run jobs"));
+    if shared.services.pause(&record.id, &reason).await? {
+        tracing::warn!(service = %record.name, reason = %reason, "service paused: its owner may no longer run jobs");
+    }
+    forget(shared, &record.name).await?;
+    let workers = shared.store.live_service_workers(&record.id).await?;
+    stop_all(shared, workers, &reason).await
 }
 
 async fn tend(shared: &Shared, record: &ServiceRecord) -> Result<()> {
@@ -259,9 +281,10 @@ async fn submit(shared: &Shared, record: &ServiceRecord, revision: &Revision, me
     env.insert(ENV_REVISION.into(), revision.revision.to_string());
     env.insert(ENV_MEMBER.into(), member.to_string());
     env.insert(ENV_MODEL.into(), model.to_string());
+    // Only while the owner may still run jobs here (else `OwnerRevoked`: the service pauses).
     let job = shared
         .store
-        .insert_job(NewJob {
+        .insert_controller_job(NewJob {
             owner_id: record.owner_id.clone(),
             project: record.project.clone(),
             name: format!("{}-{member}-r{}", record.name, revision.revision),

@@ -354,6 +354,7 @@ impl ServeApi {
             updated_at_ms: record.updated_at_ms,
             url: self.shared.http_url.clone(),
             recent: Some(self.shared.traffic.summary(&record.name, std::time::Instant::now())),
+            paused_reason: record.paused_reason.clone(),
         })
     }
 }

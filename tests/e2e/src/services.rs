@@ -94,6 +94,12 @@ impl Stack {
             .await
     }
 
+    /// A client of the stack's item-batch as the owner of `token`.
+    pub async fn batches_as(&self, token: &str) -> BatchServiceClient<Authed> {
+        let addr = self.batches_addr.expect("item-batch is started");
+        BatchServiceClient::with_interceptor(Self::channel(addr).await, BearerInterceptor::new(token))
+    }
+
     /// A client of the item-batch replica at `addr`.
     pub async fn batches_client_at(&self, addr: SocketAddr) -> BatchServiceClient<Authed> {
         BatchServiceClient::with_interceptor(Self::channel(addr).await, BearerInterceptor::new(&self.token))

@@ -135,6 +135,8 @@ export interface Batch {
   createdAtMs: number;
   finishedAtMs: number;
   stalledReason: string;
+  /** Why the batch was paused (its owner may no longer run jobs); absent or empty when not. */
+  pausedReason?: string;
 }
 
 export interface ItemStatus {
@@ -164,6 +166,8 @@ export interface Sweep {
   maxTrials: number; maxParallel: number; trials: Trial[];
   counts?: { suggested: number; running: number; succeeded: number; failed: number; stopped: number };
   gpuHours: number; createdAtMs: number; finishedAtMs: number; best?: Trial; registered: string;
+  /** Why the sweep was paused (its owner may no longer run jobs); absent or empty when not. */
+  pausedReason?: string;
 }
 
 export interface ServiceWorker { jobId: string; state: JobStateName }
@@ -176,6 +180,8 @@ export interface Service {
   revision: number; latestRevision: number; members: ServiceMember[];
   createdAtMs: number; updatedAtMs: number; url: string; traffic: number; shadow: boolean;
   recent?: ServiceTraffic;
+  /** Why the service was paused (its owner may no longer run jobs); absent or empty when not. */
+  pausedReason?: string;
 }
 export interface ServiceTraffic {
   windowSeconds: number; requests: number; answered: number; partial: number; invalid: number; failed: number;

@@ -38,14 +38,17 @@ pub fn list(batches: &[pb::Batch], output: Output) -> Result<()> {
     Ok(())
 }
 
-/// The state as `batch ls` and `batch status` show it: `SEALED, STALLED` for a stalled batch.
+/// The state as `batch ls` and `batch status` show it: `SEALED, STALLED` for a stalled batch,
+/// `OPEN, PAUSED` for a paused one.
 fn state_of(batch: &pb::Batch) -> String {
-    let state = batch_state(batch.state);
-    if batch.stalled_reason.is_empty() {
-        state
-    } else {
-        format!("{state}, STALLED")
+    let mut state = batch_state(batch.state);
+    if !batch.stalled_reason.is_empty() {
+        state.push_str(", STALLED");
     }
+    if !batch.paused_reason.is_empty() {
+        state.push_str(", PAUSED");
+    }
+    state
 }
 
 fn batch_state(state: i32) -> String {
@@ -91,11 +94,13 @@ pub async fn status(clients: &mut Clients, batch_id: String, watch: bool, output
             "{} running, {} failed, {} dead, {:.1} items/s, ETA {eta}, {} workers",
             c.running, c.failed, c.dead, batch.items_per_second, batch.workers
         ));
-        // A stalled batch does nothing until it is retried: the watch ends with the reason.
+        // A stalled or paused batch does nothing until it is retried: the watch ends with the
+        // reason.
         let ended = matches!(
             pb::BatchState::try_from(batch.state),
             Ok(pb::BatchState::Done | pb::BatchState::Cancelled)
-        ) || !batch.stalled_reason.is_empty();
+        ) || !batch.stalled_reason.is_empty()
+            || !batch.paused_reason.is_empty();
         if ended {
             break;
         }
@@ -107,10 +112,11 @@ pub async fn status(clients: &mut Clients, batch_id: String, watch: bool, output
     Ok(exit_of(&batch))
 }
 
-/// 0 when every item succeeded, 1 when some are dead, the batch was cancelled or it stalled.
+/// 0 when every item succeeded, 1 when some are dead, the batch was cancelled, it stalled or
+/// it was paused.
 fn exit_of(batch: &pb::Batch) -> ExitCode {
     let c = batch.counts.unwrap_or_default();
-    if !batch.stalled_reason.is_empty() {
+    if !batch.stalled_reason.is_empty() || !batch.paused_reason.is_empty() {
         return ExitCode::from(1);
     }
     match pb::BatchState::try_from(batch.state) {
@@ -127,6 +133,13 @@ pub fn print_status(batch: &pb::Batch) -> Result<()> {
         out!(
             "stalled   {}\n          no more workers are asked for: fix the cause, then `kiln batch retry {}`",
             batch.stalled_reason,
+            batch.id
+        );
+    }
+    if !batch.paused_reason.is_empty() {
+        out!(
+            "paused    {}\n          no workers run: once the owner may run jobs again, `kiln batch retry {}`",
+            batch.paused_reason,
             batch.id
         );
     }
@@ -161,6 +174,8 @@ fn batch_json(batch: &pb::Batch) -> serde_json::Value {
         "state": batch_state(batch.state),
         "stalled": !batch.stalled_reason.is_empty(),
         "stalled_reason": (!batch.stalled_reason.is_empty()).then_some(&batch.stalled_reason),
+        "paused": !batch.paused_reason.is_empty(),
+        "paused_reason": (!batch.paused_reason.is_empty()).then_some(&batch.paused_reason),
         "total": c.total,
         "pending": c.pending,
         "running": c.running,
@@ -257,6 +272,22 @@ mod tests {
         let json = batch_json(&batch);
         assert_eq!(json["stalled"], true);
         assert_eq!(json["stalled_reason"], batch.stalled_reason.as_str());
+        assert_eq!(exit_of(&batch), ExitCode::from(1));
+    }
+
+    #[test]
+    fn a_paused_batch_reads_as_paused_with_its_reason() {
+        let mut batch = pb::Batch {
+            id: "b1".into(),
+            state: pb::BatchState::Open as i32,
+            ..Default::default()
+        };
+        assert_eq!(exit_of(&batch), ExitCode::SUCCESS);
+        batch.paused_reason = "paused: owner alice was disabled".into();
+        assert_eq!(state_of(&batch), "OPEN, PAUSED");
+        let json = batch_json(&batch);
+        assert_eq!(json["paused"], true);
+        assert_eq!(json["paused_reason"], batch.paused_reason.as_str());
         assert_eq!(exit_of(&batch), ExitCode::from(1));
     }
 }

@@ -92,6 +92,9 @@ pub(super) fn print_status(service: &pb::Service) -> Result<()> {
     if !service.reason.is_empty() {
         out!("reason    {}", service.reason);
     }
+    if !service.paused_reason.is_empty() {
+        out!("paused    its workers stopped; create it again to serve it (its owner may no longer run jobs)");
+    }
     out!("requests  {}", traffic_text(service.recent.as_ref()));
     let mut table = tabled::builder::Builder::default();
     table.push_record(["REVISION", "MEMBER", "MODEL", "WEIGHT", "WORKER", "STATE"]);
@@ -146,6 +149,7 @@ pub(super) fn service_json(service: &pb::Service) -> serde_json::Value {
         "owner": service.owner,
         "state": service.state,
         "reason": service.reason,
+        "paused_reason": service.paused_reason,
         "url": service.url,
         "revision": service.revision,
         "latest_revision": service.latest_revision,

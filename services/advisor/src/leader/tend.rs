@@ -5,11 +5,11 @@ use std::collections::HashMap;
 
 use kiln_core::events::stop_job;
 use kiln_core::ids::now_ms;
-use kiln_core::store::JobRecord;
+use kiln_core::store::{JobRecord, paused_reason};
 
 use super::{Leader, flush};
 use crate::Shared;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::record::{self, Event, SWEEP_EVENT};
 use crate::register::Registration;
 use crate::state::SweepView;
@@ -27,6 +27,15 @@ impl Leader {
         let Some(view) = self.views.get_mut(sweep_id) else {
             return Ok(());
         };
+        // A sweep whose owner may no longer run jobs pauses: it stops like a stopped sweep.
+        if view.record.state == record::RUNNING
+            && let Err(error) = shared
+                .store
+                .check_owner(&view.record.owner_id, &view.record.project)
+                .await
+        {
+            pause(shared, view, error.into()).await?;
+        }
         // Ends of trials whose jobs ended.
         let ends: Vec<(i32, Event)> = view
             .trials
@@ -54,7 +63,10 @@ impl Leader {
                     Event::Stop {
                         job_id: job_id.clone(),
                         rung: trial.resource(),
-                        reason: "the sweep was stopped".into(),
+                        reason: match view.record.paused_reason.as_str() {
+                            "" => "the sweep was stopped".into(),
+                            paused => paused.to_string(),
+                        },
                     },
                 ));
                 continue;
@@ -120,19 +132,42 @@ impl Leader {
         match view.record.state.as_str() {
             record::STOPPING if view.live_trials() == 0 => {
                 flush(shared, view).await?;
+                let reason = match view.record.paused_reason.as_str() {
+                    "" => "stopped by request",
+                    paused => paused,
+                };
                 shared
                     .sweeps
-                    .set_state(sweep_id, &[record::STOPPING], record::STOPPED, "stopped by request")
+                    .set_state(sweep_id, &[record::STOPPING], record::STOPPED, reason)
                     .await?;
             }
-            record::RUNNING => {
-                suggest(shared, view, jobs).await?;
-                finish_if_spent(shared, view).await?;
-            }
+            record::RUNNING => match suggest(shared, view, jobs).await {
+                // The owner lost the right between the check above and the insert.
+                Err(error) if error.owner_revoked().is_some() => pause(shared, view, error).await?,
+                suggested => {
+                    suggested?;
+                    finish_if_spent(shared, view).await?;
+                }
+            },
             _ => {}
         }
         flush(shared, view).await
     }
+}
+
+/// Pauses a running sweep for `error` when it is [`kiln_core::store::StoreError::OwnerRevoked`]
+/// (and returns any other error): the sweep stops, its trials with it, and says why. Its
+/// record is read again, so the rest of the turn acts on the pause.
+async fn pause(shared: &Shared, view: &mut SweepView, error: Error) -> Result<()> {
+    let Some(why) = error.owner_revoked() else {
+        return Err(error);
+    };
+    let reason = paused_reason(why);
+    if let Some(paused) = shared.sweeps.pause(&view.record.id, &reason).await? {
+        tracing::warn!(sweep_id = %view.record.id, reason = %reason, "sweep paused: its owner may no longer run jobs");
+        view.record = paused;
+    }
+    Ok(())
 }
 
 /// What is left of the budget, if anything: why the sweep may suggest no more.

@@ -24,6 +24,8 @@ pub mod sweep {
         pub registered: String,
         pub created_at_ms: i64,
         pub finished_at_ms: Option<i64>,
+        /// Why the sweep was paused (its owner may no longer run jobs); empty when it was not.
+        pub paused_reason: String,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -177,6 +177,47 @@ impl SweepStore {
         Ok(Some(self.sweep(sweep_id).await?))
     }
 
+    /// Pauses a running sweep because its owner may no longer run jobs: it stops as by
+    /// `StopSweep`, with `reason` as its reason and paused reason. `None` when it was not running.
+    pub async fn pause(&self, sweep_id: &str, reason: &str) -> Result<Option<SweepRecord>> {
+        let updated = sweep::Entity::update_many()
+            .set(sweep::ActiveModel {
+                state: Set(STOPPING.to_string()),
+                reason: Set(reason.to_string()),
+                paused_reason: Set(reason.to_string()),
+                ..Default::default()
+            })
+            .filter(sweep::Column::Id.eq(sweep_id))
+            .filter(sweep::Column::State.eq(RUNNING))
+            .exec(&self.db)
+            .await?;
+        if updated.rows_affected == 0 {
+            return Ok(None);
+        }
+        Ok(Some(self.sweep(sweep_id).await?))
+    }
+
+    /// Lets a stopping or stopped sweep run again and lifts its pause; `None` when it was in
+    /// neither state.
+    pub async fn resume(&self, sweep_id: &str) -> Result<Option<SweepRecord>> {
+        let updated = sweep::Entity::update_many()
+            .set(sweep::ActiveModel {
+                state: Set(RUNNING.to_string()),
+                reason: Set(String::new()),
+                paused_reason: Set(String::new()),
+                finished_at_ms: Set(None),
+                ..Default::default()
+            })
+            .filter(sweep::Column::Id.eq(sweep_id))
+            .filter(sweep::Column::State.is_in([STOPPING, STOPPED]))
+            .exec(&self.db)
+            .await?;
+        if updated.rows_affected == 0 {
+            return Ok(None);
+        }
+        Ok(Some(self.sweep(sweep_id).await?))
+    }
+
     pub async fn set_registered(&self, sweep_id: &str, version: &str) -> Result<()> {
         sweep::Entity::update_many()
             .set(sweep::ActiveModel {

@@ -17,6 +17,7 @@ pub mod entities;
 mod jobs;
 pub mod logins;
 pub mod models;
+mod owners;
 mod projects;
 mod quotas;
 mod runs;
@@ -27,6 +28,7 @@ pub use artifacts::{DatasetRef, NewArtifact};
 pub use entities::job::Model as JobRecord;
 pub use jobs::{Change, EXTERNAL_POOL, NewJob, Usage};
 pub use models::{ModelRecord, ModelVersionRecord, NewModelVersion, Registered, VersionFilter};
+pub use owners::{PAUSED, paused_reason};
 pub use projects::MemberRecord;
 pub use quotas::{QueuedCounts, QuotaRecord};
 pub use runs::{JobFilter, RunArtifactFile};
@@ -49,6 +51,9 @@ pub enum StoreError {
     IllegalTransition { job_id: String, from: String, to: String },
     #[error("the database schema is not current: {pending} migrations pending (start `api`, which applies them)")]
     SchemaNotCurrent { pending: usize },
+    /// A controller may no longer make jobs as this owner (disabled, or no longer a member).
+    #[error("{reason}")]
+    OwnerRevoked { owner_id: String, reason: String },
     #[error("stored record is corrupt: {0}")]
     Corrupt(String),
     #[error("database error: {0}")]
@@ -67,6 +72,7 @@ impl StoreError {
             StoreError::JobNotFound { .. } => ErrorKind::NotFound,
             StoreError::Conflict { .. } | StoreError::IllegalTransition { .. } => ErrorKind::FailedPrecondition,
             StoreError::SchemaNotCurrent { .. } => ErrorKind::Unavailable,
+            StoreError::OwnerRevoked { .. } => ErrorKind::FailedPrecondition,
             StoreError::Corrupt(_) => ErrorKind::Internal,
             StoreError::Db(DbErr::ConnectionAcquire(_) | DbErr::Conn(_)) => ErrorKind::Unavailable,
             error if error.is_unique_violation() => ErrorKind::AlreadyExists,

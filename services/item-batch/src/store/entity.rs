@@ -20,6 +20,9 @@ pub mod batch {
         pub stalled_reason: String,
         /// Worker failures count among the workers asked for from this time on.
         pub worker_failures_since_ms: i64,
+        /// Why the batch was paused (its owner may no longer run jobs; see `store::stalls`);
+        /// empty when it was not.
+        pub paused_reason: String,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -154,6 +154,7 @@ impl BatchStore {
             finished_at_ms: Set(record.finished_at_ms),
             stalled_reason: Set(record.stalled_reason),
             worker_failures_since_ms: Set(record.worker_failures_since_ms),
+            paused_reason: Set(record.paused_reason),
         };
         batch::Entity::insert(model).exec_without_returning(&self.db).await?;
         Ok(())

@@ -2,6 +2,10 @@
 //! runner without the agent binary) stops asking for new ones after `max-worker-failures`
 //! failed in a row, instead of asking for ever. The stall is kept on the batch row with the
 //! workers' reason, which `GetBatch` shows; `RetryFailed` clears it and restarts the count.
+//!
+//! Paused batches: a batch whose owner may no longer run jobs (disabled, or no longer a member
+//! of its project) asks for no workers either; its paused reason is kept on the row the same
+//! way, and `RetryFailed` lifts it once the owner may run jobs again.
 
 use kiln_core::JobState;
 use kiln_core::ids::now_ms;
@@ -44,6 +48,29 @@ impl BatchStore {
             .filter(batch::Column::Id.eq(batch_id))
             .filter(batch::Column::StalledReason.eq(""))
             .filter(batch::Column::State.is_in([OPEN, SEALED]))
+            .exec(&self.db)
+            .await?;
+        Ok(result.rows_affected == 1)
+    }
+
+    /// Marks a live batch paused; false when it already was (or is no longer live).
+    pub async fn pause(&self, batch_id: &str, reason: &str) -> Result<bool> {
+        let result = batch::Entity::update_many()
+            .col_expr(batch::Column::PausedReason, Expr::value(reason))
+            .filter(batch::Column::Id.eq(batch_id))
+            .filter(batch::Column::PausedReason.eq(""))
+            .filter(batch::Column::State.is_in([OPEN, SEALED]))
+            .exec(&self.db)
+            .await?;
+        Ok(result.rows_affected == 1)
+    }
+
+    /// Lifts a pause; true when the batch was paused.
+    pub async fn clear_pause(&self, batch_id: &str) -> Result<bool> {
+        let result = batch::Entity::update_many()
+            .col_expr(batch::Column::PausedReason, Expr::value(""))
+            .filter(batch::Column::Id.eq(batch_id))
+            .filter(batch::Column::PausedReason.ne(""))
             .exec(&self.db)
             .await?;
         Ok(result.rows_affected == 1)

@@ -27,6 +27,8 @@ pub mod service {
         pub traffic: i32,
         /// The latest revision gets copies of the requests instead, its answers only compared.
         pub shadow: bool,
+        /// Why the service was paused (its owner may no longer run jobs); empty when it was not.
+        pub paused_reason: String,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

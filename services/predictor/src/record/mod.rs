@@ -114,6 +114,7 @@ impl ServiceStore {
             scaling_json: scaling_json(scaling),
             traffic: 100,
             shadow: false,
+            paused_reason: String::new(),
         };
         let spec_json = serde_json::to_string(first).map_err(corrupt)?;
         let inserted = record.clone();
@@ -272,6 +273,22 @@ impl ServiceStore {
             )));
         }
         Ok(())
+    }
+
+    /// Pauses a running service because its owner may no longer run jobs: it is stopped, with
+    /// `reason` as its reason and paused reason. False when it was stopped already.
+    pub async fn pause(&self, service_id: &str, reason: &str) -> Result<bool> {
+        let updated = service::Entity::update_many()
+            .col_expr(service::Column::State, Expr::value(STOPPED))
+            .col_expr(service::Column::Reason, Expr::value(reason))
+            .col_expr(service::Column::PausedReason, Expr::value(reason))
+            .col_expr(service::Column::UpdatedAtMs, Expr::value(now_ms()))
+            .filter(service::Column::Id.eq(service_id))
+            .filter(service::Column::State.eq(RUNNING))
+            .exec(&self.db)
+            .await
+            .map_err(kiln_core::store::StoreError::from)?;
+        Ok(updated.rows_affected > 0)
     }
 
     /// Stops a running service; false when it was stopped already.
