@@ -12,11 +12,17 @@ use tokio::process::Command;
 
 use crate::error::{Error, Result};
 
-/// Starts `command` in `workdir` with exactly `env` (plus PATH, HOME and LANG).
+/// Starts `command` in `workdir` with exactly `env` (plus PATH, HOME and LANG), as `uid` (with
+/// the gid of the same number) when given.
+///
+/// With a uid, the standard library's spawn calls `setgroups(0)` before `setgid` and `setuid`
+/// (it does so whenever a uid is set and no groups are), so the child keeps none of the
+/// runner's supplementary groups; and a uid other than 0 leaves the child no capabilities.
 pub(super) fn spawn(
     command: &[String],
     env: &BTreeMap<String, String>,
     workdir: &Path,
+    uid: Option<u32>,
 ) -> Result<(tokio::process::Child, i32)> {
     let (program, args) = command.split_first().ok_or_else(|| Error::Spawn {
         program: String::new(),
@@ -39,6 +45,9 @@ pub(super) fn spawn(
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
+    if let Some(uid) = uid {
+        builder.uid(uid).gid(uid);
+    }
     let child = builder.spawn().map_err(|source| Error::Spawn {
         program: program.clone(),
         source,
