@@ -14,7 +14,7 @@
 //! only, as itself, in its scratch directory, and refuses the others.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Mutex;
 
 use futures::StreamExt;

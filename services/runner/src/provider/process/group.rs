@@ -28,15 +28,22 @@ pub(super) fn spawn(
         program: String::new(),
         source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty command"),
     })?;
+    let mut path = std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into());
+    if uid.is_some() {
+        // Only the directories any user reaches: one under /root would turn a missing program
+        // into "permission denied".
+        let reachable: Vec<&str> = path
+            .split(':')
+            .filter(|dir| super::isolation::check_reachable(Path::new(dir)).is_ok())
+            .collect();
+        path = reachable.join(":");
+    }
     let mut builder = Command::new(program);
     builder
         .args(args)
         .current_dir(workdir)
         .env_clear()
-        .env(
-            "PATH",
-            std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into()),
-        )
+        .env("PATH", path)
         .env("HOME", workdir)
         .env("LANG", "C.UTF-8")
         .envs(env)
