@@ -3,6 +3,7 @@
 //! Root is needed to isolate; CI runs the tests as root.
 
 use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 
 use super::config::{Isolation, ProcessConfig, UidRange};
 use super::isolation::{processes_of, resolve};

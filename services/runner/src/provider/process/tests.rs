@@ -1,3 +1,5 @@
+use std::path::Path;
+
 use super::*;
 
 fn spec(dir: &Path, command: &[&str]) -> InstanceSpec {
