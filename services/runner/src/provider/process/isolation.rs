@@ -166,7 +166,7 @@ impl Isolated {
     /// The directory of the job whose scratch directory is `scratch_dir`.
     pub fn job_dir(&self, scratch_dir: &Path) -> PathBuf {
         self.work_root
-            .join(scratch_dir.file_name().unwrap_or_else(|| scratch_dir.as_os_str()))
+            .join(scratch_dir.file_name().unwrap_or(scratch_dir.as_os_str()))
     }
 
     fn claim_path(&self, uid: u32) -> PathBuf {

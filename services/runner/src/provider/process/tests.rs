@@ -68,7 +68,7 @@ async fn a_runner_that_cannot_isolate_refuses_the_jobs_of_other_users() {
             owner_id: "someone-else".into(),
             ..spec(dir.path(), &["true"])
         };
-        let error = provider.provision(&stranger).await.err().expect("refused");
+        let error = provider.provision(&stranger).await.expect_err("refused");
         assert_eq!(error.kind(), kiln_core::ErrorKind::FailedPrecondition);
         let message = error.to_string();
         for words in [
