@@ -191,7 +191,11 @@ cargo deny --offline --locked check bans licenses sources
 # The SDK's venv comes first: the topology's chaos test runs a job that logs through it.
 log "python SDK: pip install ./sdk/python"
 sdk_venv="$repo/target/sdk-venv"
-[ -x "$sdk_venv/bin/python" ] || python3 -m venv "$sdk_venv"
+# Process jobs of a root runner run as uids of their own (docs/security/process.md), which cannot
+# run an interpreter under /root (pyenv): the venv is made from the system's python when there is one.
+venv_python=python3
+[ -x /usr/bin/python3 ] && venv_python=/usr/bin/python3
+[ -x "$sdk_venv/bin/python" ] || "$venv_python" -m venv "$sdk_venv"
 "$sdk_venv/bin/pip" install -q --disable-pip-version-check "$repo/sdk/python[test]"
 export KILN_TEST_PYTHON="$sdk_venv/bin/python"
 # perf_analyzer for the predictor's gRPC check: tritonclient 2.50.0 is the last wheel whose binary

@@ -176,6 +176,9 @@ pub async fn up(args: UpArgs) -> Result<ExitCode> {
     let home = args.home.clone().unwrap_or_else(client::kiln_home);
     std::fs::create_dir_all(&home).with_context(|| format!("cannot create {}", home.display()))?;
     let home = home.canonicalize()?;
+    // Kiln's own: no other user (a process job run as a uid of its own, say) lists or reads it.
+    std::fs::set_permissions(&home, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        .with_context(|| format!("cannot make {} private", home.display()))?;
     args.tls.check_exposure(&[
         ("--api-addr", args.api_addr),
         ("--logs-addr", args.logs_addr),
@@ -272,6 +275,14 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
     .await?
     .with_metrics(&metrics);
     let http_addr = api.http_addr().expect("kiln up serves the HTTP side");
+    // The laptop's owner: a runner that is not root runs the process jobs of this user only.
+    let owner = kiln_core::store::Store::connect(&database)
+        .await?
+        .user_by_name("admin")
+        .await?
+        .filter(|user| user.is_admin)
+        .map(|user| user.id)
+        .unwrap_or_default();
     let api_addr = api.local_addr();
     let logs = kiln_log_ingest::LogIngest::bind(kiln_log_ingest::Config {
         grpc: grpc(args.logs_addr),
@@ -325,6 +336,10 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
             isolate_jobs: !args.no_job_isolation,
             // Batch workers' agents reach item-batch.
             job_endpoints: vec![args.batch_addr.to_string()],
+            ..Default::default()
+        },
+        process: kiln_runner::provider::process::config::ProcessConfig {
+            trusted_owner: owner,
             ..Default::default()
         },
         // The predictor runs in this process: the relays' direct channels are on its loopback.

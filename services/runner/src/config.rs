@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::datasets::DatasetCacheConfig;
 use crate::provider::docker::DockerConfig;
+use crate::provider::process::config::ProcessConfig;
 use crate::provider::sim::SimConfig;
 
 pub const DEFAULT_PORT: u16 = 7074;
@@ -98,6 +99,8 @@ pub struct Config {
     pub agent_binary: PathBuf,
     pub provider: ProviderKind,
     pub docker: DockerConfig,
+    /// How process jobs are kept from kiln's files and from each other (`[process]`).
+    pub process: ProcessConfig,
     pub sim: SimConfig,
     /// What happens to a job whose runner went away while it ran (this one restarted, or its
     /// lease expired): `fail` ends it LOST, `requeue` queues it again.
@@ -139,6 +142,7 @@ impl Default for Config {
             agent_binary: PathBuf::new(),
             provider: ProviderKind::Auto,
             docker: DockerConfig::default(),
+            process: ProcessConfig::default(),
             sim: SimConfig::default(),
             on_lost: OnLost::Fail,
             max_attempts: 3,
@@ -173,6 +177,9 @@ impl ServiceConfig for Config {
             problems.push("cpu-millis and memory-bytes must not be negative".into());
         }
         self.docker.validate(&mut problems);
+        if self.provider != ProviderKind::Docker {
+            self.process.validate(&self.work_dir, &mut problems);
+        }
         self.sim.validate(&mut problems);
         self.dataset_cache.validate(&self.work_dir, &mut problems);
         if !(0.0..=100.0).contains(&self.idle_gpu.threshold_percent) {
@@ -217,6 +224,43 @@ impl Config {
         RunnerLease {
             pool: self.pool.clone(),
             lost: self.lost_policy(),
+        }
+    }
+
+    /// Whether process jobs run as uids of their own: `[process] isolation`, `auto` read as
+    /// "the runner is root" (a docker runner runs none).
+    pub fn isolates_processes(&self) -> bool {
+        use crate::provider::process::config::Isolation;
+        self.provider != ProviderKind::Docker
+            && match self.process.isolation {
+                Isolation::Off => false,
+                Isolation::Uid => true,
+                Isolation::Auto => crate::provider::process::isolation::effective_uid() == Some(0),
+            }
+    }
+
+    /// Where staged files live that isolated jobs must reach: this runner's part of the work
+    /// root when process jobs are isolated, else the work dir.
+    fn shared_root(&self) -> Option<PathBuf> {
+        self.isolates_processes()
+            .then(|| crate::provider::process::isolation::runner_root(&self.process.work_root, &self.work_dir))
+    }
+
+    /// The dataset cache's directory: `[dataset-cache] dir`, else `datasets` in this runner's
+    /// part of the work root when process jobs are isolated, else `<work-dir>/.datasets`.
+    pub fn dataset_cache_dir(&self) -> PathBuf {
+        match self.shared_root() {
+            Some(root) if self.dataset_cache.dir.as_os_str().is_empty() => root.join("datasets"),
+            _ => self.dataset_cache.dir_under(&self.work_dir),
+        }
+    }
+
+    /// Where inference workers' model versions are staged: `models` in this runner's part of
+    /// the work root when process jobs are isolated, else `<work-dir>/.models`.
+    pub fn models_dir(&self) -> PathBuf {
+        match self.shared_root() {
+            Some(root) => root.join("models"),
+            None => self.work_dir.join(".models"),
         }
     }
 

@@ -18,6 +18,14 @@ pub enum Error {
         "this runner runs local processes and cannot run image {image}; submit without --image or use a runner with Docker"
     )]
     ImageUnsupported { image: String },
+    /// A process job of a user this runner does not trust, on a runner that cannot isolate it.
+    #[error(
+        "this runner runs process jobs as its own user, which can read kiln's files, so it runs only those of its process.trusted-owner, not of user {owner}: process jobs of other users need the runner to run as root with [process] isolation (uid-range, work-root), or a Docker Engine (submit with --image)"
+    )]
+    UntrustedOwner { owner: String },
+    /// Process jobs cannot be isolated as configured.
+    #[error("process isolation: {0}")]
+    Isolation(String),
     #[error("no capacity: {0}")]
     Capacity(String),
     #[error("docker: cannot {what}: {message}")]
@@ -76,9 +84,12 @@ impl Error {
             Error::Docker { .. } => ErrorKind::Unavailable,
             Error::Firewall { .. } => ErrorKind::FailedPrecondition,
             Error::Capacity(_) => ErrorKind::ResourceExhausted,
-            Error::Restore(_) | Error::Dataset(_) | Error::Model(_) | Error::SecretMissing { .. } => {
-                ErrorKind::FailedPrecondition
-            }
+            Error::Restore(_)
+            | Error::Dataset(_)
+            | Error::Model(_)
+            | Error::SecretMissing { .. }
+            | Error::UntrustedOwner { .. }
+            | Error::Isolation(_) => ErrorKind::FailedPrecondition,
             Error::Secrets(error) => error.kind(),
             Error::Store(error) => error.kind(),
             Error::Core(error) => error.kind(),

@@ -34,7 +34,7 @@ use kiln_core::streams::{Nats, NatsError};
 use kiln_core::{objects, streams};
 use object_store::ObjectStore;
 use provider::docker::DockerProvider;
-use provider::process::ProcessProvider;
+use provider::process::{JobUsers, ProcessProvider};
 use provider::{Capacity, Provider};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
@@ -96,6 +96,8 @@ pub(crate) struct Context {
     /// Whether this runner holds its lease (launches are taken only while it does).
     lease: Arc<liveness::LeaseStatus>,
     datasets: datasets::DatasetCache,
+    /// Where inference workers' model versions are staged.
+    models_dir: std::path::PathBuf,
     metrics: Arc<service_metrics::RunnerMetrics>,
     /// The key that opens the secrets jobs name; `None` when the config names none (such jobs
     /// fail to start, saying so).
@@ -152,8 +154,21 @@ impl Runner {
                 addr: config.grpc.listen,
                 source,
             })?;
-        let (provider, sim) = connect_provider(&config).await?;
-        let datasets = datasets::DatasetCache::open(&config.dataset_cache, &config.work_dir, objects.clone()).await?;
+        let isolated = match config.provider {
+            ProviderKind::Docker => None,
+            _ => provider::process::isolation::resolve(&config.process, &config.work_dir)?,
+        };
+        let (provider, sim) = connect_provider(&config, isolated.as_ref()).await?;
+        let dataset_cache = datasets::DatasetCacheConfig {
+            dir: config.dataset_cache_dir(),
+            ..config.dataset_cache.clone()
+        };
+        let models_dir = config.models_dir();
+        let datasets = datasets::DatasetCache::open(&dataset_cache, &config.work_dir, objects.clone()).await?;
+        if isolated.is_some() {
+            datasets.hide_entries()?;
+            provider::process::isolation::check_reachable(datasets.root())?;
+        }
         let mut capacity = provider.capacity().await?;
         // GPUs: configured, else those NVML finds, else the provider's own (a simulated cloud's).
         capacity.gpus = match config.gpus {
@@ -182,6 +197,7 @@ impl Runner {
             agent_archive: Arc::default(),
             lease: Arc::default(),
             datasets,
+            models_dir,
             metrics: Arc::new(service_metrics::RunnerMetrics::new(&config.pool)),
             secrets_key,
             config: Arc::new(config),
@@ -293,7 +309,10 @@ impl Runner {
 
 /// Builds the provider the configuration asks for, and the simulated cloud's handle on `sim`;
 /// `auto` runs image jobs in containers when the engine answers, and the rest as processes.
-async fn connect_provider(config: &Config) -> Result<(Arc<dyn Provider>, Option<provider::sim::SimCloud>)> {
+async fn connect_provider(
+    config: &Config,
+    isolated: Option<&provider::process::Isolated>,
+) -> Result<(Arc<dyn Provider>, Option<provider::sim::SimCloud>)> {
     let job_endpoints = job_endpoints(config);
     let docker = || {
         DockerProvider::connect(
@@ -309,7 +328,11 @@ async fn connect_provider(config: &Config) -> Result<(Arc<dyn Provider>, Option<
             memory_bytes: config.offered_memory_bytes(),
             gpus: 0,
         };
-        ProcessProvider::new(capacity, config.work_dir.clone())
+        let users = match isolated {
+            Some(isolated) => JobUsers::Isolated(isolated.clone()),
+            None => JobUsers::Trusted(config.process.trusted_owner.clone()),
+        };
+        ProcessProvider::new(capacity, config.work_dir.clone(), users)
     };
     if config.provider == ProviderKind::Sim {
         // Inference workers run for real on the simulated cloud's instances.

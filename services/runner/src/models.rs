@@ -1,12 +1,14 @@
 //! Model versions on the runner's disk, for inference workers: a version's files (its manifest
 //! in the registry, each file a content-addressed blob) are copied once per runner into
-//! `<work-dir>/.models/<version digest>/` and handed to every worker serving that version,
+//! `<work-dir>/.models/<version digest>/` (under the work root's part of the runner when
+//! process jobs are isolated: see `provider::process::isolation`) and handed to every worker serving that version,
 //! read-only.
 //!
 //! A version is built in a `.part-` directory and renamed into place only when complete, so a
 //! crash leaves nothing that looks staged; two workers staging one version at once both build,
 //! and the second rename finds the first's and keeps it. Staged versions are not evicted yet.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use futures::StreamExt;
@@ -29,7 +31,7 @@ pub(crate) async fn stage(ctx: &Context, model: &str) -> Result<PathBuf> {
         .model_version(name, version)
         .await?
         .ok_or_else(|| bad("no such version in the registry".into()))?;
-    let root = ctx.config.work_dir.join(".models");
+    let root = ctx.models_dir.clone();
     let staged = root.join(&record.digest);
     if tokio::fs::try_exists(&staged).await.unwrap_or(false) {
         return Ok(absolute(&staged));
@@ -40,6 +42,10 @@ pub(crate) async fn stage(ctx: &Context, model: &str) -> Result<PathBuf> {
         tokio::fs::create_dir_all(&part)
             .await
             .map_err(Error::io(format!("cannot create {}", part.display())))?;
+        // Traversable, not listable: a worker reaches its version, not the digests of others.
+        tokio::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o711))
+            .await
+            .map_err(Error::io(format!("cannot set the mode of {}", root.display())))?;
         for file in &files {
             let relative =
                 relative_path(&file.path).ok_or_else(|| bad(format!("file path {:?} is not relative", file.path)))?;
@@ -62,16 +68,26 @@ pub(crate) async fn stage(ctx: &Context, model: &str) -> Result<PathBuf> {
                 .await
                 .map_err(Error::io(format!("cannot write {}", dest.display())))?;
         }
+        // Readable by the workers, whatever uid they run as; written by no one.
+        let sealed = part.clone();
+        tokio::task::spawn_blocking(move || crate::datasets::fetch::seal(&sealed))
+            .await
+            .map_err(|e| bad(format!("sealing failed: {e}")))?
+            .map_err(Error::io(format!("cannot seal {}", part.display())))?;
         Ok::<(), Error>(())
     }
     .await;
+    let remove_part = || {
+        let part = part.clone();
+        tokio::task::spawn_blocking(move || crate::datasets::fetch::remove_tree(&part))
+    };
     if let Err(error) = built {
-        let _ = tokio::fs::remove_dir_all(&part).await;
+        let _ = remove_part().await;
         return Err(error);
     }
     if tokio::fs::rename(&part, &staged).await.is_err() {
         // Staged meanwhile by another worker of the same version.
-        let _ = tokio::fs::remove_dir_all(&part).await;
+        let _ = remove_part().await;
     }
     tracing::info!(model, files = files.len(), dir = %staged.display(), "model version staged");
     Ok(absolute(&staged))

@@ -387,7 +387,8 @@ async fn a_submit_retried_with_its_idempotency_key_makes_one_job() {
     assert!(status.message().contains(&first.id), "{status:?}");
     // So is the same key with any other part of the spec changed (the whole spec is hashed):
     // env, GPUs, priority, market and run time, which the old comparison left out.
-    let changes: [(&str, fn(&mut pb::JobSpec)); 5] = [
+    type Change = (&'static str, fn(&mut pb::JobSpec));
+    let changes: [Change; 5] = [
         ("env", |spec| {
             spec.env.insert("SEED".into(), "2".into());
         }),

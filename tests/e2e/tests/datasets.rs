@@ -51,11 +51,12 @@ fn blob(stack: &Stack, digest: &str) -> PathBuf {
     stack.objects_dir().join("artifacts/sha256").join(digest)
 }
 
+/// The cache of the stack's runner: under the work root when it isolates process jobs (as
+/// root), else `<work-dir>/.datasets`.
 fn cache_dir(stack: &Stack) -> PathBuf {
     stack
-        .dir
-        .path()
-        .join("work/.datasets")
+        .runner_config("runner-1")
+        .dataset_cache_dir()
         .canonicalize()
         .expect("the runner's dataset cache")
 }

@@ -236,7 +236,13 @@ async fn a_preempted_job_finds_its_checkpoint_in_its_next_attempt() {
     // The checkpoint of attempt 1 is in attempt 2's outputs directory, which KILN_RESUME_FROM
     // names (the process provider's KILN_OUTPUTS, on the runner's host); and it is synced
     // again with attempt 2's outputs.
-    let outputs = stack.dir.path().join(format!("work/{}-2/outputs", done.id));
+    // Under the work root when the runner isolates process jobs (as root), else its work dir.
+    let config = stack.runner_config("runner-1");
+    let root = match config.isolates_processes() {
+        true => config.process.work_root,
+        false => config.work_dir,
+    };
+    let outputs = root.join(format!("{}-2/outputs", done.id));
     assert_eq!(resumed, format!("2 step-42 {}", outputs.display()));
 }
 

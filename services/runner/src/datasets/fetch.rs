@@ -227,7 +227,7 @@ pub(super) fn tree_bytes(dir: &Path) -> Result<u64> {
 
 /// Makes everything under `path` readable and not writable by anyone: directories 0555,
 /// files their mode plus 0444 minus 0222; symlinks are left alone. Blocking.
-fn seal(path: &Path) -> std::io::Result<()> {
+pub(crate) fn seal(path: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let metadata = std::fs::symlink_metadata(path)?;
     if metadata.file_type().is_symlink() {
@@ -245,7 +245,7 @@ fn seal(path: &Path) -> std::io::Result<()> {
 }
 
 /// Removes a tree, read-only parts included; a missing one is fine. Blocking.
-pub(super) fn remove_tree(path: &Path) -> Result<()> {
+pub(crate) fn remove_tree(path: &Path) -> Result<()> {
     let removed = match std::fs::symlink_metadata(path) {
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(error) => Err(error),

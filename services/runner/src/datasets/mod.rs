@@ -28,7 +28,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use crate::error::{Error, Result};
 
 mod config;
-mod fetch;
+pub(crate) mod fetch;
 #[cfg(test)]
 mod tests;
 
@@ -170,6 +170,21 @@ impl DatasetCache {
         tracing::info!(digest, archive_bytes, bytes, "dataset cached");
         self.evict().await;
         Ok(lease)
+    }
+
+    /// The cache's directory.
+    pub fn root(&self) -> &Path {
+        &self.inner.root
+    }
+
+    /// Makes the root traversable but not listable (0711): a job reaches the entries its
+    /// links name, and cannot find the digests of the others.
+    pub fn hide_entries(&self) -> Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&self.inner.root, std::fs::Permissions::from_mode(0o711)).map_err(Error::io(format!(
+            "cannot set the mode of {}",
+            self.inner.root.display()
+        )))
     }
 
     /// How many archives this cache downloaded since it was opened.

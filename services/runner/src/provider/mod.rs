@@ -37,6 +37,9 @@ pub struct InstanceSpec {
     pub job_id: String,
     pub attempt: i32,
     pub runner_id: String,
+    /// The id of the user who submitted the job (the process provider runs only its trusted
+    /// owner's jobs when it cannot isolate them).
+    pub owner_id: String,
     /// Container image; empty for none.
     pub image: String,
     pub command: Vec<String>,

@@ -2,15 +2,19 @@
 //!
 //! The child starts with a clean environment (PATH, HOME, LANG, the job's env and the `KILN_*`
 //! variables), so nothing of the runner's environment, credentials included, leaks into it.
-//! Code, outputs and datasets are directories under the instance's scratch directory, named by
-//! `KILN_CODE`, `KILN_OUTPUTS` and `KILN_DATA` (and `KILN_RESUME_FROM`, the outputs directory
-//! holding a resumed attempt's restored outputs); `KILN_DATA/<name>` links to the dataset's
-//! directory in the runner's cache, read-only by its modes (which a job of the runner's own user,
-//! or root, could change: only containers isolate). Stopping signals the whole group. This provider does not
-//! enforce CPU or memory limits; the docker provider does.
+//! Code, outputs and datasets are directories named by `KILN_CODE`, `KILN_OUTPUTS` and
+//! `KILN_DATA` (and `KILN_RESUME_FROM`, the outputs directory holding a resumed attempt's
+//! restored outputs); `KILN_DATA/<name>` links to the dataset's read-only directory in the
+//! runner's cache. Stopping signals the whole group. This provider does not enforce CPU or
+//! memory limits, nor a network of the job's own; the docker provider does.
+//!
+//! Whose jobs run, and as whom, is [`JobUsers`]: by default (`[process] isolation = "auto"`)
+//! a runner that is root runs each job as a uid of its own in a directory of its own outside
+//! the runner's ([`isolation`]); a runner that is not root runs the jobs of its trusted owner
+//! only, as itself, in its scratch directory, and refuses the others.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Mutex;
 
 use futures::StreamExt;
@@ -20,24 +24,40 @@ use tokio::sync::watch;
 use tokio_util::io::ReaderStream;
 
 use super::{Capacity, Exit, Instance, InstanceSpec, InstanceStats, OutputStream, Outputs, Provider};
-use crate::bundle::LIMITS;
 use crate::error::{Error, Result};
 
+pub mod config;
 mod group;
+pub mod isolation;
+mod setup;
 
 use group::{clock_ticks_per_second, group_usage, spawn};
 pub use group::{exit_code, instance_pid, is_job_process, signal_group};
+pub use isolation::Isolated;
+pub(crate) use setup::set_writable;
+use setup::{blocking, io};
 
 /// The file in an instance's scratch directory holding its process id.
 const PID_FILE: &str = "pid";
 
-/// The command and environment of a provisioned, not yet started instance.
-type Launch = (Vec<String>, BTreeMap<String, String>);
+/// The command, environment and uid (when isolated) of a provisioned, not yet started instance.
+type Launch = (Vec<String>, BTreeMap<String, String>, Option<u32>);
+
+/// Whose process jobs run, and as whom.
+#[derive(Debug, Clone)]
+pub enum JobUsers {
+    /// Every job, each as a uid of its own (the runner is root).
+    Isolated(Isolated),
+    /// The jobs of this owner (a user id) only, as the runner's own user, which can read what
+    /// kiln keeps; empty: none.
+    Trusted(String),
+}
 
 /// Runs jobs as local processes.
 pub struct ProcessProvider {
     capacity: Capacity,
     work_dir: PathBuf,
+    users: JobUsers,
     /// Exit of each started instance, by instance id, set by its waiter task.
     exits: Mutex<HashMap<String, watch::Receiver<Option<Exit>>>>,
     /// The last CPU reading of each instance (when, clock ticks), for the rate.
@@ -47,68 +67,16 @@ pub struct ProcessProvider {
 }
 
 impl ProcessProvider {
-    pub fn new(capacity: Capacity, work_dir: PathBuf) -> ProcessProvider {
+    pub fn new(capacity: Capacity, work_dir: PathBuf, users: JobUsers) -> ProcessProvider {
         ProcessProvider {
             capacity,
             work_dir,
+            users,
             exits: Mutex::default(),
             cpu_readings: Mutex::default(),
             pending: Mutex::default(),
         }
     }
-}
-
-fn io(what: String) -> impl FnOnce(std::io::Error) -> Error {
-    Error::io(what)
-}
-
-/// Unpacks a tar.gz on the runner's host into `dir` on a blocking thread, streamed from the file.
-async fn unpack_into(archive: PathBuf, dir: PathBuf) -> Result<()> {
-    tokio::task::spawn_blocking(move || {
-        let file = std::fs::File::open(&archive).map_err(io(format!("cannot read {}", archive.display())))?;
-        crate::bundle::unpack(std::io::BufReader::new(file), &dir, LIMITS)
-    })
-    .await
-    .map_err(|e| Error::BadBundle(e.to_string()))?
-    .map(|_| ())
-}
-
-/// Sets the write bits of everything under `dir` (on again to remove read-only trees).
-pub(crate) fn set_writable(dir: &Path, writable: bool) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let metadata = std::fs::symlink_metadata(dir)?;
-    if metadata.file_type().is_symlink() {
-        return Ok(());
-    }
-    if metadata.is_dir() && writable {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
-    }
-    if metadata.is_dir() {
-        for entry in std::fs::read_dir(dir)? {
-            set_writable(&entry?.path(), writable)?;
-        }
-    }
-    let mode = match (metadata.is_dir(), writable) {
-        (true, true) => 0o755,
-        (true, false) => 0o555,
-        (false, true) => metadata.permissions().mode() | 0o200,
-        (false, false) => metadata.permissions().mode() & !0o222,
-    };
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
-}
-
-/// Removes a scratch directory, read-only datasets included.
-async fn remove_scratch(dir: PathBuf) -> Result<()> {
-    tokio::task::spawn_blocking(move || {
-        if !dir.try_exists()? {
-            return Ok(());
-        }
-        set_writable(&dir, true)?;
-        std::fs::remove_dir_all(&dir)
-    })
-    .await
-    .map_err(|e| Error::io("cannot remove a scratch directory")(std::io::Error::other(e)))?
-    .map_err(io("cannot remove a scratch directory".into()))
 }
 
 #[async_trait::async_trait]
@@ -123,59 +91,54 @@ impl Provider for ProcessProvider {
                 image: spec.image.clone(),
             });
         }
-        let dir = spec.scratch_dir.clone();
-        for sub in ["code", "outputs", "data"] {
-            let path = dir.join(sub);
-            tokio::fs::create_dir_all(&path)
-                .await
-                .map_err(io(format!("cannot create {}", path.display())))?;
+        let uid = match &self.users {
+            JobUsers::Trusted(owner) if owner.is_empty() || *owner != spec.owner_id => {
+                return Err(Error::UntrustedOwner {
+                    owner: spec.owner_id.clone(),
+                });
+            }
+            JobUsers::Trusted(_) => None,
+            JobUsers::Isolated(isolated) => {
+                let (isolated, scratch) = (isolated.clone(), spec.scratch_dir.clone());
+                tokio::fs::create_dir_all(&scratch)
+                    .await
+                    .map_err(io(format!("cannot create {}", scratch.display())))?;
+                Some(blocking(move || isolated.claim(&scratch)).await?)
+            }
+        };
+        let prepared = self.prepare(spec, uid).await;
+        if prepared.is_err()
+            && let JobUsers::Isolated(isolated) = &self.users
+        {
+            // No instance comes of it: what the claim holds is given back now.
+            let (isolated, scratch) = (isolated.clone(), spec.scratch_dir.clone());
+            if let Err(error) = blocking(move || isolated.release(&scratch, None)).await {
+                tracing::warn!(job_id = %spec.job_id, error = %error, "cannot give back the uid of a job that did not start");
+            }
         }
-        if let Some(code) = &spec.code {
-            unpack_into(code.clone(), dir.join("code")).await?;
-        }
-        if let Some(restore) = &spec.restore {
-            unpack_into(restore.clone(), dir.join("outputs")).await?;
-        }
-        // The cache's read-only directory itself, through a link in the instance's data dir.
-        for (name, cached) in &spec.datasets {
-            let path = dir.join("data").join(name);
-            tokio::fs::symlink(cached, &path)
-                .await
-                .map_err(io(format!("cannot link {}", path.display())))?;
-        }
-        let mut env = spec.env.clone();
-        env.insert("KILN_CODE".into(), dir.join("code").display().to_string());
-        env.insert("KILN_OUTPUTS".into(), dir.join("outputs").display().to_string());
-        if env.contains_key("KILN_RESUME_FROM") {
-            // The restored outputs are in this instance's outputs directory.
-            env.insert("KILN_RESUME_FROM".into(), dir.join("outputs").display().to_string());
-        }
-        env.insert("KILN_DATA".into(), dir.join("data").display().to_string());
-        if !spec.gpu_devices.is_empty() {
-            let devices: Vec<String> = spec.gpu_devices.iter().map(u32::to_string).collect();
-            env.insert("CUDA_VISIBLE_DEVICES".into(), devices.join(","));
-        }
+        let launch = prepared?;
         self.pending
             .lock()
             .expect("pending lock")
-            .insert(dir.clone(), (spec.command.clone(), env));
+            .insert(spec.scratch_dir.clone(), launch);
         Ok(Instance {
             provider: "process",
             job_id: spec.job_id.clone(),
             attempt: spec.attempt,
             id: String::new(),
-            scratch_dir: dir,
+            scratch_dir: spec.scratch_dir.clone(),
         })
     }
 
     async fn start(&self, instance: &mut Instance) -> Result<OutputStream> {
-        let (command, env) = self
+        let (command, env, uid) = self
             .pending
             .lock()
             .expect("pending lock")
             .remove(&instance.scratch_dir)
             .ok_or_else(|| Error::io("start")(std::io::Error::other("the instance was not provisioned")))?;
-        let (mut child, pid) = spawn(&command, &env, &instance.scratch_dir.join("code"))?;
+        let code = self.job_dir(&instance.scratch_dir).join("code");
+        let (mut child, pid) = spawn(&command, &env, &code, uid)?;
         instance.id = format!("pid:{pid}");
         // A restarted runner finds the process of an attempt taken from it by this file.
         let pid_file = instance.scratch_dir.join(PID_FILE);
@@ -251,7 +214,14 @@ impl Provider for ProcessProvider {
     }
 
     async fn outputs(&self, instance: &Instance) -> Result<Outputs> {
-        Ok(Outputs::Dir(instance.scratch_dir.join("outputs")))
+        if let JobUsers::Isolated(isolated) = &self.users
+            && let Some(uid) = isolated.recorded_uid(&instance.scratch_dir)
+        {
+            // The runner reads them as root: nothing of the job may still be changing them (a
+            // file swapped for a link to kiln's own files, say).
+            blocking(move || isolation::kill_all(uid)).await?;
+        }
+        Ok(Outputs::Dir(self.job_dir(&instance.scratch_dir).join("outputs")))
     }
 
     async fn stats(&self, instance: &Instance) -> Result<Option<InstanceStats>> {
@@ -294,7 +264,7 @@ impl Provider for ProcessProvider {
         }
         self.exits.lock().expect("exits lock").remove(&instance.id);
         self.pending.lock().expect("pending lock").remove(&instance.scratch_dir);
-        remove_scratch(instance.scratch_dir.clone()).await
+        self.release_dir(instance.scratch_dir.clone()).await
     }
 
     async fn capacity(&self) -> Result<Capacity> {
@@ -344,13 +314,33 @@ impl Provider for ProcessProvider {
                     tracing::warn!(job_id, pid, "killing the process of a job this runner no longer holds");
                     signal_group(pid, Signal::SIGKILL);
                 }
-                remove_scratch(entry.path()).await?;
+                self.release_dir(entry.path()).await?;
                 released += 1;
+            }
+        }
+        if let JobUsers::Isolated(isolated) = &self.users {
+            // Uids taken by instances whose scratch directory went (a crash in between).
+            let (lister, work_dir) = (isolated.clone(), self.work_dir.clone());
+            let claimed = blocking(move || Ok(lister.claimed_under(&work_dir))).await?;
+            for (uid, scratch) in claimed {
+                let name = scratch.file_name().map(|name| name.to_string_lossy().into_owned());
+                let job_id = name
+                    .as_deref()
+                    .and_then(|name| name.rsplit_once('-'))
+                    .map(|(job, _)| job);
+                if !job_id.is_some_and(|job_id| keep.iter().any(|kept| kept == job_id)) {
+                    tracing::warn!(uid, scratch = %scratch.display(), "giving back the uid of a job this runner no longer holds");
+                    let isolated = isolated.clone();
+                    blocking(move || isolated.release(&scratch, Some(uid))).await?;
+                    released += 1;
+                }
             }
         }
         Ok(released)
     }
 }
 
+#[cfg(test)]
+mod hostile_tests;
 #[cfg(test)]
 mod tests;

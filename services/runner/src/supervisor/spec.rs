@@ -163,6 +163,7 @@ pub(super) async fn instance_spec(
         job_id: job.id.clone(),
         attempt: job.attempt,
         runner_id: ctx.config.runner_id.clone(),
+        owner_id: job.owner_id.clone(),
         image: job.image.clone(),
         command: job.command()?,
         env,

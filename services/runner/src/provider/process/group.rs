@@ -12,25 +12,38 @@ use tokio::process::Command;
 
 use crate::error::{Error, Result};
 
-/// Starts `command` in `workdir` with exactly `env` (plus PATH, HOME and LANG).
+/// Starts `command` in `workdir` with exactly `env` (plus PATH, HOME and LANG), as `uid` (with
+/// the gid of the same number) when given.
+///
+/// With a uid, the standard library's spawn calls `setgroups(0)` before `setgid` and `setuid`
+/// (it does so whenever a uid is set and no groups are), so the child keeps none of the
+/// runner's supplementary groups; and a uid other than 0 leaves the child no capabilities.
 pub(super) fn spawn(
     command: &[String],
     env: &BTreeMap<String, String>,
     workdir: &Path,
+    uid: Option<u32>,
 ) -> Result<(tokio::process::Child, i32)> {
     let (program, args) = command.split_first().ok_or_else(|| Error::Spawn {
         program: String::new(),
         source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty command"),
     })?;
+    let mut path = std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into());
+    if uid.is_some() {
+        // Only the directories any user reaches: one under /root would turn a missing program
+        // into "permission denied".
+        let reachable: Vec<&str> = path
+            .split(':')
+            .filter(|dir| super::isolation::check_reachable(Path::new(dir)).is_ok())
+            .collect();
+        path = reachable.join(":");
+    }
     let mut builder = Command::new(program);
     builder
         .args(args)
         .current_dir(workdir)
         .env_clear()
-        .env(
-            "PATH",
-            std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into()),
-        )
+        .env("PATH", path)
         .env("HOME", workdir)
         .env("LANG", "C.UTF-8")
         .envs(env)
@@ -39,6 +52,9 @@ pub(super) fn spawn(
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
+    if let Some(uid) = uid {
+        builder.uid(uid).gid(uid);
+    }
     let child = builder.spawn().map_err(|source| Error::Spawn {
         program: program.clone(),
         source,

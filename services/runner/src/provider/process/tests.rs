@@ -1,3 +1,5 @@
+use std::path::Path;
+
 use super::*;
 
 fn spec(dir: &Path, command: &[&str]) -> InstanceSpec {
@@ -5,6 +7,7 @@ fn spec(dir: &Path, command: &[&str]) -> InstanceSpec {
         job_id: "j1".into(),
         attempt: 1,
         runner_id: "r".into(),
+        owner_id: "u".into(),
         image: String::new(),
         command: command.iter().map(|s| s.to_string()).collect(),
         env: BTreeMap::from([("KILN_JOB_ID".to_string(), "j1".to_string())]),
@@ -29,6 +32,7 @@ fn provider(dir: &Path) -> ProcessProvider {
             gpus: 0,
         },
         dir.to_path_buf(),
+        JobUsers::Trusted("u".into()),
     )
 }
 
@@ -49,6 +53,40 @@ async fn children_get_only_the_env_they_are_given_and_die_with_their_group() {
     assert_eq!(provider.wait(&instance).await.unwrap().code, 128 + 15);
     provider.release(&instance).await.unwrap();
     assert!(!instance.scratch_dir.try_exists().unwrap());
+}
+
+#[tokio::test]
+async fn a_runner_that_cannot_isolate_refuses_the_jobs_of_other_users() {
+    let dir = tempfile::tempdir().unwrap();
+    for trusted in ["u", ""] {
+        let provider = ProcessProvider::new(
+            provider(dir.path()).capacity,
+            dir.path().to_path_buf(),
+            JobUsers::Trusted(trusted.into()),
+        );
+        let stranger = InstanceSpec {
+            owner_id: "someone-else".into(),
+            ..spec(dir.path(), &["true"])
+        };
+        let error = provider.provision(&stranger).await.expect_err("refused");
+        assert_eq!(error.kind(), kiln_core::ErrorKind::FailedPrecondition);
+        let message = error.to_string();
+        for words in [
+            "someone-else",
+            "process.trusted-owner",
+            "[process] isolation",
+            "--image",
+        ] {
+            assert!(message.contains(words), "{message:?} lacks {words:?}");
+        }
+        assert!(!stranger.scratch_dir.join("code").try_exists().unwrap());
+    }
+    // The control: the trusted owner's job runs.
+    let provider = provider(dir.path());
+    let mut instance = provider.provision(&spec(dir.path(), &["true"])).await.unwrap();
+    let _output = provider.start(&mut instance).await.unwrap();
+    assert_eq!(provider.wait(&instance).await.unwrap().code, 0);
+    provider.release(&instance).await.unwrap();
 }
 
 #[tokio::test]

@@ -196,6 +196,7 @@ mod tests {
             job_id: format!("job-{n:04}"),
             attempt: 1,
             runner_id: "sim".into(),
+            owner_id: String::new(),
             image: String::new(),
             command: command.iter().map(|s| s.to_string()).collect(),
             env: BTreeMap::new(),
