@@ -32,7 +32,7 @@ as_root() {
 }
 
 # --- Debian packages -------------------------------------------------------------------------
-packages=(build-essential pkg-config git ca-certificates curl python3 python3-pip postgresql docker.io busybox-static prometheus libb64-0d chromium)
+packages=(build-essential pkg-config git ca-certificates curl python3 python3-pip python3-venv postgresql docker.io busybox-static prometheus libb64-0d chromium)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

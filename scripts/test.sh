@@ -43,6 +43,21 @@ KILN_TOOLS=${KILN_TOOLS:-${KILN_HOME:-$HOME/.kiln}/tools}
 export PATH="$KILN_TOOLS/bin:$HOME/.cargo/bin:$PATH"
 export KILN_TEST_NATS_SERVER="$KILN_TOOLS/bin/nats-server"
 
+# Run as root, the tests' process jobs run as uids of their own (docs/security/process.md), and
+# some run what the build made here (kiln-agent, the SDK's venv): every directory above the
+# checkout must let other users through. One that does not (a checkout under /root) is opened
+# for traversal only (o+x: no listing). Not as root, jobs run as this user and need nothing.
+if [ "$(id -u)" = 0 ]; then
+  dir=$repo
+  while [ "$dir" != / ]; do
+    if [ -z "$(find "$dir" -maxdepth 0 -perm -o=x)" ]; then
+      log "letting other users through $dir (chmod o+x): the tests' isolated jobs run what the build made under it"
+      chmod o+x "$dir"
+    fi
+    dir=$(dirname "$dir")
+  done
+fi
+
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 

@@ -74,6 +74,7 @@ fn sweep_record(trials: u64, params: usize, parallel: usize) -> Result<SweepReco
         registered: String::new(),
         created_at_ms: kiln_core::ids::now_ms(),
         finished_at_ms: None,
+        paused_reason: String::new(),
     })
 }
 
