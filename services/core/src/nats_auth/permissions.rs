@@ -169,7 +169,11 @@ pub(super) fn of(service: Service) -> Permissions {
         Service::Runner => {
             // Launches and stop requests in; job changes, logs, metrics, its capacity and
             // liveness out; inference requests through its relays.
+            // kiln.launch.*: after a restart a runner republishes the unpublished changes of
+            // its jobs, a SCHEDULED one's launch included (the launch is a hint: the record's
+            // state decides, and the scheduler republishes it too).
             p.job_changes()
+                .publish(LAUNCH_ANY)
                 .publish(METRICS_ANY)
                 .publish(LOGS_ANY)
                 .consume(STREAM_LAUNCH)
@@ -312,12 +316,11 @@ mod tests {
     #[test]
     fn each_service_may_not_do_what_another_does() {
         // A runner (the machine tenants' jobs share) reads no logs, metrics or replies of
-        // others, stops no job, launches nothing, takes no lease, creates no stream.
+        // others, stops no job, takes no lease, creates no stream.
         for subject in [LOGS_ALL, METRICS_ALL, "_INBOX.>", "_INBOX.api.>", "kiln.job.>"] {
             assert!(!can_subscribe(Service::Runner, subject), "{subject}");
         }
         assert!(!can_publish(Service::Runner, &control("j1")));
-        assert!(!can_publish(Service::Runner, &launch("local")));
         assert!(!can_publish(Service::Runner, "$KV.kiln_leases.scheduler"));
         assert!(!can_publish(Service::Runner, "$JS.API.CONSUMER.CREATE.KILN_LOGS"));
         assert!(!can_publish(
