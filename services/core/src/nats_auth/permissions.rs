@@ -205,8 +205,11 @@ pub(super) fn of(service: Service) -> Permissions {
                 .lease(LEASE_ITEM_BATCH_SCALER);
         }
         Service::Advisor => {
+            // Registering a sweep's best trial as a model version asks log-ingest for its
+            // latest metric values (kiln_core::models::Registry).
             p.job_changes()
                 .publish(CONTROL_ANY)
+                .publish(INGEST_LATEST_VALUES)
                 .consume(STREAM_JOBS)
                 .consume(STREAM_METRICS)
                 .lease(LEASE_ADVISOR);
@@ -307,6 +310,7 @@ mod tests {
             "$JS.API.CONSUMER.CREATE.KV_kiln_services.w1.$KV.kiln_services.>"
         ));
         assert!(can_subscribe(Service::Scheduler, SCHEDULER_EXPLAIN));
+        assert!(can_publish(Service::Advisor, INGEST_LATEST_VALUES));
         for service in Service::ALL {
             assert!(can_subscribe(service, &format!("{}.abc.1", service.inbox_prefix())));
             assert!(can_publish(service, "$JS.API.STREAM.INFO.KILN_JOBS"));
