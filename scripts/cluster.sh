@@ -9,8 +9,10 @@
 #   scripts/cluster.sh down    stop it and everything it started
 #   scripts/cluster.sh status  say whether it runs, and where its logs are
 #
-# KILN_CLUSTER_TLS=1 makes it TLS-only (client certificates on every gRPC listener, NATS with TLS
-# and an NKey user); the exports then name the CA and a client certificate too.
+# The nats-servers admit only NKey users, one per service with the subjects of
+# kiln_core::nats_auth (docs/security/nats.md). KILN_CLUSTER_TLS=1 makes it TLS-only too (client
+# certificates on every gRPC listener, NATS with TLS); the exports then name the CA and a client
+# certificate too.
 # KILN_CLUSTER_DIR (default /tmp/kiln-cluster) holds configs, logs and data. Cassandra comes from
 # KILN_TEST_SCYLLA_NODES and the S3 server from KILN_TEST_S3_* when set, else they are started
 # here (scripts/cassandra, scripts/s3-server.sh). Run

@@ -11,6 +11,8 @@ provider "aws" {
   }
 }
 
+data "aws_caller_identity" "current" {}
+
 data "aws_ssm_parameter" "ami" {
   name = var.ami_ssm_parameter
 }
@@ -42,6 +44,10 @@ locals {
   client_cidrs   = length(var.client_cidrs) > 0 ? var.client_cidrs : [var.vpc_cidr]
   metrics_cidrs  = length(var.metrics_cidrs) > 0 ? var.metrics_cidrs : [var.vpc_cidr]
   release_prefix = "releases/${var.kiln_version}"
+
+  # Each service's NATS NKey seed, a SecureString put by put-nats-seeds.sh (never in the state).
+  nats_seed_prefix     = "/${var.name}/nats"
+  nats_seed_arn_prefix = "arn:aws:ssm:${var.region}:${data.aws_caller_identity.current.account_id}:parameter${local.nats_seed_prefix}"
 
   # The address plan: node i of a set is host (offset + i div AZs) of private subnet i mod AZs,
   # inside the first two /26s of each subnet, which are reserved for explicit addresses.
@@ -137,6 +143,7 @@ module "nats" {
   kms_key_arn         = module.kms.arn
   data_volume_gb      = var.nats_volume_gb
   nats_server_version = var.nats_server_version
+  users_conf          = var.nats_users_conf
   depends_on          = [module.network]
 }
 
@@ -176,6 +183,8 @@ module "services" {
   release_prefix            = local.release_prefix
   nats_urls                 = module.nats.urls
   nats_replicas             = 3
+  nats_seed_prefix          = local.nats_seed_prefix
+  nats_seed_arn_prefix      = local.nats_seed_arn_prefix
   database                  = local.database
   scylla_nodes              = module.scylla.contact_points
   scylla_keyspace           = "kiln"
@@ -198,19 +207,21 @@ module "runner_pool" {
   gpu                             = each.value.gpu
   ami_id = coalesce(each.value.ami_id,
   each.value.gpu ? one(data.aws_ssm_parameter.gpu_ami[*].insecure_value) : data.aws_ssm_parameter.ami.insecure_value)
-  volume_gb         = each.value.volume_gb
-  subnet_ids        = module.network.private_subnet_ids
-  security_group_id = module.security_groups.ids["runner"]
-  kms_key_arn       = module.kms.arn
-  bucket            = module.objects.bucket
-  bucket_arn        = module.objects.arn
-  objects_prefix    = var.objects_prefix
-  release_prefix    = local.release_prefix
-  nats_urls         = module.nats.urls
-  nats_replicas     = 3
-  database          = local.database
-  api_url           = "http://api.${var.private_zone}:7070"
-  logs_url          = "http://log-ingest.${var.private_zone}:7071"
-  job_endpoints     = ["item-batch.${var.private_zone}:7075"]
-  depends_on        = [aws_s3_object.connect_probe]
+  volume_gb            = each.value.volume_gb
+  subnet_ids           = module.network.private_subnet_ids
+  security_group_id    = module.security_groups.ids["runner"]
+  kms_key_arn          = module.kms.arn
+  bucket               = module.objects.bucket
+  bucket_arn           = module.objects.arn
+  objects_prefix       = var.objects_prefix
+  release_prefix       = local.release_prefix
+  nats_urls            = module.nats.urls
+  nats_replicas        = 3
+  nats_seed_prefix     = local.nats_seed_prefix
+  nats_seed_arn_prefix = local.nats_seed_arn_prefix
+  database             = local.database
+  api_url              = "http://api.${var.private_zone}:7070"
+  logs_url             = "http://log-ingest.${var.private_zone}:7071"
+  job_endpoints        = ["item-batch.${var.private_zone}:7075"]
+  depends_on           = [aws_s3_object.connect_probe]
 }

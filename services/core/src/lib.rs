@@ -4,6 +4,8 @@
 //! - [`error`]: [`ErrorKind`] and its one mapping to gRPC codes;
 //! - [`ids`]: UUIDv7 ids and clocks;
 //! - [`subjects`] and [`streams`]: every JetStream name, declared once, and their creation;
+//! - [`nats_auth`]: each service's NATS user and subjects, and the nats-server `authorization`
+//!   block they render to;
 //! - [`publish`]: publishing with a message id, sent again while a cluster elects a leader;
 //! - [`state`] and [`store`]: the job state machine and the metadata store (sea-orm);
 //! - [`events`]: publishing committed changes (the outbox) and re-driving unpublished ones;
@@ -32,6 +34,7 @@ pub mod intake;
 pub mod lease;
 pub mod metrics;
 pub mod models;
+pub mod nats_auth;
 pub mod objects;
 pub mod publish;
 pub mod quotas;

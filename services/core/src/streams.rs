@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use crate::config::NatsConfig;
 use crate::error::ErrorKind;
+use crate::nats_auth::Service;
 use crate::subjects::*;
 
 pub use crate::publish::{Pipeline, backoff, publish, publish_all, try_publish};
@@ -90,6 +91,18 @@ async fn auth_options(config: &NatsConfig) -> Result<async_nats::ConnectOptions,
 /// electing its leaders); after that the last error is returned. Once connected, the client
 /// reconnects forever.
 pub async fn connect(config: &NatsConfig) -> Result<Nats, NatsError> {
+    connect_with(config, None).await
+}
+
+/// [`connect`] as `service`: the connection is named `kiln-<service>` and its replies come
+/// under the service's own inbox prefix, the only one its NATS user may subscribe to
+/// ([`crate::nats_auth`]).
+pub async fn connect_as(config: &NatsConfig, service: Service) -> Result<Nats, NatsError> {
+    connect_with(config, Some(service)).await
+}
+
+async fn connect_with(config: &NatsConfig, service: Option<Service>) -> Result<Nats, NatsError> {
+    let name = service.map_or_else(|| "kiln".to_string(), |service| format!("kiln-{service}"));
     let servers = config
         .servers()
         .into_iter()
@@ -103,9 +116,12 @@ pub async fn connect(config: &NatsConfig) -> Result<Nats, NatsError> {
     let deadline = Instant::now() + CONNECT_WINDOW;
     let mut attempt = 0;
     let client = loop {
-        let options = auth_options(config)
-            .await?
-            .name("kiln")
+        let mut options = auth_options(config).await?;
+        if let Some(service) = service {
+            options = options.custom_inbox_prefix(service.inbox_prefix());
+        }
+        let options = options
+            .name(&name)
             .connection_timeout(Duration::from_secs(5))
             .max_reconnects(None)
             .reconnect_delay_callback(|attempts| backoff(u32::try_from(attempts).unwrap_or(u32::MAX)))
@@ -113,6 +129,8 @@ pub async fn connect(config: &NatsConfig) -> Result<Nats, NatsError> {
                 match event {
                     async_nats::Event::Connected => tracing::info!("connected to NATS"),
                     async_nats::Event::Disconnected => tracing::warn!("disconnected from NATS; reconnecting"),
+                    // A permissions violation: this service's NATS user may not use a subject.
+                    async_nats::Event::ServerError(error) => tracing::warn!(error = %error, "NATS server error"),
                     other => tracing::info!(event = %other, "NATS connection event"),
                 }
             });

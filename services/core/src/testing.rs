@@ -10,6 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::config::{DatabaseConfig, DatabaseUrl, NatsConfig};
+use crate::nats_auth::Service;
 
 /// Returns a port that was free a moment ago.
 pub fn free_port() -> u16 {
@@ -24,6 +25,8 @@ pub struct NatsServer {
     pub url: String,
     /// The port of its monitoring endpoint (`-m`: `/varz`, `/healthz`).
     pub monitor_port: u16,
+    /// The users it admits ([`NatsServer::start_authorized`]); `None`: anyone.
+    pub users: Option<NatsUsers>,
     child: Child,
     _dir: tempfile::TempDir,
 }
@@ -33,20 +36,34 @@ impl NatsServer {
     /// by another test's server before this one binds it (this one then exits while the
     /// other answers on the port): a server that exits is started again on other ports.
     pub fn start() -> NatsServer {
+        NatsServer::start_with(None)
+    }
+
+    /// Starts a server that admits only the users of a new [`NatsUsers`]: each service's, with
+    /// the permissions of [`crate::nats_auth`] (the block `kiln up` writes), and the harness's.
+    /// [`NatsServer::config`] is then the harness's, [`NatsServer::service_config`] a service's.
+    pub fn start_authorized() -> NatsServer {
+        NatsServer::start_with(Some(NatsUsers::new()))
+    }
+
+    fn start_with(users: Option<NatsUsers>) -> NatsServer {
         let binary = nats_server_binary();
         for _ in 0..5 {
             let dir = tempfile::tempdir().expect("temp dir");
             let port = free_port();
             let monitor_port = free_port();
             let (port_arg, monitor) = (port.to_string(), monitor_port.to_string());
-            let mut child = spawn_nats_server(
-                &binary,
-                &["-js", "-a", "127.0.0.1", "-p", &port_arg, "-m", &monitor, "-sd"]
-                    .map(std::ffi::OsStr::new)
-                    .into_iter()
-                    .chain([dir.path().as_os_str()])
-                    .collect::<Vec<_>>(),
-            );
+            let config_file = dir.path().join("authorization.conf");
+            let mut args: Vec<&std::ffi::OsStr> = ["-js", "-a", "127.0.0.1", "-p", &port_arg, "-m", &monitor, "-sd"]
+                .map(std::ffi::OsStr::new)
+                .into_iter()
+                .chain([dir.path().as_os_str()])
+                .collect();
+            if let Some(users) = &users {
+                std::fs::write(&config_file, users.authorization_block()).expect("write a nats-server config");
+                args.extend([std::ffi::OsStr::new("-c"), config_file.as_os_str()]);
+            }
+            let mut child = spawn_nats_server(&binary, &args);
             let deadline = Instant::now() + Duration::from_secs(10);
             let exited = |child: &mut Child| child.try_wait().ok().flatten().is_some();
             while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() && !exited(&mut child) {
@@ -61,6 +78,7 @@ impl NatsServer {
             return NatsServer {
                 url: format!("nats://127.0.0.1:{port}"),
                 monitor_port,
+                users,
                 child,
                 _dir: dir,
             };
@@ -78,11 +96,25 @@ impl NatsServer {
         format!("http://127.0.0.1:{}", self.monitor_port)
     }
 
+    /// A client's configuration: with the harness's seed (every subject) when the server
+    /// admits only its users.
     pub fn config(&self) -> NatsConfig {
-        NatsConfig {
+        let config = NatsConfig {
             url: self.url.clone(),
             replicas: 1,
             ..NatsConfig::default()
+        };
+        match &self.users {
+            Some(users) => users.harness_config(config),
+            None => config,
+        }
+    }
+
+    /// The configuration of `service`: with its own seed when the server admits only its users.
+    pub fn service_config(&self, service: Service) -> NatsConfig {
+        match &self.users {
+            Some(users) => users.service_config(service, self.config()),
+            None => self.config(),
         }
     }
 }
@@ -118,6 +150,8 @@ pub struct NatsCluster {
     pub url: String,
     /// What clients need when the cluster was started with [`NatsCluster::start_secure`].
     pub security: Option<NatsSecurity>,
+    /// The users it admits ([`NatsCluster::start_authorized`], and a secure cluster's).
+    pub users: Option<NatsUsers>,
     nodes: Vec<ClusterNode>,
     binary: String,
     dir: tempfile::TempDir,
@@ -136,16 +170,23 @@ impl NatsCluster {
     /// Starts the three nodes and waits until each is healthy: routed, with a JetStream meta
     /// leader elected.
     pub async fn start() -> NatsCluster {
-        NatsCluster::start_with(None).await
+        NatsCluster::start_with(None, None).await
     }
 
-    /// Starts the three nodes requiring TLS, a client certificate and an NKey user of clients
-    /// (routes between the nodes stay plain on loopback); [`NatsCluster::config`] has them all.
+    /// Starts the three nodes admitting only the users of a new [`NatsUsers`] (each service's
+    /// with its permissions, and the harness's); [`NatsCluster::config`] is the harness's.
+    pub async fn start_authorized() -> NatsCluster {
+        NatsCluster::start_with(None, Some(NatsUsers::new())).await
+    }
+
+    /// Starts the three nodes requiring TLS, a client certificate and an NKey user of clients,
+    /// one per service (routes between the nodes stay plain on loopback); [`NatsCluster::config`]
+    /// has them all, with the harness's seed.
     pub async fn start_secure() -> NatsCluster {
-        NatsCluster::start_with(Some(NatsSecurity::new())).await
+        NatsCluster::start_with(Some(NatsSecurity::new()), Some(NatsUsers::new())).await
     }
 
-    async fn start_with(security: Option<NatsSecurity>) -> NatsCluster {
+    async fn start_with(security: Option<NatsSecurity>, users: Option<NatsUsers>) -> NatsCluster {
         let binary = nats_server_binary();
         let dir = tempfile::tempdir().expect("temp dir");
         let mut ports = std::collections::BTreeSet::new();
@@ -172,7 +213,8 @@ impl NatsCluster {
                 store = dir.path().join(&name).display(),
                 route = route_ports[index],
                 routes = routes.join(", "),
-                blocks = security.as_ref().map(NatsSecurity::server_blocks).unwrap_or_default(),
+                blocks = security.as_ref().map(NatsSecurity::tls_block).unwrap_or_default()
+                    + &users.as_ref().map(NatsUsers::authorization_block).unwrap_or_default(),
             );
             std::fs::write(&config, text).expect("write a nats-server config");
             nodes.push(ClusterNode {
@@ -190,6 +232,7 @@ impl NatsCluster {
         let mut cluster = NatsCluster {
             url,
             security,
+            users,
             nodes,
             binary,
             dir,
@@ -229,9 +272,21 @@ impl NatsCluster {
             replicas: Self::SIZE,
             ..NatsConfig::default()
         };
-        match &self.security {
+        let config = match &self.security {
             Some(security) => security.client_config(config),
             None => config,
+        };
+        match &self.users {
+            Some(users) => users.harness_config(config),
+            None => config,
+        }
+    }
+
+    /// The configuration of `service`: with its own seed when the cluster admits only its users.
+    pub fn service_config(&self, service: Service) -> NatsConfig {
+        match &self.users {
+            Some(users) => users.service_config(service, self.config()),
+            None => self.config(),
         }
     }
 
@@ -372,9 +427,13 @@ pub fn s3_objects_config(what: &str) -> crate::config::ObjectStoreConfig {
 
 mod certs;
 mod exposition;
+mod nats_probe;
+mod nats_users;
 mod secure_nats;
 
 pub use certs::{CertFiles, TestCa};
+pub use nats_probe::{NatsProbe, nats_probe_script};
+pub use nats_users::NatsUsers;
 pub use secure_nats::{NatsSecurity, SecureNatsServer};
 
 pub use exposition::{

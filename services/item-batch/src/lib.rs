@@ -341,7 +341,7 @@ impl ItemBatch {
     pub async fn bind(config: Config) -> Result<ItemBatch> {
         let store = Store::connect(&config.database).await?;
         store.wait_for_schema(SCHEMA_WAIT).await?;
-        let nats = streams::connect(&config.nats).await?;
+        let nats = streams::connect_as(&config.nats, kiln_core::nats_auth::Service::ItemBatch).await?;
         let objects = kiln_core::objects::connect(&config.objects).await?;
         let listener = TcpListener::bind(config.grpc.listen)
             .await

@@ -56,7 +56,7 @@ impl LogIngest {
     pub async fn bind(config: Config) -> Result<LogIngest> {
         let store = Store::connect(&config.database).await?;
         store.wait_for_schema(SCHEMA_WAIT).await?;
-        let nats = streams::connect(&config.nats).await?;
+        let nats = streams::connect_as(&config.nats, kiln_core::nats_auth::Service::LogIngest).await?;
         let scylla = match config.uses_scylla() {
             true => Some(scylla_store::connect(&config.scylla).await?),
             false => None,

@@ -106,7 +106,7 @@ impl Predictor {
     pub async fn bind(config: Config) -> Result<Predictor> {
         let store = Store::connect(&config.database).await?;
         store.wait_for_schema(SCHEMA_WAIT).await?;
-        let nats = streams::connect(&config.nats).await?;
+        let nats = streams::connect_as(&config.nats, kiln_core::nats_auth::Service::Predictor).await?;
         let catalog = catalog::Catalog::open(&nats).await?;
         let http = TcpListener::bind(config.http_listen)
             .await

@@ -143,7 +143,7 @@ impl Runner {
         let secrets_key = config.secrets.load()?.map(Arc::new);
         let store = Store::connect(&config.database).await?;
         store.wait_for_schema(SCHEMA_WAIT).await?;
-        let nats = streams::connect(&config.nats).await?;
+        let nats = streams::connect_as(&config.nats, kiln_core::nats_auth::Service::Runner).await?;
         let objects = objects::connect(&config.objects).await?;
         tokio::fs::create_dir_all(&config.work_dir)
             .await

@@ -65,7 +65,7 @@ impl Scheduler {
     pub async fn bind(config: Config) -> Result<Scheduler> {
         let store = Store::connect(&config.database).await?;
         store.wait_for_schema(SCHEMA_WAIT).await?;
-        let nats = streams::connect(&config.nats).await?;
+        let nats = streams::connect_as(&config.nats, kiln_core::nats_auth::Service::Scheduler).await?;
         let listener = TcpListener::bind(config.grpc.listen)
             .await
             .map_err(|source| Error::Bind {

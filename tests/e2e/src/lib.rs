@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use kiln_core::auth::BearerInterceptor;
 use kiln_core::config::{DatabaseConfig, GrpcConfig, NatsConfig, ObjectStoreConfig};
+use kiln_core::nats_auth::Service;
 use kiln_core::store::Store;
 use kiln_core::testing::{NatsCluster, NatsServer, SecureNatsServer, sqlite_config};
 use kiln_proto::v1 as pb;
@@ -85,7 +86,9 @@ impl ServiceHandle {
 }
 
 /// The NATS of a stack: one server, or a cluster (`cluster` set) the services reach through
-/// the URLs of all its nodes.
+/// the URLs of all its nodes. Every server admits only NKey users: each service connects with
+/// its own seed and the permissions of `kiln_core::nats_auth` (so the whole suite shows the
+/// permission table is enough), the tests with a harness seed that has every subject.
 pub struct StackNats {
     /// The server's URL, or every node's, comma-separated.
     pub url: String,
@@ -104,7 +107,7 @@ impl StackNats {
 
     /// One nats-server of its own.
     fn server() -> StackNats {
-        let server = NatsServer::start();
+        let server = NatsServer::start_authorized();
         StackNats {
             url: server.url.clone(),
             config: server.config(),
@@ -114,8 +117,23 @@ impl StackNats {
         }
     }
 
+    /// The test harness's configuration (every subject): for tests that read streams back.
     pub fn config(&self) -> NatsConfig {
         self.config.clone()
+    }
+
+    /// The configuration of `service`, with its own seed.
+    pub fn service_config(&self, service: Service) -> NatsConfig {
+        if let Some(server) = &self._server {
+            return server.service_config(service);
+        }
+        if let Some(cluster) = &self.cluster {
+            return cluster.service_config(service);
+        }
+        if let Some(secure) = &self.secure {
+            return secure.service_config(service);
+        }
+        self.config()
     }
 
     /// The cluster of a stack started with [`Stack::start_on_cluster`].
@@ -126,7 +144,14 @@ impl StackNats {
     /// A plain client of these servers (for reading streams back).
     pub async fn client(&self) -> async_nats::Client {
         let servers: Vec<&str> = self.url.split(',').collect();
-        async_nats::connect(servers).await.expect("connect to NATS")
+        let options = match &self.config.nkey_seed_file {
+            Some(path) => {
+                let seed = std::fs::read_to_string(path).expect("the harness seed");
+                async_nats::ConnectOptions::with_nkey(seed.trim().to_string())
+            }
+            None => async_nats::ConnectOptions::new(),
+        };
+        options.connect(servers).await.expect("connect to NATS")
     }
 }
 
@@ -216,7 +241,7 @@ impl Stack {
     /// Starts api, log-ingest, the scheduler and `runner-1` on a three-node NATS cluster, with
     /// `nats.replicas = 3` and every node's URL in `nats.url`.
     pub async fn start_on_cluster() -> Stack {
-        let cluster = NatsCluster::start().await;
+        let cluster = NatsCluster::start_authorized().await;
         let mut stack = Stack::start_services(
             StackNats {
                 url: cluster.url.clone(),
@@ -233,7 +258,7 @@ impl Stack {
     }
 
     /// Starts api, log-ingest, the scheduler and `runner-1` on a nats-server that requires TLS
-    /// with a client certificate and an NKey user (`kiln_core::testing::SecureNatsServer`).
+    /// with a client certificate and an NKey user per service (`kiln_core::testing::SecureNatsServer`).
     pub async fn start_on_secure_nats() -> Stack {
         let secure = SecureNatsServer::start();
         let nats = StackNats {
@@ -268,7 +293,7 @@ impl Stack {
         let logs_service = kiln_log_ingest::LogIngest::bind(kiln_log_ingest::Config {
             grpc: ephemeral(),
             database: database.clone(),
-            nats: nats.config(),
+            nats: nats.service_config(Service::LogIngest),
             sqlite: kiln_log_ingest::config::SqliteConfig {
                 logs_path: dir.path().join("logs.db"),
                 metrics_path: dir.path().join("metrics.db"),
@@ -349,7 +374,7 @@ fn api_config(
     kiln_api::Config {
         grpc: GrpcConfig::at(listen),
         database: database.clone(),
-        nats: nats.config(),
+        nats: nats.service_config(Service::Api),
         objects: objects.clone(),
         secrets: secrets_config(dir),
         bootstrap_token_file: dir.join("admin.token"),
@@ -389,7 +414,7 @@ pub fn scheduler_config(nats: &StackNats, database: &DatabaseConfig, name: &str)
     kiln_scheduler::Config {
         grpc: ephemeral(),
         database: database.clone(),
-        nats: nats.config(),
+        nats: nats.service_config(Service::Scheduler),
         pass_interval_ms: 100,
         instance_name: name.to_string(),
         lease_ttl_ms: 1_500,

@@ -8,7 +8,7 @@ impl Stack {
         kiln_runner::Config {
             grpc: ephemeral(),
             database: self.database.clone(),
-            nats: self.nats.config(),
+            nats: self.nats.service_config(Service::Runner),
             objects: self.objects.clone(),
             secrets: secrets_config(self.dir.path()),
             runner_id: runner_id.into(),
@@ -67,7 +67,7 @@ impl Stack {
         kiln_item_batch::Config {
             grpc: ephemeral(),
             database: self.database.clone(),
-            nats: self.nats.config(),
+            nats: self.nats.service_config(Service::ItemBatch),
             objects: self.objects.clone(),
             agent_path: agent_binary(),
             scale_interval_ms: 200,

@@ -177,7 +177,7 @@ pub async fn spawn_predictor_configured(
         grpc: kiln_core::config::GrpcConfig::at(SocketAddr::from(([127, 0, 0, 1], 0))),
         http_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         database: stack.database.clone(),
-        nats: stack.nats.config(),
+        nats: stack.nats.service_config(kiln_core::nats_auth::Service::Predictor),
         max_body_bytes: 64 * 1024,
         control_interval_ms: 200,
         ..Default::default()

@@ -22,7 +22,7 @@ impl Stack {
         kiln_advisor::Config {
             grpc: ephemeral(),
             database: self.database.clone(),
-            nats: self.nats.config(),
+            nats: self.nats.service_config(kiln_core::nats_auth::Service::Advisor),
             objects: self.objects.clone(),
             instance_name: name.to_string(),
             lease_ttl_ms: 1_000,

@@ -110,7 +110,7 @@ async fn a_change_committed_before_an_api_crash_is_published_on_restart() {
         assert!(tokio::time::Instant::now() < deadline, "the reconciler did not publish");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    let js = jetstream::new(async_nats::connect(&stack.nats.url).await.unwrap());
+    let js = jetstream::new(stack.nats.client().await);
     let stream = js.get_stream(subjects::STREAM_JOBS).await.unwrap();
     let message = stream
         .get_last_raw_message_by_subject(subjects::JOB_QUEUED)
@@ -132,7 +132,7 @@ async fn republishing_a_change_stores_it_once() {
     let stack = Stack::start_without_runner().await;
     let job = stack.submit(&["true"]).await;
     let record = stack.store.job(&job.id).await.unwrap();
-    let js = jetstream::new(async_nats::connect(&stack.nats.url).await.unwrap());
+    let js = jetstream::new(stack.nats.client().await);
     let mut stream = js.get_stream(subjects::STREAM_JOBS).await.unwrap();
     let before = stream.info().await.unwrap().state.messages;
     // The reconciler publishing the same version again (a crash before the mark).
@@ -171,7 +171,7 @@ async fn a_duplicate_launch_runs_nothing_twice() {
         .unwrap();
     }
     // Wait until the runner has taken them all from the work queue.
-    let js = jetstream::new(async_nats::connect(&stack.nats.url).await.unwrap());
+    let js = jetstream::new(stack.nats.client().await);
     let mut stream = js.get_stream(subjects::STREAM_LAUNCH).await.unwrap();
     let deadline = tokio::time::Instant::now() + kiln_e2e::PATIENCE;
     while stream.info().await.unwrap().state.messages > 0 {

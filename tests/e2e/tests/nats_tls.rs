@@ -1,5 +1,5 @@
 //! The services on a nats-server that speaks only TLS, verifies client certificates and admits
-//! one NKey user: a job runs end to end, and clients missing a part are refused.
+//! only NKey users (one per service): a job runs end to end, and clients missing a part are refused.
 
 use std::time::Duration;
 
@@ -29,7 +29,7 @@ async fn services_work_through_tls_and_nkey_auth_and_others_are_refused() {
                 .map(drop)
         }
     };
-    let seed = std::fs::read_to_string(&secure.security.seed_file)
+    let seed = std::fs::read_to_string(&secure.users.harness_seed_file)
         .unwrap()
         .trim()
         .to_string();

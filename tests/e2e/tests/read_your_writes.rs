@@ -80,7 +80,7 @@ async fn replicas(stack: &mut Stack, count: usize) -> (Vec<ServiceHandle>, Vec<S
         let replica = LogIngest::bind(Config {
             grpc: GrpcConfig::local(0),
             database: stack.database.clone(),
-            nats: stack.nats.config(),
+            nats: stack.nats.service_config(kiln_core::nats_auth::Service::LogIngest),
             log_store: StoreKind::Scylla,
             metric_store: StoreKind::Scylla,
             // Slow writers: one message at a time, one write request in flight, so they lag

@@ -330,7 +330,7 @@ async fn without_a_key_setting_and_starting_say_which_setting_is_missing() {
     let keyless_api = kiln_api::Api::bind(kiln_api::Config {
         grpc: kiln_core::config::GrpcConfig::at(([127, 0, 0, 1], 0).into()),
         database: stack.database.clone(),
-        nats: stack.nats.config(),
+        nats: stack.nats.service_config(kiln_core::nats_auth::Service::Api),
         objects: stack.objects.clone(),
         bootstrap_token_file: stack.dir.path().join("unused.token"),
         ..Default::default()

@@ -65,7 +65,8 @@ pub struct Options {
     /// is noticed quickly).
     pub lease_ttl_ms: u64,
     /// TLS only: every gRPC listener requires client certificates of the topology's CA, and
-    /// the nats-servers TLS, client certificates and an NKey user ([`tls`]).
+    /// the nats-servers TLS and client certificates ([`tls`]). The nats-servers admit only
+    /// the services' NKey users (one each) with or without it.
     pub tls: bool,
 }
 
@@ -191,7 +192,7 @@ impl Topology {
         let nats = if options.tls {
             NatsCluster::start_secure().await
         } else {
-            NatsCluster::start().await
+            NatsCluster::start_authorized().await
         };
         let tls = options.tls.then(|| tls::TopologyTls::new(&dir.join("tls")));
         let s3 = options.s3.clone();
@@ -211,6 +212,7 @@ impl Topology {
             keyspace: &keyspace,
             lease_ttl_ms: options.lease_ttl_ms,
             nats: nats.config(),
+            nats_seeds: nats.users.as_ref().map(|users| users.seed_files()).unwrap_or_default(),
             tls: tls.as_ref(),
         };
         let instances = plan::plan(&compose, &infra);

@@ -15,7 +15,7 @@ struct Args {
     /// Written once everything listens: the `export` lines for the CLI and the SDK.
     #[arg(long)]
     exports_file: Option<PathBuf>,
-    /// TLS only: gRPC with client certificates, NATS with TLS and an NKey user.
+    /// TLS only: gRPC with client certificates, NATS with TLS (NKey users per service either way).
     #[arg(long)]
     tls: bool,
 }

@@ -24,8 +24,11 @@ pub struct Infra<'a> {
     pub s3: &'a S3,
     pub keyspace: &'a str,
     pub lease_ttl_ms: u64,
-    /// The nats-servers' client settings (their TLS and NKey, when the cluster is secure).
+    /// The nats-servers' client settings (their TLS, when the cluster is secure).
     pub nats: kiln_core::config::NatsConfig,
+    /// Each service's NKey seed: the cluster admits only these users, each with the subjects
+    /// of `kiln_core::nats_auth` (what deploy/compose's gen-creds.sh makes for compose).
+    pub nats_seeds: BTreeMap<kiln_core::nats_auth::Service, PathBuf>,
     /// TLS on every gRPC listener, when the topology is TLS-only.
     pub tls: Option<&'a crate::tls::TopologyTls>,
 }
@@ -245,7 +248,12 @@ fn instance(
         env.insert(key.clone(), value);
     }
 
-    crate::tls::nats_overrides(&prefix, &infra.nats, &mut env);
+    let mut nats = infra.nats.clone();
+    let nats_user = kiln_core::nats_auth::Service::from_name(service_name.trim_start_matches("kiln-"));
+    if let Some(seed) = nats_user.and_then(|user| infra.nats_seeds.get(&user)) {
+        nats.nkey_seed_file = Some(seed.clone());
+    }
+    crate::tls::nats_overrides(&prefix, &nats, &mut env);
     if let Some(tls) = infra.tls {
         tls.overrides(&prefix, &service_name, &mut env);
     }
@@ -327,6 +335,7 @@ mod tests {
             keyspace: "ks",
             lease_ttl_ms: 3000,
             nats: kiln_core::config::NatsConfig::default(),
+            nats_seeds: [(kiln_core::nats_auth::Service::Runner, PathBuf::from("/seeds/runner.nk"))].into(),
             tls: None,
         };
         let instances = plan(&compose, &infra);
@@ -370,6 +379,17 @@ mod tests {
             "[\"http://127.0.0.1:11\", \"http://127.0.0.1:12\", \"http://127.0.0.1:13\"]"
         );
         assert_eq!(env["KILN_SCHEDULER__DATABASE__URL"], infra.database_url);
+        // Each service its own NATS user: the runner's seed to the runners only.
+        assert!(!env.contains_key("KILN_SCHEDULER__NATS__NKEY_SEED_FILE"));
+        let runner = instances.iter().find(|i| i.name.starts_with("runner")).unwrap();
+        assert!(
+            runner.env.contains(&(
+                "KILN_RUNNER__NATS__NKEY_SEED_FILE".into(),
+                "\"/seeds/runner.nk\"".into()
+            )),
+            "{:?}",
+            runner.env
+        );
         // Each predictor replica advertises its own REST API.
         for name in ["predictor-1", "predictor-2"] {
             let predictor = instances.iter().find(|i| i.name == name).unwrap();

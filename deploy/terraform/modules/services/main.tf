@@ -57,6 +57,7 @@ locals {
       db_host              = var.database.host
       db_port              = var.database.port
       db_name              = var.database.name
+      nats_seed_parameter  = "${var.nats_seed_prefix}/${service}"
       setup                = ""
       after                = ""
       supplementary_groups = []

@@ -68,6 +68,16 @@ variable "nats_urls" {
   type        = string
 }
 
+variable "nats_seed_prefix" {
+  description = "The SSM Parameter Store path under which each service's NATS NKey seed is (<prefix>/<service>, SecureString)."
+  type        = string
+}
+
+variable "nats_seed_arn_prefix" {
+  description = "The ARN of that path (arn:aws:ssm:REGION:ACCOUNT:parameter<prefix>), for the instance roles."
+  type        = string
+}
+
 variable "nats_replicas" {
   description = "Replicas of kiln's streams and buckets."
   type        = number

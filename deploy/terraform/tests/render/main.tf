@@ -38,6 +38,7 @@ locals {
     after                = ""
     supplementary_groups = []
     ambient_capabilities = ""
+    nats_seed_parameter  = "/kiln/nats/api"
   }
 
   configs = merge(
@@ -77,6 +78,7 @@ locals {
         routes              = "nats://10.40.128.8:6222,nats://10.40.144.8:6222"
         nats_server_version = "2.15.1"
         max_file_store_gb   = 90
+        users_conf          = "authorization {\n  users = [\n    { nkey: \"UABC\", permissions: { publish: { allow: [\"$JS.API.INFO\"] } } }\n  ]\n}"
       })
     },
   )
