@@ -330,7 +330,7 @@ def init(config: Mapping | None = None, *, name: str = "", project: str = "", **
                 job_pb2.CreateRunRequest(name=name, project=project),
                 metadata=(("authorization", f"Bearer {token}"),),
             )
-        _track.bind(run.id, api, token, run.project)
+        _track.bind(run.id, api, token, project)
         if config:
             _track.update_run(config=config, what="init")
         _current = Run(job_id=run.id, logs_address=logs, token=token, api_address=api, external=True, **options)

@@ -189,3 +189,12 @@ pub async fn preempted_and_resumed(stack: &Stack, mut job_spec: pb::JobSpec) -> 
     let resumed = resumed.to_string();
     (done, resumed)
 }
+
+/// A directory jobs can write to (a marker, a count of runs): when the tests run as root, process
+/// jobs run as uids of their own, which cannot enter a test's 0700 temp dir.
+pub fn job_writable_dir() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("a temp dir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777)).expect("open the temp dir to jobs");
+    dir
+}

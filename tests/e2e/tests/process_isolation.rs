@@ -47,12 +47,13 @@ fn is_root() -> bool {
 
 /// A file of the stack's JetStream store.
 fn jetstream_file(stack: &Stack) -> std::path::PathBuf {
+    // Under `jetstream/`: the store dir of the tests' server also holds its config file.
     let mut pending = vec![
         stack
             .nats
             .store_dir()
             .expect("the stack's own nats-server")
-            .to_path_buf(),
+            .join("jetstream"),
     ];
     while let Some(dir) = pending.pop() {
         for entry in std::fs::read_dir(&dir).expect("the JetStream store").flatten() {

@@ -71,6 +71,12 @@ async fn a_job_on_s3_gets_its_code_and_its_outputs_come_back() {
 async fn a_preempted_job_on_s3_is_restored_from_its_synced_outputs() {
     let stack = Stack::start_with_objects(s3_objects_config("e2e")).await;
     let (job, resumed) = preempted_and_resumed(&stack, spec(&[])).await;
-    let outputs = stack.dir.path().join(format!("work/{}-2/outputs", job.id));
+    // Under the work root when the runner isolates process jobs (as root), else its work dir.
+    let config = stack.runner_config("runner-1");
+    let root = match config.isolates_processes() {
+        true => config.process.work_root,
+        false => config.work_dir,
+    };
+    let outputs = root.join(format!("{}-2/outputs", job.id));
     assert_eq!(resumed, format!("2 step-42 {}", outputs.display()));
 }
