@@ -191,10 +191,21 @@ pub async fn preempted_and_resumed(stack: &Stack, mut job_spec: pb::JobSpec) -> 
 }
 
 /// A directory jobs can write to (a marker, a count of runs): when the tests run as root, process
-/// jobs run as uids of their own, which cannot enter a test's 0700 temp dir.
+/// jobs run as uids of their own, which cannot write in a test's temp dir. Not sticky, so that
+/// [`job_writable_file`]s made there can be appended to by every attempt's uid.
 pub fn job_writable_dir() -> tempfile::TempDir {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().expect("a temp dir");
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777)).expect("open the temp dir to jobs");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("open the temp dir to jobs");
     dir
+}
+
+/// An empty file in `dir` that jobs of any uid may append to (attempts of one job run as
+/// different uids).
+pub fn job_writable_file(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(name);
+    std::fs::write(&path, "").expect("a marker file");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).expect("open the marker to jobs");
+    path
 }

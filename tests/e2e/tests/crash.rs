@@ -35,7 +35,7 @@ async fn with_requeue_a_job_whose_runner_crashed_runs_again() {
     config.on_lost = kiln_runner::OnLost::Requeue;
     stack.runner = Some(stack.spawn_runner(config.clone()).await);
     let shared = kiln_e2e::job_writable_dir();
-    let marker = shared.path().join("attempts.txt");
+    let marker = kiln_e2e::job_writable_file(shared.path(), "attempts.txt");
     // Each attempt says what it resumed from, then checkpoints.
     let script = format!(
         "echo attempt $KILN_ATTEMPT resumes ${{KILN_RESUME_FROM:+$(cat $KILN_RESUME_FROM/ckpt)}} >> {0}; \
@@ -148,7 +148,7 @@ async fn republishing_a_change_stores_it_once() {
 async fn a_duplicate_launch_runs_nothing_twice() {
     let stack = Stack::start().await;
     let shared = kiln_e2e::job_writable_dir();
-    let marker = shared.path().join("runs.txt");
+    let marker = kiln_e2e::job_writable_file(shared.path(), "runs.txt");
     let script = format!("echo run >> {}", marker.display());
     let job = stack.submit(&["sh", "-c", &script]).await;
     let done = stack.wait_for_state(&job.id, pb::JobState::Succeeded).await;
