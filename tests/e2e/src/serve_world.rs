@@ -56,6 +56,8 @@ pub async fn world() -> World {
         .expect("upload");
     let pid_dir = stack.dir.path().join("pids");
     std::fs::create_dir_all(&pid_dir).expect("pid dir");
+    // Workers run as uids of their own when the tests run as root: they write their pids here.
+    std::fs::set_permissions(&pid_dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).expect("open the pid dir");
     let (predictor, base, api) = spawn_predictor_with_api(&stack).await;
     let serve = serve_client(api, &stack.token).await;
     let rest = Rest::new(&base, &stack.token);
