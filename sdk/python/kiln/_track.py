@@ -137,7 +137,7 @@ def _digest(path: pathlib.Path) -> tuple[str, int]:
     return sha.hexdigest(), size
 
 
-def _chunks(path: pathlib.Path, digest: str, size: int, project: str) -> Iterator[artifact_pb2.UploadArtifactRequest]:
+def _chunks(path: pathlib.Path, digest: str, size: int, project: str = "") -> Iterator[artifact_pb2.UploadArtifactRequest]:
     header = artifact_pb2.ArtifactHeader(digest=digest, size=size, project=project)
     yield artifact_pb2.UploadArtifactRequest(header=header)
     with open(path, "rb") as source:

@@ -303,6 +303,8 @@ def test_killing_log_ingest_mid_load_loses_nothing_and_duplicates_nothing(up):
         "KILN_LOG": "warn",
         "KILN_LOG_INGEST__DATABASE__URL": f"sqlite://{home / 'kiln.db'}?mode=rwc",
         "KILN_LOG_INGEST__NATS__URL": nats,
+        # kiln up's nats-server admits each service with its own NKey (docs/security/nats.md).
+        "KILN_LOG_INGEST__NATS__NKEY_SEED_FILE": str(home / "nats-users" / "log-ingest.nk"),
         # The same SQLite files as kiln up's log-ingest: the same holder of the log-ingest lease.
         "KILN_LOG_INGEST__SQLITE__LOGS_PATH": str(home / "logs.db"),
         "KILN_LOG_INGEST__SQLITE__METRICS_PATH": str(home / "metrics.db"),
