@@ -1,7 +1,8 @@
 // A sweep whose trials log their objective through the HTTP API (with their own job token): its
 // page shows the best trial, the best-so-far curve, parallel coordinates and the trials' runs.
 import assert from 'node:assert/strict';
-import { writeFile } from 'node:fs/promises';
+import { chmod, mkdtemp, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { assertAccessible, launch, login, newPage, screenshot } from './browser.mjs';
@@ -32,7 +33,10 @@ describe('sweeps', () => {
   });
 
   it('shows a finished sweep\'s best trial, curve, coordinates and trials', async () => {
-    const script = join(kiln.home, 'trial.sh');
+    // Not in KILN_HOME (0700): run as root, kiln up's trials are uids of their own that read it.
+    const shared = await mkdtemp(join(tmpdir(), 'kiln-trial-'));
+    await chmod(shared, 0o755);
+    const script = join(shared, 'trial.sh');
     await writeFile(script, TRIAL_SCRIPT, { mode: 0o755 });
     const spec = join(kiln.home, 'sweep.yaml');
     await writeFile(spec, [
