@@ -78,7 +78,7 @@ impl ArtifactsApi {
         }
         let stored = self.store.artifact(&header.digest).await?;
         if let Some(existing) = &stored
-            && self.store.artifact_projects(&header.digest).await?.contains(&project)
+            && self.store.artifact_in_project(&header.digest, &project).await?
         {
             return Ok(pb::UploadArtifactResponse {
                 digest: existing.digest.clone(),
@@ -310,10 +310,9 @@ impl ArtifactService for ArtifactsApi {
             Some(blob)
                 if self
                     .store
-                    .artifact_projects(&request.digest)
+                    .artifact_in_project(&request.digest, &project)
                     .await
-                    .map_err(Error::from)?
-                    .contains(&project) =>
+                    .map_err(Error::from)? =>
             {
                 Some(blob)
             }

@@ -68,6 +68,22 @@ fn jetstream_file(stack: &Stack) -> std::path::PathBuf {
     panic!("the JetStream store holds no file");
 }
 
+/// A stack whose runner does not isolate process jobs and trusts only the admin's (a laptop's
+/// `kiln up` that is not root).
+async fn stack_without_isolation() -> Stack {
+    let mut stack = Stack::start_without_runner().await;
+    let config = kiln_runner::Config {
+        process: ProcessConfig {
+            isolation: Isolation::Off,
+            trusted_owner: admin_id(&stack).await,
+            ..ProcessConfig::default()
+        },
+        ..stack.runner_config("runner-1")
+    };
+    stack.runner = Some(stack.spawn_runner(config).await);
+    stack
+}
+
 async fn admin_id(stack: &Stack) -> String {
     stack
         .store
@@ -142,16 +158,7 @@ async fn a_hostile_process_job_reads_no_kiln_file_nor_another_job_on_a_root_runn
 
 #[tokio::test]
 async fn the_control_the_same_job_run_as_the_runner_reads_every_file() {
-    let mut stack = Stack::start_without_runner().await;
-    let config = kiln_runner::Config {
-        process: ProcessConfig {
-            isolation: Isolation::Off,
-            trusted_owner: admin_id(&stack).await,
-            ..ProcessConfig::default()
-        },
-        ..stack.runner_config("runner-1")
-    };
-    stack.runner = Some(stack.spawn_runner(config).await);
+    let stack = stack_without_isolation().await;
     let output = attack(&stack).await;
     for probe in PROBES {
         assert!(
@@ -163,17 +170,8 @@ async fn the_control_the_same_job_run_as_the_runner_reads_every_file() {
 
 #[tokio::test]
 async fn a_runner_that_cannot_isolate_fails_the_process_jobs_of_others() {
-    let mut stack = Stack::start_without_runner().await;
     // As on a laptop where kiln up is not root: isolation is off, the admin is trusted.
-    let config = kiln_runner::Config {
-        process: ProcessConfig {
-            isolation: Isolation::Off,
-            trusted_owner: admin_id(&stack).await,
-            ..ProcessConfig::default()
-        },
-        ..stack.runner_config("runner-1")
-    };
-    stack.runner = Some(stack.spawn_runner(config).await);
+    let stack = stack_without_isolation().await;
     let bob = stack.member("bob").await;
     let job = stack
         .jobs_as(&bob)

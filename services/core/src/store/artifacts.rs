@@ -100,6 +100,16 @@ impl Store {
             .collect())
     }
 
+    /// Tells whether `project` has the blob.
+    pub async fn artifact_in_project(&self, digest: &str, project: &str) -> StoreResult<bool> {
+        Ok(
+            artifact_project::Entity::find_by_id((digest.to_string(), project.to_string()))
+                .one(&self.db)
+                .await?
+                .is_some(),
+        )
+    }
+
     /// Gives a project a blob (it uploaded it, or one of its records names it); idempotent.
     pub async fn grant_artifact(&self, digest: &str, project: &str) -> StoreResult<()> {
         let inserted = artifact_project::Entity::insert(artifact_project::ActiveModel {
