@@ -18,6 +18,9 @@ import os
 import time
 import kiln
 
+# Under a root runner each attempt runs as a uid of its own: the files it leaves are open to the
+# next attempt's uid (a second attempt of a job appends to the first's).
+os.umask(0)
 slow = float(os.environ.get("SLOW_MS", "0")) / 1000
 answered = os.path.join(os.environ["PID_DIR"], os.environ["KILN_JOB_ID"] + ".answered")
 
