@@ -35,6 +35,10 @@ pub enum Error {
         "cannot isolate job containers: {message} (or set docker.isolate-jobs = false, which lets jobs reach kiln's services)"
     )]
     Firewall { message: String },
+    #[error(
+        "cannot confine process jobs' network: {message} (the runner needs root and iptables; or set process.firewall = false, which lets process jobs reach every port of this host)"
+    )]
+    ProcessFirewall { message: String },
     #[error("dataset: {0}")]
     Dataset(String),
     /// The model version an inference worker serves cannot be staged.
@@ -82,7 +86,7 @@ impl Error {
             | Error::NoImage
             | Error::ImageUnsupported { .. } => ErrorKind::InvalidArgument,
             Error::Docker { .. } => ErrorKind::Unavailable,
-            Error::Firewall { .. } => ErrorKind::FailedPrecondition,
+            Error::Firewall { .. } | Error::ProcessFirewall { .. } => ErrorKind::FailedPrecondition,
             Error::Capacity(_) => ErrorKind::ResourceExhausted,
             Error::Restore(_)
             | Error::Dataset(_)

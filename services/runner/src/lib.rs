@@ -314,6 +314,33 @@ async fn connect_provider(
     isolated: Option<&provider::process::Isolated>,
 ) -> Result<(Arc<dyn Provider>, Option<provider::sim::SimCloud>)> {
     let job_endpoints = job_endpoints(config);
+    let firewall = match isolated {
+        Some(_) if config.process.firewall => {
+            let mut all = job_endpoints.to_vec();
+            all.extend(config.docker.job_endpoints.iter().cloned());
+            let endpoints = provider::firewall::resolve_endpoints(&all)
+                .await
+                .map_err(|error| match error {
+                    Error::Firewall { message } => Error::ProcessFirewall { message },
+                    error => error,
+                })?;
+            let firewall = provider::firewall::UidFirewall::install(
+                &config.docker.iptables,
+                &config.work_dir,
+                &endpoints,
+                &config.docker.job_blocked_ranges,
+            )
+            .await?;
+            Some(firewall)
+        }
+        Some(_) => {
+            tracing::warn!(
+                "process.firewall = false: isolated process jobs reach every port of this host (NATS, databases, metrics) and the instance metadata address"
+            );
+            None
+        }
+        None => None,
+    };
     let docker = || {
         DockerProvider::connect(
             config.docker.clone(),
@@ -332,7 +359,11 @@ async fn connect_provider(
             Some(isolated) => JobUsers::Isolated(isolated.clone()),
             None => JobUsers::Trusted(config.process.trusted_owner.clone()),
         };
-        ProcessProvider::new(capacity, config.work_dir.clone(), users)
+        let provider = ProcessProvider::new(capacity, config.work_dir.clone(), users);
+        match &firewall {
+            Some(firewall) => provider.with_firewall(firewall.clone()),
+            None => provider,
+        }
     };
     if config.provider == ProviderKind::Sim {
         // Inference workers run for real on the simulated cloud's instances.

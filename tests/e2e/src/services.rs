@@ -22,6 +22,14 @@ impl Stack {
             report_interval_ms: 200,
             metrics_interval_ms: 200,
             provider: kiln_runner::ProviderKind::Process,
+            // The tests' jobs reach servers of the test process (item-batch started later, S3,
+            // fakes) on ports no runner config names: their network is left open here. The
+            // firewall of isolated process jobs is proven by tests/process_isolation.rs, and
+            // with the endpoints of `kiln up` by the SDK's and the UI's suites.
+            process: kiln_runner::provider::process::config::ProcessConfig {
+                firewall: false,
+                ..Default::default()
+            },
             // As `kiln up`: the predictors of the stack reach the relays on this machine.
             relay: kiln_runner::relay::RelaySettings {
                 direct_addr: "127.0.0.1:0".into(),

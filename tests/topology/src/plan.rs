@@ -214,6 +214,12 @@ fn instance(
             // Processes instead of containers: the tests' jobs are commands of this machine.
             set("PROVIDER", text("process"));
             set("AGENT_BINARY", text(""));
+            // Its isolated jobs' firewall lets batch workers reach every item-batch replica
+            // (compose names the one port the host publishes).
+            let endpoints = (1..=2)
+                .map(|replica| text(&ports[&format!("item-batch-{replica}")][&7075].to_string()))
+                .collect();
+            set("DOCKER__JOB_ENDPOINTS", toml::Value::Array(endpoints));
         }
         ("kiln-runner", true) => {
             set("POOL", text("sim"));

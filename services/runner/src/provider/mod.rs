@@ -21,6 +21,7 @@ use crate::error::Result;
 
 pub mod auto;
 pub mod docker;
+pub mod firewall;
 pub mod process;
 pub mod sim;
 

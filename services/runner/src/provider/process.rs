@@ -23,6 +23,7 @@ use nix::sys::signal::Signal;
 use tokio::sync::watch;
 use tokio_util::io::ReaderStream;
 
+use super::firewall::UidFirewall;
 use super::{Capacity, Exit, Instance, InstanceSpec, InstanceStats, OutputStream, Outputs, Provider};
 use crate::error::{Error, Result};
 
@@ -64,6 +65,8 @@ pub struct ProcessProvider {
     cpu_readings: Mutex<HashMap<String, (std::time::Instant, u64)>>,
     /// Command and environment of each provisioned instance, by scratch dir, until started.
     pending: Mutex<HashMap<PathBuf, Launch>>,
+    /// Where isolated jobs' packets go through (`process.firewall`).
+    firewall: Option<UidFirewall>,
 }
 
 impl ProcessProvider {
@@ -75,7 +78,14 @@ impl ProcessProvider {
             exits: Mutex::default(),
             cpu_readings: Mutex::default(),
             pending: Mutex::default(),
+            firewall: None,
         }
+    }
+
+    /// Confines each isolated job's network to `firewall`'s chain from its start to its release.
+    pub fn with_firewall(mut self, firewall: UidFirewall) -> ProcessProvider {
+        self.firewall = Some(firewall);
+        self
     }
 }
 
@@ -138,6 +148,9 @@ impl Provider for ProcessProvider {
             .remove(&instance.scratch_dir)
             .ok_or_else(|| Error::io("start")(std::io::Error::other("the instance was not provisioned")))?;
         let code = self.job_dir(&instance.scratch_dir).join("code");
+        if let (Some(firewall), Some(uid)) = (&self.firewall, uid) {
+            firewall.admit(uid).await?;
+        }
         let (mut child, pid) = spawn(&command, &env, &code, uid)?;
         instance.id = format!("pid:{pid}");
         // A restarted runner finds the process of an attempt taken from it by this file.
@@ -333,6 +346,20 @@ impl Provider for ProcessProvider {
                     let isolated = isolated.clone();
                     blocking(move || isolated.release(&scratch, Some(uid))).await?;
                     released += 1;
+                }
+            }
+            if let Some(firewall) = &self.firewall {
+                // Jumps of uids given back while this runner was down.
+                let (lister, work_dir) = (isolated.clone(), self.work_dir.clone());
+                let held: Vec<u32> = blocking(move || Ok(lister.claimed_under(&work_dir)))
+                    .await?
+                    .into_iter()
+                    .map(|(uid, _)| uid)
+                    .collect();
+                for uid in firewall.admitted().await? {
+                    if !held.contains(&uid) {
+                        firewall.release(uid).await?;
+                    }
                 }
             }
         }

@@ -35,7 +35,7 @@ use crate::error::{Error, Result};
 
 mod config;
 mod engine;
-pub mod firewall;
+pub use super::firewall;
 pub mod network;
 
 pub use config::{DockerConfig, FirewallMode, PRIVATE_RANGES};

@@ -7,6 +7,7 @@
 //! uid-range = "2000000000-2000065535"  # the uids (and gids) jobs run as, one per live job
 //! work-root = "/var/lib/kiln-jobs"     # the jobs' work directories, outside KILN_HOME
 //! trusted-owner = ""                   # with isolation off: the user whose jobs run
+//! firewall = true                      # isolated jobs reach only kiln's job endpoints
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -113,6 +114,12 @@ pub struct ProcessConfig {
     /// With isolation off: the id of the user whose process jobs this runner runs (`kiln up`
     /// sets its admin's); empty: none.
     pub trusted_owner: String,
+    /// With isolation: each job's uid goes through a chain of this runner's in `OUTPUT`
+    /// (iptables and ip6tables, `-m owner`) that lets it reach kiln's job endpoints (`api-url`,
+    /// `logs-url`, `docker.job-endpoints`) and the internet, never another port of this host
+    /// (NATS, databases, metrics), the instance metadata address or `docker.job-blocked-ranges`.
+    /// The runner refuses to start when it cannot install it; `false` is an explicit opt-out.
+    pub firewall: bool,
 }
 
 impl Default for ProcessConfig {
@@ -122,6 +129,7 @@ impl Default for ProcessConfig {
             uid_range: UidRange::default(),
             work_root: PathBuf::from("/var/lib/kiln-jobs"),
             trusted_owner: String::new(),
+            firewall: true,
         }
     }
 }

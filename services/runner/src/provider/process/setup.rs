@@ -141,8 +141,12 @@ impl ProcessProvider {
     /// Removes the scratch directory and, when isolated, everything of the job's uid.
     pub(super) async fn release_dir(&self, scratch_dir: PathBuf) -> Result<()> {
         if let JobUsers::Isolated(isolated) = &self.users {
+            let uid = isolated.recorded_uid(&scratch_dir);
             let (isolated, scratch) = (isolated.clone(), scratch_dir.clone());
-            blocking(move || isolated.release(&scratch, None)).await?;
+            blocking(move || isolated.release(&scratch, uid)).await?;
+            if let (Some(firewall), Some(uid)) = (&self.firewall, uid) {
+                firewall.release(uid).await?;
+            }
         }
         remove_scratch(scratch_dir).await
     }
