@@ -331,6 +331,40 @@ async fn serve_all(
     })
     .await?
     .with_metrics(&metrics);
+    let batches = kiln_item_batch::ItemBatch::bind(kiln_item_batch::Config {
+        grpc: grpc(args.batch_addr),
+        database: database.clone(),
+        nats: nats_of(Service::ItemBatch),
+        objects: objects.clone(),
+        ..Default::default()
+    })
+    .await?
+    .with_metrics(&metrics);
+    let batches_addr = batches.local_addr();
+    let database_for_predictor = database.clone();
+    let nats_for_predictor = nats_of(Service::Predictor);
+    let advisor = kiln_advisor::Advisor::bind(kiln_advisor::Config {
+        grpc: grpc(args.advisor_addr),
+        database: database.clone(),
+        nats: nats_of(Service::Advisor),
+        objects: objects.clone(),
+        ..Default::default()
+    })
+    .await?
+    .with_metrics(&metrics);
+    let advisor_addr = advisor.local_addr();
+    let predictor = kiln_predictor::Predictor::bind(kiln_predictor::Config {
+        grpc: grpc(args.predictor_addr),
+        http_listen: args.predictor_http_addr,
+        database: database_for_predictor,
+        nats: nats_for_predictor,
+        ..Default::default()
+    })
+    .await?
+    .with_metrics(&metrics);
+    let predictor_addr = predictor.grpc_addr();
+    let predictor_http = predictor.http_url().to_string();
+    // The runner last: its jobs' firewall lets them reach the services bound above.
     let runner = kiln_runner::Runner::bind(kiln_runner::Config {
         grpc: ephemeral.clone(),
         database: database.clone(),
@@ -354,8 +388,14 @@ async fn serve_all(
                 .clone()
                 .unwrap_or_else(|| kiln_runner::provider::docker::DockerConfig::default().host),
             isolate_jobs: !args.no_job_isolation,
-            // Batch workers' agents reach item-batch.
-            job_endpoints: vec![args.batch_addr.to_string()],
+            // Besides the api and log-ingest: batch workers' agents reach item-batch, trials the
+            // advisor (`kiln.should_stop()`), jobs the models served (the predictor).
+            job_endpoints: vec![
+                batches_addr.to_string(),
+                advisor_addr.to_string(),
+                predictor_addr.to_string(),
+                predictor_http.clone(),
+            ],
             ..Default::default()
         },
         process: kiln_runner::provider::process::config::ProcessConfig {
@@ -379,39 +419,6 @@ async fn serve_all(
         "docker" => format!("docker (engine at {engine}; jobs need --image)"),
         other => format!("{other} (jobs run as local processes; no Docker engine answered)"),
     };
-    let batches = kiln_item_batch::ItemBatch::bind(kiln_item_batch::Config {
-        grpc: grpc(args.batch_addr),
-        database: database.clone(),
-        nats: nats_of(Service::ItemBatch),
-        objects: objects.clone(),
-        ..Default::default()
-    })
-    .await?
-    .with_metrics(&metrics);
-    let batches_addr = batches.local_addr();
-    let database_for_predictor = database.clone();
-    let nats_for_predictor = nats_of(Service::Predictor);
-    let advisor = kiln_advisor::Advisor::bind(kiln_advisor::Config {
-        grpc: grpc(args.advisor_addr),
-        database,
-        nats: nats_of(Service::Advisor),
-        objects,
-        ..Default::default()
-    })
-    .await?
-    .with_metrics(&metrics);
-    let advisor_addr = advisor.local_addr();
-    let predictor = kiln_predictor::Predictor::bind(kiln_predictor::Config {
-        grpc: grpc(args.predictor_addr),
-        http_listen: args.predictor_http_addr,
-        database: database_for_predictor,
-        nats: nats_for_predictor,
-        ..Default::default()
-    })
-    .await?
-    .with_metrics(&metrics);
-    let predictor_addr = predictor.grpc_addr();
-    let predictor_http = predictor.http_url().to_string();
     let api = api.with_http_upstreams(
         format!("{scheme}://{logs_addr}"),
         format!("{scheme}://{batches_addr}"),

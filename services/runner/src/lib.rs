@@ -129,6 +129,8 @@ pub struct Runner {
     registry: Metrics,
     /// The simulated cloud, on the `sim` provider.
     sim: Option<provider::sim::SimCloud>,
+    /// The isolated process jobs' firewall (`process.firewall`).
+    firewall: Option<provider::firewall::UidFirewall>,
 }
 
 impl Runner {
@@ -158,7 +160,7 @@ impl Runner {
             ProviderKind::Docker => None,
             _ => provider::process::isolation::resolve(&config.process, &config.work_dir)?,
         };
-        let (provider, sim) = connect_provider(&config, isolated.as_ref()).await?;
+        let (provider, sim, firewall) = connect_provider(&config, isolated.as_ref()).await?;
         let dataset_cache = datasets::DatasetCacheConfig {
             dir: config.dataset_cache_dir(),
             ..config.dataset_cache.clone()
@@ -207,6 +209,7 @@ impl Runner {
             listener,
             registry: Metrics::default(),
             sim,
+            firewall,
         })
     }
 
@@ -297,6 +300,11 @@ impl Runner {
             .is_err()
         {
             tracing::warn!("jobs did not stop in time");
+        } else if let Some(firewall) = &self.firewall
+            && let Err(error) = firewall.remove().await
+        {
+            // Every job has ended: nothing goes through it any more.
+            tracing::warn!(chain = firewall.chain(), error = %error, "cannot remove the process jobs' chain");
         }
         lease_stop.cancel();
         while tasks.join_next().await.is_some() {}
@@ -312,7 +320,11 @@ impl Runner {
 async fn connect_provider(
     config: &Config,
     isolated: Option<&provider::process::Isolated>,
-) -> Result<(Arc<dyn Provider>, Option<provider::sim::SimCloud>)> {
+) -> Result<(
+    Arc<dyn Provider>,
+    Option<provider::sim::SimCloud>,
+    Option<provider::firewall::UidFirewall>,
+)> {
     let job_endpoints = job_endpoints(config);
     let firewall = match isolated {
         Some(_) if config.process.firewall => {
@@ -369,7 +381,7 @@ async fn connect_provider(
         // Inference workers run for real on the simulated cloud's instances.
         let sim = provider::sim::SimProvider::new(config.sim.clone()).with_host(process());
         let cloud = sim.cloud();
-        return Ok((Arc::new(sim), Some(cloud)));
+        return Ok((Arc::new(sim), Some(cloud), firewall));
     }
     let provider: Arc<dyn Provider> = match config.provider {
         ProviderKind::Process | ProviderKind::Sim => Arc::new(process()),
@@ -396,7 +408,7 @@ async fn connect_provider(
             }
         },
     };
-    Ok((provider, None))
+    Ok((provider, None, firewall))
 }
 
 /// What jobs are given (`KILN_API`, `KILN_LOGS`): what their firewall lets them reach.

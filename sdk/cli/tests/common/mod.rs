@@ -167,28 +167,26 @@ impl Drop for Up {
 
 pub fn spawn_up(home: &Path, flags: &[String]) -> Child {
     let log = std::fs::File::create(home.join("up.log")).unwrap();
-    Command::new(KILN)
-        .args([
-            "up",
-            "--api-addr",
-            "127.0.0.1:0",
-            "--logs-addr",
-            "127.0.0.1:0",
-            "--batch-addr",
-            "127.0.0.1:0",
-            "--advisor-addr",
-            "127.0.0.1:0",
-            "--predictor-addr",
-            "127.0.0.1:0",
-            "--predictor-http-addr",
-            "127.0.0.1:0",
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--http-addr",
-            "127.0.0.1:0",
-            "--grace-period",
-            "2",
-        ])
+    // Free loopback ports, a short grace period: each unless `flags` says otherwise.
+    let defaults = [
+        ("--api-addr", "127.0.0.1:0"),
+        ("--logs-addr", "127.0.0.1:0"),
+        ("--batch-addr", "127.0.0.1:0"),
+        ("--advisor-addr", "127.0.0.1:0"),
+        ("--predictor-addr", "127.0.0.1:0"),
+        ("--predictor-http-addr", "127.0.0.1:0"),
+        ("--metrics-addr", "127.0.0.1:0"),
+        ("--http-addr", "127.0.0.1:0"),
+        ("--grace-period", "2"),
+    ];
+    let mut command = Command::new(KILN);
+    command.arg("up");
+    for (flag, value) in defaults {
+        if !flags.iter().any(|given| given == flag) {
+            command.args([flag, value]);
+        }
+    }
+    command
         .args(flags)
         .env("KILN_HOME", home)
         .env_remove("KILN_ADDR")

@@ -420,7 +420,8 @@ impl UidFirewall {
             program: iptables_program.to_string(),
             v6: false,
         }];
-        if std::path::Path::new("/proc/net/if_inet6").exists() {
+        // Unknown (an error reading /proc) counts as present: the v6 chain is then required.
+        if std::path::Path::new("/proc/net/if_inet6").try_exists().ok() != Some(false) {
             programs.push(Family {
                 program: v6_program(iptables_program),
                 v6: true,
@@ -491,6 +492,12 @@ impl UidFirewall {
         Ok(())
     }
 
+    /// Removes the chain and its jumps: the runner stopped, and every job with it.
+    pub async fn remove(&self) -> Result<()> {
+        let programs: Vec<String> = self.programs.iter().map(|family| family.program.clone()).collect();
+        remove_chain(&programs, &self.chain).await
+    }
+
     /// The uids that jump to the chain now.
     pub async fn admitted(&self) -> Result<Vec<u32>> {
         let mut uids = Vec::new();
@@ -517,20 +524,24 @@ impl UidFirewall {
 /// Removes the chain of the runner whose work dir is `work_dir` and every jump to it (a runner
 /// taken out of service, and the tests).
 pub async fn remove_uid_chain(iptables_program: &str, work_dir: &std::path::Path) -> Result<()> {
-    let chain = uid_chain(work_dir);
-    for program in [iptables_program.to_string(), v6_program(iptables_program)] {
-        if iptables(&program, &["-n", "-L", &chain]).await.is_err() {
+    let programs = [iptables_program.to_string(), v6_program(iptables_program)];
+    remove_chain(&programs, &uid_chain(work_dir)).await
+}
+
+async fn remove_chain(programs: &[String], chain: &str) -> Result<()> {
+    for program in programs {
+        if iptables(program, &["-n", "-L", chain]).await.is_err() {
             continue;
         }
-        for words in marked(&program, OUTPUT, &chain).await? {
+        for words in marked(program, OUTPUT, chain).await? {
             let mut args = vec!["-D"];
             args.extend(words.iter().skip(1).map(String::as_str));
-            iptables(&program, &args)
+            iptables(program, &args)
                 .await
                 .map_err(failed(&format!("cannot delete a jump to {chain}")))?;
         }
         for step in ["-F", "-X"] {
-            iptables(&program, &[step, &chain])
+            iptables(program, &[step, chain])
                 .await
                 .map_err(failed(&format!("cannot remove {chain}")))?;
         }
