@@ -185,8 +185,18 @@ impl Topology {
                 (temp.path().to_path_buf(), Some(temp))
             }
         };
-        for sub in ["config", "logs", "work"] {
+        // The services' files (configs, logs, volumes) are kiln's alone, as each service's own
+        // machine or container keeps them: the runners' isolated jobs run as other users here.
+        // The topology's root lets others through only (Postgres, run as its own user, keeps
+        // its data in a directory of its own under it).
+        let private = |path: &std::path::Path, mode: u32| {
+            std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))
+                .expect("a topology dir's mode")
+        };
+        private(&dir, 0o711);
+        for sub in ["config", "logs", "work", "volumes", "tls", "cli-home"] {
             std::fs::create_dir_all(dir.join(sub)).expect("topology subdir");
+            private(&dir.join(sub), 0o700);
         }
         let postgres = Postgres::start(&dir.join("postgres"));
         let nats = if options.tls {
@@ -285,6 +295,14 @@ impl Topology {
 
     pub fn proc(&mut self, name: &str) -> &mut Proc {
         self.procs.get_mut(name).unwrap_or_else(|| panic!("no process {name}"))
+    }
+
+    /// The pid of a running instance.
+    pub fn pid(&self, name: &str) -> u32 {
+        self.procs
+            .get(name)
+            .and_then(Proc::pid)
+            .unwrap_or_else(|| panic!("{name} does not run"))
     }
 
     /// SIGKILLs an instance.
