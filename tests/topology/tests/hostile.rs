@@ -241,7 +241,7 @@ async fn eve_reaches_neither_alphas_data_nor_the_data_plane_on_the_topology() {
     let outputs = environ
         .split(|b| *b == 0)
         .find_map(|var| var.strip_prefix(b"KILN_OUTPUTS="))
-        .map(|dir| text(dir))
+        .map(text)
         .expect("KILN_OUTPUTS");
     let deadline = Instant::now() + PATIENCE;
     while !Path::new(&outputs).join("token").try_exists().unwrap() {
