@@ -222,6 +222,13 @@ module "runner_pool" {
   database             = local.database
   api_url              = "http://api.${var.private_zone}:7070"
   logs_url             = "http://log-ingest.${var.private_zone}:7071"
-  job_endpoints        = ["item-batch.${var.private_zone}:7075"]
+  # Besides the api and log-ingest: batch workers reach item-batch, sweep trials the advisor
+  # (kiln.should_stop()), jobs the models served (the predictor's gRPC and HTTP).
+  job_endpoints = [
+    "item-batch.${var.private_zone}:7075",
+    "advisor.${var.private_zone}:7076",
+    "predictor.${var.private_zone}:7077",
+    "predictor.${var.private_zone}:7078",
+  ]
   depends_on           = [aws_s3_object.connect_probe]
 }

@@ -214,12 +214,24 @@ fn instance(
             // Processes instead of containers: the tests' jobs are commands of this machine.
             set("PROVIDER", text("process"));
             set("AGENT_BINARY", text(""));
-            // Its isolated jobs' firewall lets batch workers reach every item-batch replica
-            // (compose names the one port the host publishes).
-            let endpoints = (1..=2)
-                .map(|replica| text(&ports[&format!("item-batch-{replica}")][&7075].to_string()))
-                .collect();
+            // Its isolated jobs' firewall lets them reach every replica of item-batch, the
+            // advisor and the predictor (compose names the ports the host publishes).
+            let mut endpoints = Vec::new();
+            for (service, port) in [
+                ("item-batch", 7075),
+                ("advisor", 7076),
+                ("predictor", 7077),
+                ("predictor", 7078),
+            ] {
+                for replica in 1..=2 {
+                    endpoints.push(text(&ports[&format!("{service}-{replica}")][&port].to_string()));
+                }
+            }
             set("DOCKER__JOB_ENDPOINTS", toml::Value::Array(endpoints));
+        }
+        ("kiln-advisor", _) => {
+            // Trials reach the replica that made them at its own port.
+            set("ADVERTISE_URL", text(&format!("http://{}", ports[name][&7076])));
         }
         ("kiln-runner", true) => {
             set("POOL", text("sim"));

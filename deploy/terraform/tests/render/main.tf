@@ -48,7 +48,7 @@ locals {
         pool          = "cpu"
         api_url       = "http://api.kiln.internal:7070"
         logs_url      = "http://log-ingest.kiln.internal:7071"
-        job_endpoints = ["item-batch.kiln.internal:7075"]
+        job_endpoints = ["item-batch.kiln.internal:7075", "advisor.kiln.internal:7076"]
       }))
     },
   )
