@@ -230,5 +230,5 @@ module "runner_pool" {
     "predictor.${var.private_zone}:7077",
     "predictor.${var.private_zone}:7078",
   ]
-  depends_on           = [aws_s3_object.connect_probe]
+  depends_on = [aws_s3_object.connect_probe]
 }
