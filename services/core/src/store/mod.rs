@@ -126,6 +126,11 @@ impl Store {
             std::fs::create_dir_all(parent)
                 .map_err(|e| DbErr::Custom(format!("cannot create {}: {e}", parent.display())))?;
         }
+        if config.url.is_sqlite()
+            && let Some(path) = sqlite_path(url)
+        {
+            create_private(std::path::Path::new(path))?;
+        }
         let mut options = ConnectOptions::new(url.to_string());
         options
             .max_connections(config.max_connections)
@@ -185,6 +190,22 @@ impl Store {
     }
 }
 
+/// Creates a database file kiln's user alone reads (0600) unless it exists: SQLite gives its
+/// `-wal` and `-shm` files the database's mode, where it would make all three 0644.
+fn create_private(path: &std::path::Path) -> StoreResult<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(_) => Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(error) => Err(DbErr::Custom(format!("cannot create {}: {error}", path.display())).into()),
+    }
+}
+
 fn sqlite_path(url: &str) -> Option<&str> {
     let rest = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:"))?;
     let path = rest.split('?').next()?;
@@ -194,6 +215,26 @@ fn sqlite_path(url: &str) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_new_sqlite_database_and_its_journal_are_kilns_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("data/kiln.db");
+        let config = DatabaseConfig {
+            url: crate::config::DatabaseUrl::new(format!("sqlite://{}?mode=rwc", path.display())),
+            max_connections: 2,
+        };
+        let store = Store::connect(&config).await.unwrap();
+        store.migrate().await.unwrap();
+        for file in ["kiln.db", "kiln.db-wal", "kiln.db-shm"] {
+            let mode = std::fs::metadata(dir.path().join("data").join(file))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600, "{file}");
+        }
+    }
 
     #[test]
     fn sqlite_paths_are_found() {
