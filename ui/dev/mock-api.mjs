@@ -89,7 +89,10 @@ createServer(async (req, res) => {
       return;
     }
     res.writeHead(answer ? 200 : 404, { 'Content-Type': 'application/json' }).end(JSON.stringify(answer ?? { code: 'not_found', message: 'no such job' }));
-  } else if (url.pathname === '/api/v1/login' || url.pathname === '/api/v1/logout') {
+  } else if (url.pathname === '/api/v1/login/pending') {
+    // The mock's login: any code, approved at once.
+    res.writeHead(200, { 'Content-Type': 'application/json' }).end(JSON.stringify({ code: 'BCDF-GHJK', expiresAtMs: Date.now() + 300_000 }));
+  } else if (url.pathname === '/api/v1/login' || url.pathname === '/api/v1/logout' || url.pathname === '/api/v1/login/pending/redeem') {
     res.writeHead(200, { 'Content-Type': 'application/json' }).end(JSON.stringify(handlers['NodeService/WhoAmI']()));
   } else if (url.pathname === '/api/v1/stream/LogService/GetLogs') {
     logs(res, req.headers['last-event-id']);

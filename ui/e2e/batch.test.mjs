@@ -28,7 +28,7 @@ describe('batches', () => {
     assert.ok(batchId, `no batch id in ${created.stdout} ${created.stderr}`);
 
     const page = await newPage(browser);
-    await login(page, kiln.url, kiln.token);
+    await login(page, kiln);
     await page.goto(`${kiln.url}/batches/${batchId}`);
     await page.getByTestId('counters').waitFor();
     assert.equal(await page.getByTestId('count-total').textContent(), '0');
@@ -82,7 +82,7 @@ describe('batches', () => {
     await writeFile(file, 'a\nb\nc\n');
     await kiln.cli(['batch', 'add', batchId, '--from', file]);
     const page = await newPage(browser);
-    await login(page, kiln.url, kiln.token);
+    await login(page, kiln);
     await page.goto(`${kiln.url}/batches/${batchId}`);
     await page.waitForFunction(() => document.querySelector('[data-testid="count-total"]')?.textContent === '3');
     await page.getByTestId('cancel').click();

@@ -1,5 +1,5 @@
 // The system chromium, driven by playwright-core (never a downloaded browser), and what every
-// test does with it: sign in through the form, take screenshots into e2e/artifacts/.
+// test does with it: sign in (as `kiln ui` does, or with a token), take screenshots into e2e/artifacts/.
 
 import { mkdir, readFile } from 'node:fs/promises';
 import { createRequire } from 'node:module';
@@ -31,8 +31,20 @@ export async function newPage(browser, { colorScheme = 'light' } = {}) {
   return page;
 }
 
-/** Signs in through the login form and waits for the Runs page. */
-export async function login(page, url, token) {
+/**
+ * Signs in as `kiln ui` does and waits for the Runs page: the login page asks for a login and
+ * shows its code, the CLI approves the code as `token`'s user, and the page redeems it.
+ */
+export async function login(page, kiln, token = kiln.token) {
+  await page.goto(`${kiln.url}/login?via=cli`);
+  const code = (await page.getByTestId('login-code').textContent()).trim();
+  await kiln.cli(['ui', '--approve', code], { env: { KILN_TOKEN: token } });
+  await page.waitForURL(`${kiln.url}/`);
+  await page.getByTestId('runs-table').waitFor();
+}
+
+/** Signs in through the token form and waits for the Runs page. */
+export async function loginWithToken(page, url, token) {
   await page.goto(`${url}/login`);
   await page.getByLabel('API token').fill(token);
   await page.getByTestId('login-submit').click();

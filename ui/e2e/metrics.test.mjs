@@ -37,7 +37,7 @@ describe('metrics', () => {
     await kiln.call('JobService', 'FinishRun', { jobId: run.id, exitCode: 0 });
 
     const page = await newPage(browser);
-    await login(page, kiln.url, kiln.token);
+    await login(page, kiln);
     await page.goto(`${kiln.url}/runs/${run.id}`);
     const chart = page.locator('[data-key="train/loss"]');
     await chart.scrollIntoViewIfNeeded();
@@ -77,7 +77,7 @@ describe('metrics', () => {
       ids.push(run.id);
     }
     const page = await newPage(browser);
-    await login(page, kiln.url, kiln.token);
+    await login(page, kiln);
     for (const id of ids) await page.locator(`tr[data-job-id="${id}"] [data-testid="select"]`).check();
     // The config and the latest metric values are columns of the table.
     await page.locator(`tr[data-job-id="${ids[0]}"] td[data-metric="loss"]`).filter({ hasText: /\d/ }).waitFor();

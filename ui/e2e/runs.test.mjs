@@ -1,7 +1,7 @@
 // Signing in, the Runs table following a job live, and a run's live logs.
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
-import { assertAccessible, launch, login, newPage, screenshot } from './browser.mjs';
+import { assertAccessible, launch, login, loginWithToken, newPage, screenshot } from './browser.mjs';
 import { startKiln, submit } from './kiln.mjs';
 
 describe('runs', () => {
@@ -26,14 +26,14 @@ describe('runs', () => {
     await page.getByTestId('login-error').waitFor();
     await screenshot(page, 'login');
     await assertAccessible(page);
-    await login(page, kiln.url, kiln.token);
+    await loginWithToken(page, kiln.url, kiln.token);
     assert.equal(await page.getByTestId('whoami').textContent(), 'admin (admin)');
     assert.deepEqual(page.errors, []);
   });
 
   it('shows a job going RUNNING then SUCCEEDED without a reload', async () => {
     const page = await newPage(browser);
-    await login(page, kiln.url, kiln.token);
+    await login(page, kiln);
     // A marker that a reload would wipe.
     await page.evaluate(() => (window.__noReload = true));
     const id = await submit(kiln, ['sh', '-c', 'echo hello; sleep 5; echo done'], { name: 'hello' });
@@ -60,7 +60,7 @@ describe('runs', () => {
 
   it('says why a queued job waits, and stops it', async () => {
     const page = await newPage(browser);
-    await login(page, kiln.url, kiln.token);
+    await login(page, kiln);
     // More CPU than the machine has: it stays queued.
     const id = await submit(kiln, ['true'], { name: 'too-big', cpu: '512' });
     await page.goto(`${kiln.url}/runs/${id}`);
@@ -78,7 +78,7 @@ describe('runs', () => {
 
   it('follows a run\'s logs live, in colour', async () => {
     const page = await newPage(browser);
-    await login(page, kiln.url, kiln.token);
+    await login(page, kiln);
     const script = 'for i in $(seq 1 30); do printf "\\033[32mline\\033[0m %s\\n" $i; sleep 0.2; done';
     const id = await submit(kiln, ['sh', '-c', script], { name: 'logger' });
     await page.goto(`${kiln.url}/runs/${id}`);

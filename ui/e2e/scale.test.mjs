@@ -42,7 +42,7 @@ describe('scale', () => {
 
   it('keeps only the visible rows of 10,000 in the DOM', async () => {
     const page = await newPage(browser);
-    await login(page, kiln.url, kiln.token);
+    await login(page, kiln);
     await page.waitForFunction((n) => document.querySelector('[data-testid="run-count"]')?.textContent === `${n} of ${n} runs`, RUNS, { timeout: 60_000 });
     const rows = page.locator('tr[data-job-id]');
     assert.ok((await rows.count()) < 100, `${await rows.count()} rows in the DOM`);
@@ -74,7 +74,7 @@ describe('scale', () => {
     const id = await submit(kiln, ['seq', '1', '100000'], { name: 'lines' });
     await waitForJob(kiln, id);
     const page = await newPage(browser);
-    await login(page, kiln.url, kiln.token);
+    await login(page, kiln);
     await page.goto(`${kiln.url}/runs/${id}`);
     const logs = page.getByTestId('logs');
     await page.waitForFunction(() => document.querySelector('[data-testid="logs"]')?.dataset.lines === '100000', null, { timeout: 120_000 });

@@ -90,7 +90,7 @@ describe('services', () => {
     }
 
     const page = await newPage(browser);
-    await login(page, kiln.url, kiln.token);
+    await login(page, kiln);
     await page.goto(`${kiln.url}/services`);
     const row = page.getByTestId('services').locator('tbody tr', { hasText: 'scale' });
     await row.waitFor();

@@ -56,7 +56,7 @@ describe('sweeps', () => {
     const sweepId = created.stdout.trim().split(/\s+/).pop();
 
     const page = await newPage(browser);
-    await login(page, kiln.url, kiln.token);
+    await login(page, kiln);
     await page.goto(`${kiln.url}/sweeps`);
     await page.getByRole('link', { name: 'e2e-sweep' }).click();
     await page.waitForURL(`${kiln.url}/sweeps/${sweepId}`);

@@ -26,7 +26,7 @@ describe('roles', () => {
     const id = await submit(kiln, ['sleep', '300'], { name: 'long', project: 'vision' });
 
     const viewer = await newPage(browser);
-    await login(viewer, kiln.url, viewerToken);
+    await login(viewer, kiln, viewerToken);
     await viewer.locator(`tr[data-job-id="${id}"]`).waitFor({ timeout: 30_000 });
     await viewer.goto(`${kiln.url}/runs/${id}`);
     await viewer.getByTestId('run-state').and(viewer.locator('[data-state="RUNNING"]')).waitFor({ timeout: 60_000 });
@@ -46,7 +46,7 @@ describe('roles', () => {
     await kiln.cli(['project', 'add-member', 'vision', 'mia', '--role', 'member']);
     const own = await submit(kiln, ['sleep', '300'], { name: 'mine', project: 'vision', token: member });
     const page = await newPage(browser);
-    await login(page, kiln.url, member);
+    await login(page, kiln, member);
     await page.goto(`${kiln.url}/runs/${own}`);
     await page.getByTestId('stop').waitFor();
     await page.goto(`${kiln.url}/runs/${id}`);
@@ -61,7 +61,7 @@ describe('roles', () => {
     await page.getByTestId('run-state').and(page.locator('[data-state="STOPPED"]')).waitFor({ timeout: 60_000 });
 
     const admin = await newPage(browser);
-    await login(admin, kiln.url, kiln.token);
+    await login(admin, kiln);
     await admin.goto(`${kiln.url}/runs/${id}`);
     await admin.getByTestId('stop').click();
     await admin.getByTestId('run-state').and(admin.locator('[data-state="STOPPED"]')).waitFor({ timeout: 60_000 });

@@ -145,7 +145,8 @@ enum Command {
     },
     /// Store a token (read from stdin) and the addresses in KILN_HOME/credentials.toml.
     Login(tenancy::LoginArgs),
-    /// Open the web UI signed in as the token in use (--print-url prints a single-use URL).
+    /// Sign a browser in to the web UI as the token in use: opens its login page and approves
+    /// the code it shows (--approve CODE approves a code without asking).
     Ui(ui::UiArgs),
     /// Make one NKey seed per service (once) and the nats-server `authorization` block that
     /// admits them with their subjects, for deployments of separate services (compose, AWS).

@@ -1,5 +1,5 @@
 //! The web UI's HTTP API (docs/http-api.md) against a real `kiln up`: signing in by token and by
-//! `kiln ui`'s single-use URL, CSRF refusals, calls and errors transcoded from gRPC, and roles.
+//! `kiln ui` (a login the browser asks for and the CLI approves), CSRF refusals, calls and errors transcoded from gRPC, and roles.
 //! (Streams, bands, files and downloads: `http_streams.rs`.)
 
 use reqwest::StatusCode;
@@ -7,8 +7,8 @@ use serde_json::json;
 
 mod common;
 
-use common::http::{Auth, client, json_of, rpc, set_cookie};
-use common::{Up, last_line};
+use common::http::{Auth, Browser, client, json_of, rpc, set_cookie};
+use common::{Up, last_line, text};
 
 #[test]
 fn a_token_login_sets_a_strict_http_only_cookie_and_writes_need_csrf_proof() {
@@ -77,40 +77,76 @@ fn a_token_login_sets_a_strict_http_only_cookie_and_writes_need_csrf_proof() {
     assert_eq!(status, StatusCode::OK, "a token typed in is not revoked by logging out");
 }
 
+/// `kiln ui`'s login goes to the browser that asked for it. Without that binding (the single-use
+/// URL of before), whoever opened the link first was signed in: a leaked link signed in its
+/// finder, and a link sent by someone else signed the victim's browser in to their account.
 #[test]
-fn kiln_ui_prints_a_login_url_that_signs_in_once() {
+fn kiln_ui_signs_in_only_the_browser_that_asked() {
     let up = Up::start();
-    let url = last_line(&up.kiln(&["ui", "--print-url"]));
+    let printed = up.kiln(&["ui", "--print-url"]);
+    let url = last_line(&printed);
+    // The attack, with a link: opening it (in any browser) signs nothing in.
+    let opened = client().get(&url).send().unwrap();
     assert!(
-        url.starts_with(&format!("{}/api/v1/login/code?code=kiln_", up.ui_url())),
-        "{url}"
+        !opened
+            .headers()
+            .get_all("set-cookie")
+            .iter()
+            .any(|set| set.to_str().unwrap().starts_with("kiln_session=")),
+        "the link {url} signed in whoever opened it"
     );
-    let code = url.split("code=").nth(1).unwrap().to_string();
-    let (status, body) = json_of(rpc(&up, &Auth::Bearer(code), "NodeService/WhoAmI", json!({})));
-    assert_eq!(
-        (status, body["code"].as_str()),
-        (StatusCode::UNAUTHORIZED, Some("unauthenticated")),
-        "a login code is no bearer token"
+    assert_eq!(url, format!("{}/login?via=cli", up.ui_url()));
+    assert!(
+        text(&printed.stderr).contains("kiln ui --approve CODE"),
+        "{}",
+        text(&printed.stderr)
     );
 
-    let first = client().get(&url).send().unwrap();
-    assert_eq!(first.status(), StatusCode::OK);
-    let (cookie, attributes) = set_cookie(&first);
+    let mut asking = Browser::default();
+    let code = asking.ask(&up);
+    let nonce = asking.cookie("kiln_login").expect("the nonce cookie");
+    assert_eq!(asking.redeem(&up).0, StatusCode::ACCEPTED, "not approved yet");
+    let approved = up.kiln(&["ui", "--approve", &code.to_lowercase()]);
+    assert!(approved.status.success(), "{}", text(&approved.stderr));
     assert!(
-        attributes.contains("HttpOnly") && attributes.contains("Max-Age=43200"),
-        "{attributes}"
+        text(&approved.stderr).contains("kiln-test-browser"),
+        "{}",
+        text(&approved.stderr)
     );
-    assert!(first.text().unwrap().contains("url=/\""), "it moves on to the UI");
-    let session = Auth::Cookie(cookie.clone());
+
+    // The attack, with the approved code: another browser (no nonce cookie) is refused, and
+    // the nonce is no bearer token.
+    let (status, body) = Browser::default().redeem(&up);
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::UNAUTHORIZED, Some("unauthenticated"))
+    );
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("this browser has no login waiting"),
+        "{body}"
+    );
+    let (status, _) = json_of(rpc(&up, &Auth::Bearer(nonce.clone()), "NodeService/WhoAmI", json!({})));
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "a nonce is no bearer token");
+
+    // The control: the browser that asked is signed in, once.
+    let (status, me) = asking.redeem(&up);
+    assert_eq!((status, me["user"].as_str()), (StatusCode::OK, Some("admin")), "{me}");
+    assert!(asking.cookie("kiln_login").is_none(), "the nonce cookie is cleared");
+    let session = asking.session();
     let (status, me) = json_of(rpc(&up, &session, "NodeService/WhoAmI", json!({})));
     assert_eq!((status, me["user"].as_str()), (StatusCode::OK, Some("admin")));
     assert!(me["tokenName"].as_str().unwrap().starts_with("ui-session-"), "{me}");
+    let mut replaying = Browser {
+        cookies: vec![("kiln_login".into(), nonce)],
+    };
+    let (status, body) = replaying.redeem(&up);
+    assert_eq!(status, StatusCode::PRECONDITION_FAILED, "{body}");
+    assert!(body["message"].as_str().unwrap().contains("used already"), "{body}");
 
-    let again = client().get(&url).send().unwrap();
-    assert!(again.headers().get("set-cookie").is_none(), "used once");
-    assert!(again.text().unwrap().contains("/login?error="));
-
-    // Logging out revokes the session the code made.
+    // Logging out revokes the session the login made.
     let out = session
         .apply(client().post(format!("{}/api/v1/logout", up.ui_url())))
         .header("x-kiln-csrf", "1")
@@ -119,6 +155,50 @@ fn kiln_ui_prints_a_login_url_that_signs_in_once() {
     assert_eq!(out.status(), StatusCode::NO_CONTENT);
     let (status, _) = json_of(rpc(&up, &session, "NodeService/WhoAmI", json!({})));
     assert_eq!(status, StatusCode::UNAUTHORIZED);
+}
+
+#[test]
+fn wrong_replayed_and_disputed_approvals_are_refused_with_what_to_do() {
+    let up = Up::start();
+    let eve = last_line(&up.kiln(&["user", "create", "eve"]));
+    let as_eve = |args: &[&str]| up.kiln_env(args, &[("KILN_TOKEN", eve.as_str())]);
+    let refusal = |output: std::process::Output| {
+        assert!(!output.status.success(), "approved");
+        text(&output.stderr)
+    };
+
+    let mut asking = Browser::default();
+    let code = asking.ask(&up);
+    assert!(refusal(up.kiln(&["ui", "--approve", "hello"])).contains("is not a login code"));
+    assert!(up.kiln(&["ui", "--approve", &code]).status.success());
+    assert!(refusal(up.kiln(&["ui", "--approve", &code])).contains("is approved already"));
+    assert_eq!(asking.redeem(&up).0, StatusCode::OK);
+    // Someone else's approval of the same code (a guess, a look at the screen) cancels it: the
+    // session it made is revoked, so no one is signed in as the wrong user.
+    assert!(refusal(as_eve(&["ui", "--approve", &code])).contains("approved by another user"));
+    let (status, _) = json_of(rpc(&up, &asking.session(), "NodeService/WhoAmI", json!({})));
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+
+    // Guessing: wrong codes run out, and then even the right one is refused.
+    let mut asking = Browser::default();
+    let code = asking.ask(&up);
+    let guesses = [
+        "BBBB-BBBB",
+        "CCCC-CCCC",
+        "DDDD-DDDD",
+        "FFFF-FFFF",
+        "GGGG-GGGG",
+        "HHHH-HHHH",
+    ];
+    for guess in guesses.iter().filter(|guess| **guess != code).take(5) {
+        assert!(refusal(as_eve(&["ui", "--approve", guess])).contains("no login is waiting for code"));
+    }
+    assert!(refusal(as_eve(&["ui", "--approve", &code])).contains("too many wrong login codes"));
+    let (status, body) = asking.redeem(&up);
+    assert_eq!(
+        (status, body["state"].as_str()),
+        (StatusCode::ACCEPTED, Some("waiting"))
+    );
 }
 
 #[test]

@@ -249,20 +249,21 @@ impl UserService for UsersApi {
     }
 
     #[tracing::instrument(skip_all)]
-    async fn create_login_code(
+    async fn approve_login(
         &self,
-        request: Request<pb::CreateLoginCodeRequest>,
-    ) -> Result<Response<pb::LoginCode>, Status> {
+        request: Request<pb::ApproveLoginRequest>,
+    ) -> Result<Response<pb::ApprovedLogin>, Status> {
         let caller = access::caller(&request)?;
-        let issued = self
+        let approved = self
             .store
-            .issue_login_code(&caller.principal)
+            .approve_login(&caller.principal, &request.get_ref().code)
             .await
             .map_err(Error::from)?;
-        tracing::info!(user = %caller.principal.user_name, "login code issued");
-        Ok(Response::new(pb::LoginCode {
-            code: issued.token,
-            expires_at_ms: now_ms() + kiln_core::store::logins::LOGIN_CODE_TTL_MS,
+        tracing::info!(user = %caller.principal.user_name, "web UI login approved");
+        Ok(Response::new(pb::ApprovedLogin {
+            user_agent: approved.user_agent,
+            requested_at_ms: approved.requested_at_ms,
+            expires_at_ms: approved.expires_at_ms,
         }))
     }
 }

@@ -47,8 +47,8 @@ pub enum Scope {
     User,
     /// Only write the logs and metrics of one job (the token a job runs with).
     Job(String),
-    /// Nothing: a single-use code that signs a browser in (`kiln ui`), redeemed by
-    /// [`crate::store::Store::redeem_login_code`] and never accepted as a bearer token.
+    /// Nothing: the single-use login URLs of earlier versions (retired by migration 18, which
+    /// revoked those left). None is issued now; one still stored is never accepted.
     Login,
 }
 

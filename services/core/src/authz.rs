@@ -332,7 +332,7 @@ pub fn precheck(principal: &Principal, rule: &Rule) -> Result<(), Denied> {
         ))),
         (Scope::User, _) => Ok(()),
         (Scope::Login, _) => Err(Denied::Unauthenticated(
-            "a login code signs a browser in (its URL); it is not a bearer token".into(),
+            "a retired login code is not a bearer token; sign in with `kiln ui`".into(),
         )),
     }
 }

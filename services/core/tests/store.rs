@@ -7,6 +7,8 @@ use kiln_core::JobState;
 use kiln_core::auth::Scope;
 use kiln_core::store::{Change, NewArtifact, NewJob, Store, StoreError};
 
+#[path = "store/logins.rs"]
+mod logins;
 #[path = "store/models.rs"]
 mod models;
 #[path = "store/owners.rs"]
@@ -16,6 +18,10 @@ mod quotas;
 #[path = "store/runs.rs"]
 mod runs;
 
+use logins::{
+    a_code_approved_by_another_user_cancels_the_login, a_login_is_redeemed_once_and_only_by_the_browser_that_asked,
+    wrong_codes_run_out_and_expired_logins_are_refused,
+};
 use models::{aliases_move_atomically_under_concurrent_calls, model_versions_are_numbered_and_searched};
 use owners::{
     a_disable_racing_controller_inserts_leaves_no_job_behind, controller_jobs_need_an_owner_in_good_standing,
@@ -342,51 +348,6 @@ async fn tokens_are_hashed_and_checked(store: Store) {
     assert_ne!(stored.secret_sha256, secret);
 }
 
-async fn login_codes_are_single_use_and_no_bearer(store: Store) {
-    let admin = store.bootstrap_admin().await.unwrap().unwrap();
-    let (admin_id, admin_secret) = kiln_core::auth::parse_token(&admin.token).unwrap();
-    let caller = store.verify_token(admin_id, admin_secret).await.unwrap().unwrap();
-    let code = store.issue_login_code(&caller).await.unwrap();
-    let (id, secret) = kiln_core::auth::parse_token(&code.token).unwrap();
-    assert!(
-        store.verify_token(id, secret).await.unwrap().is_none(),
-        "a login code is never a bearer token"
-    );
-    assert!(
-        store
-            .redeem_login_code(id, &"0".repeat(64), 1000)
-            .await
-            .unwrap()
-            .is_none()
-    );
-    // Many redemptions race for one code: exactly one gets a session.
-    let redeemed = futures::future::join_all((0..8).map(|_| store.redeem_login_code(id, secret, 60_000))).await;
-    let sessions: Vec<_> = redeemed.into_iter().filter_map(Result::unwrap).collect();
-    assert_eq!(sessions.len(), 1, "a login code signs in once");
-    let (session_id, session_secret) = kiln_core::auth::parse_token(&sessions[0].token).unwrap();
-    let principal = store.verify_token(session_id, session_secret).await.unwrap().unwrap();
-    assert_eq!((principal.user_name.as_str(), principal.is_admin), ("admin", true));
-    assert!(
-        principal
-            .token_name
-            .starts_with(kiln_core::store::logins::SESSION_TOKEN_PREFIX)
-    );
-    assert!(store.redeem_login_code(id, secret, 60_000).await.unwrap().is_none());
-    // A session token expires (here at once) and is not a login code.
-    let code = store.issue_login_code(&caller).await.unwrap();
-    let (id, secret) = kiln_core::auth::parse_token(&code.token).unwrap();
-    let short = store.redeem_login_code(id, secret, 0).await.unwrap().unwrap();
-    let (short_id, short_secret) = kiln_core::auth::parse_token(&short.token).unwrap();
-    assert!(store.verify_token(short_id, short_secret).await.unwrap().is_none());
-    assert!(
-        store
-            .redeem_login_code(session_id, session_secret, 60_000)
-            .await
-            .unwrap()
-            .is_none()
-    );
-}
-
 async fn artifacts_are_recorded_once(store: Store) {
     let digest = "a".repeat(64);
     let new = || NewArtifact {
@@ -456,7 +417,9 @@ store_suite!(
     stop_requests_keep_the_version,
     usage_is_summed_by_pool,
     tokens_are_hashed_and_checked,
-    login_codes_are_single_use_and_no_bearer,
+    a_login_is_redeemed_once_and_only_by_the_browser_that_asked,
+    a_code_approved_by_another_user_cancels_the_login,
+    wrong_codes_run_out_and_expired_logins_are_refused,
     artifacts_are_recorded_once,
     external_runs_start_running_and_are_never_queued,
     quotas_round_trip_and_queued_jobs_are_counted,

@@ -1,5 +1,5 @@
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
-import { ApiError, login, rpc, setUnauthenticatedHandler } from './api';
+import { ApiError, askForLogin, login, redeemLogin, rpc, setUnauthenticatedHandler } from './api';
 
 function answer(status: number, body: unknown): Response {
   return new Response(JSON.stringify(body), { status, headers: { 'Content-Type': 'application/json' } });
@@ -50,6 +50,23 @@ describe('rpc', () => {
     setUnauthenticatedHandler(handler);
     fetchMock.mockResolvedValue(answer(401, { code: 'unauthenticated', message: 'bad token' }));
     await expect(login('kiln_x')).rejects.toMatchObject({ status: 401 });
+    expect(handler).not.toHaveBeenCalled();
+  });
+
+  it('asks for a login and redeems it: waiting on 202, the user once approved, refusals thrown', async () => {
+    const handler = vi.fn();
+    setUnauthenticatedHandler(handler);
+    fetchMock.mockResolvedValueOnce(answer(200, { code: 'BCDF-GHJK', expiresAtMs: 1 }));
+    expect(await askForLogin()).toEqual({ code: 'BCDF-GHJK', expiresAtMs: 1 });
+    const [url, init] = fetchMock.mock.calls[0];
+    expect([url, init.method, init.credentials, init.headers['X-Kiln-Csrf']]).toEqual(['/api/v1/login/pending', 'POST', 'same-origin', '1']);
+    fetchMock.mockResolvedValueOnce(answer(202, { state: 'waiting', expiresAtMs: 1 }));
+    expect(await redeemLogin()).toBeUndefined();
+    fetchMock.mockResolvedValueOnce(answer(200, { user: 'ada' }));
+    expect(await redeemLogin()).toEqual({ user: 'ada' });
+    expect(fetchMock.mock.calls[2][0]).toBe('/api/v1/login/pending/redeem');
+    fetchMock.mockResolvedValueOnce(answer(401, { code: 'unauthenticated', message: 'this browser has no login waiting' }));
+    await expect(redeemLogin()).rejects.toMatchObject({ status: 401, message: 'this browser has no login waiting' });
     expect(handler).not.toHaveBeenCalled();
   });
 });

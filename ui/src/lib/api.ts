@@ -117,6 +117,33 @@ export async function login(token: string): Promise<WhoAmI> {
   return (await response.json()) as WhoAmI;
 }
 
+/** A login this browser asked for: the code its page shows, valid until `expiresAtMs`. */
+export interface PendingLogin {
+  code: string;
+  expiresAtMs: number;
+}
+
+/**
+ * Asks for a login that a user approves from the CLI (`kiln ui`). The server keeps its nonce
+ * in an HttpOnly cookie that only this browser sends back, so only this browser can redeem it.
+ */
+export async function askForLogin(): Promise<PendingLogin> {
+  const response = await post('/api/v1/login/pending', {});
+  if (!response.ok) throw await errorOf(response);
+  return (await response.json()) as PendingLogin;
+}
+
+/**
+ * Redeems this browser's login: `undefined` while its code waits for approval, the user once
+ * approved (the server sets the session cookie). A used, expired or cancelled login throws.
+ */
+export async function redeemLogin(): Promise<WhoAmI | undefined> {
+  const response = await post('/api/v1/login/pending/redeem', {});
+  if (response.status === 202) return undefined;
+  if (!response.ok) throw await errorOf(response);
+  return (await response.json()) as WhoAmI;
+}
+
 export async function logout(): Promise<void> {
   const response = await post('/api/v1/logout', {});
   if (!response.ok && response.status !== 401) throw await errorOf(response);

@@ -74,3 +74,64 @@ pub fn succeeded_job(up: &Up, script: &str) -> String {
     up.wait_for_state(&job, "SUCCEEDED");
     job
 }
+
+/// A browser's cookies, as the UI's login page uses them: it asks for a login (the api sets its
+/// nonce cookie) and redeems it once approved.
+#[derive(Default)]
+pub struct Browser {
+    pub cookies: Vec<(String, String)>,
+}
+
+impl Browser {
+    pub fn post(&mut self, up: &Up, path: &str) -> Response {
+        let mut request = client()
+            .post(format!("{}{path}", up.ui_url()))
+            .header("x-kiln-csrf", "1")
+            .header("user-agent", "kiln-test-browser")
+            .body("{}");
+        if !self.cookies.is_empty() {
+            let cookies: Vec<String> = self
+                .cookies
+                .iter()
+                .map(|(name, value)| format!("{name}={value}"))
+                .collect();
+            request = request.header("cookie", cookies.join("; "));
+        }
+        let response = request.send().unwrap();
+        for set in response.headers().get_all("set-cookie") {
+            let pair = set.to_str().unwrap().split(';').next().unwrap();
+            let (name, value) = pair.split_once('=').unwrap();
+            self.cookies.retain(|(kept, _)| kept != name);
+            if !value.is_empty() {
+                self.cookies.push((name.to_string(), value.to_string()));
+            }
+        }
+        response
+    }
+
+    /// Asks for a login; the code the page shows.
+    pub fn ask(&mut self, up: &Up) -> String {
+        let (status, body) = json_of(self.post(up, "/api/v1/login/pending"));
+        assert_eq!(status, StatusCode::OK, "{body}");
+        body["code"].as_str().unwrap().to_string()
+    }
+
+    pub fn redeem(&mut self, up: &Up) -> (StatusCode, Value) {
+        json_of(self.post(up, "/api/v1/login/pending/redeem"))
+    }
+
+    pub fn cookie(&self, name: &str) -> Option<String> {
+        self.cookies
+            .iter()
+            .find(|(kept, _)| kept == name)
+            .map(|(_, value)| value.clone())
+    }
+
+    /// The browser's session, as the HTTP API's tests send it.
+    pub fn session(&self) -> Auth {
+        Auth::Cookie(format!(
+            "kiln_session={}",
+            self.cookie("kiln_session").unwrap_or_default()
+        ))
+    }
+}

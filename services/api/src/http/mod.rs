@@ -1,6 +1,6 @@
 //! The api's HTTP side: the web UI's files and its JSON and server-sent-events API
 //! (docs/http-api.md), a transcoder of kiln's gRPC services ([`transcode`]) behind a session
-//! cookie ([`session`]).
+//! cookie ([`session`]) that a token or a login approved from the CLI ([`pending`]) sets.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -17,6 +17,7 @@ use kiln_core::store::Store;
 use tonic::{Code, Status};
 
 mod files;
+pub mod pending;
 pub mod session;
 pub mod transcode;
 
@@ -30,7 +31,7 @@ const MAX_BODY_BYTES: usize = 64 << 20;
 pub struct Gateway {
     pub transcoder: Transcoder,
     pub store: Store,
-    /// How long a session made by a login code lasts.
+    /// How long a session made by a `kiln ui` login lasts.
     pub session_ms: i64,
     /// Served over HTTPS: cookies are `Secure`.
     pub secure: bool,
@@ -43,7 +44,8 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
     let api = Router::new()
         .route("/api/v1/login", post(session::login))
         .route("/api/v1/logout", post(session::logout))
-        .route("/api/v1/login/code", get(session::redeem))
+        .route("/api/v1/login/pending", post(pending::begin))
+        .route("/api/v1/login/pending/redeem", post(pending::redeem))
         .route("/api/v1/rpc/{service}/{method}", post(rpc))
         .route("/api/v1/stream/{service}/{method}", get(stream))
         .route("/api/v1/download/{service}/{method}", get(download))

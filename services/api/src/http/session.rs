@@ -1,8 +1,8 @@
-//! Who calls over HTTP: the session cookie (set by a login with a token, or by a single-use
-//! login code from `kiln ui`), else a bearer header; and the checks that keep another site's
-//! pages from making a signed-in browser call (CSRF).
+//! Who calls over HTTP: the session cookie (set by a login with a token, or by a login the
+//! browser asked for and a user approved with `kiln ui`), else a bearer header; and the checks
+//! that keep another site's pages from making a signed-in browser call (CSRF).
 
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use kiln_core::auth::parse_token;
@@ -19,17 +19,22 @@ pub const COOKIE: &str = "kiln_session";
 /// cross-site script set it either.
 pub const CSRF_HEADER: &str = "x-kiln-csrf";
 
-/// The caller's token: the session cookie, else `Authorization: Bearer`.
-pub fn token(headers: &HeaderMap) -> Result<String, Status> {
-    let from_cookie = headers
+/// The value of the cookie `name`, when the request has a non-empty one.
+pub(super) fn cookie_value(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|value| value.to_str().ok())
         .flat_map(|value| value.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == COOKIE)
-        .map(|(_, value)| value.to_string());
-    if let Some(token) = from_cookie.filter(|token| !token.is_empty()) {
+        .find(|(found, _)| *found == name)
+        .map(|(_, value)| value.to_string())
+        .filter(|value| !value.is_empty())
+}
+
+/// The caller's token: the session cookie, else `Authorization: Bearer`.
+pub fn token(headers: &HeaderMap) -> Result<String, Status> {
+    if let Some(token) = cookie_value(headers, COOKIE) {
         return Ok(token);
     }
     headers
@@ -89,14 +94,14 @@ pub async fn login(
     };
     match signed_in.await {
         Ok((token, who)) => {
-            let cookie = gateway.cookie(&token, None);
+            let cookie = gateway.cookie(COOKIE, &token, "/", None);
             ([(header::SET_COOKIE, cookie)], super::json_response(who)).into_response()
         }
         Err(status) => status_response(status),
     }
 }
 
-/// `POST /api/v1/logout`: clears the cookie, and revokes the token when a login code made it.
+/// `POST /api/v1/logout`: clears the cookie, and revokes the token when a `kiln ui` login made it.
 pub async fn logout(State(gateway): State<std::sync::Arc<Gateway>>, headers: HeaderMap) -> Response {
     if let Err(status) = check_csrf(&headers) {
         return status_response(status);
@@ -120,56 +125,18 @@ pub async fn logout(State(gateway): State<std::sync::Arc<Gateway>>, headers: Hea
         .into_response()
 }
 
-#[derive(serde::Deserialize)]
-pub struct CodeQuery {
-    #[serde(default)]
-    code: String,
-}
-
-/// `GET /api/v1/login/code?code=...`: redeems a login code (`kiln ui`) for a session.
-pub async fn redeem(State(gateway): State<std::sync::Arc<Gateway>>, Query(query): Query<CodeQuery>) -> Response {
-    let session = match parse_token(query.code.trim()) {
-        Some((id, secret)) => gateway.store.redeem_login_code(id, secret, gateway.session_ms).await,
-        None => Ok(None),
-    };
-    match session {
-        Ok(Some(issued)) => {
-            let cookie = gateway.cookie(&issued.token, Some(gateway.session_ms / 1000));
-            // A page of this site moves on, so the navigation to `/` is same-site and carries the
-            // SameSite=Strict cookie whatever opened the login URL.
-            ([(header::SET_COOKIE, cookie)], moving_to("/")).into_response()
-        }
-        Ok(None) => moving_to("/login?error=the+login+link+is+used%2C+expired+or+unknown%3A+run+%60kiln+ui%60+again")
-            .into_response(),
-        Err(error) => {
-            tracing::error!(error = %error, "cannot redeem a login code");
-            status_response(Status::unavailable("cannot check the login link right now; retry"))
-        }
-    }
-}
-
-/// A page that goes on to `to` (a path of this site).
-fn moving_to(to: &str) -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
-        format!(
-            "<!doctype html><meta http-equiv=\"refresh\" content=\"0;url={to}\"><title>kiln</title><a href=\"{to}\">Continue</a>"
-        ),
-    )
-}
-
 impl Gateway {
-    /// The cookie that keeps `token`: HttpOnly, SameSite=Strict, Secure over HTTPS; for the
-    /// browser's session, or `max_age_secs`.
-    fn cookie(&self, token: &str, max_age_secs: Option<i64>) -> HeaderValue {
-        let mut cookie = format!("{COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/");
+    /// The cookie `name` that keeps `value` for `path`: HttpOnly, SameSite=Strict, Secure over
+    /// HTTPS; for the browser's session, or `max_age_secs`.
+    pub(super) fn cookie(&self, name: &str, value: &str, path: &str, max_age_secs: Option<i64>) -> HeaderValue {
+        let mut cookie = format!("{name}={value}; HttpOnly; SameSite=Strict; Path={path}");
         if let Some(secs) = max_age_secs {
             cookie.push_str(&format!("; Max-Age={secs}"));
         }
         if self.secure {
             cookie.push_str("; Secure");
         }
-        HeaderValue::from_str(&cookie).expect("a token is printable ASCII")
+        HeaderValue::from_str(&cookie).expect("a token or nonce is printable ASCII")
     }
 }
 

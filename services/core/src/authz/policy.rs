@@ -69,7 +69,8 @@ pub const POLICY: &[Rule] = &[
     rule("/kiln.v1.UserService/ListUsers", Admin, Deny),
     rule("/kiln.v1.UserService/DisableUser", Admin, Deny),
     rule("/kiln.v1.UserService/CreateToken", Caller, Deny),
-    rule("/kiln.v1.UserService/CreateLoginCode", Caller, Deny),
+    // (a web UI login the caller approves for the browser showing the code: it binds their own login)
+    rule("/kiln.v1.UserService/ApproveLogin", Caller, Deny),
     rule("/kiln.v1.UserService/ListTokens", Caller, Deny),
     rule("/kiln.v1.UserService/RevokeToken", Caller, Deny),
     // api: projects

@@ -292,3 +292,53 @@ pub mod quota {
 
     impl ActiveModelBehavior for ActiveModel {}
 }
+
+pub mod pending_login {
+    use sea_orm::entity::prelude::*;
+
+    /// A web UI login a browser asked for (store/logins.rs): pending until a user approves its
+    /// code, then redeemed once by the browser holding the nonce.
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "pending_logins")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub id: String,
+        pub nonce_sha256: String,
+        pub code_sha256: String,
+        pub state: String,
+        pub user_agent: String,
+        pub created_at_ms: i64,
+        pub expires_at_ms: i64,
+        /// The approving user; empty until approved.
+        pub user_id: String,
+        /// The project and role the approving token was narrowed to; empty for none.
+        pub project: String,
+        pub role: String,
+        /// The session token the redemption issued; empty until redeemed.
+        pub session_token_id: String,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+pub mod login_approval_failure {
+    use sea_orm::entity::prelude::*;
+
+    /// How many codes a user approved wrongly since `window_started_at_ms`.
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "login_approval_failures")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub user_id: String,
+        pub window_started_at_ms: i64,
+        pub failures: i32,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}

@@ -54,6 +54,9 @@ pub enum StoreError {
     /// A controller may no longer make jobs as this owner (disabled, or no longer a member).
     #[error("{reason}")]
     OwnerRevoked { owner_id: String, reason: String },
+    /// A step of a web UI login is refused (the message says what to do).
+    #[error(transparent)]
+    Login(#[from] logins::LoginError),
     #[error("stored record is corrupt: {0}")]
     Corrupt(String),
     #[error("database error: {0}")]
@@ -73,6 +76,7 @@ impl StoreError {
             StoreError::Conflict { .. } | StoreError::IllegalTransition { .. } => ErrorKind::FailedPrecondition,
             StoreError::SchemaNotCurrent { .. } => ErrorKind::Unavailable,
             StoreError::OwnerRevoked { .. } => ErrorKind::FailedPrecondition,
+            StoreError::Login(error) => error.kind(),
             StoreError::Corrupt(_) => ErrorKind::Internal,
             StoreError::Db(DbErr::ConnectionAcquire(_) | DbErr::Conn(_)) => ErrorKind::Unavailable,
             error if error.is_unique_violation() => ErrorKind::AlreadyExists,
