@@ -48,6 +48,9 @@ locals {
   # Each service's NATS NKey seed, a SecureString put by put-nats-seeds.sh (never in the state).
   nats_seed_prefix     = "/${var.name}/nats"
   nats_seed_arn_prefix = "arn:aws:ssm:${var.region}:${data.aws_caller_identity.current.account_id}:parameter${local.nats_seed_prefix}"
+  # The password of the Scylla role log-ingest logs in as (put-scylla-password.sh).
+  scylla_password_parameter     = "/${var.name}/scylla/kiln"
+  scylla_password_parameter_arn = "arn:aws:ssm:${var.region}:${data.aws_caller_identity.current.account_id}:parameter${local.scylla_password_parameter}"
 
   # The address plan: node i of a set is host (offset + i div AZs) of private subnet i mod AZs,
   # inside the first two /26s of each subnet, which are reserved for explicit addresses.
@@ -148,15 +151,18 @@ module "nats" {
 }
 
 module "scylla" {
-  source            = "./modules/scylla"
-  name              = var.name
-  private_ips       = local.ips["scylla"]
-  subnet_ids        = module.network.private_subnet_ids
-  ami_id            = var.scylla_ami_id != null ? var.scylla_ami_id : data.aws_ami.scylla[0].id
-  instance_type     = var.scylla_instance_type
-  security_group_id = module.security_groups.ids["scylla"]
-  kms_key_arn       = module.kms.arn
-  depends_on        = [module.network]
+  source                 = "./modules/scylla"
+  name                   = var.name
+  private_ips            = local.ips["scylla"]
+  subnet_ids             = module.network.private_subnet_ids
+  ami_id                 = var.scylla_ami_id != null ? var.scylla_ami_id : data.aws_ami.scylla[0].id
+  instance_type          = var.scylla_instance_type
+  security_group_id      = module.security_groups.ids["scylla"]
+  kms_key_arn            = module.kms.arn
+  region                 = var.region
+  password_parameter     = local.scylla_password_parameter
+  password_parameter_arn = local.scylla_password_parameter_arn
+  depends_on             = [module.network]
 }
 
 module "services" {
@@ -171,25 +177,27 @@ module "services" {
     advisor    = local.ips["advisor"]
     predictor  = local.ips["predictor"]
   }
-  private_zone              = var.private_zone
-  subnet_ids                = module.network.private_subnet_ids
-  instance_types            = var.service_instance_types
-  ami_id                    = data.aws_ssm_parameter.ami.insecure_value
-  security_group_ids        = module.security_groups.ids
-  kms_key_arn               = module.kms.arn
-  bucket                    = module.objects.bucket
-  bucket_arn                = module.objects.arn
-  objects_prefix            = var.objects_prefix
-  release_prefix            = local.release_prefix
-  nats_urls                 = module.nats.urls
-  nats_replicas             = 3
-  nats_seed_prefix          = local.nats_seed_prefix
-  nats_seed_arn_prefix      = local.nats_seed_arn_prefix
-  database                  = local.database
-  scylla_nodes              = module.scylla.contact_points
-  scylla_keyspace           = "kiln"
-  scylla_replication_factor = 3
-  depends_on                = [module.network, aws_s3_object.connect_probe]
+  private_zone                  = var.private_zone
+  subnet_ids                    = module.network.private_subnet_ids
+  instance_types                = var.service_instance_types
+  ami_id                        = data.aws_ssm_parameter.ami.insecure_value
+  security_group_ids            = module.security_groups.ids
+  kms_key_arn                   = module.kms.arn
+  bucket                        = module.objects.bucket
+  bucket_arn                    = module.objects.arn
+  objects_prefix                = var.objects_prefix
+  release_prefix                = local.release_prefix
+  nats_urls                     = module.nats.urls
+  nats_replicas                 = 3
+  nats_seed_prefix              = local.nats_seed_prefix
+  nats_seed_arn_prefix          = local.nats_seed_arn_prefix
+  database                      = local.database
+  scylla_nodes                  = module.scylla.contact_points
+  scylla_keyspace               = "kiln"
+  scylla_replication_factor     = 3
+  scylla_password_parameter     = local.scylla_password_parameter
+  scylla_password_parameter_arn = local.scylla_password_parameter_arn
+  depends_on                    = [module.network, aws_s3_object.connect_probe]
 }
 
 module "runner_pool" {

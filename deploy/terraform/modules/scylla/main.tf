@@ -34,15 +34,49 @@ variable "security_group_id" {
 }
 
 variable "kms_key_arn" {
-  description = "The key the root volumes are encrypted with."
+  description = "The key the root volumes (and the role's password parameter) are encrypted with."
   type        = string
 }
 
+variable "region" {
+  description = "AWS region (of the password parameter)."
+  type        = string
+}
+
+variable "password_parameter" {
+  description = "SSM SecureString holding the password of the role `kiln` that log-ingest logs in as (put there by put-scylla-password.sh)."
+  type        = string
+}
+
+variable "password_parameter_arn" {
+  description = "The ARN of that parameter, for the nodes' role."
+  type        = string
+}
+
+# The nodes read the role's password at first boot (the one AWS API they use besides Session
+# Manager).
+data "aws_iam_policy_document" "nodes" {
+  statement {
+    sid       = "ReadKilnRolePassword"
+    actions   = ["ssm:GetParameter"]
+    resources = [var.password_parameter_arn]
+  }
+  statement {
+    sid       = "DecryptKilnRolePassword"
+    actions   = ["kms:Decrypt"]
+    resources = [var.kms_key_arn]
+    condition {
+      test     = "StringEquals"
+      variable = "kms:ViaService"
+      values   = ["ssm.${var.region}.amazonaws.com"]
+    }
+  }
+}
+
 module "role" {
-  source = "../instance-role"
-  name   = "${var.name}-scylla"
-  # Scylla uses no AWS API: Session Manager only.
-  policy_json = null
+  source      = "../instance-role"
+  name        = "${var.name}-scylla"
+  policy_json = data.aws_iam_policy_document.nodes.json
 }
 
 locals {
@@ -51,6 +85,9 @@ locals {
   user_data = jsonencode({
     scylla_yaml = {
       cluster_name = "${var.name}-scylla"
+      # Password authentication: log-ingest logs in as `kiln` (the post-configuration script
+      # makes the role); CQL is reachable from log-ingest's security group only.
+      authenticator = "PasswordAuthenticator"
       # Each AZ is a rack of the region's datacenter.
       endpoint_snitch = "Ec2Snitch"
       seed_provider = [{
@@ -59,6 +96,13 @@ locals {
       }]
     }
     start_scylla_on_first_boot = true
+    # Run once Scylla is up (scylla-machine-image): the role `kiln` with the password of SSM,
+    # and the default superuser's well-known password replaced by a random one nobody keeps.
+    post_configuration_script = base64encode(templatefile("${path.module}/roles.sh.tftpl", {
+      region    = var.region
+      parameter = var.password_parameter
+    }))
+    post_configuration_script_timeout = 1800
   })
 }
 

@@ -1,6 +1,6 @@
 # What each service may do in AWS, and nothing else:
 #   every service: read its own binary of the release, read the database secret, read its own
-#               NATS seed (SSM Parameter Store, SecureString);
+#               NATS seed (SSM Parameter Store, SecureString); log-ingest its Scylla password;
 #   api:        read, write and delete kiln's blobs (code bundles, datasets, outputs);
 #   item-batch: read and list kiln's blobs (AddItemsFromObjects: prefixes and manifests);
 #   advisor:    read, write and list kiln's blobs, no delete (registering a sweep's best trial
@@ -48,6 +48,15 @@ data "aws_iam_policy_document" "service" {
     sid       = "ReadNatsSeed"
     actions   = ["ssm:GetParameter"]
     resources = ["${var.nats_seed_arn_prefix}/${each.key}"]
+  }
+
+  dynamic "statement" {
+    for_each = each.key == "log-ingest" ? [1] : []
+    content {
+      sid       = "ReadScyllaPassword"
+      actions   = ["ssm:GetParameter"]
+      resources = [var.scylla_password_parameter_arn]
+    }
   }
 
   # The release objects, the secret and the NATS seed are encrypted with the kiln key.

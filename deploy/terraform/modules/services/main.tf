@@ -42,7 +42,12 @@ locals {
   }
 
   objects_url = "s3://${var.bucket}/${var.objects_prefix}"
-  batch_urls  = join(",", [for ip in var.private_ips["item-batch"] : "http://${ip}:7075"])
+  # log-ingest's Scylla password, read at boot from SSM (put-scylla-password.sh).
+  scylla_password_setup = templatefile("${path.module}/scylla-password.sh.tftpl", {
+    region    = var.region
+    parameter = var.scylla_password_parameter
+  })
+  batch_urls = join(",", [for ip in var.private_ips["item-batch"] : "http://${ip}:7075"])
 
   user_data = { for service, s in local.services : service => [
     for i, ip in var.private_ips[service] : templatefile("${path.module}/../../templates/kiln-service.sh.tftpl", {
@@ -58,7 +63,7 @@ locals {
       db_port              = var.database.port
       db_name              = var.database.name
       nats_seed_parameter  = "${var.nats_seed_prefix}/${service}"
-      setup                = ""
+      setup                = service == "log-ingest" ? local.scylla_password_setup : ""
       after                = ""
       supplementary_groups = []
       ambient_capabilities = ""

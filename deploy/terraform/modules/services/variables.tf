@@ -107,3 +107,13 @@ variable "scylla_replication_factor" {
   description = "Replication factor of log-ingest's keyspace."
   type        = number
 }
+
+variable "scylla_password_parameter" {
+  description = "SSM SecureString holding the Scylla password of log-ingest's role `kiln`."
+  type        = string
+}
+
+variable "scylla_password_parameter_arn" {
+  description = "The ARN of that parameter, for log-ingest's role."
+  type        = string
+}

@@ -26,6 +26,9 @@ EXTRA = {
     "metrics.listen",
     "objects.region",
     "scylla.replication-factor",
+    # compose sets them in the environment (KILN_LOG_INGEST__SCYLLA__*).
+    "scylla.username",
+    "scylla.password-file",
     "agent-binary",
     "agent-path",
     "database.max-connections",

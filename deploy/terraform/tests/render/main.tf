@@ -59,6 +59,10 @@ locals {
       unit       = "kiln-${s}"
       env_prefix = "KILN_${upper(replace(s, "-", "_"))}"
       config     = c
+      setup = s != "log-ingest" ? "" : templatefile("${path.module}/../../modules/services/scylla-password.sh.tftpl", {
+        region    = "eu-west-1"
+        parameter = "/kiln/scylla/kiln"
+      })
     })) if s != "runner" },
     { for gpu in [false, true] : (gpu ? "runner-gpu" : "runner") => templatefile("${local.templates}/kiln-service.sh.tftpl", merge(local.unit, {
       service              = "runner"
@@ -71,6 +75,12 @@ locals {
       ambient_capabilities = "CAP_NET_ADMIN CAP_NET_RAW"
       setup                = templatefile("${local.pool}/setup.sh.tftpl", { gpu = gpu })
     })) },
+    {
+      scylla-roles = templatefile("${path.module}/../../modules/scylla/roles.sh.tftpl", {
+        region    = "eu-west-1"
+        parameter = "/kiln/scylla/kiln"
+      })
+    },
     {
       nats = templatefile("${path.module}/../../modules/nats/user-data.sh.tftpl", {
         server_name         = "kiln-nats-0"
