@@ -388,9 +388,11 @@ async fn serve_all(
                 .clone()
                 .unwrap_or_else(|| kiln_runner::provider::docker::DockerConfig::default().host),
             isolate_jobs: !args.no_job_isolation,
-            // Besides the api and log-ingest: batch workers' agents reach item-batch, trials the
-            // advisor (`kiln.should_stop()`), jobs the models served (the predictor).
+            // Besides the api (gRPC and its HTTP API) and log-ingest: batch workers' agents reach
+            // item-batch, trials the advisor (`kiln.should_stop()`), jobs the models served (the
+            // predictor).
             job_endpoints: vec![
+                http_addr.to_string(),
                 batches_addr.to_string(),
                 advisor_addr.to_string(),
                 predictor_addr.to_string(),

@@ -191,10 +191,11 @@ impl World {
             .to_string()
     }
 
-    /// The ports a job is given: api, log-ingest, item-batch, the advisor and the predictor
-    /// (gRPC and its Open Inference Protocol port).
+    /// The ports a job is given: the api (gRPC and the HTTP API, which serves the UI too),
+    /// log-ingest, item-batch, the advisor and the predictor (gRPC and its Open Inference
+    /// Protocol port).
     fn endpoint_ports(&self) -> BTreeSet<u16> {
-        let mut ports: BTreeSet<u16> = ["api", "logs", "batches", "advisor", "predictor"]
+        let mut ports: BTreeSet<u16> = ["api", "ui", "logs", "batches", "advisor", "predictor"]
             .iter()
             .map(|key| port(&self.address(key)))
             .collect();

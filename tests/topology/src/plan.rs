@@ -214,10 +214,12 @@ fn instance(
             // Processes instead of containers: the tests' jobs are commands of this machine.
             set("PROVIDER", text("process"));
             set("AGENT_BINARY", text(""));
-            // Its isolated jobs' firewall lets them reach every replica of item-batch, the
-            // advisor and the predictor (compose names the ports the host publishes).
+            // Its isolated jobs' firewall lets them reach every replica of the api's HTTP API,
+            // item-batch, the advisor and the predictor (compose names the ports the host
+            // publishes).
             let mut endpoints = Vec::new();
             for (service, port) in [
+                ("api", 7079),
                 ("item-batch", 7075),
                 ("advisor", 7076),
                 ("predictor", 7077),

@@ -282,17 +282,20 @@ async fn eve_reaches_neither_alphas_data_nor_the_data_plane_on_the_topology() {
     ports.extend(options.scylla_nodes.iter().map(|node| port_of(node)));
     ports.insert(port_of(&options.s3.endpoint));
     let endpoint_of = |name: &str| format!("port-{}", topology.addrs[name].port());
-    let endpoints: BTreeSet<String> = [
-        "api-1",
-        "api-2",
-        "log-ingest-1",
-        "log-ingest-2",
-        "item-batch-1",
-        "item-batch-2",
-    ]
-    .iter()
-    .map(|name| endpoint_of(name))
-    .collect();
+    // What jobs are given: every listener but the metrics of the api, log-ingest, item-batch,
+    // the advisor and the predictor (the runners' job endpoints, tests/topology/src/plan.rs).
+    let endpoints: BTreeSet<String> = topology
+        .listens
+        .iter()
+        .filter(|(name, _)| {
+            ["api-", "log-ingest-", "item-batch-", "advisor-", "predictor-"]
+                .iter()
+                .any(|service| name.starts_with(service))
+        })
+        .flat_map(|(_, listens)| listens.iter())
+        .filter(|(key, _)| key.as_str() != "metrics.listen")
+        .map(|(_, address)| format!("port-{}", address.port()))
+        .collect();
 
     let mut args: Vec<String> = [
         "run",
