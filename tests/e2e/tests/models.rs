@@ -37,6 +37,7 @@ async fn output_bytes(stack: &Stack, job_id: &str, path: &str) -> Vec<u8> {
 
 async fn file_bytes(stack: &Stack, name: &str, version: i64, path: &str) -> Vec<u8> {
     let request = pb::GetModelFileRequest {
+        project: Default::default(),
         name: name.into(),
         version,
         path: path.into(),
@@ -261,6 +262,7 @@ async fn versions_are_the_outputs(stack: Stack) {
 
     // Read back by alias, by number, and the latest.
     let by_alias = pb::GetModelVersionRequest {
+        project: Default::default(),
         name: "digits-net".into(),
         version: 0,
         alias: "candidate".into(),
@@ -290,6 +292,7 @@ async fn aliases_move_atomically_and_bad_requests_say_why() {
     }
     // 32 concurrent moves of `production` while a reader checks that one version holds it.
     let set = |version: i64| pb::SetModelAliasRequest {
+        project: Default::default(),
         name: "net".into(),
         version,
         alias: "production".into(),
@@ -305,7 +308,10 @@ async fn aliases_move_atomically_and_bad_requests_say_why() {
     let mut reads = 0;
     while !moves.iter().all(|m| m.is_finished()) || reads == 0 {
         let model = models
-            .get_model(pb::GetModelRequest { name: "net".into() })
+            .get_model(pb::GetModelRequest {
+                project: Default::default(),
+                name: "net".into(),
+            })
             .await
             .unwrap()
             .into_inner();
@@ -371,6 +377,7 @@ async fn aliases_move_atomically_and_bad_requests_say_why() {
     assert!(message.contains("once it has ended"), "{message}");
 
     let get = |name: &str, version: i64, alias: &str| pb::GetModelVersionRequest {
+        project: Default::default(),
         name: name.into(),
         version,
         alias: alias.into(),
@@ -387,6 +394,7 @@ async fn aliases_move_atomically_and_bad_requests_say_why() {
         assert!(message.contains(text), "{request:?}: {message}");
     }
     let to_missing = pb::SetModelAliasRequest {
+        project: Default::default(),
         name: "net".into(),
         version: 12,
         alias: "production".into(),
@@ -394,6 +402,7 @@ async fn aliases_move_atomically_and_bad_requests_say_why() {
     let status = models.set_model_alias(to_missing).await.unwrap_err();
     assert_eq!(status.code(), Code::NotFound, "{status:?}");
     let tags = pb::SetModelTagsRequest {
+        project: Default::default(),
         name: "net".into(),
         version: 1,
         tags: BTreeMap::from([("bad key".to_string(), "v".to_string())])
@@ -405,6 +414,7 @@ async fn aliases_move_atomically_and_bad_requests_say_why() {
         Code::InvalidArgument
     );
     let file = pb::GetModelFileRequest {
+        project: Default::default(),
         name: "net".into(),
         version: 1,
         path: "missing.bin".into(),
@@ -420,3 +430,4 @@ async fn aliases_move_atomically_and_bad_requests_say_why() {
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
     assert!(status.message().contains("longer than 256"), "{status:?}");
 }
+

@@ -136,7 +136,7 @@ async fn a_two_member_mean_is_answered_in_json_binary_and_through_predict() {
     assert_eq!(reply.status, 400);
     assert_eq!(
         reply.error(),
-        "3 services are served here: name one, as POST /predict/NAME"
+        "3 services you may use are served here: name one, as POST /predict/NAME or /predict/PROJECT/NAME"
     );
 
     // Metadata and health.
@@ -302,8 +302,8 @@ async fn a_paused_worker_is_answered_around_ejected_and_taken_back() {
     assert_eq!(late, 40);
     // Its relay took it out of rotation once, after missing 3 deadlines in a row: from then on
     // flaky is unavailable at once rather than waited for.
-    assert_eq!(relays.ejections("pair", "flaky"), 1);
-    assert_eq!(relays.ejections("pair", "steady"), 0);
+    assert_eq!(relays.ejections("default", "pair", "flaky"), 1);
+    assert_eq!(relays.ejections("default", "pair", "steady"), 0);
 
     flaky.signal(Signal::SIGCONT);
     let back = until(true).await;
@@ -354,3 +354,4 @@ async fn a_killed_worker_under_load_fails_no_request() {
     }
     assert_eq!(answered, 800);
 }
+
