@@ -639,3 +639,32 @@ async fn service_records_and_their_models_are_per_project() {
         .collect();
     assert_eq!(members, [("digits".to_string(), "alpha/digits:1".to_string())]);
 }
+
+/// A live definition written before names were per project (keyed by the bare name in
+/// `kiln_services`) is not served, and the controller deletes it; those keyed `PROJECT.NAME`
+/// stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn definitions_keyed_by_a_global_name_are_deleted() {
+    let stack = Stack::start_without_runner().await;
+    let old = service_spec("old", &[("m", 1.0)], Ensemble::Mean, 5_000);
+    let bucket = async_nats::jetstream::new(stack.nats.client().await)
+        .get_key_value(kiln_core::subjects::BUCKET_SERVICES)
+        .await
+        .expect("the services bucket");
+    bucket
+        .put("old", serde_json::to_vec(&old).expect("json").into())
+        .await
+        .expect("a definition of before");
+    put_service(&stack, &service_spec("fresh", &[("m", 1.0)], Ensemble::Mean, 5_000)).await;
+    let (_predictor, base) = spawn_predictor(&stack).await;
+    let rest = Rest::new(&base, &stack.token);
+    let reply = rest.get("/v2/models/old").await;
+    assert_eq!(reply.status, 400, "{}", String::from_utf8_lossy(&reply.body));
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while bucket.get("old").await.expect("read the bucket").is_some() {
+        assert!(tokio::time::Instant::now() < deadline, "the old key was never deleted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(bucket.get("default.fresh").await.expect("read the bucket").is_some());
+    assert_eq!(rest.get("/v2/models/fresh").await.status, 200);
+}
