@@ -61,10 +61,11 @@ fn version(i: i64) -> NewModelVersion {
 
 /// What `ListModelVersions` does for one page.
 async fn search(store: &Store, filter: &VersionFilter) -> Result<usize> {
-    let records = store.list_model_versions(MODEL, filter).await?;
+    let key = kiln_core::store::ModelKey::new("default", MODEL);
+    let records = store.list_model_versions(&key, filter).await?;
     let numbers: Vec<i64> = records.iter().map(|r| r.version).collect();
-    let tags = store.model_tags(MODEL, &numbers).await?;
-    let aliases = store.model_aliases(MODEL).await?;
+    let tags = store.model_tags(&key, &numbers).await?;
+    let aliases = store.model_aliases(&key).await?;
     std::hint::black_box((&tags, &aliases));
     Ok(records.len())
 }
@@ -147,7 +148,7 @@ async fn main() -> Result<()> {
     let mut found = 0;
     for _ in 0..args.runs {
         let start = Instant::now();
-        found = store.list_models(&Visible::All, "model-4", "", 100).await?.len();
+        found = store.list_models(&Visible::All, "model-4", ("", ""), 100).await?.len();
         times.push(start.elapsed());
     }
     times.sort();

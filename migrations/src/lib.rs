@@ -23,6 +23,7 @@ mod m0015_service_rollouts;
 mod m0016_project_scoped_names;
 mod m0017_controller_pauses;
 mod m0018_pending_logins;
+mod m0019_project_scoped_models;
 
 /// Migrator lists every migration in order.
 pub struct Migrator;
@@ -49,6 +50,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0016_project_scoped_names::Migration),
             Box::new(m0017_controller_pauses::Migration),
             Box::new(m0018_pending_logins::Migration),
+            Box::new(m0019_project_scoped_models::Migration),
         ]
     }
 }

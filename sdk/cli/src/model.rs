@@ -1,6 +1,9 @@
 //! `kiln model`: the model registry. `register` makes a version of a job's outputs; `ls`,
 //! `show` and `versions` read (with text and tag filters); `alias`, `unalias` and `tag` change
 //! what points at a version; `get` downloads a version and checks every file's sha256.
+//!
+//! Model names are unique per project. A command names a model as `NAME` (with `--project`,
+//! or without it the one model of that name in the projects you may read) or `PROJECT/NAME`.
 
 use std::collections::HashMap;
 use std::process::ExitCode;
@@ -15,7 +18,8 @@ use crate::format::{self, Output, bytes, out};
 mod get;
 mod show;
 
-/// A version as a command names it: `NAME`, `NAME:3` or `NAME@production`.
+/// A version as a command names it: `NAME`, `NAME:3` or `NAME@production`, NAME maybe
+/// `PROJECT/NAME`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VersionArg {
     pub name: String,
@@ -61,10 +65,25 @@ fn parse_source(text: &str) -> Result<(String, String), String> {
     Ok((job.to_string(), path.to_string()))
 }
 
+/// The project of a model named without one.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ProjectArg {
+    /// The model's project (default: the one project you may read that has a model of that
+    /// name; PROJECT/NAME names it too).
+    #[arg(long)]
+    pub project: Option<String>,
+}
+
+impl ProjectArg {
+    fn value(&self) -> String {
+        self.project.clone().unwrap_or_default()
+    }
+}
+
 #[derive(Debug, clap::Subcommand)]
 pub enum ModelCommand {
     /// Register a new version of a model from a job's outputs and saved artifacts (all, or a
-    /// file or directory).
+    /// file or directory); the model is of the job's project.
     Register {
         name: String,
         /// JOB or JOB:PATH (PATH a file or directory inside the job's /kiln/outputs, or the name
@@ -97,12 +116,16 @@ pub enum ModelCommand {
     /// Show a version (NAME, NAME:VERSION or NAME@ALIAS): files, lineage, tags, aliases.
     Show {
         version: VersionArg,
+        #[command(flatten)]
+        project: ProjectArg,
         #[arg(short, long, value_enum, default_value = "table")]
         output: Output,
     },
     /// List a model's versions, newest first.
     Versions {
         name: String,
+        #[command(flatten)]
+        project: ProjectArg,
         /// Only versions whose description, source job or a tag value contains this text.
         #[arg(long, default_value = "")]
         query: String,
@@ -115,20 +138,35 @@ pub enum ModelCommand {
         output: Output,
     },
     /// Point ALIAS at VERSION, moving it from the version that held it.
-    Alias { name: String, version: i64, alias: String },
+    Alias {
+        name: String,
+        version: i64,
+        alias: String,
+        #[command(flatten)]
+        project: ProjectArg,
+    },
     /// Remove an alias.
-    Unalias { name: String, alias: String },
+    Unalias {
+        name: String,
+        alias: String,
+        #[command(flatten)]
+        project: ProjectArg,
+    },
     /// Set key=value tags on a version (NAME:VERSION); `key=` removes a tag.
     Tag {
         version: VersionArg,
         #[arg(required = true, value_parser = format::parse_env)]
         tags: Vec<(String, String)>,
+        #[command(flatten)]
+        project: ProjectArg,
     },
     /// Download a version's files into DIR, checking each file's sha256.
     Get {
         version: VersionArg,
         #[arg(long)]
         dest: std::path::PathBuf,
+        #[command(flatten)]
+        project: ProjectArg,
     },
 }
 
@@ -170,9 +208,14 @@ pub async fn model(command: ModelCommand) -> Result<ExitCode> {
             limit,
             output,
         } => list_models(&mut clients, project.unwrap_or_default(), query, limit, output).await?,
-        ModelCommand::Show { version, output } => show::show(&mut clients, version, output).await?,
+        ModelCommand::Show {
+            version,
+            project,
+            output,
+        } => show::show(&mut clients, version, &project.value(), output).await?,
         ModelCommand::Versions {
             name,
+            project,
             query,
             tags,
             limit,
@@ -184,28 +227,36 @@ pub async fn model(command: ModelCommand) -> Result<ExitCode> {
                 tags: tags.into_iter().collect::<HashMap<_, _>>(),
                 limit,
                 before_version: 0,
+                project: project.value(),
             };
             let versions = clients.models.list_model_versions(request).await?.into_inner().versions;
             show::print_versions(&versions, output)?;
         }
-        ModelCommand::Alias { name, version, alias } => {
+        ModelCommand::Alias {
+            name,
+            version,
+            alias,
+            project,
+        } => {
             let request = pb::SetModelAliasRequest {
                 name,
                 version,
                 alias: alias.clone(),
+                project: project.value(),
             };
             let version = clients.models.set_model_alias(request).await?.into_inner();
             out!("{}@{alias} -> {}:{}", version.model, version.model, version.version);
         }
-        ModelCommand::Unalias { name, alias } => {
+        ModelCommand::Unalias { name, alias, project } => {
             let request = pb::DeleteModelAliasRequest {
                 name: name.clone(),
                 alias: alias.clone(),
+                project: project.value(),
             };
             let held = clients.models.delete_model_alias(request).await?.into_inner();
             out!("{name}@{alias} removed (it pointed at {name}:{})", held.version);
         }
-        ModelCommand::Tag { version, tags } => {
+        ModelCommand::Tag { version, tags, project } => {
             if version.version == 0 {
                 bail!("name the version to tag: {}:VERSION", version.name);
             }
@@ -213,13 +264,16 @@ pub async fn model(command: ModelCommand) -> Result<ExitCode> {
                 name: version.name,
                 version: version.version,
                 tags: tags.into_iter().collect(),
+                project: project.value(),
             };
             let version = clients.models.set_model_tags(request).await?.into_inner();
             let mut tags: Vec<_> = version.tags.iter().map(|(k, v)| format!("{k}={v}")).collect();
             tags.sort();
             out!("{}:{} {}", version.model, version.version, tags.join(" "));
         }
-        ModelCommand::Get { version, dest } => get::get(&mut clients, version, &dest).await?,
+        ModelCommand::Get { version, dest, project } => {
+            get::get(&mut clients, version, &project.value(), &dest).await?
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -286,6 +340,8 @@ mod tests {
         );
         assert_eq!(parse("m:3").unwrap().version, 3);
         assert_eq!(parse("m@prod").unwrap().alias, "prod");
+        let qualified = parse("alpha/m:2").unwrap();
+        assert_eq!((qualified.name.as_str(), qualified.version), ("alpha/m", 2));
         assert!(parse("m:0").is_err() && parse("m:x").is_err() && parse(":3").is_err());
         assert_eq!(parse_source("j:out/model").unwrap(), ("j".into(), "out/model".into()));
         assert_eq!(parse_source("j").unwrap(), ("j".into(), String::new()));

@@ -1,6 +1,10 @@
 //! `kiln serve`: inference services run by the predictor — create (packing the working
 //! directory as `kiln run` does, so every worker runs that code), ls, status, update (a new
 //! revision, rolled to without a failed request), scale, stop and logs (its workers' lines).
+//!
+//! Service names are unique per project: a command names a service as `NAME` (with
+//! `--project`, or without it the one service of that name in the projects you may read) or
+//! `PROJECT/NAME`, and a `--model` as `NAME...` of the service's project or `PROJECT/NAME...`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -21,8 +25,8 @@ use show::{models_text, print_status, revision_text, service_json, workers_runni
 /// What a revision is made of (create and update take the same).
 #[derive(Debug, clap::Args)]
 pub struct DefinitionArgs {
-    /// A registered model: NAME@ALIAS, NAME:VERSION or NAME (its latest version); repeat for an
-    /// ensemble.
+    /// A registered model: NAME@ALIAS, NAME:VERSION or NAME (its latest version), of the
+    /// service's project or, as PROJECT/NAME..., of another; repeat for an ensemble.
     #[arg(long = "model")]
     pub models: Vec<String>,
     /// How the members' answers combine: mean, weighted-mean, vote or first.
@@ -126,6 +130,21 @@ impl ScalingArgs {
     }
 }
 
+/// The project of a service named without one.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ServiceProject {
+    /// The service's project (default: the one project you may read that has a service of
+    /// that name; PROJECT/NAME names it too).
+    #[arg(long)]
+    pub project: Option<String>,
+}
+
+impl ServiceProject {
+    fn value(&self) -> String {
+        self.project.clone().unwrap_or_default()
+    }
+}
+
 /// `new=N` or `N`: the percent of requests the new revision answers.
 fn parse_traffic(text: &str) -> Result<u32, String> {
     let percent = text.strip_prefix("new=").unwrap_or(text);
@@ -159,6 +178,8 @@ pub enum ServeCommand {
     /// A service's revisions, members and workers (`-o json` has the URL as `url`).
     Status {
         name: String,
+        #[command(flatten)]
+        project: ServiceProject,
         #[arg(short, long, value_enum, default_value = "table")]
         output: Output,
     },
@@ -167,6 +188,8 @@ pub enum ServeCommand {
     /// revision being tried gets the new share: --traffic new=100 rolls to it).
     Update {
         name: String,
+        #[command(flatten)]
+        project: ServiceProject,
         #[command(flatten)]
         definition: DefinitionArgs,
         /// The share of requests the new revision answers once ready, new=PERCENT (1 to 100).
@@ -180,13 +203,19 @@ pub enum ServeCommand {
     /// Set the workers per member: a fixed number, or bounds to autoscale within.
     Scale {
         name: String,
+        #[command(flatten)]
+        project: ServiceProject,
         #[arg(required_unless_present_any = ["min_replicas", "max_replicas"])]
         replicas: Option<u32>,
         #[command(flatten)]
         scaling: ScalingArgs,
     },
     /// Stop a service and its workers.
-    Stop { name: String },
+    Stop {
+        name: String,
+        #[command(flatten)]
+        project: ServiceProject,
+    },
     /// The logs of the service's workers, each line prefixed with its worker (member,
     /// revision, the end of its job id); -f follows them and the workers that start later.
     Logs(logs::LogsArgs),
@@ -212,10 +241,12 @@ pub async fn serve(command: ServeCommand) -> Result<ExitCode> {
                 .await?
                 .into_inner();
             out!(
-                "service {} created (revision {}); infer at {}/v2/models/{}/infer",
+                "service {} of project {} created (revision {}); infer at {}/v2/models/{}/{}/infer",
                 service.name,
+                service.project,
                 service.revision,
                 service.url,
+                service.project,
                 service.name
             );
             out!("{}", service.url);
@@ -250,10 +281,13 @@ pub async fn serve(command: ServeCommand) -> Result<ExitCode> {
                 }
             }
         }
-        ServeCommand::Status { name, output } => {
+        ServeCommand::Status { name, project, output } => {
             let service = clients
                 .serve
-                .get_service(pb::GetServiceRequest { name })
+                .get_service(pb::GetServiceRequest {
+                    name,
+                    project: project.value(),
+                })
                 .await?
                 .into_inner();
             match output {
@@ -263,6 +297,7 @@ pub async fn serve(command: ServeCommand) -> Result<ExitCode> {
         }
         ServeCommand::Update {
             name,
+            project,
             definition,
             traffic,
             shadow,
@@ -277,13 +312,16 @@ pub async fn serve(command: ServeCommand) -> Result<ExitCode> {
                 None
             } else {
                 // The code goes to the service's project.
-                let project = clients
+                let home = clients
                     .serve
-                    .get_service(pb::GetServiceRequest { name: name.clone() })
+                    .get_service(pb::GetServiceRequest {
+                        name: name.clone(),
+                        project: project.value(),
+                    })
                     .await?
                     .into_inner()
                     .project;
-                Some(definition_of(&mut clients, &project, definition).await?)
+                Some(definition_of(&mut clients, &home, definition).await?)
             };
             let service = clients
                 .serve
@@ -292,6 +330,7 @@ pub async fn serve(command: ServeCommand) -> Result<ExitCode> {
                     definition,
                     traffic: traffic.unwrap_or(0),
                     shadow,
+                    project: project.value(),
                 })
                 .await?
                 .into_inner();
@@ -323,6 +362,7 @@ pub async fn serve(command: ServeCommand) -> Result<ExitCode> {
         }
         ServeCommand::Scale {
             name,
+            project,
             replicas,
             scaling,
         } => {
@@ -332,6 +372,7 @@ pub async fn serve(command: ServeCommand) -> Result<ExitCode> {
                     name,
                     replicas: replicas.unwrap_or(0),
                     scaling: scaling.to_proto(),
+                    project: project.value(),
                 })
                 .await?
                 .into_inner();
@@ -351,10 +392,13 @@ pub async fn serve(command: ServeCommand) -> Result<ExitCode> {
                 );
             }
         }
-        ServeCommand::Stop { name } => {
+        ServeCommand::Stop { name, project } => {
             let service = clients
                 .serve
-                .stop_service(pb::StopServiceRequest { name })
+                .stop_service(pb::StopServiceRequest {
+                    name,
+                    project: project.value(),
+                })
                 .await?
                 .into_inner();
             out!("service {} {}", service.name, service.state.to_lowercase());

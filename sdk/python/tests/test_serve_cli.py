@@ -83,6 +83,11 @@ def test_a_registered_model_is_served_by_a_kiln_serve_worker(up, tmp_path):
     assert answer["parameters"]["kiln.partial"] is False, answer
     code, answer = post(f"{url}/predict/scale", token, {"queries": [[1.0], [2.0]]})
     assert (code, answer) == (200, {"predictions": [[4.0], [8.0]]})
+    # Names are per project: the service and its model named with theirs, `PROJECT/NAME`.
+    code, answer = post(f"{url}/v2/models/default/scale/infer", token, body)
+    assert (code, answer["model_name"]) == (200, "default/scale"), answer
+    assert json.loads(cli("serve", "status", "default/scale", "-o", "json"))["project"] == "default"
+    assert json.loads(cli("model", "show", "scale:1", "--project", "default", "-o", "json"))["project"] == "default"
     # The declared input is checked before any worker sees the request.
     code, answer = post(f"{url}/v2/models/scale/infer", token,
                         {"inputs": [{"name": "x", "shape": [2], "datatype": "FP64", "data": [1.0, 2.0]}]})

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use kiln_core::ErrorKind;
 use kiln_core::models::{RegisterRequest, Registry};
-use kiln_core::store::VersionFilter;
+use kiln_core::store::{ModelKey, VersionFilter};
 
 use crate::Shared;
 use crate::error::{Error, Result};
@@ -25,11 +25,12 @@ pub enum Registration {
     /// Registered as this version, `NAME:V`.
     Registered(String),
     /// Not registered, for a reason that another try would not change (said in the sweep's
-    /// reason): no trial has a value, the trial wrote no files, the name is another project's.
+    /// reason): no trial has a value, the trial wrote no files.
     Refused(String),
 }
 
-/// Registers the sweep's best trial as a version of the spec's `register.model`.
+/// Registers the sweep's best trial as a version of the spec's `register.model`, a model of the
+/// sweep's project (its trials' project).
 pub async fn best_trial(shared: &Shared, view: &SweepView) -> Result<Registration> {
     let Some(register) = &view.spec().register else {
         return Ok(Registration::Refused("the spec names no model".into()));
@@ -42,7 +43,7 @@ pub async fn best_trial(shared: &Shared, view: &SweepView) -> Result<Registratio
     };
     if let Some(done) = shared
         .store
-        .list_model_versions(&register.model, &tagged)
+        .list_model_versions(&ModelKey::new(&view.record.project, &register.model), &tagged)
         .await?
         .first()
     {

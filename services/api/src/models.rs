@@ -1,17 +1,22 @@
 //! `ModelService`: the model registry. The handlers find what a call addresses, have the
 //! caller authorised on it (the model's project: viewers read, members register, tag and move
 //! aliases), and leave the work to [`kiln_core::models`], which the advisor calls too.
+//!
+//! Names are unique per project. A call names a model as `NAME` in its `project` or as
+//! `PROJECT/NAME`; with neither, a bare name is looked up in the projects the caller may read
+//! ([`kiln_core::authz::Holder`]). A model the caller may not read is answered in the words of
+//! one that does not exist.
 
 use std::collections::BTreeMap;
 use std::pin::Pin;
 
 use futures::{Stream, StreamExt};
-use kiln_core::authz::{Caller, Resource};
+use kiln_core::authz::{Caller, Holder, ObjectRef, Resource};
 use kiln_core::models::{
     ModelError, RegisterRequest, Registry, Version, VersionRef, validate_alias, validate_model_name, validate_tags,
 };
 use kiln_core::objects::artifact_path;
-use kiln_core::store::{ModelRecord, VersionFilter};
+use kiln_core::store::{ModelKey, ModelRecord, VersionFilter};
 use kiln_proto::v1 as pb;
 use kiln_proto::v1::model_service_server::ModelService;
 use object_store::ObjectStoreExt;
@@ -52,16 +57,37 @@ fn page(limit: u32) -> u64 {
 }
 
 impl ModelsApi {
-    /// Reads a model the caller may act on with the method's need; another project's model
-    /// reads as not found.
-    async fn model(&self, caller: &Caller, name: &str) -> Result<ModelRecord> {
-        validate_model_name(name)?;
-        let model = Version::model(&self.registry.store, name).await?;
+    /// Reads the model `reference` names (`NAME` in `project`, `PROJECT/NAME`, or with neither
+    /// a bare name in the one project the caller may read that has it), when the caller may act
+    /// on it with the method's need; another project's model reads as not found.
+    async fn model(&self, caller: &Caller, project: &str, reference: &str) -> Result<ModelRecord> {
+        let unknown = || -> Error {
+            ModelError::ModelNotFound {
+                name: reference.to_string(),
+            }
+            .into()
+        };
+        let named = ObjectRef::parse(reference).ok_or_else(unknown)?;
+        validate_model_name(&named.name)?;
+        let store = &self.registry.store;
+        let project = match named.project_in(project) {
+            Some(project) => project.to_string(),
+            None => match caller.sole_holder(store.model_projects(&named.name).await?) {
+                Holder::None => return Err(unknown()),
+                Holder::One(project) => project,
+                Holder::Several(projects) => {
+                    return Err(ModelError::Ambiguous {
+                        name: named.name,
+                        projects,
+                    }
+                    .into());
+                }
+            },
+        };
+        let model = store.model(&project, &named.name).await?.ok_or_else(unknown)?;
         match caller.authorize(&Resource::owned("model", &model.name, &model.project, "")) {
             // In the words of a model that does not exist.
-            Err(kiln_core::authz::Denied::NotFound { .. }) => {
-                Err(ModelError::ModelNotFound { name: name.to_string() }.into())
-            }
+            Err(kiln_core::authz::Denied::NotFound { .. }) => Err(unknown()),
             denied => {
                 denied?;
                 Ok(model)
@@ -70,7 +96,7 @@ impl ModelsApi {
     }
 
     async fn model_proto(&self, model: ModelRecord) -> Result<pb::Model> {
-        let aliases = self.registry.store.model_aliases(&model.name).await?;
+        let aliases = self.registry.store.model_aliases(&model.key()).await?;
         Ok(pb::Model {
             name: model.name,
             project: model.project,
@@ -82,12 +108,27 @@ impl ModelsApi {
     }
 
     async fn register(&self, caller: &Caller, request: pb::RegisterModelRequest) -> Result<pb::ModelVersion> {
-        validate_model_name(&request.name)?;
+        // A version is of the job's project: `NAME`, or `PROJECT/NAME` with that project.
+        let named = ObjectRef::parse(&request.name).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "model {:?}: name it NAME, or PROJECT/NAME with its job's project",
+                request.name
+            ))
+        })?;
+        validate_model_name(&named.name)?;
         let job = access::job(&self.registry.store, caller, &request.job_id).await?;
+        if let Some(project) = &named.project
+            && *project != job.project
+        {
+            return Err(Error::InvalidArgument(format!(
+                "model {}: a version is registered in its job's project, {}; give the name alone or as {}/NAME",
+                request.name, job.project, job.project
+            )));
+        }
         let version = self
             .registry
             .register(RegisterRequest {
-                model: request.name,
+                model: named.name,
                 job,
                 path: request.path,
                 description: request.description,
@@ -103,13 +144,16 @@ impl ModelsApi {
         let visible = caller.listed_projects(&self.registry.store, &request.project).await?;
         check_query(&request.query)?;
         let limit = page(request.limit);
+        // `NAME/PROJECT` of the last model of a page (a bare name, as earlier pages gave: after
+        // every model of that name).
+        let after = request.page_token.split_once('/').unwrap_or((&request.page_token, ""));
         let models = self
             .registry
             .store
-            .list_models(&visible, &request.query, &request.page_token, limit)
+            .list_models(&visible, &request.query, after, limit)
             .await?;
         let next_page_token = match models.last() {
-            Some(last) if models.len() as u64 == limit => last.name.clone(),
+            Some(last) if models.len() as u64 == limit => format!("{}/{}", last.name, last.project),
             _ => String::new(),
         };
         let mut out = Vec::with_capacity(models.len());
@@ -127,7 +171,7 @@ impl ModelsApi {
         caller: &Caller,
         request: pb::ListModelVersionsRequest,
     ) -> Result<pb::ListModelVersionsResponse> {
-        let model = self.model(caller, &request.name).await?;
+        let model = self.model(caller, &request.project, &request.name).await?;
         let tags: BTreeMap<String, String> = request.tags.into_iter().collect();
         validate_tags(&tags, false)?;
         check_query(&request.query)?;
@@ -141,10 +185,11 @@ impl ModelsApi {
             limit: page(request.limit),
         };
         let store = &self.registry.store;
-        let records = store.list_model_versions(&model.name, &filter).await?;
+        let key = model.key();
+        let records = store.list_model_versions(&key, &filter).await?;
         let numbers: Vec<i64> = records.iter().map(|r| r.version).collect();
-        let mut tags = store.model_tags(&model.name, &numbers).await?;
-        let aliases = store.model_aliases(&model.name).await?;
+        let mut tags = store.model_tags(&key, &numbers).await?;
+        let aliases = store.model_aliases(&key).await?;
         let next_before_version = match records.last() {
             Some(last) if records.len() as u64 == filter.limit && last.version > 1 => last.version,
             _ => 0,
@@ -163,33 +208,32 @@ impl ModelsApi {
         })
     }
 
-    async fn version(&self, caller: &Caller, name: &str, reference: VersionRef) -> Result<Version> {
-        let model = self.model(caller, name).await?;
+    async fn version(&self, caller: &Caller, project: &str, name: &str, reference: VersionRef) -> Result<Version> {
+        let model = self.model(caller, project, name).await?;
         if let VersionRef::Alias(alias) = &reference {
             validate_alias(alias)?;
         }
-        Ok(Version::read(&self.registry.store, &model.name, reference).await?)
+        Ok(Version::read(&self.registry.store, &model.key(), reference).await?)
     }
 
     async fn set_alias(&self, caller: &Caller, request: pb::SetModelAliasRequest) -> Result<pb::ModelVersion> {
-        let model = self.model(caller, &request.name).await?;
+        let model = self.model(caller, &request.project, &request.name).await?;
         validate_alias(&request.alias)?;
         let store = &self.registry.store;
+        let key: ModelKey = model.key();
         let number = Version::resolve(store, &model, &VersionRef::from_fields(request.version, "")?).await?;
-        store.set_model_alias(&model.name, &request.alias, number).await?;
-        tracing::info!(model = %model.name, version = number, alias = %request.alias, "model alias set");
-        Ok(Version::read(store, &model.name, VersionRef::Number(number))
-            .await?
-            .to_proto())
+        store.set_model_alias(&key, &request.alias, number).await?;
+        tracing::info!(model = %model.name, project = %model.project, version = number, alias = %request.alias, "model alias set");
+        Ok(Version::read(store, &key, VersionRef::Number(number)).await?.to_proto())
     }
 
     async fn delete_alias(&self, caller: &Caller, request: pb::DeleteModelAliasRequest) -> Result<i64> {
-        let model = self.model(caller, &request.name).await?;
+        let model = self.model(caller, &request.project, &request.name).await?;
         validate_alias(&request.alias)?;
         let held = self
             .registry
             .store
-            .delete_model_alias(&model.name, &request.alias)
+            .delete_model_alias(&model.key(), &request.alias)
             .await?;
         held.ok_or_else(|| {
             ModelError::AliasNotFound {
@@ -201,7 +245,7 @@ impl ModelsApi {
     }
 
     async fn set_tags(&self, caller: &Caller, request: pb::SetModelTagsRequest) -> Result<pb::ModelVersion> {
-        let model = self.model(caller, &request.name).await?;
+        let model = self.model(caller, &request.project, &request.name).await?;
         let tags: BTreeMap<String, String> = request.tags.into_iter().collect();
         validate_tags(&tags, true)?;
         if tags.is_empty() {
@@ -210,16 +254,20 @@ impl ModelsApi {
             ));
         }
         let store = &self.registry.store;
+        let key = model.key();
         let number = Version::resolve(store, &model, &VersionRef::from_fields(request.version, "")?).await?;
-        store.set_model_tags(&model.name, number, &tags).await?;
-        Ok(Version::read(store, &model.name, VersionRef::Number(number))
-            .await?
-            .to_proto())
+        store.set_model_tags(&key, number, &tags).await?;
+        Ok(Version::read(store, &key, VersionRef::Number(number)).await?.to_proto())
     }
 
     async fn file(&self, caller: &Caller, request: pb::GetModelFileRequest) -> Result<FileStream> {
         let version = self
-            .version(caller, &request.name, VersionRef::from_fields(request.version, "")?)
+            .version(
+                caller,
+                &request.project,
+                &request.name,
+                VersionRef::from_fields(request.version, "")?,
+            )
             .await?;
         let file = version
             .files
@@ -261,7 +309,8 @@ impl ModelService for ModelsApi {
     #[tracing::instrument(skip_all, fields(model = %request.get_ref().name))]
     async fn get_model(&self, request: Request<pb::GetModelRequest>) -> Result<Response<pb::Model>, Status> {
         let caller = access::caller(&request)?;
-        let model = self.model(&caller, &request.get_ref().name).await?;
+        let asked = request.get_ref();
+        let model = self.model(&caller, &asked.project, &asked.name).await?;
         Ok(Response::new(self.model_proto(model).await?))
     }
 
@@ -282,7 +331,7 @@ impl ModelService for ModelsApi {
         let caller = access::caller(&request)?;
         let asked = request.into_inner();
         let reference = VersionRef::from_fields(asked.version, &asked.alias).map_err(Error::from)?;
-        let version = self.version(&caller, &asked.name, reference).await?;
+        let version = self.version(&caller, &asked.project, &asked.name, reference).await?;
         Ok(Response::new(version.to_proto()))
     }
 

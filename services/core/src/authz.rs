@@ -22,6 +22,7 @@ mod policy;
 mod references;
 
 pub use policy::POLICY;
+pub use references::{Holder, ObjectRef};
 
 /// The project of calls that name none; every instance has it.
 pub const DEFAULT_PROJECT: &str = "default";

@@ -6,7 +6,8 @@
 //! A version's files are copied from `outputs/<job>/...` into the blob store's
 //! `artifacts/sha256/<digest>` (each file stored once, whoever else names it); its manifest is
 //! the sorted list of (path, sha256, size) and its digest is the sha256 of the manifest's
-//! canonical JSON. Authorisation is the caller's: the api checks the caller's role in the job's
+//! canonical JSON. A model belongs to a project and its name is unique there (another project
+//! may have a model of the same name). Authorisation is the caller's: the api checks the caller's role in the job's
 //! project before calling, the advisor acts for the sweep's owner.
 
 use std::collections::BTreeMap;
@@ -20,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::objects::{artifact_path, join, outputs_prefix, relative_path};
-use crate::store::{JobRecord, ModelVersionRecord, NewArtifact, NewModelVersion, Registered, Store, StoreError};
+use crate::store::{JobRecord, ModelVersionRecord, NewArtifact, NewModelVersion, Store, StoreError};
 use crate::streams::{Nats, NatsError};
 
 mod error;
@@ -50,8 +51,9 @@ pub fn manifest_digest(entries: &[ManifestEntry]) -> String {
 /// What to register: a version of `model` from `job`'s outputs under `path`.
 #[derive(Debug, Clone)]
 pub struct RegisterRequest {
+    /// The model's name in the job's project.
     pub model: String,
-    /// The source job (its project becomes the model's on its first version).
+    /// The source job: the model is of its project (made there on its first version).
     pub job: JobRecord,
     /// A file or directory inside the job's outputs; empty for all of them.
     pub path: String,
@@ -113,15 +115,6 @@ impl Registry {
                 state: state.as_str().to_string(),
             });
         }
-        // Checked again in the transaction; here so that no blob is copied for a refused name.
-        if let Some(model) = self.store.model(&request.model).await?
-            && model.project != job.project
-        {
-            return Err(ModelError::OtherProject {
-                name: request.model,
-                project: model.project,
-            });
-        }
         let sources = source_files(&self.store, self.objects.as_ref(), job, &request.path).await?;
         let mut manifest = Vec::with_capacity(sources.len());
         for source in &sources {
@@ -145,18 +138,10 @@ impl Registry {
             tags: request.tags.clone(),
             alias: (!request.alias.is_empty()).then(|| request.alias.clone()),
         };
-        let record: ModelVersionRecord = match self.store.insert_model_version(new).await? {
-            Registered::Version(record) => record,
-            Registered::OtherProject { project } => {
-                return Err(ModelError::OtherProject {
-                    name: request.model,
-                    project,
-                });
-            }
-        };
-        tracing::info!(model = %record.model, version = record.version, digest = %record.digest,
-            files = manifest.len(), job_id = %job.id, "model version registered");
-        Version::read(&self.store, &record.model, VersionRef::Number(record.version)).await
+        let record: ModelVersionRecord = self.store.insert_model_version(new).await?;
+        tracing::info!(model = %record.model, project = %record.project, version = record.version,
+            digest = %record.digest, files = manifest.len(), job_id = %job.id, "model version registered");
+        Version::read(&self.store, &record.key(), VersionRef::Number(record.version)).await
     }
 
     /// Hashes a source file as it streams and copies it to its content-addressed blob (unless a

@@ -36,6 +36,17 @@ pub const ENV_MODEL_DIR: &str = "KILN_MODEL_DIR";
 /// so the port published on the host's 127.0.0.1 reaches it); elsewhere it is `127.0.0.1`.
 pub const ENV_HOST: &str = "KILN_SERVE_HOST";
 
+/// Words of the predictor's URLs (`/v2/models/NAME/ready`, `.../infer`) that a new service may
+/// not be called, so that `/v2/models/PROJECT/NAME` never reads two ways.
+pub const RESERVED_SERVICE_NAMES: [&str; 2] = ["ready", "infer"];
+
+/// The key of service `name` of `project` in
+/// [`BUCKET_SERVICES`](crate::subjects::BUCKET_SERVICES), and what a predictor knows it by:
+/// `PROJECT.NAME` (neither has a `.`; names are unique per project).
+pub fn service_key(project: &str, name: &str) -> String {
+    format!("{project}.{name}")
+}
+
 /// The ensemble rule that combines the members' answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -78,7 +89,8 @@ impl Ensemble {
 pub struct Member {
     /// A NATS token, unique in the service (the model's name by default).
     pub name: String,
-    /// The registry version it serves (`name:version`), as resolved when the revision was made.
+    /// The registry version it serves (`name:version` of the service's project,
+    /// `project/name:version` of another), as resolved when the revision was made.
     pub model: String,
     /// Its weight in `weighted-mean` and `vote` (1 by default).
     pub weight: f64,
@@ -97,9 +109,10 @@ pub struct TensorSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServiceSpec {
-    /// A NATS token, unique on the instance: the model name clients infer with.
+    /// A NATS token, unique in its project: the model name clients infer with.
     pub name: String,
-    /// The project whose viewers may infer.
+    /// The project whose viewers may infer (clients name it when another project they may
+    /// read has a service of the same name).
     pub project: String,
     /// The revision serving the traffic; its workers listen on its own subjects.
     pub revision: u64,
@@ -191,6 +204,9 @@ impl Scaling {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LoadReport {
     pub job_id: String,
+    /// The service's project.
+    #[serde(default)]
+    pub project: String,
     pub service: String,
     pub revision: u64,
     pub member: String,
@@ -214,7 +230,24 @@ pub struct LoadReport {
 /// The header carrying a relay's direct-channel token ([`LoadReport::direct_token`]).
 pub const DIRECT_TOKEN_HEADER: &str = "Kiln-Relay-Token";
 
+impl LoadReport {
+    /// The reporting worker's service's [`service_key`].
+    pub fn service_key(&self) -> String {
+        service_key(&self.project, &self.service)
+    }
+}
+
 impl ServiceSpec {
+    /// The service's [`service_key`].
+    pub fn key(&self) -> String {
+        service_key(&self.project, &self.name)
+    }
+
+    /// How a person names the service: `PROJECT/NAME`.
+    pub fn qualified(&self) -> String {
+        format!("{}/{}", self.project, self.name)
+    }
+
     /// Every problem of the definition, each naming its field.
     pub fn problems(&self) -> Vec<String> {
         let mut problems = Vec::new();

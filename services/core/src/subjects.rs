@@ -79,8 +79,9 @@ pub const BUCKET_CAPACITY: &str = "kiln_capacity";
 /// KV bucket holding each runner's liveness lease, keyed by runner id.
 pub const BUCKET_RUNNERS: &str = "kiln_runners";
 /// KV bucket holding each inference service's live definition
-/// ([`crate::serving::ServiceSpec`], JSON), keyed by service name: the api writes it, every
-/// predictor watches it.
+/// ([`crate::serving::ServiceSpec`], JSON), keyed by `PROJECT.NAME`
+/// ([`crate::serving::service_key`]; service names are unique per project): the predictor
+/// holding the controller lease writes it, every predictor watches it.
 pub const BUCKET_SERVICES: &str = "kiln_services";
 /// KV bucket holding what the scheduling leader learnt and its successor takes over.
 pub const BUCKET_SCHEDULER: &str = "kiln_scheduler";
@@ -91,29 +92,31 @@ pub fn job_event(job_id: &str) -> String {
     format!("kiln.job.event.{job_id}")
 }
 
-/// Request/reply: one inference request for `member` of revision `revision` of `service`,
-/// answered by one of the relays of that member's workers (queue group [`QUEUE_SERVE`]).
-/// Service and member names are NATS tokens ([`crate::serving::check_name`]).
-pub fn serve(service: &str, revision: u64, member: &str) -> String {
-    format!("kiln.serve.{service}.{revision}.{member}")
+/// Request/reply: one inference request for `member` of revision `revision` of `service` of
+/// `project`, answered by one of the relays of that member's workers (queue group
+/// [`QUEUE_SERVE`]). Project, service and member names are NATS tokens
+/// ([`validate_token`], [`crate::serving::check_name`]).
+pub fn serve(project: &str, service: &str, revision: u64, member: &str) -> String {
+    format!("kiln.serve.{project}.{service}.{revision}.{member}")
 }
 
 /// The queue group of the relays on a [`serve`] subject: each request reaches one worker.
 pub const QUEUE_SERVE: &str = "workers";
 
-/// Core NATS: a relay's load report ([`crate::serving::LoadReport`], JSON) for `service`,
-/// read by the predictor holding the controller lease.
-pub fn serve_load(service: &str) -> String {
-    format!("kiln.serving.load.{service}")
+/// Core NATS: a relay's load report ([`crate::serving::LoadReport`], JSON) for `service` of
+/// `project`, read by the predictor holding the controller lease.
+pub fn serve_load(project: &str, service: &str) -> String {
+    format!("kiln.serving.load.{project}.{service}")
 }
-pub const SERVE_LOAD_ALL: &str = "kiln.serving.load.*";
+pub const SERVE_LOAD_ALL: &str = "kiln.serving.load.*.*";
 
-/// Core NATS: a predictor holding a request for `service` found no worker of a member (the
-/// payload names the revision); the controller asks for one when the service scales to zero.
-pub fn serve_demand(service: &str) -> String {
-    format!("kiln.serving.demand.{service}")
+/// Core NATS: a predictor holding a request for `service` of `project` found no worker of a
+/// member (the payload names the revision); the controller asks for one when the service scales
+/// to zero.
+pub fn serve_demand(project: &str, service: &str) -> String {
+    format!("kiln.serving.demand.{project}.{service}")
 }
-pub const SERVE_DEMAND_ALL: &str = "kiln.serving.demand.*";
+pub const SERVE_DEMAND_ALL: &str = "kiln.serving.demand.*.*";
 
 pub fn launch(pool: &str) -> String {
     format!("kiln.launch.{pool}")

@@ -237,7 +237,7 @@ async fn a_service_cannot_reach_what_another_owns_and_without_authorization_it_c
             &predictor.client,
             subjects::SERVE_LOAD_ALL,
             &item_batch.client,
-            &subjects::serve_load("svc")
+            &subjects::serve_load("p", "svc")
         )
         .await
     );
@@ -246,7 +246,7 @@ async fn a_service_cannot_reach_what_another_owns_and_without_authorization_it_c
             &predictor.client,
             subjects::SERVE_LOAD_ALL,
             &runner.client,
-            &subjects::serve_load("svc")
+            &subjects::serve_load("p", "svc")
         )
         .await
     );
@@ -283,7 +283,7 @@ async fn a_service_cannot_reach_what_another_owns_and_without_authorization_it_c
             &other.client,
             subjects::SERVE_LOAD_ALL,
             &anyone.client,
-            &subjects::serve_load("svc")
+            &subjects::serve_load("p", "svc")
         )
         .await
     );

@@ -11,6 +11,8 @@ use kiln_core::store::{Change, NewArtifact, NewJob, Store, StoreError};
 mod logins;
 #[path = "store/models.rs"]
 mod models;
+#[path = "store/names.rs"]
+mod names;
 #[path = "store/owners.rs"]
 mod owners;
 #[path = "store/quotas.rs"]
@@ -375,6 +377,24 @@ async fn external_runs_start_running_and_are_never_queued(store: Store) {
         .await
         .unwrap();
     assert_eq!(done.version, 2);
+}
+
+/// Migration m0019 on a database filled before it (so not migrated first, as the suite is).
+mod names_migration {
+    #[tokio::test]
+    async fn sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = kiln_core::testing::sqlite_config(dir.path());
+        let store = kiln_core::store::Store::connect(&config).await.unwrap();
+        super::names::every_model_and_service_keeps_its_name(store).await;
+    }
+
+    #[tokio::test]
+    async fn postgres() {
+        let config = kiln_core::testing::postgres_config().await;
+        let store = kiln_core::store::Store::connect(&config).await.unwrap();
+        super::names::every_model_and_service_keeps_its_name(store).await;
+    }
 }
 
 macro_rules! store_suite {

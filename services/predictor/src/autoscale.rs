@@ -27,6 +27,7 @@ use crate::Shared;
 /// A report older than this no longer counts (its relay is gone, or drained).
 pub const REPORT_STALE: Duration = Duration::from_secs(3);
 
+/// (service key ([`kiln_core::serving::service_key`]), revision, member).
 type Key = (String, u64, String);
 
 /// A member's load, summed over its fresh reports.
@@ -83,7 +84,7 @@ pub struct Autoscaler {
 
 impl Autoscaler {
     pub fn report(&self, report: LoadReport) {
-        let key = (report.service.clone(), report.revision, report.member.clone());
+        let key = (report.service_key(), report.revision, report.member.clone());
         let mut state = self.state.lock().expect("autoscaler lock");
         state
             .reports
@@ -204,8 +205,10 @@ pub async fn listen(shared: Arc<Shared>, shutdown: CancellationToken) {
                 Err(error) => tracing::debug!(error = %error, "a load report does not parse"),
             },
             Some(message) = demands.next() => {
-                let service = message.subject.as_str().rsplit('.').next().unwrap_or_default().to_string();
-                shared.autoscaler.demand(&service);
+                // `kiln.serving.demand.<project>.<service>`.
+                let mut tokens = message.subject.as_str().rsplit('.');
+                let (service, project) = (tokens.next().unwrap_or_default(), tokens.next().unwrap_or_default());
+                shared.autoscaler.demand(&kiln_core::serving::service_key(project, service));
                 shared.wake.notify_one();
             }
             else => return,
@@ -280,6 +283,7 @@ mod tests {
     fn report(job: &str, in_flight: f64) -> LoadReport {
         LoadReport {
             job_id: job.into(),
+            project: "p".into(),
             service: "s".into(),
             revision: 1,
             member: "m".into(),
@@ -301,31 +305,31 @@ mod tests {
         autoscaler.report(report("a", 3.0));
         autoscaler.report(report("a", 4.0));
         autoscaler.report(report("b", 4.0));
-        assert_eq!(autoscaler.load("s", 1, "m").in_flight, 8.0);
-        assert_eq!(autoscaler.wanted("s", 1, "m", &bounds, 2, 0), 4);
+        assert_eq!(autoscaler.load("p.s", 1, "m").in_flight, 8.0);
+        assert_eq!(autoscaler.wanted("p.s", 1, "m", &bounds, 2, 0), 4);
         // The load drops: kept through the delay, cut after it.
         tokio::time::advance(Duration::from_secs(2)).await;
         autoscaler.report(report("a", 1.0));
         autoscaler.report(report("b", 0.5));
-        assert_eq!(autoscaler.wanted("s", 1, "m", &bounds, 4, 0), 4);
+        assert_eq!(autoscaler.wanted("p.s", 1, "m", &bounds, 4, 0), 4);
         tokio::time::advance(Duration::from_millis(9_000)).await;
         autoscaler.report(report("a", 1.0));
         autoscaler.report(report("b", 0.5));
-        assert_eq!(autoscaler.wanted("s", 1, "m", &bounds, 4, 0), 4);
+        assert_eq!(autoscaler.wanted("p.s", 1, "m", &bounds, 4, 0), 4);
         tokio::time::advance(Duration::from_millis(1_100)).await;
         autoscaler.report(report("a", 1.0));
         autoscaler.report(report("b", 0.5));
-        assert_eq!(autoscaler.wanted("s", 1, "m", &bounds, 4, 0), 1);
+        assert_eq!(autoscaler.wanted("p.s", 1, "m", &bounds, 4, 0), 1);
         // Reports stop (no request for a while): down to zero after another delay.
         tokio::time::advance(REPORT_STALE).await;
-        assert_eq!(autoscaler.load("s", 1, "m"), MemberLoad::default());
-        assert_eq!(autoscaler.wanted("s", 1, "m", &bounds, 1, 0), 1);
+        assert_eq!(autoscaler.load("p.s", 1, "m"), MemberLoad::default());
+        assert_eq!(autoscaler.wanted("p.s", 1, "m", &bounds, 1, 0), 1);
         tokio::time::advance(Duration::from_millis(10_000)).await;
-        assert_eq!(autoscaler.wanted("s", 1, "m", &bounds, 1, 0), 0);
+        assert_eq!(autoscaler.wanted("p.s", 1, "m", &bounds, 1, 0), 0);
         // A request that finds no worker brings one back at once, and a floor holds.
-        autoscaler.demand("s");
-        assert_eq!(autoscaler.wanted("s", 1, "m", &bounds, 0, 0), 1);
-        assert_eq!(autoscaler.wanted("s", 2, "m", &bounds, 0, 2), 2);
+        autoscaler.demand("p.s");
+        assert_eq!(autoscaler.wanted("p.s", 1, "m", &bounds, 0, 0), 1);
+        assert_eq!(autoscaler.wanted("p.s", 2, "m", &bounds, 0, 2), 2);
     }
 
     #[tokio::test(start_paused = true)]
@@ -334,15 +338,15 @@ mod tests {
         let mut bounds = scaling(0, 2);
         bounds.scale_down_delay_ms = 1_000;
         // No load: the one live worker is cut after the delay.
-        assert_eq!(autoscaler.wanted("s", 1, "m", &bounds, 1, 0), 1);
+        assert_eq!(autoscaler.wanted("p.s", 1, "m", &bounds, 1, 0), 1);
         tokio::time::advance(Duration::from_millis(1_100)).await;
-        assert_eq!(autoscaler.wanted("s", 1, "m", &bounds, 1, 0), 0);
+        assert_eq!(autoscaler.wanted("p.s", 1, "m", &bounds, 1, 0), 0);
         // The cut worker's relay answers what it held while it drains, out of rotation.
         let mut draining = report("a", 1.0);
         draining.in_rotation = false;
         autoscaler.report(draining);
-        assert_eq!(autoscaler.load("s", 1, "m"), MemberLoad::default());
-        assert_eq!(autoscaler.wanted("s", 1, "m", &bounds, 1, 0), 0);
+        assert_eq!(autoscaler.load("p.s", 1, "m"), MemberLoad::default());
+        assert_eq!(autoscaler.wanted("p.s", 1, "m", &bounds, 1, 0), 0);
     }
 
     #[tokio::test(start_paused = true)]
@@ -350,9 +354,9 @@ mod tests {
         let autoscaler = Autoscaler::default();
         let bounds = scaling(1, 6);
         // No reports yet (just took over): the three live workers are kept, not cut to one.
-        assert_eq!(autoscaler.wanted("s", 1, "m", &bounds, 3, 0), 3);
+        assert_eq!(autoscaler.wanted("p.s", 1, "m", &bounds, 3, 0), 3);
         // Live beyond the bounds is brought within them.
         let other = Autoscaler::default();
-        assert_eq!(other.wanted("s", 1, "m", &bounds, 9, 0), 6);
+        assert_eq!(other.wanted("p.s", 1, "m", &bounds, 9, 0), 6);
     }
 }

@@ -1,21 +1,23 @@
 //! The services a predictor answers for: every live definition in
-//! [`BUCKET_SERVICES`](kiln_core::subjects::BUCKET_SERVICES), kept current by a watch.
+//! [`BUCKET_SERVICES`](kiln_core::subjects::BUCKET_SERVICES), kept current by a watch, by
+//! [`service_key`] (`PROJECT.NAME`: names are unique per project).
 //!
-//! A name the watch has not delivered yet (a service made a moment ago) is read from the bucket
+//! A service the watch has not delivered yet (one made a moment ago) is read from the bucket
 //! before it is called unknown, so a client that infers right after creating a service is
-//! answered.
+//! answered. A key of one token is a definition written before names were per project: it is
+//! ignored here, and the controller deletes it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 use async_nats::jetstream::kv::{Operation, Store};
 use futures::StreamExt;
-use kiln_core::serving::ServiceSpec;
+use kiln_core::serving::{ServiceSpec, service_key};
 use kiln_core::streams::{Nats, NatsError};
 use kiln_core::subjects::BUCKET_SERVICES;
 use tokio_util::sync::CancellationToken;
 
-/// The known services by name; cheap to clone.
+/// The known services by key; cheap to clone.
 #[derive(Clone)]
 pub struct Catalog {
     services: Arc<RwLock<HashMap<String, Arc<ServiceSpec>>>>,
@@ -69,6 +71,9 @@ impl Catalog {
     }
 
     fn put(&self, key: &str, value: &[u8]) {
+        if is_legacy(key) {
+            return;
+        }
         match serde_json::from_slice::<ServiceSpec>(value) {
             Ok(spec) => {
                 tracing::info!(service = key, revision = spec.revision, "service definition");
@@ -86,20 +91,34 @@ impl Catalog {
         self.services.write().expect("no writer panics").remove(key);
     }
 
-    /// The service called `name`, if there is one.
-    pub async fn get(&self, name: &str) -> Result<Option<Arc<ServiceSpec>>, NatsError> {
-        if let Some(spec) = self.services.read().expect("no writer panics").get(name) {
+    /// Service `name` of `project`, if there is one.
+    pub async fn get(&self, project: &str, name: &str) -> Result<Option<Arc<ServiceSpec>>, NatsError> {
+        let key = service_key(project, name);
+        if let Some(spec) = self.services.read().expect("no writer panics").get(&key) {
             return Ok(Some(spec.clone()));
         }
-        if kiln_core::serving::check_name("name", name).is_err() {
+        if kiln_core::serving::check_name("name", name).is_err()
+            || kiln_core::subjects::validate_token("project", project).is_err()
+        {
             return Ok(None);
         }
         let value = self
             .bucket
-            .get(name)
+            .get(&key)
             .await
             .map_err(|error| NatsError::Other(format!("bucket {BUCKET_SERVICES}: {error}")))?;
         Ok(value.and_then(|value| serde_json::from_slice::<ServiceSpec>(&value).ok().map(Arc::new)))
+    }
+
+    /// The known services called `name`, of any project.
+    pub fn named(&self, name: &str) -> Vec<Arc<ServiceSpec>> {
+        self.services
+            .read()
+            .expect("no writer panics")
+            .values()
+            .filter(|spec| spec.name == name)
+            .cloned()
+            .collect()
     }
 
     /// The bucket itself (the controller writes it).
@@ -107,7 +126,7 @@ impl Catalog {
         &self.bucket
     }
 
-    /// Every known service, by name.
+    /// Every known service, by name (then project).
     pub fn all(&self) -> Vec<Arc<ServiceSpec>> {
         let mut all: Vec<_> = self
             .services
@@ -116,7 +135,33 @@ impl Catalog {
             .values()
             .cloned()
             .collect();
-        all.sort_by(|a, b| a.name.cmp(&b.name));
+        all.sort_by(|a, b| (&a.name, &a.project).cmp(&(&b.name, &b.project)));
         all
     }
+
+    /// Deletes the definitions written before names were per project (one-token keys): the
+    /// controller has written each running service's under its `PROJECT.NAME` key by then.
+    pub async fn delete_legacy(&self) -> Result<usize, NatsError> {
+        let keys = self
+            .bucket
+            .keys()
+            .await
+            .map_err(|error| NatsError::Other(format!("bucket {BUCKET_SERVICES}: {error}")))?;
+        let legacy: Vec<String> = keys
+            .filter_map(|key| async move { key.ok().filter(|key| is_legacy(key)) })
+            .collect()
+            .await;
+        for key in &legacy {
+            self.bucket
+                .delete(key)
+                .await
+                .map_err(|error| NatsError::Other(format!("bucket {BUCKET_SERVICES}: {error}")))?;
+        }
+        Ok(legacy.len())
+    }
+}
+
+/// Whether a key of the bucket is a definition written before names were per project.
+fn is_legacy(key: &str) -> bool {
+    !key.contains('.')
 }

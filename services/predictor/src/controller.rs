@@ -54,11 +54,12 @@ pub fn live(record: &ServiceRecord, revision: &Revision) -> ServiceSpec {
     spec
 }
 
-/// Writes `spec` as the live definition of its service, unless it is that already.
+/// Writes `spec` as the live definition of its service (under its
+/// [`kiln_core::serving::service_key`]), unless it is that already.
 pub async fn publish(shared: &Shared, spec: &ServiceSpec) -> Result<()> {
     if shared
         .catalog
-        .get(&spec.name)
+        .get(&spec.project, &spec.name)
         .await
         .ok()
         .flatten()
@@ -70,20 +71,21 @@ pub async fn publish(shared: &Shared, spec: &ServiceSpec) -> Result<()> {
     shared
         .catalog
         .bucket()
-        .put(&spec.name, value.into())
+        .put(spec.key(), value.into())
         .await
-        .map_err(|error| Error::Unavailable(format!("cannot publish service {}: {error}", spec.name)))?;
+        .map_err(|error| Error::Unavailable(format!("cannot publish service {}: {error}", spec.qualified())))?;
     Ok(())
 }
 
-/// Removes a service's live definition: the predictors stop answering for it.
-pub async fn forget(shared: &Shared, name: &str) -> Result<()> {
+/// Removes the live definition of the service of `key` ([`ServiceRecord::key`]): the
+/// predictors stop answering for it.
+pub async fn forget(shared: &Shared, key: &str) -> Result<()> {
     shared
         .catalog
         .bucket()
-        .delete(name)
+        .delete(key)
         .await
-        .map_err(|error| Error::Unavailable(format!("cannot remove service {name}: {error}")))?;
+        .map_err(|error| Error::Unavailable(format!("cannot remove service {key}: {error}")))?;
     Ok(())
 }
 
@@ -104,6 +106,9 @@ pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
     let interval = Duration::from_millis(shared.config.control_interval_ms);
     let renew_every = ttl / 3;
     let mut last_tick: Option<tokio::time::Instant> = None;
+    // Definitions written before names were per project go once a pass has written the
+    // running services' under their new keys.
+    let mut legacy_left = true;
     while !shutdown.is_cancelled() {
         if last_tick.is_none_or(|at| at.elapsed() >= renew_every) {
             last_tick = Some(tokio::time::Instant::now());
@@ -111,10 +116,22 @@ pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
                 tracing::warn!(error = %error, "cannot reach the controller lease; not controlling");
             }
         }
-        if lease.is_held()
-            && let Err(error) = pass(&shared).await
-        {
-            tracing::warn!(error = %error, "control pass failed");
+        if lease.is_held() {
+            match pass(&shared).await {
+                Err(error) => tracing::warn!(error = %error, "control pass failed"),
+                Ok(()) if legacy_left => match shared.catalog.delete_legacy().await {
+                    Ok(deleted) => {
+                        legacy_left = false;
+                        if deleted > 0 {
+                            tracing::info!(deleted, "deleted the service definitions of global names");
+                        }
+                    }
+                    Err(error) => {
+                        tracing::warn!(error = %error, "cannot delete the service definitions of global names")
+                    }
+                },
+                Ok(()) => {}
+            }
         }
         tokio::select! {
             _ = shutdown.cancelled() => {}
@@ -132,8 +149,8 @@ pub async fn pass(shared: &Shared) -> Result<()> {
     let mut kept = Vec::new();
     for record in shared.services.list(&kiln_core::authz::Visible::All, true).await? {
         if record.state == RUNNING {
-            kept.push((record.name.clone(), record.revision as u64));
-            kept.push((record.name.clone(), record.latest_revision as u64));
+            kept.push((record.key(), record.revision as u64));
+            kept.push((record.key(), record.latest_revision as u64));
             let tended = match shared.store.check_owner(&record.owner_id, &record.project).await {
                 Ok(()) => tend(shared, &record).await,
                 Err(error) => Err(error.into()),
@@ -156,9 +173,9 @@ pub async fn pass(shared: &Shared) -> Result<()> {
 async fn pause(shared: &Shared, record: &ServiceRecord, error: &Error) -> Result<()> {
     let reason = paused_reason(error.owner_revoked().unwrap_or("its owner may no longer run jobs"));
     if shared.services.pause(&record.id, &reason).await? {
-        tracing::warn!(service = %record.name, reason = %reason, "service paused: its owner may no longer run jobs");
+        tracing::warn!(service = %record.name, project = %record.project, reason = %reason, "service paused: its owner may no longer run jobs");
     }
-    forget(shared, &record.name).await?;
+    forget(shared, &record.key()).await?;
     let workers = shared.store.live_service_workers(&record.id).await?;
     stop_all(shared, workers, &reason).await
 }
@@ -217,7 +234,7 @@ async fn keep(shared: &Shared, record: &ServiceRecord, revisions: &[(Revision, u
                 floor => floor,
             };
             let replicas = shared.autoscaler.wanted(
-                &record.name,
+                &record.key(),
                 revision.revision,
                 &member.name,
                 &scaling,

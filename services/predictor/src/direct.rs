@@ -61,7 +61,7 @@ impl Default for Directory {
 impl Directory {
     /// Takes in a relay's report: in rotation with a direct URL, it is there; else it is not.
     pub fn report(&self, report: &LoadReport) {
-        let key = (report.service.clone(), report.revision, report.member.clone());
+        let key = (report.service_key(), report.revision, report.member.clone());
         let mut entries = self.entries.lock().expect("directory lock");
         let relays = entries.entry(key).or_default();
         relays.retain(|entry| entry.url != report.direct_url && entry.seen.elapsed() < FRESH);
@@ -143,6 +143,7 @@ mod tests {
     fn report(job: &str, in_rotation: bool) -> LoadReport {
         LoadReport {
             job_id: job.into(),
+            project: "p".into(),
             service: "s".into(),
             revision: 1,
             member: "m".into(),
@@ -156,7 +157,7 @@ mod tests {
     }
 
     fn pick(directory: &Directory, not: &[String]) -> Option<String> {
-        directory.pick("s", 1, "m", not).map(|(url, _)| url)
+        directory.pick("p.s", 1, "m", not).map(|(url, _)| url)
     }
 
     #[tokio::test(start_paused = true)]
@@ -167,7 +168,7 @@ mod tests {
         directory.report(&report("b", true));
         let turns: Vec<_> = (0..4).map(|_| pick(&directory, &[]).unwrap()).collect();
         assert_eq!(turns.iter().filter(|url| *url == "http://a").count(), 2, "{turns:?}");
-        assert_eq!(directory.pick("s", 1, "m", &[]).unwrap().1.len(), "token-a".len());
+        assert_eq!(directory.pick("p.s", 1, "m", &[]).unwrap().1.len(), "token-a".len());
         // One that refused is not asked again by that request, nor by any after forget.
         assert_eq!(pick(&directory, &["http://a".into()]).as_deref(), Some("http://b"));
         directory.forget("http://b");
@@ -185,9 +186,21 @@ mod tests {
             "a relay that stopped reporting is not asked"
         );
         assert_eq!(
-            directory.pick("s", 2, "m", &[]),
+            directory.pick("p.s", 2, "m", &[]),
             None,
             "another revision's relays are its own"
+        );
+        let mut elsewhere = report("c", true);
+        elsewhere.project = "q".into();
+        directory.report(&elsewhere);
+        assert_eq!(
+            pick(&directory, &[]),
+            None,
+            "another project's service of the same name has relays of its own"
+        );
+        assert_eq!(
+            directory.pick("q.s", 1, "m", &[]).map(|(url, _)| url).as_deref(),
+            Some("http://c")
         );
     }
 }

@@ -121,7 +121,7 @@ async fn ask(
         let relay = channel.directory.and_then(|directory| {
             Some((
                 directory,
-                directory.pick(&spec.name, spec.revision, member, &refused_by)?,
+                directory.pick(&spec.key(), spec.revision, member, &refused_by)?,
             ))
         });
         let outcome = match relay {
@@ -139,7 +139,7 @@ async fn ask(
                 outcome
             }
             None => {
-                let subject = subjects::serve(&spec.name, spec.revision, member);
+                let subject = subjects::serve(&spec.project, &spec.name, spec.revision, member);
                 ask_once(channel.nats, &subject, body.clone(), deadline, limits).await
             }
         };
@@ -222,7 +222,7 @@ fn interpret(
 /// ([`PROBE_HEADER`]: its relay answers at once, without the worker) and waited on for `wait`.
 pub async fn ready_members(client: &async_nats::Client, spec: &ServiceSpec, wait: Duration) -> usize {
     let probes = spec.members.iter().map(|member| {
-        let subject = subjects::serve(&spec.name, spec.revision, &member.name);
+        let subject = subjects::serve(&spec.project, &spec.name, spec.revision, &member.name);
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(PROBE_HEADER, "ready");
         let probe = async_nats::Request::new()

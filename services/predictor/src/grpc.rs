@@ -10,6 +10,9 @@
 //! | `ModelInfer` | inference: inputs raw (`raw_input_contents`) or typed (`contents`), outputs raw |
 //! | `ModelStatistics` | UNIMPLEMENTED: the statistics are the predictor's Prometheus metrics |
 //!
+//! A model is named as over HTTP: a service's `NAME`, or `PROJECT/NAME` (names are unique per
+//! project; [`infer::service`]), and the answers name it as the request did.
+//!
 //! Every other call needs `authorization: Bearer <token>` of a viewer of the service's project,
 //! checked here rather than by kiln's `AuthLayer` (whose policy table lists kiln's methods only:
 //! [`ExceptInference`] keeps it off these calls). Parameters are bool, int64, uint64, double
@@ -130,7 +133,8 @@ impl GrpcInferenceService for InferenceApi {
                 .collect()
         };
         Ok(Response::new(pb::ModelMetadataResponse {
-            name: spec.name.clone(),
+            // As the client named it (`PROJECT/NAME` too).
+            name: asked.name.clone(),
             versions: vec![spec.revision.to_string()],
             platform: platform(&spec),
             inputs: tensors(&spec.inputs),
@@ -147,8 +151,10 @@ impl GrpcInferenceService for InferenceApi {
         let spec = self
             .spec(&metadata, &message.model_name, &message.model_version)
             .await?;
+        let named = message.model_name.clone();
         let request = infer_request(message, &self.shared.limits).map_err(status)?;
-        let response = infer::infer(&self.shared, &spec, request).await.map_err(status)?;
+        let mut response = infer::infer(&self.shared, &spec, request).await.map_err(status)?;
+        response.model_name = named;
         Ok(Response::new(infer_response(response)))
     }
 
@@ -160,7 +166,7 @@ impl GrpcInferenceService for InferenceApi {
         let spec = self.spec(request.metadata(), &asked.name, &asked.version).await?;
         Ok(Response::new(pb::ModelConfigResponse {
             config: Some(pb::ModelConfig {
-                name: spec.name.clone(),
+                name: asked.name.clone(),
                 platform: platform(&spec),
                 backend: "kiln".into(),
                 max_batch_size: 0,

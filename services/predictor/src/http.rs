@@ -4,14 +4,22 @@
 //! |---|---|
 //! | `GET /v2/health/live`, `/v2/health/ready` | 200 (no token needed) |
 //! | `GET /v2` | server metadata |
-//! | `GET /v2/models/{name}[/versions/{v}]` | model metadata (the service's inputs and outputs) |
-//! | `GET /v2/models/{name}[/versions/{v}]/ready` | 200 for a service the caller may use |
-//! | `POST /v2/models/{name}[/versions/{v}]/infer` | inference, JSON or the binary tensor extension |
-//! | `POST /predict[/{name}]` | `{"query": x}` → `{"prediction": y}`, `{"queries": [..]}` → `{"predictions": [..]}` |
+//! | `GET /v2/models/{model}[/versions/{v}]` | model metadata (the service's inputs and outputs) |
+//! | `GET /v2/models/{model}[/versions/{v}]/ready` | 200 for a service the caller may use |
+//! | `POST /v2/models/{model}[/versions/{v}]/infer` | inference, JSON or the binary tensor extension |
+//! | `POST /predict[/{model}]` | `{"query": x}` → `{"prediction": y}`, `{"queries": [..]}` → `{"predictions": [..]}` |
+//!
+//! `{model}` is a service's `NAME`, or `PROJECT/NAME` (two path segments, or one with `%2F`):
+//! service names are unique per project, and a bare name is the service of that name in the one
+//! project the caller may read that has it ([`infer::service`]; 409 when several do). A
+//! KServe client given the model name `PROJECT/NAME` builds these URLs, and the answers name
+//! the model as the request did. Service names `ready`
+//! and `infer` are refused at creation, so a path reads one way.
 //!
 //! Every route but health needs `authorization: Bearer <token>` of a viewer of the service's
 //! project. Errors are `{"error": "..."}` with 400 (the request's fault, an unknown model
-//! included), 401, 403, 503 (no worker), 504 (too few members by the deadline) or 500.
+//! included), 401, 403, 409 (a bare name of several projects), 503 (no worker), 504 (too few
+//! members by the deadline) or 500.
 
 use std::sync::Arc;
 
@@ -32,19 +40,10 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v2/health/live", get(|| async { axum::Json(json!({"live": true})) }))
         .route("/v2/health/ready", get(|| async { axum::Json(json!({"ready": true})) }))
         .route("/v2", get(server_metadata))
-        .route("/v2/models/{name}", get(model_metadata))
-        .route("/v2/models/{name}/versions/{version}", get(model_metadata_at))
-        .route("/v2/models/{name}/ready", get(model_ready))
-        .route("/v2/models/{name}/versions/{version}/ready", get(model_ready_at))
-        .route("/v2/models/{name}/infer", post(infer_latest))
-        .route("/v2/models/{name}/versions/{version}/infer", post(infer_at))
+        .route("/v2/models/{*path}", get(model_get).post(model_post))
         .route("/predict", post(predict_only))
-        .route("/predict/{name}", post(predict_named))
-        .fallback(|| async {
-            error_response(&Error::NotFound(
-                "no such route; see the Open Inference Protocol's REST API".into(),
-            ))
-        })
+        .route("/predict/{*model}", post(predict_named))
+        .fallback(|| async { no_route() })
         .with_state(shared)
 }
 
@@ -93,16 +92,59 @@ async fn server_metadata(State(shared): State<Arc<Shared>>, headers: HeaderMap) 
     )
 }
 
-async fn model_metadata(state: State<Arc<Shared>>, headers: HeaderMap, Path(name): Path<String>) -> Response {
-    metadata(state, headers, name, None).await
+/// What a path under `/v2/models/` asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Action {
+    Metadata,
+    Ready,
+    Infer,
 }
 
-async fn model_metadata_at(
-    state: State<Arc<Shared>>,
-    headers: HeaderMap,
-    Path((name, version)): Path<(String, String)>,
-) -> Response {
-    metadata(state, headers, name, Some(version)).await
+/// A path under `/v2/models/`: `{model}[/versions/{v}][/ready|/infer]`, `{model}` being `NAME`
+/// or `PROJECT/NAME`. `None` when it is none of these.
+fn model_path(path: &str) -> Option<(String, Option<String>, Action)> {
+    let mut segments: Vec<&str> = path.split('/').collect();
+    if segments.iter().any(|segment| segment.is_empty()) {
+        return None;
+    }
+    let action = match segments.last().copied() {
+        Some("ready") if segments.len() > 1 => Action::Ready,
+        Some("infer") if segments.len() > 1 => Action::Infer,
+        _ => Action::Metadata,
+    };
+    if action != Action::Metadata {
+        segments.pop();
+    }
+    let mut version = None;
+    if segments.len() >= 3 && segments[segments.len() - 2] == "versions" {
+        version = segments.pop().map(str::to_string);
+        segments.pop();
+    }
+    match segments.as_slice() {
+        [_] | [_, _] => Some((segments.join("/"), version, action)),
+        _ => None,
+    }
+}
+
+fn no_route() -> Response {
+    error_response(&Error::NotFound(
+        "no such route; see the Open Inference Protocol's REST API".into(),
+    ))
+}
+
+async fn model_get(state: State<Arc<Shared>>, headers: HeaderMap, Path(path): Path<String>) -> Response {
+    match model_path(&path) {
+        Some((model, version, Action::Metadata)) => metadata(state, headers, model, version).await,
+        Some((model, version, Action::Ready)) => ready(state, headers, model, version).await,
+        _ => no_route(),
+    }
+}
+
+async fn model_post(state: State<Arc<Shared>>, headers: HeaderMap, Path(path): Path<String>, body: Body) -> Response {
+    match model_path(&path) {
+        Some((model, version, Action::Infer)) => infer_http(state, headers, model, version, body).await,
+        _ => no_route(),
+    }
 }
 
 async fn metadata(
@@ -122,7 +164,7 @@ async fn metadata(
                     .collect()
             };
             Ok(axum::Json(json!({
-                "name": spec.name,
+                "name": name,
                 "versions": [spec.revision.to_string()],
                 "platform": format!("kiln-ensemble-{}", spec.ensemble.as_str()),
                 "inputs": tensors(&spec.inputs),
@@ -134,18 +176,6 @@ async fn metadata(
     )
 }
 
-async fn model_ready(state: State<Arc<Shared>>, headers: HeaderMap, Path(name): Path<String>) -> Response {
-    ready(state, headers, name, None).await
-}
-
-async fn model_ready_at(
-    state: State<Arc<Shared>>,
-    headers: HeaderMap,
-    Path((name, version)): Path<(String, String)>,
-) -> Response {
-    ready(state, headers, name, Some(version)).await
-}
-
 async fn ready(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
@@ -155,24 +185,11 @@ async fn ready(
     respond(
         async {
             let principal = caller(&shared, &headers).await?;
-            let spec = infer::at_version(infer::service(&shared, &principal, &name).await?, version.as_deref())?;
-            Ok(axum::Json(json!({"name": spec.name, "ready": true})).into_response())
+            infer::at_version(infer::service(&shared, &principal, &name).await?, version.as_deref())?;
+            Ok(axum::Json(json!({"name": name, "ready": true})).into_response())
         }
         .await,
     )
-}
-
-async fn infer_latest(state: State<Arc<Shared>>, headers: HeaderMap, Path(name): Path<String>, body: Body) -> Response {
-    infer_http(state, headers, name, None, body).await
-}
-
-async fn infer_at(
-    state: State<Arc<Shared>>,
-    headers: HeaderMap,
-    Path((name, version)): Path<(String, String)>,
-    body: Body,
-) -> Response {
-    infer_http(state, headers, name, Some(version), body).await
 }
 
 async fn infer_http(
@@ -205,7 +222,9 @@ async fn infer_http(
                 .map(|output| (output.name.clone(), request.wants_binary(&output.name)))
                 .collect();
             let default_binary = request.parameters.get("binary_data_output").and_then(Value::as_bool) == Some(true);
-            let response = infer::infer(&shared, &spec, request).await?;
+            let mut response = infer::infer(&shared, &spec, request).await?;
+            // Named as the client named it (`PROJECT/NAME` too), as KServe clients expect.
+            response.model_name = name;
             let (body, header_length) = response.encode(&|tensor| {
                 wants
                     .iter()
@@ -250,15 +269,70 @@ async fn predict_http(shared: Arc<Shared>, headers: HeaderMap, name: Option<Stri
     respond(
         async {
             let principal = caller(&shared, &headers).await?;
-            let name = match name {
-                Some(name) => name,
-                None => predict::only_service(&shared)?,
+            let spec = match name {
+                Some(name) => infer::service(&shared, &principal, &name).await?,
+                None => predict::only_service(&shared, &principal)?,
             };
-            let spec = infer::service(&shared, &principal, &name).await?;
             let body = body_bytes(&shared, body).await?;
             let answer = predict::predict(&shared, &spec, &body).await?;
             Ok(axum::Json(answer).into_response())
         }
         .await,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_paths_name_a_service_bare_or_with_its_project() {
+        let parsed = |path: &str| model_path(path);
+        assert_eq!(parsed("digits"), Some(("digits".into(), None, Action::Metadata)));
+        assert_eq!(parsed("digits/ready"), Some(("digits".into(), None, Action::Ready)));
+        assert_eq!(parsed("digits/infer"), Some(("digits".into(), None, Action::Infer)));
+        assert_eq!(
+            parsed("digits/versions/2/infer"),
+            Some(("digits".into(), Some("2".into()), Action::Infer))
+        );
+        assert_eq!(
+            parsed("digits/versions/2"),
+            Some(("digits".into(), Some("2".into()), Action::Metadata))
+        );
+        assert_eq!(
+            parsed("alpha/digits"),
+            Some(("alpha/digits".into(), None, Action::Metadata))
+        );
+        assert_eq!(
+            parsed("alpha/digits/ready"),
+            Some(("alpha/digits".into(), None, Action::Ready))
+        );
+        assert_eq!(
+            parsed("alpha/digits/versions/3/ready"),
+            Some(("alpha/digits".into(), Some("3".into()), Action::Ready))
+        );
+        assert_eq!(
+            parsed("alpha/digits/versions/3/infer"),
+            Some(("alpha/digits".into(), Some("3".into()), Action::Infer))
+        );
+        // A service may be called `versions`; a project anything.
+        assert_eq!(
+            parsed("alpha/versions"),
+            Some(("alpha/versions".into(), None, Action::Metadata))
+        );
+        assert_eq!(
+            parsed("versions/digits/infer"),
+            Some(("versions/digits".into(), None, Action::Infer))
+        );
+        for bad in [
+            "a/b/c",
+            "a/b/c/infer",
+            "a//infer",
+            "",
+            "a/b/versions",
+            "a/b/c/versions/1",
+        ] {
+            assert_eq!(parsed(bad), None, "{bad}");
+        }
+    }
 }

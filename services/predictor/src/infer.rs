@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use kiln_core::auth::Principal;
-use kiln_core::authz::{self, JobAccess, Need, Resource, Role};
+use kiln_core::authz::{self, Holder, JobAccess, Need, ObjectRef, Resource, Role};
 use kiln_core::serving::{Ensemble, ServiceSpec, TensorSpec};
 use kiln_formats::oip::{InferRequest, InferResponse, Tensor};
 use serde_json::{Map, Value};
@@ -33,15 +33,50 @@ use crate::{Error, Result, Shared};
 /// The request parameter giving the deadline, in microseconds (as Triton reads it).
 pub const TIMEOUT_PARAMETER: &str = "timeout";
 
-/// The service `name`, if `principal` may infer with it (a viewer of its project); an unknown
-/// name and one the caller may not see are refused with the same words.
-pub async fn service(shared: &Shared, principal: &Principal, name: &str) -> Result<Arc<ServiceSpec>> {
+/// The service `reference` names, if `principal` may infer with it (a viewer of its project);
+/// an unknown service and one the caller may not see are refused with the same words.
+///
+/// `PROJECT/NAME` names the service of that project. A bare `NAME` (what KServe clients send)
+/// names the service of that name in the one project the caller may read that has one; when
+/// several do, the request is refused FAILED_PRECONDITION, asking for `PROJECT/NAME` and naming
+/// only those projects.
+pub async fn service(shared: &Shared, principal: &Principal, reference: &str) -> Result<Arc<ServiceSpec>> {
     let unknown = || {
         Error::InvalidArgument(format!(
-            "unknown model `{name}`: no inference service of that name is visible to you (`kiln serve ls` lists them)"
+            "unknown model `{reference}`: no inference service of that name is visible to you (`kiln serve ls` lists them)"
         ))
     };
-    let spec = shared.catalog.get(name).await?.ok_or_else(unknown)?;
+    let named = ObjectRef::parse(reference).ok_or_else(unknown)?;
+    let spec = match &named.project {
+        Some(project) => shared.catalog.get(project, &named.name).await?.ok_or_else(unknown)?,
+        None => {
+            let mut holders: Vec<Arc<ServiceSpec>> = shared
+                .catalog
+                .named(&named.name)
+                .into_iter()
+                .filter(|spec| principal.may_read(&spec.project))
+                .collect();
+            if holders.is_empty() {
+                // Made a moment ago, before the watch delivered it: its project is recorded.
+                let projects = shared.services.projects_named(&named.name).await?;
+                if let Holder::One(project) = principal.sole_holder(projects) {
+                    holders.extend(shared.catalog.get(&project, &named.name).await?);
+                }
+            }
+            match holders.len() {
+                0 => return Err(unknown()),
+                1 => holders.remove(0),
+                _ => {
+                    let mut projects: Vec<&str> = holders.iter().map(|spec| spec.project.as_str()).collect();
+                    projects.sort_unstable();
+                    return Err(Error::FailedPrecondition(format!(
+                        "model `{reference}` is a service of more than one project you may read ({}): name one as PROJECT/{reference} (/v2/models/PROJECT/{reference}/infer)",
+                        projects.join(", ")
+                    )));
+                }
+            }
+        }
+    };
     let resource = Resource {
         kind: "model",
         ..Resource::project(&spec.project)
@@ -96,9 +131,9 @@ pub async fn infer(shared: &Arc<Shared>, spec: &ServiceSpec, request: InferReque
         Err(_) => "failed",
     };
     let seconds = arrived.elapsed().as_secs_f64();
-    shared.metrics.request(&spec.name, label, seconds);
+    shared.metrics.request(spec, label, seconds);
     shared.traffic.record(
-        &spec.name,
+        &spec.key(),
         crate::traffic::Outcome::of_label(label),
         seconds,
         std::time::Instant::now(),
@@ -131,7 +166,7 @@ async fn route(
             };
             task_shared
                 .metrics
-                .shadow(&shadow.name, label, arrived.elapsed().as_secs_f64());
+                .shadow(&shadow, label, arrived.elapsed().as_secs_f64());
         });
         let primary = answer(shared, spec, request, arrived).await;
         if let Ok(response) = &primary {
@@ -206,12 +241,9 @@ async fn answer(shared: &Shared, spec: &ServiceSpec, request: InferRequest, arri
         gathered = fanout::gather(shared.channel(), spec, body, deadline, &shared.limits).await;
     }
     for (member, _, took) in &gathered.answers {
-        shared.metrics.member(
-            &spec.name,
-            &spec.members[*member].name,
-            "answered",
-            Some(took.as_secs_f64()),
-        );
+        shared
+            .metrics
+            .member(spec, &spec.members[*member].name, "answered", Some(took.as_secs_f64()));
     }
     for (member, miss) in &gathered.misses {
         let label = match miss {
@@ -220,9 +252,7 @@ async fn answer(shared: &Shared, spec: &ServiceSpec, request: InferRequest, arri
             Miss::Refused { .. } => "refused",
             Miss::Failed(_) => "failed",
         };
-        shared
-            .metrics
-            .member(&spec.name, &spec.members[*member].name, label, None);
+        shared.metrics.member(spec, &spec.members[*member].name, label, None);
     }
     if gathered.answers.len() < spec.quorum.max(1) {
         return Err(short_of_quorum(
@@ -278,11 +308,11 @@ async fn cold_start(shared: &Shared, spec: &ServiceSpec) -> Result<()> {
     let started = Instant::now();
     let until = started + Duration::from_millis(spec.cold_wait_ms);
     let mut asked: Option<Instant> = None;
-    shared.metrics.cold_start(&spec.name);
+    shared.metrics.cold_start(spec);
     loop {
         if asked.is_none_or(|at| at.elapsed() >= COLD_ASK_EVERY) {
             asked = Some(Instant::now());
-            let subject = kiln_core::subjects::serve_demand(&spec.name);
+            let subject = kiln_core::subjects::serve_demand(&spec.project, &spec.name);
             if let Err(error) = shared
                 .nats
                 .client
@@ -299,7 +329,9 @@ async fn cold_start(shared: &Shared, spec: &ServiceSpec) -> Result<()> {
         if Instant::now() >= until {
             return Err(Error::Unavailable(format!(
                 "model `{}` has no worker ready: none answered within its {} ms cold-start wait (it scales to zero when idle, or its workers are starting); a worker was asked for, retry shortly or see `kiln serve status {}`",
-                spec.name, spec.cold_wait_ms, spec.name
+                spec.name,
+                spec.cold_wait_ms,
+                spec.qualified()
             )));
         }
         tokio::time::sleep_until((Instant::now() + COLD_PROBE_EVERY).min(until)).await;
@@ -438,7 +470,7 @@ fn short_of_quorum(spec: &ServiceSpec, misses: &[(usize, Miss)], answered: usize
     } else if failed.is_empty() {
         Error::Unavailable(format!(
             "{tally}: no worker is serving {unavailable} (none ready, or all out of rotation); retry, or see `kiln serve status {}`",
-            spec.name
+            spec.qualified()
         ))
     } else {
         Error::MemberFailed(format!("{tally}: {}", failed.join("; ")))

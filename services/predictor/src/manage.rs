@@ -1,17 +1,20 @@
 //! `ServeService`: inference services made, read, rolled to new revisions, scaled and stopped.
 //!
 //! A create or update checks the definition (every problem named), resolves each model to a
-//! registry version the caller may read, and records the revision. A new service's first
+//! registry version the caller may read (`NAME` of the service's project, `PROJECT/NAME` of
+//! another), and records the revision. Service names are unique per project: a call names a
+//! service as `NAME` in its `project`, or `PROJECT/NAME`, or with neither a bare name in the one
+//! project the caller may read that has it. A new service's first
 //! revision is published to `kiln_services` at once; a later one is published by the
 //! [`crate::controller`] once each of its members has a worker ready, so a roll fails no
 //! request.
 
 use std::sync::Arc;
 
-use kiln_core::authz::{Caller, Need, Resource, Role};
+use kiln_core::authz::{Caller, Holder, Need, ObjectRef, Resource, Role};
 use kiln_core::scheduling::MarketPolicy;
 use kiln_core::serving::{ENV_MEMBER, ENV_REVISION, Ensemble, TensorSpec};
-use kiln_core::store::JobRecord;
+use kiln_core::store::{JobRecord, ModelKey};
 use kiln_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
@@ -46,7 +49,8 @@ impl pb::serve_service_server::ServeService for ServeApi {
 
     async fn get_service(&self, request: Request<pb::GetServiceRequest>) -> Result<Response<pb::Service>, Status> {
         let caller = caller(&request)?;
-        let record = self.visible(&caller, &request.get_ref().name).await?;
+        let asked = request.get_ref();
+        let record = self.visible(&caller, &asked.project, &asked.name).await?;
         Ok(Response::new(self.describe(&record).await?))
     }
 
@@ -73,7 +77,7 @@ impl pb::serve_service_server::ServeService for ServeApi {
     ) -> Result<Response<pb::Service>, Status> {
         let caller = caller(&request)?;
         let request = request.into_inner();
-        let record = self.visible(&caller, &request.name).await?;
+        let record = self.visible(&caller, &request.project, &request.name).await?;
         running(&record)?;
         let rollout = rollout_of(request.traffic, request.shadow)?;
         match &request.definition {
@@ -94,31 +98,32 @@ impl pb::serve_service_server::ServeService for ServeApi {
             }
         }
         self.shared.wake.notify_one();
-        let record = self.named(&record.name).await?;
+        let record = self.named(&record.project, &record.name).await?;
         Ok(Response::new(self.describe(&record).await?))
     }
 
     async fn scale_service(&self, request: Request<pb::ScaleServiceRequest>) -> Result<Response<pb::Service>, Status> {
         let caller = caller(&request)?;
         let request = request.into_inner();
-        let record = self.visible(&caller, &request.name).await?;
+        let record = self.visible(&caller, &request.project, &request.name).await?;
         running(&record)?;
         let scaling = check_scaling(request.replicas, request.scaling.as_ref())?;
         self.shared.services.set_scaling(&record.id, &scaling).await?;
         self.shared.wake.notify_one();
-        let record = self.named(&record.name).await?;
+        let record = self.named(&record.project, &record.name).await?;
         Ok(Response::new(self.describe(&record).await?))
     }
 
     async fn stop_service(&self, request: Request<pb::StopServiceRequest>) -> Result<Response<pb::Service>, Status> {
         let caller = caller(&request)?;
-        let record = self.visible(&caller, &request.get_ref().name).await?;
+        let asked = request.get_ref();
+        let record = self.visible(&caller, &asked.project, &asked.name).await?;
         if self.shared.services.stop(&record.id, "stopped by request").await? {
-            tracing::info!(service = %record.name, "service stopped");
+            tracing::info!(service = %record.name, project = %record.project, "service stopped");
         }
-        crate::controller::forget(&self.shared, &record.name).await?;
+        crate::controller::forget(&self.shared, &record.key()).await?;
         self.shared.wake.notify_one();
-        let record = self.named(&record.name).await?;
+        let record = self.named(&record.project, &record.name).await?;
         Ok(Response::new(self.describe(&record).await?))
     }
 }
@@ -141,6 +146,12 @@ impl ServeApi {
             .authorize(&Resource::project(&project))
             .map_err(kiln_core::Error::from)?;
         kiln_core::serving::check_name("name", &request.name).map_err(Error::InvalidArgument)?;
+        if kiln_core::serving::RESERVED_SERVICE_NAMES.contains(&request.name.as_str()) {
+            return Err(Error::InvalidArgument(format!(
+                "name `{}` is a word of the inference URLs (/v2/models/NAME/{}); pick another",
+                request.name, request.name
+            )));
+        }
         let definition = request
             .definition
             .ok_or_else(|| Error::InvalidArgument("definition is missing".into()))?;
@@ -152,9 +163,9 @@ impl ServeApi {
             .create(&request.name, &project, caller.user_id(), &scaling, &first)
             .await?;
         crate::controller::publish(&self.shared, &crate::controller::live(&record, &first)).await?;
-        tracing::info!(service = %record.name, owner = %caller.principal.user_name, "service created");
+        tracing::info!(service = %record.name, project = %record.project, owner = %caller.principal.user_name, "service created");
         // A name made again after a stop starts with no traffic of its own.
-        self.shared.traffic.forget(&record.name);
+        self.shared.traffic.forget(&record.key());
         self.shared.wake.notify_one();
         self.describe(&record).await
     }
@@ -192,15 +203,15 @@ impl ServeApi {
         let mut members = Vec::new();
         for model in &definition.models {
             let reference = ModelRef::parse(&model.model).map_err(Error::InvalidArgument)?;
-            let version = self.resolve(caller, &reference).await?;
+            let (key, version) = self.resolve(caller, project, &reference).await?;
             members.push(RevisionMember {
                 name: if model.member.is_empty() {
-                    default_member_name(reference.model())
+                    default_member_name(reference.name())
                 } else {
                     model.member.clone()
                 },
                 asked: model.model.clone(),
-                model: reference.model().to_string(),
+                model: key.relative_to(project),
                 version,
                 weight: if model.weight == 0.0 { 1.0 } else { model.weight },
             });
@@ -254,12 +265,18 @@ impl ServeApi {
         Ok(revision)
     }
 
-    /// The version a model reference names, once the caller may read the model.
-    async fn resolve(&self, caller: &Caller, reference: &ModelRef) -> Result<i64> {
+    /// The model and version a reference in a definition of `project` names (`NAME` of
+    /// `project`, `PROJECT/NAME` of another), once the caller may read the model; one it may
+    /// not read is refused as an unknown one.
+    async fn resolve(&self, caller: &Caller, project: &str, reference: &ModelRef) -> Result<(ModelKey, i64)> {
         let store = &self.shared.store;
-        let name = reference.model();
-        let unknown = || Error::InvalidArgument(format!("model {name} not found in the registry (`kiln model ls`)"));
-        let model = store.model(name).await?.ok_or_else(unknown)?;
+        let written = reference.model();
+        let unknown = || Error::InvalidArgument(format!("model {written} not found in the registry (`kiln model ls`)"));
+        let named = ObjectRef::parse(written).ok_or_else(unknown)?;
+        let model = store
+            .model(named.project_in(project).unwrap_or(project), &named.name)
+            .await?
+            .ok_or_else(unknown)?;
         caller
             .authorize_with(
                 Need::Role(Role::Viewer),
@@ -269,39 +286,70 @@ impl ServeApi {
                 },
             )
             .map_err(|_| unknown())?;
+        let key = model.key();
         let version = match reference {
             ModelRef::Latest { .. } => model.latest_version,
             ModelRef::Version { version, .. } => *version,
-            ModelRef::Alias { alias, .. } => store.model_alias(name, alias).await?.ok_or_else(|| {
-                Error::InvalidArgument(format!("model {name} has no alias {alias} (`kiln model alias`)"))
+            ModelRef::Alias { alias, .. } => store.model_alias(&key, alias).await?.ok_or_else(|| {
+                Error::InvalidArgument(format!("model {written} has no alias {alias} (`kiln model alias`)"))
             })?,
         };
-        if store.model_version(name, version).await?.is_none() {
-            return Err(Error::InvalidArgument(format!("model {name} has no version {version}")));
+        if store.model_version(&key, version).await?.is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "model {written} has no version {version}"
+            )));
         }
-        Ok(version)
+        Ok((key, version))
     }
 
-    async fn named(&self, name: &str) -> Result<ServiceRecord> {
+    /// Service `name` of `project`.
+    async fn named(&self, project: &str, name: &str) -> Result<ServiceRecord> {
         self.shared
             .services
-            .by_name(name)
+            .by_name(project, name)
             .await?
             .ok_or_else(|| Error::NotFound(format!("service {name} not found")))
     }
 
-    /// Reads a service and asks the caller's rule about it (an unseen one is not found).
-    async fn visible(&self, caller: &Caller, name: &str) -> Result<ServiceRecord> {
-        let record = self.named(name).await?;
-        caller
-            .authorize(&Resource::owned(
-                "service",
-                &record.name,
-                &record.project,
-                &record.owner_id,
-            ))
-            .map_err(kiln_core::Error::from)?;
-        Ok(record)
+    /// Reads the service `reference` names (`NAME` in `project`, `PROJECT/NAME`, or with
+    /// neither a bare name in the one project the caller may read that has it) and asks the
+    /// caller's rule about it (an unseen one is not found, in the words of an unknown one).
+    async fn visible(&self, caller: &Caller, project: &str, reference: &str) -> Result<ServiceRecord> {
+        let unknown = || Error::NotFound(format!("service {reference} not found"));
+        let named = ObjectRef::parse(reference).ok_or_else(unknown)?;
+        let project = match named.project_in(project) {
+            Some(project) => project.to_string(),
+            None => match caller.sole_holder(self.shared.services.projects_named(&named.name).await?) {
+                Holder::None => return Err(unknown()),
+                Holder::One(project) => project,
+                Holder::Several(projects) => {
+                    return Err(Error::FailedPrecondition(format!(
+                        "service {} is in more than one project you may read ({}): name one as PROJECT/{}, or give its project (--project)",
+                        named.name,
+                        projects.join(", "),
+                        named.name
+                    )));
+                }
+            },
+        };
+        let record = self
+            .shared
+            .services
+            .by_name(&project, &named.name)
+            .await?
+            .ok_or_else(unknown)?;
+        match caller.authorize(&Resource::owned(
+            "service",
+            &record.name,
+            &record.project,
+            &record.owner_id,
+        )) {
+            Err(kiln_core::authz::Denied::NotFound { .. }) => Err(unknown()),
+            denied => {
+                denied.map_err(kiln_core::Error::from)?;
+                Ok(record)
+            }
+        }
     }
 
     async fn describe(&self, record: &ServiceRecord) -> Result<pb::Service> {
@@ -353,7 +401,7 @@ impl ServeApi {
             created_at_ms: record.created_at_ms,
             updated_at_ms: record.updated_at_ms,
             url: self.shared.http_url.clone(),
-            recent: Some(self.shared.traffic.summary(&record.name, std::time::Instant::now())),
+            recent: Some(self.shared.traffic.summary(&record.key(), std::time::Instant::now())),
             paused_reason: record.paused_reason.clone(),
         })
     }

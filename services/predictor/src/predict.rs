@@ -9,23 +9,29 @@
 
 use std::sync::Arc;
 
+use kiln_core::auth::Principal;
 use kiln_core::serving::ServiceSpec;
 use kiln_formats::oip::{Data, InferRequest, Tensor};
 use serde_json::{Value, json};
 
 use crate::{Error, Result, Shared, infer};
 
-/// The name `/predict` without one means: the one service this predictor knows.
-pub fn only_service(shared: &Shared) -> Result<String> {
-    let all = shared.catalog.all();
-    match all.as_slice() {
-        [only] => Ok(only.name.clone()),
-        [] => Err(Error::InvalidArgument(
-            "no inference service is defined yet (`kiln serve create`)".into(),
+/// The service `/predict` without a name means: the one service here the caller may use (the
+/// services of projects it may not read are neither counted nor named).
+pub fn only_service(shared: &Shared, principal: &Principal) -> Result<Arc<ServiceSpec>> {
+    let mut visible: Vec<Arc<ServiceSpec>> = shared
+        .catalog
+        .all()
+        .into_iter()
+        .filter(|spec| principal.may_read(&spec.project))
+        .collect();
+    match visible.len() {
+        1 => Ok(visible.remove(0)),
+        0 => Err(Error::InvalidArgument(
+            "no inference service you may use is defined yet (`kiln serve create`)".into(),
         )),
-        _ => Err(Error::InvalidArgument(format!(
-            "{} services are served here: name one, as POST /predict/NAME",
-            all.len()
+        n => Err(Error::InvalidArgument(format!(
+            "{n} services you may use are served here: name one, as POST /predict/NAME or /predict/PROJECT/NAME"
         ))),
     }
 }

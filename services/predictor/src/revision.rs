@@ -16,15 +16,17 @@ pub const DEFAULT_DEADLINE_MS: u64 = 100;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RevisionMember {
     pub name: String,
-    /// The model as asked (`name@alias`, `name:3`, `name`).
+    /// The model as asked (`name@alias`, `name:3`, `name`, each maybe `project/` first).
     pub asked: String,
+    /// The model as the service's project names it: `name` of its own, `project/name` of
+    /// another.
     pub model: String,
     pub version: i64,
     pub weight: f64,
 }
 
 impl RevisionMember {
-    /// `name:version`.
+    /// `name:version` (or `project/name:version` of another project's model).
     pub fn model_version(&self) -> String {
         format!("{}:{}", self.model, self.version)
     }
@@ -131,7 +133,8 @@ pub fn default_member_name(model: &str) -> String {
     }
 }
 
-/// A model as asked, split: `name@alias` or `name:version` or `name`.
+/// A model as asked, split: `name@alias` or `name:version` or `name`, the name maybe
+/// `project/name` (another project's model).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ModelRef {
     Alias { model: String, alias: String },
@@ -164,10 +167,17 @@ impl ModelRef {
         Ok(ModelRef::Latest { model: text.into() })
     }
 
+    /// The model as written: `name` or `project/name`.
     pub fn model(&self) -> &str {
         match self {
             ModelRef::Alias { model, .. } | ModelRef::Version { model, .. } | ModelRef::Latest { model } => model,
         }
+    }
+
+    /// The model's own name, without its project.
+    pub fn name(&self) -> &str {
+        let model = self.model();
+        model.rsplit_once('/').map_or(model, |(_, name)| name)
     }
 }
 
@@ -194,6 +204,15 @@ mod tests {
         assert_eq!(
             ModelRef::parse("digits"),
             Ok(ModelRef::Latest { model: "digits".into() })
+        );
+        let qualified = ModelRef::parse("alpha/resnet@prod").unwrap();
+        assert_eq!((qualified.model(), qualified.name()), ("alpha/resnet", "resnet"));
+        assert_eq!(
+            ModelRef::parse("alpha/resnet:2"),
+            Ok(ModelRef::Version {
+                model: "alpha/resnet".into(),
+                version: 2
+            })
         );
         assert!(ModelRef::parse("other:x").unwrap_err().contains("positive number"));
         assert!(ModelRef::parse("other:0").is_err());

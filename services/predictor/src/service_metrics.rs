@@ -1,4 +1,5 @@
-//! The predictor's Prometheus metrics (`kiln_predictor_*`), per service and per member.
+//! The predictor's Prometheus metrics (`kiln_predictor_*`), per service (labelled with its
+//! project and name: names are unique per project) and per member.
 //!
 //! A request counts once under its outcome (`answered`, `partial`, `invalid`, `deadline`,
 //! `unavailable`, `failed`); each member's part of it once under the member's (`answered`,
@@ -7,6 +8,7 @@
 //! a worker is taken out of rotation by its own relay.
 
 use kiln_core::metrics::{HistogramFamily, Metrics, RegistryExt, seconds_histogram};
+use kiln_core::serving::ServiceSpec;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -15,23 +17,27 @@ use prometheus_client::registry::Unit;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ServiceLabels {
+    project: String,
     service: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
+    project: String,
     service: String,
     outcome: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct MemberLabels {
+    project: String,
     service: String,
     member: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct MemberOutcomeLabels {
+    project: String,
     service: String,
     member: String,
     outcome: &'static str,
@@ -69,7 +75,7 @@ impl PredictorMetrics {
             kiln_core::metrics::register_build_info(registry);
             registry.add(
                 "requests",
-                "Inference requests, by service and outcome (answered, partial, invalid, deadline, unavailable, failed)",
+                "Inference requests, by service (project and name) and outcome (answered, partial, invalid, deadline, unavailable, failed)",
                 self.requests.clone(),
             );
             registry.add_with_unit(
@@ -108,49 +114,33 @@ impl PredictorMetrics {
         });
     }
 
-    pub(crate) fn request(&self, service: &str, outcome: &'static str, seconds: f64) {
-        self.requests
-            .get_or_create(&OutcomeLabels {
-                service: service.into(),
-                outcome,
-            })
-            .inc();
+    pub(crate) fn request(&self, spec: &ServiceSpec, outcome: &'static str, seconds: f64) {
+        self.requests.get_or_create(&outcome_labels(spec, outcome)).inc();
         self.request_seconds
-            .get_or_create(&ServiceLabels {
-                service: service.into(),
-            })
+            .get_or_create(&service_labels(spec))
             .observe(seconds);
     }
 
-    pub(crate) fn shadow(&self, service: &str, outcome: &'static str, seconds: f64) {
-        self.shadow_requests
-            .get_or_create(&OutcomeLabels {
-                service: service.into(),
-                outcome,
-            })
-            .inc();
+    pub(crate) fn shadow(&self, spec: &ServiceSpec, outcome: &'static str, seconds: f64) {
+        self.shadow_requests.get_or_create(&outcome_labels(spec, outcome)).inc();
         self.shadow_seconds
-            .get_or_create(&ServiceLabels {
-                service: service.into(),
-            })
+            .get_or_create(&service_labels(spec))
             .observe(seconds);
     }
 
-    pub(crate) fn cold_start(&self, service: &str) {
-        self.cold_starts
-            .get_or_create(&ServiceLabels {
-                service: service.into(),
-            })
-            .inc();
+    pub(crate) fn cold_start(&self, spec: &ServiceSpec) {
+        self.cold_starts.get_or_create(&service_labels(spec)).inc();
     }
 
-    pub(crate) fn member(&self, service: &str, member: &str, outcome: &'static str, seconds: Option<f64>) {
+    pub(crate) fn member(&self, spec: &ServiceSpec, member: &str, outcome: &'static str, seconds: Option<f64>) {
         let labels = MemberLabels {
-            service: service.into(),
+            project: spec.project.clone(),
+            service: spec.name.clone(),
             member: member.into(),
         };
         self.member_requests
             .get_or_create(&MemberOutcomeLabels {
+                project: labels.project.clone(),
                 service: labels.service.clone(),
                 member: labels.member.clone(),
                 outcome,
@@ -159,5 +149,20 @@ impl PredictorMetrics {
         if let Some(seconds) = seconds {
             self.member_seconds.get_or_create(&labels).observe(seconds);
         }
+    }
+}
+
+fn service_labels(spec: &ServiceSpec) -> ServiceLabels {
+    ServiceLabels {
+        project: spec.project.clone(),
+        service: spec.name.clone(),
+    }
+}
+
+fn outcome_labels(spec: &ServiceSpec, outcome: &'static str) -> OutcomeLabels {
+    OutcomeLabels {
+        project: spec.project.clone(),
+        service: spec.name.clone(),
+        outcome,
     }
 }

@@ -12,23 +12,28 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use futures::StreamExt;
+use kiln_core::authz::ObjectRef;
 use kiln_core::objects::{artifact_path, relative_path};
+use kiln_core::store::ModelKey;
 use object_store::ObjectStoreExt;
 use tokio::io::AsyncWriteExt;
 
 use crate::Context;
 use crate::error::{Error, Result};
 
-/// The directory holding `model` (`name:version`) staged on this runner.
-pub(crate) async fn stage(ctx: &Context, model: &str) -> Result<PathBuf> {
+/// The directory holding `model` staged on this runner: `NAME:VERSION` of the worker's
+/// project `home`, or `PROJECT/NAME:VERSION` of another (the controller checked, when the
+/// revision was made, that the service's owner may read it).
+pub(crate) async fn stage(ctx: &Context, home: &str, model: &str) -> Result<PathBuf> {
     let bad = |why: String| Error::Model(format!("{model}: {why}"));
-    let (name, version) = model
+    let (named, version) = model
         .rsplit_once(':')
-        .and_then(|(name, version)| Some((name, version.parse::<i64>().ok()?)))
-        .ok_or_else(|| bad("not a NAME:VERSION".into()))?;
+        .and_then(|(name, version)| Some((ObjectRef::parse(name)?, version.parse::<i64>().ok()?)))
+        .ok_or_else(|| bad("not a NAME:VERSION or PROJECT/NAME:VERSION".into()))?;
+    let key = ModelKey::new(named.project_in(home).unwrap_or(home), &named.name);
     let record = ctx
         .store
-        .model_version(name, version)
+        .model_version(&key, version)
         .await?
         .ok_or_else(|| bad("no such version in the registry".into()))?;
     let root = ctx.models_dir.clone();
@@ -37,7 +42,7 @@ pub(crate) async fn stage(ctx: &Context, model: &str) -> Result<PathBuf> {
         return Ok(absolute(&staged));
     }
     let part = root.join(format!(".part-{}-{}", record.digest, kiln_core::ids::new_id()));
-    let files = ctx.store.model_files(name, version).await?;
+    let files = ctx.store.model_files(&key, version).await?;
     let built = async {
         tokio::fs::create_dir_all(&part)
             .await

@@ -24,9 +24,11 @@ pub enum Names {
     Blob,
     /// A key or prefix of kiln's object store.
     ObjectKey,
-    /// A model of the registry (names are global).
+    /// A model of the registry: `NAME` of the request's project, or `PROJECT/NAME` (names are
+    /// unique per project).
     Model,
-    /// An inference service (names are global).
+    /// An inference service: `NAME` of the request's project, or `PROJECT/NAME` (names are
+    /// unique per project).
     Service,
     /// The object the call acts on, named together with its project (a dataset or secret to
     /// delete): the main matrix names it from outside its project.
@@ -84,9 +86,9 @@ pub fn names(message: &str, field: &str) -> Option<Names> {
             | "TensorMetadata",
             "name",
         ) => Nothing,
-        // The model a version is registered as: names are global, so a taken name is refused as
-        // taken (without its project), never joined (README: names of models and services).
-        ("RegisterModelRequest", "name") => Nothing,
+        // The model a version is registered as, in its job's project: another project's is
+        // refused whether it has the name or not.
+        ("RegisterModelRequest", "name") => Model,
         // An artifact of the job the request names.
         (
             "GetRunArtifactRequest" | "ListRunArtifactsRequest" | "SaveRunArtifactRequest" | "RunArtifactFile",
@@ -165,15 +167,17 @@ impl Objects<'_> {
                     own: Some(format!("outputs/{}/in{file}", refs.beta_job_id)),
                 }
             }
+            // Both projects have a model and a service called `matrix`: from beta the bare name
+            // is beta's own, and alpha's is named as alpha's.
             Names::Model => Values {
-                alpha: "matrix".into(),
-                unknown: "no-such-model".into(),
-                own: None,
+                alpha: "alpha/matrix".into(),
+                unknown: "alpha/no-such-model".into(),
+                own: Some("matrix".into()),
             },
             Names::Service => Values {
-                alpha: "matrix".into(),
-                unknown: "no-such-service".into(),
-                own: None,
+                alpha: "alpha/matrix".into(),
+                unknown: "alpha/no-such-service".into(),
+                own: Some("matrix".into()),
             },
             Names::Target | Names::Tenancy | Names::Nothing => return None,
         })

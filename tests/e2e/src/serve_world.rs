@@ -147,7 +147,10 @@ pub fn answered_by(pid_dir: &str, job: &str) -> usize {
 /// The live (not ended) worker jobs of `revision` of the service.
 pub async fn workers(serve: &mut ServeClient, name: &str, revision: u64) -> Vec<pb::ServiceWorker> {
     let service = serve
-        .get_service(pb::GetServiceRequest { name: name.into() })
+        .get_service(pb::GetServiceRequest {
+            name: name.into(),
+            ..Default::default()
+        })
         .await
         .expect("get")
         .into_inner();

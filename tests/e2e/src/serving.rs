@@ -129,9 +129,23 @@ def predict(model, inputs):
 kiln.serve(predict)
 "#;
 
-/// Starts a relay for `worker` as member `member` of revision `revision` of `service`.
+/// Starts a relay for `worker` as member `member` of revision `revision` of `service` (of
+/// project `default`).
 pub async fn spawn_relay(
     stack: &Stack,
+    service: &str,
+    revision: u64,
+    member: &str,
+    worker: SocketAddr,
+    metrics: &RelayMetrics,
+) -> ServiceHandle {
+    spawn_relay_in(stack, "default", service, revision, member, worker, metrics).await
+}
+
+/// [`spawn_relay`] for a service of `project`.
+pub async fn spawn_relay_in(
+    stack: &Stack,
+    project: &str,
     service: &str,
     revision: u64,
     member: &str,
@@ -141,6 +155,7 @@ pub async fn spawn_relay(
     let relay = Relay::new(
         stack.nats.client().await,
         Member {
+            project: project.into(),
             service: service.into(),
             revision,
             member: member.into(),
@@ -248,7 +263,7 @@ pub async fn serve_double(stack: &Stack, relays: &RelayMetrics) -> (Worker, Serv
     (worker, relay)
 }
 
-/// Writes `spec` as the service's live definition.
+/// Writes `spec` as the service's live definition (under its `PROJECT.NAME` key).
 pub async fn put_service(stack: &Stack, spec: &ServiceSpec) {
     let jetstream = async_nats::jetstream::new(stack.nats.client().await);
     let bucket = jetstream
@@ -256,7 +271,7 @@ pub async fn put_service(stack: &Stack, spec: &ServiceSpec) {
         .await
         .expect("the services bucket");
     bucket
-        .put(&spec.name, serde_json::to_vec(spec).expect("json").into())
+        .put(spec.key(), serde_json::to_vec(spec).expect("json").into())
         .await
         .expect("put the service");
 }

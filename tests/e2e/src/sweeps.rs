@@ -221,6 +221,7 @@ pub async fn assert_registered(stack: &Stack, sweep: &pb::Sweep, file: &str) {
         name: model.clone(),
         version: 0,
         alias: "candidate".into(),
+        project: sweep.project.clone(),
     };
     let version = models
         .get_model_version(by_alias)

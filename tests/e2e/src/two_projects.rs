@@ -1,7 +1,8 @@
 //! A stack with two projects and a caller of every kind: `alpha` (a running job, a batch, a
-//! sweep, a dataset, a model and an inference service of its maintainer's, a viewer and a member who own none of them) and `beta` (a
-//! viewer, member and maintainer, and a running job whose token its runner issued), plus no
-//! token, a wrong, a revoked and an expired token. The authorisation matrix (tests/authz.rs)
+//! sweep, a dataset, a model and an inference service of its maintainer's, a viewer and a member
+//! who own none of them) and `beta` (a viewer, member and maintainer, a running job whose token
+//! its runner issued, and a model and a service named as alpha's: names are per project), plus
+//! no token, a wrong, a revoked and an expired token. The authorisation matrix (tests/authz.rs)
 //! and the tenancy tests (tests/tenancy.rs) run on it.
 
 use std::net::SocketAddr;
@@ -303,6 +304,41 @@ pub async fn world() -> World {
         })
         .await
         .expect("create a dataset of beta");
+    // beta's own model and service, named as alpha's (names are unique per project).
+    stack
+        .store
+        .insert_model_version(kiln_core::store::NewModelVersion {
+            model: "matrix".into(),
+            project: "beta".into(),
+            created_by: "beta-maintainer".into(),
+            job_id: beta_job.id.clone(),
+            lineage_json: "{}".into(),
+            digest: format!("sha256:{}", "1".repeat(64)),
+            ..Default::default()
+        })
+        .await
+        .expect("record a model of beta");
+    crate::serving::serve_client(predictor_addr, &beta_maintainer)
+        .await
+        .create_service(pb::CreateServiceRequest {
+            name: "matrix".into(),
+            project: "beta".into(),
+            definition: Some(pb::ServiceDefinition {
+                models: vec![pb::ServiceModel {
+                    model: "matrix".into(),
+                    ..Default::default()
+                }],
+                scaling: Some(pb::Scaling {
+                    min_replicas: 0,
+                    max_replicas: 1,
+                    ..Default::default()
+                }),
+                worker: Some(spec(&["true"])),
+                ..Default::default()
+            }),
+        })
+        .await
+        .expect("create a service of beta named as alpha's");
     for job_id in [&job.id, &beta_job.id] {
         let inbox = stack.objects_dir().join("outputs").join(job_id).join("in");
         std::fs::create_dir_all(&inbox).expect("outputs dir");

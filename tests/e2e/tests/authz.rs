@@ -123,6 +123,9 @@ const MUST_BE_REACHED: &[(&str, &str)] = &[
     ("/kiln.v1.SweepService/CreateSweep", "CreateSweepRequest.spec_yaml"),
     ("/kiln.v1.ServeService/CreateService", "ServiceModel.model"),
     ("/kiln.v1.ServeService/CreateService", "JobSpec.code_digest"),
+    ("/kiln.v1.ModelService/GetModel", "GetModelRequest.name"),
+    ("/kiln.v1.ModelService/GetModelVersion", "GetModelVersionRequest.name"),
+    ("/kiln.v1.ServeService/GetService", "GetServiceRequest.name"),
 ];
 
 /// The cross-project matrix (kiln_e2e::references): from beta, alpha's object in any field that

@@ -37,6 +37,7 @@ async fn output_bytes(stack: &Stack, job_id: &str, path: &str) -> Vec<u8> {
 
 async fn file_bytes(stack: &Stack, name: &str, version: i64, path: &str) -> Vec<u8> {
     let request = pb::GetModelFileRequest {
+        project: Default::default(),
         name: name.into(),
         version,
         path: path.into(),
@@ -261,6 +262,7 @@ async fn versions_are_the_outputs(stack: Stack) {
 
     // Read back by alias, by number, and the latest.
     let by_alias = pb::GetModelVersionRequest {
+        project: Default::default(),
         name: "digits-net".into(),
         version: 0,
         alias: "candidate".into(),
@@ -290,6 +292,7 @@ async fn aliases_move_atomically_and_bad_requests_say_why() {
     }
     // 32 concurrent moves of `production` while a reader checks that one version holds it.
     let set = |version: i64| pb::SetModelAliasRequest {
+        project: Default::default(),
         name: "net".into(),
         version,
         alias: "production".into(),
@@ -305,7 +308,10 @@ async fn aliases_move_atomically_and_bad_requests_say_why() {
     let mut reads = 0;
     while !moves.iter().all(|m| m.is_finished()) || reads == 0 {
         let model = models
-            .get_model(pb::GetModelRequest { name: "net".into() })
+            .get_model(pb::GetModelRequest {
+                project: Default::default(),
+                name: "net".into(),
+            })
             .await
             .unwrap()
             .into_inner();
@@ -371,6 +377,7 @@ async fn aliases_move_atomically_and_bad_requests_say_why() {
     assert!(message.contains("once it has ended"), "{message}");
 
     let get = |name: &str, version: i64, alias: &str| pb::GetModelVersionRequest {
+        project: Default::default(),
         name: name.into(),
         version,
         alias: alias.into(),
@@ -387,6 +394,7 @@ async fn aliases_move_atomically_and_bad_requests_say_why() {
         assert!(message.contains(text), "{request:?}: {message}");
     }
     let to_missing = pb::SetModelAliasRequest {
+        project: Default::default(),
         name: "net".into(),
         version: 12,
         alias: "production".into(),
@@ -394,6 +402,7 @@ async fn aliases_move_atomically_and_bad_requests_say_why() {
     let status = models.set_model_alias(to_missing).await.unwrap_err();
     assert_eq!(status.code(), Code::NotFound, "{status:?}");
     let tags = pb::SetModelTagsRequest {
+        project: Default::default(),
         name: "net".into(),
         version: 1,
         tags: BTreeMap::from([("bad key".to_string(), "v".to_string())])
@@ -405,6 +414,7 @@ async fn aliases_move_atomically_and_bad_requests_say_why() {
         Code::InvalidArgument
     );
     let file = pb::GetModelFileRequest {
+        project: Default::default(),
         name: "net".into(),
         version: 1,
         path: "missing.bin".into(),
@@ -419,4 +429,170 @@ async fn aliases_move_atomically_and_bad_requests_say_why() {
     let status = models.list_model_versions(long).await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
     assert!(status.message().contains("longer than 256"), "{status:?}");
+}
+
+/// A file of a version, read with `token`.
+async fn file_as(stack: &Stack, token: &str, name: &str, project: &str, path: &str) -> Result<Vec<u8>, tonic::Status> {
+    let request = pb::GetModelFileRequest {
+        name: name.into(),
+        version: 1,
+        path: path.into(),
+        project: project.into(),
+    };
+    let mut chunks = stack.models_as(token).await.get_model_file(request).await?.into_inner();
+    let mut data = Vec::new();
+    while let Some(chunk) = chunks.next().await {
+        data.extend(chunk?.data);
+    }
+    Ok(data)
+}
+
+/// Model names are unique per project: alpha and beta each register `net` from a job of their
+/// own, and each member reads its own by the bare name. From beta, alpha's `net` reads as an
+/// unknown model whatever the form, until beta's member has a role in alpha: then it is
+/// `alpha/net` (or `net` with project `alpha`), and the bare name asks which. A version is
+/// registered only in its job's project.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_projects_register_one_name_and_each_reads_its_own() {
+    let stack = Stack::start().await;
+    for project in ["alpha", "beta"] {
+        stack.create_project(project).await;
+    }
+    let ada = stack.create_user("ada").await;
+    stack.add_member("alpha", "ada", pb::Role::Member).await;
+    let bob = stack.create_user("bob").await;
+    stack.add_member("beta", "bob", pb::Role::Member).await;
+    let mut jobs = BTreeMap::new();
+    for (project, token) in [("alpha", &ada), ("beta", &bob)] {
+        let script = format!("echo {project} > \"$KILN_OUTPUTS/w.txt\"");
+        let job = stack
+            .jobs_as(token)
+            .await
+            .submit_job(pb::SubmitJobRequest {
+                spec: Some(pb::JobSpec {
+                    project: project.into(),
+                    ..spec(&["sh", "-c", &script])
+                }),
+                ..Default::default()
+            })
+            .await
+            .expect("submit")
+            .into_inner()
+            .job
+            .expect("a job");
+        stack.wait_for_state(&job.id, pb::JobState::Succeeded).await;
+        let version = stack
+            .models_as(token)
+            .await
+            .register_model(register("net", &job.id, ""))
+            .await
+            .expect("register")
+            .into_inner();
+        assert_eq!((version.project.as_str(), version.version), (project, 1));
+        jobs.insert(project, job.id);
+    }
+    let get = |name: &str, project: &str| pb::GetModelRequest {
+        name: name.into(),
+        project: project.into(),
+    };
+    // Each its own, by the bare name.
+    for (token, project) in [(&ada, "alpha"), (&bob, "beta")] {
+        let mut models = stack.models_as(token).await;
+        let model = models.get_model(get("net", "")).await.expect("its own").into_inner();
+        assert_eq!(model.project, project);
+        assert_eq!(
+            file_as(&stack, token, "net", "", "w.txt").await.expect("its file"),
+            format!("{project}\n").into_bytes()
+        );
+        let listed = models
+            .list_models(pb::ListModelsRequest::default())
+            .await
+            .expect("list")
+            .into_inner()
+            .models;
+        assert_eq!(
+            listed
+                .iter()
+                .map(|m| format!("{}/{}", m.project, m.name))
+                .collect::<Vec<_>>(),
+            [format!("{project}/net")]
+        );
+    }
+
+    // From beta, alpha's reads as unknown: named as alpha's, or by project.
+    let mut bobs = stack.models_as(&bob).await;
+    let shape = |status: tonic::Status, value: &str| (status.code(), status.message().replace(value, "<ref>"));
+    for (theirs, unknown) in [
+        (get("alpha/net", ""), get("alpha/nope", "")),
+        (get("net", "alpha"), get("nope", "alpha")),
+    ] {
+        let (theirs_name, unknown_name) = (theirs.name.clone(), unknown.name.clone());
+        let theirs = bobs.get_model(theirs).await.unwrap_err();
+        let unknown = bobs.get_model(unknown).await.unwrap_err();
+        assert_eq!(theirs.code(), Code::NotFound, "{theirs:?}");
+        assert_eq!(shape(theirs, &theirs_name), shape(unknown, &unknown_name));
+    }
+    let file = file_as(&stack, &bob, "alpha/net", "", "w.txt").await.unwrap_err();
+    assert_eq!(file.code(), Code::NotFound, "{file:?}");
+    let elsewhere = bobs
+        .register_model(register("alpha/net", &jobs["beta"], ""))
+        .await
+        .unwrap_err();
+    assert_eq!(elsewhere.code(), Code::InvalidArgument, "{elsewhere:?}");
+    assert!(elsewhere.message().contains("its job's project, beta"), "{elsewhere:?}");
+
+    // With a role in alpha: alpha's by its qualified name or project; the bare name asks which.
+    stack.add_member("alpha", "bob", pb::Role::Viewer).await;
+    let theirs = bobs
+        .get_model(get("alpha/net", ""))
+        .await
+        .expect("alpha's")
+        .into_inner();
+    assert_eq!(theirs.project, "alpha");
+    assert_eq!(
+        bobs.get_model(get("net", "alpha"))
+            .await
+            .expect("by project")
+            .into_inner()
+            .project,
+        "alpha"
+    );
+    assert_eq!(
+        bobs.get_model(get("net", "beta"))
+            .await
+            .expect("its own")
+            .into_inner()
+            .project,
+        "beta"
+    );
+    assert_eq!(
+        file_as(&stack, &bob, "alpha/net", "", "w.txt")
+            .await
+            .expect("alpha's file"),
+        b"alpha\n"
+    );
+    let ambiguous = bobs.get_model(get("net", "")).await.unwrap_err();
+    assert_eq!(ambiguous.code(), Code::FailedPrecondition, "{ambiguous:?}");
+    assert!(ambiguous.message().contains("(alpha, beta)"), "{ambiguous:?}");
+    // A viewer there reads, and does not move aliases.
+    let alias = bobs
+        .set_model_alias(pb::SetModelAliasRequest {
+            name: "alpha/net".into(),
+            version: 1,
+            alias: "production".into(),
+            project: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(alias.code(), Code::PermissionDenied, "{alias:?}");
+    // ada still sees alpha's only.
+    let listed = stack
+        .models_as(&ada)
+        .await
+        .list_models(pb::ListModelsRequest::default())
+        .await
+        .expect("list")
+        .into_inner()
+        .models;
+    assert_eq!(listed.len(), 1);
 }

@@ -183,6 +183,7 @@ impl Controllers {
         let service = serve_client(predictor, &stack.token)
             .await
             .get_service(pb::GetServiceRequest {
+                project: Default::default(),
                 name: self.service.clone(),
             })
             .await

@@ -5,7 +5,10 @@
 use std::time::Duration;
 
 use kiln_core::serving::{Ensemble, TensorSpec};
-use kiln_e2e::serving::{Rest, SCALE_WORKER, Worker, put_service, service_spec, spawn_predictor, spawn_relay};
+use kiln_e2e::serving::{
+    Rest, SCALE_WORKER, Worker, put_service, service_spec, spawn_predictor, spawn_predictor_with_api, spawn_relay,
+    spawn_relay_in,
+};
 use kiln_e2e::{PATIENCE, Stack};
 use kiln_formats::oip::{Data, DataType, HEADER_LENGTH, InferRequest, InferResponse, Limits, Tensor};
 use kiln_runner::relay::RelayMetrics;
@@ -136,7 +139,7 @@ async fn a_two_member_mean_is_answered_in_json_binary_and_through_predict() {
     assert_eq!(reply.status, 400);
     assert_eq!(
         reply.error(),
-        "3 services are served here: name one, as POST /predict/NAME"
+        "3 services you may use are served here: name one, as POST /predict/NAME or /predict/PROJECT/NAME"
     );
 
     // Metadata and health.
@@ -302,8 +305,8 @@ async fn a_paused_worker_is_answered_around_ejected_and_taken_back() {
     assert_eq!(late, 40);
     // Its relay took it out of rotation once, after missing 3 deadlines in a row: from then on
     // flaky is unavailable at once rather than waited for.
-    assert_eq!(relays.ejections("pair", "flaky"), 1);
-    assert_eq!(relays.ejections("pair", "steady"), 0);
+    assert_eq!(relays.ejections("default", "pair", "flaky"), 1);
+    assert_eq!(relays.ejections("default", "pair", "steady"), 0);
 
     flaky.signal(Signal::SIGCONT);
     let back = until(true).await;
@@ -353,4 +356,315 @@ async fn a_killed_worker_under_load_fails_no_request() {
         answered += client.await.expect("a client");
     }
     assert_eq!(answered, 800);
+}
+
+/// Service names are unique per project: `alpha` and `beta` each serve a `scale` (alpha's
+/// doubles, beta's triples). A viewer of one infers by the bare name and reaches its own; a
+/// viewer of both must say which (409 naming the two), as `PROJECT/NAME` in the path or with
+/// `%2F`, over HTTP and gRPC; a service of a project the caller may not read is answered as an
+/// unknown model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_projects_serve_one_name_and_each_caller_reaches_its_own() {
+    use kiln_proto::v1 as pb;
+    let stack = Stack::start_without_runner().await;
+    for project in ["alpha", "beta"] {
+        stack.create_project(project).await;
+    }
+    let ada = stack.create_user("ada").await;
+    stack.add_member("alpha", "ada", pb::Role::Viewer).await;
+    let bob = stack.create_user("bob").await;
+    stack.add_member("beta", "bob", pb::Role::Viewer).await;
+    let carol = stack.create_user("carol").await;
+    stack.add_member("alpha", "carol", pb::Role::Viewer).await;
+    stack.add_member("beta", "carol", pb::Role::Viewer).await;
+
+    let dir = stack.dir.path();
+    let double = Worker::spawn(dir, "double", SCALE_WORKER, &[("FACTOR", "2")]);
+    let triple = Worker::spawn(dir, "triple", SCALE_WORKER, &[("FACTOR", "3")]);
+    let relays = RelayMetrics::default();
+    let _handles = [
+        spawn_relay_in(&stack, "alpha", "scale", 1, "m", double.addr(), &relays).await,
+        spawn_relay_in(&stack, "beta", "scale", 1, "m", triple.addr(), &relays).await,
+    ];
+    for project in ["alpha", "beta"] {
+        let spec = kiln_core::serving::ServiceSpec {
+            project: project.into(),
+            ..service_spec("scale", &[("m", 1.0)], Ensemble::Mean, 5_000)
+        };
+        put_service(&stack, &spec).await;
+    }
+    let (_predictor, base, grpc) = spawn_predictor_with_api(&stack).await;
+    let x = x_request(&[1.0]);
+
+    // Each viewer of one project: the bare name is its own.
+    let ada_rest = Rest::new(&base, &ada);
+    let bob_rest = Rest::new(&base, &bob);
+    let reply = ada_rest.post_until("/v2/models/scale/infer", &x, 200).await;
+    assert_eq!(y_of(&reply.json()), [2.0], "alpha's doubles");
+    let reply = bob_rest.post_until("/v2/models/scale/infer", &x, 200).await;
+    assert_eq!(y_of(&reply.json()), [3.0], "beta's triples");
+
+    // The other project's reads as an unknown model, whatever the form.
+    for (theirs, unknown) in [
+        ("/v2/models/beta/scale/infer", "/v2/models/beta/nothing/infer"),
+        ("/v2/models/beta%2Fscale/infer", "/v2/models/beta%2Fnothing/infer"),
+    ] {
+        let theirs = ada_rest.post_json(theirs, &x).await;
+        let unknown = ada_rest.post_json(unknown, &x).await;
+        assert_eq!(theirs.status, 400, "{}", theirs.error());
+        assert_eq!(
+            (theirs.status, theirs.error().replace("beta/scale", "<ref>")),
+            (unknown.status, unknown.error().replace("beta/nothing", "<ref>"))
+        );
+    }
+    assert_eq!(ada_rest.get("/v2/models/beta/scale/ready").await.status, 400);
+
+    // A viewer of both: the bare name is ambiguous, the qualified forms reach each.
+    let carol_rest = Rest::new(&base, &carol);
+    let ambiguous = carol_rest.post_json("/v2/models/scale/infer", &x).await;
+    assert_eq!(ambiguous.status, 409, "{}", ambiguous.error());
+    assert!(
+        ambiguous.error().contains("(alpha, beta)") && ambiguous.error().contains("PROJECT/scale"),
+        "{}",
+        ambiguous.error()
+    );
+    for (path, y, named) in [
+        ("/v2/models/alpha/scale/infer", 2.0, "alpha/scale"),
+        ("/v2/models/beta/scale/infer", 3.0, "beta/scale"),
+        ("/v2/models/beta%2Fscale/infer", 3.0, "beta/scale"),
+        ("/v2/models/alpha/scale/versions/1/infer", 2.0, "alpha/scale"),
+    ] {
+        let reply = carol_rest.post_json(path, &x).await;
+        assert_eq!(reply.status, 200, "{path}: {}", reply.error());
+        assert_eq!(y_of(&reply.json()), [y], "{path}");
+        assert_eq!(reply.json()["model_name"], named, "answered as it was named");
+    }
+    let metadata = carol_rest.get("/v2/models/beta/scale").await;
+    assert_eq!(metadata.status, 200);
+    assert_eq!(metadata.json()["name"], "beta/scale");
+    assert_eq!(carol_rest.get("/v2/models/alpha/scale/ready").await.status, 200);
+    assert_eq!(carol_rest.get("/v2/models/scale/ready").await.status, 409);
+    // /predict without a name: two services carol may use, one ada may.
+    let unnamed = carol_rest.post_json("/predict", &json!({"query": [1.0]})).await;
+    assert!(
+        unnamed.error().starts_with("2 services you may use"),
+        "{}",
+        unnamed.error()
+    );
+    let unnamed = ada_rest.post_json("/predict", &json!({"query": [1.0]})).await;
+    let body = String::from_utf8_lossy(&unnamed.body);
+    assert!(!body.contains("services you may use"), "{body}");
+
+    // gRPC: the same names.
+    let mut client = kiln_e2e::serving::inference_client(grpc, &carol).await;
+    let metadata = |name: &str| kiln_proto::inference::ModelMetadataRequest {
+        name: name.into(),
+        version: String::new(),
+    };
+    let found = client
+        .model_metadata(metadata("alpha/scale"))
+        .await
+        .expect("alpha/scale");
+    assert_eq!(found.into_inner().name, "alpha/scale");
+    let refused = client.model_metadata(metadata("scale")).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
+    let mut client = kiln_e2e::serving::inference_client(grpc, &ada).await;
+    let theirs = client.model_metadata(metadata("beta/scale")).await.unwrap_err();
+    let unknown = client.model_metadata(metadata("beta/nothing")).await.unwrap_err();
+    assert_eq!(
+        (theirs.code(), theirs.message().replace("beta/scale", "<ref>")),
+        (unknown.code(), unknown.message().replace("beta/nothing", "<ref>"))
+    );
+    assert_eq!(theirs.code(), tonic::Code::InvalidArgument);
+}
+
+/// `ServeService` on names per project: alpha and beta each make a service `digits` of their own
+/// model `digits`; each member sees and acts on its own by the bare name; another project's
+/// service (and model, in a definition) reads as unknown until the caller has a role there, and
+/// a viewer of both names one as `PROJECT/NAME` or with `project`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn service_records_and_their_models_are_per_project() {
+    use kiln_proto::v1 as pb;
+    let stack = Stack::start_without_runner().await;
+    for project in ["alpha", "beta"] {
+        stack.create_project(project).await;
+    }
+    let ada = stack.create_user("ada").await;
+    stack.add_member("alpha", "ada", pb::Role::Member).await;
+    let bob = stack.create_user("bob").await;
+    stack.add_member("beta", "bob", pb::Role::Member).await;
+    for project in ["alpha", "beta"] {
+        stack
+            .store
+            .insert_model_version(kiln_core::store::NewModelVersion {
+                model: "digits".into(),
+                project: project.into(),
+                created_by: "admin".into(),
+                job_id: format!("{project}-job"),
+                lineage_json: "{}".into(),
+                digest: format!("sha256:{}", "0".repeat(64)),
+                ..Default::default()
+            })
+            .await
+            .expect("a model");
+    }
+    let (_predictor, _, api) = spawn_predictor_with_api(&stack).await;
+    let definition = |model: &str| pb::ServiceDefinition {
+        models: vec![pb::ServiceModel {
+            model: model.into(),
+            ..Default::default()
+        }],
+        scaling: Some(pb::Scaling {
+            min_replicas: 0,
+            max_replicas: 1,
+            ..Default::default()
+        }),
+        worker: Some(kiln_e2e::spec(&["true"])),
+        ..Default::default()
+    };
+    let create = |name: &str, project: &str, model: &str| pb::CreateServiceRequest {
+        name: name.into(),
+        project: project.into(),
+        definition: Some(definition(model)),
+    };
+    let mut ada_serve = kiln_e2e::serving::serve_client(api, &ada).await;
+    let mut bob_serve = kiln_e2e::serving::serve_client(api, &bob).await;
+    let alpha = ada_serve
+        .create_service(create("digits", "alpha", "digits"))
+        .await
+        .expect("alpha's");
+    let beta = bob_serve
+        .create_service(create("digits", "beta", "digits"))
+        .await
+        .expect("beta's");
+    assert_eq!(alpha.get_ref().members[0].model_version, "digits:1");
+    assert_eq!(
+        (alpha.get_ref().project.as_str(), beta.get_ref().project.as_str()),
+        ("alpha", "beta")
+    );
+    let again = bob_serve
+        .create_service(create("digits", "beta", "digits"))
+        .await
+        .unwrap_err();
+    assert_eq!(again.code(), tonic::Code::AlreadyExists, "{again:?}");
+    let reserved = bob_serve
+        .create_service(create("ready", "beta", "digits"))
+        .await
+        .unwrap_err();
+    assert_eq!(reserved.code(), tonic::Code::InvalidArgument, "{reserved:?}");
+
+    let get = |name: &str, project: &str| pb::GetServiceRequest {
+        name: name.into(),
+        project: project.into(),
+    };
+    // Each by the bare name: its own.
+    let own = bob_serve.get_service(get("digits", "")).await.expect("bob's own");
+    assert_eq!(own.get_ref().project, "beta");
+    let listed = bob_serve
+        .list_services(pb::ListServicesRequest::default())
+        .await
+        .expect("list")
+        .into_inner()
+        .services;
+    assert_eq!(
+        listed
+            .iter()
+            .map(|s| format!("{}/{}", s.project, s.name))
+            .collect::<Vec<_>>(),
+        ["beta/digits"]
+    );
+    // alpha's, from bob, in any form: as an unknown service; a model of alpha likewise.
+    let shape = |status: tonic::Status, value: &str| (status.code(), status.message().replace(value, "<ref>"));
+    for (theirs, unknown) in [
+        (get("alpha/digits", ""), get("alpha/nothing", "")),
+        (get("digits", "alpha"), get("nothing", "alpha")),
+    ] {
+        let (theirs_name, unknown_name) = (theirs.name.clone(), unknown.name.clone());
+        let theirs = bob_serve.get_service(theirs).await.unwrap_err();
+        let unknown = bob_serve.get_service(unknown).await.unwrap_err();
+        assert_eq!(theirs.code(), tonic::Code::NotFound);
+        assert_eq!(shape(theirs, &theirs_name), shape(unknown, &unknown_name));
+    }
+    let stop = bob_serve
+        .stop_service(pb::StopServiceRequest {
+            name: "alpha/digits".into(),
+            project: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(stop.code(), tonic::Code::NotFound);
+    let borrowed = bob_serve
+        .create_service(create("mixed", "beta", "alpha/digits@none"))
+        .await
+        .unwrap_err();
+    let missing = bob_serve
+        .create_service(create("mixed", "beta", "alpha/nothing@none"))
+        .await
+        .unwrap_err();
+    assert_eq!(shape(borrowed, "alpha/digits"), shape(missing, "alpha/nothing"));
+
+    // A viewer of alpha too: alpha's by its qualified name or project; the bare one is ambiguous.
+    stack.add_member("alpha", "bob", pb::Role::Viewer).await;
+    let theirs = bob_serve
+        .get_service(get("alpha/digits", ""))
+        .await
+        .expect("alpha's, named");
+    assert_eq!(theirs.get_ref().project, "alpha");
+    let theirs = bob_serve
+        .get_service(get("digits", "alpha"))
+        .await
+        .expect("alpha's, by project");
+    assert_eq!(theirs.get_ref().project, "alpha");
+    let ambiguous = bob_serve.get_service(get("digits", "")).await.unwrap_err();
+    assert_eq!(ambiguous.code(), tonic::Code::FailedPrecondition, "{ambiguous:?}");
+    assert!(ambiguous.message().contains("(alpha, beta)"), "{ambiguous:?}");
+    // A viewer may not stop it; and may serve alpha's model from beta, named as alpha's.
+    let stop = bob_serve
+        .stop_service(pb::StopServiceRequest {
+            name: "alpha/digits".into(),
+            project: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(stop.code(), tonic::Code::PermissionDenied, "{stop:?}");
+    let mixed = bob_serve
+        .create_service(create("mixed", "beta", "alpha/digits"))
+        .await
+        .expect("mixed");
+    let members: Vec<_> = mixed
+        .get_ref()
+        .members
+        .iter()
+        .map(|m| (m.member.clone(), m.model_version.clone()))
+        .collect();
+    assert_eq!(members, [("digits".to_string(), "alpha/digits:1".to_string())]);
+}
+
+/// A live definition written before names were per project (keyed by the bare name in
+/// `kiln_services`) is not served, and the controller deletes it; those keyed `PROJECT.NAME`
+/// stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn definitions_keyed_by_a_global_name_are_deleted() {
+    let stack = Stack::start_without_runner().await;
+    let old = service_spec("old", &[("m", 1.0)], Ensemble::Mean, 5_000);
+    let bucket = async_nats::jetstream::new(stack.nats.client().await)
+        .get_key_value(kiln_core::subjects::BUCKET_SERVICES)
+        .await
+        .expect("the services bucket");
+    bucket
+        .put("old", serde_json::to_vec(&old).expect("json").into())
+        .await
+        .expect("a definition of before");
+    put_service(&stack, &service_spec("fresh", &[("m", 1.0)], Ensemble::Mean, 5_000)).await;
+    let (_predictor, base) = spawn_predictor(&stack).await;
+    let rest = Rest::new(&base, &stack.token);
+    let reply = rest.get("/v2/models/old").await;
+    assert_eq!(reply.status, 400, "{}", String::from_utf8_lossy(&reply.body));
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while bucket.get("old").await.expect("read the bucket").is_some() {
+        assert!(tokio::time::Instant::now() < deadline, "the old key was never deleted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(bucket.get("default.fresh").await.expect("read the bucket").is_some());
+    assert_eq!(rest.get("/v2/models/fresh").await.status, 200);
 }

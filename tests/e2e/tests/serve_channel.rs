@@ -11,7 +11,7 @@ use kiln_runner::relay::RelayMetrics;
 use serde_json::json;
 
 fn answered(relays: &RelayMetrics, channel: &'static str) -> u64 {
-    relays.requests("scale", "double", channel, "answered")
+    relays.requests("default", "scale", "double", channel, "answered")
 }
 
 async fn ask(rest: &Rest, times: usize) {

@@ -93,29 +93,33 @@ impl Scale {
     }
 }
 
+/// Triton's clients name the model by its bare name and as `PROJECT/NAME` (service names are
+/// unique per project; the URLs they build then have the project as a segment of its own).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn triton_s_python_clients_infer_over_rest_and_grpc() {
     let scale = Scale::start().await;
     let http = scale.rest.trim_start_matches("http://").to_string();
     let grpc = scale.grpc.to_string();
-    let out = run_python(
-        scale.stack.dir.path(),
-        "clients",
-        CLIENTS,
-        &[
-            ("KILN_PREDICTOR_HTTP", &http),
-            ("KILN_PREDICTOR_GRPC", &grpc),
-            ("KILN_TOKEN", &scale.stack.token),
-            ("KILN_MODEL", "scale"),
-            ("NO_PROXY", "*"),
-        ],
-        PATIENCE * 2,
-    )
-    .await;
-    assert!(
-        out.contains("tritonclient.http ok") && out.contains("tritonclient.grpc ok"),
-        "{out}"
-    );
+    for model in ["scale", "default/scale"] {
+        let out = run_python(
+            scale.stack.dir.path(),
+            "clients",
+            CLIENTS,
+            &[
+                ("KILN_PREDICTOR_HTTP", &http),
+                ("KILN_PREDICTOR_GRPC", &grpc),
+                ("KILN_TOKEN", &scale.stack.token),
+                ("KILN_MODEL", model),
+                ("NO_PROXY", "*"),
+            ],
+            PATIENCE * 2,
+        )
+        .await;
+        assert!(
+            out.contains("tritonclient.http ok") && out.contains("tritonclient.grpc ok"),
+            "{model}: {out}"
+        );
+    }
 }
 
 /// The Python of the kserve client's venv (its pins clash with the SDK's).
@@ -125,32 +129,35 @@ fn kserve_python() -> String {
     )
 }
 
+/// The kserve client, by the bare name and as `PROJECT/NAME`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_kserve_client_infers_over_rest_and_grpc() {
     let python = kserve_python();
     let scale = Scale::start().await;
     let http = scale.rest.trim_start_matches("http://").to_string();
     let grpc = scale.grpc.to_string();
-    let env = [
-        ("KILN_PREDICTOR_HTTP", http.as_str()),
-        ("KILN_PREDICTOR_GRPC", grpc.as_str()),
-        ("KILN_TOKEN", scale.stack.token.as_str()),
-        ("KILN_MODEL", "scale"),
-        ("NO_PROXY", "*"),
-    ];
-    let out = run_python_with(
-        &python,
-        scale.stack.dir.path(),
-        "kserve_clients",
-        KSERVE,
-        &env,
-        PATIENCE * 2,
-    )
-    .await;
-    assert!(
-        out.contains("kserve rest ok") && out.contains("kserve grpc ok"),
-        "{out}"
-    );
+    for model in ["scale", "default/scale"] {
+        let env = [
+            ("KILN_PREDICTOR_HTTP", http.as_str()),
+            ("KILN_PREDICTOR_GRPC", grpc.as_str()),
+            ("KILN_TOKEN", scale.stack.token.as_str()),
+            ("KILN_MODEL", model),
+            ("NO_PROXY", "*"),
+        ];
+        let out = run_python_with(
+            &python,
+            scale.stack.dir.path(),
+            "kserve_clients",
+            KSERVE,
+            &env,
+            PATIENCE * 2,
+        )
+        .await;
+        assert!(
+            out.contains("kserve rest ok") && out.contains("kserve grpc ok"),
+            "{model}: {out}"
+        );
+    }
 }
 
 fn x_input(shape: &[i64]) -> oip::model_infer_request::InferInputTensor {

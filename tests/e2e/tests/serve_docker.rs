@@ -76,13 +76,19 @@ async fn a_worker_in_a_container_is_reached_through_its_published_port() {
     let (containers, _) = labelled(&engine, LABEL_RUNNER, &runner_id).await;
     assert_eq!(containers.len(), 1, "one worker container: {containers:?}");
     let service = serve
-        .get_service(pb::GetServiceRequest { name: "scale".into() })
+        .get_service(pb::GetServiceRequest {
+            project: Default::default(),
+            name: "scale".into(),
+        })
         .await
         .expect("get")
         .into_inner();
     let job = service.members[0].workers[0].job_id.clone();
     serve
-        .stop_service(pb::StopServiceRequest { name: "scale".into() })
+        .stop_service(pb::StopServiceRequest {
+            project: Default::default(),
+            name: "scale".into(),
+        })
         .await
         .expect("stop");
     stack.wait_for_state(&job, pb::JobState::Stopped).await;

@@ -70,7 +70,10 @@ async fn a_service_of_jobs_rolls_to_a_new_revision_and_replaces_a_dead_worker_wi
     // meanwhile are answered or, with no worker at all for a moment, none is lost to a crash of
     // the predictor.
     let service = serve
-        .get_service(pb::GetServiceRequest { name: "scale".into() })
+        .get_service(pb::GetServiceRequest {
+            project: Default::default(),
+            name: "scale".into(),
+        })
         .await
         .expect("get")
         .into_inner();
@@ -92,7 +95,10 @@ async fn a_service_of_jobs_rolls_to_a_new_revision_and_replaces_a_dead_worker_wi
     assert!(answered.contains(&5.0));
     // The predictor counted every one of them, answered, with their latency.
     let recent = serve
-        .get_service(pb::GetServiceRequest { name: "scale".into() })
+        .get_service(pb::GetServiceRequest {
+            project: Default::default(),
+            name: "scale".into(),
+        })
         .await
         .expect("get")
         .into_inner()
@@ -123,7 +129,10 @@ async fn a_service_of_jobs_rolls_to_a_new_revision_and_replaces_a_dead_worker_wi
     stack.wait_for_state(&worker, pb::JobState::Failed).await;
     until_factor(&rest, 5.0).await;
     let service = serve
-        .get_service(pb::GetServiceRequest { name: "scale".into() })
+        .get_service(pb::GetServiceRequest {
+            project: Default::default(),
+            name: "scale".into(),
+        })
         .await
         .expect("get")
         .into_inner();
@@ -138,7 +147,10 @@ async fn a_service_of_jobs_rolls_to_a_new_revision_and_replaces_a_dead_worker_wi
 
     // Stopped: the predictor forgets it, its workers stop.
     serve
-        .stop_service(pb::StopServiceRequest { name: "scale".into() })
+        .stop_service(pb::StopServiceRequest {
+            project: Default::default(),
+            name: "scale".into(),
+        })
         .await
         .expect("stop");
     stack
@@ -173,6 +185,7 @@ async fn a_tried_revision_gets_its_share_of_the_traffic_then_copies_in_shadow_th
     // 30%: once revision 2 is ready, exactly 30 of every 100 requests are its.
     let updated = serve
         .update_service(pb::UpdateServiceRequest {
+            project: Default::default(),
             name: "scale".into(),
             definition: Some(definition(&format!("scale:{second}"), &code_digest, &pid_dir)),
             traffic: 30,
@@ -205,6 +218,7 @@ async fn a_tried_revision_gets_its_share_of_the_traffic_then_copies_in_shadow_th
     // Shadow: every answer is revision 1's, and revision 2's worker gets a copy of each.
     serve
         .update_service(pb::UpdateServiceRequest {
+            project: Default::default(),
             name: "scale".into(),
             definition: None,
             traffic: 0,
@@ -237,6 +251,7 @@ async fn a_tried_revision_gets_its_share_of_the_traffic_then_copies_in_shadow_th
     // All of it: a roll; revision 1's worker is stopped after the grace.
     let rolled = serve
         .update_service(pb::UpdateServiceRequest {
+            project: Default::default(),
             name: "scale".into(),
             definition: None,
             traffic: 100,
@@ -252,7 +267,10 @@ async fn a_tried_revision_gets_its_share_of_the_traffic_then_copies_in_shadow_th
     })
     .await;
     let service = serve
-        .get_service(pb::GetServiceRequest { name: "scale".into() })
+        .get_service(pb::GetServiceRequest {
+            project: Default::default(),
+            name: "scale".into(),
+        })
         .await
         .expect("get")
         .into_inner();
@@ -260,6 +278,7 @@ async fn a_tried_revision_gets_its_share_of_the_traffic_then_copies_in_shadow_th
     // Nothing is being tried now.
     let refused = serve
         .update_service(pb::UpdateServiceRequest {
+            project: Default::default(),
             name: "scale".into(),
             definition: None,
             traffic: 50,
@@ -346,6 +365,7 @@ async fn a_service_scales_up_on_load_down_to_zero_when_idle_and_back_on_the_firs
     // the reason, in about that wait; a worker was asked for, and a later request is answered.
     serve
         .scale_service(pb::ScaleServiceRequest {
+            project: Default::default(),
             name: "scale".into(),
             replicas: 0,
             scaling: Some(pb::Scaling {

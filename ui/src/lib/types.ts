@@ -193,7 +193,7 @@ export interface Model {
   latestVersion: number; aliases: Record<string, number>;
 }
 export interface ModelVersion {
-  model: string; version: number; digest: string; tags: Record<string, string>;
+  model: string; project: string; version: number; digest: string; tags: Record<string, string>;
   aliases: string[]; createdBy: string; createdAtMs: number; description: string; size: number;
   lineage?: { jobId: string; sweepId: string; metrics: Record<string, JsonDouble> };
 }

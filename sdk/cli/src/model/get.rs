@@ -15,11 +15,12 @@ use crate::client::Clients;
 use crate::format::bytes;
 use crate::pack;
 
-pub async fn get(clients: &mut Clients, version: VersionArg, dest: &Path) -> Result<()> {
+pub async fn get(clients: &mut Clients, version: VersionArg, project: &str, dest: &Path) -> Result<()> {
     let request = pb::GetModelVersionRequest {
         name: version.name,
         version: version.version,
         alias: version.alias,
+        project: project.to_string(),
     };
     let version = clients.models.get_model_version(request).await?.into_inner();
     check_manifest(&version)?;
@@ -35,8 +36,10 @@ pub async fn get(clients: &mut Clients, version: VersionArg, dest: &Path) -> Res
         let mut out = tokio::fs::File::create(&partial)
             .await
             .with_context(|| format!("cannot write {}", partial.display()))?;
+        // The version found, in its project, whatever the name it was asked by.
         let request = pb::GetModelFileRequest {
             name: version.model.clone(),
+            project: version.project.clone(),
             version: version.version,
             path: file.path.clone(),
         };

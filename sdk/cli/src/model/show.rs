@@ -35,6 +35,7 @@ pub fn version_json(version: &pb::ModelVersion) -> serde_json::Value {
     aliases.sort();
     json!({
         "model": version.model,
+        "project": version.project,
         "version": version.version,
         "digest": version.digest,
         "size": version.size,
@@ -59,11 +60,12 @@ pub fn version_json(version: &pb::ModelVersion) -> serde_json::Value {
     })
 }
 
-pub async fn show(clients: &mut Clients, version: VersionArg, output: Output) -> Result<()> {
+pub async fn show(clients: &mut Clients, version: VersionArg, project: &str, output: Output) -> Result<()> {
     let request = pb::GetModelVersionRequest {
         name: version.name,
         version: version.version,
         alias: version.alias,
+        project: project.to_string(),
     };
     let version = clients.models.get_model_version(request).await?.into_inner();
     if output == Output::Json {
@@ -71,6 +73,7 @@ pub async fn show(clients: &mut Clients, version: VersionArg, output: Output) ->
     }
     let lineage = version.lineage.clone().unwrap_or_default();
     out!("{}:{}", version.model, version.version);
+    out!("  project:     {}", version.project);
     out!("  digest:      {}", version.digest);
     out!(
         "  size:        {} in {} files",

@@ -24,7 +24,11 @@ const SHORT_JOB_ID: usize = 8;
 
 #[derive(Debug, clap::Args)]
 pub struct LogsArgs {
+    /// NAME or PROJECT/NAME.
     name: String,
+    /// The service's project (default: the one project you may read that has it).
+    #[arg(long)]
+    project: Option<String>,
     /// Only the workers of this member.
     #[arg(long)]
     member: Option<String>,
@@ -44,7 +48,7 @@ struct Worker {
 }
 
 pub async fn logs(clients: &mut Clients, args: LogsArgs) -> Result<()> {
-    let service = get_service(clients, &args.name).await?;
+    let service = get_service(clients, &args).await?;
     let workers = workers_of(&service, &args);
     if workers.is_empty() {
         eprintln!("service {} has no worker{}", service.name, filter_text(&args));
@@ -82,7 +86,7 @@ async fn follow(clients: &mut Clients, args: &LogsArgs, workers: Vec<Worker>) ->
                 commands::print_line(&line?, &prefix)?;
             }
             _ = poll.tick() => {
-                let service = get_service(clients, &args.name).await?;
+                let service = get_service(clients, args).await?;
                 pending = workers_of(&service, args);
                 let has_new = pending.iter().any(|worker| !followed.contains(&worker.job_id));
                 if service.state == "STOPPED" && streams.is_empty() && !has_new {
@@ -93,8 +97,11 @@ async fn follow(clients: &mut Clients, args: &LogsArgs, workers: Vec<Worker>) ->
     }
 }
 
-async fn get_service(clients: &mut Clients, name: &str) -> Result<pb::Service> {
-    let request = pb::GetServiceRequest { name: name.to_string() };
+async fn get_service(clients: &mut Clients, args: &LogsArgs) -> Result<pb::Service> {
+    let request = pb::GetServiceRequest {
+        name: args.name.clone(),
+        project: args.project.clone().unwrap_or_default(),
+    };
     Ok(clients.serve.get_service(request).await?.into_inner())
 }
 
@@ -147,6 +154,7 @@ mod tests {
     fn args(member: Option<&str>, revision: Option<u64>) -> LogsArgs {
         LogsArgs {
             name: "digits".into(),
+            project: None,
             member: member.map(str::to_string),
             revision,
             follow: false,

@@ -181,3 +181,53 @@ fn listings_show_the_projects_with_the_needed_role() {
     );
     assert!(caller.visible_projects().contains("alpha") && !caller.visible_projects().contains("gamma"));
 }
+
+#[test]
+fn references_are_a_bare_name_or_project_slash_name() {
+    assert_eq!(
+        ObjectRef::parse("resnet"),
+        Some(ObjectRef {
+            project: None,
+            name: "resnet".into()
+        })
+    );
+    let qualified = ObjectRef::parse("alpha/resnet").unwrap();
+    assert_eq!(
+        (qualified.project.as_deref(), qualified.name.as_str()),
+        (Some("alpha"), "resnet")
+    );
+    for nothing in ["", "/resnet", "alpha/", "a/b/c"] {
+        assert_eq!(ObjectRef::parse(nothing), None, "{nothing:?}");
+    }
+    // The project it writes wins over the request's; a bare name takes the request's, if any.
+    assert_eq!(qualified.project_in("beta"), Some("alpha"));
+    let bare = ObjectRef::parse("resnet").unwrap();
+    assert_eq!(bare.project_in("beta"), Some("beta"));
+    assert_eq!(bare.project_in(""), None);
+}
+
+#[test]
+fn a_bare_name_is_of_the_one_readable_project_that_has_it() {
+    let ada = user(&[("alpha", Role::Viewer), ("beta", Role::Member)]);
+    let holders = |projects: &[&str]| projects.iter().map(|p| p.to_string()).collect::<Vec<_>>();
+    // Projects she may not read are neither chosen nor named.
+    assert_eq!(ada.sole_holder(holders(&["gamma"])), Holder::None);
+    assert_eq!(
+        ada.sole_holder(holders(&["alpha", "gamma"])),
+        Holder::One("alpha".into())
+    );
+    assert_eq!(
+        ada.sole_holder(holders(&["gamma", "beta", "alpha"])),
+        Holder::Several(vec!["alpha".into(), "beta".into()])
+    );
+    let admin = Principal {
+        is_admin: true,
+        ..user(&[])
+    };
+    assert_eq!(
+        admin.sole_holder(holders(&["gamma", "delta"])),
+        Holder::Several(vec!["delta".into(), "gamma".into()])
+    );
+    // A job's token reads no project this way.
+    assert_eq!(job_token("j1", None).sole_holder(holders(&["alpha"])), Holder::None);
+}

@@ -15,10 +15,9 @@ pub enum ModelError {
     JobNotEnded { job_id: String, state: String },
     #[error("job {job_id} has no outputs or saved artifacts{}; `kiln artifacts ls {job_id}` and `kiln artifacts saved {job_id}` list what it wrote", if path.is_empty() { String::new() } else { format!(" under {path}") })]
     NoOutputs { job_id: String, path: String },
-    /// The name is another project's: which one is not said, so a non-member learns nothing
-    /// of that project (`project` is for the operator's logs).
-    #[error("model name {name} is taken by another project; model names are unique across the instance, pick another")]
-    OtherProject { name: String, project: String },
+    /// A bare name with no project given is a model of several projects the caller may read.
+    #[error("model {name} is in more than one project you may read ({}): name one as PROJECT/{name}, or give its project (--project)", projects.join(", "))]
+    Ambiguous { name: String, projects: Vec<String> },
     #[error("model {name} not found; `kiln model ls` lists the models")]
     ModelNotFound { name: String },
     #[error("model {name} has no version {version}; `kiln model versions {name}` lists them")]
@@ -48,8 +47,9 @@ impl ModelError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             ModelError::Invalid(_) | ModelError::InvalidPath { .. } => ErrorKind::InvalidArgument,
-            ModelError::JobNotEnded { .. } | ModelError::NoOutputs { .. } => ErrorKind::FailedPrecondition,
-            ModelError::OtherProject { .. } => ErrorKind::AlreadyExists,
+            ModelError::JobNotEnded { .. } | ModelError::NoOutputs { .. } | ModelError::Ambiguous { .. } => {
+                ErrorKind::FailedPrecondition
+            }
             ModelError::ModelNotFound { .. }
             | ModelError::VersionNotFound { .. }
             | ModelError::AliasNotFound { .. }
@@ -66,23 +66,18 @@ impl ModelError {
 mod tests {
     use super::*;
 
-    /// A refusal of a taken name reaches a caller of another project: it must not say whose.
+    /// Only the projects the caller may read are listed (the caller computes them).
     #[test]
-    fn a_taken_name_does_not_name_its_project() {
-        let refusal = ModelError::OtherProject {
+    fn an_ambiguous_name_asks_for_its_project() {
+        let refusal = ModelError::Ambiguous {
             name: "resnet".into(),
-            project: "secret-lab".into(),
-        }
-        .to_string();
-        assert!(refusal.contains("resnet"), "{refusal}");
-        assert!(!refusal.contains("secret-lab"), "{refusal}");
-        assert_eq!(
-            ModelError::OtherProject {
-                name: "resnet".into(),
-                project: "secret-lab".into(),
-            }
-            .kind(),
-            ErrorKind::AlreadyExists
+            projects: vec!["alpha".into(), "beta".into()],
+        };
+        assert_eq!(refusal.kind(), ErrorKind::FailedPrecondition);
+        let text = refusal.to_string();
+        assert!(
+            text.contains("(alpha, beta)") && text.contains("PROJECT/resnet"),
+            "{text}"
         );
     }
 }

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::{Lineage, ManifestEntry, ModelError};
-use crate::store::{ModelRecord, ModelVersionRecord, Store};
+use crate::store::{ModelKey, ModelRecord, ModelVersionRecord, Store};
 
 /// How a call names a version: `NAME:3`, `NAME@production`, or `NAME` (the latest).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,21 +39,21 @@ pub struct Version {
 
 impl Version {
     /// Reads a model's record, or says it does not exist.
-    pub async fn model(store: &Store, name: &str) -> Result<ModelRecord, ModelError> {
+    pub async fn model(store: &Store, key: &ModelKey) -> Result<ModelRecord, ModelError> {
         store
-            .model(name)
+            .model(&key.project, &key.name)
             .await?
-            .ok_or_else(|| ModelError::ModelNotFound { name: name.to_string() })
+            .ok_or_else(|| ModelError::ModelNotFound { name: key.name.clone() })
     }
 
-    /// The number `reference` names in model `name`, checked to exist.
+    /// The number `reference` names in `model`, checked to exist.
     pub async fn resolve(store: &Store, model: &ModelRecord, reference: &VersionRef) -> Result<i64, ModelError> {
         let name = &model.name;
         let number = match reference {
             VersionRef::Number(number) => *number,
             VersionRef::Alias(alias) => {
                 store
-                    .model_alias(name, alias)
+                    .model_alias(&model.key(), alias)
                     .await?
                     .ok_or_else(|| ModelError::AliasNotFound {
                         name: name.clone(),
@@ -78,20 +78,20 @@ impl Version {
     }
 
     /// Reads one version in full.
-    pub async fn read(store: &Store, name: &str, reference: VersionRef) -> Result<Version, ModelError> {
-        let model = Version::model(store, name).await?;
+    pub async fn read(store: &Store, key: &ModelKey, reference: VersionRef) -> Result<Version, ModelError> {
+        let model = Version::model(store, key).await?;
         let number = Version::resolve(store, &model, &reference).await?;
         let record = store
-            .model_version(name, number)
+            .model_version(key, number)
             .await?
             .ok_or_else(|| ModelError::VersionNotFound {
-                name: name.to_string(),
+                name: key.name.clone(),
                 version: number,
             })?;
-        let aliases = store.model_aliases(name).await?;
-        let mut tags = store.model_tags(name, &[number]).await?;
+        let aliases = store.model_aliases(key).await?;
+        let mut tags = store.model_tags(key, &[number]).await?;
         let files = store
-            .model_files(name, number)
+            .model_files(key, number)
             .await?
             .into_iter()
             .map(|file| ManifestEntry {
@@ -148,6 +148,7 @@ impl Version {
             created_at_ms: record.created_at_ms,
             description: record.description.clone(),
             size: u64::try_from(record.size).unwrap_or(0),
+            project: record.project.clone(),
         }
     }
 }

@@ -99,8 +99,8 @@ const METRICS_ANY: &str = "kiln.metrics.*";
 const LOGS_ANY: &str = "kiln.logs.*";
 const ITEMS_ANY: &str = "kiln.items.*";
 const ITEM_RESULTS_ANY: &str = "kiln.itemres.*";
-/// `kiln.serve.<service>.<revision>.<member>`.
-const SERVE_ANY: &str = "kiln.serve.*.*.*";
+/// `kiln.serve.<project>.<service>.<revision>.<member>`.
+const SERVE_ANY: &str = "kiln.serve.*.*.*.*";
 
 /// Every stream kiln keeps: its own and those of its KV buckets.
 fn kiln_streams() -> Vec<String> {
@@ -181,7 +181,7 @@ pub(super) fn of(service: Service) -> Permissions {
                 .kv_write(BUCKET_CAPACITY, "*")
                 .kv_write(BUCKET_RUNNERS, "*")
                 .subscribe(SERVE_ANY)
-                .publish("kiln.serving.load.*");
+                .publish(SERVE_LOAD_ALL);
             p.allow_responses = true;
         }
         Service::LogIngest => {
@@ -221,6 +221,9 @@ pub(super) fn of(service: Service) -> Permissions {
                 .publish(SERVE_DEMAND_ALL)
                 .subscribe(SERVE_LOAD_ALL)
                 .subscribe(SERVE_DEMAND_ALL)
+                // Keys are `PROJECT.NAME`; a one-token key is a definition written before names
+                // were per project, which the controller deletes.
+                .kv_write(BUCKET_SERVICES, "*.*")
                 .kv_write(BUCKET_SERVICES, "*")
                 .kv_list(BUCKET_SERVICES)
                 .lease(LEASE_PREDICTOR_CONTROLLER);
@@ -291,9 +294,9 @@ mod tests {
         assert!(can_publish(Service::Runner, &metrics("j1")));
         assert!(can_publish(Service::Runner, "$KV.kiln_capacity.runner-1"));
         assert!(can_publish(Service::Runner, "$KV.kiln_runners.runner-1"));
-        assert!(can_publish(Service::Runner, &serve_load("svc")));
-        assert!(can_subscribe(Service::Runner, &serve("svc", 3, "m1")));
-        assert!(can_publish(Service::Predictor, &serve("svc", 3, "m1")));
+        assert!(can_publish(Service::Runner, &serve_load("p", "svc")));
+        assert!(can_subscribe(Service::Runner, &serve("p", "svc", 3, "m1")));
+        assert!(can_publish(Service::Predictor, &serve("p", "svc", 3, "m1")));
         assert!(can_publish(Service::ItemBatch, &items("b1")));
         assert!(can_publish(Service::ItemBatch, "$KV.kiln_leases.item-batch-scaler"));
         assert!(can_publish(
@@ -337,7 +340,7 @@ mod tests {
         assert!(!can_publish(Service::ItemBatch, "$KV.kiln_leases.scheduler"));
         assert!(!can_publish(Service::Advisor, "$KV.kiln_leases.predictor-controller"));
         // Only the runners' relays report load; only the scheduler launches.
-        assert!(!can_publish(Service::Predictor, &serve_load("svc")));
+        assert!(!can_publish(Service::Predictor, &serve_load("p", "svc")));
         assert!(!can_publish(Service::Api, &launch("local")));
         // No one deletes a stream.
         for service in Service::ALL {

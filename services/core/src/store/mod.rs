@@ -27,7 +27,7 @@ mod users;
 pub use artifacts::{DatasetRef, NewArtifact};
 pub use entities::job::Model as JobRecord;
 pub use jobs::{Change, EXTERNAL_POOL, NewJob, Usage};
-pub use models::{ModelRecord, ModelVersionRecord, NewModelVersion, Registered, VersionFilter};
+pub use models::{ModelKey, ModelRecord, ModelVersionRecord, NewModelVersion, VersionFilter};
 pub use owners::{PAUSED, paused_reason};
 pub use projects::MemberRecord;
 pub use quotas::{QueuedCounts, QuotaRecord};

@@ -1,4 +1,6 @@
 //! Records of the model registry: models, their immutable versions and files, tags, and aliases.
+//! A model is named by its project and its name (names are unique per project), and so is
+//! everything of it.
 //!
 //! A version number is taken by incrementing the model's `latest_version` inside the
 //! transaction that inserts the version (on Postgres the row lock, on SQLite the write lock the
@@ -29,7 +31,7 @@ pub use model_version::Model as ModelVersionRecord;
 #[derive(Debug, Clone, Default)]
 pub struct NewModelVersion {
     pub model: String,
-    /// The project of a model created by this version; an existing model must be of it.
+    /// The model's project (the source job's).
     pub project: String,
     pub created_by: String,
     pub job_id: String,
@@ -41,16 +43,6 @@ pub struct NewModelVersion {
     pub tags: BTreeMap<String, String>,
     /// An alias to point at the new version in the same transaction.
     pub alias: Option<String>,
-}
-
-/// What recording a version did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Registered {
-    Version(ModelVersionRecord),
-    /// The name is a model of another project (names are unique in the instance).
-    OtherProject {
-        project: String,
-    },
 }
 
 /// A filter of a model's versions.
@@ -72,43 +64,47 @@ fn like_pattern(text: &str) -> LikeExpr {
 }
 
 impl Store {
-    /// Records a new version of `new.model` (creating the model on its first version) and
-    /// returns it with its number.
-    pub async fn insert_model_version(&self, new: NewModelVersion) -> StoreResult<Registered> {
+    /// Records a new version of `new.model` of `new.project` (creating the model on its first
+    /// version) and returns it with its number.
+    pub async fn insert_model_version(&self, new: NewModelVersion) -> StoreResult<ModelVersionRecord> {
         let now = now_ms();
         let txn = self.db.begin().await?;
         // The first statement writes, so SQLite takes its write lock before any read.
         model::Entity::insert(model::ActiveModel {
-            name: Set(new.model.clone()),
             project: Set(new.project.clone()),
+            name: Set(new.model.clone()),
             created_by: Set(new.created_by.clone()),
             created_at_ms: Set(now),
             latest_version: Set(0),
         })
-        .on_conflict(OnConflict::column(model::Column::Name).do_nothing().to_owned())
+        .on_conflict(
+            OnConflict::columns([model::Column::Project, model::Column::Name])
+                .do_nothing()
+                .to_owned(),
+        )
         .exec_without_returning(&txn)
         .await?;
-        let bumped = model::Entity::update_many()
+        model::Entity::update_many()
             .col_expr(
                 model::Column::LatestVersion,
                 Expr::col(model::Column::LatestVersion).add(1),
             )
-            .filter(model::Column::Name.eq(&new.model))
             .filter(model::Column::Project.eq(&new.project))
+            .filter(model::Column::Name.eq(&new.model))
             .exec(&txn)
             .await?;
-        if bumped.rows_affected == 0 {
-            let existing = model::Entity::find_by_id(new.model.clone()).one(&txn).await?;
-            txn.rollback().await?;
-            let project = existing.map(|m| m.project).unwrap_or_default();
-            return Ok(Registered::OtherProject { project });
-        }
-        let version = model::Entity::find_by_id(new.model.clone())
+        let version = model::Entity::find_by_id((new.project.clone(), new.model.clone()))
             .one(&txn)
             .await?
             .map(|m| m.latest_version)
-            .ok_or_else(|| super::StoreError::Corrupt(format!("model {} vanished in its transaction", new.model)))?;
+            .ok_or_else(|| {
+                super::StoreError::Corrupt(format!(
+                    "model {}/{} vanished in its transaction",
+                    new.project, new.model
+                ))
+            })?;
         let record = ModelVersionRecord {
+            project: new.project.clone(),
             model: new.model.clone(),
             version,
             digest: new.digest,
@@ -125,6 +121,7 @@ impl Store {
         // In chunks: a version of many files stays under every backend's parameter limit.
         for chunk in new.files.chunks(500) {
             let rows = chunk.iter().map(|(path, sha256, size)| model_file::ActiveModel {
+                project: Set(new.project.clone()),
                 model: Set(new.model.clone()),
                 version: Set(version),
                 path: Set(path.clone()),
@@ -135,29 +132,57 @@ impl Store {
                 .exec_without_returning(&txn)
                 .await?;
         }
-        put_tags(&txn, &new.model, version, &new.tags).await?;
+        let key = ModelKey::new(&new.project, &new.model);
+        put_tags(&txn, &key, version, &new.tags).await?;
         if let Some(alias) = &new.alias {
-            put_alias(&txn, &new.model, alias, version).await?;
+            put_alias(&txn, &key, alias, version).await?;
         }
         txn.commit().await?;
-        Ok(Registered::Version(record))
+        Ok(record)
     }
 
-    pub async fn model(&self, name: &str) -> StoreResult<Option<ModelRecord>> {
-        Ok(model::Entity::find_by_id(name.to_string()).one(&self.db).await?)
+    /// A project's model by name.
+    pub async fn model(&self, project: &str, name: &str) -> StoreResult<Option<ModelRecord>> {
+        Ok(model::Entity::find_by_id((project.to_string(), name.to_string()))
+            .one(&self.db)
+            .await?)
     }
 
-    /// Models of the visible projects whose name contains `query`, by name, after `after_name`.
+    /// The projects that have a model called `name`, sorted.
+    pub async fn model_projects(&self, name: &str) -> StoreResult<Vec<String>> {
+        Ok(model::Entity::find()
+            .filter(model::Column::Name.eq(name))
+            .order_by_asc(model::Column::Project)
+            .all(&self.db)
+            .await?
+            .into_iter()
+            .map(|model| model.project)
+            .collect())
+    }
+
+    /// Models of the visible projects whose name contains `query`, by name then project, after
+    /// the model `after` (name, project); an empty project there means after every model of
+    /// that name.
     pub async fn list_models(
         &self,
         visible: &Visible,
         query: &str,
-        after_name: &str,
+        after: (&str, &str),
         limit: u64,
     ) -> StoreResult<Vec<ModelRecord>> {
+        let (after_name, after_project) = after;
+        let mut later = Condition::any().add(model::Column::Name.gt(after_name));
+        if !after_project.is_empty() {
+            later = later.add(
+                Condition::all()
+                    .add(model::Column::Name.eq(after_name))
+                    .add(model::Column::Project.gt(after_project)),
+            );
+        }
         let mut select = model::Entity::find()
-            .filter(model::Column::Name.gt(after_name))
+            .filter(later)
             .order_by_asc(model::Column::Name)
+            .order_by_asc(model::Column::Project)
             .limit(limit);
         if let Visible::Only(projects) = visible {
             select = select.filter(model::Column::Project.is_in(projects.iter().cloned()));
@@ -168,40 +193,45 @@ impl Store {
         Ok(select.all(&self.db).await?)
     }
 
-    pub async fn model_version(&self, name: &str, version: i64) -> StoreResult<Option<ModelVersionRecord>> {
-        Ok(model_version::Entity::find_by_id((name.to_string(), version))
-            .one(&self.db)
-            .await?)
+    pub async fn model_version(&self, key: &ModelKey, version: i64) -> StoreResult<Option<ModelVersionRecord>> {
+        Ok(
+            model_version::Entity::find_by_id((key.project.clone(), key.name.clone(), version))
+                .one(&self.db)
+                .await?,
+        )
     }
 
     /// A model's versions matching `filter`, newest first.
     pub async fn list_model_versions(
         &self,
-        name: &str,
+        key: &ModelKey,
         filter: &VersionFilter,
     ) -> StoreResult<Vec<ModelVersionRecord>> {
         let mut select = model_version::Entity::find()
-            .filter(model_version::Column::Model.eq(name))
+            .filter(model_version::Column::Project.eq(&key.project))
+            .filter(model_version::Column::Model.eq(&key.name))
             .order_by_desc(model_version::Column::Version)
             .limit(filter.limit);
         if filter.before_version > 0 {
             select = select.filter(model_version::Column::Version.lt(filter.before_version));
         }
-        for (key, value) in &filter.tags {
-            let tagged = Query::select()
+        let of_model = || {
+            Query::select()
                 .column(model_tag::Column::Version)
                 .from(model_tag::Entity)
-                .and_where(model_tag::Column::Model.eq(name))
+                .and_where(model_tag::Column::Project.eq(key.project.as_str()))
+                .and_where(model_tag::Column::Model.eq(key.name.as_str()))
+                .to_owned()
+        };
+        for (key, value) in &filter.tags {
+            let tagged = of_model()
                 .and_where(model_tag::Column::Key.eq(key.as_str()))
                 .and_where(model_tag::Column::Value.eq(value.as_str()))
                 .to_owned();
             select = select.filter(model_version::Column::Version.in_subquery(tagged));
         }
         if !filter.query.is_empty() {
-            let tag_values = Query::select()
-                .column(model_tag::Column::Version)
-                .from(model_tag::Entity)
-                .and_where(model_tag::Column::Model.eq(name))
+            let tag_values = of_model()
                 .and_where(Expr::col(model_tag::Column::Value).like(like_pattern(&filter.query)))
                 .to_owned();
             select = select.filter(
@@ -215,9 +245,10 @@ impl Store {
     }
 
     /// The files of a version, by path.
-    pub async fn model_files(&self, name: &str, version: i64) -> StoreResult<Vec<ModelFileRecord>> {
+    pub async fn model_files(&self, key: &ModelKey, version: i64) -> StoreResult<Vec<ModelFileRecord>> {
         Ok(model_file::Entity::find()
-            .filter(model_file::Column::Model.eq(name))
+            .filter(model_file::Column::Project.eq(&key.project))
+            .filter(model_file::Column::Model.eq(&key.name))
             .filter(model_file::Column::Version.eq(version))
             .order_by_asc(model_file::Column::Path)
             .all(&self.db)
@@ -227,11 +258,12 @@ impl Store {
     /// The tags of some versions of a model, by version.
     pub async fn model_tags(
         &self,
-        name: &str,
+        key: &ModelKey,
         versions: &[i64],
     ) -> StoreResult<BTreeMap<i64, BTreeMap<String, String>>> {
         let rows = model_tag::Entity::find()
-            .filter(model_tag::Column::Model.eq(name))
+            .filter(model_tag::Column::Project.eq(&key.project))
+            .filter(model_tag::Column::Model.eq(&key.name))
             .filter(model_tag::Column::Version.is_in(versions.iter().copied()))
             .all(&self.db)
             .await?;
@@ -243,17 +275,23 @@ impl Store {
     }
 
     /// Sets tags of a version (an empty value removes the tag), in one transaction.
-    pub async fn set_model_tags(&self, name: &str, version: i64, tags: &BTreeMap<String, String>) -> StoreResult<()> {
+    pub async fn set_model_tags(
+        &self,
+        key: &ModelKey,
+        version: i64,
+        tags: &BTreeMap<String, String>,
+    ) -> StoreResult<()> {
         let txn = self.db.begin().await?;
-        put_tags(&txn, name, version, tags).await?;
+        put_tags(&txn, key, version, tags).await?;
         txn.commit().await?;
         Ok(())
     }
 
     /// A model's aliases, alias -> version.
-    pub async fn model_aliases(&self, name: &str) -> StoreResult<BTreeMap<String, i64>> {
+    pub async fn model_aliases(&self, key: &ModelKey) -> StoreResult<BTreeMap<String, i64>> {
         Ok(model_alias::Entity::find()
-            .filter(model_alias::Column::Model.eq(name))
+            .filter(model_alias::Column::Project.eq(&key.project))
+            .filter(model_alias::Column::Model.eq(&key.name))
             .all(&self.db)
             .await?
             .into_iter()
@@ -262,25 +300,23 @@ impl Store {
     }
 
     /// The version an alias points at, if it exists.
-    pub async fn model_alias(&self, name: &str, alias: &str) -> StoreResult<Option<i64>> {
-        Ok(model_alias::Entity::find_by_id((name.to_string(), alias.to_string()))
+    pub async fn model_alias(&self, key: &ModelKey, alias: &str) -> StoreResult<Option<i64>> {
+        Ok(model_alias::Entity::find_by_id(alias_id(key, alias))
             .one(&self.db)
             .await?
             .map(|row| row.version))
     }
 
     /// Points `alias` at `version` (which the caller checked exists), moving it atomically.
-    pub async fn set_model_alias(&self, name: &str, alias: &str, version: i64) -> StoreResult<()> {
-        put_alias(&self.db, name, alias, version).await
+    pub async fn set_model_alias(&self, key: &ModelKey, alias: &str, version: i64) -> StoreResult<()> {
+        put_alias(&self.db, key, alias, version).await
     }
 
     /// Removes an alias; returns the version it pointed at, `None` when there was none.
-    pub async fn delete_model_alias(&self, name: &str, alias: &str) -> StoreResult<Option<i64>> {
+    pub async fn delete_model_alias(&self, key: &ModelKey, alias: &str) -> StoreResult<Option<i64>> {
         let txn = self.db.begin().await?;
-        let held = model_alias::Entity::find_by_id((name.to_string(), alias.to_string()))
-            .one(&txn)
-            .await?;
-        model_alias::Entity::delete_by_id((name.to_string(), alias.to_string()))
+        let held = model_alias::Entity::find_by_id(alias_id(key, alias)).one(&txn).await?;
+        model_alias::Entity::delete_by_id(alias_id(key, alias))
             .exec(&txn)
             .await?;
         txn.commit().await?;
@@ -297,27 +333,76 @@ impl Store {
     }
 }
 
+/// A model as the store finds it: its project and its name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ModelKey {
+    pub project: String,
+    pub name: String,
+}
+
+impl ModelKey {
+    pub fn new(project: &str, name: &str) -> ModelKey {
+        ModelKey {
+            project: project.to_string(),
+            name: name.to_string(),
+        }
+    }
+
+    /// The model as `home` writes it: its bare name in its own project, `PROJECT/NAME` elsewhere.
+    pub fn relative_to(&self, home: &str) -> String {
+        if self.project == home {
+            self.name.clone()
+        } else {
+            format!("{}/{}", self.project, self.name)
+        }
+    }
+}
+
+impl std::fmt::Display for ModelKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.project, self.name)
+    }
+}
+
+impl ModelRecord {
+    pub fn key(&self) -> ModelKey {
+        ModelKey::new(&self.project, &self.name)
+    }
+}
+
+impl ModelVersionRecord {
+    pub fn key(&self) -> ModelKey {
+        ModelKey::new(&self.project, &self.model)
+    }
+}
+
+fn alias_id(key: &ModelKey, alias: &str) -> (String, String, String) {
+    (key.project.clone(), key.name.clone(), alias.to_string())
+}
+
 async fn put_tags(
     db: &impl ConnectionTrait,
-    name: &str,
+    model: &ModelKey,
     version: i64,
     tags: &BTreeMap<String, String>,
 ) -> StoreResult<()> {
     for (key, value) in tags {
         if value.is_empty() {
-            model_tag::Entity::delete_by_id((name.to_string(), version, key.clone()))
+            model_tag::Entity::delete_by_id((model.project.clone(), model.name.clone(), version, key.clone()))
                 .exec(db)
                 .await?;
             continue;
         }
         model_tag::Entity::insert(model_tag::ActiveModel {
-            model: Set(name.to_string()),
+            project: Set(model.project.clone()),
+            model: Set(model.name.clone()),
             version: Set(version),
             key: Set(key.clone()),
             value: Set(value.clone()),
         })
         .on_conflict(
             OnConflict::columns([
+                model_tag::Column::Project,
                 model_tag::Column::Model,
                 model_tag::Column::Version,
                 model_tag::Column::Key,
@@ -332,17 +417,22 @@ async fn put_tags(
 }
 
 /// One upsert: the alias row either keeps its old version or gets the new one, never neither.
-async fn put_alias(db: &impl ConnectionTrait, name: &str, alias: &str, version: i64) -> StoreResult<()> {
+async fn put_alias(db: &impl ConnectionTrait, model: &ModelKey, alias: &str, version: i64) -> StoreResult<()> {
     model_alias::Entity::insert(model_alias::ActiveModel {
-        model: Set(name.to_string()),
+        project: Set(model.project.clone()),
+        model: Set(model.name.clone()),
         alias: Set(alias.to_string()),
         version: Set(version),
         updated_at_ms: Set(now_ms()),
     })
     .on_conflict(
-        OnConflict::columns([model_alias::Column::Model, model_alias::Column::Alias])
-            .update_columns([model_alias::Column::Version, model_alias::Column::UpdatedAtMs])
-            .to_owned(),
+        OnConflict::columns([
+            model_alias::Column::Project,
+            model_alias::Column::Model,
+            model_alias::Column::Alias,
+        ])
+        .update_columns([model_alias::Column::Version, model_alias::Column::UpdatedAtMs])
+        .to_owned(),
     )
     .exec_without_returning(db)
     .await?;

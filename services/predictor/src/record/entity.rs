@@ -1,10 +1,11 @@
-//! The sea-orm entities of the service tables: `services` and `service_revisions`.
+//! The sea-orm entities of the service tables: `project_services` (names unique per project,
+//! since m0019) and `service_revisions`.
 
 pub mod service {
     use sea_orm::entity::prelude::*;
 
     #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
-    #[sea_orm(table_name = "services")]
+    #[sea_orm(table_name = "project_services")]
     pub struct Model {
         #[sea_orm(primary_key, auto_increment = false)]
         pub id: String,

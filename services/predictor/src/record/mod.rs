@@ -1,5 +1,6 @@
 //! The service tables: a service's record (its name, project, state, serving and latest
-//! revision, replicas) and its revisions, each recorded once and never changed.
+//! revision, replicas) and its revisions, each recorded once and never changed. A service is
+//! found by its project and name (names are unique per project).
 
 use kiln_core::authz::Visible;
 use kiln_core::ids::{new_id, now_ms};
@@ -44,6 +45,16 @@ impl Rollout {
 }
 
 impl ServiceRecord {
+    /// Its [`kiln_core::serving::service_key`].
+    pub fn key(&self) -> String {
+        kiln_core::serving::service_key(&self.project, &self.name)
+    }
+
+    /// How a person names it: `PROJECT/NAME`.
+    pub fn qualified(&self) -> String {
+        format!("{}/{}", self.project, self.name)
+    }
+
     pub fn scaling(&self) -> Scaling {
         if self.scaling_json.is_empty() {
             return Scaling::fixed(u32::try_from(self.replicas).unwrap_or(1));
@@ -83,8 +94,8 @@ impl ServiceStore {
         }
     }
 
-    /// Records a new service with its first revision; ALREADY_EXISTS-like error when the name is
-    /// taken.
+    /// Records a new service with its first revision; ALREADY_EXISTS when its project has a
+    /// service of that name.
     pub async fn create(
         &self,
         name: &str,
@@ -93,9 +104,9 @@ impl ServiceStore {
         scaling: &Scaling,
         first: &Revision,
     ) -> Result<ServiceRecord> {
-        if self.by_name(name).await?.is_some() {
+        if self.by_name(project, name).await?.is_some() {
             return Err(Error::AlreadyExists(format!(
-                "a service named {name} exists; pick another name, or `kiln serve update {name}`"
+                "project {project} has a service named {name}; pick another name, or `kiln serve update {name} --project {project}`"
             )));
         }
         let now = now_ms();
@@ -141,22 +152,39 @@ impl ServiceStore {
                 sea_orm::TransactionError::Transaction(error)
                     if error.to_string().contains("UNIQUE") || error.to_string().contains("unique") =>
                 {
-                    Error::AlreadyExists(format!("a service named {name} exists; pick another name"))
+                    Error::AlreadyExists(format!(
+                        "project {project} has a service named {name}; pick another name"
+                    ))
                 }
                 other => Error::Internal(format!("cannot record service {name}: {other}")),
             })?;
         Ok(record)
     }
 
-    pub async fn by_name(&self, name: &str) -> Result<Option<ServiceRecord>> {
+    /// Service `name` of `project`.
+    pub async fn by_name(&self, project: &str, name: &str) -> Result<Option<ServiceRecord>> {
         Ok(service::Entity::find()
+            .filter(service::Column::Project.eq(project))
             .filter(service::Column::Name.eq(name))
             .one(&self.db)
             .await
             .map_err(kiln_core::store::StoreError::from)?)
     }
 
-    /// Services of the visible projects, by name; running ones only unless `all`.
+    /// The projects that have a service called `name` (running or stopped).
+    pub async fn projects_named(&self, name: &str) -> Result<Vec<String>> {
+        Ok(service::Entity::find()
+            .filter(service::Column::Name.eq(name))
+            .order_by_asc(service::Column::Project)
+            .all(&self.db)
+            .await
+            .map_err(kiln_core::store::StoreError::from)?
+            .into_iter()
+            .map(|record| record.project)
+            .collect())
+    }
+
+    /// Services of the visible projects, by name then project; running ones only unless `all`.
     pub async fn list(&self, visible: &Visible, all: bool) -> Result<Vec<ServiceRecord>> {
         let mut query = service::Entity::find();
         if let Visible::Only(projects) = visible {
@@ -167,6 +195,7 @@ impl ServiceStore {
         }
         Ok(query
             .order_by_asc(service::Column::Name)
+            .order_by_asc(service::Column::Project)
             .all(&self.db)
             .await
             .map_err(kiln_core::store::StoreError::from)?)

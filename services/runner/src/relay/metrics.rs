@@ -9,12 +9,14 @@ use super::Member;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct MemberLabels {
+    project: String,
     service: String,
     member: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
+    project: String,
     service: String,
     member: String,
     /// How the request came: `direct` or `nats`.
@@ -35,7 +37,7 @@ impl RelayMetrics {
         use kiln_core::metrics::RegistryExt;
         registry.add(
             "serve_requests",
-            "Inference requests the relays took, by service, member, channel (direct, nats) and outcome (answered, dropped: expired before the worker took it, late: the worker missed the deadline, failed)",
+            "Inference requests the relays took, by service (project and name), member, channel (direct, nats) and outcome (answered, dropped: expired before the worker took it, late: the worker missed the deadline, failed)",
             self.requests.clone(),
         );
         registry.add(
@@ -50,20 +52,30 @@ impl RelayMetrics {
         );
     }
 
-    /// How often the worker of `member` of `service` was taken out of rotation.
-    pub fn ejections(&self, service: &str, member: &str) -> u64 {
+    /// How often the worker of `member` of `service` of `project` was taken out of rotation.
+    pub fn ejections(&self, project: &str, service: &str, member: &str) -> u64 {
         self.ejections
             .get_or_create(&MemberLabels {
+                project: project.into(),
                 service: service.into(),
                 member: member.into(),
             })
             .get()
     }
 
-    /// How many requests for `member` of `service` came by `channel` and ended in `outcome`.
-    pub fn requests(&self, service: &str, member: &str, channel: &'static str, outcome: &'static str) -> u64 {
+    /// How many requests for `member` of `service` of `project` came by `channel` and ended in
+    /// `outcome`.
+    pub fn requests(
+        &self,
+        project: &str,
+        service: &str,
+        member: &str,
+        channel: &'static str,
+        outcome: &'static str,
+    ) -> u64 {
         self.requests
             .get_or_create(&OutcomeLabels {
+                project: project.into(),
                 service: service.into(),
                 member: member.into(),
                 channel,
@@ -75,6 +87,7 @@ impl RelayMetrics {
     pub(super) fn count(&self, member: &Member, channel: &'static str, outcome: &'static str) {
         self.requests
             .get_or_create(&OutcomeLabels {
+                project: member.project.clone(),
                 service: member.service.clone(),
                 member: member.member.clone(),
                 channel,
@@ -85,6 +98,7 @@ impl RelayMetrics {
 
     pub(super) fn labels(member: &Member) -> MemberLabels {
         MemberLabels {
+            project: member.project.clone(),
             service: member.service.clone(),
             member: member.member.clone(),
         }

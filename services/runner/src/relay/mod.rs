@@ -126,7 +126,12 @@ impl Relay {
     /// Serves until `drain` is cancelled, then drains.
     pub async fn run(self, drain: CancellationToken) -> Result<()> {
         let relay = Arc::new(self);
-        let subject = subjects::serve(&relay.member.service, relay.member.revision, &relay.member.member);
+        let subject = subjects::serve(
+            &relay.member.project,
+            &relay.member.service,
+            relay.member.revision,
+            &relay.member.member,
+        );
         let rotation = relay
             .metrics
             .in_rotation
@@ -212,7 +217,7 @@ impl Relay {
     /// are sampled 10 times an interval.
     async fn report(self: Arc<Self>, drain: CancellationToken) {
         let interval = Duration::from_millis(self.settings.report_interval_ms.max(10));
-        let subject = subjects::serve_load(&self.member.service);
+        let subject = subjects::serve_load(&self.member.project, &self.member.service);
         loop {
             let mut sum = 0usize;
             for _ in 0..10 {
@@ -226,6 +231,7 @@ impl Relay {
             let answered_us = self.load.answered_us.swap(0, Ordering::Relaxed);
             let report = LoadReport {
                 job_id: self.member.job_id.clone(),
+                project: self.member.project.clone(),
                 service: self.member.service.clone(),
                 revision: self.member.revision,
                 member: self.member.member.clone(),

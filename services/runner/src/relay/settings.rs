@@ -47,6 +47,8 @@ impl Default for RelaySettings {
 /// The member a relay's worker serves.
 #[derive(Debug, Clone)]
 pub struct Member {
+    /// The service's project: its worker's job's (service names are unique per project).
+    pub project: String,
     pub service: String,
     pub revision: u64,
     pub member: String,
@@ -57,10 +59,11 @@ pub struct Member {
 }
 
 impl Member {
-    /// The member an inference worker's job environment names, with the port the runner gave
-    /// it; `None` for other jobs.
-    pub fn of_env(env: &std::collections::BTreeMap<String, String>) -> Option<Member> {
+    /// The member an inference worker's job environment names (a worker of a service of
+    /// `project`, its job's project), with the port the runner gave it; `None` for other jobs.
+    pub fn of_env(env: &std::collections::BTreeMap<String, String>, project: &str) -> Option<Member> {
         Some(Member {
+            project: project.to_string(),
             service: env.get(ENV_SERVICE)?.clone(),
             revision: env.get(ENV_REVISION)?.parse().ok()?,
             member: env.get(ENV_MEMBER)?.clone(),

@@ -263,7 +263,7 @@ async fn execute(
         Ok(prepared) => prepared,
         Err(error) => return (not_started(error), job, None),
     };
-    let serving = crate::relay::Member::of_env(&spec.env);
+    let serving = crate::relay::Member::of_env(&spec.env, &job.project);
     let provisioned = ctx.provider.provision(&spec).await;
     // The provider has put the code, datasets and restored outputs in place (or failed): their
     // archives on this host are done with.

@@ -135,7 +135,7 @@ pub(super) async fn instance_spec(
     let mut env = job.env()?;
     if let Some(model) = env.get(ENV_MODEL).cloned() {
         // An inference worker: its model version's files, and the port its relay calls.
-        let staged = crate::models::stage(ctx, &model).await?;
+        let staged = crate::models::stage(ctx, &job.project, &model).await?;
         let dir = if job.image.is_empty() {
             staged.display().to_string()
         } else {

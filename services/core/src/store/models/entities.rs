@@ -1,14 +1,16 @@
-//! sea-orm entities of the registry's tables (schema in `kiln-migrations` m0011_models).
+//! sea-orm entities of the registry's tables (schema in `kiln-migrations` m0011_models, keyed
+//! by (project, model) in the `project_*` tables of m0019_project_scoped_models).
 
 pub mod model {
     use sea_orm::entity::prelude::*;
 
     #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
-    #[sea_orm(table_name = "models")]
+    #[sea_orm(table_name = "project_models")]
     pub struct Model {
         #[sea_orm(primary_key, auto_increment = false)]
-        pub name: String,
         pub project: String,
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub name: String,
         pub created_by: String,
         pub created_at_ms: i64,
         pub latest_version: i64,
@@ -24,8 +26,10 @@ pub mod model_version {
     use sea_orm::entity::prelude::*;
 
     #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
-    #[sea_orm(table_name = "model_versions")]
+    #[sea_orm(table_name = "project_model_versions")]
     pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub project: String,
         #[sea_orm(primary_key, auto_increment = false)]
         pub model: String,
         #[sea_orm(primary_key, auto_increment = false)]
@@ -49,8 +53,10 @@ pub mod model_file {
     use sea_orm::entity::prelude::*;
 
     #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
-    #[sea_orm(table_name = "model_files")]
+    #[sea_orm(table_name = "project_model_files")]
     pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub project: String,
         #[sea_orm(primary_key, auto_increment = false)]
         pub model: String,
         #[sea_orm(primary_key, auto_increment = false)]
@@ -71,8 +77,10 @@ pub mod model_tag {
     use sea_orm::entity::prelude::*;
 
     #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
-    #[sea_orm(table_name = "model_tags")]
+    #[sea_orm(table_name = "project_model_tags")]
     pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub project: String,
         #[sea_orm(primary_key, auto_increment = false)]
         pub model: String,
         #[sea_orm(primary_key, auto_increment = false)]
@@ -92,8 +100,10 @@ pub mod model_alias {
     use sea_orm::entity::prelude::*;
 
     #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
-    #[sea_orm(table_name = "model_aliases")]
+    #[sea_orm(table_name = "project_model_aliases")]
     pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub project: String,
         #[sea_orm(primary_key, auto_increment = false)]
         pub model: String,
         #[sea_orm(primary_key, auto_increment = false)]
