@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 mod common;
 
 use common::{Up, last_line, text};
+use kiln_core::testing::hostile::{assert_root, env_of, pid_of_job, verdicts};
 
 fn ok(output: std::process::Output) -> String {
     assert!(output.status.success(), "{}", text(&output.stderr));
@@ -25,18 +26,6 @@ fn ok(output: std::process::Output) -> String {
 fn refused(output: &std::process::Output) -> String {
     assert!(!output.status.success(), "not refused: {}", text(&output.stdout));
     text(&output.stderr)
-}
-
-fn assert_root() {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let root = status
-        .lines()
-        .find(|line| line.starts_with("Uid:"))
-        .is_some_and(|line| line.split_whitespace().nth(2) == Some("0"));
-    assert!(
-        root,
-        "the hostile tenant's test needs root: run the tests as root (CI does, through scripts/test.sh)"
-    );
 }
 
 fn env(name: &str) -> String {
@@ -209,14 +198,6 @@ impl World {
     }
 }
 
-/// The lines of `output` that start with `verdict`, with it removed.
-fn with(output: &str, verdict: &str) -> BTreeSet<String> {
-    output
-        .lines()
-        .filter_map(|line| line.strip_prefix(verdict).map(|rest| rest.trim().to_string()))
-        .collect()
-}
-
 #[test]
 fn eve_reaches_neither_alphas_data_nor_kiln_from_her_project_on_kiln_up() {
     let world = World::start();
@@ -292,8 +273,8 @@ fn eve_reaches_neither_alphas_data_nor_kiln_from_her_project_on_kiln_up() {
         "echo $KILN_TOKEN > $KILN_OUTPUTS/token; exec sleep 600",
     ]));
     let status = world.up.wait_for_state(&victim, "RUNNING");
-    let pid = victim_pid(&victim);
-    let outputs = outputs_of(pid);
+    let pid = pid_of_job(&victim);
+    let outputs = env_of(pid, "KILN_OUTPUTS");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while !Path::new(&outputs).join("token").try_exists().unwrap() {
         assert!(std::time::Instant::now() < deadline, "the victim never wrote its token");
@@ -323,12 +304,12 @@ fn eve_reaches_neither_alphas_data_nor_kiln_from_her_project_on_kiln_up() {
     args.extend([home.as_str(), pid_text.as_str(), outputs.as_str()]);
     args.extend(port_args.iter().map(String::as_str));
     let output = ok(world.as_eve(&args));
-    let read = with(&output, "read ");
+    let read = verdicts(&output, "read ");
     assert!(read.is_empty(), "eve's process job read {read:?}:\n{output}");
-    assert_eq!(with(&output, "denied ").len(), PROBED_FILES, "{output}");
+    assert_eq!(verdicts(&output, "denied ").len(), PROBED_FILES, "{output}");
     let expected_open: BTreeSet<String> = endpoints.iter().map(|port| format!("port-{port}")).collect();
-    assert_eq!(with(&output, "open "), expected_open, "{output}");
-    let closed = with(&output, "closed ");
+    assert_eq!(verdicts(&output, "open "), expected_open, "{output}");
+    let closed = verdicts(&output, "closed ");
     assert!(closed.contains("metadata"), "{output}");
     assert_eq!(closed.len(), ports.len() - endpoints.len() + 1, "{output}");
 
@@ -350,7 +331,7 @@ fn eve_reaches_neither_alphas_data_nor_kiln_from_her_project_on_kiln_up() {
     ];
     args.extend(port_args.iter().map(String::as_str));
     let output = ok(world.as_eve(&args));
-    let open = with(&output, "open ");
+    let open = verdicts(&output, "open ");
     assert!(
         open.is_subset(&expected_open),
         "eve's container reached {open:?}:\n{output}"
@@ -359,7 +340,7 @@ fn eve_reaches_neither_alphas_data_nor_kiln_from_her_project_on_kiln_up() {
         open.contains(&format!("port-{}", port(&world.address("api")))),
         "{output}"
     );
-    assert!(with(&output, "closed ").contains("metadata"), "{output}");
+    assert!(verdicts(&output, "closed ").contains("metadata"), "{output}");
 
     // The control: kiln's own user on the host reads every file and opens every port.
     let control = std::process::Command::new("bash")
@@ -369,39 +350,14 @@ fn eve_reaches_neither_alphas_data_nor_kiln_from_her_project_on_kiln_up() {
         .output()
         .unwrap();
     let control = text(&control.stdout);
-    let denied = with(&control, "denied ");
+    let denied = verdicts(&control, "denied ");
     // KILN_CODE's relative path means nothing on the host.
     assert_eq!(denied, BTreeSet::from(["relative-token".to_string()]), "{control}");
-    assert_eq!(with(&control, "read ").len(), PROBED_FILES - 1, "{control}");
+    assert_eq!(verdicts(&control, "read ").len(), PROBED_FILES - 1, "{control}");
     // Every port (whether the metadata address answers depends on the machine: where it does,
     // the host reaches it and the jobs above did not).
-    let open = with(&control, "open ");
+    let open = verdicts(&control, "open ");
     let every_port: BTreeSet<String> = ports.iter().map(|port| format!("port-{port}")).collect();
     assert!(every_port.is_subset(&open), "{control}");
     ok(world.up.kiln(&["stop", &victim]));
-}
-
-/// The pid of a running process job's process, from the runner's record.
-fn victim_pid(job: &str) -> u32 {
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
-        let job_var = format!("KILN_JOB_ID={job}");
-        if environ.split(|b| *b == 0).any(|var| var == job_var.as_bytes()) {
-            return pid;
-        }
-    }
-    panic!("no process of {job}");
-}
-
-/// The outputs directory of the process `pid` (its `KILN_OUTPUTS`).
-fn outputs_of(pid: u32) -> String {
-    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
-    environ
-        .split(|b| *b == 0)
-        .find_map(|var| var.strip_prefix(b"KILN_OUTPUTS="))
-        .map(|dir| String::from_utf8_lossy(dir).into_owned())
-        .expect("KILN_OUTPUTS")
 }

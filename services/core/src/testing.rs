@@ -427,6 +427,7 @@ pub fn s3_objects_config(what: &str) -> crate::config::ObjectStoreConfig {
 
 mod certs;
 mod exposition;
+pub mod hostile;
 mod nats_probe;
 mod nats_users;
 mod secure_nats;

@@ -12,6 +12,7 @@
 //! Needs root (CI runs the tests as root; not root, the test fails saying so), iptables and
 //! nats-server (`KILN_TEST_NATS_SERVER`).
 
+use kiln_core::testing::hostile::{assert_root, env_of};
 use kiln_e2e::*;
 use kiln_proto::v1 as pb;
 use kiln_runner::provider::process::config::{Isolation, ProcessConfig};
@@ -50,18 +51,6 @@ const PROBES: [&str; 7] = [
 /// Where the job may not connect: the stack's NATS, and a port of the host standing in for a
 /// database or a metrics endpoint.
 const CONNECTIONS: [&str; 3] = ["nats", "host-port", "metadata"];
-
-fn assert_root() {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    let root = status
-        .lines()
-        .find(|line| line.starts_with("Uid:"))
-        .is_some_and(|line| line.split_whitespace().nth(2) == Some("0"));
-    assert!(
-        root,
-        "isolating process jobs needs root: run the tests as root (CI does, through scripts/test.sh)"
-    );
-}
 
 /// A file of the stack's JetStream store.
 fn jetstream_file(stack: &Stack) -> std::path::PathBuf {
@@ -179,12 +168,7 @@ async fn attack(stack: &Stack) -> String {
     let victim = stack.get(&victim.id).await;
     let pid = pid_of(&victim);
     // Where the victim keeps its token: in its outputs directory, wherever the runner put it.
-    let environ = std::fs::read(format!("/proc/{pid}/environ")).expect("the victim's environment");
-    let outputs = environ
-        .split(|&b| b == 0)
-        .find_map(|var| var.strip_prefix(b"KILN_OUTPUTS="))
-        .map(|dir| String::from_utf8_lossy(dir).into_owned())
-        .expect("KILN_OUTPUTS");
+    let outputs = env_of(u32::try_from(pid).expect("a pid"), "KILN_OUTPUTS");
     let home = stack.dir.path().display().to_string();
     let jetstream = jetstream_file(stack).display().to_string();
     let token_file = format!("{outputs}/token");

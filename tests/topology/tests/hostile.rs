@@ -18,21 +18,10 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use kiln_core::nats_auth::Service;
+use kiln_core::testing::hostile::{assert_root, env_of, pid_of_job, verdicts};
 use kiln_topology::{Options, Topology, binaries_dir};
 
 const PATIENCE: Duration = Duration::from_secs(120);
-
-fn assert_root() {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let root = status
-        .lines()
-        .find(|line| line.starts_with("Uid:"))
-        .is_some_and(|line| line.split_whitespace().nth(2) == Some("0"));
-    assert!(
-        root,
-        "the hostile tenant's test needs root: run the tests as root (CI does, through scripts/test.sh)"
-    );
-}
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
@@ -85,14 +74,6 @@ fn port_of(address: &str) -> u16 {
         .unwrap()
 }
 
-/// The lines of `output` that start with `verdict`, with it removed.
-fn with(output: &str, verdict: &str) -> BTreeSet<String> {
-    output
-        .lines()
-        .filter_map(|line| line.strip_prefix(verdict).map(|rest| rest.trim().to_string()))
-        .collect()
-}
-
 /// A process job's probes (bash): `read|denied <file>` per file argument before `--`, then
 /// `open|closed port-<port>` per port after it, then the metadata address.
 const PROBES: &str = r#"
@@ -105,21 +86,6 @@ shift
 for port in "$@"; do connect "port-$port" 127.0.0.1 "$port"; done
 connect metadata 169.254.169.254 80
 "#;
-
-/// The pid of the process of a running process job.
-fn pid_of_job(job: &str) -> u32 {
-    let needle = format!("KILN_JOB_ID={job}");
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
-        if environ.split(|b| *b == 0).any(|var| var == needle.as_bytes()) {
-            return pid;
-        }
-    }
-    panic!("no process of {job}");
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eve_reaches_neither_alphas_data_nor_the_data_plane_on_the_topology() {
@@ -237,12 +203,7 @@ async fn eve_reaches_neither_alphas_data_nor_the_data_plane_on_the_topology() {
     ]));
     wait_for_state(&topology, &victim, "RUNNING");
     let victim_pid = pid_of_job(&victim);
-    let environ = std::fs::read(format!("/proc/{victim_pid}/environ")).unwrap();
-    let outputs = environ
-        .split(|b| *b == 0)
-        .find_map(|var| var.strip_prefix(b"KILN_OUTPUTS="))
-        .map(text)
-        .expect("KILN_OUTPUTS");
+    let outputs = env_of(victim_pid, "KILN_OUTPUTS");
     let deadline = Instant::now() + PATIENCE;
     while !Path::new(&outputs).join("token").try_exists().unwrap() {
         assert!(Instant::now() < deadline, "the victim never wrote its token");
@@ -331,8 +292,8 @@ async fn eve_reaches_neither_alphas_data_nor_the_data_plane_on_the_topology() {
         .output()
         .unwrap();
     let control = text(&control.stdout);
-    assert_eq!(with(&control, "read ").len(), files.len(), "{control}");
-    let listening = with(&control, "open ");
+    assert_eq!(verdicts(&control, "read ").len(), files.len(), "{control}");
+    let listening = verdicts(&control, "open ");
     let mut data_plane = vec![topology.postgres.port, port_of(&options.s3.endpoint)];
     data_plane.extend(topology.nats.urls().iter().map(|url| port_of(url)));
     data_plane.extend(options.scylla_nodes.iter().map(|node| port_of(node)));
@@ -342,10 +303,10 @@ async fn eve_reaches_neither_alphas_data_nor_the_data_plane_on_the_topology() {
     assert!(listening.len() > 20, "{control}");
 
     let output = ok(as_eve(&args));
-    let read = with(&output, "read ");
+    let read = verdicts(&output, "read ");
     assert!(read.is_empty(), "eve's job read {read:?}:\n{output}");
-    assert_eq!(with(&output, "denied ").len(), files.len(), "{output}");
-    let open = with(&output, "open ");
+    assert_eq!(verdicts(&output, "denied ").len(), files.len(), "{output}");
+    let open = verdicts(&output, "open ");
     assert!(
         open.is_subset(&endpoints),
         "eve's job reached {:?}:\n{output}",
@@ -359,7 +320,7 @@ async fn eve_reaches_neither_alphas_data_nor_the_data_plane_on_the_topology() {
         open.contains(&endpoint_of("api-1")) || open.contains(&endpoint_of("api-2")),
         "{output}"
     );
-    let closed = with(&output, "closed ");
+    let closed = verdicts(&output, "closed ");
     assert!(closed.contains("metadata"), "{output}");
     for port in listening.difference(&endpoints) {
         assert!(closed.contains(port), "{port} was not closed:\n{output}");

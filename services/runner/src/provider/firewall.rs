@@ -195,9 +195,23 @@ pub fn rules(network: &JobNetwork, endpoints: &[Endpoint], blocked_ranges: &[Str
     rules
 }
 
+/// Where a program is: a path as given; a bare name in PATH, else in /usr/sbin or /sbin, where
+/// Debian puts iptables and which a service's PATH may lack.
+fn locate(program: &str) -> std::path::PathBuf {
+    if program.contains('/') {
+        return program.into();
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/sbin"].map(std::path::PathBuf::from))
+        .map(|dir| dir.join(program))
+        .find(|candidate| candidate.is_file())
+        .unwrap_or_else(|| program.into())
+}
+
 /// Runs `<program> -w 10 <args>` (`program`: `docker.iptables`); its stderr is the error.
 async fn iptables(program: &str, args: &[&str]) -> std::result::Result<String, String> {
-    let output = tokio::process::Command::new(program)
+    let output = tokio::process::Command::new(locate(program))
         .args(["-w", "10"])
         .args(args)
         .kill_on_drop(true)
@@ -552,7 +566,7 @@ async fn remove_chain(programs: &[String], chain: &str) -> Result<()> {
 /// Runs `<program> --noflush` with `script` on its stdin.
 async fn restore(program: &str, script: &str) -> std::result::Result<(), String> {
     use tokio::io::AsyncWriteExt;
-    let mut child = tokio::process::Command::new(program)
+    let mut child = tokio::process::Command::new(locate(program))
         .args(["-w", "10", "--noflush"])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())
@@ -661,6 +675,10 @@ mod tests {
         assert!(!v6.iter().any(|rule| rule.contains("10.0.")), "{v6:?}");
         assert_eq!(v6_program("/usr/sbin/iptables-legacy"), "/usr/sbin/ip6tables-legacy");
         assert_eq!(v6_program("iptables"), "ip6tables");
+        // Found outside a PATH that lacks the sbin directories (kiln up run with PATH=/usr/bin:/bin).
+        assert_eq!(locate("/opt/iptables"), std::path::PathBuf::from("/opt/iptables"));
+        let found = locate("iptables-restore");
+        assert!(found.is_absolute() && found.is_file(), "{}", found.display());
     }
 
     #[test]
