@@ -65,7 +65,7 @@ HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "te", "trailer", "
 # Error code -> HTTP status and AWS's wording. AWS answers client errors with 4xx and server
 # errors (capacity, throttling, internal) with 5xx; SDKs retry the 5xx ones.
 ERRORS = {
-    "InsufficientInstanceCapacity": (500, "We currently do not have sufficient {type} capacity in the Availability Zone you requested ({zone}). Our system will be working on provisioning additional capacity. You can currently get {type} capacity by not specifying an Availability Zone in your request or choosing a different Availability Zone."),
+    "InsufficientInstanceCapacity": (500, "We currently do not have sufficient {type} capacity in the Availability Zone you requested{in_zone}. Our system will be working on provisioning additional capacity. You can currently get {type} capacity by not specifying an Availability Zone in your request or choosing a different Availability Zone."),
     "InsufficientCapacity": (500, "There is not enough capacity to fulfill your request."),
     "VcpuLimitExceeded": (400, "You have requested more vCPU capacity than your current vCPU limit of 32 allows for the instance bucket that the specified instance type belongs to. Please visit http://aws.amazon.com/contact-us/ec2-request to request an adjustment to this limit."),
     "MaxSpotInstanceCountExceeded": (400, "Max spot instance count exceeded"),
@@ -430,7 +430,7 @@ def params_prefixed(params, prefix):
 
 def fleet_error(lt, override, market, code, rule, itype, zone, subnet):
     status_message = ERRORS.get(code, (400, code))[1]
-    message = rule.get("message") or status_message.format(type=itype, zone=zone, subnet=subnet)
+    message = rule.get("message") or status_message.format(type=itype, subnet=subnet, in_zone=f" ({zone})" if zone else "")
     spec = [_el(k[0].lower() + k[1:], text=v) for k, v in lt.items()]
     over = [_el(k[0].lower() + k[1:], text=v) for k, v in override.items()
             if k in ("InstanceType", "SubnetId", "AvailabilityZone", "MaxPrice", "Priority", "WeightedCapacity")]
@@ -546,7 +546,8 @@ class Handler(BaseHTTPRequestHandler):
             self.record(action, f"status {rule['status']}")
             return self.reply(int(rule["status"]), b"", [])
         status, message = ERRORS.get(code, (400, code))
-        message = rule.get("message") or message.format(type=params.get("InstanceType"), zone=zone, subnet=subnet)
+        message = rule.get("message") or message.format(type=params.get("InstanceType"), subnet=subnet,
+                                                        in_zone=f" ({zone})" if zone else "")
         self.record(action, code)
         self.reply(int(rule.get("status") or status), error_xml(code, message), [("Content-Type", "text/xml")])
 
