@@ -10,6 +10,7 @@ terminated at the end. Ends with a line `N passed, N failed`.
 import http.client
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -70,6 +71,7 @@ class FaultProxyTest(unittest.TestCase):
             cls.ec2.terminate_instances(InstanceIds=ids)
         cls.proc.terminate()
         cls.proc.wait()
+        shutil.rmtree(cls.dir, ignore_errors=True)
 
     def setUp(self):
         self.control("POST", "reset")
