@@ -9,6 +9,9 @@
 #   - versitygw 1.8.0 (the S3-compatible server the tests use), `go install`ed from the Go module
 #     proxy into $KILN_TOOLS/bin; it needs Go 1.21 or later on PATH (or in /usr/local/go/bin),
 #     which fetches the Go release versitygw asks for (1.25) itself
+#   - amazon-ec2-metadata-mock 1.13.0 (AEMM: the instance metadata service the EC2 tests give each
+#     booted instance), `go install`ed the same way, and moto[server] (the tests' EC2 API) in a venv
+#     of its own, target/cloud-venv (scripts/cloud-servers.sh install, where its version is pinned)
 #   - the Rust toolchain pinned in rust-toolchain.toml (through rustup)
 #   - the web UI (scripts/ui.sh build: npm ci of ui/'s pinned packages, vite build), installed
 #     as $KILN_TOOLS/ui, where `kiln up` finds it; Debian's chromium for its browser tests
@@ -21,6 +24,7 @@ set -euo pipefail
 
 NATS_SERVER_VERSION=2.15.1
 VERSITYGW_VERSION=1.8.0
+AEMM_VERSION=1.13.0
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 KILN_TOOLS=${KILN_TOOLS:-${KILN_HOME:-$HOME/.kiln}/tools}
 export PATH="$KILN_TOOLS/bin:$HOME/.cargo/bin:$PATH"
@@ -77,6 +81,17 @@ if ! "$go_bin" version -m "$versitygw" 2>/dev/null |
     "$go_bin" install "github.com/versity/versitygw/cmd/versitygw@v$VERSITYGW_VERSION"
 fi
 log "versitygw $VERSITYGW_VERSION"
+
+# --- amazon-ec2-metadata-mock and moto (EC2 for the tests) ------------------------------------
+aemm="$KILN_TOOLS/bin/ec2-metadata-mock"
+if ! "$go_bin" version -m "$aemm" 2>/dev/null |
+  grep -Eq "^[[:space:]]+mod[[:space:]]+github.com/aws/amazon-ec2-metadata-mock[[:space:]]+v$AEMM_VERSION[[:space:]]"; then
+  log "installing amazon-ec2-metadata-mock $AEMM_VERSION into $KILN_TOOLS/bin"
+  GOBIN="$KILN_TOOLS/bin" GOTOOLCHAIN=auto \
+    "$go_bin" install "github.com/aws/amazon-ec2-metadata-mock/cmd/ec2-metadata-mock@v$AEMM_VERSION"
+fi
+log "amazon-ec2-metadata-mock $AEMM_VERSION"
+"$repo/scripts/cloud-servers.sh" install
 
 # --- Rust ------------------------------------------------------------------------------------
 if ! command -v cargo >/dev/null 2>&1; then

