@@ -3,7 +3,7 @@
 //! job's environment, and connects to the stack's NATS, to another port of the host (where a
 //! database or a metrics endpoint would listen) and to the instance metadata address. On a
 //! runner that runs as root (the default isolates each job as a uid of its own, outside the
-//! runner's directories, behind `process.firewall`) every read and every connection fails,
+//! runner's directories, behind `process.firewall`, with `no_new_privs`) every read and every connection fails,
 //! while the api it is given stays reachable; the control, the same job on a runner that runs
 //! jobs as its own user, reads each file and opens each local port, so the test cannot pass
 //! vacuously. A runner that cannot isolate runs its trusted owner's jobs only and fails the
@@ -34,6 +34,8 @@ connect() {
 connect nats 127.0.0.1 "$5"
 connect host-port 127.0.0.1 "$6"
 connect metadata 169.254.169.254 80
+# no_new_privs: 1 when no setuid program can raise the job's privileges.
+echo "nnp $(awk '/^NoNewPrivs/ { print $2 }' /proc/self/status)"
 api=${KILN_API#*//}
 connect api "${api%:*}" "${api##*:}"
 "#;
@@ -217,6 +219,8 @@ async fn a_hostile_process_job_reads_no_kiln_file_nor_another_job_and_reaches_no
     }
     // What the job is given stays open, and its packets to the metadata address met the rule.
     assert!(output.contains("open api\n"), "{output}");
+    // And no setuid program of the machine raises its privileges (past the owner match, say).
+    assert!(output.contains("nnp 1\n"), "{output}");
     assert!(firewalled.metadata_rejections() > before, "{output}");
 }
 
@@ -230,6 +234,7 @@ async fn the_control_the_same_job_run_as_the_runner_reads_every_file_and_opens_e
             "{probe} was not read:\n{output}"
         );
     }
+    assert!(output.contains("nnp 0\n"), "{output}");
     for connection in ["nats", "host-port", "api"] {
         assert!(
             output.contains(&format!("open {connection}\n")),

@@ -38,7 +38,26 @@ pub(super) fn spawn(
             .collect();
         path = reachable.join(":");
     }
-    let mut builder = Command::new(program);
+    // Isolated: through util-linux's `setpriv --no-new-privs`, which sets the flag and execs the
+    // command (same process), so no setuid program the job runs gains a privilege (nor makes
+    // sockets as root past the firewall's owner match).
+    let setpriv = uid.and(no_new_privs_program());
+    if setpriv.is_some() && !findable(program, &path, workdir) {
+        // What spawning it directly would have said (exit 127, "cannot start"): setpriv would
+        // start and fail in the job's own words instead.
+        return Err(Error::Spawn {
+            program: program.clone(),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        });
+    }
+    let mut builder = match &setpriv {
+        Some(setpriv) => {
+            let mut builder = Command::new(setpriv);
+            builder.args(["--no-new-privs", "--"]).arg(program);
+            builder
+        }
+        None => Command::new(program),
+    };
     builder
         .args(args)
         .current_dir(workdir)
@@ -67,6 +86,35 @@ pub(super) fn spawn(
             source: std::io::Error::other("the process exited before it could be tracked"),
         })?;
     Ok((child, pid))
+}
+
+/// Whether `program` names a file: a path (relative to `workdir`), or a name in one of `path`'s
+/// directories.
+fn findable(program: &str, path: &str, workdir: &Path) -> bool {
+    if program.contains('/') {
+        return workdir.join(program).is_file();
+    }
+    std::env::split_paths(path).any(|dir| dir.join(program).is_file())
+}
+
+/// util-linux's `setpriv` (Debian's essential util-linux), or `None` (and a warning, once) where
+/// the machine has none: isolated jobs then run without `no_new_privs`.
+fn no_new_privs_program() -> Option<std::path::PathBuf> {
+    static FOUND: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    FOUND
+        .get_or_init(|| {
+            let found = ["/usr/bin/setpriv", "/bin/setpriv"]
+                .map(std::path::PathBuf::from)
+                .into_iter()
+                .find(|path| path.is_file());
+            if found.is_none() {
+                tracing::warn!(
+                    "setpriv (util-linux) not found: isolated process jobs run without no_new_privs, so a setuid program of this machine can raise their privileges"
+                );
+            }
+            found
+        })
+        .clone()
 }
 
 pub(super) fn clock_ticks_per_second() -> f64 {
