@@ -16,16 +16,11 @@ use std::path::{Path, PathBuf};
 mod common;
 
 use common::{Up, last_line, text};
-use kiln_core::testing::hostile::{assert_root, env_of, pid_of_job, verdicts};
+use kiln_core::testing::hostile::{Tenant, assert_root, cross_project_attacks, env_of, pid_of_job, verdicts};
 
 fn ok(output: std::process::Output) -> String {
     assert!(output.status.success(), "{}", text(&output.stderr));
     text(&output.stdout)
-}
-
-fn refused(output: &std::process::Output) -> String {
-    assert!(!output.status.success(), "not refused: {}", text(&output.stdout));
-    text(&output.stderr)
 }
 
 fn env(name: &str) -> String {
@@ -201,65 +196,16 @@ impl World {
 #[test]
 fn eve_reaches_neither_alphas_data_nor_kiln_from_her_project_on_kiln_up() {
     let world = World::start();
-    let dir = tempfile::tempdir().unwrap();
-    // Jobs of the control run as uids of their own: the dataset's files are read by them.
-    std::fs::write(dir.path().join("secret.txt"), "alpha-secret\n").unwrap();
-
-    // Attack 1: alpha's dataset named from beta, by its bare name and as PROJECT/NAME.
-    let from = dir.path().display().to_string();
-    ok(world.as_ada(&["dataset", "create", "alpha-data", "--from", &from, "--project", "alpha"]));
-    // Each refused in the words of a dataset that does not exist.
-    let run_with = |name: &str| {
-        refused(&world.as_eve(&["run", "--no-code", "--project", "beta", "--dataset", name, "--", "true"]))
-    };
-    for (name, unknown) in [("alpha-data", "nodata"), ("alpha/alpha-data", "alpha/nodata")] {
-        assert_eq!(run_with(name), run_with(unknown).replace("nodata", "alpha-data"));
-    }
-    // Control: ada reads it in alpha.
-    let read = ok(world.as_ada(&[
-        "run",
-        "-f",
-        "--no-code",
-        "--project",
-        "alpha",
-        "--dataset",
-        "alpha-data",
-        "--",
-        "sh",
-        "-c",
-        "cat $KILN_DATA/alpha-data/secret.txt",
-    ]));
-    assert!(read.contains("alpha-secret"), "{read}");
-
-    // Attack 2: a beta batch's items from alpha's job outputs.
-    let job = last_line(&world.as_ada(&[
-        "run",
-        "--no-code",
-        "--project",
-        "alpha",
-        "--",
-        "sh",
-        "-c",
-        "echo s3://alpha/private-item > $KILN_OUTPUTS/list.txt",
-    ]));
-    world.up.wait_for_state(&job, "SUCCEEDED");
-    let manifest = format!("outputs/{job}/list.txt");
-    let eves = last_line(&world.as_eve(&["batch", "create", "--project", "beta", "--", "kiln:noop"]));
-    // Refused in the words of an object that does not exist.
-    let unknown = "00000000-0000-0000-0000-000000000000";
-    let why = refused(&world.as_eve(&["batch", "add", &eves, "--manifest", &manifest]));
-    let manifest_of_unknown = format!("outputs/{unknown}/list.txt");
-    let unknown_why = refused(&world.as_eve(&["batch", "add", &eves, "--manifest", &manifest_of_unknown]));
-    assert_eq!(why, unknown_why.replace(unknown, &job));
-    // Refused, or taking nothing of alpha's: the items say which.
-    let _ = world.as_eve(&["batch", "add", &eves, "--prefix", "outputs/"]);
-    let items = ok(world.as_eve(&["batch", "items", &eves]));
-    assert!(!items.contains("private-item"), "{items}");
-    // Control: ada's own batch takes the manifest.
-    let adas = last_line(&world.as_ada(&["batch", "create", "--project", "alpha", "--", "kiln:noop"]));
-    ok(world.as_ada(&["batch", "add", &adas, "--manifest", &manifest]));
-    let items = ok(world.as_ada(&["batch", "items", &adas]));
-    assert!(items.contains("private-item"), "{items}");
+    cross_project_attacks(
+        &|tenant, args| match tenant {
+            Tenant::Ada => world.as_ada(args),
+            Tenant::Eve => world.as_eve(args),
+        },
+        &|job| {
+            world.up.wait_for_state(job, "SUCCEEDED");
+        },
+        &[],
+    );
 
     // Attack 3: eve's process job against kiln's files, ada's running job and every port.
     let victim = last_line(&world.as_ada(&[

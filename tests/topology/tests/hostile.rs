@@ -18,7 +18,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use kiln_core::nats_auth::Service;
-use kiln_core::testing::hostile::{assert_root, env_of, pid_of_job, verdicts};
+use kiln_core::testing::hostile::{Tenant, assert_root, cross_project_attacks, env_of, pid_of_job, verdicts};
 use kiln_topology::{Options, Topology, binaries_dir};
 
 const PATIENCE: Duration = Duration::from_secs(120);
@@ -45,11 +45,6 @@ fn ok(output: Output) -> String {
 
 fn last_line(output: Output) -> String {
     ok(output).lines().last().unwrap_or_default().trim().to_string()
-}
-
-fn refused(output: Output) -> String {
-    assert!(!output.status.success(), "not refused: {}", text(&output.stdout));
-    text(&output.stderr)
 }
 
 fn wait_for_state(topology: &Topology, job: &str, state: &str) {
@@ -108,85 +103,15 @@ async fn eve_reaches_neither_alphas_data_nor_the_data_plane_on_the_topology() {
     let as_ada = |args: &[&str]| kiln(&topology, &ada, args);
     let as_eve = |args: &[&str]| kiln(&topology, &eve, args);
 
-    // Attack 1: alpha's dataset from beta, refused in the words of one that does not exist.
-    let data = tempfile::tempdir().unwrap();
-    std::fs::write(data.path().join("secret.txt"), "alpha-secret\n").unwrap();
-    let from = data.path().display().to_string();
-    ok(as_ada(&[
-        "dataset",
-        "create",
-        "alpha-data",
-        "--from",
-        &from,
-        "--project",
-        "alpha",
-    ]));
-    let run_with = |name: &str| {
-        refused(as_eve(&[
-            "run",
-            "--no-code",
-            "--pool",
-            "local",
-            "--project",
-            "beta",
-            "--dataset",
-            name,
-            "--",
-            "true",
-        ]))
-    };
-    for (name, unknown) in [("alpha-data", "nodata"), ("alpha/alpha-data", "alpha/nodata")] {
-        assert_eq!(run_with(name), run_with(unknown).replace("nodata", "alpha-data"));
-    }
-    let read = ok(as_ada(&[
-        "run",
-        "-f",
-        "--no-code",
-        "--pool",
-        "local",
-        "--project",
-        "alpha",
-        "--dataset",
-        "alpha-data",
-        "--",
-        "sh",
-        "-c",
-        "cat $KILN_DATA/alpha-data/secret.txt",
-    ]));
-    assert!(read.contains("alpha-secret"), "{read}");
-
-    // Attack 2: a beta batch's items from an alpha job's outputs.
-    let job = last_line(as_ada(&[
-        "run",
-        "--no-code",
-        "--pool",
-        "local",
-        "--project",
-        "alpha",
-        "--",
-        "sh",
-        "-c",
-        "echo s3://alpha/private-item > $KILN_OUTPUTS/list.txt",
-    ]));
-    wait_for_state(&topology, &job, "SUCCEEDED");
-    let manifest = format!("outputs/{job}/list.txt");
-    let unknown = "00000000-0000-0000-0000-000000000000";
-    let eves = last_line(as_eve(&["batch", "create", "--project", "beta", "--", "kiln:noop"]));
-    let why = refused(as_eve(&["batch", "add", &eves, "--manifest", &manifest]));
-    let unknown_why = refused(as_eve(&[
-        "batch",
-        "add",
-        &eves,
-        "--manifest",
-        &format!("outputs/{unknown}/list.txt"),
-    ]));
-    assert_eq!(why, unknown_why.replace(unknown, &job));
-    let _ = as_eve(&["batch", "add", &eves, "--prefix", "outputs/"]);
-    let items = ok(as_eve(&["batch", "items", &eves]));
-    assert!(!items.contains("private-item"), "{items}");
-    let adas = last_line(as_ada(&["batch", "create", "--project", "alpha", "--", "kiln:noop"]));
-    ok(as_ada(&["batch", "add", &adas, "--manifest", &manifest]));
-    assert!(ok(as_ada(&["batch", "items", &adas])).contains("private-item"));
+    // Attacks 1 and 2: alpha's dataset and job outputs from beta.
+    cross_project_attacks(
+        &|tenant, args| match tenant {
+            Tenant::Ada => as_ada(args),
+            Tenant::Eve => as_eve(args),
+        },
+        &|job| wait_for_state(&topology, job, "SUCCEEDED"),
+        &["--pool", "local"],
+    );
 
     // Attack 3: eve's process job against kiln's files and every port.
     let victim = last_line(as_ada(&[
