@@ -43,9 +43,15 @@ pub async fn publish_job_change(nats: &Nats, store: &Store, job: &JobRecord) -> 
             version: job.version,
             attempt: job.attempt,
         };
+        // A job placed on a runner goes to that runner alone.
+        let subject = if job.runner_id.is_empty() {
+            subjects::launch(&job.pool)
+        } else {
+            subjects::launch_on(&job.pool, &job.runner_id)
+        };
         try_publish(
             &nats.jetstream,
-            subjects::launch(&job.pool),
+            subject,
             &msg_id,
             Bytes::from(launch.encode_to_vec()),
         )

@@ -35,7 +35,7 @@ pub use explain::{Ahead, JobWait, Wait};
 pub use market::{DEFAULT_RUNTIME_SECS, PreemptionRate, choose_market, restart_probability};
 pub use model::{
     Input, Market, MarketPolicy, Order, PendingJob, Pool, Quota, QuotaResource, QuotaScope, Resources, RunningJob,
-    Settings, Weights,
+    Runner, Settings, Weights,
 };
 pub use pass::{Placement, Plan, Preemption, plan, water_fill};
 

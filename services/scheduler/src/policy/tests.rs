@@ -47,6 +47,7 @@ fn running(id: &str, user: &str, pool: &str, resources: Resources, priority: i32
         priority,
         resources,
         pool: pool.into(),
+        runner: String::new(),
         market: Market::OnDemand,
         started_at_ms,
         preemptible: true,
@@ -475,6 +476,7 @@ fn big_job_start(reservations: bool) -> Option<u64> {
                 priority: 0,
                 resources: started.resources,
                 pool: "p".into(),
+                runner: String::new(),
                 market: Market::Spot,
                 started_at_ms: tick as i64,
                 preemptible: true,
@@ -1077,11 +1079,11 @@ fn waits_explain_why_and_count_the_jobs_ahead() {
     );
     assert_eq!(
         wait_of(&input, &plan, "huge").to_string(),
-        "it waits: no pool can hold it even when empty (it asks 64 CPUs, 1 GiB)"
+        "it waits: no runner of any pool can hold it even when empty (it asks 64 CPUs, 1 GiB; a job runs on one runner, never across several)"
     );
     assert_eq!(
         wait_of(&input, &plan, "spot-only").to_string(),
-        "it waits: no pool offering spot can hold it even when empty (it asks 1 CPU, 1 GiB)"
+        "it waits: no runner of any pool offering spot can hold it even when empty (it asks 1 CPU, 1 GiB; a job runs on one runner, never across several)"
     );
     assert_eq!(
         wait_of(&input, &plan, "d-quota").to_string(),
