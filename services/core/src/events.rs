@@ -49,13 +49,7 @@ pub async fn publish_job_change(nats: &Nats, store: &Store, job: &JobRecord) -> 
         } else {
             subjects::launch_on(&job.pool, &job.runner_id)
         };
-        try_publish(
-            &nats.jetstream,
-            subject,
-            &msg_id,
-            Bytes::from(launch.encode_to_vec()),
-        )
-        .await?;
+        try_publish(&nats.jetstream, subject, &msg_id, Bytes::from(launch.encode_to_vec())).await?;
     }
     store.mark_published(&job.id, job.version).await?;
     Ok(())

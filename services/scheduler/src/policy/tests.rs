@@ -1164,7 +1164,10 @@ fn two_runner_input(pending: Vec<PendingJob>, running: Vec<RunningJob>) -> Input
     let mut pool = pool("cpu", res(4.0, 16, 0));
     pool.instance = res(2.0, 8, 0);
     let mut input = input(pending, running, vec![pool]);
-    input.runners = vec![runner("r-1", "cpu", res(2.0, 8, 0)), runner("r-2", "cpu", res(2.0, 8, 0))];
+    input.runners = vec![
+        runner("r-1", "cpu", res(2.0, 8, 0)),
+        runner("r-2", "cpu", res(2.0, 8, 0)),
+    ];
     input
 }
 
@@ -1196,7 +1199,11 @@ fn two_runners_of_two_cpus_take_two_two_cpu_jobs_one_each_and_not_a_three_cpu_on
             pool: String::new(),
         }
     );
-    assert!(big.reason.to_string().contains("a job runs on one runner"), "{}", big.reason);
+    assert!(
+        big.reason.to_string().contains("a job runs on one runner"),
+        "{}",
+        big.reason
+    );
     // A runner large enough appears: the 3-CPU job is placed on it.
     let mut grown = input.clone();
     grown.pools[0].capacity = res(8.0, 32, 0);
@@ -1210,7 +1217,10 @@ fn two_runners_of_two_cpus_take_two_two_cpu_jobs_one_each_and_not_a_three_cpu_on
 fn a_job_that_fits_the_pools_free_sum_but_no_runners_free_room_waits() {
     // One CPU used on each runner: the pool has 2 CPUs free in all, no runner has 2.
     let input = two_runner_input(
-        vec![job("two", "a", "p", res(2.0, 1, 0), 0), job("one", "b", "p", res(1.0, 1, 0), 1)],
+        vec![
+            job("two", "a", "p", res(2.0, 1, 0), 0),
+            job("one", "b", "p", res(1.0, 1, 0), 1),
+        ],
         vec![
             on(running("x", "w", "cpu", res(1.0, 1, 0), 0, 0), "r-1"),
             on(running("y", "w", "cpu", res(1.0, 1, 0), 0, 0), "r-2"),
@@ -1238,11 +1248,17 @@ fn a_job_goes_to_the_tightest_runner_and_counts_on_it() {
     let mut pool = pool("cpu", res(6.0, 24, 0));
     pool.instance = res(4.0, 16, 0);
     let mut input = input(
-        vec![job("one", "a", "p", res(1.0, 1, 0), 0), job("three", "b", "p", res(3.0, 1, 0), 1)],
+        vec![
+            job("one", "a", "p", res(1.0, 1, 0), 0),
+            job("three", "b", "p", res(3.0, 1, 0), 1),
+        ],
         vec![],
         vec![pool],
     );
-    input.runners = vec![runner("big", "cpu", res(4.0, 16, 0)), runner("small", "cpu", res(2.0, 8, 0))];
+    input.runners = vec![
+        runner("big", "cpu", res(4.0, 16, 0)),
+        runner("small", "cpu", res(2.0, 8, 0)),
+    ];
     let plan = plan(&input);
     // The 1-CPU job leaves the 4-CPU runner whole for the 3-CPU one.
     assert_eq!(runners_of(&plan), [(0, "small"), (1, "big")]);
@@ -1286,7 +1302,10 @@ fn preemption_frees_room_on_one_runner_not_across_the_pool() {
 #[test]
 fn running_jobs_of_a_runner_gone_do_not_count_on_the_live_ones() {
     let input = two_runner_input(
-        vec![job("two-a", "a", "p", res(2.0, 1, 0), 0), job("two-b", "b", "p", res(2.0, 1, 0), 1)],
+        vec![
+            job("two-a", "a", "p", res(2.0, 1, 0), 0),
+            job("two-b", "b", "p", res(2.0, 1, 0), 1),
+        ],
         vec![on(running("ghost", "w", "cpu", res(2.0, 1, 0), 0, 0), "r-gone")],
     );
     let plan = plan(&input);
