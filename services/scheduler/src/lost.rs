@@ -9,7 +9,8 @@
 //! A SCHEDULED job names the runner it was placed on, and its launch waits on that runner's
 //! subject: when that runner's lease lapses before it took the launch, the job is queued again
 //! (SCHEDULED → QUEUED by compare-and-set; a runner that took it first wins), to be placed on a
-//! live runner. Its launch goes stale.
+//! live runner. Its launch goes stale. A SCHEDULED job that names no runner (placed on a
+//! pool's sum by a scheduler before placement was per runner) is queued again the same way.
 //!
 //! The jobs are read before the leases: a job read here was taken by a runner holding its lease
 //! then, so a missing lease is one that lapsed, not one not yet written. A runner whose lease
@@ -38,10 +39,9 @@ pub async fn take_back(store: &Store, nats: &Nats) -> Result<usize> {
         .filter(|job| job.pool != EXTERNAL_POOL && !job.runner_id.is_empty())
         .collect();
     let placed = store.jobs_in_states(&[JobState::Scheduled]).await?;
-    let placed: Vec<_> = placed
-        .into_iter()
-        .filter(|job| job.pool != EXTERNAL_POOL && !job.runner_id.is_empty())
-        .collect();
+    // One that names no runner was placed on a pool's sum by an older scheduler: no runner
+    // reads its pool-wide launch any more, so it is queued again as well.
+    let placed: Vec<_> = placed.into_iter().filter(|job| job.pool != EXTERNAL_POOL).collect();
     if held.is_empty() && placed.is_empty() {
         return Ok(0);
     }
@@ -52,11 +52,16 @@ pub async fn take_back(store: &Store, nats: &Nats) -> Result<usize> {
         if leases.get(&job.runner_id).is_some_and(|lease| lease.is_live(now)) {
             continue;
         }
-        let change = Change {
-            reason: Some(format!(
+        let reason = if job.runner_id.is_empty() {
+            "placed on no runner in particular; queued again to be placed on one".to_string()
+        } else {
+            format!(
                 "its runner {} stopped renewing its lease before it started; queued again",
                 job.runner_id
-            )),
+            )
+        };
+        let change = Change {
+            reason: Some(reason),
             ..Change::default()
         };
         match store.transition(job, JobState::Queued, change).await {
