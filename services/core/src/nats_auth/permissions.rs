@@ -291,6 +291,8 @@ mod tests {
         assert!(can_publish(Service::Api, &job_event("j1")));
         assert!(can_publish(Service::Api, &control("j1")));
         assert!(can_publish(Service::Scheduler, &launch("local")));
+        assert!(can_publish(Service::Scheduler, &launch_on("local", "runner-1")));
+        assert!(can_publish(Service::Runner, &launch_on("local", "runner-1")));
         assert!(can_publish(Service::Runner, &logs("j1")));
         assert!(can_publish(Service::Runner, &metrics("j1")));
         assert!(can_publish(Service::Runner, "$KV.kiln_capacity.runner-1"));
@@ -343,6 +345,7 @@ mod tests {
         // Only the runners' relays report load; only the scheduler launches.
         assert!(!can_publish(Service::Predictor, &serve_load("p", "svc")));
         assert!(!can_publish(Service::Api, &launch("local")));
+        assert!(!can_publish(Service::Api, &launch_on("local", "runner-1")));
         // No one deletes a stream.
         for service in Service::ALL {
             assert!(!can_publish(service, "$JS.API.STREAM.DELETE.KILN_JOBS"), "{service}");
