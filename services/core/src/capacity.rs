@@ -82,8 +82,24 @@ pub async fn withdraw(nats: &Nats, runner_id: &str) -> Result<(), NatsError> {
     Ok(())
 }
 
-/// Sums by pool the reports of the runners whose lease is live.
-pub async fn pools(nats: &Nats) -> Result<BTreeMap<String, PoolCapacity>, NatsError> {
+impl CapacityReport {
+    /// The largest job the runner can hold: its instance, or its whole capacity when it is one.
+    pub fn largest_job(&self) -> Instance {
+        if self.instance == Instance::default() {
+            Instance {
+                cpu_millis: self.cpu_millis,
+                memory_bytes: self.memory_bytes,
+                gpus: self.gpus,
+            }
+        } else {
+            self.instance
+        }
+    }
+}
+
+/// The reports of the runners whose lease is live, one per runner (not summed), by runner id.
+/// The scheduler places each job on one of them.
+pub async fn runners(nats: &Nats) -> Result<Vec<CapacityReport>, NatsError> {
     let live = crate::runners::live(nats).await?;
     let kv = nats
         .jetstream
@@ -91,7 +107,7 @@ pub async fn pools(nats: &Nats) -> Result<BTreeMap<String, PoolCapacity>, NatsEr
         .await
         .map_err(|e| NatsError::Other(e.to_string()))?;
     let mut keys = kv.keys().await.map_err(|e| NatsError::Other(e.to_string()))?;
-    let mut pools: BTreeMap<String, PoolCapacity> = BTreeMap::new();
+    let mut reports = Vec::new();
     while let Some(key) = keys.next().await {
         let key = key.map_err(|e| NatsError::Other(e.to_string()))?;
         let Some(value) = kv.get(&key).await.map_err(|e| NatsError::Other(e.to_string()))? else {
@@ -105,20 +121,28 @@ pub async fn pools(nats: &Nats) -> Result<BTreeMap<String, PoolCapacity>, NatsEr
             tracing::debug!(runner_id = %report.runner_id, "ignoring the capacity of a runner without a live lease");
             continue;
         }
-        let pool = pools.entry(report.pool).or_default();
+        reports.push(report);
+    }
+    reports.sort_by(|a, b| a.runner_id.cmp(&b.runner_id));
+    Ok(reports)
+}
+
+/// Sums by pool the reports of the runners whose lease is live (for dashboards and a pool's
+/// catalogue: its largest runner and prices; placement uses [`runners`]).
+pub async fn pools(nats: &Nats) -> Result<BTreeMap<String, PoolCapacity>, NatsError> {
+    Ok(sum_by_pool(&runners(nats).await?))
+}
+
+/// Sums `reports` by pool.
+pub fn sum_by_pool(reports: &[CapacityReport]) -> BTreeMap<String, PoolCapacity> {
+    let mut pools: BTreeMap<String, PoolCapacity> = BTreeMap::new();
+    for report in reports {
+        let pool = pools.entry(report.pool.clone()).or_default();
         pool.cpu_millis += report.cpu_millis;
         pool.memory_bytes += report.memory_bytes;
         pool.gpus += report.gpus;
         pool.runners += 1;
-        let instance = if report.instance == Instance::default() {
-            Instance {
-                cpu_millis: report.cpu_millis,
-                memory_bytes: report.memory_bytes,
-                gpus: report.gpus,
-            }
-        } else {
-            report.instance
-        };
+        let instance = report.largest_job();
         pool.instance.cpu_millis = pool.instance.cpu_millis.max(instance.cpu_millis);
         pool.instance.memory_bytes = pool.instance.memory_bytes.max(instance.memory_bytes);
         pool.instance.gpus = pool.instance.gpus.max(instance.gpus);
@@ -126,5 +150,5 @@ pub async fn pools(nats: &Nats) -> Result<BTreeMap<String, PoolCapacity>, NatsEr
         pool.spot_per_hour = pool.spot_per_hour.max(report.spot_per_hour);
         pool.spot |= report.spot;
     }
-    Ok(pools)
+    pools
 }

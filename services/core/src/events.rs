@@ -43,13 +43,13 @@ pub async fn publish_job_change(nats: &Nats, store: &Store, job: &JobRecord) -> 
             version: job.version,
             attempt: job.attempt,
         };
-        try_publish(
-            &nats.jetstream,
-            subjects::launch(&job.pool),
-            &msg_id,
-            Bytes::from(launch.encode_to_vec()),
-        )
-        .await?;
+        // A job placed on a runner goes to that runner alone.
+        let subject = if job.runner_id.is_empty() {
+            subjects::launch(&job.pool)
+        } else {
+            subjects::launch_on(&job.pool, &job.runner_id)
+        };
+        try_publish(&nats.jetstream, subject, &msg_id, Bytes::from(launch.encode_to_vec())).await?;
     }
     store.mark_published(&job.id, job.version).await?;
     Ok(())

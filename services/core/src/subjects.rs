@@ -3,7 +3,7 @@
 //! | stream | subjects | retention | producer → consumer |
 //! |---|---|---|---|
 //! | `KILN_JOBS` | `kiln.job.queued`, `kiln.job.event.<job>` | limits | api, scheduler, runner → scheduler, watchers |
-//! | `KILN_LAUNCH` | `kiln.launch.<pool>` | work queue | scheduler → runner |
+//! | `KILN_LAUNCH` | `kiln.launch.<pool>[.<runner>]` | work queue | scheduler → runner |
 //! | `KILN_CONTROL` | `kiln.control.<job>` | interest | api → runner |
 //! | `KILN_METRICS` | `kiln.metrics.<job>` | limits (short) | log-ingest → log-ingest writers |
 //! | `KILN_LOGS` | `kiln.logs.<job>`, `kiln.logs.item.<batch>` | limits (short) | runner, agent → log-ingest |
@@ -118,8 +118,14 @@ pub fn serve_demand(project: &str, service: &str) -> String {
 }
 pub const SERVE_DEMAND_ALL: &str = "kiln.serving.demand.*.*";
 
+/// The launches of a pool any of its runners may take (a job placed on no runner in particular).
 pub fn launch(pool: &str) -> String {
     format!("kiln.launch.{pool}")
+}
+
+/// The launches of jobs placed on one runner; only that runner's consumer reads them.
+pub fn launch_on(pool: &str, runner_id: &str) -> String {
+    format!("kiln.launch.{pool}.{runner_id}")
 }
 
 pub fn control(job_id: &str) -> String {
@@ -167,19 +173,26 @@ pub fn consumer_launch(pool: &str) -> String {
     format!("runner-{pool}")
 }
 
+/// Durable consumer of one runner on `KILN_LAUNCH`, reading [`launch_on`] its own subject.
+pub fn consumer_launch_on(runner_id: &str) -> String {
+    format!("launch-{runner_id}")
+}
+
 /// Durable consumer of one runner on `KILN_CONTROL`.
 pub fn consumer_control(runner_id: &str) -> String {
     format!("control-{runner_id}")
 }
 
 /// The kind of a consumer, the label its lag is exported under: consumers of one batch or one
-/// runner are summed as `items` and `control`; a pool's launch consumer and the shared ones keep
+/// runner are summed as `items`, `control` and `launch`; a pool's launch consumer and the shared ones keep
 /// their names; anything else (an ephemeral consumer) is `ephemeral`.
 pub fn consumer_kind(name: &str) -> &str {
     if name.starts_with("items-") {
         "items"
     } else if name.starts_with("control-") {
         "control"
+    } else if name.starts_with("launch-") {
+        "launch"
     } else if name.starts_with("runner-")
         || [
             CONSUMER_LOG_INGEST,

@@ -1,6 +1,9 @@
-//! The launch consumer: pulls `kiln.launch.<pool>` one request at a time, checks the request is
-//! current and fits and that this runner holds its lease, moves the job SCHEDULED → PROVISIONING
-//! and hands it to a supervisor.
+//! The launch consumer: pulls `kiln.launch.<pool>.<runner>`, the launches of the jobs the
+//! scheduler placed on this runner, one request at a time, checks the request is current and
+//! fits and that this runner holds its lease, moves the job SCHEDULED → PROVISIONING and hands
+//! it to a supervisor. A launch that does not fit (the scheduler read an older report) is tried
+//! again a few times, then its job is queued again by compare-and-set, to be placed on fresh
+//! numbers: it never bounces for ever.
 
 use std::time::Duration;
 
@@ -26,15 +29,18 @@ pub(super) async fn take_launches(ctx: &Context, jobs: &mut JoinSet<()>, shutdow
         .get_stream(subjects::STREAM_LAUNCH)
         .await
         .map_err(nats_error)?;
-    let name = subjects::consumer_launch(&ctx.config.pool);
+    let name = subjects::consumer_launch_on(&ctx.config.runner_id);
     let consumer: consumer::PullConsumer = stream
         .get_or_create_consumer(
             &name,
             pull::Config {
                 durable_name: Some(name.clone()),
-                filter_subject: subjects::launch(&ctx.config.pool),
+                filter_subject: subjects::launch_on(&ctx.config.pool, &ctx.config.runner_id),
                 ack_policy: consumer::AckPolicy::Explicit,
                 ack_wait: Duration::from_secs(30),
+                // A runner gone for good leaves no consumer behind; the scheduler queues its
+                // jobs again when its lease lapses.
+                inactive_threshold: Duration::from_secs(3600),
                 ..Default::default()
             },
         )
@@ -60,13 +66,58 @@ pub(super) async fn take_launches(ctx: &Context, jobs: &mut JoinSet<()>, shutdow
         let received = std::time::Instant::now();
         let ack = match accept_launch(ctx, &message.payload, received, jobs, shutdown).await {
             Ok(Accepted::Started | Accepted::Stale) => AckKind::Ack,
-            Ok(Accepted::NoRoom) => AckKind::Nak(Some(Duration::from_secs(1))),
+            Ok(Accepted::NoRoom) => {
+                let delivered = message.info().map_or(0, |info| info.delivered);
+                if delivered < NO_ROOM_TRIES {
+                    AckKind::Nak(Some(Duration::from_secs(1)))
+                } else {
+                    give_back(ctx, &message.payload).await?;
+                    AckKind::Ack
+                }
+            }
             Err(error) => {
                 tracing::warn!(error = %error, "launch failed; it will be retried");
                 AckKind::Nak(Some(Duration::from_secs(2)))
             }
         };
         message.ack_with(ack).await.map_err(nats_error)?;
+    }
+}
+
+/// How many times a launch that does not fit is delivered before its job is queued again.
+const NO_ROOM_TRIES: i64 = 5;
+
+/// Queues again (SCHEDULED → QUEUED, by compare-and-set on the version the request names) the
+/// job of a launch this runner has no room for, so the scheduler places it on fresh numbers.
+async fn give_back(ctx: &Context, payload: &[u8]) -> Result<()> {
+    let Ok(request) = pb::LaunchRequest::decode(payload) else {
+        return Ok(());
+    };
+    let job = match ctx.store.job(&request.job_id).await {
+        Ok(job) => job,
+        Err(StoreError::JobNotFound { .. }) => return Ok(()),
+        Err(error) => return Err(error.into()),
+    };
+    if job.version != request.version || job.state()? != JobState::Scheduled {
+        return Ok(());
+    }
+    let change = Change {
+        reason: Some(format!(
+            "runner {} had no room for it when its launch came; queued again",
+            ctx.config.runner_id
+        )),
+        ..Change::default()
+    };
+    match ctx.store.transition(&job, JobState::Queued, change).await {
+        Ok(queued) => {
+            tracing::warn!(job_id = %queued.id, "no room for a launch; its job is queued again");
+            if let Err(error) = kiln_core::events::publish_job_change(&ctx.nats, &ctx.store, &queued).await {
+                tracing::warn!(job_id = %queued.id, error = %error, "publish failed");
+            }
+            Ok(())
+        }
+        Err(StoreError::Conflict { .. }) => Ok(()),
+        Err(error) => Err(error.into()),
     }
 }
 

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
-use kiln_core::capacity::{self, PoolCapacity};
+use kiln_core::capacity::{self, CapacityReport, PoolCapacity};
 use kiln_core::scheduling::{MarketPolicy, QuotaScope, class_of_priority};
 use kiln_core::store::{EXTERNAL_POOL, JobRecord, QuotaRecord, Store};
 use kiln_core::streams::Nats;
@@ -14,7 +14,7 @@ use kiln_core::{JobState, quotas, scheduling};
 
 use crate::Config;
 use crate::error::Result;
-use crate::policy::{Input, PendingJob, Pool, Resources, RunningJob, Settings, Weights};
+use crate::policy::{Input, PendingJob, Pool, Resources, Runner, RunningJob, Settings, Weights};
 use crate::state::PassState;
 
 /// A pass's input, and the records of its pending jobs (`input.pending[i]` is `queued[i]`).
@@ -58,6 +58,7 @@ pub async fn read(store: &Store, nats: &Nats, settings: Settings, rate_of: impl 
             priority: job.priority,
             resources: resources(job),
             pool: job.pool.clone(),
+            runner: job.runner_id.clone(),
             market: scheduling::Market::parse(&job.market).unwrap_or(scheduling::Market::OnDemand),
             started_at_ms: job.started_at_ms.unwrap_or(job.updated_at_ms),
             // A class that may preempt others is not preempted itself.
@@ -65,7 +66,9 @@ pub async fn read(store: &Store, nats: &Nats, settings: Settings, rate_of: impl 
             stopping: job.stop_requested,
         })
         .collect();
-    let pools = pools(&capacity::pools(nats).await?, rate_of);
+    let reports = capacity::runners(nats).await?;
+    let pools = pools(&capacity::sum_by_pool(&reports), rate_of);
+    let runners = runners(&reports);
     let rows = store.quotas().await?;
     let members = pending
         .iter()
@@ -78,6 +81,7 @@ pub async fn read(store: &Store, nats: &Nats, settings: Settings, rate_of: impl 
             pending,
             running,
             pools,
+            runners,
             quotas,
             weights,
             settings,
@@ -98,6 +102,22 @@ pub fn pools(reported: &BTreeMap<String, PoolCapacity>, rate_of: impl Fn(&str) -
             spot_per_hour: pool.spot_per_hour,
             spot_available: pool.spot,
             preemptions_per_hour: rate_of(name),
+        })
+        .collect()
+}
+
+/// The live runners, each with its own capacity, in the policy's terms.
+pub fn runners(reports: &[CapacityReport]) -> Vec<Runner> {
+    reports
+        .iter()
+        .map(|report| {
+            let instance = report.largest_job();
+            Runner {
+                id: report.runner_id.clone(),
+                pool: report.pool.clone(),
+                capacity: Resources::new(report.cpu_millis, report.memory_bytes, report.gpus),
+                instance: Resources::new(instance.cpu_millis, instance.memory_bytes, instance.gpus),
+            }
         })
         .collect()
 }

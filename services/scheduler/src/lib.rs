@@ -5,8 +5,9 @@
 //! QUEUED jobs from the database (the source of truth), the pools from the runners' reports in
 //! `kiln_capacity`, the quotas, and what active jobs hold ([`input::read`]); [`policy::plan`]
 //! orders and places them; each placement is moved QUEUED → SCHEDULED by compare-and-set (so a
-//! job is placed once even if two schedulers ever believe they lead) and published on
-//! `kiln.launch.<pool>`; each priority preemption is sent to its runner. Only runners holding a
+//! job is placed once even if two schedulers ever believe they lead), names the runner it was
+//! placed on (one whose own free room holds it, never a pool's sum), and is published on
+//! `kiln.launch.<pool>.<runner>`; each priority preemption is sent to its runner. Only runners holding a
 //! live lease count: the pass first ends or queues again the jobs of runners whose lease expired
 //! ([`lost`]), and their capacity reports are ignored. Job events on
 //! `KILN_JOBS` (one consumer per scheduler) wake a pass and feed the pools' spot preemption
@@ -240,12 +241,14 @@ async fn place(
         let job = &read.queued[placement.job];
         let change = Change {
             pool: Some(placement.pool.clone()),
+            // The runner it was placed on: its launch goes to that runner alone.
+            runner_id: (!placement.runner.is_empty()).then(|| placement.runner.clone()),
             market: Some(placement.market),
             ..Change::default()
         };
         match store.transition(job, JobState::Scheduled, change).await {
             Ok(scheduled) => {
-                tracing::info!(job_id = %scheduled.id, pool = %placement.pool, market = %placement.market, "job scheduled");
+                tracing::info!(job_id = %scheduled.id, pool = %placement.pool, runner = %placement.runner, market = %placement.market, "job scheduled");
                 metrics.placed(&placement.pool, placement.market, job.updated_at_ms);
                 placed += 1;
                 // A failed publish is re-driven by the reconciler.

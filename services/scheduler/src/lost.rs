@@ -1,11 +1,16 @@
 //! The jobs of runners that went away. Each pass of the leader reads the jobs a runner holds
-//! (PROVISIONING, RUNNING, SYNCING; a SCHEDULED job names no runner yet, and its launch waits in
-//! the pool's work queue for any runner), then the runners' leases, and ends each job whose
+//! (PROVISIONING, RUNNING, SYNCING), then the runners' leases, and ends each job whose
 //! runner's lease expired as that runner's lease says: LOST, or queued again as its next attempt
 //! resuming from its synced outputs ([`kiln_core::runners::lose_job`], the code a restarted
 //! runner uses too). Each change is a compare-and-set on the job's version read here, so a runner
 //! that comes back and moves its job first wins, and one that comes back later finds its job
 //! taken and kills what it still runs of it.
+//!
+//! A SCHEDULED job names the runner it was placed on, and its launch waits on that runner's
+//! subject: when that runner's lease lapses before it took the launch, the job is queued again
+//! (SCHEDULED → QUEUED by compare-and-set; a runner that took it first wins), to be placed on a
+//! live runner. Its launch goes stale. A SCHEDULED job that names no runner (placed on a
+//! pool's sum by a scheduler before placement was per runner) is queued again the same way.
 //!
 //! The jobs are read before the leases: a job read here was taken by a runner holding its lease
 //! then, so a missing lease is one that lapsed, not one not yet written. A runner whose lease
@@ -13,10 +18,10 @@
 //! said `on-lost = "fail"`.
 
 use kiln_core::JobState;
-use kiln_core::events::republish_pending;
+use kiln_core::events::{publish_job_change, republish_pending};
 use kiln_core::ids::now_ms;
 use kiln_core::runners::{self, LostPolicy};
-use kiln_core::store::{EXTERNAL_POOL, Store};
+use kiln_core::store::{Change, EXTERNAL_POOL, Store, StoreError};
 use kiln_core::streams::Nats;
 
 use crate::error::Result;
@@ -33,12 +38,44 @@ pub async fn take_back(store: &Store, nats: &Nats) -> Result<usize> {
         .into_iter()
         .filter(|job| job.pool != EXTERNAL_POOL && !job.runner_id.is_empty())
         .collect();
-    if held.is_empty() {
+    let placed = store.jobs_in_states(&[JobState::Scheduled]).await?;
+    // One that names no runner was placed on a pool's sum by an older scheduler: no runner
+    // reads its pool-wide launch any more, so it is queued again as well.
+    let placed: Vec<_> = placed.into_iter().filter(|job| job.pool != EXTERNAL_POOL).collect();
+    if held.is_empty() && placed.is_empty() {
         return Ok(0);
     }
     let leases = runners::leases(nats).await?;
     let now = now_ms();
     let mut changed = 0;
+    for job in &placed {
+        if leases.get(&job.runner_id).is_some_and(|lease| lease.is_live(now)) {
+            continue;
+        }
+        let reason = if job.runner_id.is_empty() {
+            "placed on no runner in particular; queued again to be placed on one".to_string()
+        } else {
+            format!(
+                "its runner {} stopped renewing its lease before it started; queued again",
+                job.runner_id
+            )
+        };
+        let change = Change {
+            reason: Some(reason),
+            ..Change::default()
+        };
+        match store.transition(job, JobState::Queued, change).await {
+            Ok(queued) => {
+                tracing::warn!(job_id = %queued.id, runner_id = %job.runner_id, "placed on a runner gone; queued again");
+                if let Err(error) = publish_job_change(nats, store, &queued).await {
+                    tracing::warn!(job_id = %queued.id, error = %error, "publish failed");
+                }
+                changed += 1;
+            }
+            Err(StoreError::Conflict { .. }) => {}
+            Err(error) => return Err(error.into()),
+        }
+    }
     for job in &held {
         let lease = leases.get(&job.runner_id);
         if lease.is_some_and(|lease| lease.is_live(now)) {

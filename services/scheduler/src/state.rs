@@ -211,6 +211,7 @@ mod tests {
             priority: 0,
             resources: policy::Resources::default(),
             pool: pool.into(),
+            runner: String::new(),
             market: policy::Market::Spot,
             started_at_ms: 0,
             preemptible: true,

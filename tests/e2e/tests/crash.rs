@@ -165,7 +165,7 @@ async fn a_duplicate_launch_runs_nothing_twice() {
         let msg_id = format!("{}:replay:{n}", job.id);
         publish(
             &nats.jetstream,
-            subjects::launch("local"),
+            subjects::launch_on("local", &done.runner_id),
             &msg_id,
             Bytes::from(launch.encode_to_vec()),
         )

@@ -164,7 +164,7 @@ async fn api_and_scheduler_export_what_they_did() {
         samples(&text)
             .iter()
             .any(|s| s.name == "kiln_nats_consumer_pending_messages"
-                && s.labels.iter().any(|(k, v)| k == "consumer" && v == "runner-local")),
+                && s.labels.iter().any(|(k, v)| k == "consumer" && v == "launch")),
         "{text}"
     );
     assert_no_ids_in_labels(&text, &[&done.id, &long.id, &huge.id, &done.owner]);

@@ -357,3 +357,50 @@ async fn a_victim_no_runner_took_yet_is_queued_again_for_a_higher_priority() {
     // Nothing ran, so nothing counts: the same attempt, no preemption.
     assert_eq!((low.attempt, low.preemptions), (1, 0), "{low:?}");
 }
+
+/// A process runner of pool `local` with `cpu_millis` and its own work directory (a runner
+/// starting cleans up what it finds in its directory).
+fn own_runner(stack: &Stack, runner_id: &str, cpu_millis: i64) -> kiln_runner::Config {
+    kiln_runner::Config {
+        work_dir: stack.dir.path().join(format!("work-{runner_id}")),
+        cpu_millis,
+        ..stack.runner_config(runner_id)
+    }
+}
+
+/// Placement on runners, not on a pool's sum: two process runners of 2 CPUs each (4 in all)
+/// take two 2-CPU jobs, one each; a 3-CPU job fits their sum but neither of them, so it is never
+/// SCHEDULED and its explanation says why; a 4-CPU runner that joins the pool takes it.
+#[tokio::test]
+async fn two_runners_of_two_cpus_take_two_two_cpu_jobs_and_not_a_three_cpu_one() {
+    let mut stack = Stack::start_without_runner().await;
+    stack.runner = Some(stack.spawn_runner(own_runner(&stack, "r-1", 2000)).await);
+    let second = stack.spawn_runner(own_runner(&stack, "r-2", 2000)).await;
+    let big = stack.submit_spec(job_spec(&["sleep", "3600"], 3000, 0)).await;
+    let first = stack.submit_spec(job_spec(&["sleep", "3600"], 2000, 0)).await;
+    let other = stack.submit_spec(job_spec(&["sleep", "3600"], 2000, 0)).await;
+    let first = stack.wait_for_state(&first.id, pb::JobState::Running).await;
+    let other = stack.wait_for_state(&other.id, pb::JobState::Running).await;
+    let mut runners = [first.runner_id.clone(), other.runner_id.clone()];
+    runners.sort();
+    assert_eq!(runners, ["r-1", "r-2"], "one 2-CPU job on each runner");
+
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let waiting = stack.get(&big.id).await;
+    assert_eq!(state(&waiting), pb::JobState::Queued);
+    // Never SCHEDULED (and queued again): its record has not changed since the submit.
+    assert_eq!(waiting.version, big.version, "{waiting:?}");
+    let why = explain(&stack, &big.id).await;
+    assert!(why.summary.contains("no runner of any pool can hold it"), "{why:?}");
+    assert!(why.summary.contains("a job runs on one runner"), "{why:?}");
+
+    // A runner large enough joins the pool: the job starts there.
+    let third = stack.spawn_runner(own_runner(&stack, "r-3", 4000)).await;
+    let started = stack.wait_for_state(&big.id, pb::JobState::Running).await;
+    assert_eq!(started.runner_id, "r-3");
+    for job in [&first, &other, &started] {
+        stack.stop_job(&job.id).await;
+    }
+    third.stop().await;
+    second.stop().await;
+}

@@ -202,6 +202,7 @@ pub(crate) fn running_job(pending: &PendingJob, pool: &str, market: Market, now_
         priority: pending.priority,
         resources: pending.resources,
         pool: pool.into(),
+        runner: String::new(),
         market,
         started_at_ms: now_ms,
         preemptible: pending.priority == 0,

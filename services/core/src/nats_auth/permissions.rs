@@ -92,7 +92,8 @@ impl Permissions {
 
 /// `kiln.job.event.<job>`: one job id token.
 const JOB_EVENT_ANY: &str = "kiln.job.event.*";
-const LAUNCH_ANY: &str = "kiln.launch.*";
+/// `kiln.launch.<pool>` and `kiln.launch.<pool>.<runner>`.
+const LAUNCH_ANY: &str = "kiln.launch.>";
 const CONTROL_ANY: &str = "kiln.control.*";
 const METRICS_ANY: &str = "kiln.metrics.*";
 /// `kiln.logs.<job>` (not `kiln.logs.item.<batch>`, which no service publishes).
@@ -169,7 +170,7 @@ pub(super) fn of(service: Service) -> Permissions {
         Service::Runner => {
             // Launches and stop requests in; job changes, logs, metrics, its capacity and
             // liveness out; inference requests through its relays.
-            // kiln.launch.*: after a restart a runner republishes the unpublished changes of
+            // kiln.launch.>: after a restart a runner republishes the unpublished changes of
             // its jobs, a SCHEDULED one's launch included (the launch is a hint: the record's
             // state decides, and the scheduler republishes it too).
             p.job_changes()
@@ -290,6 +291,8 @@ mod tests {
         assert!(can_publish(Service::Api, &job_event("j1")));
         assert!(can_publish(Service::Api, &control("j1")));
         assert!(can_publish(Service::Scheduler, &launch("local")));
+        assert!(can_publish(Service::Scheduler, &launch_on("local", "runner-1")));
+        assert!(can_publish(Service::Runner, &launch_on("local", "runner-1")));
         assert!(can_publish(Service::Runner, &logs("j1")));
         assert!(can_publish(Service::Runner, &metrics("j1")));
         assert!(can_publish(Service::Runner, "$KV.kiln_capacity.runner-1"));
@@ -342,6 +345,7 @@ mod tests {
         // Only the runners' relays report load; only the scheduler launches.
         assert!(!can_publish(Service::Predictor, &serve_load("p", "svc")));
         assert!(!can_publish(Service::Api, &launch("local")));
+        assert!(!can_publish(Service::Api, &launch_on("local", "runner-1")));
         // No one deletes a stream.
         for service in Service::ALL {
             assert!(!can_publish(service, "$JS.API.STREAM.DELETE.KILN_JOBS"), "{service}");

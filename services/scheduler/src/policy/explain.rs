@@ -16,16 +16,18 @@ pub enum Wait {
         used: i64,
         asked: i64,
     },
-    /// No pool could hold it even when empty (among those offering spot, when it insists on
-    /// spot). It does not hold up other jobs.
+    /// No live runner of a pool could hold it even when empty (among pools offering spot, when
+    /// it insists on spot), however much its pool has over all its runners: a job runs on one
+    /// runner. It does not hold up other jobs, and is placed once a runner large enough reports.
     /// `pool` is the one it asked for, if any.
     NoPoolFits {
         asked: Resources,
         market: MarketPolicy,
         pool: String,
     },
-    /// Every pool that could hold it lacks room now. `pools` lists what each has free for it;
-    /// `reserved_on` names the pool whose room is held for it as it frees up.
+    /// Every runner that could hold it lacks room now. `pools` lists what runners (the ones it
+    /// lacks least on) have free for it; `reserved_on` names the runner whose room is held for
+    /// it as it frees up.
     NoCapacity {
         pools: Vec<(String, Resources)>,
         reserved_on: Option<String>,
@@ -77,7 +79,10 @@ impl fmt::Display for Wait {
                     ""
                 };
                 if pool.is_empty() {
-                    write!(f, "no pool{spot} can hold it even when empty (it asks {asked})")
+                    write!(
+                        f,
+                        "no runner of any pool{spot} can hold it even when empty (it asks {asked}; a job runs on one runner, never across several)"
+                    )
                 } else {
                     write!(
                         f,

@@ -34,8 +34,8 @@ mod tests;
 pub use explain::{Ahead, JobWait, Wait};
 pub use market::{DEFAULT_RUNTIME_SECS, PreemptionRate, choose_market, restart_probability};
 pub use model::{
-    Input, Market, MarketPolicy, Order, PendingJob, Pool, Quota, QuotaResource, QuotaScope, Resources, RunningJob,
-    Settings, Weights,
+    Input, Market, MarketPolicy, Order, PendingJob, Pool, Quota, QuotaResource, QuotaScope, Resources, Runner,
+    RunningJob, Settings, Weights,
 };
 pub use pass::{Placement, Plan, Preemption, plan, water_fill};
 

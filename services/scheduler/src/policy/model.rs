@@ -182,6 +182,9 @@ pub struct RunningJob {
     pub priority: i32,
     pub resources: Resources,
     pub pool: String,
+    /// The runner it was placed on; empty when unknown (then it counts on the pool's implicit
+    /// runner, or on the first runner of its pool with room for it).
+    pub runner: String,
     pub market: Market,
     pub started_at_ms: i64,
     /// Its priority class lets a higher priority preempt it.
@@ -225,6 +228,26 @@ impl Pool {
     /// instance's price.
     pub fn cost_per_hour(&self, asked: &Resources, market: Market) -> f64 {
         self.price_per_hour(market) * asked.dominant_share(&self.instance)
+    }
+}
+
+/// One runner of a pool, from its own capacity report: jobs are placed on a runner whose free
+/// room holds them, never on a pool's sum.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Runner {
+    pub id: String,
+    pub pool: String,
+    /// What it reported in all. What jobs placed on it hold is taken off to get what is free.
+    pub capacity: Resources,
+    /// The largest job it can hold (a runner that makes an instance per job reports one
+    /// instance); equal to `capacity` for a runner that is one machine.
+    pub instance: Resources,
+}
+
+impl Runner {
+    /// Tells whether the runner could hold `asked` when it is empty.
+    pub fn holds(&self, asked: &Resources) -> bool {
+        asked.fits_in(&self.capacity) && asked.fits_in(&self.instance)
     }
 }
 
@@ -359,6 +382,9 @@ pub struct Input {
     pub pending: Vec<PendingJob>,
     pub running: Vec<RunningJob>,
     pub pools: Vec<Pool>,
+    /// The live runners. A pool none of them belongs to counts as one implicit runner (id
+    /// empty) with the pool's capacity, as studies and tests describe pools.
+    pub runners: Vec<Runner>,
     pub quotas: Vec<Quota>,
     pub weights: Weights,
     pub settings: Settings,

@@ -47,6 +47,7 @@ fn running(id: &str, user: &str, pool: &str, resources: Resources, priority: i32
         priority,
         resources,
         pool: pool.into(),
+        runner: String::new(),
         market: Market::OnDemand,
         started_at_ms,
         preemptible: true,
@@ -475,6 +476,7 @@ fn big_job_start(reservations: bool) -> Option<u64> {
                 priority: 0,
                 resources: started.resources,
                 pool: "p".into(),
+                runner: String::new(),
                 market: Market::Spot,
                 started_at_ms: tick as i64,
                 preemptible: true,
@@ -1077,11 +1079,11 @@ fn waits_explain_why_and_count_the_jobs_ahead() {
     );
     assert_eq!(
         wait_of(&input, &plan, "huge").to_string(),
-        "it waits: no pool can hold it even when empty (it asks 64 CPUs, 1 GiB)"
+        "it waits: no runner of any pool can hold it even when empty (it asks 64 CPUs, 1 GiB; a job runs on one runner, never across several)"
     );
     assert_eq!(
         wait_of(&input, &plan, "spot-only").to_string(),
-        "it waits: no pool offering spot can hold it even when empty (it asks 1 CPU, 1 GiB)"
+        "it waits: no runner of any pool offering spot can hold it even when empty (it asks 1 CPU, 1 GiB; a job runs on one runner, never across several)"
     );
     assert_eq!(
         wait_of(&input, &plan, "d-quota").to_string(),
@@ -1138,4 +1140,174 @@ fn a_job_that_names_a_pool_runs_only_there() {
     assert_eq!(pool_of("nowhere"), None);
     let wait = wait_of(&input, &plan, "nowhere").to_string();
     assert!(wait.contains("it asks for pool absent"), "{wait}");
+}
+
+// === placement on runners, not on a pool's sum ===
+
+fn runner(id: &str, pool: &str, capacity: Resources) -> Runner {
+    Runner {
+        id: id.into(),
+        pool: pool.into(),
+        capacity,
+        instance: capacity,
+    }
+}
+
+fn on(mut job: RunningJob, runner: &str) -> RunningJob {
+    job.runner = runner.into();
+    job
+}
+
+/// Pool `cpu` made of two runners of 2 CPUs each, as the service reads it: the pool's capacity
+/// is their sum, its instance the largest of them.
+fn two_runner_input(pending: Vec<PendingJob>, running: Vec<RunningJob>) -> Input {
+    let mut pool = pool("cpu", res(4.0, 16, 0));
+    pool.instance = res(2.0, 8, 0);
+    let mut input = input(pending, running, vec![pool]);
+    input.runners = vec![
+        runner("r-1", "cpu", res(2.0, 8, 0)),
+        runner("r-2", "cpu", res(2.0, 8, 0)),
+    ];
+    input
+}
+
+fn runners_of(plan: &Plan) -> Vec<(usize, &str)> {
+    plan.placements
+        .iter()
+        .map(|placement| (placement.job, placement.runner.as_str()))
+        .collect()
+}
+
+#[test]
+fn two_runners_of_two_cpus_take_two_two_cpu_jobs_one_each_and_not_a_three_cpu_one() {
+    let input = two_runner_input(
+        vec![
+            job("big", "a", "p", res(3.0, 1, 0), 0),
+            job("two-a", "b", "p", res(2.0, 1, 0), 1),
+            job("two-b", "c", "p", res(2.0, 1, 0), 2),
+        ],
+        vec![],
+    );
+    let plan = plan(&input);
+    assert_eq!(runners_of(&plan), [(1, "r-1"), (2, "r-2")]);
+    let big = wait_of(&input, &plan, "big");
+    assert_eq!(
+        big.reason,
+        Wait::NoPoolFits {
+            asked: res(3.0, 1, 0),
+            market: MarketPolicy::Auto,
+            pool: String::new(),
+        }
+    );
+    assert!(
+        big.reason.to_string().contains("a job runs on one runner"),
+        "{}",
+        big.reason
+    );
+    // A runner large enough appears: the 3-CPU job is placed on it.
+    let mut grown = input.clone();
+    grown.pools[0].capacity = res(8.0, 32, 0);
+    grown.pools[0].instance = res(4.0, 16, 0);
+    grown.runners.push(runner("r-3", "cpu", res(4.0, 16, 0)));
+    let plan = super::plan(&grown);
+    assert!(runners_of(&plan).contains(&(0, "r-3")), "{:?}", plan.placements);
+}
+
+#[test]
+fn a_job_that_fits_the_pools_free_sum_but_no_runners_free_room_waits() {
+    // One CPU used on each runner: the pool has 2 CPUs free in all, no runner has 2.
+    let input = two_runner_input(
+        vec![
+            job("two", "a", "p", res(2.0, 1, 0), 0),
+            job("one", "b", "p", res(1.0, 1, 0), 1),
+        ],
+        vec![
+            on(running("x", "w", "cpu", res(1.0, 1, 0), 0, 0), "r-1"),
+            on(running("y", "w", "cpu", res(1.0, 1, 0), 0, 0), "r-2"),
+        ],
+    );
+    let plan = plan(&input);
+    let two = wait_of(&input, &plan, "two");
+    let Wait::NoCapacity { pools, reserved_on } = &two.reason else {
+        panic!("{:?}", two.reason);
+    };
+    assert_eq!(
+        pools,
+        &[
+            ("r-1 (cpu)".to_string(), res(1.0, 7, 0)),
+            ("r-2 (cpu)".to_string(), res(1.0, 7, 0))
+        ]
+    );
+    assert_eq!(reserved_on.as_deref(), Some("r-1 (cpu)"));
+    // The 1-CPU job backfills on the runner not reserved.
+    assert_eq!(runners_of(&plan), [(1, "r-2")]);
+}
+
+#[test]
+fn a_job_goes_to_the_tightest_runner_and_counts_on_it() {
+    let mut pool = pool("cpu", res(6.0, 24, 0));
+    pool.instance = res(4.0, 16, 0);
+    let mut input = input(
+        vec![
+            job("one", "a", "p", res(1.0, 1, 0), 0),
+            job("three", "b", "p", res(3.0, 1, 0), 1),
+        ],
+        vec![],
+        vec![pool],
+    );
+    input.runners = vec![
+        runner("big", "cpu", res(4.0, 16, 0)),
+        runner("small", "cpu", res(2.0, 8, 0)),
+    ];
+    let plan = plan(&input);
+    // The 1-CPU job leaves the 4-CPU runner whole for the 3-CPU one.
+    assert_eq!(runners_of(&plan), [(0, "small"), (1, "big")]);
+}
+
+#[test]
+fn preemption_frees_room_on_one_runner_not_across_the_pool() {
+    // r-1 runs an old 1-CPU job and has 1 CPU idle; r-2 runs two younger 1-CPU jobs. Summed,
+    // stopping the youngest ("b", on r-2) would free 2 CPUs in the pool, on no one runner: the
+    // urgent 2-CPU job must stop "a" on r-1 instead, the one victim that makes room.
+    let mut urgent = job("urgent", "u", "p", res(2.0, 1, 0), 0);
+    urgent.priority = 10;
+    let mut input = two_runner_input(
+        vec![urgent],
+        vec![
+            on(running("a", "w", "cpu", res(1.0, 1, 0), 0, 100), "r-1"),
+            on(running("b", "w", "cpu", res(1.0, 1, 0), 0, 900), "r-2"),
+            on(running("c", "w", "cpu", res(1.0, 1, 0), 0, 800), "r-2"),
+        ],
+    );
+    input.settings.preempting_priorities = BTreeSet::from([10]);
+    input.settings.preemption_budget = 5;
+    let plan = plan(&input);
+    assert_eq!(victims(&plan), ["a"]);
+    assert_eq!(
+        wait_of(&input, &plan, "urgent").reason,
+        Wait::WaitingForPreemption {
+            pool: "r-1 (cpu)".into(),
+            victims: vec!["a".into()],
+        }
+    );
+    // Once "a" is gone, r-1 has room: the job starts there with no victim.
+    let mut tight = input.clone();
+    tight.running.remove(0);
+    tight.settings.preemption_budget = 1;
+    let plan = super::plan(&tight);
+    assert!(plan.preemptions.is_empty());
+    assert_eq!(runners_of(&plan), [(0, "r-1")]);
+}
+
+#[test]
+fn running_jobs_of_a_runner_gone_do_not_count_on_the_live_ones() {
+    let input = two_runner_input(
+        vec![
+            job("two-a", "a", "p", res(2.0, 1, 0), 0),
+            job("two-b", "b", "p", res(2.0, 1, 0), 1),
+        ],
+        vec![on(running("ghost", "w", "cpu", res(2.0, 1, 0), 0, 0), "r-gone")],
+    );
+    let plan = plan(&input);
+    assert_eq!(runners_of(&plan), [(0, "r-1"), (1, "r-2")]);
 }

@@ -36,6 +36,9 @@ pub struct Placement {
     /// Its index in [`Input::pending`].
     pub job: usize,
     pub pool: String,
+    /// The runner it goes to; empty for a pool's implicit runner (a pool no runner is listed
+    /// for, as studies describe pools).
+    pub runner: String,
     pub market: Market,
 }
 
@@ -83,13 +86,21 @@ pub fn plan(input: &Input) -> Plan {
     Pass::new(input).run()
 }
 
+/// One runner in a pass: jobs are placed on, hold room on and preempt on one runner.
 #[derive(Debug)]
-struct PoolState {
+struct RunnerState {
+    /// Empty for a pool's implicit runner.
+    id: String,
+    /// Its pool's index in [`Input::pools`].
+    pool: usize,
+    capacity: Resources,
+    /// The largest job it can hold.
+    instance: Resources,
     /// Capacity less what running jobs, this pass's placements and holds take.
     free: Resources,
     /// Held for reservations and preemptions of this pass.
     hold: Resources,
-    /// The job (pending index) this pool's reservation is for.
+    /// The job (pending index) this runner's reservation is for.
     reserved_for: Option<usize>,
     /// Running jobs on it in the order victims are tried: stopping first, then lowest
     /// priority, then youngest.
@@ -118,7 +129,10 @@ struct Pass<'a> {
     input: &'a Input,
     /// The cluster: the sum of the pools' capacities, against which shares are taken.
     total: Resources,
-    pools: Vec<PoolState>,
+    /// Pool-major, then by id.
+    runners: Vec<RunnerState>,
+    /// Per pool, its runners' indices in `runners`.
+    runners_of_pool: Vec<Vec<usize>>,
     projects: Vec<Holder>,
     members: Vec<Member>,
     member_of_job: Vec<usize>,
@@ -298,7 +312,7 @@ impl<'a> Pass<'a> {
         let input = self.input;
         let job = &input.pending[job_index];
         let member = self.member_of_job[job_index];
-        let eligible = eligible_pools(&input.pools, job);
+        let eligible = self.eligible_runners(job, &eligible_pools(&input.pools, job));
         if eligible.is_empty() {
             let reason = Wait::NoPoolFits {
                 asked: job.resources,
@@ -312,8 +326,8 @@ impl<'a> Pass<'a> {
             self.wait(job_index, ahead, reason);
             return Step::Skipped;
         }
-        if let Some((pool, market)) = self.best_fit(job, &eligible) {
-            self.place(job_index, member, pool, market);
+        if let Some((runner, market)) = self.best_fit(job, &eligible) {
+            self.place(job_index, member, runner, market);
             return Step::Placed;
         }
         if let Some(reason) = self.preempt(job_index, &eligible) {
@@ -347,13 +361,15 @@ impl<'a> Pass<'a> {
         self.user_usage[user].add(resources);
     }
 
-    fn place(&mut self, job_index: usize, member: usize, pool: usize, market: Market) {
+    fn place(&mut self, job_index: usize, member: usize, runner: usize, market: Market) {
         let resources = self.input.pending[job_index].resources;
-        self.pools[pool].free -= resources;
+        self.runners[runner].free -= resources;
         self.take(member, resources);
+        let state = &self.runners[runner];
         self.plan.placements.push(Placement {
             job: job_index,
-            pool: self.input.pools[pool].name.clone(),
+            pool: self.input.pools[state.pool].name.clone(),
+            runner: state.id.clone(),
             market,
         });
     }

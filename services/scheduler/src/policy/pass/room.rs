@@ -1,4 +1,4 @@
-//! Room for a job: the pool and market it starts on, the victims a higher priority or a job
+//! Room for a job: the runner (of a pool) and market it starts on, the victims a higher priority or a job
 //! below its fair share preempts, and the reservations that hold room for a job that cannot fit
 //! yet.
 
@@ -25,29 +25,64 @@ enum Level {
     Member(usize),
 }
 
+/// At most this many runners are listed in a wait for capacity (those it lacks least on).
+const LISTED_RUNNERS: usize = 8;
+
 /// Weighted shares closer than this count as equal.
 pub(super) const SHARE_EPSILON: f64 = 1e-9;
 
 impl Pass<'_> {
-    /// The pool where the job fits now at the lowest cost per hour, with its market.
+    /// The runners of `pools` that could hold the job when empty, pool by pool.
+    pub(super) fn eligible_runners(&self, job: &PendingJob, pools: &[usize]) -> Vec<usize> {
+        pools
+            .iter()
+            .flat_map(|&pool| self.runners_of_pool[pool].iter().copied())
+            .filter(|&runner| {
+                let state = &self.runners[runner];
+                job.resources.fits_in(&state.capacity) && job.resources.fits_in(&state.instance)
+            })
+            .collect()
+    }
+
+    /// How `runner` reads in a reason: its pool for a pool's implicit runner, else
+    /// `<id> (<pool>)`.
+    pub(super) fn runner_label(&self, runner: usize) -> String {
+        let state = &self.runners[runner];
+        let pool = &self.input.pools[state.pool].name;
+        if state.id.is_empty() {
+            pool.clone()
+        } else {
+            format!("{} ({pool})", state.id)
+        }
+    }
+
+    /// The runner whose free room holds the job now at the lowest cost per hour, with its
+    /// market: across pools the cheapest (the first eligible pool on a tie), inside a pool the
+    /// tightest fit (the least dominant share of the runner left free, then the first runner),
+    /// so large runners stay free for large jobs.
     pub(super) fn best_fit(&self, job: &PendingJob, eligible: &[usize]) -> Option<(usize, Market)> {
         let settings = &self.input.settings;
-        let mut best: Option<(f64, usize, Market)> = None;
-        for &index in eligible {
-            if !job.resources.fits_in(&self.pools[index].free) {
+        let mut best: Option<(f64, usize, f64, usize, Market)> = None;
+        for &runner in eligible {
+            let state = &self.runners[runner];
+            if !job.resources.fits_in(&state.free) {
                 continue;
             }
-            let pool = &self.input.pools[index];
+            let pool = &self.input.pools[state.pool];
             let Some(market) = choose_market(job.market, pool, job.preemptions, job.expected_runtime_secs, settings)
             else {
                 continue;
             };
             let cost = pool.cost_per_hour(&job.resources, market);
-            if best.is_none_or(|(best_cost, _, _)| cost < best_cost) {
-                best = Some((cost, index, market));
+            let left = (state.free - job.resources).dominant_share(&state.capacity);
+            let better = best.is_none_or(|(best_cost, best_pool, best_left, _, _)| {
+                cost < best_cost || (cost == best_cost && state.pool == best_pool && left < best_left)
+            });
+            if better {
+                best = Some((cost, state.pool, left, runner, market));
             }
         }
-        best.map(|(_, index, market)| (index, market))
+        best.map(|(_, _, _, runner, market)| (runner, market))
     }
 
     /// Victims for a job that cannot fit: for its priority when that may preempt, else (when
@@ -83,14 +118,15 @@ impl Pass<'_> {
         }
     }
 
-    /// Names victims on one pool (fewest new ones, then the lowest priority) within the budget,
-    /// holds that pool's room for the job, and tells it to wait for them.
+    /// Names victims on one runner (fewest new ones, then the lowest priority) within the
+    /// budget, holds that runner's room for the job, and tells it to wait for them. Victims
+    /// spread over several runners would free room no one runner has.
     fn preempt_for(&mut self, job_index: usize, eligible: &[usize], cause: Cause) -> Option<Wait> {
         let input = self.input;
         let job = &input.pending[job_index];
         let mut best: Option<((usize, i32, usize), Vec<usize>)> = None;
-        for &pool in eligible {
-            let Some(victims) = self.victims_on(pool, job_index, cause) else {
+        for &runner in eligible {
+            let Some(victims) = self.victims_on(runner, job_index, cause) else {
                 continue;
             };
             let new_victims = victims.iter().filter(|&&index| !input.running[index].stopping);
@@ -102,12 +138,12 @@ impl Pass<'_> {
                 .map(|&index| input.running[index].priority)
                 .max()
                 .unwrap_or(i32::MIN);
-            let key = (count, highest, pool);
+            let key = (count, highest, runner);
             if best.as_ref().is_none_or(|(best_key, _)| key < *best_key) {
                 best = Some((key, victims));
             }
         }
-        let ((count, _, pool), victims) = best?;
+        let ((count, _, runner), victims) = best?;
         match cause {
             Cause::Priority => self.budget_left -= count,
             Cause::FairShare => self.fair_share_budget_left -= count,
@@ -127,26 +163,26 @@ impl Pass<'_> {
             }
         }
         self.moves(self.member_of_job[job_index], job.resources);
-        self.hold(pool, job_index);
+        self.hold(runner, job_index);
         Some(Wait::WaitingForPreemption {
-            pool: input.pools[pool].name.clone(),
+            pool: self.runner_label(runner),
             victims: victims.iter().map(|&index| input.running[index].id.clone()).collect(),
         })
     }
 
-    /// Running jobs on `pool` whose stop would let the job fit: stopping ones first, then for
+    /// Running jobs on `runner` whose stop would let the job fit: stopping ones first, then for
     /// priority lower-priority preemptible ones, lowest priority and youngest first, or for
     /// fair share the candidates of [`Pass::fair_share_order`] while each owner stays at or
     /// above the job's share; pruned to a minimal set.
-    fn victims_on(&self, pool: usize, job_index: usize, cause: Cause) -> Option<Vec<usize>> {
-        let state = &self.pools[pool];
+    fn victims_on(&self, runner: usize, job_index: usize, cause: Cause) -> Option<Vec<usize>> {
+        let state = &self.runners[runner];
         let running = &self.input.running;
         let job = &self.input.pending[job_index];
         let fair_share_order;
         let order: &[usize] = match cause {
             Cause::Priority => &state.victims,
             Cause::FairShare => {
-                fair_share_order = self.fair_share_order(pool, job_index);
+                fair_share_order = self.fair_share_order(runner, job_index);
                 &fair_share_order
             }
         };
@@ -214,13 +250,13 @@ impl Pass<'_> {
         Some(chosen)
     }
 
-    /// The fair-share candidates on `pool`, after its stopping jobs: other users' preemptible
+    /// The fair-share candidates on `runner`, after its stopping jobs: other users' preemptible
     /// jobs of the same or lower priority whose owner would stay at or above the job's share
-    /// after losing that one; in the pool's victim order (the lowest priority, then the
+    /// after losing that one; in the runner's victim order (the lowest priority, then the
     /// youngest), so a victim throws away the least work. Taking from the owner furthest ahead
     /// first instead lost 54% more work in the study for the same fairness (README, Performance).
-    fn fair_share_order(&self, pool: usize, job_index: usize) -> Vec<usize> {
-        let state = &self.pools[pool];
+    fn fair_share_order(&self, runner: usize, job_index: usize) -> Vec<usize> {
+        let state = &self.runners[runner];
         let running = &self.input.running;
         let job = &self.input.pending[job_index];
         let stopping = state
@@ -285,23 +321,31 @@ impl Pass<'_> {
             / holder.weight
     }
 
+    /// Why a job that fits no runner's free room now waits: room held for a job ahead of it,
+    /// or no room, with the runners it lacks least on and the one reserved for it, if any.
     pub(super) fn capacity_wait(&mut self, job_index: usize, eligible: &[usize]) -> Wait {
         let input = self.input;
         let job = &input.pending[job_index];
-        for &pool in eligible {
-            let state = &self.pools[pool];
+        for &runner in eligible {
+            let state = &self.runners[runner];
             if let Some(holder) = state.reserved_for
                 && job.resources.fits_in(&(state.free + state.hold))
             {
                 return Wait::Reserved {
-                    pool: input.pools[pool].name.clone(),
+                    pool: self.runner_label(runner),
                     for_job: input.pending[holder].id.clone(),
                 };
             }
         }
-        let pools = eligible
+        let mut listed = eligible.to_vec();
+        if listed.len() > LISTED_RUNNERS {
+            listed.sort_by(|&a, &b| self.shortfall(job_index, a).total_cmp(&self.shortfall(job_index, b)));
+            listed.truncate(LISTED_RUNNERS);
+            listed.sort_unstable();
+        }
+        let pools = listed
             .iter()
-            .map(|&pool| (input.pools[pool].name.clone(), self.pools[pool].free.clamp_negative()))
+            .map(|&runner| (self.runner_label(runner), self.runners[runner].free.clamp_negative()))
             .collect();
         let reserved_on = if input.settings.reservations {
             self.reserve(job_index, eligible)
@@ -311,28 +355,33 @@ impl Pass<'_> {
         Wait::NoCapacity { pools, reserved_on }
     }
 
-    /// Reserves the unreserved pool where the job lacks least, if any; returns its name.
+    /// What the job lacks on `runner`, as a dominant share of the runner.
+    fn shortfall(&self, job_index: usize, runner: usize) -> f64 {
+        let state = &self.runners[runner];
+        (self.input.pending[job_index].resources - state.free)
+            .clamp_negative()
+            .dominant_share(&state.capacity)
+    }
+
+    /// Reserves the unreserved runner where the job lacks least, if any; returns its label.
     fn reserve(&mut self, job_index: usize, eligible: &[usize]) -> Option<String> {
-        let input = self.input;
-        let asked = input.pending[job_index].resources;
-        let shortfall = |pool: usize| {
-            (asked - self.pools[pool].free)
-                .clamp_negative()
-                .dominant_share(&input.pools[pool].capacity)
-        };
         let best = eligible
             .iter()
             .copied()
-            .filter(|&pool| self.pools[pool].reserved_for.is_none())
-            .min_by(|&a, &b| shortfall(a).total_cmp(&shortfall(b)).then(a.cmp(&b)))?;
+            .filter(|&runner| self.runners[runner].reserved_for.is_none())
+            .min_by(|&a, &b| {
+                self.shortfall(job_index, a)
+                    .total_cmp(&self.shortfall(job_index, b))
+                    .then(a.cmp(&b))
+            })?;
         self.hold(best, job_index);
-        Some(input.pools[best].name.clone())
+        Some(self.runner_label(best))
     }
 
-    /// Holds the pool's free room, up to what the job asks, for the job.
-    fn hold(&mut self, pool: usize, job_index: usize) {
+    /// Holds the runner's free room, up to what the job asks, for the job.
+    fn hold(&mut self, runner: usize, job_index: usize) {
         let asked = self.input.pending[job_index].resources;
-        let state = &mut self.pools[pool];
+        let state = &mut self.runners[runner];
         let held = asked.min(&state.free.clamp_negative());
         state.free -= held;
         state.hold += held;

@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 
 use super::holders::Registry;
 use super::limits::ScopeUsage;
-use super::{Pass, Plan, PoolState};
+use super::{Pass, Plan, RunnerState};
 use crate::policy::model::{Input, QuotaScope, Resources};
 
 impl<'a> Pass<'a> {
@@ -36,15 +36,44 @@ impl<'a> Pass<'a> {
             .enumerate()
             .map(|(index, pool)| (pool.name.as_str(), index))
             .collect();
-        let mut pools: Vec<PoolState> = input
-            .pools
+        let state = |id: &str, pool: usize, capacity: Resources, instance: Resources| RunnerState {
+            id: id.to_string(),
+            pool,
+            capacity,
+            instance,
+            free: capacity,
+            hold: Resources::ZERO,
+            reserved_for: None,
+            victims: Vec::new(),
+        };
+        let mut listed: Vec<(usize, &str, usize)> = input
+            .runners
             .iter()
-            .map(|pool| PoolState {
-                free: pool.capacity,
-                hold: Resources::ZERO,
-                reserved_for: None,
-                victims: Vec::new(),
+            .enumerate()
+            .filter_map(|(index, runner)| {
+                let pool = *pool_ids.get(runner.pool.as_str())?;
+                Some((pool, runner.id.as_str(), index))
             })
+            .collect();
+        listed.sort_unstable();
+        listed.dedup_by(|a, b| a.1 == b.1);
+        let mut runners: Vec<RunnerState> = Vec::new();
+        let mut runners_of_pool: Vec<Vec<usize>> = vec![Vec::new(); input.pools.len()];
+        for (pool, id, index) in listed {
+            let runner = &input.runners[index];
+            runners_of_pool[pool].push(runners.len());
+            runners.push(state(id, pool, runner.capacity, runner.instance));
+        }
+        for (index, pool) in input.pools.iter().enumerate() {
+            if runners_of_pool[index].is_empty() {
+                runners_of_pool[index].push(runners.len());
+                runners.push(state("", index, pool.capacity, pool.instance));
+            }
+        }
+        let runner_ids: HashMap<(usize, String), usize> = runners
+            .iter()
+            .enumerate()
+            .map(|(index, runner)| ((runner.pool, runner.id.clone()), index))
             .collect();
         let total = input
             .pools
@@ -54,7 +83,8 @@ impl<'a> Pass<'a> {
         let mut pass = Pass {
             input,
             total,
-            pools: Vec::new(),
+            runners: Vec::new(),
+            runners_of_pool: Vec::new(),
             project_moves: vec![Resources::ZERO; projects.len()],
             member_moves: vec![Resources::ZERO; members.len()],
             fair_share_failed: HashSet::new(),
@@ -85,19 +115,35 @@ impl<'a> Pass<'a> {
             if job.stopping {
                 pass.moves(member, -job.resources);
             }
-            // A job on a pool no runner reports any more still counts for shares and quotas.
-            if let Some(&pool) = pool_ids.get(job.pool.as_str()) {
-                pools[pool].free -= job.resources;
-                pools[pool].victims.push(index);
+            // A job on a pool or runner no one reports any more still counts for shares and
+            // quotas. One whose runner is unknown (placed before runners were named) counts on
+            // the first runner of its pool with room for it.
+            let Some(&pool) = pool_ids.get(job.pool.as_str()) else {
+                continue;
+            };
+            let runner = if job.runner.is_empty() {
+                let candidates = &runners_of_pool[pool];
+                candidates
+                    .iter()
+                    .copied()
+                    .find(|&runner| job.resources.fits_in(&runners[runner].free))
+                    .or(candidates.first().copied())
+            } else {
+                runner_ids.get(&(pool, job.runner.clone())).copied()
+            };
+            if let Some(runner) = runner {
+                runners[runner].free -= job.resources;
+                runners[runner].victims.push(index);
             }
         }
-        for pool in &mut pools {
-            pool.victims.sort_by_key(|&index| {
+        for runner in &mut runners {
+            runner.victims.sort_by_key(|&index| {
                 let job = &input.running[index];
                 (!job.stopping, job.priority, std::cmp::Reverse(job.started_at_ms))
             });
         }
-        pass.pools = pools;
+        pass.runners = runners;
+        pass.runners_of_pool = runners_of_pool;
         for quota in &input.quotas {
             match &quota.scope {
                 QuotaScope::Global => pass.global_quotas.push(quota),
