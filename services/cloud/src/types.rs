@@ -1,0 +1,390 @@
+//! The values that cross the [`crate::Cloud`] trait.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::IpAddr;
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// The tag (GCE: label) naming the kiln cluster an instance belongs to: the reaper's scope.
+pub const TAG_CLUSTER: &str = "kiln-cluster";
+/// The tag naming the instance's pool.
+pub const TAG_POOL: &str = "kiln-pool";
+/// The tag naming the launch intent that made the instance: adoption after a crash.
+pub const TAG_INTENT: &str = "kiln-intent";
+
+/// A launch intent's id: a UUIDv7, lowercase hex with hyphens (36 chars). It is the EC2
+/// `ClientToken` (≤ 64 ASCII), the GCE `requestId` (a UUID) and the `kiln-intent` tag value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct IntentId(pub Uuid);
+
+impl IntentId {
+    pub fn new() -> IntentId {
+        IntentId(Uuid::now_v7())
+    }
+
+    pub fn parse(text: &str) -> Option<IntentId> {
+        Uuid::parse_str(text).ok().map(IntentId)
+    }
+}
+
+impl Default for IntentId {
+    fn default() -> IntentId {
+        IntentId::new()
+    }
+}
+
+impl fmt::Display for IntentId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.as_hyphenated().fmt(f)
+    }
+}
+
+/// A cloud's instance id: `i-0abc…` on EC2, `zone/name` on GCE; opaque to the provisioner.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct InstanceId(pub String);
+
+impl fmt::Display for InstanceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CapacityType {
+    Spot,
+    OnDemand,
+}
+
+impl CapacityType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CapacityType::Spot => "spot",
+            CapacityType::OnDemand => "on-demand",
+        }
+    }
+}
+
+impl fmt::Display for CapacityType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// (instance type, zone, capacity type): the unit of price, availability and launch.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct OfferingKey {
+    pub instance_type: String,
+    pub zone: String,
+    pub capacity: CapacityType,
+}
+
+impl fmt::Display for OfferingKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {} in {}", self.capacity, self.instance_type, self.zone)
+    }
+}
+
+/// What one machine of an instance type holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Shape {
+    pub cpu_millis: i64,
+    pub memory_bytes: i64,
+    pub gpus: i64,
+    #[serde(default)]
+    pub gpu_model: Option<String>,
+    /// `x86_64` or `arm64`.
+    #[serde(default)]
+    pub arch: String,
+}
+
+/// Where an offering's price came from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "kind")]
+pub enum PriceSource {
+    /// The latest spot price the cloud answered, and when it was set.
+    SpotHistory { at_ms: i64 },
+    /// The shipped on-demand table and the date it was generated.
+    Table { dated: String },
+    /// The pool's configured price (negotiated rates, the sim's catalogue).
+    Configured,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Offering {
+    pub key: OfferingKey,
+    pub shape: Shape,
+    pub price_per_hour: f64,
+    pub price_source: PriceSource,
+    /// The pool's subnet in that zone (EC2); `None` on clouds placed by zone alone.
+    pub subnet: Option<String>,
+}
+
+/// A launch template (EC2) or instance template (GCE) by name or id, and its version.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TemplateRef {
+    pub name: String,
+    /// `$Default` unless set.
+    #[serde(default)]
+    pub version: Option<String>,
+}
+
+/// What the provisioner asks for: `count` machines of one capacity type, any of `candidates`
+/// (ordered, cheapest first), all-or-nothing below `min_count` (a gang sets min = count).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LaunchIntent {
+    pub id: IntentId,
+    pub cluster: String,
+    pub pool: String,
+    pub capacity: CapacityType,
+    pub count: u32,
+    pub min_count: u32,
+    pub single_zone: bool,
+    /// At most 60, every one of `capacity`, each with its subnet where the cloud needs one.
+    pub candidates: Vec<Offering>,
+    pub template: TemplateRef,
+    /// Always includes [`TAG_CLUSTER`], [`TAG_POOL`] and [`TAG_INTENT`] (see [`LaunchIntent::tags`]).
+    pub labels: BTreeMap<String, String>,
+}
+
+impl LaunchIntent {
+    /// Every tag set on the instances and volumes in the create call itself.
+    pub fn tags(&self) -> BTreeMap<String, String> {
+        let mut tags = self.labels.clone();
+        tags.insert(TAG_CLUSTER.to_owned(), self.cluster.clone());
+        tags.insert(TAG_POOL.to_owned(), self.pool.clone());
+        tags.insert(TAG_INTENT.to_owned(), self.id.to_string());
+        tags
+    }
+}
+
+/// The answer to a create call: partial fulfilment is normal.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Launched {
+    pub instances: Vec<CloudInstance>,
+    pub failures: Vec<OfferingFailure>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OfferingFailure {
+    pub key: OfferingKey,
+    pub reason: Unavailable,
+    /// The cloud's code and message, as it said them.
+    pub message: String,
+}
+
+/// Why an offering is unavailable for a while, as `kiln explain` names it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "kind")]
+pub enum Unavailable {
+    /// `InsufficientInstanceCapacity`, `ZONE_RESOURCE_POOL_EXHAUSTED`.
+    NoCapacity,
+    /// A quota of the account ("on-demand vCPU (standard family)", `PREEMPTIBLE_CPUS`): not
+    /// per zone, so every offering of the quota's bucket and capacity type is marked.
+    Quota { name: String },
+    /// `SpotMaxPriceTooLow`.
+    SpotPriceTooHigh,
+    /// `Unsupported`: the type is not offered there.
+    NotOffered,
+    /// `InsufficientFreeAddressesInSubnet`.
+    SubnetFull { subnet: String },
+    /// A spot notice on this offering.
+    Interrupted,
+}
+
+impl fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Unavailable::NoCapacity => f.write_str("no capacity"),
+            Unavailable::Quota { name } => write!(f, "{name} quota reached"),
+            Unavailable::SpotPriceTooHigh => f.write_str("spot price above the maximum"),
+            Unavailable::NotOffered => f.write_str("not offered"),
+            Unavailable::SubnetFull { subnet } => write!(f, "subnet {subnet} has no free address"),
+            Unavailable::Interrupted => f.write_str("interrupted recently"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum InstanceState {
+    Pending,
+    Running,
+    Stopping,
+    Terminated,
+}
+
+impl InstanceState {
+    pub fn is_live(self) -> bool {
+        !matches!(self, InstanceState::Terminated)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CloudInstance {
+    pub id: InstanceId,
+    /// Read back from the [`TAG_INTENT`] tag.
+    pub intent: Option<IntentId>,
+    /// Read back from the [`TAG_POOL`] tag.
+    pub pool: Option<String>,
+    /// The real type, zone and capacity type.
+    pub key: OfferingKey,
+    pub state: InstanceState,
+    pub launched_at: SystemTime,
+    pub private_ip: Option<IpAddr>,
+}
+
+/// Which tagged instances [`crate::Cloud::list`] returns.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TagSelector {
+    pub cluster: String,
+    pub pool: Option<String>,
+    pub intent: Option<IntentId>,
+    /// Only pending, running and stopping instances.
+    pub live_only: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NoticeAction {
+    Terminate,
+    Stop,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Interruption {
+    Rebalance {
+        instance: InstanceId,
+        at: SystemTime,
+    },
+    Notice {
+        instance: InstanceId,
+        action: NoticeAction,
+        at: SystemTime,
+    },
+    Gone {
+        instance: InstanceId,
+    },
+}
+
+/// Instance requirements instead of a list of types: every type of the cloud's catalogue
+/// inside all ranges (inclusive) qualifies.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct Requirements {
+    #[serde(default)]
+    pub vcpu: Option<[u32; 2]>,
+    #[serde(default)]
+    pub memory_gib: Option<[f64; 2]>,
+    #[serde(default)]
+    pub gpus: Option<[u32; 2]>,
+    #[serde(default)]
+    pub gpu_model: Vec<String>,
+    /// Type families (`c6i`, `g5`): the part of the type's name before the dot.
+    #[serde(default)]
+    pub families: Vec<String>,
+}
+
+/// One pool as declared in config (`[[pools]]`, docs/provisioner.md section 6).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct PoolSpec {
+    pub name: String,
+    /// `ec2` or `sim`.
+    pub cloud: String,
+    #[serde(default)]
+    pub region: String,
+    /// EC2: the subnets (their zones follow).
+    #[serde(default)]
+    pub subnets: Vec<String>,
+    /// Clouds placed by zone alone (sim; GCE when built).
+    #[serde(default)]
+    pub zones: Vec<String>,
+    #[serde(default)]
+    pub instance_types: Vec<String>,
+    #[serde(default)]
+    pub requirements: Option<Requirements>,
+    #[serde(default = "both_capacity_types")]
+    pub capacity_types: Vec<CapacityType>,
+    #[serde(default)]
+    pub launch_template: String,
+    #[serde(default)]
+    pub launch_template_version: Option<String>,
+    #[serde(default = "default_max_instances")]
+    pub max_instances: u32,
+    #[serde(default = "default_idle_timeout_secs")]
+    pub idle_timeout_secs: u64,
+    #[serde(default = "default_boot_timeout_secs")]
+    pub boot_timeout_secs: u64,
+    /// Extra tags (labels) on every instance and volume.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Negotiated on-demand prices per type, over the shipped table.
+    #[serde(default)]
+    pub on_demand_prices: BTreeMap<String, f64>,
+}
+
+fn both_capacity_types() -> Vec<CapacityType> {
+    vec![CapacityType::Spot, CapacityType::OnDemand]
+}
+
+fn default_max_instances() -> u32 {
+    20
+}
+
+fn default_idle_timeout_secs() -> u64 {
+    300
+}
+
+fn default_boot_timeout_secs() -> u64 {
+    600
+}
+
+impl PoolSpec {
+    /// Every problem of the declaration, each naming its field.
+    pub fn validate(&self, problems: &mut Vec<String>) {
+        let at = format!("pools[{}]", self.name);
+        if self.name.is_empty() || !self.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+            problems.push(format!(
+                "{at}.name: must be letters, digits and '-', got {:?}",
+                self.name
+            ));
+        }
+        match self.cloud.as_str() {
+            "ec2" => {
+                if self.region.is_empty() {
+                    problems.push(format!("{at}.region: required for cloud ec2"));
+                }
+                if self.subnets.is_empty() {
+                    problems.push(format!("{at}.subnets: name at least one subnet for cloud ec2"));
+                }
+                if self.launch_template.is_empty() {
+                    problems.push(format!("{at}.launch-template: required for cloud ec2"));
+                }
+            }
+            "sim" => {
+                if self.zones.is_empty() {
+                    problems.push(format!("{at}.zones: name at least one zone for cloud sim"));
+                }
+            }
+            other => problems.push(format!("{at}.cloud: {other:?} is not a cloud kiln knows (ec2, sim)")),
+        }
+        if self.instance_types.is_empty() && self.requirements.is_none() {
+            problems.push(format!("{at}: name instance-types or requirements"));
+        }
+        if self.capacity_types.is_empty() {
+            problems.push(format!("{at}.capacity-types: name spot, on-demand or both"));
+        }
+        if self.max_instances == 0 {
+            problems.push(format!("{at}.max-instances: must be at least 1"));
+        }
+        if self.boot_timeout_secs == 0 {
+            problems.push(format!("{at}.boot-timeout-secs: must be at least 1"));
+        }
+    }
+}
