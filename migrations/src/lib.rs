@@ -24,6 +24,7 @@ mod m0016_project_scoped_names;
 mod m0017_controller_pauses;
 mod m0018_pending_logins;
 mod m0019_project_scoped_models;
+mod m0020_cloud_provisioning;
 
 /// Migrator lists every migration in order.
 pub struct Migrator;
@@ -51,6 +52,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0017_controller_pauses::Migration),
             Box::new(m0018_pending_logins::Migration),
             Box::new(m0019_project_scoped_models::Migration),
+            Box::new(m0020_cloud_provisioning::Migration),
         ]
     }
 }

@@ -36,6 +36,7 @@ pub mod metrics;
 pub mod models;
 pub mod nats_auth;
 pub mod objects;
+pub mod provisioning;
 pub mod publish;
 pub mod quotas;
 pub mod runners;

@@ -202,7 +202,7 @@ pub fn stream_configs(replicas: usize) -> Vec<stream::Config> {
 }
 
 /// The KV buckets kiln uses, with the max age of their entries.
-pub const BUCKETS: [(&str, Duration); 5] = [
+pub const BUCKETS: [(&str, Duration); 7] = [
     (BUCKET_LEASES, Duration::from_secs(30)),
     (BUCKET_CAPACITY, Duration::from_secs(60)),
     // An expired runner lease stays readable for an hour, so a scheduler that takes over still
@@ -211,6 +211,9 @@ pub const BUCKETS: [(&str, Duration); 5] = [
     // Kept until overwritten (a max age of zero is none).
     (BUCKET_SCHEDULER, Duration::ZERO),
     (BUCKET_SERVICES, Duration::ZERO),
+    // A pass writes the demand every second: an hour-old snapshot is a dead scheduler's.
+    (BUCKET_DEMAND, Duration::from_secs(3600)),
+    (BUCKET_PROVISIONER, Duration::from_secs(3600)),
 ];
 
 /// The stream behind a KV bucket.

@@ -67,6 +67,8 @@ pub const LEASE_PREDICTOR_CONTROLLER: &str = "predictor-controller";
 
 /// The lease in `kiln_leases` whose holder is the advisor replica running the sweeps.
 pub const LEASE_ADVISOR: &str = "advisor";
+/// Lease name of the provisioning leader (launches, reconciles and releases machines).
+pub const LEASE_PROVISIONER: &str = "provisioner";
 /// Durable consumer of the advisor leader on `KILN_METRICS` (trials' objective points).
 pub const CONSUMER_ADVISOR_METRICS: &str = "advisor-metrics";
 /// Durable consumer of the advisor leader on `KILN_JOBS` (trials' state changes wake it).
@@ -87,6 +89,14 @@ pub const BUCKET_SERVICES: &str = "kiln_services";
 pub const BUCKET_SCHEDULER: &str = "kiln_scheduler";
 /// Key in [`BUCKET_SCHEDULER`]: the pools' spot preemption rates, as JSON.
 pub const KEY_PREEMPTION_RATES: &str = "preemption-rates";
+/// KV bucket the scheduling leader writes after each pass: the jobs no live runner holds
+/// ([`crate::provisioning::Demand`]), read by the provisioner.
+pub const BUCKET_DEMAND: &str = "kiln_demand";
+/// Key in [`BUCKET_DEMAND`]: the newest snapshot.
+pub const KEY_DEMAND: &str = "demand";
+/// KV bucket the provisioning leader writes after each cycle, keyed by pool
+/// ([`crate::provisioning::PoolStatus`]), read by the scheduler and `kiln explain`.
+pub const BUCKET_PROVISIONER: &str = "kiln_provisioner";
 
 pub fn job_event(job_id: &str) -> String {
     format!("kiln.job.event.{job_id}")

@@ -30,11 +30,12 @@ pub enum Service {
     ItemBatch,
     Advisor,
     Predictor,
+    Provisioner,
 }
 
 impl Service {
     /// Every service that connects to NATS.
-    pub const ALL: [Service; 7] = [
+    pub const ALL: [Service; 8] = [
         Service::Api,
         Service::Scheduler,
         Service::Runner,
@@ -42,6 +43,7 @@ impl Service {
         Service::ItemBatch,
         Service::Advisor,
         Service::Predictor,
+        Service::Provisioner,
     ];
 
     /// The service's name (kebab-case, as its binary `kiln-<name>` and its seed file).
@@ -54,6 +56,7 @@ impl Service {
             Service::ItemBatch => "item-batch",
             Service::Advisor => "advisor",
             Service::Predictor => "predictor",
+            Service::Provisioner => "provisioner",
         }
     }
 

@@ -163,6 +163,8 @@ pub(super) fn of(service: Service) -> Permissions {
                 .subscribe(SCHEDULER_EXPLAIN)
                 .lease(LEASE_SCHEDULER)
                 .kv_write(BUCKET_SCHEDULER, KEY_PREEMPTION_RATES)
+                .kv_write(BUCKET_DEMAND, KEY_DEMAND)
+                .kv_list(BUCKET_PROVISIONER)
                 .kv_list(BUCKET_CAPACITY)
                 .kv_list(BUCKET_RUNNERS);
             p.allow_responses = true;
@@ -228,6 +230,16 @@ pub(super) fn of(service: Service) -> Permissions {
                 .kv_write(BUCKET_SERVICES, "*")
                 .kv_list(BUCKET_SERVICES)
                 .lease(LEASE_PREDICTOR_CONTROLLER);
+        }
+        Service::Provisioner => {
+            // Reads the scheduler's demand and the runners' reports and leases; writes its
+            // pools' status. It holds the cloud credentials; no job subject is its.
+            p.kv_list(BUCKET_DEMAND)
+                .kv_write(BUCKET_PROVISIONER, "*")
+                .kv_list(BUCKET_PROVISIONER)
+                .kv_list(BUCKET_CAPACITY)
+                .kv_list(BUCKET_RUNNERS)
+                .lease(LEASE_PROVISIONER);
         }
     }
     p

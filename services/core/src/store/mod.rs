@@ -13,6 +13,7 @@ use crate::config::DatabaseConfig;
 use crate::error::ErrorKind;
 
 mod artifacts;
+pub mod cloud;
 pub mod entities;
 mod jobs;
 pub mod logins;
@@ -25,6 +26,7 @@ mod secrets;
 mod users;
 
 pub use artifacts::{DatasetRef, NewArtifact};
+pub use cloud::{InstanceRecord, IntentRecord};
 pub use entities::job::Model as JobRecord;
 pub use jobs::{Change, EXTERNAL_POOL, NewJob, Usage};
 pub use models::{ModelKey, ModelRecord, ModelVersionRecord, NewModelVersion, VersionFilter};

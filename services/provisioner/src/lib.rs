@@ -1,0 +1,5 @@
+//! kiln-provisioner: launches the machines the queue needs, adopts what a crash left, and
+//! releases what is idle, unregistered or unknown (docs/provisioner.md).
+#![forbid(unsafe_code)]
+
+pub mod plan;

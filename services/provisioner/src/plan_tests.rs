@@ -1,0 +1,207 @@
+use kiln_cloud::PriceSource;
+
+use super::*;
+
+const GIB: i64 = 1 << 30;
+
+fn offering(instance_type: &str, zone: &str, capacity: CapacityType, cpus: i64, price: f64) -> Offering {
+    Offering {
+        key: OfferingKey {
+            instance_type: instance_type.into(),
+            zone: zone.into(),
+            capacity,
+        },
+        shape: Shape {
+            cpu_millis: cpus * 1000,
+            memory_bytes: cpus * 2 * GIB,
+            gpus: 0,
+            gpu_model: None,
+            arch: "x86_64".into(),
+        },
+        price_per_hour: price,
+        price_source: PriceSource::Configured,
+        subnet: None,
+    }
+}
+
+fn job(id: &str, cpus: i64, market: &str) -> DemandJob {
+    DemandJob {
+        job_id: id.into(),
+        pool: String::new(),
+        resources: Instance {
+            cpu_millis: cpus * 1000,
+            memory_bytes: cpus * GIB,
+            gpus: 0,
+        },
+        market: market.into(),
+        chosen_market: String::new(),
+        priority: 0,
+        submitted_at_ms: 0,
+    }
+}
+
+/// c5 shapes in two zones, spot at a third of on-demand.
+fn catalogue() -> Vec<Offering> {
+    let mut offerings = Vec::new();
+    for zone in ["z-a", "z-b"] {
+        for (name, cpus, price) in [("c5.large", 2, 0.085), ("c5.xlarge", 4, 0.17), ("c5.2xlarge", 8, 0.34)] {
+            offerings.push(offering(name, zone, CapacityType::OnDemand, cpus, price));
+            offerings.push(offering(name, zone, CapacityType::Spot, cpus, price / 3.0));
+        }
+    }
+    offerings
+}
+
+const BOTH: [CapacityType; 2] = [CapacityType::Spot, CapacityType::OnDemand];
+
+fn input<'a>(offerings: &'a [Offering], demand: &'a [DemandJob]) -> PoolInput<'a> {
+    PoolInput {
+        pool: "cpu",
+        offerings,
+        unavailable_reasons: Vec::new(),
+        demand: demand.iter().collect(),
+        coming: Vec::new(),
+        live_instances: 0,
+        max_instances: 100,
+        capacity_types: &BOTH,
+    }
+}
+
+fn launched_jobs(plan: &PoolPlan) -> Vec<String> {
+    let mut jobs: Vec<String> = plan.launch.iter().flat_map(|m| m.jobs.clone()).collect();
+    jobs.sort();
+    jobs
+}
+
+#[test]
+fn forty_mixed_jobs_are_packed_no_dearer_than_a_tenth_over_the_bound() {
+    let offerings = catalogue();
+    let mut demand = Vec::new();
+    for n in 0..40 {
+        let cpus = [1, 2, 4, 3][n % 4];
+        demand.push(job(&format!("j{n:02}"), cpus, "auto"));
+    }
+    let plan = plan(&input(&offerings, &demand));
+    let mut expected: Vec<String> = demand.iter().map(|j| j.job_id.clone()).collect();
+    expected.sort();
+    assert_eq!(launched_jobs(&plan), expected, "every job is on exactly one machine");
+    assert!(plan.held_back.is_empty() && plan.covered.is_empty());
+    assert!(
+        plan.launch.iter().all(|m| m.capacity == CapacityType::Spot),
+        "auto goes to spot"
+    );
+    let cost: f64 = plan
+        .launch
+        .iter()
+        .map(|m| m.count as f64 * m.candidates[0].price_per_hour)
+        .sum();
+    // Lower bound: every CPU at the cheapest spot price per CPU.
+    let cpus: i64 = demand.iter().map(|j| j.resources.cpu_millis / 1000).sum();
+    let bound = cpus as f64 * (0.085 / 3.0 / 2.0);
+    assert!(cost <= bound * 1.1, "cost {cost} vs bound {bound}");
+    let machines: u32 = plan.launch.iter().map(|m| m.count).sum();
+    assert_eq!(machines, 13, "100 CPUs on 8-CPU machines: 13 (12.5 rounded up)");
+}
+
+#[test]
+fn candidates_are_cheapest_first_and_of_one_capacity_type() {
+    let offerings = catalogue();
+    let demand = [job("j", 3, "on-demand")];
+    let plan = plan(&input(&offerings, &demand));
+    assert_eq!(plan.launch.len(), 1);
+    let machines = &plan.launch[0];
+    assert_eq!((machines.capacity, machines.count), (CapacityType::OnDemand, 1));
+    let names: Vec<String> = machines.candidates.iter().map(|c| c.key.to_string()).collect();
+    assert_eq!(
+        names,
+        [
+            "on-demand c5.xlarge in z-a",
+            "on-demand c5.xlarge in z-b",
+            "on-demand c5.2xlarge in z-a",
+            "on-demand c5.2xlarge in z-b"
+        ]
+    );
+}
+
+#[test]
+fn machines_on_their_way_hold_jobs_and_nothing_is_launched_again() {
+    let offerings = catalogue();
+    let demand = [job("a", 2, "auto"), job("b", 2, "auto"), job("c", 2, "on-demand")];
+    let mut pool = input(&offerings, &demand);
+    pool.coming = vec![Coming {
+        capacity: CapacityType::Spot,
+        room: Room::of_shape(&offerings[4].shape),
+    }];
+    let plan = plan(&pool);
+    assert_eq!(
+        plan.covered,
+        ["a", "b"],
+        "the coming 8-CPU spot machine holds both auto jobs"
+    );
+    assert_eq!(
+        launched_jobs(&plan),
+        ["c"],
+        "an on-demand job does not ride a spot machine"
+    );
+}
+
+#[test]
+fn auto_falls_back_to_on_demand_and_spot_only_waits_with_the_reason() {
+    let offerings: Vec<Offering> = catalogue()
+        .into_iter()
+        .filter(|o| o.key.capacity == CapacityType::OnDemand)
+        .collect();
+    let demand = [job("auto", 1, "auto"), job("spot", 1, "spot")];
+    let mut pool = input(&offerings, &demand);
+    pool.unavailable_reasons = vec!["spot c5.large in z-a: no capacity".into()];
+    let plan = plan(&pool);
+    assert_eq!(launched_jobs(&plan), ["auto"]);
+    assert_eq!(plan.launch[0].capacity, CapacityType::OnDemand);
+    assert_eq!(
+        plan.held_back,
+        [(
+            "spot".to_string(),
+            "pool cpu: no available spot offering holds it (spot c5.large in z-a: no capacity)".to_string()
+        )]
+    );
+}
+
+#[test]
+fn max_instances_caps_new_machines_and_says_so() {
+    let offerings = catalogue();
+    let demand: Vec<DemandJob> = (0..4).map(|n| job(&format!("j{n}"), 8, "auto")).collect();
+    let mut pool = input(&offerings, &demand);
+    pool.live_instances = 2;
+    pool.max_instances = 3;
+    let plan = plan(&pool);
+    assert_eq!(plan.launch.iter().map(|m| m.count).sum::<u32>(), 1);
+    assert_eq!(plan.held_back.len(), 3);
+    assert!(
+        plan.held_back
+            .iter()
+            .all(|(_, why)| why == "pool cpu at max-instances (3)")
+    );
+}
+
+#[test]
+fn a_machine_dearer_than_its_jobs_apart_is_split() {
+    // A big machine whose price per CPU is far above the small one's.
+    let offerings = vec![
+        offering("big", "z-a", CapacityType::OnDemand, 8, 1.0),
+        offering("small", "z-a", CapacityType::OnDemand, 1, 0.05),
+    ];
+    let demand = [job("a", 1, "on-demand"), job("b", 1, "on-demand")];
+    let plan = plan(&input(&offerings, &demand));
+    assert_eq!(plan.launch.len(), 1);
+    assert_eq!(plan.launch[0].count, 2);
+    assert_eq!(plan.launch[0].candidates[0].key.instance_type, "small");
+}
+
+#[test]
+fn a_job_no_offering_holds_is_held_back() {
+    let offerings = catalogue();
+    let demand = [job("huge", 64, "auto")];
+    let plan = plan(&input(&offerings, &demand));
+    assert!(plan.launch.is_empty());
+    assert_eq!(plan.held_back[0].1, "pool cpu: no available offering holds it");
+}
