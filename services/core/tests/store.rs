@@ -7,6 +7,8 @@ use kiln_core::JobState;
 use kiln_core::auth::Scope;
 use kiln_core::store::{Change, NewArtifact, NewJob, Store, StoreError};
 
+#[path = "store/cloud.rs"]
+mod cloud;
 #[path = "store/logins.rs"]
 mod logins;
 #[path = "store/models.rs"]
@@ -20,6 +22,7 @@ mod quotas;
 #[path = "store/runs.rs"]
 mod runs;
 
+use cloud::intents_and_instances_move_by_compare_and_set;
 use logins::{
     a_code_approved_by_another_user_cancels_the_login, a_login_is_redeemed_once_and_only_by_the_browser_that_asked,
     wrong_codes_run_out_and_expired_logins_are_refused,
@@ -449,4 +452,5 @@ store_suite!(
     run_artifacts_are_saved_listed_and_replaced,
     model_versions_are_numbered_and_searched,
     aliases_move_atomically_under_concurrent_calls,
+    intents_and_instances_move_by_compare_and_set,
 );

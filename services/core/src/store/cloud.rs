@@ -5,7 +5,7 @@
 //! and a new leader picks up exactly where the last one stopped.
 
 use sea_orm::sea_query::OnConflict;
-use sea_orm::{ColumnTrait, EntityTrait, IntoActiveModel, QueryFilter, QueryOrder};
+use sea_orm::{ActiveModelTrait, ColumnTrait, EntityTrait, IntoActiveModel, QueryFilter, QueryOrder};
 
 use super::{Store, StoreResult};
 
@@ -57,7 +57,7 @@ impl Store {
     pub async fn update_intent(&self, next: &IntentRecord) -> StoreResult<bool> {
         use entities::launch_intent::{Column, Entity};
         let result = Entity::update_many()
-            .set(next.clone().into_active_model())
+            .set(next.clone().into_active_model().reset_all())
             .filter(Column::Id.eq(next.id.as_str()))
             .filter(Column::Version.eq(next.version - 1))
             .exec(&self.db)
@@ -103,7 +103,7 @@ impl Store {
     pub async fn update_instance(&self, next: &InstanceRecord) -> StoreResult<bool> {
         use entities::cloud_instance::{Column, Entity};
         let result = Entity::update_many()
-            .set(next.clone().into_active_model())
+            .set(next.clone().into_active_model().reset_all())
             .filter(Column::InstanceId.eq(next.instance_id.as_str()))
             .filter(Column::Version.eq(next.version - 1))
             .exec(&self.db)
