@@ -2,5 +2,9 @@
 //! releases what is idle, unregistered or unknown (docs/provisioner.md).
 #![forbid(unsafe_code)]
 
+pub mod cycle;
+pub mod error;
+pub mod launch;
 pub mod plan;
+pub mod release;
 pub mod unavailable;
