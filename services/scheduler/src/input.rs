@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use kiln_core::capacity::{self, CapacityReport, PoolCapacity};
+use kiln_core::provisioning::{self, PoolStatus};
 use kiln_core::scheduling::{MarketPolicy, QuotaScope, class_of_priority};
 use kiln_core::store::{EXTERNAL_POOL, JobRecord, QuotaRecord, Store};
 use kiln_core::streams::Nats;
@@ -66,9 +67,17 @@ pub async fn read(store: &Store, nats: &Nats, settings: Settings, rate_of: impl 
             stopping: job.stop_requested,
         })
         .collect();
-    let reports = capacity::runners(nats).await?;
-    let pools = pools(&capacity::sum_by_pool(&reports), rate_of);
-    let runners = runners(&reports);
+    // A runner the provisioner is releasing takes no new job.
+    let released = store.released_runners().await?;
+    let reports: Vec<CapacityReport> = capacity::runners(nats)
+        .await?
+        .into_iter()
+        .filter(|report| !released.contains(&report.runner_id))
+        .collect();
+    let statuses = provisioning::statuses(nats).await?;
+    let mut pools = pools(&capacity::sum_by_pool(&reports), &rate_of);
+    let mut runners = runners(&reports);
+    with_provisioned(&mut pools, &mut runners, &statuses, &rate_of);
     let rows = store.quotas().await?;
     let members = pending
         .iter()
@@ -91,7 +100,7 @@ pub async fn read(store: &Store, nats: &Nats, settings: Settings, rate_of: impl 
 }
 
 /// The pools the runners report, in the policy's terms.
-pub fn pools(reported: &BTreeMap<String, PoolCapacity>, rate_of: impl Fn(&str) -> f64) -> Vec<Pool> {
+pub fn pools(reported: &BTreeMap<String, PoolCapacity>, rate_of: &impl Fn(&str) -> f64) -> Vec<Pool> {
     reported
         .iter()
         .map(|(name, pool)| Pool {
@@ -104,6 +113,67 @@ pub fn pools(reported: &BTreeMap<String, PoolCapacity>, rate_of: impl Fn(&str) -
             preemptions_per_hour: rate_of(name),
         })
         .collect()
+}
+
+/// Adds the pools the provisioner can launch machines for: a job one of its machines could hold
+/// is eligible for the pool even when no live runner holds it (it is the provisioner's demand),
+/// and a pool with no live runner is still eligible (it scales from zero). Such a pool gets a
+/// runner with no room, so nothing is placed on it until a real runner reports; its capacity
+/// counts one machine of its largest offering. The provisioner's prices stand in where no runner
+/// reported one.
+pub fn with_provisioned(
+    pools: &mut Vec<Pool>,
+    runners: &mut Vec<Runner>,
+    statuses: &[PoolStatus],
+    rate_of: impl Fn(&str) -> f64,
+) {
+    let larger = |a: Resources, b: Resources| {
+        Resources::new(
+            a.cpu_millis.max(b.cpu_millis),
+            a.memory_bytes.max(b.memory_bytes),
+            a.gpus.max(b.gpus),
+        )
+    };
+    for status in statuses {
+        let largest = Resources::new(
+            status.largest.cpu_millis,
+            status.largest.memory_bytes,
+            status.largest.gpus,
+        );
+        if largest == Resources::ZERO {
+            continue;
+        }
+        match pools.iter_mut().find(|pool| pool.name == status.pool) {
+            Some(pool) => {
+                pool.instance = larger(pool.instance, largest);
+                pool.capacity = larger(pool.capacity, largest);
+                pool.spot_available |= status.spot_offered;
+                if pool.on_demand_per_hour == 0.0 {
+                    pool.on_demand_per_hour = status.on_demand_per_hour;
+                }
+                if pool.spot_per_hour == 0.0 {
+                    pool.spot_per_hour = status.spot_per_hour;
+                }
+            }
+            None => {
+                pools.push(Pool {
+                    name: status.pool.clone(),
+                    capacity: largest,
+                    instance: largest,
+                    on_demand_per_hour: status.on_demand_per_hour,
+                    spot_per_hour: status.spot_per_hour,
+                    spot_available: status.spot_offered,
+                    preemptions_per_hour: rate_of(&status.pool),
+                });
+                runners.push(Runner {
+                    id: format!("(launching for {})", status.pool),
+                    pool: status.pool.clone(),
+                    capacity: Resources::ZERO,
+                    instance: Resources::ZERO,
+                });
+            }
+        }
+    }
 }
 
 /// The live runners, each with its own capacity, in the policy's terms.

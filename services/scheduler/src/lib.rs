@@ -38,6 +38,7 @@ use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
 pub mod config;
+pub mod demand;
 pub mod error;
 pub mod explain_service;
 pub mod input;
@@ -205,6 +206,15 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     scheduler.serve(shutdown).await
 }
 
+/// Tells the provisioner which jobs no live runner holds (the newest snapshot wins, so a failed
+/// write is made good by the next pass).
+async fn publish_demand(nats: &Nats, input: &policy::Input, plan: &policy::Plan) {
+    let demand = demand::of_plan(input, plan, kiln_core::ids::now_ms());
+    if let Err(error) = kiln_core::provisioning::publish_demand(nats, &demand).await {
+        tracing::warn!(error = %error, "cannot publish the demand for the provisioner");
+    }
+}
+
 /// One scheduling pass: take back the jobs of runners gone ([`lost`]), place what the policy
 /// places, send its preemptions.
 pub async fn pass(
@@ -232,10 +242,12 @@ async fn place(
     metrics.read(&read.input);
     if read.queued.is_empty() {
         metrics.planned(&policy::Plan::default());
+        publish_demand(nats, &read.input, &policy::Plan::default()).await;
         return Ok(0);
     }
     let plan = policy::plan(&read.input);
     metrics.planned(&plan);
+    publish_demand(nats, &read.input, &plan).await;
     let mut placed = 0;
     for placement in &plan.placements {
         let job = &read.queued[placement.job];

@@ -301,6 +301,7 @@ impl SchedulerMetrics {
                 }
                 Wait::NoPoolFits { .. } => "no-pool-fits",
                 Wait::NoCapacity { .. } => "no-capacity",
+                Wait::Provisioning { .. } => "provisioning",
                 Wait::Reserved { .. } => "reserved",
                 Wait::WaitingForPreemption { .. } => "waiting-for-preemption",
             };

@@ -111,6 +111,20 @@ impl Store {
         Ok(result.rows_affected == 1)
     }
 
+    /// The runners of instances the provisioner is releasing (cordoned or terminating), of any
+    /// cluster: the scheduler places nothing on them.
+    pub async fn released_runners(&self) -> StoreResult<std::collections::HashSet<String>> {
+        use entities::cloud_instance::{Column, Entity};
+        Ok(Entity::find()
+            .filter(Column::State.is_in([instance_state::CORDONED, instance_state::TERMINATING]))
+            .filter(Column::RunnerId.ne(""))
+            .all(&self.db)
+            .await?
+            .into_iter()
+            .map(|record| record.runner_id)
+            .collect())
+    }
+
     /// The cluster's instances in any of `states`, oldest first.
     pub async fn instances(&self, cluster: &str, states: &[&str]) -> StoreResult<Vec<InstanceRecord>> {
         use entities::cloud_instance::{Column, Entity};

@@ -32,6 +32,10 @@ pub enum Wait {
         pools: Vec<(String, Resources)>,
         reserved_on: Option<String>,
     },
+    /// No live runner can hold it, but machines `pools` can launch could (their largest
+    /// offering holds it): it is the provisioner's demand, and starts once such a runner
+    /// registers. Quotas passed.
+    Provisioning { pools: Vec<String> },
     /// It would fit on `pool`, but that room is held for `for_job`, a job ahead of it.
     Reserved { pool: String, for_job: String },
     /// It preempts `victims` (of lower priority, or for fair share) on `pool`, whose room is held
@@ -104,6 +108,11 @@ impl fmt::Display for Wait {
                 }
                 Ok(())
             }
+            Wait::Provisioning { pools } => write!(
+                f,
+                "no live runner can hold it; the provisioner launches a machine for it (pool {})",
+                pools.join(" or ")
+            ),
             Wait::Reserved { pool, for_job } => write!(
                 f,
                 "it would fit on {pool}, but that room is held for job {for_job}, which is ahead of it and bigger"

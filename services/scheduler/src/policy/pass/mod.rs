@@ -312,7 +312,19 @@ impl<'a> Pass<'a> {
         let input = self.input;
         let job = &input.pending[job_index];
         let member = self.member_of_job[job_index];
-        let eligible = self.eligible_runners(job, &eligible_pools(&input.pools, job));
+        let pools = eligible_pools(&input.pools, job);
+        let eligible = self.eligible_runners(job, &pools);
+        // A pool that holds the job with no runner that does can launch one (the pools of
+        // runners alone hold only what their largest runner holds).
+        if eligible.is_empty() && !pools.is_empty() {
+            if let Some(reason) = self.quota_wait(job, member) {
+                self.wait(job_index, ahead, reason);
+                return Step::Skipped;
+            }
+            let pools = pools.iter().map(|&pool| input.pools[pool].name.clone()).collect();
+            self.wait(job_index, ahead, Wait::Provisioning { pools });
+            return Step::Competing;
+        }
         if eligible.is_empty() {
             let reason = Wait::NoPoolFits {
                 asked: job.resources,
