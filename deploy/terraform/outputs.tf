@@ -74,11 +74,6 @@ output "runner_pools" {
 }
 
 output "kms_key_arn" {
-  description = "The kiln key."
-  value       = module.kms.arn
-}
-
-output "kms_key_arn" {
   description = "The kiln key: put-nats-seeds.sh encrypts the services' NATS seeds with it."
   value       = module.kms.arn
 }
