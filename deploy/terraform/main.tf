@@ -1,5 +1,6 @@
 # kiln on AWS: a VPC, the kiln key, the bucket, RDS Postgres, NATS and Scylla clusters, the kiln
-# services and one Auto Scaling group per runner pool. See README.md.
+# services (kiln-provisioner among them) and one launch template per runner pool, from which the
+# provisioner launches the runners as jobs need them. See README.md.
 provider "aws" {
   region = var.region
 
@@ -44,6 +45,12 @@ locals {
   client_cidrs   = length(var.client_cidrs) > 0 ? var.client_cidrs : [var.vpc_cidr]
   metrics_cidrs  = length(var.metrics_cidrs) > 0 ? var.metrics_cidrs : [var.vpc_cidr]
   release_prefix = "releases/${var.kiln_version}"
+  # The provisioner's cluster id: the kiln-cluster tag its IAM role is limited to.
+  cluster = coalesce(var.cluster, var.name)
+  service_instance_types = merge(
+    { for s in ["api", "scheduler", "log-ingest", "item-batch", "advisor", "predictor", "provisioner"] : s => "m7i.large" },
+    var.service_instance_types,
+  )
 
   # Each service's NATS NKey seed, a SecureString put by put-nats-seeds.sh (never in the state).
   nats_seed_prefix     = "/${var.name}/nats"
@@ -56,19 +63,43 @@ locals {
   # inside the first two /26s of each subnet, which are reserved for explicit addresses.
   plan = {
     # 8 hosts per set and subnet: enough for 9 replicas over 2 AZs. The first /26 ends with the
-    # advisor (56 + 4); the predictor opens the second (64 to 127, room for 7 more sets).
-    nats       = { offset = 8, count = 3 }
-    scylla     = { offset = 16, count = 3 }
-    api        = { offset = 24, count = var.service_replicas }
-    scheduler  = { offset = 32, count = var.service_replicas }
-    log-ingest = { offset = 40, count = var.service_replicas }
-    item-batch = { offset = 48, count = var.service_replicas }
-    advisor    = { offset = 56, count = var.service_replicas }
-    predictor  = { offset = 64, count = var.service_replicas }
+    # advisor (56 + 4); the predictor opens the second (64 to 127), the provisioner follows
+    # (room for 6 more sets).
+    nats        = { offset = 8, count = 3 }
+    scylla      = { offset = 16, count = 3 }
+    api         = { offset = 24, count = var.service_replicas }
+    scheduler   = { offset = 32, count = var.service_replicas }
+    log-ingest  = { offset = 40, count = var.service_replicas }
+    item-batch  = { offset = 48, count = var.service_replicas }
+    advisor     = { offset = 56, count = var.service_replicas }
+    predictor   = { offset = 64, count = var.service_replicas }
+    provisioner = { offset = 72, count = var.service_replicas }
   }
   ips = { for set, p in local.plan : set => [for i in range(p.count) :
     cidrhost(module.network.private_subnet_cidrs[i % length(local.azs)], p.offset + floor(i / length(local.azs)))
   ] }
+
+  # Each runner pool's image and launch template name, known before the templates exist.
+  pool_ami = { for pool, p in var.pools : pool => coalesce(p.ami_id,
+  p.gpu ? one(data.aws_ssm_parameter.gpu_ami[*].insecure_value) : data.aws_ssm_parameter.ami.insecure_value) }
+  launch_template_names = { for pool, p in var.pools : pool => "${var.name}-runner-${pool}" }
+
+  # provisioner.toml's [[pools]] (docs/provisioner.md section 6); its template writes the keys as
+  # kiln_cloud::PoolSpec reads them.
+  provisioner_pools = [for pool, p in var.pools : {
+    name              = pool
+    region            = var.region
+    subnets           = module.network.private_subnet_ids
+    instance_types    = p.instance_types
+    requirements      = p.requirements
+    capacity_types    = p.capacity_types
+    launch_template   = module.runner_pool[pool].launch_template_name
+    max_instances     = p.max_instances
+    idle_timeout_secs = p.idle_timeout_secs
+    boot_timeout_secs = p.boot_timeout_secs
+    labels            = p.labels
+    on_demand_prices  = p.on_demand_prices
+  }]
 
   database = {
     host       = module.postgres.address
@@ -79,9 +110,8 @@ locals {
 }
 
 module "kms" {
-  source                                 = "./modules/kms"
-  name                                   = var.name
-  create_autoscaling_service_linked_role = var.create_autoscaling_service_linked_role
+  source = "./modules/kms"
+  name   = var.name
 }
 
 module "network" {
@@ -170,16 +200,17 @@ module "services" {
   name   = var.name
   region = var.region
   private_ips = {
-    api        = local.ips["api"]
-    scheduler  = local.ips["scheduler"]
-    log-ingest = local.ips["log-ingest"]
-    item-batch = local.ips["item-batch"]
-    advisor    = local.ips["advisor"]
-    predictor  = local.ips["predictor"]
+    api         = local.ips["api"]
+    scheduler   = local.ips["scheduler"]
+    log-ingest  = local.ips["log-ingest"]
+    item-batch  = local.ips["item-batch"]
+    advisor     = local.ips["advisor"]
+    predictor   = local.ips["predictor"]
+    provisioner = local.ips["provisioner"]
   }
   private_zone                  = var.private_zone
   subnet_ids                    = module.network.private_subnet_ids
-  instance_types                = var.service_instance_types
+  instance_types                = local.service_instance_types
   ami_id                        = data.aws_ssm_parameter.ami.insecure_value
   security_group_ids            = module.security_groups.ids
   kms_key_arn                   = module.kms.arn
@@ -197,26 +228,30 @@ module "services" {
   scylla_replication_factor     = 3
   scylla_password_parameter     = local.scylla_password_parameter
   scylla_password_parameter_arn = local.scylla_password_parameter_arn
-  depends_on                    = [module.network, aws_s3_object.connect_probe]
+  # kiln-provisioner: its pools, and what its role may launch from and pass (and nothing else).
+  cluster           = local.cluster
+  provisioner_pools = local.provisioner_pools
+  provisioner_launch = {
+    launch_template_arns = [for m in module.runner_pool : m.launch_template_arn]
+    subnet_ids           = module.network.private_subnet_ids
+    security_group_id    = module.security_groups.ids["runner"]
+    image_ids            = distinct(values(local.pool_ami))
+    runner_role_arns     = [for m in module.runner_pool : m.role_arn]
+  }
+  depends_on = [module.network, aws_s3_object.connect_probe]
 }
 
 module "runner_pool" {
-  source                          = "./modules/runner-pool"
-  for_each                        = var.pools
-  name                            = var.name
-  pool                            = each.key
-  region                          = var.region
-  instance_types                  = each.value.instance_types
-  on_demand_base_capacity         = each.value.on_demand_base
-  on_demand_percentage_above_base = each.value.on_demand_percentage_above_base
-  min_size                        = each.value.min_size
-  max_size                        = each.value.max_size
-  desired_capacity                = each.value.desired
-  gpu                             = each.value.gpu
-  ami_id = coalesce(each.value.ami_id,
-  each.value.gpu ? one(data.aws_ssm_parameter.gpu_ami[*].insecure_value) : data.aws_ssm_parameter.ami.insecure_value)
+  source               = "./modules/runner-pool"
+  for_each             = var.pools
+  name                 = var.name
+  pool                 = each.key
+  cluster              = local.cluster
+  launch_template_name = local.launch_template_names[each.key]
+  region               = var.region
+  gpu                  = each.value.gpu
+  ami_id               = local.pool_ami[each.key]
   volume_gb            = each.value.volume_gb
-  subnet_ids           = module.network.private_subnet_ids
   security_group_id    = module.security_groups.ids["runner"]
   kms_key_arn          = module.kms.arn
   bucket               = module.objects.bucket

@@ -68,14 +68,19 @@ output "service_instance_ids" {
   value       = module.services.instance_ids
 }
 
-output "runner_pools" {
-  description = "Each pool's Auto Scaling group."
-  value       = { for pool, m in module.runner_pool : pool => m.autoscaling_group }
+output "cluster" {
+  description = "The kiln cluster id: provisioner.toml's `cluster`, and the kiln-cluster tag on every runner instance the provisioner launches."
+  value       = local.cluster
 }
 
-output "kms_key_arn" {
-  description = "The kiln key."
-  value       = module.kms.arn
+output "runner_launch_templates" {
+  description = "Each runner pool's launch template, by name (provisioner.toml's `launch-template`; the provisioner launches its $Default version)."
+  value       = { for pool, m in module.runner_pool : pool => m.launch_template_name }
+}
+
+output "provisioner_role_arn" {
+  description = "kiln-provisioner's IAM role: the only one that may launch and terminate the cluster's runners."
+  value       = module.services.role_arns["provisioner"]
 }
 
 output "kms_key_arn" {

@@ -12,7 +12,7 @@
 set -euo pipefail
 [ $# -eq 3 ] || { echo "usage: $0 NAME KMS_KEY SEEDS_DIR" >&2; exit 64; }
 name=$1 key=$2 dir=$3
-for service in api scheduler runner log-ingest item-batch advisor predictor; do
+for service in api scheduler runner log-ingest item-batch advisor predictor provisioner; do
   seed="$dir/$service.nk"
   [ -r "$seed" ] || { echo "put-nats-seeds: $seed is missing: run kiln nats-users --seeds-dir $dir" >&2; exit 1; }
   aws ssm put-parameter --name "/$name/nats/$service" --type SecureString --key-id "$key" \

@@ -15,7 +15,7 @@ variable "name" {
 }
 
 variable "kiln_version" {
-  description = "The kiln release to run: its binaries are at s3://BUCKET/releases/VERSION/ (kiln-api, kiln-scheduler, kiln-log-ingest, kiln-item-batch, kiln-advisor, kiln-predictor, kiln-runner, kiln-agent)."
+  description = "The kiln release to run: its binaries are at s3://BUCKET/releases/VERSION/ (kiln-api, kiln-scheduler, kiln-log-ingest, kiln-item-batch, kiln-advisor, kiln-predictor, kiln-provisioner, kiln-runner, kiln-agent)."
   type        = string
 }
 
@@ -66,7 +66,7 @@ variable "objects_prefix" {
 }
 
 variable "service_replicas" {
-  description = "Replicas of each kiln service (api, scheduler, log-ingest, item-batch, advisor, predictor), spread over the AZs."
+  description = "Replicas of each kiln service (api, scheduler, log-ingest, item-batch, advisor, predictor, provisioner), spread over the AZs."
   type        = number
   default     = 2
 
@@ -77,16 +77,9 @@ variable "service_replicas" {
 }
 
 variable "service_instance_types" {
-  description = "Instance type of each kiln service."
+  description = "Instance type of a kiln service, by service (api, scheduler, log-ingest, item-batch, advisor, predictor, provisioner); a service not named gets m7i.large."
   type        = map(string)
-  default = {
-    api        = "m7i.large"
-    scheduler  = "m7i.large"
-    log-ingest = "m7i.large"
-    item-batch = "m7i.large"
-    advisor    = "m7i.large"
-    predictor  = "m7i.large"
-  }
+  default     = {}
 }
 
 variable "nats_instance_type" {
@@ -166,36 +159,49 @@ variable "postgres" {
 
 variable "pools" {
   description = <<-EOT
-    Runner pools by name (the kiln pool name): an Auto Scaling group each.
-      instance_types                  types to launch, most preferred first
-      on_demand_base                  instances that are always on-demand
-      on_demand_percentage_above_base on-demand share above the base (0: the rest is spot)
-      min_size, max_size, desired     bounds, and the size at creation (later set by whoever scales)
-      gpu                             a GPU pool (the NVIDIA image, docker's nvidia runtime)
-      volume_gb                       root volume (images, work directories, dataset cache)
-      ami_id                          an image of your own instead of the default one
+    Runner pools by name (the kiln pool name): a launch template each, launched and terminated by
+    kiln-provisioner from the jobs waiting, from zero up to max_instances. Each becomes a
+    [[pools]] entry of provisioner.toml (docs/provisioner.md section 6).
+      instance_types     types the provisioner may launch; or
+      requirements       ranges instead (inclusive, [lo, hi]): vcpu, memory_gib, gpus; and
+                         gpu_model, families (type families such as "g5")
+      capacity_types     "spot" and/or "on-demand" (each job's market picks among them)
+      max_instances      most live and launching instances of the pool
+      idle_timeout_secs  an instance with no job for this long is terminated
+      boot_timeout_secs  an instance whose runner has not registered by then is terminated
+      labels             extra tags on every instance and volume (keys not starting kiln- or aws:)
+      on_demand_prices   USD per hour by instance type, over the shipped price table (negotiated rates)
+      gpu                a GPU pool (the NVIDIA image, docker's nvidia runtime)
+      volume_gb          root volume (images, work directories, dataset cache)
+      ami_id             an image of your own instead of the default one
   EOT
   type = map(object({
-    instance_types                  = list(string)
-    on_demand_base                  = optional(number, 0)
-    on_demand_percentage_above_base = optional(number, 0)
-    min_size                        = optional(number, 0)
-    max_size                        = number
-    desired                         = optional(number, 0)
-    gpu                             = optional(bool, false)
-    volume_gb                       = optional(number, 100)
-    ami_id                          = optional(string)
+    instance_types = optional(list(string), [])
+    requirements = optional(object({
+      vcpu       = optional(list(number))
+      memory_gib = optional(list(number))
+      gpus       = optional(list(number))
+      gpu_model  = optional(list(string), [])
+      families   = optional(list(string), [])
+    }))
+    capacity_types    = optional(list(string), ["spot", "on-demand"])
+    max_instances     = number
+    idle_timeout_secs = optional(number, 300)
+    boot_timeout_secs = optional(number, 600)
+    labels            = optional(map(string), {})
+    on_demand_prices  = optional(map(number), {})
+    gpu               = optional(bool, false)
+    volume_gb         = optional(number, 100)
+    ami_id            = optional(string)
   }))
   default = {
     cpu = {
       instance_types = ["m7i.2xlarge", "m6i.2xlarge", "m5.2xlarge"]
-      on_demand_base = 1
-      max_size       = 20
-      desired        = 1
+      max_instances  = 20
     }
     gpu = {
       instance_types = ["g6.xlarge", "g5.xlarge"]
-      max_size       = 8
+      max_instances  = 8
       gpu            = true
       volume_gb      = 200
     }
@@ -207,8 +213,54 @@ variable "pools" {
   }
 
   validation {
-    condition     = alltrue([for p in var.pools : p.min_size >= 0 && p.min_size <= p.max_size && p.on_demand_base <= p.max_size && length(p.instance_types) > 0])
-    error_message = "Each pool needs instance types, 0 <= min_size <= max_size, and on_demand_base <= max_size."
+    condition     = alltrue([for p in var.pools : (length(p.instance_types) > 0) != (p.requirements != null)])
+    error_message = "Each pool needs either instance_types (at least one) or requirements, not both."
+  }
+
+  # Empty requirements would let the provisioner launch any type of the region (the largest too).
+  validation {
+    condition = alltrue([for p in var.pools : p.requirements == null ? true : (
+    p.requirements.vcpu != null || p.requirements.memory_gib != null || p.requirements.gpus != null || length(p.requirements.families) > 0)])
+    error_message = "requirements must bound something: vcpu, memory_gib, gpus or families."
+  }
+
+  validation {
+    condition = alltrue([for p in var.pools : length(p.capacity_types) > 0 && length(distinct(p.capacity_types)) == length(p.capacity_types) &&
+    alltrue([for c in p.capacity_types : contains(["spot", "on-demand"], c)])])
+    error_message = "capacity_types must be \"spot\" and/or \"on-demand\", each at most once."
+  }
+
+  validation {
+    condition = alltrue([for p in var.pools : p.max_instances >= 1 && floor(p.max_instances) == p.max_instances &&
+      p.idle_timeout_secs >= 1 && floor(p.idle_timeout_secs) == p.idle_timeout_secs &&
+    p.boot_timeout_secs >= 1 && floor(p.boot_timeout_secs) == p.boot_timeout_secs && p.volume_gb >= 8])
+    error_message = "max_instances, idle_timeout_secs and boot_timeout_secs must be whole numbers of at least 1, and volume_gb at least 8."
+  }
+
+  validation {
+    condition = alltrue([for p in var.pools : p.requirements == null ? true : alltrue([
+      for r in [p.requirements.vcpu, p.requirements.memory_gib, p.requirements.gpus] :
+      r == null ? true : (length(r) == 2 && r[0] >= 0 && r[0] <= r[1])
+    ])])
+    error_message = "requirements.vcpu, memory_gib and gpus are ranges [lo, hi] with 0 <= lo <= hi."
+  }
+
+  validation {
+    condition = alltrue([for p in var.pools : alltrue([
+      for k in keys(p.labels) : !startswith(k, "kiln-") && !startswith(k, "aws:") && length(k) > 0
+    ]) && alltrue([for price in values(p.on_demand_prices) : price > 0])])
+    error_message = "labels may not start with kiln- (kiln-cluster, kiln-pool and kiln-intent are the provisioner's) or aws:; on_demand_prices must be positive."
+  }
+}
+
+variable "cluster" {
+  description = "The kiln cluster id: the provisioner's `cluster`, and the kiln-cluster tag on every runner instance it launches, which its IAM role is limited to (launch and terminate). null: the name variable. Two deployments in one account must differ."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.cluster == null || can(regex("^[a-z][a-z0-9-]{1,62}$", var.cluster))
+    error_message = "cluster must be 2 to 63 lowercase letters, digits or '-', starting with a letter."
   }
 }
 
@@ -234,12 +286,6 @@ variable "noncurrent_version_days" {
   description = "Days an overwritten or deleted blob's old version is kept."
   type        = number
   default     = 30
-}
-
-variable "create_autoscaling_service_linked_role" {
-  description = "Create AWSServiceRoleForAutoScaling; set true in an account that never had an Auto Scaling group (the key policy names that role)."
-  type        = bool
-  default     = false
 }
 
 variable "private_zone" {

@@ -5,16 +5,6 @@ variable "name" {
   type        = string
 }
 
-variable "create_autoscaling_service_linked_role" {
-  description = "Create AWSServiceRoleForAutoScaling (true in an account that never had an Auto Scaling group: the key policy names it, and a key policy may name only roles that exist)."
-  type        = bool
-}
-
-resource "aws_iam_service_linked_role" "autoscaling" {
-  count            = var.create_autoscaling_service_linked_role ? 1 : 0
-  aws_service_name = "autoscaling.amazonaws.com"
-}
-
 data "aws_caller_identity" "current" {}
 data "aws_region" "current" {}
 data "aws_partition" "current" {}
@@ -28,7 +18,7 @@ locals {
 data "aws_iam_policy_document" "key" {
   # In a key policy, "*" as resource means this key, not every key.
   #checkov:skip=CKV_AWS_109: a key policy's resource "*" is the key itself; the account's own IAM policies decide who else may manage it
-  #checkov:skip=CKV_AWS_111: a key policy's resource "*" is the key itself; writes are limited to the account root, the log service and Auto Scaling
+  #checkov:skip=CKV_AWS_111: a key policy's resource "*" is the key itself; writes are limited to the account root, the log service and EC2 (kms:ViaService) in this account
   #checkov:skip=CKV_AWS_356: a key policy's resource "*" is the key itself, not every resource
   statement {
     sid       = "AccountAdministers"
@@ -62,35 +52,36 @@ data "aws_iam_policy_document" "key" {
     }
   }
 
-  # Auto Scaling launches the runners' encrypted volumes with its service-linked role.
+  # The runners' encrypted root volumes: kiln-provisioner launches them (CreateFleet), and EC2
+  # makes spot instances' volumes through its spot service-linked role. Any principal of this
+  # account may use the key through EC2 only, as AWS's own aws/ebs key allows; naming the
+  # principals instead would need the spot service-linked role to exist before the key (a key
+  # policy may name only existing roles). Among kiln's roles, only the provisioner may create
+  # volumes at all.
   statement {
-    sid = "AutoScalingUsesForVolumes"
+    sid = "EbsThroughEc2"
     actions = [
       "kms:Encrypt",
       "kms:Decrypt",
       "kms:ReEncrypt*",
       "kms:GenerateDataKey*",
+      "kms:CreateGrant",
       "kms:DescribeKey",
     ]
     resources = ["*"]
     principals {
       type        = "AWS"
-      identifiers = ["arn:${local.arn}:iam::${local.account}:role/aws-service-role/autoscaling.amazonaws.com/AWSServiceRoleForAutoScaling"]
-    }
-  }
-
-  statement {
-    sid       = "AutoScalingGrantsForVolumes"
-    actions   = ["kms:CreateGrant"]
-    resources = ["*"]
-    principals {
-      type        = "AWS"
-      identifiers = ["arn:${local.arn}:iam::${local.account}:role/aws-service-role/autoscaling.amazonaws.com/AWSServiceRoleForAutoScaling"]
+      identifiers = ["*"]
     }
     condition {
-      test     = "Bool"
-      variable = "kms:GrantIsForAWSResource"
-      values   = ["true"]
+      test     = "StringEquals"
+      variable = "kms:CallerAccount"
+      values   = [local.account]
+    }
+    condition {
+      test     = "StringEquals"
+      variable = "kms:ViaService"
+      values   = ["ec2.${local.region}.amazonaws.com"]
     }
   }
 }
@@ -100,7 +91,6 @@ resource "aws_kms_key" "this" {
   enable_key_rotation     = true
   deletion_window_in_days = 30
   policy                  = data.aws_iam_policy_document.key.json
-  depends_on              = [aws_iam_service_linked_role.autoscaling]
 }
 
 resource "aws_kms_alias" "this" {

@@ -1,6 +1,8 @@
-# One kiln runner pool: an Auto Scaling group of instances, each running kiln-runner with the
-# docker provider, mixing on-demand (a settable base) and spot (price-capacity-optimized) over the
-# pool's instance types, from 0 instances up.
+# One kiln runner pool: the launch template kiln-provisioner launches the pool's instances from
+# (CreateFleet, its $Default version), each running kiln-runner with the docker provider, and the
+# runners' role. No Auto Scaling group: the provisioner chooses instance types, zones, spot or
+# on-demand and how many, from the jobs waiting (docs/provisioner.md); terraform only says what an
+# instance is.
 locals {
   objects_url = "s3://${var.bucket}/${var.objects_prefix}"
   user_data = templatefile("${path.module}/../../templates/kiln-service.sh.tftpl", {
@@ -40,8 +42,12 @@ module "role" {
   policy_json = data.aws_iam_policy_document.runner.json
 }
 
+# Named, not name-prefixed: the provisioner's config names it (`launch-template`), and its
+# $Default version follows every apply, so a new release or config reaches the next instance the
+# provisioner launches (running ones keep theirs until they idle out or are replaced).
 resource "aws_launch_template" "this" {
-  name_prefix            = "${var.name}-runner-${var.pool}-"
+  name                   = var.launch_template_name
+  description            = "kiln runner pool ${var.pool} of cluster ${var.cluster}: launched by kiln-provisioner"
   image_id               = var.ami_id
   user_data              = base64encode(local.user_data)
   vpc_security_group_ids = [var.security_group_id]
@@ -52,9 +58,10 @@ resource "aws_launch_template" "this" {
     name = module.role.profile_name
   }
 
-  # IMDSv2 only, and a hop limit of 1: kiln-runner on the host reaches the metadata service, the
-  # jobs' containers (one hop further, behind docker's bridge) do not, so a job cannot take the
-  # runner's credentials. Nothing in a container needs them: jobs get their inputs from kiln.
+  # IMDSv2 only, and a hop limit of 1: kiln-runner on the host reaches the metadata service (its
+  # [imds] poller reads the instance's identity and spot notices there), the jobs' containers
+  # (one hop further, behind docker's bridge) do not, so a job cannot take the runner's
+  # credentials. Nothing in a container needs them: jobs get their inputs from kiln.
   metadata_options {
     http_endpoint               = "enabled"
     http_tokens                 = "required"
@@ -77,74 +84,19 @@ resource "aws_launch_template" "this" {
     }
   }
 
+  # kiln-cluster is deliberately not here: the provisioner puts kiln-cluster, kiln-pool and
+  # kiln-intent into each create call's own TagSpecifications, which is what its IAM conditions
+  # read (aws:RequestTag) and what its reaper lists by. An instance someone launches from this
+  # template by hand is then not the provisioner's to terminate.
   tag_specifications {
     resource_type = "instance"
-    tags          = { Name = "${var.name}-runner-${var.pool}", "kiln:pool" = var.pool }
+    tags          = { Name = "${var.name}-runner-${var.pool}", "kiln-pool" = var.pool }
   }
 
   tag_specifications {
     resource_type = "volume"
-    tags          = { Name = "${var.name}-runner-${var.pool}", "kiln:pool" = var.pool }
-  }
-}
-
-resource "aws_autoscaling_group" "this" {
-  name_prefix         = "${var.name}-runner-${var.pool}-"
-  vpc_zone_identifier = var.subnet_ids
-  min_size            = var.min_size
-  max_size            = var.max_size
-  desired_capacity    = var.desired_capacity
-  # A spot instance about to be reclaimed is replaced before it goes.
-  capacity_rebalance        = true
-  health_check_type         = "EC2"
-  health_check_grace_period = 300
-  default_instance_warmup   = 300
-
-  mixed_instances_policy {
-    instances_distribution {
-      on_demand_base_capacity                  = var.on_demand_base_capacity
-      on_demand_percentage_above_base_capacity = var.on_demand_percentage_above_base
-      on_demand_allocation_strategy            = "prioritized"
-      spot_allocation_strategy                 = "price-capacity-optimized"
-    }
-
-    launch_template {
-      launch_template_specification {
-        launch_template_id = aws_launch_template.this.id
-        version            = aws_launch_template.this.latest_version
-      }
-
-      dynamic "override" {
-        for_each = var.instance_types
-        content {
-          instance_type = override.value
-        }
-      }
-    }
+    tags          = { Name = "${var.name}-runner-${var.pool}", "kiln-pool" = var.pool }
   }
 
-  # A new launch template version (new release, new config) replaces instances gradually.
-  instance_refresh {
-    strategy = "Rolling"
-    preferences {
-      min_healthy_percentage = 50
-    }
-  }
-
-  tag {
-    key                 = "Name"
-    value               = "${var.name}-runner-${var.pool}"
-    propagate_at_launch = true
-  }
-
-  tag {
-    key                 = "kiln:pool"
-    value               = var.pool
-    propagate_at_launch = true
-  }
-
-  lifecycle {
-    # The pool's size is set by whoever scales it, not by every apply.
-    ignore_changes = [desired_capacity]
-  }
+  tags = { Name = var.launch_template_name, "kiln-cluster" = var.cluster, "kiln-pool" = var.pool }
 }

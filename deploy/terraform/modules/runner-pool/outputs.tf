@@ -1,6 +1,6 @@
-output "autoscaling_group" {
-  description = "The pool's Auto Scaling group."
-  value       = aws_autoscaling_group.this.name
+output "launch_template_name" {
+  description = "The pool's launch template, by name (the provisioner's `launch-template`; it launches its $Default version)."
+  value       = aws_launch_template.this.name
 }
 
 output "launch_template_id" {
@@ -8,7 +8,12 @@ output "launch_template_id" {
   value       = aws_launch_template.this.id
 }
 
+output "launch_template_arn" {
+  description = "The pool's launch template's ARN (the provisioner's role may launch from it)."
+  value       = aws_launch_template.this.arn
+}
+
 output "role_arn" {
-  description = "The pool's IAM role."
+  description = "The pool's IAM role (the provisioner's role may pass it to EC2)."
   value       = module.role.role_arn
 }

@@ -8,39 +8,19 @@ variable "pool" {
   type        = string
 }
 
-variable "region" {
-  description = "The AWS region."
+variable "cluster" {
+  description = "The kiln cluster id (the provisioner's `cluster`): the launch template's kiln-cluster tag."
   type        = string
 }
 
-variable "instance_types" {
-  description = "Instance types the group may launch, most preferred first (one launch template override each)."
-  type        = list(string)
+variable "launch_template_name" {
+  description = "The launch template's name, known before it exists: the provisioner's config names it."
+  type        = string
 }
 
-variable "on_demand_base_capacity" {
-  description = "Instances that are always on-demand, before any spot instance."
-  type        = number
-}
-
-variable "on_demand_percentage_above_base" {
-  description = "Percentage of on-demand instances above the base (0: all spot)."
-  type        = number
-}
-
-variable "min_size" {
-  description = "Fewest instances (0: the pool may be empty)."
-  type        = number
-}
-
-variable "max_size" {
-  description = "Most instances."
-  type        = number
-}
-
-variable "desired_capacity" {
-  description = "Instances at creation; afterwards whoever scales the pool sets it (ignored by later applies)."
-  type        = number
+variable "region" {
+  description = "The AWS region."
+  type        = string
 }
 
 variable "gpu" {
@@ -56,11 +36,6 @@ variable "ami_id" {
 variable "volume_gb" {
   description = "Root volume size: images, jobs' work directories, the dataset cache."
   type        = number
-}
-
-variable "subnet_ids" {
-  description = "Private subnets, one per AZ."
-  type        = list(string)
 }
 
 variable "security_group_id" {

@@ -28,19 +28,20 @@ variable "metrics_cidrs" {
 
 locals {
   groups = {
-    api        = "kiln-api: gRPC 7070, metrics 9470"
-    scheduler  = "kiln-scheduler: gRPC 7073, metrics 9473"
-    log_ingest = "kiln-log-ingest: gRPC 7071, metrics 9471"
-    item_batch = "kiln-item-batch: gRPC 7075, metrics 9475"
-    advisor    = "kiln-advisor: gRPC 7076, metrics 9476"
-    predictor  = "kiln-predictor: gRPC 7077, HTTP 7078, metrics 9477"
-    runner     = "kiln-runner: gRPC 7074, metrics 9474"
-    nats       = "NATS: client 4222, cluster 6222, monitoring 8222"
-    scylla     = "ScyllaDB: CQL 9042, inter-node 7000"
-    postgres   = "RDS Postgres: 5432"
+    api         = "kiln-api: gRPC 7070, metrics 9470"
+    scheduler   = "kiln-scheduler: gRPC 7073, metrics 9473"
+    log_ingest  = "kiln-log-ingest: gRPC 7071, metrics 9471"
+    item_batch  = "kiln-item-batch: gRPC 7075, metrics 9475"
+    advisor     = "kiln-advisor: gRPC 7076, metrics 9476"
+    predictor   = "kiln-predictor: gRPC 7077, HTTP 7078, metrics 9477"
+    provisioner = "kiln-provisioner: gRPC 7072, metrics 9472"
+    runner      = "kiln-runner: gRPC 7074, metrics 9474"
+    nats        = "NATS: client 4222, cluster 6222, monitoring 8222"
+    scylla      = "ScyllaDB: CQL 9042, inter-node 7000"
+    postgres    = "RDS Postgres: 5432"
   }
 
-  kiln = ["api", "scheduler", "log_ingest", "item_batch", "advisor", "predictor", "runner"]
+  kiln = ["api", "scheduler", "log_ingest", "item_batch", "advisor", "predictor", "provisioner", "runner"]
 
   # Who may reach which port of which group, from another group.
   from_groups = concat(
@@ -75,6 +76,7 @@ locals {
     flatten([for cidr in var.metrics_cidrs : [
       { to = "api", port = 9470, cidr = cidr, what = "metrics" },
       { to = "log_ingest", port = 9471, cidr = cidr, what = "metrics" },
+      { to = "provisioner", port = 9472, cidr = cidr, what = "metrics" },
       { to = "scheduler", port = 9473, cidr = cidr, what = "metrics" },
       { to = "runner", port = 9474, cidr = cidr, what = "metrics" },
       { to = "item_batch", port = 9475, cidr = cidr, what = "metrics" },
@@ -83,6 +85,7 @@ locals {
       { to = "nats", port = 8222, cidr = cidr, what = "NATS monitoring" },
       # Health checks of the gRPC ports of the services nobody else calls.
       { to = "scheduler", port = 7073, cidr = cidr, what = "gRPC health" },
+      { to = "provisioner", port = 7072, cidr = cidr, what = "gRPC health" },
       { to = "runner", port = 7074, cidr = cidr, what = "gRPC health" },
     ]]),
   )
@@ -122,7 +125,8 @@ resource "aws_vpc_security_group_ingress_rule" "from_cidrs" {
 }
 
 # Egress: kiln's own ports inside the VPC, and HTTPS anywhere (S3 through its gateway endpoint,
-# Secrets Manager, SSM, package repositories; runners also pull job images from registries).
+# Secrets Manager, SSM, package repositories; runners also pull job images from registries; the
+# provisioner calls the EC2 API).
 # The Amazon DNS resolver and time service are not subject to security groups.
 resource "aws_vpc_security_group_egress_rule" "vpc" {
   for_each          = local.groups
@@ -145,6 +149,6 @@ resource "aws_vpc_security_group_egress_rule" "https" {
 }
 
 output "ids" {
-  description = "Security group id by kind: api, scheduler, log_ingest, item_batch, advisor, predictor, runner, nats, scylla, postgres."
+  description = "Security group id by kind: api, scheduler, log_ingest, item_batch, advisor, predictor, provisioner, runner, nats, scylla, postgres."
   value       = { for k, g in aws_security_group.this : k => g.id }
 }

@@ -6,8 +6,10 @@
 #   advisor:    read, write and list kiln's blobs, no delete (registering a sweep's best trial
 #               as a model version lists and reads its outputs/ and saved artifacts/, and copies
 #               them to artifacts/sha256/, a HEAD first: a missing blob must answer 404);
-#   scheduler, log-ingest, predictor: no S3 at all (the predictor reaches its workers over
-#               NATS; the runners stage the workers' model versions).
+#   scheduler, log-ingest, predictor, provisioner: no S3 at all (the predictor reaches its
+#               workers over NATS; the runners stage the workers' model versions);
+#   provisioner: launch, tag and terminate the cluster's runner instances (provisioner-iam.tf),
+#               which no other service may.
 # Blobs are SSE-KMS: reading needs kms:Decrypt, writing kms:GenerateDataKey, both only through S3.
 locals {
   blobs = "${var.bucket_arn}/${var.objects_prefix}/*"
@@ -31,6 +33,8 @@ locals {
 
 data "aws_iam_policy_document" "service" {
   for_each = local.services
+  # The provisioner's EC2 statements join its own policy, and no other service's.
+  source_policy_documents = each.key == "provisioner" ? [data.aws_iam_policy_document.provisioner.json] : []
 
   statement {
     sid       = "ReadRelease"

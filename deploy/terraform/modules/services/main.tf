@@ -3,7 +3,9 @@
 # (advertise-url), trials are given the address of the advisor replica that submitted them, and
 # the scheduler, item-batch and advisor replicas hold leases under their own names. The
 # predictor needs none of that (stateless replicas, its REST API advertised under its DNS name),
-# but runs the same way, its replicas named together by predictor.ZONE.
+# but runs the same way, its replicas named together by predictor.ZONE. The provisioner's
+# replicas hold its lease under their own names; only the leader calls EC2, with the one role
+# that may launch and terminate runners (provisioner-iam.tf).
 # A lost instance is recovered in place (auto recovery) and keeps its address.
 locals {
   services = {
@@ -31,14 +33,19 @@ locals {
       binary     = "kiln-predictor"
       env_prefix = "KILN_PREDICTOR"
     }
+    provisioner = {
+      binary     = "kiln-provisioner"
+      env_prefix = "KILN_PROVISIONER"
+    }
   }
   group = {
-    api        = "api"
-    scheduler  = "scheduler"
-    log-ingest = "log_ingest"
-    item-batch = "item_batch"
-    advisor    = "advisor"
-    predictor  = "predictor"
+    api         = "api"
+    scheduler   = "scheduler"
+    log-ingest  = "log_ingest"
+    item-batch  = "item_batch"
+    advisor     = "advisor"
+    predictor   = "predictor"
+    provisioner = "provisioner"
   }
 
   objects_url = "s3://${var.bucket}/${var.objects_prefix}"
@@ -79,6 +86,8 @@ locals {
         scylla_nodes              = join(", ", [for node in var.scylla_nodes : "\"${node}\""])
         scylla_keyspace           = var.scylla_keyspace
         scylla_replication_factor = var.scylla_replication_factor
+        cluster                   = var.cluster
+        pools                     = var.provisioner_pools
       })
     })
   ] }

@@ -14,7 +14,7 @@ variable "subnet_ids" {
 }
 
 variable "private_ips" {
-  description = "Addresses of each service's replicas from the address plan: api, scheduler, log-ingest, item-batch, advisor, predictor."
+  description = "Addresses of each service's replicas from the address plan: api, scheduler, log-ingest, item-batch, advisor, predictor, provisioner."
   type        = map(list(string))
 }
 
@@ -24,7 +24,7 @@ variable "private_zone" {
 }
 
 variable "instance_types" {
-  description = "Instance type of each service: api, scheduler, log-ingest, item-batch, advisor, predictor."
+  description = "Instance type of each service: api, scheduler, log-ingest, item-batch, advisor, predictor, provisioner."
   type        = map(string)
 }
 
@@ -116,4 +116,44 @@ variable "scylla_password_parameter" {
 variable "scylla_password_parameter_arn" {
   description = "The ARN of that parameter, for log-ingest's role."
   type        = string
+}
+
+variable "cluster" {
+  description = "The kiln cluster id: provisioner.toml's `cluster`, and the kiln-cluster tag the provisioner's role may launch and terminate under."
+  type        = string
+}
+
+variable "provisioner_pools" {
+  description = "The runner pools of provisioner.toml ([[pools]], docs/provisioner.md section 6): where and what the provisioner may launch for each."
+  type = list(object({
+    name           = string
+    region         = string
+    subnets        = list(string)
+    instance_types = list(string)
+    requirements = object({
+      vcpu       = list(number)
+      memory_gib = list(number)
+      gpus       = list(number)
+      gpu_model  = list(string)
+      families   = list(string)
+    })
+    capacity_types    = list(string)
+    launch_template   = string
+    max_instances     = number
+    idle_timeout_secs = number
+    boot_timeout_secs = number
+    labels            = map(string)
+    on_demand_prices  = map(number)
+  }))
+}
+
+variable "provisioner_launch" {
+  description = "What the provisioner's role may launch runners from (the pools' launch templates, the private subnets, the runner security group, the pools' images) and the runner roles it may pass to EC2."
+  type = object({
+    launch_template_arns = list(string)
+    subnet_ids           = list(string)
+    security_group_id    = string
+    image_ids            = list(string)
+    runner_role_arns     = list(string)
+  })
 }

@@ -1,7 +1,8 @@
 # An offline check of the templates (no provider, no AWS): renders each service's user data and
 # TOML config the way the modules do, with sample values, for scripts/terraform-check.sh to
-# parse (`bash -n`, a TOML parser) and compare with deploy/compose/config. Keep the arguments in step
-# with modules/services/main.tf and modules/runner-pool/main.tf.
+# parse (`bash -n`, a TOML parser) and compare with deploy/compose/config (provisioner.toml, which
+# compose does not run yet, with the keys of kiln_cloud::PoolSpec). Keep the arguments in step
+# with modules/services/main.tf, modules/runner-pool/main.tf and the root's provisioner_pools.
 terraform {
   required_version = ">= 1.6.0"
 }
@@ -23,6 +24,44 @@ locals {
     scylla_nodes              = "\"10.40.128.16:9042\", \"10.40.144.16:9042\""
     scylla_keyspace           = "kiln"
     scylla_replication_factor = 3
+    cluster                   = "kiln"
+    # Both kinds of pool: by instance types (labels, negotiated prices) and by requirements.
+    pools = [
+      {
+        name              = "cpu"
+        region            = "eu-west-1"
+        subnets           = ["subnet-0a", "subnet-0b"]
+        instance_types    = ["m7i.2xlarge", "m6i.2xlarge"]
+        requirements      = null
+        capacity_types    = ["spot", "on-demand"]
+        launch_template   = "kiln-runner-cpu"
+        max_instances     = 20
+        idle_timeout_secs = 300
+        boot_timeout_secs = 600
+        labels            = { team = "vision", "cost-centre" = "ml.42" }
+        on_demand_prices  = { "m7i.2xlarge" = 0.35 }
+      },
+      {
+        name           = "gpu"
+        region         = "eu-west-1"
+        subnets        = ["subnet-0a", "subnet-0b"]
+        instance_types = []
+        requirements = {
+          vcpu       = [4, 16]
+          memory_gib = [16, 64.5]
+          gpus       = [1, 1]
+          gpu_model  = ["A10G", "L4"]
+          families   = []
+        }
+        capacity_types    = ["spot"]
+        launch_template   = "kiln-runner-gpu"
+        max_instances     = 8
+        idle_timeout_secs = 600
+        boot_timeout_secs = 900
+        labels            = {}
+        on_demand_prices  = {}
+      },
+    ]
   }
 
   unit = {
@@ -42,7 +81,7 @@ locals {
   }
 
   configs = merge(
-    { for s in ["api", "scheduler", "log-ingest", "item-batch", "advisor", "predictor"] : s => templatefile("${local.services}/${s}.toml.tftpl", local.sample) },
+    { for s in ["api", "scheduler", "log-ingest", "item-batch", "advisor", "predictor", "provisioner"] : s => templatefile("${local.services}/${s}.toml.tftpl", local.sample) },
     {
       runner = templatefile("${local.pool}/runner.toml.tftpl", merge(local.sample, {
         pool          = "cpu"
