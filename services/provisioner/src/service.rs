@@ -1,0 +1,130 @@
+//! The provisioner as a service: one leader by lease in `kiln_leases`, hot standbys. The leader
+//! runs a cycle when the scheduler's demand changed and then held still for `batch-idle-ms`
+//! (or `batch-max-ms` after its first change), and at least every `cycle-interval-ms` for the
+//! releases; the reaper every `reap-interval-ms`. Each cycle's pool statuses go to
+//! `kiln_provisioner` for the scheduler and `kiln explain`.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kiln_cloud::Cloud;
+use kiln_core::lease::Lease;
+use kiln_core::provisioning::{self, Demand};
+use kiln_core::store::Store;
+use kiln_core::streams::{self, Nats};
+use kiln_core::{JobState, capacity, ids::now_ms, subjects};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::cycle::Provisioner;
+use crate::error::Result;
+use crate::release::Seen;
+
+/// How long a non-api service waits for `api` to apply the migrations.
+const SCHEMA_WAIT: Duration = Duration::from_secs(60);
+
+/// Runs the provisioner with `clouds` (pool name → its cloud) until `shutdown`.
+pub async fn serve(config: Config, clouds: HashMap<String, Arc<dyn Cloud>>, shutdown: CancellationToken) -> Result<()> {
+    let store = Store::connect(&config.database).await?;
+    store.wait_for_schema(SCHEMA_WAIT).await?;
+    let nats = streams::connect_as(&config.nats, kiln_core::nats_auth::Service::Provisioner).await?;
+    let name = if config.instance_name.is_empty() {
+        format!("provisioner-{}", kiln_core::ids::new_id())
+    } else {
+        config.instance_name.clone()
+    };
+    let ttl = Duration::from_millis(config.lease_ttl_ms);
+    let mut lease = Lease::new(&nats, subjects::LEASE_PROVISIONER, &name, ttl).await?;
+    let mut provisioner: Option<Provisioner> = None;
+    let mut last_demand: Option<Demand> = None;
+    let mut changed_at: Option<tokio::time::Instant> = None;
+    let mut first_change_at: Option<tokio::time::Instant> = None;
+    let mut last_cycle = tokio::time::Instant::now() - Duration::from_secs(3600);
+    let mut last_reap = last_cycle;
+    let tick = Duration::from_millis(config.batch_idle_ms.min(250));
+    tracing::info!(name, pools = config.pools.len(), cluster = %config.cluster, "provisioner running; waiting for the lease");
+    while !shutdown.is_cancelled() {
+        if let Err(error) = lease.tick().await {
+            tracing::warn!(error = %error, "cannot reach the lease; not provisioning");
+        }
+        if !lease.is_held() {
+            provisioner = None;
+        } else {
+            let leader = provisioner.get_or_insert_with(|| {
+                tracing::info!(name, "leading: reconciling intents and instances");
+                Provisioner::new(
+                    config.cluster.clone(),
+                    config.pools.clone(),
+                    clouds.clone(),
+                    store.clone(),
+                    config.timings(),
+                )
+            });
+            let demand = provisioning::demand(&nats).await.unwrap_or_default();
+            let now = tokio::time::Instant::now();
+            if last_demand.as_ref().map(|d| &d.jobs) != Some(&demand.jobs) {
+                changed_at = Some(now);
+                first_change_at.get_or_insert(now);
+            }
+            last_demand = Some(demand.clone());
+            let settled = changed_at
+                .is_some_and(|at| now - at >= Duration::from_millis(config.batch_idle_ms))
+                || first_change_at.is_some_and(|at| now - at >= Duration::from_millis(config.batch_max_ms));
+            let due = now - last_cycle >= Duration::from_millis(config.cycle_interval_ms);
+            if settled || due {
+                changed_at = None;
+                first_change_at = None;
+                last_cycle = now;
+                match seen(&nats, &store).await {
+                    Ok(seen) => match leader.cycle(&demand, &seen, now_ms()).await {
+                        Ok(cycle) => {
+                            for status in &cycle.statuses {
+                                if let Err(error) = provisioning::publish_status(&nats, status).await {
+                                    tracing::warn!(error = %error, "cannot publish a pool's status");
+                                }
+                            }
+                        }
+                        Err(error) => tracing::warn!(error = %error, "provisioning cycle failed; retrying"),
+                    },
+                    Err(error) => tracing::warn!(error = %error, "cannot read the runners; no cycle"),
+                }
+            }
+            if now - last_reap >= Duration::from_millis(config.reap_interval_ms) {
+                last_reap = now;
+                match leader.reap(now_ms()).await {
+                    Ok(reaped) if reaped.reaped + reaped.adopted + reaped.gone > 0 => {
+                        tracing::info!(?reaped, "reaper round")
+                    }
+                    Ok(_) => {}
+                    Err(error) => tracing::warn!(error = %error, "reaper round failed"),
+                }
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            _ = tokio::time::sleep(tick) => {}
+        }
+    }
+    if let Err(error) = lease.release().await {
+        tracing::warn!(error = %error, "cannot give the lease up; it expires on its own");
+    }
+    Ok(())
+}
+
+/// The runners with a live lease, by the instance they report, and the runners with jobs.
+async fn seen(nats: &Nats, store: &Store) -> Result<Seen> {
+    let reports = capacity::runners(nats).await?;
+    let runner_on = reports
+        .into_iter()
+        .filter_map(|report| Some((report.instance_id?, report.runner_id)))
+        .collect();
+    let busy: HashSet<String> = store
+        .jobs_in_states(&JobState::ACTIVE)
+        .await?
+        .into_iter()
+        .filter(|job| !job.runner_id.is_empty())
+        .map(|job| job.runner_id)
+        .collect();
+    Ok(Seen { runner_on, busy })
+}
