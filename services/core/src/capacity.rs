@@ -11,7 +11,7 @@ use crate::streams::{Nats, NatsError};
 use crate::subjects::BUCKET_CAPACITY;
 
 /// What one runner offers.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct CapacityReport {
     pub runner_id: String,
     pub pool: String,
@@ -31,6 +31,45 @@ pub struct CapacityReport {
     pub spot_per_hour: f64,
     #[serde(default)]
     pub spot: bool,
+    /// What the runner's machine is, when it reads its cloud's instance metadata (`[imds]`):
+    /// its instance id, type and zone, its market (`spot` or `on-demand`) and what it costs per
+    /// hour (unknown until told). `None` for a runner that is not on a cloud instance.
+    #[serde(default)]
+    pub instance_id: Option<String>,
+    #[serde(default)]
+    pub instance_type: Option<String>,
+    #[serde(default)]
+    pub zone: Option<String>,
+    #[serde(default)]
+    pub market: Option<String>,
+    #[serde(default)]
+    pub price_per_hour: Option<f64>,
+    /// The runner takes no new launch (its instance got a rebalance recommendation or an
+    /// interruption notice): the scheduler counts no free room on it.
+    #[serde(default)]
+    pub cordoned: bool,
+}
+
+/// What a runner on a spot instance tells on [`crate::subjects::instance_notice`] when its
+/// cloud warns it: a rebalance recommendation (`action = "rebalance"`) or an interruption
+/// notice (`"terminate"`, `"stop"`, `"hibernate"`), so the provisioner marks the offering
+/// interrupted and counts the displaced jobs as demand at once. JSON, as the capacity reports.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InstanceNotice {
+    pub runner_id: String,
+    pub pool: String,
+    pub instance_id: String,
+    /// The offering: instance type and availability zone.
+    pub instance_type: String,
+    pub zone: String,
+    pub action: String,
+    /// When the cloud acts (the notice's `time`, or the recommendation's `noticeTime`), in ms
+    /// since the epoch.
+    pub at_ms: i64,
+    /// The jobs the runner held when the notice came (each is stopped and queued again on an
+    /// interruption).
+    #[serde(default)]
+    pub jobs: Vec<String>,
 }
 
 /// The resources of one instance.

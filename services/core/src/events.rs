@@ -21,6 +21,25 @@ use crate::subjects;
 /// Publishes the job's current state (and, for SCHEDULED, its launch request), then records it
 /// as published.
 pub async fn publish_job_change(nats: &Nats, store: &Store, job: &JobRecord) -> Result<(), Error> {
+    publish_job_change_on(nats, store, job, None).await
+}
+
+/// The offering (instance type, zone) an attempt ran on, carried by its job event.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Offering {
+    pub instance_type: String,
+    pub zone: String,
+}
+
+/// [`publish_job_change`], with the event naming the `offering` the attempt ran on (a runner
+/// that knows its instance, on a spot preemption). A change published again later (by a
+/// reconciler) names none.
+pub async fn publish_job_change_on(
+    nats: &Nats,
+    store: &Store,
+    job: &JobRecord,
+    offering: Option<&Offering>,
+) -> Result<(), Error> {
     let state = job.state()?;
     let msg_id = subjects::job_msg_id(&job.id, job.version);
     let event = pb::JobEvent {
@@ -30,6 +49,8 @@ pub async fn publish_job_change(nats: &Nats, store: &Store, job: &JobRecord) -> 
         pool: job.pool.clone(),
         market: job.market.clone(),
         reason: job.reason.clone(),
+        instance_type: offering.map(|o| o.instance_type.clone()).unwrap_or_default(),
+        zone: offering.map(|o| o.zone.clone()).unwrap_or_default(),
     };
     let subject = if state == JobState::Queued {
         subjects::JOB_QUEUED.to_string()

@@ -10,6 +10,9 @@
 //! | `KILN_ITEMS` | `kiln.items.<batch>` | work queue | item-batch → kiln-agent |
 //! | `KILN_ITEM_RESULTS` | `kiln.itemres.<batch>` | limits | kiln-agent → item-batch |
 //!
+//! Core NATS (no stream): [`instance_notice`], a runner on a spot instance → the provisioner
+//! (and anyone watching): its cloud's rebalance recommendation or interruption notice.
+//!
 //! Request/reply on core NATS (no stream): [`SCHEDULER_EXPLAIN`], api → scheduler leader;
 //! [`INGEST_LATEST_VALUES`], the model registry → log-ingest; [`serve`], the predictor → the
 //! relays of inference workers (queue group [`QUEUE_SERVE`]).
@@ -137,6 +140,16 @@ pub fn launch(pool: &str) -> String {
 pub fn launch_on(pool: &str, runner_id: &str) -> String {
     format!("kiln.launch.{pool}.{runner_id}")
 }
+
+/// A runner's instance was warned by its cloud (`kiln_core::capacity::InstanceNotice`, JSON):
+/// `kiln.instance.notice.<pool>`. Core NATS, not a stream: the runner's cordon (in its capacity
+/// report) and its jobs' PREEMPTED events are the durable record; this is the early word.
+pub fn instance_notice(pool: &str) -> String {
+    format!("kiln.instance.notice.{pool}")
+}
+
+/// Every pool's [`instance_notice`]s.
+pub const INSTANCE_NOTICE_ALL: &str = "kiln.instance.notice.*";
 
 pub fn control(job_id: &str) -> String {
     format!("kiln.control.{job_id}")

@@ -425,6 +425,7 @@ pub fn s3_objects_config(what: &str) -> crate::config::ObjectStoreConfig {
     }
 }
 
+mod aemm;
 mod certs;
 mod exposition;
 pub mod hostile;
@@ -432,6 +433,7 @@ mod nats_probe;
 mod nats_users;
 mod secure_nats;
 
+pub use aemm::{Aemm, AemmInstance, AemmNotice, aemm_binary};
 pub use certs::{CertFiles, TestCa};
 pub use nats_probe::{NatsProbe, nats_probe_script};
 pub use nats_users::NatsUsers;

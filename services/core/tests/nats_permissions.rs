@@ -142,6 +142,12 @@ async fn every_service_sets_up_and_uses_what_it_needs() {
         on_demand_per_hour: 0.0,
         spot_per_hour: 0.0,
         spot: false,
+        instance_id: Some("i-0abc".into()),
+        instance_type: Some("c5.large".into()),
+        zone: Some("us-east-1b".into()),
+        market: Some("spot".into()),
+        price_per_hour: None,
+        cordoned: true,
     };
     kiln_core::capacity::report(&runner, &report)
         .await
@@ -250,6 +256,12 @@ async fn a_service_cannot_reach_what_another_owns_and_without_authorization_it_c
         )
         .await
     );
+
+    // Only a runner tells of its instance's spot notices (the provisioner acts on them).
+    let notice = subjects::instance_notice("spot-cpu");
+    let watchers = subjects::INSTANCE_NOTICE_ALL;
+    assert!(!delivered(&harness.client, watchers, &item_batch.client, &notice).await);
+    assert!(delivered(&harness.client, watchers, &runner.client, &notice).await);
 
     // Control: the same attacks from a client with no credentials at all on a server without
     // authorization all work.

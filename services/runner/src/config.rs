@@ -115,6 +115,10 @@ pub struct Config {
     pub metrics_interval_ms: u64,
     /// How often capacity is reported, in milliseconds.
     pub report_interval_ms: u64,
+    /// The instance metadata service of the cloud instance the runner is on (`[imds]`): its
+    /// identity goes into the capacity reports, and its spot notices cordon the runner and
+    /// checkpoint or stop its jobs.
+    pub imds: crate::metadata::ImdsConfig,
 }
 
 impl Default for Config {
@@ -149,6 +153,7 @@ impl Default for Config {
             lease_ttl_ms: 10_000,
             report_interval_ms: if cfg!(test) { 200 } else { 5_000 },
             metrics_interval_ms: 5_000,
+            imds: crate::metadata::ImdsConfig::default(),
         }
     }
 }
@@ -181,6 +186,7 @@ impl ServiceConfig for Config {
             self.process.validate(&self.work_dir, &mut problems);
         }
         self.sim.validate(&mut problems);
+        self.imds.validate(&mut problems);
         self.dataset_cache.validate(&self.work_dir, &mut problems);
         if !(0.0..=100.0).contains(&self.idle_gpu.threshold_percent) {
             problems.push("idle-gpu.threshold-percent must be between 0 and 100".into());

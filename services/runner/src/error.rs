@@ -53,6 +53,9 @@ pub enum Error {
         "project {project} has no secret {name} any more; set it again with `kiln secret set {name} --project {project}`"
     )]
     SecretMissing { project: String, name: String },
+    /// The instance metadata service (`[imds]`) did not answer as it should.
+    #[error("instance metadata: {0}")]
+    Metadata(String),
     #[error("{what}: {source}")]
     Io { what: String, source: std::io::Error },
     #[error(transparent)]
@@ -85,7 +88,7 @@ impl Error {
             | Error::ImageNotFound { .. }
             | Error::NoImage
             | Error::ImageUnsupported { .. } => ErrorKind::InvalidArgument,
-            Error::Docker { .. } => ErrorKind::Unavailable,
+            Error::Docker { .. } | Error::Metadata(_) => ErrorKind::Unavailable,
             Error::Firewall { .. } | Error::ProcessFirewall { .. } => ErrorKind::FailedPrecondition,
             Error::Capacity(_) => ErrorKind::ResourceExhausted,
             Error::Restore(_)

@@ -148,7 +148,8 @@ async fn accept_launch(
         return Ok(Accepted::Stale);
     }
     // Without its lease this runner may be counted as gone: another runner takes the launch.
-    if !ctx.lease.is_held() || !ctx.fits(&job) {
+    // A cordoned one (its instance is to be taken back) has no room for anything new.
+    if !ctx.lease.is_held() || ctx.is_cordoned() || !ctx.fits(&job) {
         return Ok(Accepted::NoRoom);
     }
     let wanted = u32::try_from(job.gpus).unwrap_or(u32::MAX);

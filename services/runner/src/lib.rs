@@ -6,7 +6,10 @@
 //!   compare-and-set, acks, and hands it to a [`supervisor`];
 //! - control consumer: `kiln.control.>` (durable `control-<runner>`), stop requests for the jobs
 //!   this runner holds;
-//! - capacity reports to the `kiln_capacity` bucket, which the scheduler reads;
+//! - capacity reports to the `kiln_capacity` bucket, which the scheduler reads (with the
+//!   instance's identity, and whether the runner is cordoned, when it reads its instance
+//!   metadata: [`metadata`]);
+//! - on a cloud instance (`[imds] enabled`): its spot notices, polled ([`metadata::spot`]);
 //! - its lease in the `kiln_runners` bucket ([`liveness`]), renewed every third of
 //!   `lease-ttl-ms`: if it lapses, the scheduling leader ends or queues again this runner's jobs
 //!   and stops counting its capacity, and the runner takes no launch until it holds it again; a
@@ -50,6 +53,7 @@ pub mod gpu;
 mod launch;
 mod liveness;
 pub mod logs;
+pub mod metadata;
 mod models;
 pub mod outputs;
 pub mod provider;
@@ -102,6 +106,11 @@ pub(crate) struct Context {
     /// The key that opens the secrets jobs name; `None` when the config names none (such jobs
     /// fail to start, saying so).
     secrets_key: Option<Arc<kiln_core::secrets::SecretsKey>>,
+    /// What this runner's machine is, read from its instance metadata (`[imds] enabled`).
+    identity: Option<Arc<metadata::Identity>>,
+    /// Set once its cloud warned the instance (a rebalance recommendation, an interruption
+    /// notice): the runner takes no new launch and reports no free room. Never cleared.
+    cordoned: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Context {
@@ -111,6 +120,10 @@ impl Context {
         if let Some(active) = released {
             self.gpus.lock().expect("gpu pool lock").give_back(&active.gpu_devices);
         }
+    }
+
+    fn is_cordoned(&self) -> bool {
+        self.cordoned.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Tells whether a job of this size fits next to the jobs running now.
@@ -131,6 +144,8 @@ pub struct Runner {
     sim: Option<provider::sim::SimCloud>,
     /// The isolated process jobs' firewall (`process.firewall`).
     firewall: Option<provider::firewall::UidFirewall>,
+    /// The instance metadata service whose notices are watched (`[imds] enabled`).
+    metadata: Option<Arc<dyn metadata::MetadataSource>>,
 }
 
 impl Runner {
@@ -143,6 +158,7 @@ impl Runner {
     /// Binds a runner with the given GPU sampler (`None`: no GPUs can be watched).
     pub async fn bind_with_sampler(config: Config, sampler: Option<Arc<dyn GpuSampler>>) -> Result<Runner> {
         let secrets_key = config.secrets.load()?.map(Arc::new);
+        let (metadata, identity) = metadata::connect(&config.imds).await?;
         let store = Store::connect(&config.database).await?;
         store.wait_for_schema(SCHEMA_WAIT).await?;
         let nats = streams::connect_as(&config.nats, kiln_core::nats_auth::Service::Runner).await?;
@@ -202,6 +218,8 @@ impl Runner {
             models_dir,
             metrics: Arc::new(service_metrics::RunnerMetrics::new(&config.pool)),
             secrets_key,
+            identity: identity.map(Arc::new),
+            cordoned: Arc::default(),
             config: Arc::new(config),
         };
         Ok(Runner {
@@ -210,6 +228,7 @@ impl Runner {
             registry: Metrics::default(),
             sim,
             firewall,
+            metadata,
         })
     }
 
@@ -263,6 +282,9 @@ impl Runner {
         tasks.spawn(watch_controls(ctx.clone(), shutdown.clone()));
         if let Some(notices) = ctx.provider.preemptions() {
             tasks.spawn(watch_preemptions(ctx.clone(), notices, shutdown.clone()));
+        }
+        if let Some(source) = self.metadata.clone() {
+            tasks.spawn(metadata::spot::watch_notices(ctx.clone(), source, shutdown.clone()));
         }
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
         health_reporter

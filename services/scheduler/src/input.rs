@@ -187,6 +187,13 @@ pub fn runners(reports: &[CapacityReport]) -> Vec<Runner> {
                 pool: report.pool.clone(),
                 capacity: Resources::new(report.cpu_millis, report.memory_bytes, report.gpus),
                 instance: Resources::new(instance.cpu_millis, instance.memory_bytes, instance.gpus),
+                cordoned: report.cordoned,
+                spot_offering: match (&report.market, &report.instance_type, &report.zone) {
+                    (Some(market), Some(instance_type), Some(zone)) if market == "spot" => {
+                        Some(format!("{instance_type}/{zone}"))
+                    }
+                    _ => None,
+                },
             }
         })
         .collect()
@@ -254,7 +261,7 @@ pub async fn read_as_leader(config: &Config, store: &Store, nats: &Nats, state: 
     state
         .lock()
         .expect("pass state lock")
-        .observe_running(&mut state_read.input.running);
+        .observe_running(&mut state_read.input.running, &state_read.input.runners);
     Ok(state_read)
 }
 

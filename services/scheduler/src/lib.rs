@@ -386,13 +386,20 @@ async fn consume_job_events(
             message = messages.next() => {
                 let Some(message) = message else { return Err(NatsError::Other("consumer ended".into())) };
                 let message = message.map_err(|e| other(&e))?;
-                // A spot preemption feeds its pool's rate (the reason tells it from a priority one).
+                // A spot preemption feeds its pool's rate (the reason tells it from a priority
+                // one), and its offering's when the event names one (the runner knows its
+                // instance, and that it is on spot whatever market the job was placed for).
                 if let Ok(event) = pb::JobEvent::decode(message.payload.as_ref())
                     && event.state == pb::JobState::Preempted as i32
-                    && event.market == Market::Spot.as_str()
+                    && (event.market == Market::Spot.as_str() || !event.instance_type.is_empty())
                     && event.reason == SPOT_PREEMPTION
                 {
-                    state.lock().expect("pass state lock").observe_preemption(&event.pool);
+                    let offering = (!event.instance_type.is_empty())
+                        .then(|| format!("{}/{}", event.instance_type, event.zone));
+                    state
+                        .lock()
+                        .expect("pass state lock")
+                        .observe_preemption(&event.pool, offering.as_deref());
                     metrics.spot_preempted();
                 }
                 wake.notify_one();

@@ -61,13 +61,19 @@ impl PassState {
             .or_insert_with(|| policy::PreemptionRate::new(half_life, 0.0, 1.0))
     }
 
-    /// Counts a spot preemption on `pool`.
-    pub fn observe_preemption(&mut self, pool: &str) {
-        self.rate(pool).observe_preemption(now_ms());
+    /// Counts a spot preemption on `pool`, and on the offering (`<instance type>/<zone>`) it
+    /// happened on when its event names one (a runner that reads its instance's metadata).
+    pub fn observe_preemption(&mut self, pool: &str, offering: Option<&str>) {
+        let now = now_ms();
+        self.rate(pool).observe_preemption(now);
+        if let Some(offering) = offering {
+            self.rate(&offering_key(pool, offering)).observe_preemption(now);
+        }
         self.preempted_since_save = true;
     }
 
-    /// Each known pool's estimated spot preemptions per instance-hour, now.
+    /// Each known pool's (and offering's, keyed by [`offering_key`]) estimated spot
+    /// preemptions per instance-hour, now.
     pub fn rates_per_hour(&self) -> HashMap<String, f64> {
         let now = now_ms();
         self.rates
@@ -78,13 +84,13 @@ impl PassState {
 
     /// Takes in a pass's active jobs: victims ordered earlier count as stopping while they are
     /// active (and are forgotten once gone), and spot jobs add to their pools' exposure.
-    pub fn observe_running(&mut self, running: &mut [policy::RunningJob]) {
+    pub fn observe_running(&mut self, running: &mut [policy::RunningJob], runners: &[policy::Runner]) {
         let active: HashSet<&str> = running.iter().map(|job| job.id.as_str()).collect();
         self.preempting.retain(|victim| active.contains(victim.as_str()));
         for job in running.iter_mut() {
             job.stopping |= self.preempting.contains(&job.id);
         }
-        self.count_exposure(running);
+        self.count_exposure(running, runners);
     }
 
     /// Records a preemption sent to `victim`: a token of its bucket spent, and the victim
@@ -99,8 +105,9 @@ impl PassState {
         self.preempting.insert(victim);
     }
 
-    /// Adds the spot instance-hours since the last pass to each pool's exposure.
-    fn count_exposure(&mut self, running: &[policy::RunningJob]) {
+    /// Adds the spot instance-hours since the last pass to each pool's exposure, and to each
+    /// spot offering's the jobs on runners of that offering.
+    fn count_exposure(&mut self, running: &[policy::RunningJob], runners: &[policy::Runner]) {
         let now = now_ms();
         let since = self.last_exposure_ms.replace(now).unwrap_or(now);
         let hours = (now - since).max(0) as f64 / 3_600_000.0;
@@ -113,6 +120,24 @@ impl PassState {
         }
         for (pool, jobs) in spot_jobs {
             self.rate(pool).observe_exposure(jobs * hours, now);
+        }
+        let offerings: HashMap<(&str, &str), &str> = runners
+            .iter()
+            .filter_map(|runner| {
+                Some((
+                    (runner.pool.as_str(), runner.id.as_str()),
+                    runner.spot_offering.as_deref()?,
+                ))
+            })
+            .collect();
+        let mut offering_jobs: HashMap<String, f64> = HashMap::new();
+        for job in running {
+            if let Some(offering) = offerings.get(&(job.pool.as_str(), job.runner.as_str())) {
+                *offering_jobs.entry(offering_key(&job.pool, offering)).or_default() += 1.0;
+            }
+        }
+        for (key, jobs) in offering_jobs {
+            self.rate(&key).observe_exposure(jobs * hours, now);
         }
     }
 
@@ -153,6 +178,12 @@ impl PassState {
         self.saved_ms = now_ms();
         self.preempted_since_save = false;
     }
+}
+
+/// The key of an offering's rate beside its pool's: `<pool>/<instance type>/<zone>` (a pool
+/// name has no `/`, so the two never meet).
+pub fn offering_key(pool: &str, offering: &str) -> String {
+    format!("{pool}/{offering}")
 }
 
 /// The pools' preemption rates as the leader last saved them, in the `kiln_scheduler` bucket.
@@ -219,6 +250,39 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_spot_preemption_on_an_offering_feeds_its_pools_rate_and_the_offerings() {
+        let mut state = PassState::new(&Config::default());
+        // Two spot jobs for an hour: one on a runner of c5.large in us-east-1b, one on a runner
+        // that does not know its instance.
+        state.last_exposure_ms = Some(now_ms() - 3_600_000);
+        let runner = |id: &str, spot_offering: Option<&str>| policy::Runner {
+            id: id.into(),
+            pool: "spot".into(),
+            capacity: policy::Resources::default(),
+            instance: policy::Resources::default(),
+            cordoned: false,
+            spot_offering: spot_offering.map(str::to_string),
+        };
+        let on = |runner: &str| policy::RunningJob {
+            runner: runner.into(),
+            ..spot_job("spot")
+        };
+        state.count_exposure(
+            &[on("r-1"), on("r-2")],
+            &[runner("r-1", Some("c5.large/us-east-1b")), runner("r-2", None)],
+        );
+        state.observe_preemption("spot", Some("c5.large/us-east-1b"));
+        state.observe_preemption("spot", None);
+        let rates = state.rates_per_hour();
+        let offering = offering_key("spot", "c5.large/us-east-1b");
+        assert_eq!(offering, "spot/c5.large/us-east-1b");
+        // Pool: 2 preemptions over 2 + 1 (prior) hours; offering: 1 over 1 + 1.
+        assert!((rates["spot"] - 2.0 / 3.0).abs() < 1e-3, "{rates:?}");
+        assert!((rates[&offering] - 0.5).abs() < 1e-3, "{rates:?}");
+        assert_eq!(rates.len(), 2, "{rates:?}");
+    }
+
     #[tokio::test]
     async fn a_new_leader_takes_over_the_rates_the_last_one_saved() {
         let server = NatsServer::start();
@@ -229,9 +293,9 @@ mod tests {
         // the hour of prior at 0).
         let mut leader = PassState::new(&config);
         leader.last_exposure_ms = Some(now_ms() - 3_600_000);
-        leader.count_exposure(&vec![spot_job("gpu"); 4]);
+        leader.count_exposure(&vec![spot_job("gpu"); 4], &[]);
         for _ in 0..3 {
-            leader.observe_preemption("gpu");
+            leader.observe_preemption("gpu", None);
         }
         let rates = leader.rates_to_save().expect("a preemption makes a save due");
         SavedRates::open(&nats)
@@ -249,7 +313,7 @@ mod tests {
 
         // A standby saw one preemption but none of the exposure: on its own it would guess 1/h.
         let mut standby = PassState::new(&config);
-        standby.observe_preemption("gpu");
+        standby.observe_preemption("gpu", None);
         assert!((standby.rates_per_hour()["gpu"] - 1.0).abs() < 1e-9);
 
         let saved = SavedRates::open(&nats)

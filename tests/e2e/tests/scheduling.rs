@@ -327,6 +327,7 @@ async fn a_victim_no_runner_took_yet_is_queued_again_for_a_higher_priority() {
         on_demand_per_hour: 0.1,
         spot_per_hour: 0.0,
         spot: false,
+        ..Default::default()
     };
     kiln_core::capacity::report(&nats, &report).await.unwrap();
     // A report counts only while its runner's lease is live: one that outlasts the test.

@@ -184,7 +184,9 @@ pub(super) fn of(service: Service) -> Permissions {
                 .kv_write(BUCKET_CAPACITY, "*")
                 .kv_write(BUCKET_RUNNERS, "*")
                 .subscribe(SERVE_ANY)
-                .publish(SERVE_LOAD_ALL);
+                .publish(SERVE_LOAD_ALL)
+                // Its instance's spot notices (rebalance, interruption), for the provisioner.
+                .publish(INSTANCE_NOTICE_ALL);
             p.allow_responses = true;
         }
         Service::LogIngest => {
@@ -310,6 +312,7 @@ mod tests {
         assert!(can_publish(Service::Runner, "$KV.kiln_capacity.runner-1"));
         assert!(can_publish(Service::Runner, "$KV.kiln_runners.runner-1"));
         assert!(can_publish(Service::Runner, &serve_load("p", "svc")));
+        assert!(can_publish(Service::Runner, &instance_notice("spot-cpu")));
         assert!(can_subscribe(Service::Runner, &serve("p", "svc", 3, "m1")));
         assert!(can_publish(Service::Predictor, &serve("p", "svc", 3, "m1")));
         assert!(can_publish(Service::ItemBatch, &items("b1")));
@@ -358,6 +361,10 @@ mod tests {
         assert!(!can_publish(Service::Predictor, &serve_load("p", "svc")));
         assert!(!can_publish(Service::Api, &launch("local")));
         assert!(!can_publish(Service::Api, &launch_on("local", "runner-1")));
+        // Only runners tell of their instances' notices.
+        for service in Service::ALL.into_iter().filter(|s| *s != Service::Runner) {
+            assert!(!can_publish(service, &instance_notice("spot-cpu")), "{service}");
+        }
         // No one deletes a stream.
         for service in Service::ALL {
             assert!(!can_publish(service, "$JS.API.STREAM.DELETE.KILN_JOBS"), "{service}");

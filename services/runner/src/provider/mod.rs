@@ -190,6 +190,15 @@ pub trait Provider: Send + Sync + 'static {
     /// Sends a signal to the job's processes.
     async fn signal(&self, instance: &Instance, signal: Signal) -> Result<()>;
 
+    /// Asks a running job to checkpoint now: writes `note` (`KEY=value` lines, among them
+    /// `KILN_CHECKPOINT_NOW=1`) to the file its `KILN_CONTROL_FILE` names, and sends its main
+    /// process SIGUSR1 when that process handles the signal (SIGUSR1's default action ends a
+    /// process: a job that does not catch it is not sent it). Returns whether it was signalled.
+    /// Providers without a control file (docker, sim) do nothing.
+    async fn ask_checkpoint(&self, _instance: &Instance, _note: &str) -> Result<bool> {
+        Ok(false)
+    }
+
     /// Waits until the job's main process ends. Dropping the future and calling again is fine.
     async fn wait(&self, instance: &Instance) -> Result<Exit>;
 

@@ -32,7 +32,7 @@ mod group;
 pub mod isolation;
 mod setup;
 
-use group::{clock_ticks_per_second, group_usage, spawn};
+use group::{catches, clock_ticks_per_second, group_usage, spawn, write_control};
 pub use group::{exit_code, instance_pid, is_job_process, signal_group};
 pub use isolation::Isolated;
 pub(crate) use setup::set_writable;
@@ -40,6 +40,10 @@ use setup::{blocking, io};
 
 /// The file in an instance's scratch directory holding its process id.
 const PID_FILE: &str = "pid";
+
+/// The file in a job's directory its `KILN_CONTROL_FILE` names: what the runner asks of it
+/// (`KILN_CHECKPOINT_NOW=1` on a rebalance recommendation).
+pub(crate) const CONTROL_FILE: &str = "control";
 
 /// The command, environment and uid (when isolated) of a provisioned, not yet started instance.
 type Launch = (Vec<String>, BTreeMap<String, String>, Option<u32>);
@@ -195,6 +199,19 @@ impl Provider for ProcessProvider {
             signal_group(pid, signal);
         }
         Ok(())
+    }
+
+    async fn ask_checkpoint(&self, instance: &Instance, note: &str) -> Result<bool> {
+        let path = self.job_dir(&instance.scratch_dir).join(CONTROL_FILE);
+        let note = note.to_string();
+        blocking(move || write_control(&path, &note)).await?;
+        let Some(pid) = instance_pid(&instance.id) else {
+            return Ok(false);
+        };
+        if !catches(pid, Signal::SIGUSR1) {
+            return Ok(false);
+        }
+        Ok(nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGUSR1).is_ok())
     }
 
     async fn wait(&self, instance: &Instance) -> Result<Exit> {

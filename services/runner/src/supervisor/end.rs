@@ -3,7 +3,7 @@
 //! ([`kiln_core::runners::lose_job`], shared with the scheduler).
 
 use kiln_core::JobState;
-use kiln_core::events::publish_job_change;
+use kiln_core::events::{publish_job_change, publish_job_change_on};
 use kiln_core::scheduling::{Market, SPOT_PREEMPTION};
 use kiln_core::store::{Change, JobRecord, StoreError};
 
@@ -90,9 +90,18 @@ pub(super) async fn conclude(
     Ok(())
 }
 
-/// The market of an attempt: the scheduler's choice, or (for a job placed before schedulers
+/// The market of an attempt: the instance's (a runner reading its instance metadata), else the
+/// scheduler's choice, or (for a job placed before schedulers
 /// chose) spot when the provider offers it.
 pub(super) fn market_of(ctx: &Context, job: &JobRecord) -> Market {
+    // On a cloud instance the machine's own market is the truth.
+    if let Some(identity) = &ctx.identity {
+        return if identity.is_spot() {
+            Market::Spot
+        } else {
+            Market::OnDemand
+        };
+    }
     Market::parse(&job.market).unwrap_or(if ctx.provider.offer().spot {
         Market::Spot
     } else {
@@ -132,6 +141,7 @@ async fn requeue_preempted(
     for_job: Option<String>,
     (cost_micros, gpu_ms): (Option<(i64, i64)>, Option<i64>),
 ) -> Result<()> {
+    let spot = for_job.is_none();
     let reason = match for_job {
         Some(for_job) => format!("preempted for {for_job}, of a higher priority"),
         None => SPOT_PREEMPTION.to_string(),
@@ -149,7 +159,16 @@ async fn requeue_preempted(
     if let Some((spent, _)) = cost_micros {
         ctx.metrics.spent(market_of(ctx, &job), spent);
     }
-    publish(ctx, &preempted).await;
+    // A spot preemption names the offering it happened on, when this runner knows its instance:
+    // the scheduler learns the rate per pool, instance type and zone.
+    let offering = ctx
+        .identity
+        .as_ref()
+        .filter(|_| spot)
+        .map(|identity| identity.offering());
+    if let Err(error) = publish_job_change_on(&ctx.nats, &ctx.store, &preempted, offering.as_ref()).await {
+        tracing::warn!(job_id = %preempted.id, error = %error, "publish failed; the reconciler will retry");
+    }
     let change = Change {
         reason: Some("preempted; queued again".into()),
         next_attempt: true,

@@ -58,6 +58,10 @@ pub(crate) struct Controls {
     pub preempted_for: Arc<std::sync::Mutex<Option<String>>>,
     /// Cancelled when the job was found taken from this runner.
     pub taken: CancellationToken,
+    /// Notified when the job should checkpoint now (its instance got a rebalance
+    /// recommendation): what to write in its control file.
+    pub checkpoint: Arc<tokio::sync::Notify>,
+    pub checkpoint_note: Arc<std::sync::Mutex<String>>,
 }
 
 impl Controls {
@@ -65,6 +69,12 @@ impl Controls {
         self.notice_ms
             .store(u64::try_from(notice.as_millis()).unwrap_or(u64::MAX), Ordering::SeqCst);
         self.preempted.cancel();
+    }
+
+    /// Asks the job to checkpoint now (it keeps running); `note` goes into its control file.
+    pub fn checkpoint_now(&self, note: String) {
+        *self.checkpoint_note.lock().expect("controls lock") = note;
+        self.checkpoint.notify_one();
     }
 
     /// Preempts the job for a higher-priority one, with `grace` to checkpoint.
@@ -85,6 +95,9 @@ struct Host {
     received: std::time::Instant,
     /// An inference worker's relay, while it runs.
     relay: Option<watch::Relay>,
+    /// The outputs sync started when the job was asked to checkpoint, awaited before the
+    /// final sync so an older copy never lands after a newer one.
+    checkpoint_sync: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// Why the runner stopped a job.
@@ -129,6 +142,7 @@ pub(crate) async fn supervise(
         phase: ctx.metrics.phase(),
         received,
         relay: None,
+        checkpoint_sync: None,
     };
     let (outcome, current, instance) = execute(&ctx, job, gpu_devices, &mut host, &shipper, &controls, &shutdown).await;
     ctx.metrics
@@ -156,6 +170,9 @@ pub(crate) async fn supervise(
         }
         ctx.release_active(&job_id);
         return;
+    }
+    if let Some(checkpoint_sync) = host.checkpoint_sync.take() {
+        let _ = checkpoint_sync.await;
     }
     let current = match &instance {
         Some(instance) => {

@@ -18,6 +18,28 @@ use crate::liveness::Holding;
 use crate::provider::{Exit, Instance};
 use crate::service_metrics as metrics;
 
+/// Asks the running job to checkpoint (its control file, and SIGUSR1 when it handles that
+/// signal), and starts a sync of its outputs so far; nothing is stopped.
+async fn checkpoint_now(ctx: &Context, instance: &Instance, controls: &Controls, host: &mut Host) {
+    let note = controls.checkpoint_note.lock().expect("controls lock").clone();
+    match ctx.provider.ask_checkpoint(instance, &note).await {
+        Ok(signalled) => tracing::info!(job_id = %instance.job_id, signalled, "job asked to checkpoint"),
+        Err(error) => tracing::warn!(job_id = %instance.job_id, error = %error, "cannot ask the job to checkpoint"),
+    }
+    if host.checkpoint_sync.as_ref().is_some_and(|sync| !sync.is_finished()) {
+        return;
+    }
+    let (ctx, instance) = (ctx.clone(), instance.clone());
+    host.checkpoint_sync = Some(tokio::spawn(async move {
+        // Give the job a moment to write its checkpoint before it is copied.
+        tokio::time::sleep(CHECKPOINT_SETTLE).await;
+        super::sync_outputs(&ctx, &instance).await;
+    }));
+}
+
+/// How long a job asked to checkpoint has before its outputs are synced.
+const CHECKPOINT_SETTLE: Duration = Duration::from_secs(2);
+
 /// Waits for the job to end, stopping it on request, on timeout, when its GPUs stay idle, or
 /// at shutdown; an inference worker's relay (in `host`) is drained before the worker is
 /// signalled.
@@ -53,6 +75,9 @@ pub(super) async fn watch(
                 stopping = Some(StopReason::Timeout);
             }
             _ = &mut idle_gpu, if stopping.is_none() => stopping = Some(StopReason::IdleGpu),
+            _ = controls.checkpoint.notified(), if stopping.is_none() => {
+                checkpoint_now(ctx, instance, controls, host).await;
+            }
             _ = tokio::time::sleep(STOP_POLL), if stopping.is_none() => {
                 match ctx.store.job(&job.id).await {
                     Ok(current) if Holding::of(job).is_taken_by(Holding::of(&current)) => {

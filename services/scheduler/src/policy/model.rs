@@ -242,6 +242,12 @@ pub struct Runner {
     /// The largest job it can hold (a runner that makes an instance per job reports one
     /// instance); equal to `capacity` for a runner that is one machine.
     pub instance: Resources,
+    /// It takes no new job (its instance is to be taken back): no free room on it, and no
+    /// victims are chosen on it.
+    pub cordoned: bool,
+    /// The spot offering it runs on (`<instance type>/<zone>`), when it reads its instance's
+    /// metadata and is on spot: its jobs' exposure and preemptions feed that offering's rate.
+    pub spot_offering: Option<String>,
 }
 
 impl Runner {

@@ -1150,6 +1150,8 @@ fn runner(id: &str, pool: &str, capacity: Resources) -> Runner {
         pool: pool.into(),
         capacity,
         instance: capacity,
+        cordoned: false,
+        spot_offering: None,
     }
 }
 
@@ -1310,4 +1312,47 @@ fn running_jobs_of_a_runner_gone_do_not_count_on_the_live_ones() {
     );
     let plan = plan(&input);
     assert_eq!(runners_of(&plan), [(0, "r-1"), (1, "r-2")]);
+}
+
+#[test]
+fn a_cordoned_runner_has_no_free_room_and_no_victims() {
+    // r-1 is empty but cordoned (its spot instance got a rebalance recommendation): the first
+    // 2-CPU job goes to r-2, the second waits, and nothing is placed or reserved room on r-1.
+    let mut input = two_runner_input(
+        vec![
+            job("two-a", "a", "p", res(2.0, 1, 0), 0),
+            job("two-b", "b", "p", res(2.0, 1, 0), 1),
+        ],
+        vec![],
+    );
+    input.runners[0].cordoned = true;
+    let plan = plan(&input);
+    assert_eq!(runners_of(&plan), [(0, "r-2")]);
+    let waiting = wait_of(&input, &plan, "two-b");
+    let Wait::NoCapacity { pools, .. } = &waiting.reason else {
+        panic!("{:?}", waiting.reason);
+    };
+    assert!(
+        pools.contains(&("r-1 (cpu)".to_string(), Resources::ZERO)),
+        "r-1 shows no free room: {pools:?}"
+    );
+    // A higher priority does not preempt a job on a cordoned runner to make room there.
+    let mut urgent = job("urgent", "u", "p", res(2.0, 1, 0), 0);
+    urgent.priority = 10;
+    let mut input = two_runner_input(
+        vec![urgent],
+        vec![
+            on(running("a", "w", "cpu", res(2.0, 1, 0), 0, 100), "r-1"),
+            on(running("b", "w", "cpu", res(2.0, 1, 0), 0, 900), "r-2"),
+        ],
+    );
+    input.runners[0].cordoned = true;
+    input.settings.preempting_priorities = BTreeSet::from([10]);
+    input.settings.preemption_budget = 5;
+    let plan = super::plan(&input);
+    assert_eq!(victims(&plan), ["b"]);
+    // Uncordoned, the older "a" is as good a victim: the choice above was the cordon's.
+    input.runners[0].cordoned = false;
+    let plan = super::plan(&input);
+    assert_eq!(plan.preemptions.len(), 1, "{:?}", plan.preemptions);
 }

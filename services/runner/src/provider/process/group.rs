@@ -189,3 +189,38 @@ pub fn exit_code(status: ExitStatus) -> i32 {
 pub fn instance_pid(instance_id: &str) -> Option<i32> {
     instance_id.strip_prefix("pid:")?.parse().ok()
 }
+
+/// Tells whether process `pid` handles `signal` (its bit in `SigCgt` of `/proc/<pid>/status`).
+pub(super) fn catches(pid: i32, signal: Signal) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    let Some(mask) = status
+        .lines()
+        .find_map(|line| line.strip_prefix("SigCgt:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+    else {
+        return false;
+    };
+    mask & (1u64 << (signal as i32 - 1)) != 0
+}
+
+/// Writes a job's control file: a new file beside it (created, never opened if something is
+/// there, so a link the job left is not followed) renamed over it, since the job owns the
+/// directory.
+pub(super) fn write_control(path: &std::path::Path, note: &str) -> crate::error::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let fresh = path.with_extension(format!("new-{}", rand::random::<u64>()));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(&fresh)
+        .and_then(|mut file| file.write_all(note.as_bytes()))
+        .and_then(|()| std::fs::rename(&fresh, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&fresh);
+    }
+    written.map_err(crate::error::Error::io(format!("cannot write {}", path.display())))
+}

@@ -120,6 +120,11 @@ impl ProcessProvider {
             env.insert("KILN_RESUME_FROM".into(), dir.join("outputs").display().to_string());
         }
         env.insert("KILN_DATA".into(), dir.join("data").display().to_string());
+        // Written by the runner when it asks the job something (a checkpoint, now).
+        env.insert(
+            "KILN_CONTROL_FILE".into(),
+            dir.join(super::CONTROL_FILE).display().to_string(),
+        );
         if !spec.gpu_devices.is_empty() {
             let devices: Vec<String> = spec.gpu_devices.iter().map(u32::to_string).collect();
             env.insert("CUDA_VISIBLE_DEVICES".into(), devices.join(","));

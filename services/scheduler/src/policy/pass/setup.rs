@@ -136,6 +136,20 @@ impl<'a> Pass<'a> {
                 runners[runner].victims.push(index);
             }
         }
+        // A cordoned runner takes nothing new: no free room, and no victims to make some.
+        let cordoned: HashSet<&str> = input
+            .runners
+            .iter()
+            .filter(|runner| runner.cordoned)
+            .map(|runner| runner.id.as_str())
+            .collect();
+        for runner in runners
+            .iter_mut()
+            .filter(|runner| cordoned.contains(runner.id.as_str()))
+        {
+            runner.free = Resources::ZERO;
+            runner.victims.clear();
+        }
         for runner in &mut runners {
             runner.victims.sort_by_key(|&index| {
                 let job = &input.running[index];
