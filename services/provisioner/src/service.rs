@@ -68,8 +68,7 @@ pub async fn serve(config: Config, clouds: HashMap<String, Arc<dyn Cloud>>, shut
                 first_change_at.get_or_insert(now);
             }
             last_demand = Some(demand.clone());
-            let settled = changed_at
-                .is_some_and(|at| now - at >= Duration::from_millis(config.batch_idle_ms))
+            let settled = changed_at.is_some_and(|at| now - at >= Duration::from_millis(config.batch_idle_ms))
                 || first_change_at.is_some_and(|at| now - at >= Duration::from_millis(config.batch_max_ms));
             let due = now - last_cycle >= Duration::from_millis(config.cycle_interval_ms);
             if settled || due {

@@ -76,6 +76,8 @@ mod tests {
             pool: "cpu".into(),
             capacity: Resources::new(cpus * 1000, 8 * GIB, 0),
             instance: Resources::new(cpus * 1000, 8 * GIB, 0),
+            cordoned: false,
+            spot_offering: None,
         }
     }
 

@@ -67,12 +67,15 @@ pub async fn read(store: &Store, nats: &Nats, settings: Settings, rate_of: impl 
             stopping: job.stop_requested,
         })
         .collect();
-    // A runner the provisioner is releasing takes no new job.
+    // A runner the provisioner is releasing takes no new job, as one its instance cordoned.
     let released = store.released_runners().await?;
     let reports: Vec<CapacityReport> = capacity::runners(nats)
         .await?
         .into_iter()
-        .filter(|report| !released.contains(&report.runner_id))
+        .map(|report| CapacityReport {
+            cordoned: report.cordoned || released.contains(&report.runner_id),
+            ..report
+        })
         .collect();
     let statuses = provisioning::statuses(nats).await?;
     let mut pools = pools(&capacity::sum_by_pool(&reports), &rate_of);
@@ -170,6 +173,8 @@ pub fn with_provisioned(
                     pool: status.pool.clone(),
                     capacity: Resources::ZERO,
                     instance: Resources::ZERO,
+                    cordoned: true,
+                    spot_offering: None,
                 });
             }
         }
