@@ -63,6 +63,14 @@ impl Provider for AutoProvider {
         self.of(instance).wait(instance).await
     }
 
+    async fn ask_checkpoint(&self, instance: &Instance, note: &str) -> Result<bool> {
+        self.of(instance).ask_checkpoint(instance, note).await
+    }
+
+    async fn live_outputs(&self, instance: &Instance) -> Result<Outputs> {
+        self.of(instance).live_outputs(instance).await
+    }
+
     async fn outputs(&self, instance: &Instance) -> Result<Outputs> {
         self.of(instance).outputs(instance).await
     }

@@ -202,6 +202,12 @@ pub trait Provider: Send + Sync + 'static {
     /// Waits until the job's main process ends. Dropping the future and calling again is fine.
     async fn wait(&self, instance: &Instance) -> Result<Exit>;
 
+    /// A copy of a running instance's outputs so far, read safely while the job runs (never
+    /// with more rights than the job's own); `Outputs::None` for providers that cannot.
+    async fn live_outputs(&self, _instance: &Instance) -> Result<Outputs> {
+        Ok(Outputs::None)
+    }
+
     /// Where the outputs of an ended instance can be read.
     async fn outputs(&self, instance: &Instance) -> Result<Outputs>;
 

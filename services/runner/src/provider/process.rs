@@ -243,6 +243,44 @@ impl Provider for ProcessProvider {
         }
     }
 
+    async fn live_outputs(&self, instance: &Instance) -> Result<Outputs> {
+        let dir = self.job_dir(&instance.scratch_dir);
+        let uid = match &self.users {
+            JobUsers::Isolated(isolated) => isolated.recorded_uid(&instance.scratch_dir),
+            JobUsers::Trusted(_) => None,
+        };
+        // A trusted job runs as the runner's user: its outputs are read as they are.
+        let Some(uid) = uid else {
+            return Ok(Outputs::Dir(dir.join("outputs")));
+        };
+        // An isolated job still runs and may swap a file for a link to what only root reads:
+        // its outputs are archived by `tar` running as its uid, which reads only what it can.
+        let archive = instance.scratch_dir.join("live-outputs.tar");
+        let file = std::fs::File::create(&archive).map_err(io(format!("cannot create {}", archive.display())))?;
+        let status = tokio::process::Command::new("tar")
+            .args(["-cf", "-", "-C"])
+            .arg(&dir)
+            .arg("outputs")
+            .uid(uid)
+            .gid(uid)
+            .stdin(std::process::Stdio::null())
+            .stdout(file)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .await
+            .map_err(|source| Error::Spawn {
+                program: "tar".into(),
+                source,
+            })?;
+        // 1: a file changed while it was read (the job writes on); what was read is kept.
+        match status.code() {
+            Some(0 | 1) => Ok(Outputs::Tar(archive)),
+            _ => Err(Error::io("cannot archive the outputs")(std::io::Error::other(format!(
+                "tar as uid {uid}: {status}"
+            )))),
+        }
+    }
+
     async fn outputs(&self, instance: &Instance) -> Result<Outputs> {
         if let JobUsers::Isolated(isolated) = &self.users
             && let Some(uid) = isolated.recorded_uid(&instance.scratch_dir)

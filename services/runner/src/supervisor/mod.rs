@@ -239,8 +239,21 @@ async fn finish_instance(ctx: &Context, job: JobRecord, instance: &Instance) -> 
 
 /// Copies an ended instance's outputs to object storage; a failure is logged, not fatal.
 pub(crate) async fn sync_outputs(ctx: &Context, instance: &Instance) {
+    sync(ctx, instance, false).await
+}
+
+/// Copies a running instance's outputs so far to object storage (a checkpoint asked for).
+pub(crate) async fn sync_live_outputs(ctx: &Context, instance: &Instance) {
+    sync(ctx, instance, true).await
+}
+
+async fn sync(ctx: &Context, instance: &Instance, live: bool) {
     let started = std::time::Instant::now();
-    let synced = match ctx.provider.outputs(instance).await {
+    let outputs = match live {
+        true => ctx.provider.live_outputs(instance).await,
+        false => ctx.provider.outputs(instance).await,
+    };
+    let synced = match outputs {
         Ok(outputs) => crate::outputs::sync(ctx.objects.clone(), &instance.job_id, outputs).await,
         Err(error) => {
             ctx.metrics.provider_error(instance.provider);

@@ -33,7 +33,7 @@ async fn checkpoint_now(ctx: &Context, instance: &Instance, controls: &Controls,
     host.checkpoint_sync = Some(tokio::spawn(async move {
         // Give the job a moment to write its checkpoint before it is copied.
         tokio::time::sleep(CHECKPOINT_SETTLE).await;
-        super::sync_outputs(&ctx, &instance).await;
+        super::sync_live_outputs(&ctx, &instance).await;
     }));
 }
 

@@ -258,6 +258,11 @@ impl Provider for DockerProvider {
         }
     }
 
+    /// The engine archives a running container's outputs as it does an ended one's.
+    async fn live_outputs(&self, instance: &Instance) -> Result<Outputs> {
+        self.outputs(instance).await
+    }
+
     async fn outputs(&self, instance: &Instance) -> Result<Outputs> {
         let path = instance.scratch_dir.join("outputs.tar");
         tokio::fs::create_dir_all(&instance.scratch_dir)
