@@ -120,8 +120,54 @@ impl Explainer {
         };
         let plan = policy::plan(&read.input);
         describe(&read, &plan, index, &mut explanation);
+        if let Some(policy::JobWait {
+            reason: policy::Wait::Provisioning { pools },
+            ..
+        }) = plan.wait_of(index)
+        {
+            let statuses = kiln_core::provisioning::statuses(&self.nats).await?;
+            let said = provisioning(&statuses, job_id, pools);
+            if let Some(first) = said.first() {
+                explanation.summary = format!("{}: {first}", explanation.summary);
+            }
+            explanation.details.extend(said);
+        }
         Ok(explanation)
     }
+}
+
+/// What the provisioner says about the job on `pools`: machines on their way for it, why it
+/// holds it back, and which offerings it will not try for a while.
+pub fn provisioning(statuses: &[kiln_core::provisioning::PoolStatus], job_id: &str, pools: &[String]) -> Vec<String> {
+    let mut said = Vec::new();
+    for status in statuses.iter().filter(|status| pools.contains(&status.pool)) {
+        for launching in status.launching.iter().filter(|l| l.jobs.iter().any(|j| j == job_id)) {
+            said.push(format!(
+                "pool {}: launching {} {} machine{} for it (intent {})",
+                status.pool,
+                launching.instances,
+                launching.capacity,
+                if launching.instances == 1 { "" } else { "s" },
+                launching.intent_id
+            ));
+        }
+        for (_, why) in status.held_back.iter().filter(|(job, _)| job == job_id) {
+            said.push(why.clone());
+        }
+        if !status.stopped.is_empty() {
+            said.push(format!("pool {} launches nothing: {}", status.pool, status.stopped));
+        }
+        for unavailable in &status.unavailable {
+            let minutes = ((unavailable.until_ms - kiln_core::ids::now_ms()) as f64 / 60_000.0)
+                .ceil()
+                .max(1.0);
+            said.push(format!(
+                "pool {}: {} unavailable for {minutes} min ({})",
+                status.pool, unavailable.offering, unavailable.reason
+            ));
+        }
+    }
+    said
 }
 
 /// Waits until `leading` is `want`; false when the scheduler dropped its side.
@@ -203,5 +249,51 @@ fn describe(read: &Read, plan: &Plan, index: usize, explanation: &mut pb::Explan
             (pool.capacity - held).clamp_negative(),
             pool.capacity
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kiln_core::provisioning::{Launching, PoolStatus, UnavailableOffering};
+
+    use super::*;
+
+    #[test]
+    fn the_provisioners_word_on_a_job_is_named_per_pool() {
+        let statuses = vec![
+            PoolStatus {
+                pool: "cpu".into(),
+                launching: vec![Launching {
+                    intent_id: "0193-a".into(),
+                    capacity: "spot".into(),
+                    instances: 2,
+                    jobs: vec!["j1".into(), "j2".into()],
+                }],
+                unavailable: vec![UnavailableOffering {
+                    offering: "spot c5.large in us-east-1a".into(),
+                    reason: "no capacity".into(),
+                    until_ms: kiln_core::ids::now_ms() + 90_000,
+                }],
+                ..PoolStatus::default()
+            },
+            PoolStatus {
+                pool: "gpu".into(),
+                held_back: vec![("j1".into(), "pool gpu at max-instances (2)".into())],
+                ..PoolStatus::default()
+            },
+        ];
+        let said = provisioning(&statuses, "j1", &["cpu".into(), "gpu".into()]);
+        assert_eq!(
+            said,
+            [
+                "pool cpu: launching 2 spot machines for it (intent 0193-a)",
+                "pool cpu: spot c5.large in us-east-1a unavailable for 2 min (no capacity)",
+                "pool gpu at max-instances (2)",
+            ]
+        );
+        assert_eq!(
+            provisioning(&statuses, "j1", &["gpu".into()]),
+            ["pool gpu at max-instances (2)"]
+        );
     }
 }
