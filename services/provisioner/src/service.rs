@@ -8,7 +8,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kiln_cloud::Cloud;
+use futures::StreamExt;
+use kiln_cloud::{CapacityType, Cloud, OfferingKey};
+use kiln_core::capacity::InstanceNotice;
 use kiln_core::lease::Lease;
 use kiln_core::provisioning::{self, Demand};
 use kiln_core::store::Store;
@@ -36,6 +38,11 @@ pub async fn serve(config: Config, clouds: HashMap<String, Arc<dyn Cloud>>, shut
     };
     let ttl = Duration::from_millis(config.lease_ttl_ms);
     let mut lease = Lease::new(&nats, subjects::LEASE_PROVISIONER, &name, ttl).await?;
+    let mut notices = nats
+        .client
+        .subscribe(subjects::INSTANCE_NOTICE_ALL)
+        .await
+        .map_err(|e| kiln_core::streams::NatsError::Other(e.to_string()))?;
     let mut provisioner: Option<Provisioner> = None;
     let mut last_demand: Option<Demand> = None;
     let mut changed_at: Option<tokio::time::Instant> = None;
@@ -103,12 +110,35 @@ pub async fn serve(config: Config, clouds: HashMap<String, Arc<dyn Cloud>>, shut
         tokio::select! {
             _ = shutdown.cancelled() => {}
             _ = tokio::time::sleep(tick) => {}
+            notice = notices.next() => {
+                if let (Some(notice), Some(leader)) = (notice, provisioner.as_mut()) {
+                    interrupted(leader, &notice.payload);
+                    // Its jobs come back as demand: plan for them without waiting a window.
+                    first_change_at = Some(tokio::time::Instant::now() - Duration::from_millis(config.batch_max_ms));
+                }
+            }
         }
     }
     if let Err(error) = lease.release().await {
         tracing::warn!(error = %error, "cannot give the lease up; it expires on its own");
     }
     Ok(())
+}
+
+/// A spot notice marks its offering unavailable for a while (a rebalance recommendation too: the
+/// cloud says capacity there is at risk).
+fn interrupted(leader: &mut Provisioner, payload: &[u8]) {
+    let Ok(notice) = serde_json::from_slice::<InstanceNotice>(payload) else {
+        tracing::warn!("ignoring a malformed instance notice");
+        return;
+    };
+    tracing::info!(pool = %notice.pool, instance = %notice.instance_id, action = %notice.action, instance_type = %notice.instance_type, zone = %notice.zone, "spot notice; the offering is unavailable for a while");
+    let key = OfferingKey {
+        instance_type: notice.instance_type,
+        zone: notice.zone,
+        capacity: CapacityType::Spot,
+    };
+    leader.interrupted(&notice.pool, key, now_ms());
 }
 
 /// The runners with a live lease, by the instance they report, and the runners with jobs.

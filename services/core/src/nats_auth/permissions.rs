@@ -237,6 +237,7 @@ pub(super) fn of(service: Service) -> Permissions {
             // Reads the scheduler's demand and the runners' reports and leases; writes its
             // pools' status. It holds the cloud credentials; no job subject is its.
             p.kv_list(BUCKET_DEMAND)
+                .subscribe(INSTANCE_NOTICE_ALL)
                 .kv_write(BUCKET_PROVISIONER, "*")
                 .kv_list(BUCKET_PROVISIONER)
                 .kv_list(BUCKET_CAPACITY)
