@@ -298,6 +298,7 @@ impl<'a> Sim<'a> {
         for wait in &plan.waits {
             let names: Vec<&str> = match &wait.reason {
                 Wait::NoCapacity { pools, .. } => pools.iter().map(|(name, _)| name.as_str()).collect(),
+                Wait::Provisioning { pools } => pools.iter().map(String::as_str).collect(),
                 Wait::Reserved { pool, .. } | Wait::WaitingForPreemption { pool, .. } => vec![pool.as_str()],
                 Wait::Quota { .. } | Wait::NoPoolFits { .. } => Vec::new(),
             };
