@@ -6,12 +6,14 @@
 //! in the design notes maps each call onto EC2, GCE and the simulated cloud.
 //!
 //! - [`ec2`]: EC2 through a hand-rolled Query API client ([`ec2::Ec2Cloud`], section 10);
-//! - `requirements`: which catalogue types a pool's [`Requirements`] admit;
+//! - [`sim`]: the in-process simulated cloud ([`sim::SimCloud`]) for tests and `kiln up`;
+//! - `requirements`: which catalogue types a pool's [`Requirements`] admit (both clouds);
 //! - `timefmt`: the ISO 8601 UTC times of the EC2 API.
 
 pub mod ec2;
 mod error;
 mod requirements;
+pub mod sim;
 mod timefmt;
 mod types;
 
