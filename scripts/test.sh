@@ -174,6 +174,9 @@ source "$cloud_dir/env"
 log "moto (EC2) on $KILN_TEST_EC2_ENDPOINT, signatures checked"
 log "fault proxy: its tests against moto"
 "$KILN_TEST_CLOUD_PYTHON" "$repo/scripts/cloud/test_fault_proxy.py"
+log "price table refresh: its test on a small offer file"
+python3 "$repo/scripts/prices/test_refresh.py"
+# kiln-cloud's tests (tests/ec2.rs) read this env in `cargo test --workspace` below.
 
 # --- cargo-machete and cargo-deny ------------------------------------------------------------
 # Test-only tools, so installed here rather than by setup.sh; built with the toolchain pinned in

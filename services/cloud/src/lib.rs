@@ -4,8 +4,17 @@
 //! them by tags, and reads the [`Offering`]s of a pool with their prices. The trait names no
 //! AWS concept: templates, zones, capacity types and tags exist on every cloud, and the table
 //! in the design notes maps each call onto EC2, GCE and the simulated cloud.
+//!
+//! - [`ec2`]: EC2 through a hand-rolled Query API client ([`ec2::Ec2Cloud`], section 10);
+//! - [`sim`]: the in-process simulated cloud ([`sim::SimCloud`]) for tests and `kiln up`;
+//! - `requirements`: which catalogue types a pool's [`Requirements`] admit (both clouds);
+//! - `timefmt`: the ISO 8601 UTC times of the EC2 API.
 
+pub mod ec2;
 mod error;
+mod requirements;
+pub mod sim;
+mod timefmt;
 mod types;
 
 use std::time::Duration;
