@@ -139,10 +139,13 @@ impl Provisioner {
                 continue;
             };
             let state = self.state.entry(pool.name.clone()).or_default();
+            let scope = release::Scope {
+                store: &self.store,
+                cloud: cloud.as_ref(),
+                cluster: &self.cluster,
+            };
             let released = release::release(
-                &self.store,
-                cloud.as_ref(),
-                &self.cluster,
+                &scope,
                 &pool,
                 seen,
                 &mut state.idle_since,
@@ -167,7 +170,7 @@ impl Provisioner {
 
     /// Gives each job of the demand to the first pool (in config order) with an offering that
     /// holds it, among the pools it may use; jobs no pool of this provisioner holds are not its.
-    async fn assign<'d>(&mut self, demand: &'d Demand) -> HashMap<String, Vec<DemandJob>> {
+    async fn assign(&mut self, demand: &Demand) -> HashMap<String, Vec<DemandJob>> {
         let mut assigned: HashMap<String, Vec<DemandJob>> = HashMap::new();
         let names: Vec<String> = self.pools.iter().map(|p| p.name.clone()).collect();
         for name in names {

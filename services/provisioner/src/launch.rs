@@ -1,9 +1,9 @@
 //! Launch intents (docs/provisioner.md section 3): recorded before the create call, with the
 //! call's answer recorded after it, and reconciled by tag when no answer was recorded.
 //!
-//! 1. insert the intent `planned`; 2. CAS `planned → calling`; 3. send the call with the
-//! intent's id as its idempotency token and tag; 4. CAS `calling → launched | failed` and
-//! record the instances. A crash (or a lost answer) between 2 and 4 leaves `calling`:
+//! In order: insert the intent `planned`; CAS `planned → calling`; send the call with the
+//! intent's id as its idempotency token and tag; CAS `calling → launched | failed` and record
+//! the instances. A crash (or a lost answer) between the second and the last step leaves `calling`:
 //! [`reconcile`] lists the cloud by the intent's tag and adopts what it finds, and past the
 //! consistency horizon sends the very same call once more (same token: the cloud answers the
 //! first call's result if it ran), so nothing is launched twice and nothing is left unrecorded.

@@ -14,19 +14,42 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use kiln_cloud::Cloud;
+use kiln_cloud::ec2::{Ec2Cloud, Ec2Config, OnDemandTable};
+use kiln_cloud::sim::{SimCatalogue, SimCloud, SimConfig};
 use tokio_util::sync::CancellationToken;
 
 pub use config::Config;
 pub use error::{Error, Result};
 
-/// Makes the cloud of each pool from its declaration.
+/// Makes the cloud of each pool from its declaration: one EC2 client per region (credentials
+/// from the AWS chain: environment, web identity, container or instance role), one simulated
+/// cloud for every `sim` pool.
 pub fn clouds(config: &Config) -> Result<HashMap<String, Arc<dyn Cloud>>> {
     let mut clouds: HashMap<String, Arc<dyn Cloud>> = HashMap::new();
+    let mut ec2_by_region: HashMap<String, Arc<dyn Cloud>> = HashMap::new();
+    let mut sim: Option<Arc<dyn Cloud>> = None;
     for pool in &config.pools {
-        let cloud: Arc<dyn Cloud> = match pool.cloud.as_str() {
+        let cloud = match pool.cloud.as_str() {
+            "ec2" => match ec2_by_region.get(&pool.region) {
+                Some(cloud) => cloud.clone(),
+                None => {
+                    let ec2 = Ec2Config {
+                        region: pool.region.clone(),
+                        endpoint: (!config.ec2_endpoint.is_empty()).then(|| config.ec2_endpoint.clone()),
+                        ..Ec2Config::default()
+                    };
+                    let cloud: Arc<dyn Cloud> = Arc::new(Ec2Cloud::from_env(ec2).map_err(error::in_pool(&pool.name))?);
+                    tracing::info!(region = %pool.region, prices = %OnDemandTable::shipped().dated(), "EC2 client ready");
+                    ec2_by_region.insert(pool.region.clone(), cloud.clone());
+                    cloud
+                }
+            },
+            "sim" => sim
+                .get_or_insert_with(|| Arc::new(SimCloud::new(SimCatalogue::standard(), SimConfig::default())))
+                .clone(),
             other => {
                 return Err(Error::Corrupt(format!(
-                    "pool {}: cloud {other:?} is not built into this provisioner yet",
+                    "pool {}: cloud {other:?} is unknown",
                     pool.name
                 )));
             }

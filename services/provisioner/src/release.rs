@@ -44,17 +44,23 @@ pub struct Released {
     pub lapsed: usize,
 }
 
+/// Where instances are released: the records, the cloud, this kiln's cluster id.
+pub struct Scope<'a> {
+    pub store: &'a Store,
+    pub cloud: &'a dyn Cloud,
+    pub cluster: &'a str,
+}
+
 /// Moves each live instance of `pool` along its lifecycle and terminates what is released.
 pub async fn release(
-    store: &Store,
-    cloud: &dyn Cloud,
-    cluster: &str,
+    scope: &Scope<'_>,
     pool: &PoolSpec,
     seen: &Seen,
     idle_since: &mut HashMap<String, i64>,
     cordon_settle_ms: i64,
     now_ms: i64,
 ) -> Result<Released> {
+    let Scope { store, cloud, cluster } = *scope;
     let mut done = Released::default();
     let mut to_terminate: Vec<InstanceRecord> = Vec::new();
     let records = store.instances(cluster, &instance_state::LIVE).await?;

@@ -63,7 +63,7 @@ pub async fn intents_and_instances_move_by_compare_and_set(store: Store) {
     // A second writer that read version 1 loses.
     assert!(!store.update_intent(&calling).await.unwrap());
     let found = store.intents("c1", &[intent_state::CALLING]).await.unwrap();
-    assert_eq!(found, [calling.clone()]);
+    assert_eq!(found, std::slice::from_ref(&calling));
     assert!(store.intents("c2", &[intent_state::CALLING]).await.unwrap().is_empty());
 
     assert_eq!(

@@ -1,0 +1,342 @@
+//! The provisioner's cycle against the simulated cloud and a real store (SQLite): packing,
+//! capacity errors, a lost answer across a leader change, the reaper, the boot timeout, and
+//! scale to zero. The same code drives EC2 (tests/e2e: moto, the fault proxy and AEMM).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use kiln_cloud::sim::{SimCatalogue, SimCloud, SimConfig, SimFault, SimMethod};
+use kiln_cloud::{
+    CapacityType, Cloud, IntentId, LaunchIntent, OfferingKey, PoolSpec, TagSelector, TemplateRef, Unavailable,
+};
+use kiln_core::capacity::Instance;
+use kiln_core::ids::now_ms;
+use kiln_core::provisioning::{Demand, DemandJob};
+use kiln_core::store::Store;
+use kiln_core::store::cloud::{instance_state, intent_state};
+use kiln_provisioner::cycle::{Provisioner, Timings};
+use kiln_provisioner::release::Seen;
+
+const GIB: i64 = 1 << 30;
+const CLUSTER: &str = "test";
+
+fn pool() -> PoolSpec {
+    PoolSpec {
+        name: "cpu".into(),
+        cloud: "sim".into(),
+        region: String::new(),
+        subnets: Vec::new(),
+        zones: vec!["sim-a".into(), "sim-b".into(), "sim-c".into()],
+        instance_types: vec!["c.large".into(), "c.xlarge".into(), "m.2xlarge".into()],
+        requirements: None,
+        capacity_types: vec![CapacityType::Spot, CapacityType::OnDemand],
+        launch_template: "kiln-runner-cpu".into(),
+        launch_template_version: None,
+        max_instances: 100,
+        idle_timeout_secs: 60,
+        boot_timeout_secs: 600,
+        labels: BTreeMap::new(),
+        on_demand_prices: BTreeMap::new(),
+    }
+}
+
+fn job(id: &str, cpus: i64, market: &str) -> DemandJob {
+    DemandJob {
+        job_id: id.into(),
+        pool: String::new(),
+        resources: Instance {
+            cpu_millis: cpus * 1000,
+            memory_bytes: cpus * GIB,
+            gpus: 0,
+        },
+        market: market.into(),
+        chosen_market: String::new(),
+        priority: 0,
+        submitted_at_ms: 0,
+    }
+}
+
+fn demand(jobs: Vec<DemandJob>) -> Demand {
+    Demand { at_ms: now_ms(), jobs }
+}
+
+struct Rig {
+    _dir: tempfile::TempDir,
+    store: Store,
+    sim: Arc<SimCloud>,
+}
+
+impl Rig {
+    async fn new() -> Rig {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::connect(&kiln_core::testing::sqlite_config(dir.path()))
+            .await
+            .unwrap();
+        store.migrate().await.unwrap();
+        let sim = Arc::new(SimCloud::new(SimCatalogue::standard(), SimConfig::default()));
+        Rig { _dir: dir, store, sim }
+    }
+
+    /// A provisioner leading now: a new one stands for a leader change.
+    fn leader(&self) -> Provisioner {
+        let cloud: Arc<dyn Cloud> = self.sim.clone();
+        Provisioner::new(
+            CLUSTER.into(),
+            vec![pool()],
+            HashMap::from([("cpu".to_string(), cloud)]),
+            self.store.clone(),
+            Timings {
+                horizon_ms: 60_000,
+                reap_grace_ms: 120_000,
+                cordon_settle_ms: 3_000,
+                ..Timings::default()
+            },
+        )
+    }
+
+    async fn live(&self) -> Vec<kiln_core::store::InstanceRecord> {
+        self.store.instances(CLUSTER, &instance_state::LIVE).await.unwrap()
+    }
+}
+
+fn spot(instance_type: &str, zone: &str) -> OfferingKey {
+    OfferingKey {
+        instance_type: instance_type.into(),
+        zone: zone.into(),
+        capacity: CapacityType::Spot,
+    }
+}
+
+#[tokio::test]
+async fn forty_jobs_get_the_machines_their_packing_needs_once() {
+    let rig = Rig::new().await;
+    let mut leader = rig.leader();
+    let jobs: Vec<DemandJob> = (0..40)
+        .map(|n| job(&format!("j{n:02}"), [1, 2, 4, 3][n % 4], "auto"))
+        .collect();
+    let wanted = demand(jobs);
+    let first = leader.cycle(&wanted, &Seen::default(), now_ms()).await.unwrap();
+    let live = rig.live().await;
+    assert_eq!(first.launched, live.len());
+    assert_eq!(rig.sim.live_instances(), live.len());
+    // The cheapest CPU is spot c.large and c.xlarge at 0.015 per CPU-hour: 100 CPUs cost at
+    // least 1.5 an hour; the packing may not cost more than a tenth over that.
+    let cost: f64 = live.iter().map(|i| i.price_per_hour).sum();
+    assert!(cost <= 1.5 * 1.1 + 1e-9, "{cost} for {} machines", live.len());
+    assert!(live.iter().all(|i| i.capacity == "spot"));
+    // The same demand again: every job rides a machine on its way; nothing more is launched.
+    let second = leader.cycle(&wanted, &Seen::default(), now_ms()).await.unwrap();
+    assert_eq!((second.calls, second.launched), (0, 0));
+    assert_eq!(rig.sim.live_instances(), live.len());
+    let status = &second.statuses[0];
+    assert_eq!(status.live_instances as usize, live.len());
+    let launching: usize = status.launching.iter().map(|l| l.jobs.len()).sum();
+    assert_eq!(launching, 40, "every job is named by a launch on its way");
+}
+
+#[tokio::test]
+async fn no_capacity_on_the_cheapest_offerings_launches_the_next_in_the_same_call() {
+    let rig = Rig::new().await;
+    let mut leader = rig.leader();
+    for zone in ["sim-a", "sim-b", "sim-c"] {
+        rig.sim
+            .set_unavailable(&spot("c.large", zone), Some(Unavailable::NoCapacity));
+    }
+    let now = now_ms();
+    let cycle = leader
+        .cycle(&demand(vec![job("a", 2, "spot")]), &Seen::default(), now)
+        .await
+        .unwrap();
+    // The call names every offering that holds the job, cheapest first: the cloud goes on to the
+    // next one (CreateFleet's overrides), and each that failed is marked.
+    assert_eq!((cycle.calls, cycle.launched), (1, 1));
+    let live = rig.live().await;
+    assert_eq!(live[0].instance_type, "c.xlarge");
+    let status = &cycle.statuses[0];
+    assert_eq!(status.unavailable.len(), 3);
+    assert_eq!(status.unavailable[0].reason, "no capacity");
+    // After the offerings' unavailability expires, the cheap type is tried first again.
+    for zone in ["sim-a", "sim-b", "sim-c"] {
+        rig.sim.set_unavailable(&spot("c.large", zone), None);
+    }
+    let later = now + 181_000;
+    let seen = Seen {
+        runner_on: HashMap::from([(live[0].instance_id.clone(), "r-1".to_string())]),
+        busy: ["r-1".to_string()].into(),
+    };
+    // The scheduler saw that runner busy after it registered: the new job is for a new machine.
+    let after = Demand {
+        at_ms: later + 1,
+        jobs: vec![job("b", 2, "spot")],
+    };
+    let cycle = leader.cycle(&after, &seen, later).await.unwrap();
+    assert_eq!((cycle.calls, cycle.launched), (1, 1));
+    assert!(cycle.statuses[0].unavailable.is_empty());
+    let types: Vec<String> = rig.live().await.into_iter().map(|i| i.instance_type).collect();
+    assert_eq!(types, ["c.xlarge", "c.large"]);
+}
+
+#[tokio::test]
+async fn a_quota_holds_spot_jobs_with_the_quota_named_and_calls_stay_bounded() {
+    let rig = Rig::new().await;
+    let mut leader = rig.leader();
+    let quota = Unavailable::Quota {
+        name: "spot vCPU (standard family)".into(),
+    };
+    for zone in ["sim-a", "sim-b", "sim-c"] {
+        for instance_type in ["c.large", "c.xlarge", "m.2xlarge"] {
+            rig.sim.set_unavailable(&spot(instance_type, zone), Some(quota.clone()));
+        }
+    }
+    let wanted = demand(vec![job("spot-only", 2, "spot"), job("auto", 2, "auto")]);
+    let now = now_ms();
+    let cycle = leader.cycle(&wanted, &Seen::default(), now).await.unwrap();
+    // The spot call fails with the quota; every spot offering of the bucket is marked, so the
+    // `auto` job falls back to on-demand in the same cycle and the spot-only job waits.
+    assert_eq!(cycle.launched, 1);
+    assert_eq!(rig.live().await[0].capacity, "on-demand");
+    let held = &cycle.statuses[0].held_back;
+    assert_eq!(held.len(), 1);
+    assert_eq!(held[0].0, "spot-only");
+    assert!(
+        held[0].1.contains("spot vCPU (standard family) quota reached"),
+        "{held:?}"
+    );
+    let creates = rig.sim.calls().create;
+    for second in 1..=10 {
+        leader
+            .cycle(&wanted, &Seen::default(), now + second * 1000)
+            .await
+            .unwrap();
+    }
+    assert_eq!(rig.sim.calls().create, creates, "no call while the quota is marked");
+}
+
+#[tokio::test]
+async fn a_lost_answer_is_adopted_by_the_next_leader_and_nothing_is_launched_twice() {
+    let rig = Rig::new().await;
+    let wanted = demand(vec![job("a", 2, "spot")]);
+    let mut first = rig.leader();
+    rig.sim.fail_next(SimMethod::Create, SimFault::Drop, 1);
+    let cycle = first.cycle(&wanted, &Seen::default(), now_ms()).await.unwrap();
+    assert_eq!((cycle.calls, cycle.launched), (1, 0));
+    assert_eq!(rig.sim.live_instances(), 1, "the call took effect; its answer was lost");
+    assert!(rig.live().await.is_empty());
+    let calling = rig.store.intents(CLUSTER, &[intent_state::CALLING]).await.unwrap();
+    assert_eq!(calling.len(), 1);
+    // The leader dies before it could do more; a new one lists by the intent's tag and adopts.
+    drop(first);
+    let mut second = rig.leader();
+    let cycle = second.cycle(&wanted, &Seen::default(), now_ms()).await.unwrap();
+    assert_eq!(cycle.reconciled.adopted, 1);
+    assert_eq!(cycle.launched, 0);
+    assert_eq!(rig.sim.calls().create, 1);
+    assert_eq!(rig.live().await.len(), 1);
+    assert_eq!(rig.sim.live_instances(), 1);
+    let launched = rig.store.intents(CLUSTER, &[intent_state::LAUNCHED]).await.unwrap();
+    assert_eq!(launched[0].id, calling[0].id);
+}
+
+#[tokio::test]
+async fn an_unknown_tagged_instance_is_reaped_and_an_unregistered_one_times_out() {
+    let rig = Rig::new().await;
+    let mut leader = rig.leader();
+    // An instance with this cluster's tag that kiln never recorded (an intent it never wrote).
+    let stray = LaunchIntent {
+        id: IntentId::new(),
+        cluster: CLUSTER.into(),
+        pool: "cpu".into(),
+        capacity: CapacityType::OnDemand,
+        count: 1,
+        min_count: 1,
+        single_zone: false,
+        candidates: rig
+            .sim
+            .offerings(&pool())
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|o| o.key.capacity == CapacityType::OnDemand)
+            .take(1)
+            .collect(),
+        template: TemplateRef {
+            name: "kiln-runner-cpu".into(),
+            version: None,
+        },
+        labels: BTreeMap::new(),
+    };
+    rig.sim.create(&stray).await.unwrap();
+    // Another cluster's instance is never touched.
+    let other = LaunchIntent {
+        id: IntentId::new(),
+        cluster: "someone-else".into(),
+        ..stray.clone()
+    };
+    rig.sim.create(&other).await.unwrap();
+    let now = now_ms();
+    assert_eq!(leader.reap(now).await.unwrap().reaped, 0, "within the grace");
+    let reaped = leader.reap(now + 121_000).await.unwrap();
+    assert_eq!(reaped.reaped, 1);
+    let left = rig
+        .sim
+        .list(&TagSelector {
+            cluster: "someone-else".into(),
+            live_only: true,
+            ..TagSelector::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(left.len(), 1);
+    // A launched instance whose runner never registers is terminated after the boot timeout.
+    leader
+        .cycle(&demand(vec![job("a", 2, "spot")]), &Seen::default(), now)
+        .await
+        .unwrap();
+    assert_eq!(rig.live().await.len(), 1);
+    let cycle = leader
+        .cycle(&demand(vec![]), &Seen::default(), now + 600_001)
+        .await
+        .unwrap();
+    assert_eq!(cycle.released.boot_timeouts, 1);
+    assert!(rig.live().await.is_empty());
+    assert_eq!(rig.sim.live_instances(), 1, "only the other cluster's instance is left");
+}
+
+#[tokio::test]
+async fn an_idle_runner_is_cordoned_then_released_and_the_pool_reaches_zero() {
+    let rig = Rig::new().await;
+    let mut leader = rig.leader();
+    let now = now_ms();
+    leader
+        .cycle(&demand(vec![job("a", 2, "spot")]), &Seen::default(), now)
+        .await
+        .unwrap();
+    let instance = rig.live().await[0].instance_id.clone();
+    let on = HashMap::from([(instance.clone(), "r-1".to_string())]);
+    let busy = Seen {
+        runner_on: on.clone(),
+        busy: ["r-1".to_string()].into(),
+    };
+    let idle = Seen {
+        runner_on: on,
+        busy: Default::default(),
+    };
+    let cycle = leader.cycle(&demand(vec![]), &busy, now + 1_000).await.unwrap();
+    assert_eq!(cycle.released.registered, 1);
+    // Idle from +2 s; the idle timeout is 60 s.
+    leader.cycle(&demand(vec![]), &idle, now + 2_000).await.unwrap();
+    let cycle = leader.cycle(&demand(vec![]), &idle, now + 62_000).await.unwrap();
+    assert_eq!(cycle.released.cordoned, 1);
+    assert_eq!(rig.live().await[0].state, instance_state::CORDONED);
+    // A job placed on it in the meantime takes the cordon back.
+    let cycle = leader.cycle(&demand(vec![]), &busy, now + 63_000).await.unwrap();
+    assert_eq!(cycle.released.uncordoned, 1);
+    leader.cycle(&demand(vec![]), &idle, now + 64_000).await.unwrap();
+    leader.cycle(&demand(vec![]), &idle, now + 124_000).await.unwrap();
+    assert_eq!(rig.live().await[0].state, instance_state::CORDONED);
+    let cycle = leader.cycle(&demand(vec![]), &idle, now + 127_001).await.unwrap();
+    assert_eq!(cycle.released.terminated, 1);
+    assert!(rig.live().await.is_empty());
+    assert_eq!(rig.sim.live_instances(), 0, "the pool is back to zero");
+    assert_eq!(cycle.statuses[0].live_instances, 0);
+}
