@@ -14,6 +14,8 @@ pub mod ec2;
 mod error;
 mod requirements;
 pub mod sim;
+#[cfg(feature = "test-util")]
+pub mod testing;
 mod timefmt;
 mod types;
 

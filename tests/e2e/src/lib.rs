@@ -25,8 +25,10 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 mod batches;
+pub mod boot_bridge;
 mod clients;
 mod docker;
+pub mod ec2;
 mod jobs;
 pub mod references;
 pub mod rpc;

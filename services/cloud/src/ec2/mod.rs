@@ -218,13 +218,35 @@ impl Cloud for Ec2Cloud {
 impl Ec2Cloud {
     /// Creates a launch template with an image (test setup through the signed client); its id.
     pub async fn create_launch_template(&self, name: &str, image_id: &str) -> Result<String, CloudError> {
+        self.create_launch_template_with(name, image_id, None).await
+    }
+
+    /// Creates a launch template with an image and user data (base64, as EC2 takes it).
+    pub async fn create_launch_template_with(
+        &self,
+        name: &str,
+        image_id: &str,
+        user_data_base64: Option<&str>,
+    ) -> Result<String, CloudError> {
         let mut params = params::Params::new("CreateLaunchTemplate");
         params
             .set("LaunchTemplateName", name)
             .set("LaunchTemplateData.ImageId", image_id);
+        if let Some(user_data) = user_data_base64 {
+            params.set("LaunchTemplateData.UserData", user_data);
+        }
         let body = self.client.call(&params, Resend::Never).await?;
         let answer: xml::CreateLaunchTemplateResponse = xml::parse("CreateLaunchTemplate", &body)?;
         Ok(answer.launch_template.launch_template_id)
+    }
+
+    /// An instance's user data as EC2 keeps it (base64), empty when it has none.
+    pub async fn user_data(&self, instance: &InstanceId) -> Result<String, CloudError> {
+        let mut params = params::Params::new("DescribeInstanceAttribute");
+        params.set("InstanceId", &instance.0).set("Attribute", "userData");
+        let body = self.client.call(&params, Resend::Safe).await?;
+        let answer: xml::DescribeInstanceAttributeResponse = xml::parse("DescribeInstanceAttribute", &body)?;
+        Ok(answer.user_data.value)
     }
 
     /// Every subnet of the account's region, as (subnet, zone), sorted by zone.

@@ -269,6 +269,20 @@ pub(crate) struct LaunchTemplate {
     pub(crate) launch_template_id: String,
 }
 
+#[cfg(feature = "test-util")]
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub(crate) struct DescribeInstanceAttributeResponse {
+    pub(crate) user_data: AttributeValue,
+}
+
+#[cfg(feature = "test-util")]
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub(crate) struct AttributeValue {
+    pub(crate) value: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
