@@ -479,4 +479,5 @@ fn add_released(total: &mut Released, more: &Released) {
     total.terminated += more.terminated;
     total.boot_timeouts += more.boot_timeouts;
     total.lapsed += more.lapsed;
+    total.interrupted += more.interrupted;
 }

@@ -31,6 +31,9 @@ pub struct Seen {
     pub runner_on: HashMap<String, String>,
     /// Runners with a job placed on them (scheduled, starting, running or stopping).
     pub busy: HashSet<String>,
+    /// Instances with a spot interruption notice: the cloud takes them back, so each is released
+    /// as soon as its jobs were handed back, without waiting for the idle timeout.
+    pub interrupted: HashSet<String>,
 }
 
 /// What one release round did, for metrics and logs.
@@ -42,6 +45,7 @@ pub struct Released {
     pub terminated: usize,
     pub boot_timeouts: usize,
     pub lapsed: usize,
+    pub interrupted: usize,
 }
 
 /// Where instances are released: the records, the cloud, this kiln's cluster id.
@@ -121,6 +125,15 @@ pub async fn release(
                         if store.update_instance(&back).await? {
                             done.uncordoned += 1;
                         }
+                    }
+                    continue;
+                }
+                if seen.interrupted.contains(&record.instance_id) {
+                    // Its runner cordoned itself on the notice and handed its jobs back.
+                    let next = terminating(&record, "spot interruption");
+                    if store.update_instance(&next).await? {
+                        done.interrupted += 1;
+                        to_terminate.push(next);
                     }
                     continue;
                 }

@@ -44,6 +44,8 @@ pub async fn serve(config: Config, clouds: HashMap<String, Arc<dyn Cloud>>, shut
         .await
         .map_err(|e| kiln_core::streams::NatsError::Other(e.to_string()))?;
     let mut provisioner: Option<Provisioner> = None;
+    // Instances with an interruption notice, and when it came (kept an hour).
+    let mut interrupted_at: HashMap<String, i64> = HashMap::new();
     let mut last_demand: Option<Demand> = None;
     let mut changed_at: Option<tokio::time::Instant> = None;
     let mut first_change_at: Option<tokio::time::Instant> = None;
@@ -82,17 +84,21 @@ pub async fn serve(config: Config, clouds: HashMap<String, Arc<dyn Cloud>>, shut
                 changed_at = None;
                 first_change_at = None;
                 last_cycle = now;
+                interrupted_at.retain(|_, at| now_ms() - *at < 3_600_000);
                 match seen(&nats, &store).await {
-                    Ok(seen) => match leader.cycle(&demand, &seen, now_ms()).await {
-                        Ok(cycle) => {
-                            for status in &cycle.statuses {
-                                if let Err(error) = provisioning::publish_status(&nats, status).await {
-                                    tracing::warn!(error = %error, "cannot publish a pool's status");
+                    Ok(mut seen) => {
+                        seen.interrupted = interrupted_at.keys().cloned().collect();
+                        match leader.cycle(&demand, &seen, now_ms()).await {
+                            Ok(cycle) => {
+                                for status in &cycle.statuses {
+                                    if let Err(error) = provisioning::publish_status(&nats, status).await {
+                                        tracing::warn!(error = %error, "cannot publish a pool's status");
+                                    }
                                 }
                             }
+                            Err(error) => tracing::warn!(error = %error, "provisioning cycle failed; retrying"),
                         }
-                        Err(error) => tracing::warn!(error = %error, "provisioning cycle failed; retrying"),
-                    },
+                    }
                     Err(error) => tracing::warn!(error = %error, "cannot read the runners; no cycle"),
                 }
             }
@@ -112,7 +118,9 @@ pub async fn serve(config: Config, clouds: HashMap<String, Arc<dyn Cloud>>, shut
             _ = tokio::time::sleep(tick) => {}
             notice = notices.next() => {
                 if let (Some(notice), Some(leader)) = (notice, provisioner.as_mut()) {
-                    interrupted(leader, &notice.payload);
+                    if let Some(instance) = interrupted(leader, &notice.payload) {
+                        interrupted_at.insert(instance, now_ms());
+                    }
                     // Its jobs come back as demand: plan for them without waiting a window.
                     first_change_at = Some(tokio::time::Instant::now() - Duration::from_millis(config.batch_max_ms));
                 }
@@ -126,12 +134,13 @@ pub async fn serve(config: Config, clouds: HashMap<String, Arc<dyn Cloud>>, shut
 }
 
 /// A spot notice marks its offering unavailable for a while (a rebalance recommendation too: the
-/// cloud says capacity there is at risk).
-fn interrupted(leader: &mut Provisioner, payload: &[u8]) {
+/// cloud says capacity there is at risk). Returns the instance an interruption notice dooms.
+fn interrupted(leader: &mut Provisioner, payload: &[u8]) -> Option<String> {
     let Ok(notice) = serde_json::from_slice::<InstanceNotice>(payload) else {
         tracing::warn!("ignoring a malformed instance notice");
-        return;
+        return None;
     };
+    let doomed = (notice.action != "rebalance").then(|| notice.instance_id.clone());
     tracing::info!(pool = %notice.pool, instance = %notice.instance_id, action = %notice.action, instance_type = %notice.instance_type, zone = %notice.zone, "spot notice; the offering is unavailable for a while");
     let key = OfferingKey {
         instance_type: notice.instance_type,
@@ -139,6 +148,7 @@ fn interrupted(leader: &mut Provisioner, payload: &[u8]) {
         capacity: CapacityType::Spot,
     };
     leader.interrupted(&notice.pool, key, now_ms());
+    doomed
 }
 
 /// The runners with a live lease, by the instance they report, and the runners with jobs.
@@ -155,5 +165,9 @@ async fn seen(nats: &Nats, store: &Store) -> Result<Seen> {
         .filter(|job| !job.runner_id.is_empty())
         .map(|job| job.runner_id)
         .collect();
-    Ok(Seen { runner_on, busy })
+    Ok(Seen {
+        runner_on,
+        busy,
+        interrupted: HashSet::new(),
+    })
 }

@@ -163,6 +163,7 @@ async fn no_capacity_on_the_cheapest_offerings_launches_the_next_in_the_same_cal
     let seen = Seen {
         runner_on: HashMap::from([(live[0].instance_id.clone(), "r-1".to_string())]),
         busy: ["r-1".to_string()].into(),
+        ..Seen::default()
     };
     // The scheduler saw that runner busy after it registered: the new job is for a new machine.
     let after = Demand {
@@ -316,10 +317,11 @@ async fn an_idle_runner_is_cordoned_then_released_and_the_pool_reaches_zero() {
     let busy = Seen {
         runner_on: on.clone(),
         busy: ["r-1".to_string()].into(),
+        ..Seen::default()
     };
     let idle = Seen {
         runner_on: on,
-        busy: Default::default(),
+        ..Seen::default()
     };
     let cycle = leader.cycle(&demand(vec![]), &busy, now + 1_000).await.unwrap();
     assert_eq!(cycle.released.registered, 1);
@@ -339,4 +341,40 @@ async fn an_idle_runner_is_cordoned_then_released_and_the_pool_reaches_zero() {
     assert!(rig.live().await.is_empty());
     assert_eq!(rig.sim.live_instances(), 0, "the pool is back to zero");
     assert_eq!(cycle.statuses[0].live_instances, 0);
+}
+
+#[tokio::test]
+async fn an_interrupted_instance_is_released_once_its_jobs_are_handed_back() {
+    let rig = Rig::new().await;
+    let mut leader = rig.leader();
+    let now = now_ms();
+    leader
+        .cycle(&demand(vec![job("a", 2, "spot")]), &Seen::default(), now)
+        .await
+        .unwrap();
+    let instance = rig.live().await[0].instance_id.clone();
+    let on = HashMap::from([(instance.clone(), "r-1".to_string())]);
+    let busy = Seen {
+        runner_on: on.clone(),
+        busy: ["r-1".to_string()].into(),
+        interrupted: [instance.clone()].into(),
+    };
+    leader.cycle(&demand(vec![]), &busy, now + 1_000).await.unwrap();
+    let cycle = leader.cycle(&demand(vec![]), &busy, now + 2_000).await.unwrap();
+    assert_eq!(cycle.released.interrupted, 0, "not while a job is on it");
+    let handed_back = Seen {
+        runner_on: on,
+        interrupted: [instance].into(),
+        ..Seen::default()
+    };
+    // Well within the idle timeout (60 s): the notice does not wait for it.
+    let cycle = leader.cycle(&demand(vec![]), &handed_back, now + 3_000).await.unwrap();
+    assert_eq!((cycle.released.interrupted, cycle.released.terminated), (1, 1));
+    assert_eq!(rig.sim.live_instances(), 0);
+    let gone = rig
+        .store
+        .instances(CLUSTER, &[instance_state::TERMINATED])
+        .await
+        .unwrap();
+    assert_eq!(gone[0].reason, "spot interruption");
 }

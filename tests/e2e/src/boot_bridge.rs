@@ -190,8 +190,10 @@ async fn watch(
         let listed = match cloud.list(&selector).await {
             Ok(listed) => listed,
             Err(error) => {
+                // Not an empty listing: that would read as every machine gone.
                 eprintln!("boot bridge: listing failed ({error}); trying again");
-                Vec::new()
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
             }
         };
         let live: HashSet<String> = listed

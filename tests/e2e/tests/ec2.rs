@@ -113,3 +113,142 @@ async fn forty_jobs_on_an_empty_pool_get_the_machines_they_need_and_the_pool_ret
     bridge.stop().await;
     world.finish().await;
 }
+
+/// The world's instances that moto still runs.
+async fn live(world: &Ec2World) -> Vec<kiln_cloud::CloudInstance> {
+    world
+        .instances()
+        .await
+        .into_iter()
+        .filter(|i| i.state.is_live())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_provisioner_killed_after_create_fleet_adopts_its_instance_and_launches_nothing_twice() {
+    let stack = Stack::start_without_runner().await;
+    let world = Ec2World::start("crash", &stack).await;
+    world.proxy.prices(realistic_spot_prices()).await;
+    let bridge = BootBridge::start(&world, &stack);
+    // The first CreateFleet is carried out, and its answer never reaches the provisioner.
+    world
+        .proxy
+        .fault(serde_json::json!({"action": "CreateFleet", "drop": true, "times": 1}))
+        .await;
+    let config = provisioner_config(&stack, &world, world.pool());
+    let mut provisioner = ProvisionerProcess::start(stack.dir.path(), &world.env, &config);
+    let job = stack.submit_spec(job(1000, 256, 1)).await.id;
+    eventually(60, "the dropped CreateFleet", || async {
+        world
+            .proxy
+            .outcomes("CreateFleet")
+            .await
+            .contains(&"dropped".to_string())
+    })
+    .await;
+    // Killed right after the call took effect, before it could record an answer.
+    provisioner.kill();
+    assert_eq!(live(&world).await.len(), 1, "the call launched its instance");
+    let recorded = stack
+        .store
+        .instances(&world.cluster, &kiln_core::store::cloud::instance_state::LIVE)
+        .await
+        .unwrap();
+    assert!(recorded.is_empty(), "nothing recorded before the crash: {recorded:?}");
+    // The next provisioner adopts it by its intent tag; the job runs on it.
+    let _provisioner = ProvisionerProcess::start(stack.dir.path(), &world.env, &config);
+    let done = stack
+        .wait_for(&job, "SUCCEEDED", |job| job.state == pb::JobState::Succeeded as i32)
+        .await;
+    let instances = world.instances().await;
+    assert_eq!(instances.len(), 1, "launched once: {instances:?}");
+    assert_eq!(done.runner_id, instances[0].id.0, "it ran on the adopted instance");
+    assert_eq!(world.proxy.calls("CreateFleet").await, 1);
+    assert_eq!(bridge.booted(), [instances[0].id.0.clone()]);
+    eventually(60, "the instance terminated once idle", || async {
+        live(&world).await.is_empty()
+    })
+    .await;
+    bridge.stop().await;
+    world.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unknown_tagged_instance_is_reaped_and_one_that_never_boots_is_terminated() {
+    let stack = Stack::start_without_runner().await;
+    let world = Ec2World::start("reap", &stack).await;
+    world.proxy.prices(realistic_spot_prices()).await;
+    let bridge = BootBridge::start(&world, &stack);
+    // Nothing boots for now: a launched instance's runner never registers.
+    bridge.pause();
+    // An instance with this cluster's tag that no intent of kiln's made.
+    let subnet = world.subnets["us-east-1a"].clone();
+    let stray = kiln_cloud::LaunchIntent {
+        id: kiln_cloud::IntentId::new(),
+        cluster: world.cluster.clone(),
+        pool: kiln_e2e::ec2::POOL.into(),
+        capacity: kiln_cloud::CapacityType::OnDemand,
+        count: 1,
+        min_count: 1,
+        single_zone: false,
+        candidates: vec![kiln_cloud::Offering {
+            key: kiln_cloud::OfferingKey {
+                instance_type: "c5.large".into(),
+                zone: "us-east-1a".into(),
+                capacity: kiln_cloud::CapacityType::OnDemand,
+            },
+            shape: kiln_cloud::Shape::default(),
+            price_per_hour: 0.085,
+            price_source: kiln_cloud::PriceSource::Configured,
+            subnet: Some(subnet),
+        }],
+        template: kiln_cloud::TemplateRef {
+            name: world.template.clone(),
+            version: None,
+        },
+        labels: Default::default(),
+    };
+    use kiln_cloud::Cloud;
+    let stray = world.cloud.create(&stray).await.expect("a stray instance").instances[0]
+        .id
+        .clone();
+    let mut pool = world.pool();
+    pool.boot_timeout_secs = 5;
+    let _provisioner =
+        ProvisionerProcess::start(stack.dir.path(), &world.env, &provisioner_config(&stack, &world, pool));
+    let job = stack.submit_spec(job(1000, 256, 1)).await.id;
+    // The reaper terminates the stray after its grace (8 s here); the launched instance, never
+    // booted, is terminated after the pool's boot timeout (5 s).
+    eventually(60, "the stray reaped and the first launch timed out", || async {
+        let instances = world.instances().await;
+        let stray_gone = instances
+            .iter()
+            .any(|i| i.id == stray && i.state == InstanceState::Terminated);
+        let timed_out = instances
+            .iter()
+            .any(|i| i.id != stray && i.state == InstanceState::Terminated);
+        stray_gone && timed_out
+    })
+    .await;
+    let released = stack
+        .store
+        .instances(&world.cluster, &[kiln_core::store::cloud::instance_state::TERMINATED])
+        .await
+        .unwrap();
+    assert!(
+        released.iter().any(|r| r.reason.starts_with("boot timeout")),
+        "{released:?}"
+    );
+    assert!(
+        released.iter().all(|r| r.instance_id != stray.0),
+        "the stray was never kiln's"
+    );
+    // With machines booting again, the job gets a new one and runs.
+    bridge.resume();
+    let done = stack
+        .wait_for(&job, "SUCCEEDED", |job| job.state == pb::JobState::Succeeded as i32)
+        .await;
+    assert_ne!(done.runner_id, stray.0);
+    bridge.stop().await;
+    world.finish().await;
+}
