@@ -101,6 +101,11 @@ impl FaultProxy {
         self.control(reqwest::Method::POST, "faults", Some(rule)).await;
     }
 
+    /// Removes every fault rule.
+    pub async fn clear_faults(&self) {
+        self.control(reqwest::Method::DELETE, "faults", None).await;
+    }
+
     pub async fn prices(&self, table: Value) {
         self.control(reqwest::Method::PUT, "prices", Some(table)).await;
     }

@@ -34,7 +34,7 @@ struct Booted {
 #[derive(Default)]
 struct Bridge {
     booted: BTreeMap<String, Booted>,
-    /// Instances never booted (a machine whose runner never comes up).
+    /// Instances launched while paused, not booted yet.
     held: HashSet<String>,
     /// Boot nothing new while set.
     paused: bool,
@@ -122,13 +122,16 @@ impl BootBridge {
         self.state.lock().expect("bridge").booted.keys().cloned().collect()
     }
 
-    /// Boots nothing new until [`BootBridge::resume`] (instances launched meanwhile are held).
+    /// Boots nothing new until [`BootBridge::resume`] (instances launched meanwhile wait).
     pub fn pause(&self) {
         self.state.lock().expect("bridge").paused = true;
     }
 
+    /// Boots again, the instances that waited included (those still running).
     pub fn resume(&self) {
-        self.state.lock().expect("bridge").paused = false;
+        let mut state = self.state.lock().expect("bridge");
+        state.paused = false;
+        state.held.clear();
     }
 
     /// Makes the metadata service of a booted instance show `notices` now.

@@ -252,3 +252,115 @@ async fn an_unknown_tagged_instance_is_reaped_and_one_that_never_boots_is_termin
     bridge.stop().await;
     world.finish().await;
 }
+
+/// `kiln explain JOB` (its summary and details, a line each) once it satisfies `wanted`.
+async fn explain_until(stack: &Stack, job_id: &str, secs: u64, wanted: impl Fn(&str) -> bool) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        let explanation = stack
+            .jobs()
+            .await
+            .explain_job(pb::GetJobRequest { job_id: job_id.into() })
+            .await
+            .expect("explain")
+            .into_inner();
+        let said = format!("{}\n{}", explanation.summary, explanation.details.join("\n"));
+        if wanted(&said) {
+            return said;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "explain never said it; last:\n{said}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_spot_capacity_on_the_cheapest_offering_launches_the_next_and_explain_says_why() {
+    let stack = Stack::start_without_runner().await;
+    let world = Ec2World::start("ice", &stack).await;
+    world.proxy.prices(realistic_spot_prices()).await;
+    let bridge = BootBridge::start(&world, &stack);
+    bridge.pause();
+    let ice = serde_json::json!({
+        "action": "CreateFleet", "instance_type": "c5.large", "zone": "us-east-1a", "market": "spot",
+        "error": "InsufficientInstanceCapacity",
+    });
+    world.proxy.fault(ice).await;
+    let mut config = provisioner_config(&stack, &world, world.pool());
+    config["unavailable-ttl-ms"] = serde_json::json!(8_000);
+    let _provisioner = ProvisionerProcess::start(stack.dir.path(), &world.env, &config);
+    let first = stack.submit_spec(job(2000, 512, 1)).await.id;
+    eventually(60, "a launch", || async { !world.instances().await.is_empty() }).await;
+    let launched = world.instances().await;
+    assert_eq!(launched.len(), 1);
+    assert_eq!(
+        launched[0].key.to_string(),
+        "spot c5.large in us-east-1b",
+        "the next offering, in the same call"
+    );
+    assert_eq!(world.proxy.calls("CreateFleet").await, 1);
+    // While the machine boots, explain names it and the offering out of capacity.
+    let said = explain_until(&stack, &first, 30, |said| {
+        said.contains("the provisioner launches a machine for it (pool ec2)")
+            && said.contains("spot c5.large in us-east-1a unavailable")
+            && said.contains("no capacity")
+    })
+    .await;
+    eprintln!("explain: {said}");
+    bridge.resume();
+    stack
+        .wait_for(&first, "SUCCEEDED", |job| job.state == pb::JobState::Succeeded as i32)
+        .await;
+    // Once the offering's unavailability has run out, the cheap offering is tried first again.
+    eventually(60, "the pool back to zero", || async { live(&world).await.is_empty() }).await;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    world.proxy.clear_faults().await;
+    let second = stack.submit_spec(job(2000, 512, 1)).await.id;
+    stack
+        .wait_for(&second, "SUCCEEDED", |job| job.state == pb::JobState::Succeeded as i32)
+        .await;
+    let newest = world
+        .instances()
+        .await
+        .into_iter()
+        .max_by_key(|i| i.launched_at)
+        .expect("an instance");
+    assert_eq!(newest.key.to_string(), "spot c5.large in us-east-1a");
+    bridge.stop().await;
+    world.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_quota_error_holds_the_job_with_the_quota_named_and_the_calls_stay_bounded() {
+    let stack = Stack::start_without_runner().await;
+    let world = Ec2World::start("quota", &stack).await;
+    world.proxy.prices(realistic_spot_prices()).await;
+    let bridge = BootBridge::start(&world, &stack);
+    world
+        .proxy
+        .fault(serde_json::json!({"action": "CreateFleet", "market": "on-demand", "error": "VcpuLimitExceeded"}))
+        .await;
+    let _provisioner = ProvisionerProcess::start(
+        stack.dir.path(),
+        &world.env,
+        &provisioner_config(&stack, &world, world.pool()),
+    );
+    let mut spec = job(1000, 256, 1);
+    spec.market = pb::Market::OnDemand as i32;
+    let held = stack.submit_spec(spec).await.id;
+    let said = explain_until(&stack, &held, 60, |said| {
+        said.contains("vCPU") && said.contains("quota reached")
+    })
+    .await;
+    eprintln!("explain: {said}");
+    // Cycles every half second for five seconds: the quota is not asked again while marked.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(world.proxy.calls("CreateFleet").await, 1, "one call per unavailability");
+    assert!(world.instances().await.is_empty());
+    let job = stack.get(&held).await;
+    assert_eq!(job.state, pb::JobState::Queued as i32);
+    bridge.stop().await;
+    world.finish().await;
+}
