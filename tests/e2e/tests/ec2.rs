@@ -364,3 +364,153 @@ async fn a_quota_error_holds_the_job_with_the_quota_named_and_the_calls_stay_bou
     bridge.stop().await;
     world.finish().await;
 }
+
+/// Checkpoints on SIGTERM and ends; a resumed attempt prints where it resumes from and ends.
+const CHECKPOINT_ON_TERM: &str = r#"
+if [ -n "$KILN_RESUME_FROM" ]; then
+  echo "resumed $KILN_ATTEMPT $(cat "$KILN_RESUME_FROM/ckpt/step.txt")"
+  exit 0
+fi
+trap 'mkdir -p "$KILN_OUTPUTS/ckpt"; echo step-7 > "$KILN_OUTPUTS/ckpt/step.txt"; exit 0' TERM
+echo ready
+while :; do sleep 0.2; done
+"#;
+
+fn spot_job(script: &str) -> pb::JobSpec {
+    pb::JobSpec {
+        command: vec!["sh".into(), "-c".into(), script.into()],
+        market: pb::Market::Spot as i32,
+        ..job(1000, 256, 0)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_spot_interruption_preempts_the_job_which_resumes_on_another_instance_from_its_checkpoint() {
+    let stack = Stack::start_without_runner().await;
+    let world = Ec2World::start("notice", &stack).await;
+    world.proxy.prices(realistic_spot_prices()).await;
+    let bridge = BootBridge::start(&world, &stack);
+    let _provisioner = ProvisionerProcess::start(
+        stack.dir.path(),
+        &world.env,
+        &provisioner_config(&stack, &world, world.pool()),
+    );
+    let job = stack.submit_spec(spot_job(CHECKPOINT_ON_TERM)).await.id;
+    kiln_e2e::wait_for_line(&stack, &job, "ready").await;
+    let first = stack.get(&job).await.runner_id;
+    let noticed = world
+        .instances()
+        .await
+        .into_iter()
+        .find(|i| i.id.0 == first)
+        .expect("the job's instance");
+    assert_eq!(noticed.key.capacity, kiln_cloud::CapacityType::Spot);
+    bridge.trigger(&first, &[kiln_core::testing::AemmNotice::Interruption]);
+
+    // Synced, PREEMPTED as a spot preemption, queued again and resumed from the checkpoint on
+    // a new instance of another offering (the noticed one is unavailable for a while).
+    let done = stack
+        .wait_for(&job, "SUCCEEDED on a second attempt", |j| {
+            j.state == pb::JobState::Succeeded as i32
+        })
+        .await;
+    assert_eq!((done.attempt, done.preemptions), (2, 1), "{done:?}");
+    assert_ne!(done.runner_id, first);
+    assert_eq!(
+        kiln_e2e::output(&stack, &job, "ckpt/step.txt").await.unwrap(),
+        "step-7\n"
+    );
+    let lines = stack.log_lines(&job, true).await;
+    assert!(lines.iter().any(|l| l.text == "resumed 2 step-7"), "{lines:?}");
+    let second = world
+        .instances()
+        .await
+        .into_iter()
+        .find(|i| i.id.0 == done.runner_id)
+        .expect("the second instance");
+    assert_ne!(second.key, noticed.key, "the interrupted offering was not taken again");
+    // The noticed instance is released once its job was handed back, not after the idle timeout.
+    eventually(30, "the noticed instance terminated", || async {
+        world
+            .instances()
+            .await
+            .iter()
+            .any(|i| i.id.0 == first && i.state == InstanceState::Terminated)
+    })
+    .await;
+    let records = stack
+        .store
+        .instances(&world.cluster, &[kiln_core::store::cloud::instance_state::TERMINATED])
+        .await
+        .unwrap();
+    let record = records.iter().find(|r| r.instance_id == first).expect("its record");
+    assert_eq!(record.reason, "spot interruption");
+    // The scheduler learnt the offering's rate beside the pool's.
+    let rate_key = format!(
+        "{}/{}/{}",
+        kiln_e2e::ec2::POOL,
+        noticed.key.instance_type,
+        noticed.key.zone
+    );
+    let kv = kiln_core::streams::connect(&stack.nats.config())
+        .await
+        .unwrap()
+        .jetstream
+        .get_key_value(kiln_core::subjects::BUCKET_SCHEDULER)
+        .await
+        .unwrap();
+    eventually(30, "the offering's preemption rate saved", || {
+        let kv = kv.clone();
+        let rate_key = rate_key.clone();
+        async move {
+            let saved = kv.get(kiln_core::subjects::KEY_PREEMPTION_RATES).await.unwrap();
+            saved
+                .map(|bytes| serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&bytes).unwrap())
+                .is_some_and(|rates| rates.contains_key(&rate_key) && rates.contains_key(kiln_e2e::ec2::POOL))
+        }
+    })
+    .await;
+    bridge.stop().await;
+    world.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rebalance_recommendation_cordons_the_instance_without_killing_its_job() {
+    let stack = Stack::start_without_runner().await;
+    let world = Ec2World::start("rebalance", &stack).await;
+    world.proxy.prices(realistic_spot_prices()).await;
+    let bridge = BootBridge::start(&world, &stack);
+    let _provisioner = ProvisionerProcess::start(
+        stack.dir.path(),
+        &world.env,
+        &provisioner_config(&stack, &world, world.pool()),
+    );
+    let long = stack
+        .submit_spec(spot_job("echo ready; while :; do sleep 0.2; done"))
+        .await
+        .id;
+    kiln_e2e::wait_for_line(&stack, &long, "ready").await;
+    let first = stack.get(&long).await.runner_id;
+    bridge.trigger(&first, &[kiln_core::testing::AemmNotice::Rebalance]);
+    // A second job fits beside the first (a c5.large has 2 CPUs), but the cordoned runner takes
+    // nothing new: it gets a machine of its own.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let next = stack.submit_spec(spot_job("echo done")).await.id;
+    let done = stack
+        .wait_for(&next, "SUCCEEDED", |j| j.state == pb::JobState::Succeeded as i32)
+        .await;
+    assert_ne!(done.runner_id, first);
+    let still = stack.get(&long).await;
+    assert_eq!(still.state, pb::JobState::Running as i32, "nothing killed: {still:?}");
+    assert_eq!(still.attempt, 1);
+    assert!(
+        world
+            .instances()
+            .await
+            .iter()
+            .any(|i| i.id.0 == first && i.state.is_live())
+    );
+    stack.stop_job(&long).await;
+    bridge.stop().await;
+    world.finish().await;
+}
