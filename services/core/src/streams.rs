@@ -192,7 +192,10 @@ pub fn stream_configs(replicas: usize) -> Vec<stream::Config> {
     use stream::RetentionPolicy::{Interest, Limits, WorkQueue};
     vec![
         spec(STREAM_JOBS, &[JOB_QUEUED, JOB_EVENT_ALL], Limits, 7 * day),
-        spec(STREAM_LAUNCH, &[LAUNCH_ALL], WorkQueue, Duration::ZERO),
+        // A launch is for one runner (`kiln.launch.<pool>.<runner>`); one for a runner that is
+        // gone (an instance released, its consumer deleted after an hour idle) would stay for
+        // ever: a day bounds it. The job itself was queued again when the runner's lease lapsed.
+        spec(STREAM_LAUNCH, &[LAUNCH_ALL], WorkQueue, day),
         spec(STREAM_CONTROL, &[CONTROL_ALL], Interest, day),
         spec(STREAM_METRICS, &[METRICS_ALL], Limits, day),
         spec(STREAM_LOGS, &[LOGS_ALL], Limits, day),
