@@ -51,6 +51,17 @@ pub struct UnavailableOffering {
     pub until_ms: i64,
 }
 
+/// What one offering of a pool costs: a runner on an instance of it reports this price, and
+/// its jobs' costs are reckoned from it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OfferingPrice {
+    pub instance_type: String,
+    pub zone: String,
+    /// `spot` or `on-demand`.
+    pub capacity: String,
+    pub price_per_hour: f64,
+}
+
 /// Machines on their way for a pool.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Launching {
@@ -72,6 +83,9 @@ pub struct PoolStatus {
     /// The cheapest prices per hour of an offering of the pool, per market.
     pub on_demand_per_hour: f64,
     pub spot_per_hour: f64,
+    /// Every offering's price (spot: the latest the cloud answered; on-demand: its table).
+    #[serde(default)]
+    pub prices: Vec<OfferingPrice>,
     pub live_instances: u32,
     pub max_instances: u32,
     pub launching: Vec<Launching>,
@@ -125,6 +139,16 @@ pub async fn publish_status(nats: &Nats, status: &PoolStatus) -> Result<(), Nats
         .await
         .map_err(|e| NatsError::Other(e.to_string()))?;
     Ok(())
+}
+
+/// One pool's status, if the provisioner wrote one.
+pub async fn status(nats: &Nats, pool: &str) -> Result<Option<PoolStatus>, NatsError> {
+    let value = bucket(nats, BUCKET_PROVISIONER)
+        .await?
+        .get(pool)
+        .await
+        .map_err(|e| NatsError::Other(e.to_string()))?;
+    Ok(value.and_then(|bytes| serde_json::from_slice(&bytes).ok()))
 }
 
 /// Every pool's status, by pool name; malformed entries are skipped.

@@ -9,7 +9,7 @@ use kiln_cloud::{
     CapacityType, Cloud, CloudError, IntentId, LaunchIntent, Offering, PoolSpec, TemplateRef, UNAVAILABLE_TTL,
 };
 use kiln_core::capacity::Instance;
-use kiln_core::provisioning::{Demand, DemandJob, Launching, PoolStatus};
+use kiln_core::provisioning::{Demand, DemandJob, Launching, OfferingPrice, PoolStatus};
 use kiln_core::store::Store;
 use kiln_core::store::cloud::{instance_state, intent_state};
 
@@ -387,6 +387,12 @@ impl Provisioner {
             ..PoolStatus::default()
         };
         for offering in offerings {
+            status.prices.push(OfferingPrice {
+                instance_type: offering.key.instance_type.clone(),
+                zone: offering.key.zone.clone(),
+                capacity: offering.key.capacity.as_str().into(),
+                price_per_hour: offering.price_per_hour,
+            });
             let shape = &offering.shape;
             status.largest = Instance {
                 cpu_millis: status.largest.cpu_millis.max(shape.cpu_millis),

@@ -111,6 +111,9 @@ pub(crate) struct Context {
     /// Set once its cloud warned the instance (a rebalance recommendation, an interruption
     /// notice): the runner takes no new launch and reports no free room. Never cleared.
     cordoned: Arc<std::sync::atomic::AtomicBool>,
+    /// On a cloud instance, what its offering costs per hour (on-demand, spot), from the
+    /// provisioner's pool status ([`report::learn_prices`]); `None` until known.
+    instance_prices: Arc<Mutex<Option<(f64, f64)>>>,
 }
 
 impl Context {
@@ -120,6 +123,28 @@ impl Context {
         if let Some(active) = released {
             self.gpus.lock().expect("gpu pool lock").give_back(&active.gpu_devices);
         }
+    }
+
+    /// What the provider offers, priced as the instance this runner is on when that is known
+    /// (its `[imds] price-per-hour`, else its pool's prices from the provisioner).
+    fn offer(&self) -> provider::Offer {
+        let mut offer = self.provider.offer();
+        let Some(identity) = self.identity.as_deref() else {
+            return offer;
+        };
+        if let Some((on_demand, spot)) = *self.instance_prices.lock().expect("prices lock") {
+            offer.on_demand_per_hour = on_demand;
+            offer.spot_per_hour = spot;
+        }
+        if let Some(price) = self.config.imds.price_per_hour {
+            if identity.is_spot() {
+                offer.spot_per_hour = price;
+            } else {
+                offer.on_demand_per_hour = price;
+            }
+        }
+        offer.spot = identity.is_spot();
+        offer
     }
 
     fn is_cordoned(&self) -> bool {
@@ -220,6 +245,7 @@ impl Runner {
             secrets_key,
             identity: identity.map(Arc::new),
             cordoned: Arc::default(),
+            instance_prices: Arc::default(),
             config: Arc::new(config),
         };
         Ok(Runner {

@@ -76,6 +76,9 @@ async fn forty_jobs_on_an_empty_pool_get_the_machines_they_need_and_the_pool_ret
             })
             .await;
         assert_eq!(done.state, pb::JobState::Succeeded as i32, "{done:?}");
+        // Priced as the spot instance it ran on (its pool's prices, from the provisioner).
+        assert_eq!(done.market, "spot");
+        assert!(done.cost > 0.0 && done.cost < done.on_demand_cost, "{done:?}");
     }
     let launched = world.instances().await;
     // No more than packing them: 50 CPUs fill seven 8-CPU machines at best; the packing of the

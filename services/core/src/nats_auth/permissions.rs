@@ -183,6 +183,8 @@ pub(super) fn of(service: Service) -> Permissions {
                 .consume(STREAM_CONTROL)
                 .kv_write(BUCKET_CAPACITY, "*")
                 .kv_write(BUCKET_RUNNERS, "*")
+                // Its instance's price, from its pool's status.
+                .kv_read(BUCKET_PROVISIONER)
                 .subscribe(SERVE_ANY)
                 .publish(SERVE_LOAD_ALL)
                 // Its instance's spot notices (rebalance, interruption), for the provisioner.

@@ -102,7 +102,7 @@ pub(super) fn market_of(ctx: &Context, job: &JobRecord) -> Market {
             Market::OnDemand
         };
     }
-    Market::parse(&job.market).unwrap_or(if ctx.provider.offer().spot {
+    Market::parse(&job.market).unwrap_or(if ctx.offer().spot {
         Market::Spot
     } else {
         Market::OnDemand
@@ -113,7 +113,7 @@ pub(super) fn market_of(ctx: &Context, job: &JobRecord) -> Market {
 /// millionths; `None` when it never ran.
 fn attempt_cost(ctx: &Context, job: &JobRecord) -> Option<(i64, i64)> {
     let hours = attempt_ms(ctx, job)? / 3_600_000.0;
-    let offer = ctx.provider.offer();
+    let offer = ctx.offer();
     let asked = (job.cpu_millis, job.memory_bytes, u32::try_from(job.gpus).unwrap_or(0));
     let cost = |market| (offer.cost_per_hour(&ctx.capacity, asked, market) * hours * 1e6).round() as i64;
     Some((cost(market_of(ctx, job)), cost(Market::OnDemand)))
@@ -122,7 +122,7 @@ fn attempt_cost(ctx: &Context, job: &JobRecord) -> Option<(i64, i64)> {
 /// How long the attempt ran, in the provider's time (a simulated provider's may run faster).
 fn attempt_ms(ctx: &Context, job: &JobRecord) -> Option<f64> {
     let started = job.started_at_ms?;
-    Some((kiln_core::ids::now_ms() - started).max(0) as f64 * ctx.provider.offer().time_scale)
+    Some((kiln_core::ids::now_ms() - started).max(0) as f64 * ctx.offer().time_scale)
 }
 
 /// The attempt's GPU time: its GPUs times how long it ran, in milliseconds.
