@@ -364,6 +364,19 @@ async fn serve_all(
     .with_metrics(&metrics);
     let predictor_addr = predictor.grpc_addr();
     let predictor_http = predictor.http_url().to_string();
+    // The provisioner leads with no pool: this machine's runner is the only one. It runs so that
+    // its lease, status and metrics read on a laptop as in a deployment.
+    let provisioner = kiln_provisioner::service::ProvisionerService::bind_with_clouds(
+        kiln_provisioner::Config {
+            grpc: ephemeral.clone(),
+            database: database.clone(),
+            nats: nats_of(Service::Provisioner),
+            ..Default::default()
+        },
+        Default::default(),
+    )
+    .await?
+    .with_metrics(&metrics);
     // The runner last: its jobs' firewall lets them reach the services bound above.
     let runner = kiln_runner::Runner::bind(kiln_runner::Config {
         grpc: ephemeral.clone(),
@@ -498,6 +511,8 @@ async fn serve_all(
     services.spawn(async move { ("advisor", advisor.serve(token).await.map_err(Into::into)) });
     let token = shutdown.clone();
     services.spawn(async move { ("predictor", predictor.serve(token).await.map_err(Into::into)) });
+    let token = shutdown.clone();
+    services.spawn(async move { ("provisioner", provisioner.serve(token).await.map_err(Into::into)) });
     let mut failure = None;
     while let Some(joined) = services.join_next().await {
         let (service, result) = joined.context("a service panicked")?;

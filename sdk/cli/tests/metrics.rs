@@ -25,7 +25,7 @@ fn kiln_up_serves_the_metrics_of_every_service_and_of_its_nats_server() {
         std::thread::sleep(Duration::from_millis(100));
     }
     promtool_check_metrics(&exposition);
-    for service in ["api", "scheduler", "log_ingest", "runner", "item_batch"] {
+    for service in ["api", "scheduler", "log_ingest", "runner", "item_batch", "provisioner"] {
         assert_eq!(
             sample_value(&exposition, &format!("kiln_{service}_build_info"), &[]),
             1.0,

@@ -448,10 +448,11 @@ impl Provisioner {
     /// One reaper round on every cloud the pools use.
     pub async fn reap(&self, now_ms: i64) -> Result<Reaped> {
         let mut total = Reaped::default();
-        let mut by_cloud: HashMap<*const (), (Arc<dyn Cloud>, Vec<&PoolSpec>)> = HashMap::new();
+        // One listing per cloud (pools of one region share their client), keyed by its address.
+        let mut by_cloud: HashMap<usize, (Arc<dyn Cloud>, Vec<&PoolSpec>)> = HashMap::new();
         for pool in &self.pools {
             if let Some(cloud) = self.clouds.get(&pool.name) {
-                let key = Arc::as_ptr(cloud) as *const ();
+                let key = Arc::as_ptr(cloud) as *const () as usize;
                 by_cloud
                     .entry(key)
                     .or_insert_with(|| (cloud.clone(), Vec::new()))
@@ -483,6 +484,7 @@ fn add_released(total: &mut Released, more: &Released) {
     total.cordoned += more.cordoned;
     total.uncordoned += more.uncordoned;
     total.terminated += more.terminated;
+    total.terminated_idle += more.terminated_idle;
     total.boot_timeouts += more.boot_timeouts;
     total.lapsed += more.lapsed;
     total.interrupted += more.interrupted;

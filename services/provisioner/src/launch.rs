@@ -191,9 +191,9 @@ pub struct Reconciled {
 /// their id, and past `horizon_ms` without any are sent once more, then failed.
 pub async fn reconcile(
     store: &Store,
-    cloud_of: &dyn Fn(&str) -> Option<std::sync::Arc<dyn Cloud>>,
+    cloud_of: &(dyn Fn(&str) -> Option<std::sync::Arc<dyn Cloud>> + Sync),
     cluster: &str,
-    boot_timeout_of: &dyn Fn(&str) -> i64,
+    boot_timeout_of: &(dyn Fn(&str) -> i64 + Sync),
     horizon_ms: i64,
     now_ms: i64,
 ) -> Result<Reconciled> {

@@ -9,6 +9,7 @@ pub mod launch;
 pub mod plan;
 pub mod release;
 pub mod service;
+pub mod service_metrics;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -59,9 +60,13 @@ pub fn clouds(config: &Config) -> Result<HashMap<String, Arc<dyn Cloud>>> {
     Ok(clouds)
 }
 
-/// Runs the provisioner until `shutdown` is cancelled.
+/// Runs the provisioner until `shutdown` is cancelled, serving `/metrics` as `[metrics]` says.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
-    let clouds = clouds(&config)?;
-    service::serve(config, clouds, shutdown).await
+    let metrics = kiln_core::metrics::Metrics::default();
+    let service = service::ProvisionerService::bind(config.clone())
+        .await?
+        .with_metrics(&metrics);
+    kiln_core::metrics::export(&config.metrics, &metrics, service.nats(), &shutdown).await?;
+    service.serve(shutdown).await
 }
 pub mod unavailable;

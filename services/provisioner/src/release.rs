@@ -42,7 +42,10 @@ pub struct Released {
     pub registered: usize,
     pub cordoned: usize,
     pub uncordoned: usize,
+    /// Every instance terminated, whatever the reason.
     pub terminated: usize,
+    /// Of those, the ones idle past the pool's idle timeout.
+    pub terminated_idle: usize,
     pub boot_timeouts: usize,
     pub lapsed: usize,
     pub interrupted: usize,
@@ -141,6 +144,7 @@ pub async fn release(
                     if now_ms - record.cordoned_at_ms >= cordon_settle_ms {
                         let next = terminating(&record, "idle");
                         if store.update_instance(&next).await? {
+                            done.terminated_idle += 1;
                             to_terminate.push(next);
                         }
                     }

@@ -18,19 +18,111 @@ use kiln_core::streams::{self, Nats};
 use kiln_core::{JobState, capacity, ids::now_ms, subjects};
 use tokio_util::sync::CancellationToken;
 
+use std::net::SocketAddr;
+
+use kiln_core::metrics::Metrics;
+use kiln_core::metrics::rpc::RpcMetricsLayer;
+use tokio::net::TcpListener;
+
 use crate::config::Config;
 use crate::cycle::Provisioner;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::release::Seen;
+use crate::service_metrics::ProvisionerMetrics;
 
 /// How long a non-api service waits for `api` to apply the migrations.
 const SCHEMA_WAIT: Duration = Duration::from_secs(60);
 
-/// Runs the provisioner with `clouds` (pool name → its cloud) until `shutdown`.
-pub async fn serve(config: Config, clouds: HashMap<String, Arc<dyn Cloud>>, shutdown: CancellationToken) -> Result<()> {
-    let store = Store::connect(&config.database).await?;
-    store.wait_for_schema(SCHEMA_WAIT).await?;
-    let nats = streams::connect_as(&config.nats, kiln_core::nats_auth::Service::Provisioner).await?;
+/// The provisioner, connected and listening, not yet running.
+pub struct ProvisionerService {
+    config: Config,
+    clouds: HashMap<String, Arc<dyn Cloud>>,
+    store: Store,
+    nats: Nats,
+    listener: TcpListener,
+    metrics: Metrics,
+}
+
+impl ProvisionerService {
+    /// Connects with the clouds its pools name ([`crate::clouds`]).
+    pub async fn bind(config: Config) -> Result<ProvisionerService> {
+        let clouds = crate::clouds(&config)?;
+        ProvisionerService::bind_with_clouds(config, clouds).await
+    }
+
+    /// Connects with `clouds` (pool name → its cloud): a test's, or `kiln up`'s.
+    pub async fn bind_with_clouds(
+        config: Config,
+        clouds: HashMap<String, Arc<dyn Cloud>>,
+    ) -> Result<ProvisionerService> {
+        let store = Store::connect(&config.database).await?;
+        store.wait_for_schema(SCHEMA_WAIT).await?;
+        let nats = streams::connect_as(&config.nats, kiln_core::nats_auth::Service::Provisioner).await?;
+        let listener = TcpListener::bind(config.grpc.listen)
+            .await
+            .map_err(|source| Error::Bind {
+                addr: config.grpc.listen,
+                source,
+            })?;
+        Ok(ProvisionerService {
+            config,
+            clouds,
+            store,
+            nats,
+            listener,
+            metrics: Metrics::default(),
+        })
+    }
+
+    /// Registers the provisioner's metrics in `metrics` (the process's registry).
+    pub fn with_metrics(mut self, metrics: &Metrics) -> ProvisionerService {
+        self.metrics = metrics.clone();
+        self
+    }
+
+    pub fn nats(&self) -> &Nats {
+        &self.nats
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr().expect("a bound listener has an address")
+    }
+
+    /// Serves gRPC health and leads or stands by until `shutdown`.
+    pub async fn serve(self, shutdown: CancellationToken) -> Result<()> {
+        let metrics = ProvisionerMetrics::register(&self.metrics);
+        let (health_reporter, health_service) = tonic_health::server::health_reporter();
+        health_reporter
+            .set_service_status("", tonic_health::ServingStatus::Serving)
+            .await;
+        let health = tokio::spawn(
+            tonic::transport::Server::builder()
+                .layer(RpcMetricsLayer::new(&self.metrics, "provisioner"))
+                .layer(kiln_core::auth::AuthLayer::new(Arc::new(self.store.clone())))
+                .add_service(health_service)
+                .add_service(kiln_core::whoami::NodeApi::new("provisioner").server())
+                .serve_with_incoming_shutdown(
+                    kiln_core::tls::incoming(self.listener, &self.config.grpc.tls)?,
+                    shutdown.clone().cancelled_owned(),
+                ),
+        );
+        let led = lead(self.config, self.clouds, self.store, self.nats, metrics, shutdown).await;
+        health
+            .await
+            .map_err(|e| Error::Nats(kiln_core::streams::NatsError::Other(e.to_string())))??;
+        led
+    }
+}
+
+/// Takes the lease and, while it holds it, provisions, until `shutdown`.
+async fn lead(
+    config: Config,
+    clouds: HashMap<String, Arc<dyn Cloud>>,
+    store: Store,
+    nats: Nats,
+    metrics: ProvisionerMetrics,
+    shutdown: CancellationToken,
+) -> Result<()> {
     let name = if config.instance_name.is_empty() {
         format!("provisioner-{}", kiln_core::ids::new_id())
     } else {
@@ -56,6 +148,9 @@ pub async fn serve(config: Config, clouds: HashMap<String, Arc<dyn Cloud>>, shut
     while !shutdown.is_cancelled() {
         if let Err(error) = lease.tick().await {
             tracing::warn!(error = %error, "cannot reach the lease; not provisioning");
+        }
+        if lease.is_held() != provisioner.is_some() {
+            metrics.leading(lease.is_held());
         }
         if !lease.is_held() {
             provisioner = None;
@@ -88,8 +183,10 @@ pub async fn serve(config: Config, clouds: HashMap<String, Arc<dyn Cloud>>, shut
                 match seen(&nats, &store).await {
                     Ok(mut seen) => {
                         seen.interrupted = interrupted_at.keys().cloned().collect();
+                        let started = std::time::Instant::now();
                         match leader.cycle(&demand, &seen, now_ms()).await {
                             Ok(cycle) => {
+                                metrics.cycled(&cycle, started.elapsed().as_secs_f64());
                                 for status in &cycle.statuses {
                                     if let Err(error) = provisioning::publish_status(&nats, status).await {
                                         tracing::warn!(error = %error, "cannot publish a pool's status");
@@ -104,7 +201,11 @@ pub async fn serve(config: Config, clouds: HashMap<String, Arc<dyn Cloud>>, shut
             }
             if now - last_reap >= Duration::from_millis(config.reap_interval_ms) {
                 last_reap = now;
-                match leader.reap(now_ms()).await {
+                let reaped = leader.reap(now_ms()).await;
+                if let Ok(reaped) = &reaped {
+                    metrics.reaped(reaped);
+                }
+                match reaped {
                     Ok(reaped) if reaped.reaped + reaped.adopted + reaped.gone > 0 => {
                         tracing::info!(?reaped, "reaper round")
                     }
