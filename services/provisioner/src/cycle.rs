@@ -5,19 +5,17 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use kiln_cloud::{
-    CapacityType, Cloud, CloudError, IntentId, LaunchIntent, Offering, PoolSpec, TemplateRef, UNAVAILABLE_TTL,
-};
-use kiln_core::capacity::Instance;
-use kiln_core::provisioning::{Demand, DemandJob, Launching, OfferingPrice, PoolStatus};
+use kiln_cloud::{Cloud, CloudError, IntentId, LaunchIntent, Offering, PoolSpec, TemplateRef, UNAVAILABLE_TTL};
+use kiln_core::provisioning::{Demand, DemandJob, PoolStatus};
 use kiln_core::store::Store;
-use kiln_core::store::cloud::{instance_state, intent_state};
 
 use crate::error::{Error, Result, in_pool};
 use crate::launch::{self, Outcome, Reconciled};
-use crate::plan::{self, Coming, PoolInput, Room};
+use crate::plan::{self, PoolInput, Room};
 use crate::release::{self, Reaped, Released, Seen};
 use crate::unavailable::UnavailableOfferings;
+
+mod status;
 
 /// How many times a cycle plans a pool again after launches came back short.
 const ROUNDS: usize = 3;
@@ -322,127 +320,6 @@ impl Provisioner {
             state.stopped = error.to_string();
         }
         tracing::warn!(pool = %pool.name, error = %error, wait_ms = wait, "the cloud refused a launch; the pool waits");
-    }
-
-    /// Machines on their way for the pool, and how many instances count against its maximum.
-    async fn coming(&self, pool: &PoolSpec, offerings: &[Offering], demand_at_ms: i64) -> Result<(Vec<Coming>, u32)> {
-        let shape_of = |instance_type: &str| {
-            offerings
-                .iter()
-                .find(|o| o.key.instance_type == instance_type)
-                .map(|o| Room::of_shape(&o.shape))
-        };
-        let mut coming = Vec::new();
-        let records = self.store.instances(&self.cluster, &instance_state::LIVE).await?;
-        let mut live = 0;
-        for record in records.iter().filter(|r| r.pool == pool.name) {
-            live += 1;
-            // Booting, or registered after the demand was read (its room is not in it yet).
-            let on_its_way = record.state == instance_state::BOOTING
-                || (record.state == instance_state::REGISTERED && record.registered_at_ms >= demand_at_ms);
-            if on_its_way && let Some(room) = shape_of(&record.instance_type) {
-                coming.push(Coming {
-                    capacity: if record.capacity == CapacityType::Spot.as_str() {
-                        CapacityType::Spot
-                    } else {
-                        CapacityType::OnDemand
-                    },
-                    room,
-                });
-            }
-        }
-        for intent in self.store.intents(&self.cluster, &[intent_state::CALLING]).await? {
-            if intent.pool != pool.name {
-                continue;
-            }
-            let Ok(request) = serde_json::from_str::<LaunchIntent>(&intent.request) else {
-                continue;
-            };
-            if let Some(first) = request.candidates.first() {
-                for _ in 0..request.count {
-                    coming.push(Coming {
-                        capacity: request.capacity,
-                        room: Room::of_shape(&first.shape),
-                    });
-                }
-                live += request.count;
-            }
-        }
-        Ok((coming, live))
-    }
-
-    async fn status(
-        &self,
-        pool: &PoolSpec,
-        offerings: &[Offering],
-        held_back: Vec<(String, String)>,
-        now_ms: i64,
-    ) -> Result<PoolStatus> {
-        let state = self.state.get(&pool.name);
-        let mut status = PoolStatus {
-            pool: pool.name.clone(),
-            at_ms: now_ms,
-            max_instances: pool.max_instances,
-            held_back,
-            ..PoolStatus::default()
-        };
-        for offering in offerings {
-            status.prices.push(OfferingPrice {
-                instance_type: offering.key.instance_type.clone(),
-                zone: offering.key.zone.clone(),
-                capacity: offering.key.capacity.as_str().into(),
-                price_per_hour: offering.price_per_hour,
-            });
-            let shape = &offering.shape;
-            status.largest = Instance {
-                cpu_millis: status.largest.cpu_millis.max(shape.cpu_millis),
-                memory_bytes: status.largest.memory_bytes.max(shape.memory_bytes),
-                gpus: status.largest.gpus.max(shape.gpus),
-            };
-            let cheapest = match offering.key.capacity {
-                CapacityType::Spot => {
-                    status.spot_offered = true;
-                    &mut status.spot_per_hour
-                }
-                CapacityType::OnDemand => &mut status.on_demand_per_hour,
-            };
-            if *cheapest == 0.0 || offering.price_per_hour < *cheapest {
-                *cheapest = offering.price_per_hour;
-            }
-        }
-        let records = self.store.instances(&self.cluster, &instance_state::LIVE).await?;
-        let mut by_intent: HashMap<String, u32> = HashMap::new();
-        for record in records.iter().filter(|r| r.pool == pool.name) {
-            status.live_instances += 1;
-            if record.state == instance_state::BOOTING {
-                *by_intent.entry(record.intent_id.clone()).or_default() += 1;
-            }
-        }
-        for intent in self
-            .store
-            .intents(&self.cluster, &[intent_state::CALLING, intent_state::LAUNCHED])
-            .await?
-        {
-            let booting = by_intent.get(&intent.id).copied().unwrap_or(0);
-            if intent.pool != pool.name || (intent.state == intent_state::LAUNCHED && booting == 0) {
-                continue;
-            }
-            status.launching.push(Launching {
-                intent_id: intent.id.clone(),
-                capacity: intent.capacity.clone(),
-                instances: if intent.state == intent_state::CALLING {
-                    intent.count as u32
-                } else {
-                    booting
-                },
-                jobs: serde_json::from_str(&intent.demand).unwrap_or_default(),
-            });
-        }
-        if let Some(state) = state {
-            status.unavailable = state.unavailable.listed(offerings, now_ms);
-            status.stopped = state.stopped.clone();
-        }
-        Ok(status)
     }
 
     /// One reaper round on every cloud the pools use.
