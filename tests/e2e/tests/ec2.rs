@@ -13,6 +13,39 @@ use kiln_proto::v1 as pb;
 
 const MIB: u64 = 1 << 20;
 
+/// One test's stack, EC2 world (spot prices set) and boot bridge.
+struct Scene {
+    stack: Stack,
+    world: Ec2World,
+    bridge: BootBridge,
+}
+
+impl Scene {
+    async fn start(name: &str) -> Scene {
+        let stack = Stack::start_without_runner().await;
+        let world = Ec2World::start(name, &stack).await;
+        world.proxy.prices(realistic_spot_prices()).await;
+        let bridge = BootBridge::start(&world, &stack);
+        Scene { stack, world, bridge }
+    }
+
+    /// kiln-provisioner for `pool`, its config as the test tweaks it.
+    fn provisioner(
+        &self,
+        pool: kiln_cloud::PoolSpec,
+        tweak: impl FnOnce(&mut serde_json::Value),
+    ) -> ProvisionerProcess {
+        let mut config = provisioner_config(&self.stack, &self.world, pool);
+        tweak(&mut config);
+        ProvisionerProcess::start(self.stack.dir.path(), &self.world.env, &config)
+    }
+
+    async fn finish(self) {
+        self.bridge.stop().await;
+        self.world.finish().await;
+    }
+}
+
 /// Waits up to `secs` for `check`, polling every 250 ms; panics with `what`.
 async fn eventually<F, Fut>(secs: u64, what: &str, mut check: F)
 where
@@ -53,16 +86,9 @@ fn job(cpu_millis: u32, memory_mb: u64, seconds: u32) -> pb::JobSpec {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn forty_jobs_on_an_empty_pool_get_the_machines_they_need_and_the_pool_returns_to_zero() {
-    let stack = Stack::start_without_runner().await;
-    let world = Ec2World::start("forty", &stack).await;
-    let bridge = BootBridge::start(&world, &stack);
-    world.proxy.prices(realistic_spot_prices()).await;
-    let pool = world.pool();
-    let _provisioner = ProvisionerProcess::start(
-        stack.dir.path(),
-        &world.env,
-        &provisioner_config(&stack, &world, pool.clone()),
-    );
+    let scene = Scene::start("forty").await;
+    let (stack, world, bridge) = (&scene.stack, &scene.world, &scene.bridge);
+    let _provisioner = scene.provisioner(world.pool(), |_| {});
     // 40 jobs of mixed sizes: 10 each of 0.5, 1, 1.5 and 2 CPUs (50 CPUs in all).
     let mut ids = Vec::new();
     for n in 0..40 {
@@ -113,8 +139,7 @@ async fn forty_jobs_on_an_empty_pool_get_the_machines_they_need_and_the_pool_ret
         .await
         .unwrap();
     assert!(records.is_empty(), "{records:?}");
-    bridge.stop().await;
-    world.finish().await;
+    scene.finish().await;
 }
 
 /// The world's instances that moto still runs.
@@ -129,17 +154,14 @@ async fn live(world: &Ec2World) -> Vec<kiln_cloud::CloudInstance> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_provisioner_killed_after_create_fleet_adopts_its_instance_and_launches_nothing_twice() {
-    let stack = Stack::start_without_runner().await;
-    let world = Ec2World::start("crash", &stack).await;
-    world.proxy.prices(realistic_spot_prices()).await;
-    let bridge = BootBridge::start(&world, &stack);
+    let scene = Scene::start("crash").await;
+    let (stack, world, bridge) = (&scene.stack, &scene.world, &scene.bridge);
     // The first CreateFleet is carried out, and its answer never reaches the provisioner.
     world
         .proxy
         .fault(serde_json::json!({"action": "CreateFleet", "drop": true, "times": 1}))
         .await;
-    let config = provisioner_config(&stack, &world, world.pool());
-    let mut provisioner = ProvisionerProcess::start(stack.dir.path(), &world.env, &config);
+    let mut provisioner = scene.provisioner(world.pool(), |_| {});
     let job = stack.submit_spec(job(1000, 256, 1)).await.id;
     eventually(60, "the dropped CreateFleet", || async {
         world
@@ -151,7 +173,7 @@ async fn a_provisioner_killed_after_create_fleet_adopts_its_instance_and_launche
     .await;
     // Killed right after the call took effect, before it could record an answer.
     provisioner.kill();
-    assert_eq!(live(&world).await.len(), 1, "the call launched its instance");
+    assert_eq!(live(world).await.len(), 1, "the call launched its instance");
     let recorded = stack
         .store
         .instances(&world.cluster, &kiln_core::store::cloud::instance_state::LIVE)
@@ -159,7 +181,7 @@ async fn a_provisioner_killed_after_create_fleet_adopts_its_instance_and_launche
         .unwrap();
     assert!(recorded.is_empty(), "nothing recorded before the crash: {recorded:?}");
     // The next provisioner adopts it by its intent tag; the job runs on it.
-    let _provisioner = ProvisionerProcess::start(stack.dir.path(), &world.env, &config);
+    let _provisioner = scene.provisioner(world.pool(), |_| {});
     let done = stack
         .wait_for(&job, "SUCCEEDED", |job| job.state == pb::JobState::Succeeded as i32)
         .await;
@@ -169,19 +191,16 @@ async fn a_provisioner_killed_after_create_fleet_adopts_its_instance_and_launche
     assert_eq!(world.proxy.calls("CreateFleet").await, 1);
     assert_eq!(bridge.booted(), [instances[0].id.0.clone()]);
     eventually(60, "the instance terminated once idle", || async {
-        live(&world).await.is_empty()
+        live(world).await.is_empty()
     })
     .await;
-    bridge.stop().await;
-    world.finish().await;
+    scene.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_unknown_tagged_instance_is_reaped_and_one_that_never_boots_is_terminated() {
-    let stack = Stack::start_without_runner().await;
-    let world = Ec2World::start("reap", &stack).await;
-    world.proxy.prices(realistic_spot_prices()).await;
-    let bridge = BootBridge::start(&world, &stack);
+    let scene = Scene::start("reap").await;
+    let (stack, world, bridge) = (&scene.stack, &scene.world, &scene.bridge);
     // Nothing boots for now: a launched instance's runner never registers.
     bridge.pause();
     // An instance with this cluster's tag that no intent of kiln's made.
@@ -217,8 +236,7 @@ async fn an_unknown_tagged_instance_is_reaped_and_one_that_never_boots_is_termin
         .clone();
     let mut pool = world.pool();
     pool.boot_timeout_secs = 5;
-    let _provisioner =
-        ProvisionerProcess::start(stack.dir.path(), &world.env, &provisioner_config(&stack, &world, pool));
+    let _provisioner = scene.provisioner(pool, |_| {});
     let job = stack.submit_spec(job(1000, 256, 1)).await.id;
     // The reaper terminates the stray after its grace (8 s here); the launched instance, never
     // booted, is terminated after the pool's boot timeout (5 s).
@@ -252,8 +270,7 @@ async fn an_unknown_tagged_instance_is_reaped_and_one_that_never_boots_is_termin
         .wait_for(&job, "SUCCEEDED", |job| job.state == pb::JobState::Succeeded as i32)
         .await;
     assert_ne!(done.runner_id, stray.0);
-    bridge.stop().await;
-    world.finish().await;
+    scene.finish().await;
 }
 
 /// `kiln explain JOB` (its summary and details, a line each) once it satisfies `wanted`.
@@ -281,19 +298,17 @@ async fn explain_until(stack: &Stack, job_id: &str, secs: u64, wanted: impl Fn(&
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn no_spot_capacity_on_the_cheapest_offering_launches_the_next_and_explain_says_why() {
-    let stack = Stack::start_without_runner().await;
-    let world = Ec2World::start("ice", &stack).await;
-    world.proxy.prices(realistic_spot_prices()).await;
-    let bridge = BootBridge::start(&world, &stack);
+    let scene = Scene::start("ice").await;
+    let (stack, world, bridge) = (&scene.stack, &scene.world, &scene.bridge);
     bridge.pause();
     let ice = serde_json::json!({
         "action": "CreateFleet", "instance_type": "c5.large", "zone": "us-east-1a", "market": "spot",
         "error": "InsufficientInstanceCapacity",
     });
     world.proxy.fault(ice).await;
-    let mut config = provisioner_config(&stack, &world, world.pool());
-    config["unavailable-ttl-ms"] = serde_json::json!(8_000);
-    let _provisioner = ProvisionerProcess::start(stack.dir.path(), &world.env, &config);
+    let _provisioner = scene.provisioner(world.pool(), |config| {
+        config["unavailable-ttl-ms"] = serde_json::json!(8_000);
+    });
     let first = stack.submit_spec(job(2000, 512, 1)).await.id;
     eventually(60, "a launch", || async { !world.instances().await.is_empty() }).await;
     let launched = world.instances().await;
@@ -305,7 +320,7 @@ async fn no_spot_capacity_on_the_cheapest_offering_launches_the_next_and_explain
     );
     assert_eq!(world.proxy.calls("CreateFleet").await, 1);
     // While the machine boots, explain names it and the offering out of capacity.
-    let said = explain_until(&stack, &first, 30, |said| {
+    let said = explain_until(stack, &first, 30, |said| {
         said.contains("the provisioner launches a machine for it (pool ec2)")
             && said.contains("spot c5.large in us-east-1a unavailable")
             && said.contains("no capacity")
@@ -317,7 +332,7 @@ async fn no_spot_capacity_on_the_cheapest_offering_launches_the_next_and_explain
         .wait_for(&first, "SUCCEEDED", |job| job.state == pb::JobState::Succeeded as i32)
         .await;
     // Once the offering's unavailability has run out, the cheap offering is tried first again.
-    eventually(60, "the pool back to zero", || async { live(&world).await.is_empty() }).await;
+    eventually(60, "the pool back to zero", || async { live(world).await.is_empty() }).await;
     tokio::time::sleep(Duration::from_secs(8)).await;
     world.proxy.clear_faults().await;
     let second = stack.submit_spec(job(2000, 512, 1)).await.id;
@@ -331,29 +346,22 @@ async fn no_spot_capacity_on_the_cheapest_offering_launches_the_next_and_explain
         .max_by_key(|i| i.launched_at)
         .expect("an instance");
     assert_eq!(newest.key.to_string(), "spot c5.large in us-east-1a");
-    bridge.stop().await;
-    world.finish().await;
+    scene.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_quota_error_holds_the_job_with_the_quota_named_and_the_calls_stay_bounded() {
-    let stack = Stack::start_without_runner().await;
-    let world = Ec2World::start("quota", &stack).await;
-    world.proxy.prices(realistic_spot_prices()).await;
-    let bridge = BootBridge::start(&world, &stack);
+    let scene = Scene::start("quota").await;
+    let (stack, world) = (&scene.stack, &scene.world);
     world
         .proxy
         .fault(serde_json::json!({"action": "CreateFleet", "market": "on-demand", "error": "VcpuLimitExceeded"}))
         .await;
-    let _provisioner = ProvisionerProcess::start(
-        stack.dir.path(),
-        &world.env,
-        &provisioner_config(&stack, &world, world.pool()),
-    );
+    let _provisioner = scene.provisioner(world.pool(), |_| {});
     let mut spec = job(1000, 256, 1);
     spec.market = pb::Market::OnDemand as i32;
     let held = stack.submit_spec(spec).await.id;
-    let said = explain_until(&stack, &held, 60, |said| {
+    let said = explain_until(stack, &held, 60, |said| {
         said.contains("vCPU") && said.contains("quota reached")
     })
     .await;
@@ -364,8 +372,7 @@ async fn a_quota_error_holds_the_job_with_the_quota_named_and_the_calls_stay_bou
     assert!(world.instances().await.is_empty());
     let job = stack.get(&held).await;
     assert_eq!(job.state, pb::JobState::Queued as i32);
-    bridge.stop().await;
-    world.finish().await;
+    scene.finish().await;
 }
 
 /// Checkpoints on SIGTERM and ends; a resumed attempt prints where it resumes from and ends.
@@ -389,17 +396,11 @@ fn spot_job(script: &str) -> pb::JobSpec {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_spot_interruption_preempts_the_job_which_resumes_on_another_instance_from_its_checkpoint() {
-    let stack = Stack::start_without_runner().await;
-    let world = Ec2World::start("notice", &stack).await;
-    world.proxy.prices(realistic_spot_prices()).await;
-    let bridge = BootBridge::start(&world, &stack);
-    let _provisioner = ProvisionerProcess::start(
-        stack.dir.path(),
-        &world.env,
-        &provisioner_config(&stack, &world, world.pool()),
-    );
+    let scene = Scene::start("notice").await;
+    let (stack, world, bridge) = (&scene.stack, &scene.world, &scene.bridge);
+    let _provisioner = scene.provisioner(world.pool(), |_| {});
     let job = stack.submit_spec(spot_job(CHECKPOINT_ON_TERM)).await.id;
-    kiln_e2e::wait_for_line(&stack, &job, "ready").await;
+    kiln_e2e::wait_for_line(stack, &job, "ready").await;
     let first = stack.get(&job).await.runner_id;
     let noticed = world
         .instances()
@@ -420,7 +421,7 @@ async fn a_spot_interruption_preempts_the_job_which_resumes_on_another_instance_
     assert_eq!((done.attempt, done.preemptions), (2, 1), "{done:?}");
     assert_ne!(done.runner_id, first);
     assert_eq!(
-        kiln_e2e::output(&stack, &job, "ckpt/step.txt").await.unwrap(),
+        kiln_e2e::output(stack, &job, "ckpt/step.txt").await.unwrap(),
         "step-7\n"
     );
     let lines = stack.log_lines(&job, true).await;
@@ -473,26 +474,19 @@ async fn a_spot_interruption_preempts_the_job_which_resumes_on_another_instance_
         }
     })
     .await;
-    bridge.stop().await;
-    world.finish().await;
+    scene.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_rebalance_recommendation_cordons_the_instance_without_killing_its_job() {
-    let stack = Stack::start_without_runner().await;
-    let world = Ec2World::start("rebalance", &stack).await;
-    world.proxy.prices(realistic_spot_prices()).await;
-    let bridge = BootBridge::start(&world, &stack);
-    let _provisioner = ProvisionerProcess::start(
-        stack.dir.path(),
-        &world.env,
-        &provisioner_config(&stack, &world, world.pool()),
-    );
+    let scene = Scene::start("rebalance").await;
+    let (stack, world, bridge) = (&scene.stack, &scene.world, &scene.bridge);
+    let _provisioner = scene.provisioner(world.pool(), |_| {});
     let long = stack
         .submit_spec(spot_job("echo ready; while :; do sleep 0.2; done"))
         .await
         .id;
-    kiln_e2e::wait_for_line(&stack, &long, "ready").await;
+    kiln_e2e::wait_for_line(stack, &long, "ready").await;
     let first = stack.get(&long).await.runner_id;
     bridge.trigger(&first, &[kiln_core::testing::AemmNotice::Rebalance]);
     // A second job fits beside the first (a c5.large has 2 CPUs), but the cordoned runner takes
@@ -514,6 +508,5 @@ async fn a_rebalance_recommendation_cordons_the_instance_without_killing_its_job
             .any(|i| i.id.0 == first && i.state.is_live())
     );
     stack.stop_job(&long).await;
-    bridge.stop().await;
-    world.finish().await;
+    scene.finish().await;
 }
