@@ -10,6 +10,9 @@
 #   batch_throughput.py — batch items per second with 2 workers and no-op items, kiln against
 #     Celery (celery==5.7.0, redis==8.1.0, Debian's redis-server) and a raw JetStream work queue
 #     (nats-py==2.16.0)
+#   provisioner-bench — the provisioner scaling 0 → 1,000 simulated instances and back (cycles, calls,
+#     CPU, cost against the greedy lower bound, demand → create call), beside Karpenter's published
+#     figures
 #   sweep-bench — sweeps against Optuna (optuna==5.0.0, scikit-learn==1.9.1, numpy==2.4.6): search
 #     quality of TPE, ASHA's early stopping on learning curves, the advisor's overhead per trial
 # Uses the Docker Engine at DOCKER_HOST (or the local socket) when it answers, else starts one
@@ -67,6 +70,9 @@ fi
 
 # --- the scheduling study -------------------------------------------------------------------------
 ./target/release/sched-sim --seed 1
+
+# --- the provisioner at 1,000 simulated instances ------------------------------------------------
+./target/release/provisioner-bench --instances 1000
 
 # --- sweeps against Optuna: search quality, early stopping, advisor overhead --------------------
 "$venv/bin/pip" install -q --disable-pip-version-check "optuna==5.0.0" "scikit-learn==1.9.1" "numpy==2.4.6"

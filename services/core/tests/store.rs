@@ -22,7 +22,7 @@ mod quotas;
 #[path = "store/runs.rs"]
 mod runs;
 
-use cloud::intents_and_instances_move_by_compare_and_set;
+use cloud::{a_create_call_of_thousands_of_instances_is_recorded_whole, intents_and_instances_move_by_compare_and_set};
 use logins::{
     a_code_approved_by_another_user_cancels_the_login, a_login_is_redeemed_once_and_only_by_the_browser_that_asked,
     wrong_codes_run_out_and_expired_logins_are_refused,
@@ -453,4 +453,5 @@ store_suite!(
     model_versions_are_numbered_and_searched,
     aliases_move_atomically_under_concurrent_calls,
     intents_and_instances_move_by_compare_and_set,
+    a_create_call_of_thousands_of_instances_is_recorded_whole,
 );

@@ -378,3 +378,59 @@ async fn an_interrupted_instance_is_released_once_its_jobs_are_handed_back() {
         .unwrap();
     assert_eq!(gone[0].reason, "spot interruption");
 }
+
+#[tokio::test]
+async fn a_status_lists_the_launches_on_their_way_and_none_of_the_past_ones() {
+    let rig = Rig::new().await;
+    let mut leader = rig.leader();
+    // A long-lived cluster's history: launched intents whose instances are long gone.
+    let now = now_ms();
+    for n in 0..50 {
+        let at = now - 3_600_000 + n * 1000;
+        rig.store
+            .insert_intent(kiln_core::store::IntentRecord {
+                id: IntentId::new().to_string(),
+                cluster: CLUSTER.into(),
+                pool: "cpu".into(),
+                capacity: "spot".into(),
+                count: 1,
+                min_count: 1,
+                single_zone: false,
+                request: "{}".into(),
+                demand: serde_json::to_string(&[format!("old-{n}")]).unwrap(),
+                state: intent_state::LAUNCHED.into(),
+                version: 3,
+                created_at_ms: at,
+                called_at_ms: at,
+                settled_at_ms: at,
+                failures: "[]".into(),
+                attempts: 1,
+            })
+            .await
+            .unwrap();
+    }
+    let wanted = demand(vec![job("s", 2, "spot"), job("o", 2, "on-demand")]);
+    let cycle = leader.cycle(&wanted, &Seen::default(), now).await.unwrap();
+    assert_eq!((cycle.calls, cycle.launched), (2, 2));
+    let again = leader.cycle(&wanted, &Seen::default(), now + 1_000).await.unwrap();
+    let launching = &again.statuses[0].launching;
+    let jobs: Vec<&[String]> = launching.iter().map(|l| l.jobs.as_slice()).collect();
+    assert_eq!(jobs.len(), 2, "{launching:?}");
+    assert!(jobs.contains(&&["s".to_string()][..]) && jobs.contains(&&["o".to_string()][..]));
+    assert!(launching.windows(2).all(|w| w[0].intent_id != w[1].intent_id));
+    // The spot machine's runner registers: only the on-demand launch is still on its way.
+    let spot = rig.live().await.into_iter().find(|i| i.capacity == "spot").unwrap();
+    let seen = Seen {
+        runner_on: HashMap::from([(spot.instance_id.clone(), "r-1".to_string())]),
+        busy: ["r-1".to_string()].into(),
+        ..Seen::default()
+    };
+    let after = leader
+        .cycle(&demand(vec![job("o", 2, "on-demand")]), &seen, now + 2_000)
+        .await
+        .unwrap();
+    let launching = &after.statuses[0].launching;
+    assert_eq!(launching.len(), 1);
+    assert_eq!(launching[0].jobs, ["o"]);
+    assert_eq!(launching[0].capacity, "on-demand");
+}

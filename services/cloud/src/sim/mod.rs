@@ -99,6 +99,8 @@ impl SimCloud {
             state: Mutex::new(SimState {
                 rng: ChaCha8Rng::seed_from_u64(config.seed),
                 offset: Duration::ZERO,
+                // The last 48 bits of a v7 uuid are random.
+                id_prefix: uuid::Uuid::now_v7().simple().to_string()[20..].to_owned(),
                 next_id: 0,
                 instances: BTreeMap::new(),
                 by_intent: HashMap::new(),

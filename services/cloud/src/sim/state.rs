@@ -27,6 +27,8 @@ pub(super) struct SimState {
     pub(super) rng: ChaCha8Rng,
     /// Simulated time ahead of the wall clock (`SimCloud::advance`).
     pub(super) offset: Duration,
+    /// Random per cloud, so two clouds (a restart over the same store) never make the same id.
+    pub(super) id_prefix: String,
     pub(super) next_id: u64,
     pub(super) instances: BTreeMap<InstanceId, SimInstance>,
     pub(super) by_intent: HashMap<IntentId, Vec<InstanceId>>,
@@ -226,7 +228,7 @@ impl SimState {
 
     fn start(&mut self, intent: &LaunchIntent, key: &OfferingKey, config: &SimConfig) -> CloudInstance {
         self.next_id += 1;
-        let id = InstanceId(format!("sim-i-{:08x}", self.next_id));
+        let id = InstanceId(format!("sim-i-{}{:08x}", self.id_prefix, self.next_id));
         let (low, high) = (config.boot_min.as_millis() as u64, config.boot_max.as_millis() as u64);
         let boot = Duration::from_millis(self.rng.random_range(low..=high.max(low)));
         let instance = CloudInstance {

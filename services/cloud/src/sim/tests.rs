@@ -398,3 +398,20 @@ async fn thousands_of_instances_stay_cheap() {
         started.elapsed()
     );
 }
+
+#[tokio::test]
+async fn two_clouds_never_make_the_same_instance_id() {
+    // A provisioner restarted over the same store gets a new simulated cloud: its instances must
+    // not take the ids of the records the last one left (the store keeps ids once).
+    let mut ids = std::collections::HashSet::new();
+    for _ in 0..2 {
+        let cloud = sim();
+        let launched = cloud
+            .create(&intent(3, vec![candidate("c.large", "sim-a")]))
+            .await
+            .unwrap();
+        assert_eq!(launched.instances.len(), 3);
+        ids.extend(launched.instances.into_iter().map(|i| i.id));
+    }
+    assert_eq!(ids.len(), 6);
+}

@@ -100,3 +100,16 @@ pub async fn intents_and_instances_move_by_compare_and_set(store: Store) {
     let booting = store.instances("c1", &[instance_state::BOOTING]).await.unwrap();
     assert_eq!(booting.len(), 2);
 }
+
+pub async fn a_create_call_of_thousands_of_instances_is_recorded_whole(store: Store) {
+    // 17 columns a row: 2,000 rows in one statement would bind 34,000 variables, past SQLite's
+    // 32,766.
+    let many: Vec<InstanceRecord> = (0..2_500).map(|n| instance(&format!("i-{n:05}"), "big")).collect();
+    assert_eq!(store.insert_instances(many.clone()).await.unwrap(), 2_500);
+    // The answer after an adoption, with one more: only that one is new.
+    let mut again = many;
+    again.push(instance("i-99999", "big"));
+    assert_eq!(store.insert_instances(again).await.unwrap(), 1);
+    let live = store.instances("c1", &[instance_state::BOOTING]).await.unwrap();
+    assert_eq!(live.len(), 2_501);
+}

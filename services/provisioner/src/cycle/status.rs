@@ -112,11 +112,19 @@ impl Provisioner {
                 *by_intent.entry(record.intent_id.clone()).or_default() += 1;
             }
         }
-        for intent in self
-            .store
-            .intents(&self.cluster, &[intent_state::CALLING, intent_state::LAUNCHED])
-            .await?
-        {
+        // The intents still calling, and the launched ones with instances booting. A launched
+        // intent stays `launched` after its instances are gone (the reaper adopts by it), so
+        // reading every launched intent made each cycle slower with the cluster's whole history.
+        let mut intents = self.store.intents(&self.cluster, &[intent_state::CALLING]).await?;
+        for id in by_intent.keys() {
+            if let Some(intent) = self.store.intent(id).await?
+                && intent.state == intent_state::LAUNCHED
+            {
+                intents.push(intent);
+            }
+        }
+        intents.sort_by(|a, b| a.created_at_ms.cmp(&b.created_at_ms).then_with(|| a.id.cmp(&b.id)));
+        for intent in intents {
             let booting = by_intent.get(&intent.id).copied().unwrap_or(0);
             if intent.pool != pool.name || (intent.state == intent_state::LAUNCHED && booting == 0) {
                 continue;
