@@ -106,6 +106,26 @@ async fn forty_jobs_on_an_empty_pool_get_the_machines_they_need_and_the_pool_ret
         assert_eq!(done.market, "spot");
         assert!(done.cost > 0.0 && done.cost < done.on_demand_cost, "{done:?}");
     }
+    // Figures for the README (printed, never asserted: tests do not time).
+    let mut jobs = Vec::new();
+    for id in &ids {
+        jobs.push(stack.get(id).await);
+    }
+    let submitted = jobs.iter().map(|j| j.created_at_ms).min().unwrap_or_default();
+    let all_running = jobs.iter().map(|j| j.started_at_ms).max().unwrap_or_default();
+    let intents = stack
+        .store
+        .intents(&world.cluster, &[kiln_core::store::cloud::intent_state::LAUNCHED])
+        .await
+        .unwrap();
+    let first_call = intents.iter().map(|i| i.called_at_ms).min().unwrap_or_default();
+    eprintln!(
+        "figures: first submit → first CreateFleet {} ms; → all 40 RUNNING {} ms; CreateFleet calls {}, TerminateInstances calls {}",
+        first_call - submitted,
+        all_running - submitted,
+        world.proxy.calls("CreateFleet").await,
+        world.proxy.calls("TerminateInstances").await,
+    );
     let launched = world.instances().await;
     // No more than packing them: 50 CPUs fill seven 8-CPU machines at best; the packing of the
     // whole demand at once (the planner's figure) is the most kiln may launch.
