@@ -182,8 +182,24 @@ impl Runner {
 
     /// Binds a runner with the given GPU sampler (`None`: no GPUs can be watched).
     pub async fn bind_with_sampler(config: Config, sampler: Option<Arc<dyn GpuSampler>>) -> Result<Runner> {
-        let secrets_key = config.secrets.load()?.map(Arc::new);
         let (metadata, identity) = metadata::connect(&config.imds).await?;
+        Runner::bind_on(config, sampler, metadata, identity).await
+    }
+
+    /// Binds a runner on a machine whose identity and notices `source` tells (a simulated
+    /// cloud's instance; EC2's is `[imds]`): it acts on them as on IMDS's.
+    pub async fn bind_with_metadata(config: Config, source: Arc<dyn metadata::MetadataSource>) -> Result<Runner> {
+        let identity = source.identity().await?;
+        Runner::bind_on(config, None, Some(source), Some(identity)).await
+    }
+
+    async fn bind_on(
+        config: Config,
+        sampler: Option<Arc<dyn GpuSampler>>,
+        metadata: Option<Arc<dyn metadata::MetadataSource>>,
+        identity: Option<metadata::Identity>,
+    ) -> Result<Runner> {
+        let secrets_key = config.secrets.load()?.map(Arc::new);
         let store = Store::connect(&config.database).await?;
         store.wait_for_schema(SCHEMA_WAIT).await?;
         let nats = streams::connect_as(&config.nats, kiln_core::nats_auth::Service::Runner).await?;
@@ -213,6 +229,17 @@ impl Runner {
             provider::process::isolation::check_reachable(datasets.root())?;
         }
         let mut capacity = provider.capacity().await?;
+        // A simulated cloud's capacity is its instances' (one per job); `cpu-millis` and
+        // `memory-bytes` set it instead where the runner stands for one machine of it (a
+        // provisioned sim instance), as they do for the other providers.
+        if config.provider == ProviderKind::Sim {
+            if config.cpu_millis > 0 {
+                capacity.cpu_millis = config.cpu_millis;
+            }
+            if config.memory_bytes > 0 {
+                capacity.memory_bytes = config.memory_bytes;
+            }
+        }
         // GPUs: configured, else those NVML finds, else the provider's own (a simulated cloud's).
         capacity.gpus = match config.gpus {
             0 => sampler

@@ -36,6 +36,7 @@ pub mod serve_world;
 mod services;
 pub mod serving;
 pub mod sim;
+pub mod sim_fleet;
 mod streams;
 pub mod sweeps;
 mod tenancy;

@@ -1,0 +1,360 @@
+//! A provisioned pool on the simulated cloud (issue 27): kiln-provisioner, in this process,
+//! launches instances of `kiln_cloud::sim::SimCloud` for the scheduler's demand, and the fleet
+//! boots a real (in-process) `kiln-runner` on each running instance. The runner learns what it is
+//! and what the cloud warns it of through a [`MetadataSource`] reading the sim cloud, as a runner
+//! on EC2 reads IMDS, so a spot notice is acted on by the same code (cordon, jobs stopped within
+//! the notice as spot preemptions and queued again). The fleet also plays the cloud's spot
+//! market: it preempts running instances at a seeded rate. An instance that ends takes its runner
+//! with it. Each runner runs its jobs on the runner's `sim` provider with no boot time and no
+//! preemptions of its own (the instance is the cloud's), so batch workers' agent loops run in
+//! this process.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use kiln_cloud::sim::{SimCatalogue, SimCloud, SimConfig};
+use kiln_cloud::{CapacityType, Cloud, CloudInstance, InstanceState, Interruption, PoolSpec, TagSelector};
+use kiln_runner::metadata::{Identity, MetadataSource, Notices};
+use rand::{Rng, SeedableRng};
+use tokio_util::sync::CancellationToken;
+
+use crate::{ServiceHandle, Stack};
+
+/// The fleet's pool.
+pub const SIM_POOL: &str = "sim-spot";
+
+/// What a runner on a sim instance reads as its metadata.
+struct SimMetadata {
+    identity: Identity,
+    notices: Arc<Mutex<HashMap<String, Notices>>>,
+}
+
+#[async_trait::async_trait]
+impl MetadataSource for SimMetadata {
+    async fn identity(&self) -> kiln_runner::Result<Identity> {
+        Ok(self.identity.clone())
+    }
+
+    async fn notices(&self) -> kiln_runner::Result<Notices> {
+        let notices = self.notices.lock().expect("notices");
+        Ok(notices.get(&self.identity.instance_id).cloned().unwrap_or_default())
+    }
+}
+
+/// How the fleet behaves.
+#[derive(Debug, Clone)]
+pub struct FleetConfig {
+    pub max_instances: u32,
+    /// Spot notices per instance-hour the fleet gives running instances.
+    pub preemptions_per_hour: f64,
+    pub seed: u64,
+}
+
+pub struct SimFleet {
+    pub cloud: Arc<SimCloud>,
+    pub cluster: String,
+    pub provisioner: Option<ServiceHandle>,
+    state: Arc<Mutex<Fleet>>,
+    stop: CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+#[derive(Default)]
+struct Fleet {
+    runners: BTreeMap<String, ServiceHandle>,
+    booted: usize,
+    preempted: usize,
+}
+
+impl SimFleet {
+    /// The pool the provisioner is given: the standard sim catalogue's CPU types, spot only.
+    pub fn pool(config: &FleetConfig) -> PoolSpec {
+        PoolSpec {
+            name: SIM_POOL.into(),
+            cloud: "sim".into(),
+            region: String::new(),
+            subnets: Vec::new(),
+            zones: vec!["sim-a".into(), "sim-b".into(), "sim-c".into()],
+            instance_types: vec!["c.large".into(), "c.xlarge".into(), "m.2xlarge".into()],
+            requirements: None,
+            capacity_types: vec![CapacityType::Spot],
+            launch_template: String::new(),
+            launch_template_version: None,
+            max_instances: config.max_instances,
+            idle_timeout_secs: 2,
+            boot_timeout_secs: 60,
+            labels: Default::default(),
+            on_demand_prices: Default::default(),
+        }
+    }
+
+    pub async fn start(stack: &Stack, config: FleetConfig) -> SimFleet {
+        let cloud = Arc::new(SimCloud::new(
+            SimCatalogue::standard(),
+            SimConfig {
+                seed: config.seed,
+                boot_min: Duration::from_millis(100),
+                boot_max: Duration::from_millis(500),
+                notice: Duration::from_secs(2),
+                max_instances: config.max_instances as usize * 2,
+            },
+        ));
+        let cluster = format!("sim-{}", &kiln_core::ids::new_id()[24..]);
+        let provisioner_config = kiln_provisioner::Config {
+            grpc: kiln_core::config::GrpcConfig::at(std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
+            metrics: kiln_core::metrics::MetricsConfig {
+                enabled: false,
+                ..Default::default()
+            },
+            database: stack.database.clone(),
+            nats: stack.nats.service_config(kiln_core::nats_auth::Service::Provisioner),
+            cluster: cluster.clone(),
+            lease_ttl_ms: 1500,
+            batch_idle_ms: 300,
+            batch_max_ms: 2000,
+            cycle_interval_ms: 500,
+            reap_interval_ms: 2000,
+            cordon_settle_ms: 500,
+            pools: vec![SimFleet::pool(&config)],
+            ..Default::default()
+        };
+        let sim: Arc<dyn Cloud> = cloud.clone();
+        let service = kiln_provisioner::service::ProvisionerService::bind_with_clouds(
+            provisioner_config,
+            HashMap::from([(SIM_POOL.to_string(), sim)]),
+        )
+        .await
+        .expect("the provisioner binds");
+        let provisioner = ServiceHandle::spawn(|token| service.serve(token));
+        let state = Arc::new(Mutex::new(Fleet::default()));
+        let notices: Arc<Mutex<HashMap<String, Notices>>> = Arc::default();
+        let stop = CancellationToken::new();
+        let mut tasks = Vec::new();
+        // The cloud's own word on its instances: notices to the runners' metadata.
+        let mut events = cloud.interruptions().expect("the sim cloud's interruptions");
+        let (notices_in, stop_in) = (notices.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let event = tokio::select! {
+                    _ = stop_in.cancelled() => return,
+                    event = events.next() => event,
+                };
+                let Some(event) = event else { return };
+                let mut notices = notices_in.lock().expect("notices");
+                match event {
+                    Interruption::Notice { instance, action, at } => {
+                        let at_ms = at
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map(|d| d.as_millis() as i64)
+                            .unwrap_or_default();
+                        notices.entry(instance.0).or_default().interruption =
+                            Some(kiln_runner::metadata::Interruption {
+                                action: format!("{action:?}").to_lowercase(),
+                                at_ms,
+                            });
+                    }
+                    Interruption::Rebalance { instance, .. } => {
+                        notices.entry(instance.0).or_default().rebalance_at_ms = Some(kiln_core::ids::now_ms());
+                    }
+                    Interruption::Gone { .. } => {}
+                }
+            }
+        }));
+        tasks.push(tokio::spawn(boot_loop(
+            stack.runner_config("template"),
+            cloud.clone(),
+            cluster.clone(),
+            notices,
+            state.clone(),
+            stop.clone(),
+        )));
+        tasks.push(tokio::spawn(market(
+            cloud.clone(),
+            cluster.clone(),
+            config,
+            state.clone(),
+            stop.clone(),
+        )));
+        SimFleet {
+            cloud,
+            cluster,
+            provisioner: Some(provisioner),
+            state,
+            stop,
+            tasks,
+        }
+    }
+
+    /// Instances booted so far, and spot notices given.
+    pub fn counts(&self) -> (usize, usize) {
+        let state = self.state.lock().expect("fleet");
+        (state.booted, state.preempted)
+    }
+
+    /// The cluster's instances the cloud still runs.
+    pub async fn live(&self) -> Vec<CloudInstance> {
+        self.cloud
+            .list(&TagSelector {
+                cluster: self.cluster.clone(),
+                live_only: true,
+                ..TagSelector::default()
+            })
+            .await
+            .expect("list the fleet")
+    }
+
+    pub async fn stop(mut self) {
+        self.stop.cancel();
+        for task in self.tasks.drain(..) {
+            let _ = task.await;
+        }
+        let runners = std::mem::take(&mut self.state.lock().expect("fleet").runners);
+        for (_, runner) in runners {
+            runner.stop().await;
+        }
+        if let Some(provisioner) = self.provisioner.take() {
+            provisioner.stop().await;
+        }
+    }
+}
+
+/// Boots a runner on every running instance of the cluster; one whose instance ended goes.
+async fn boot_loop(
+    template: kiln_runner::Config,
+    cloud: Arc<SimCloud>,
+    cluster: String,
+    notices: Arc<Mutex<HashMap<String, Notices>>>,
+    state: Arc<Mutex<Fleet>>,
+    stop: CancellationToken,
+) {
+    let selector = TagSelector {
+        cluster,
+        ..TagSelector::default()
+    };
+    while !stop.is_cancelled() {
+        let listed = cloud.list(&selector).await.unwrap_or_default();
+        let gone: Vec<ServiceHandle> = {
+            let mut state = state.lock().expect("fleet");
+            let live: Vec<&str> = listed
+                .iter()
+                .filter(|i| i.state.is_live())
+                .map(|i| i.id.0.as_str())
+                .collect();
+            let ended: Vec<String> = state
+                .runners
+                .keys()
+                .filter(|id| !live.contains(&id.as_str()))
+                .cloned()
+                .collect();
+            ended.iter().filter_map(|id| state.runners.remove(id)).collect()
+        };
+        for runner in gone {
+            // The machine is gone: nothing of its runner is left.
+            runner.crash().await;
+        }
+        for instance in listed.iter().filter(|i| i.state == InstanceState::Running) {
+            if state.lock().expect("fleet").runners.contains_key(&instance.id.0) {
+                continue;
+            }
+            let runner = boot(&template, &cloud, instance, notices.clone()).await;
+            let mut state = state.lock().expect("fleet");
+            state.booted += 1;
+            state.runners.insert(instance.id.0.clone(), runner);
+        }
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+    }
+}
+
+async fn boot(
+    template: &kiln_runner::Config,
+    cloud: &SimCloud,
+    instance: &CloudInstance,
+    notices: Arc<Mutex<HashMap<String, Notices>>>,
+) -> ServiceHandle {
+    let kind = cloud
+        .catalogue()
+        .find(&instance.key.instance_type)
+        .expect("a type of the catalogue")
+        .clone();
+    let id = instance.id.0.clone();
+    let mut config = template.clone();
+    config.runner_id = id.clone();
+    config.pool = SIM_POOL.into();
+    config.work_dir = template.work_dir.join(&id);
+    config.provider = kiln_runner::ProviderKind::Sim;
+    config.cpu_millis = kind.shape.cpu_millis;
+    config.memory_bytes = kind.shape.memory_bytes;
+    config.report_interval_ms = 1000;
+    config.metrics_interval_ms = 3_600_000;
+    config.imds.poll_interval_ms = 200;
+    // The instance is the cloud's: its runner's provider adds no boot time and no preemption.
+    config.sim = kiln_runner::provider::sim::SimConfig {
+        instance_types: vec![kiln_runner::provider::sim::InstanceType {
+            name: kind.name.clone(),
+            cpu_millis: kind.shape.cpu_millis,
+            memory_bytes: kind.shape.memory_bytes,
+            gpus: 0,
+            on_demand_per_hour: kind.on_demand_per_hour,
+            spot_per_hour: kind.spot_per_hour,
+        }],
+        spot: instance.key.capacity == CapacityType::Spot,
+        boot_min_ms: 0,
+        boot_max_ms: 0,
+        preemptions_per_hour: 0.0,
+        // Jobs at once on the machine (each a simulated instance of the runner's provider, whose
+        // capacity `cpu-millis` and `memory-bytes` cap at the machine's).
+        max_instances: 64,
+        ..kiln_runner::provider::sim::SimConfig::default()
+    };
+    let source = Arc::new(SimMetadata {
+        identity: Identity {
+            instance_id: id,
+            instance_type: instance.key.instance_type.clone(),
+            zone: instance.key.zone.clone(),
+            region: "sim".into(),
+            market: instance.key.capacity.as_str().into(),
+        },
+        notices,
+    });
+    let runner = kiln_runner::Runner::bind_with_metadata(config, source)
+        .await
+        .expect("a runner binds on the instance");
+    ServiceHandle::spawn(|token| runner.serve(token))
+}
+
+/// The spot market: every second, each running instance is noticed with the probability its
+/// rate gives (seeded).
+async fn market(
+    cloud: Arc<SimCloud>,
+    cluster: String,
+    config: FleetConfig,
+    state: Arc<Mutex<Fleet>>,
+    stop: CancellationToken,
+) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(config.seed);
+    let chance = config.preemptions_per_hour / 3600.0;
+    let selector = TagSelector {
+        cluster,
+        live_only: true,
+        ..TagSelector::default()
+    };
+    while !stop.is_cancelled() {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+        let Ok(listed) = cloud.list(&selector).await else {
+            continue;
+        };
+        for instance in listed.iter().filter(|i| i.state == InstanceState::Running) {
+            if rng.random_bool(chance.min(1.0)) && cloud.preempt(&instance.id) {
+                state.lock().expect("fleet").preempted += 1;
+            }
+        }
+    }
+}
