@@ -11,6 +11,7 @@ async fn sim_stack(sim: SimConfig) -> Stack {
     config.provider = kiln_runner::ProviderKind::Sim;
     config.sim = sim;
     config.cpu_millis = 0;
+    config.memory_bytes = 0;
     stack.runner = Some(stack.spawn_runner(config).await);
     stack
 }
