@@ -293,18 +293,9 @@ impl Stack {
             .trim()
             .to_string();
         let store = Store::connect(&database).await.expect("store");
-        let logs_service = kiln_log_ingest::LogIngest::bind(kiln_log_ingest::Config {
-            grpc: ephemeral(),
-            database: database.clone(),
-            nats: nats.service_config(Service::LogIngest),
-            sqlite: kiln_log_ingest::config::SqliteConfig {
-                logs_path: dir.path().join("logs.db"),
-                metrics_path: dir.path().join("metrics.db"),
-            },
-            ..Default::default()
-        })
-        .await
-        .expect("log-ingest binds");
+        let logs_service = kiln_log_ingest::LogIngest::bind(logs_config(&nats, &database, dir.path(), ephemeral()))
+            .await
+            .expect("log-ingest binds");
         let logs_addr = logs_service.local_addr();
         let logs = ServiceHandle::spawn(|token| logs_service.serve(token));
         let scheduler = kiln_scheduler::Scheduler::bind(scheduler_config(&nats, &database, "scheduler-1"))
@@ -354,6 +345,16 @@ impl Stack {
         self.api = Some(ServiceHandle::spawn(|token| api.serve(token)));
     }
 
+    /// Restarts log-ingest on its address (after a stop or crash of it).
+    pub async fn restart_logs(&mut self) {
+        let listen = GrpcConfig::at(SocketAddr::from(([127, 0, 0, 1], self.logs_addr.port())));
+        let config = logs_config(&self.nats, &self.database, self.dir.path(), listen);
+        let logs = kiln_log_ingest::LogIngest::bind(config)
+            .await
+            .expect("log-ingest binds again");
+        self.logs = Some(ServiceHandle::spawn(|token| logs.serve(token)));
+    }
+
     fn api_config(&self, listen: SocketAddr) -> kiln_api::Config {
         api_config(&self.nats, &self.database, &self.objects, self.dir.path(), listen)
     }
@@ -382,6 +383,25 @@ fn api_config(
         secrets: secrets_config(dir),
         bootstrap_token_file: dir.join("admin.token"),
         reconcile_interval_ms: 200,
+        ..Default::default()
+    }
+}
+
+/// The stack's log-ingest: SQLite stores in `dir`.
+fn logs_config(
+    nats: &StackNats,
+    database: &DatabaseConfig,
+    dir: &std::path::Path,
+    grpc: GrpcConfig,
+) -> kiln_log_ingest::Config {
+    kiln_log_ingest::Config {
+        grpc,
+        database: database.clone(),
+        nats: nats.service_config(Service::LogIngest),
+        sqlite: kiln_log_ingest::config::SqliteConfig {
+            logs_path: dir.join("logs.db"),
+            metrics_path: dir.join("metrics.db"),
+        },
         ..Default::default()
     }
 }

@@ -176,3 +176,96 @@ async fn tail_gives_the_last_lines_then_follows_to_the_end() {
         .unwrap_err();
     assert_eq!(status.code(), Code::NotFound);
 }
+
+/// Replicas of log-ingest store batches of `KILN_LOGS` side by side, so a job's later line can be
+/// stored while an earlier one is still with a slow replica. A follower shows neither until the
+/// earlier one is stored, then both in order (it used to show the later one at once).
+#[tokio::test]
+async fn a_follower_never_shows_a_line_before_an_earlier_one_still_being_stored() {
+    use async_nats::jetstream::{self, AckKind, consumer::pull};
+    use kiln_core::subjects::{CONSUMER_LOG_INGEST, STREAM_LOGS};
+    use prost::Message as _;
+
+    let mut stack = Stack::start_without_runner().await;
+    let job = stack.submit(&["true"]).await;
+    let js = jetstream::new(stack.nats.client().await);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let mut consumer = loop {
+        if let Ok(stream) = js.get_stream(STREAM_LOGS).await
+            && let Ok(consumer) = stream.get_consumer::<pull::Config>(CONSUMER_LOG_INGEST).await
+        {
+            break consumer;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "log-ingest never made its consumer"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    stack.logs.take().expect("log-ingest runs").stop().await;
+    for text in ["earlier", "later"] {
+        let record = pb::LogRecord {
+            job_id: job.id.clone(),
+            attempt: job.attempt,
+            stream: pb::LogStream::Stdout as i32,
+            timestamp_ms: kiln_core::ids::now_ms(),
+            text: text.into(),
+            ..Default::default()
+        };
+        kiln_core::streams::publish(
+            &js,
+            kiln_core::subjects::logs(&job.id),
+            &format!("{}:{text}", job.id),
+            record.encode_to_vec().into(),
+        )
+        .await
+        .unwrap();
+    }
+    // The slow replica: it holds the earlier line, unacknowledged.
+    let earlier = consumer
+        .fetch()
+        .max_messages(1)
+        .messages()
+        .await
+        .unwrap()
+        .next()
+        .await
+        .expect("a message")
+        .unwrap();
+    stack.restart_logs().await;
+    // The restarted replica stores the later line (it acks only after the write).
+    loop {
+        let info = consumer.info().await.unwrap();
+        if info.num_ack_pending == 1 && info.delivered.stream_sequence == earlier.info().unwrap().stream_sequence + 1 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the later line was never stored: {info:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut follower = stack
+        .logs_client()
+        .await
+        .get_logs(pb::GetLogsRequest {
+            job_id: job.id.clone(),
+            follow: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    // Let the follower read the store while only the later line is in it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    earlier.ack_with(AckKind::Nak(None)).await.unwrap();
+    let mut shown = Vec::new();
+    while shown.len() < 2 {
+        let line = tokio::time::timeout(PATIENCE, follower.next())
+            .await
+            .expect("the follower stalled")
+            .expect("the stream goes on")
+            .unwrap();
+        shown.push(line.text);
+    }
+    assert_eq!(shown, ["earlier", "later"]);
+}

@@ -2,11 +2,13 @@
 //! (with follow, until the job has ended and its last line is out).
 //!
 //! Replicas store different batches of `KILN_LOGS` side by side, so a job's later lines may be
-//! stored before its earlier ones. A follower therefore moves its cursor only over lines at or
-//! below the shared consumer's ack floor (every message up to it is stored, since writers ack
-//! after the write); lines above it are sent at once and remembered, so a re-read from the
-//! cursor sends each line once, and a late line is still found. The end of an attempt counts
-//! only once its end record is below the floor too.
+//! stored before its earlier ones. A reader therefore sends only lines at or below the shared
+//! consumer's ack floor (every message up to it is stored, since writers ack after the write),
+//! so it never sends a line before an earlier one that is still on its way, and moves its cursor
+//! over them. A line above the floor waits for it, for `read-wait-ms` at most (writers that
+//! cannot store, NATS that cannot say): then it is sent as it is and remembered, so a re-read
+//! from the cursor sends each line once and a late line is still found, out of order. The end
+//! of an attempt counts only once its end record is below the floor too.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -168,6 +170,8 @@ impl LogsApi {
         let mut cursor = from;
         let mut sent: BTreeSet<(i32, i64)> = BTreeSet::new();
         let mut ended_attempt = 0;
+        // Since when the first line above the floor has waited for it.
+        let mut waiting_since: Option<tokio::time::Instant> = None;
         // The job's state changes wake a follower too: its end comes after its last line.
         let mut job_events = match follow {
             true => self
@@ -183,6 +187,7 @@ impl LogsApi {
             let floor = self.ack_floor().await;
             let lines = self.logs.read(job_id, cursor, PAGE).await?;
             let full_page = lines.len() == PAGE as usize;
+            let stale = waiting_since.is_some_and(|since| since.elapsed() >= self.read_wait);
             let mut confirming = true;
             let mut above_floor = false;
             for line in lines {
@@ -198,6 +203,9 @@ impl LogsApi {
                     }
                 } else {
                     above_floor = true;
+                    if !stale {
+                        break;
+                    }
                 }
                 if line.end || !sent.insert(position) {
                     continue;
@@ -214,10 +222,14 @@ impl LogsApi {
                 }
             }
             sent = sent.split_off(&(cursor.attempt, cursor.seq.saturating_add(1)));
+            waiting_since = match above_floor {
+                true => waiting_since.or_else(|| Some(tokio::time::Instant::now())),
+                false => None,
+            };
             if full_page && !above_floor {
                 continue;
             }
-            if !follow && !above_floor {
+            if !follow && (!above_floor || stale) {
                 return Ok(());
             }
             let job = self.store.job(job_id).await.map_err(Error::from)?;
