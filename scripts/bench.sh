@@ -13,6 +13,9 @@
 #   provisioner-bench — the provisioner scaling 0 → 1,000 simulated instances and back (cycles, calls,
 #     CPU, cost against the greedy lower bound, demand → create call), beside Karpenter's published
 #     figures
+#   outputs-sync-bench — the runner's incremental outputs sync of a 2 GiB directory (everything,
+#     nothing changed, one file rewritten) against `aws s3 sync` (awscli==1.42.76), both to
+#     versitygw
 #   sweep-bench — sweeps against Optuna (optuna==5.0.0, scikit-learn==1.9.1, numpy==2.4.6): search
 #     quality of TPE, ASHA's early stopping on learning curves, the advisor's overhead per trial
 # Uses the Docker Engine at DOCKER_HOST (or the local socket) when it answers, else starts one
@@ -27,7 +30,9 @@ export PATH="$KILN_TOOLS/bin:$HOME/.cargo/bin:$PATH"
 docker_host=${DOCKER_HOST:-unix:///var/run/docker.sock}
 docker_dir=""
 cass_dir=""
+s3_dir=""
 cleanup() {
+  if [ -n "$s3_dir" ]; then "$repo/scripts/s3-server.sh" stop "$s3_dir" || true; rm -rf "$s3_dir"; fi
   if [ -n "$cass_dir" ]; then CASSANDRA_RUN_DIR="$cass_dir" "$repo/scripts/cassandra/stop.sh" --kill --clean >/dev/null 2>&1 || true; fi
   if [ -n "$docker_dir" ] && [ -f "$docker_dir/docker.pid" ]; then kill "$(cat "$docker_dir/docker.pid")" 2>/dev/null || true; fi
 }
@@ -73,6 +78,14 @@ fi
 
 # --- the provisioner at 1,000 simulated instances ------------------------------------------------
 ./target/release/provisioner-bench --instances 1000
+
+# --- the outputs sync against aws s3 sync, both to versitygw --------------------------------------
+s3_dir=$(mktemp -d /tmp/kiln-bench-s3.XXXXXX)
+"$repo/scripts/s3-server.sh" start "$s3_dir"
+# shellcheck disable=SC1091
+source "$s3_dir/env"
+"$venv/bin/pip" install -q --disable-pip-version-check "awscli==1.42.76"
+./target/release/outputs-sync-bench --mib "${SYNC_MIB:-2048}" --aws "$venv/bin/aws"
 
 # --- sweeps against Optuna: search quality, early stopping, advisor overhead --------------------
 "$venv/bin/pip" install -q --disable-pip-version-check "optuna==5.0.0" "scikit-learn==1.9.1" "numpy==2.4.6"

@@ -25,6 +25,7 @@ mod m0017_controller_pauses;
 mod m0018_pending_logins;
 mod m0019_project_scoped_models;
 mod m0020_cloud_provisioning;
+mod m0021_outputs_sync;
 
 /// Migrator lists every migration in order.
 pub struct Migrator;
@@ -53,6 +54,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0018_pending_logins::Migration),
             Box::new(m0019_project_scoped_models::Migration),
             Box::new(m0020_cloud_provisioning::Migration),
+            Box::new(m0021_outputs_sync::Migration),
         ]
     }
 }

@@ -252,6 +252,12 @@ pub async fn status(job_id: String, output: Output) -> Result<ExitCode> {
             let text = match value {
                 serde_json::Value::String(s) => s.clone(),
                 serde_json::Value::Null => "-".into(),
+                // "1.9GiB, 42s ago": what a resumed attempt would find.
+                synced if key == "outputs_synced" => format!(
+                    "{}, {} ago",
+                    synced["size"].as_str().unwrap_or("-"),
+                    format::age(synced["at_ms"].as_i64().unwrap_or(0))
+                ),
                 other => other.to_string(),
             };
             out!("{key:>15}: {text}");

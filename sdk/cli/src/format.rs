@@ -115,6 +115,12 @@ pub fn job_json(job: &pb::Job) -> serde_json::Value {
         "cost": job.cost,
         "on_demand_cost": job.on_demand_cost,
         "resume_from": (!job.resume_from.is_empty()).then_some(&job.resume_from),
+        // The last sync of the outputs while the job ran (periodic or asked for).
+        "outputs_synced": (job.outputs_synced_at_ms > 0).then(|| json!({
+            "at_ms": job.outputs_synced_at_ms,
+            "bytes": job.outputs_synced_bytes,
+            "size": bytes(job.outputs_synced_bytes),
+        })),
         "version": job.version,
         "pool": job.pool,
         "requested_pool": (!spec.pool.is_empty()).then_some(&spec.pool),

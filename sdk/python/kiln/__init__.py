@@ -7,6 +7,7 @@
     kiln.log_series("lr", schedule)         # many values of one key at once, at the next steps
     kiln.summary({"best/loss": best})       # summary values of the run
     kiln.save("checkpoints/")               # a file or directory, as an artifact of the run
+    kiln.checkpoint()                       # sync $KILN_OUTPUTS now (a resumed attempt gets them)
     kiln.finish()                           # also done at exit
 
 Reading runs back (plain dataclasses, or pandas frames with frame=True):
@@ -42,6 +43,7 @@ gets numpy arrays by input name and returns arrays by output name, one call at a
 """
 
 from ._batch import Batch, Client, Progress
+from ._checkpoint import checkpoint
 from ._client import RunInfo, Series
 from ._run import Run, finish, init, log, log_series
 from ._serve import serve
@@ -52,6 +54,7 @@ config: dict = {}
 """The configuration given to `init` (a plain dict)."""
 
 __all__ = [
-    "Batch", "Client", "Progress", "Run", "RunInfo", "Saved", "Series", "config", "finish", "init", "log", "log_series",
+    "Batch", "Client", "Progress", "Run", "RunInfo", "Saved", "Series", "checkpoint", "config", "finish", "init", "log",
+    "log_series",
     "save", "serve", "should_stop", "summary",
 ]

@@ -86,6 +86,10 @@ pub struct Config {
     pub dataset_cache: DatasetCacheConfig,
     /// Time between SIGTERM and SIGKILL when a job is stopped, in milliseconds.
     pub stop_grace_period_ms: u64,
+    /// How often a running job's outputs are synced to object storage (only what changed is
+    /// sent), so an attempt lost without notice resumes from the last sync; 0 turns it off.
+    /// A job also asks for a sync by touching `$KILN_OUTPUTS/.kiln-sync`.
+    pub outputs_sync_interval_secs: u64,
     /// Address of the api, given to jobs as `KILN_API`.
     pub api_url: String,
     /// Address of log-ingest, given to jobs as `KILN_LOGS` (where they write their metrics).
@@ -140,6 +144,7 @@ impl Default for Config {
             relay: Default::default(),
             dataset_cache: DatasetCacheConfig::default(),
             stop_grace_period_ms: 10_000,
+            outputs_sync_interval_secs: 300,
             api_url: "http://127.0.0.1:7070".into(),
             logs_url: "http://127.0.0.1:7071".into(),
             job_tls: kiln_core::tls::ClientTlsConfig::default(),

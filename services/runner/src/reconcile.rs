@@ -24,7 +24,7 @@ pub(super) async fn reconcile(ctx: &Context) -> Result<()> {
             ctx.provider
                 .signal(&instance, nix::sys::signal::Signal::SIGKILL)
                 .await?;
-            supervisor::sync_outputs(ctx, &instance).await;
+            supervisor::sync_outputs(ctx, &instance, &Default::default()).await;
             ctx.provider.release(&instance).await?;
         }
         supervisor::lose(ctx, &job, "the runner restarted while the job ran").await?;

@@ -109,6 +109,28 @@ async fn a_stopped_container_gets_sigterm_and_its_outputs_are_synced() {
     assert_nothing_left(&stack.docker_runner_id()).await;
 }
 
+/// A container asks for a sync of its outputs by touching `.kiln-sync`: the runner reads the
+/// marker through the engine's archive API and syncs the outputs while the job runs, without the
+/// marker itself.
+#[tokio::test]
+async fn a_container_asks_for_a_sync_with_its_marker_file() {
+    let stack = Stack::start_docker().await;
+    let script = "echo 7 > /kiln/outputs/step && touch /kiln/outputs/.kiln-sync && while true; do sleep 0.2; done";
+    let job = stack.submit_spec(image_spec(&["sh", "-c", script])).await;
+    stack.wait_for_state(&job.id, pb::JobState::Running).await;
+    let synced = stack
+        .wait_for(&job.id, "its sync recorded", |j| j.outputs_synced_at_ms > 0)
+        .await;
+    assert_eq!(synced.state, pb::JobState::Running as i32, "{synced:?}");
+    assert_eq!(synced.outputs_synced_bytes, 2, "{synced:?}");
+    assert_eq!(output(&stack, &job.id, "step").await.unwrap(), "7\n");
+    let marker = output(&stack, &job.id, ".kiln-sync").await;
+    assert_eq!(marker.unwrap_err().code(), tonic::Code::NotFound);
+    stack.stop_job(&job.id).await;
+    stack.wait_for_state(&job.id, pb::JobState::Stopped).await;
+    assert_nothing_left(&stack.docker_runner_id()).await;
+}
+
 #[tokio::test]
 async fn a_job_past_its_max_runtime_ends_stopped_with_reason_timeout() {
     let stack = Stack::start_docker().await;

@@ -125,6 +125,99 @@ wait
     other.stop().await;
 }
 
+/// Reads what a job's outputs hold at `path` in the stack's object store, once it is there.
+async fn synced_output(stack: &Stack, job_id: &str, path: &str) -> String {
+    let file = stack.objects_dir().join("outputs").join(job_id).join(path);
+    let deadline = tokio::time::Instant::now() + kiln_e2e::PATIENCE;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(&file) {
+            return text;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} was never synced",
+            file.display()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// A job killed without notice (its runner SIGKILLed, requeue on) resumes from the last
+/// periodic sync of its outputs: the first attempt never ended, so nothing else could have
+/// synced them. With `outputs-sync-interval-secs = 0` nothing is restored (the control).
+#[tokio::test]
+async fn a_job_lost_without_notice_resumes_from_its_last_periodic_sync() {
+    let mut stack = Stack::start_without_runner().await;
+    let first = kiln_runner::Config {
+        outputs_sync_interval_secs: 1,
+        ..leased_runner(&stack, "runner-1", kiln_runner::OnLost::Requeue)
+    };
+    stack.runner = Some(stack.spawn_runner(first).await);
+    // Counts steps into its outputs (a rename, so a sync never reads half a file).
+    let script = r#"
+if [ -f "$KILN_RESUME_FROM/step" ]; then
+  echo "attempt $KILN_ATTEMPT resumes at step $(cat "$KILN_RESUME_FROM/step")"
+  exit 0
+fi
+i=0
+while true; do
+  i=$((i+1)); echo $i > "$KILN_OUTPUTS/.step"; mv "$KILN_OUTPUTS/.step" "$KILN_OUTPUTS/step"; sleep 0.1
+done
+"#;
+    let job = stack.submit(&["sh", "-c", script]).await;
+    let running = stack.wait_for_state(&job.id, pb::JobState::Running).await;
+    let step: u64 = synced_output(&stack, &job.id, "step").await.trim().parse().unwrap();
+    let recorded = stack
+        .wait_for(&job.id, "its sync recorded", |j| j.outputs_synced_at_ms > 0)
+        .await;
+    assert!(recorded.outputs_synced_bytes > 0, "{recorded:?}");
+
+    let other = kiln_runner::Config {
+        outputs_sync_interval_secs: 1,
+        ..leased_runner(&stack, "runner-2", kiln_runner::OnLost::Requeue)
+    };
+    let other = stack.spawn_runner(other).await;
+    stack.runner.take().unwrap().crash().await;
+    kill_group(pid_of(&running));
+    let done = stack.wait_for_state(&job.id, pb::JobState::Succeeded).await;
+    assert_eq!((done.attempt, done.runner_id.as_str()), (2, "runner-2"), "{done:?}");
+    let lines = stack.log_lines(&job.id, false).await;
+    let resumed = lines
+        .iter()
+        .find_map(|l| l.text.strip_prefix("attempt 2 resumes at step "))
+        .unwrap_or_else(|| panic!("attempt 2 did not resume: {lines:?}"));
+    let resumed: u64 = resumed.parse().unwrap();
+    assert!(resumed >= step, "resumed at {resumed}, before the sync seen at {step}");
+    other.stop().await;
+}
+
+/// A job that touches `$KILN_OUTPUTS/.kiln-sync` has its outputs synced at once (periodic
+/// syncs off here), without the marker itself, and the job's record says how much it held.
+#[tokio::test]
+async fn a_job_asks_for_a_sync_with_its_marker_file() {
+    let mut stack = Stack::start_without_runner().await;
+    let config = kiln_runner::Config {
+        outputs_sync_interval_secs: 0,
+        ..stack.runner_config("runner-1")
+    };
+    stack.runner = Some(stack.spawn_runner(config).await);
+    let script = r#"
+head -c 100000 /dev/zero > "$KILN_OUTPUTS/weights"; echo 1 > "$KILN_OUTPUTS/step"; touch "$KILN_OUTPUTS/.kiln-sync"
+exec sleep 600
+"#;
+    let job = stack.submit(&["sh", "-c", script]).await;
+    stack.wait_for_state(&job.id, pb::JobState::Running).await;
+    assert_eq!(synced_output(&stack, &job.id, "step").await, "1\n");
+    let synced = stack
+        .wait_for(&job.id, "its sync recorded", |j| j.outputs_synced_at_ms > 0)
+        .await;
+    assert_eq!(synced.outputs_synced_bytes, 100_002, "{synced:?}");
+    let marker = stack.objects_dir().join("outputs").join(&job.id).join(".kiln-sync");
+    assert!(!marker.exists(), "the marker was synced");
+    stack.stop_job(&job.id).await;
+    stack.wait_for(&job.id, "stopped", |j| j.finished_at_ms > 0).await;
+}
+
 #[tokio::test]
 async fn a_runner_whose_lease_lapsed_kills_its_taken_job_and_takes_no_launch_until_it_holds_it() {
     let mut stack = Stack::start_without_runner().await;

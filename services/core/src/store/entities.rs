@@ -116,6 +116,10 @@ pub mod job {
         /// GPU-milliseconds of the ended attempts: GPUs times each attempt's run time, as its
         /// runner measured it (the running attempt's is not in it yet).
         pub gpu_ms: i64,
+        /// When the running attempt's outputs were last synced to object storage (0 for never),
+        /// and the bytes they held then.
+        pub outputs_synced_at_ms: i64,
+        pub outputs_synced_bytes: i64,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

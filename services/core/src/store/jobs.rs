@@ -378,6 +378,22 @@ impl Store {
         self.job(job_id).await
     }
 
+    /// Records a sync of the outputs of `attempt` while it runs (not a state change: the
+    /// version stays). A sync of an attempt that is no longer the job's changes nothing.
+    pub async fn record_outputs_sync(&self, job_id: &str, attempt: i32, at_ms: i64, bytes: u64) -> StoreResult<()> {
+        Jobs::update_many()
+            .col_expr(Column::OutputsSyncedAtMs, Expr::value(at_ms))
+            .col_expr(
+                Column::OutputsSyncedBytes,
+                Expr::value(i64::try_from(bytes).unwrap_or(i64::MAX)),
+            )
+            .filter(Column::Id.eq(job_id))
+            .filter(Column::Attempt.eq(attempt))
+            .exec(&self.db)
+            .await?;
+        Ok(())
+    }
+
     /// Sums the CPU, memory and GPUs held by active jobs of each pool.
     pub async fn active_usage_by_pool(&self) -> StoreResult<BTreeMap<String, Usage>> {
         let mut usage: BTreeMap<String, Usage> = BTreeMap::new();
@@ -440,6 +456,8 @@ pub(super) fn new_record(new: NewJob, state: JobState, pool: &str, instance_id: 
         cost_micros: Set(0),
         on_demand_cost_micros: Set(0),
         gpu_ms: Set(0),
+        outputs_synced_at_ms: Set(0),
+        outputs_synced_bytes: Set(0),
         submit_hash: Set(submit_hash),
         submit_key: Set(Some(new.submit_key).filter(|key| !key.is_empty())),
         requested_pool: Set(new.requested_pool),
@@ -500,6 +518,8 @@ impl JobRecord {
             config: crate::runs::config_to_proto(&self.config().unwrap_or_default()),
             summary: crate::runs::config_to_proto(&self.summary().unwrap_or_default()),
             sweep_id: self.sweep_id.clone(),
+            outputs_synced_at_ms: self.outputs_synced_at_ms,
+            outputs_synced_bytes: u64::try_from(self.outputs_synced_bytes).unwrap_or(0),
         }
     }
 }

@@ -4,9 +4,7 @@
 //! may each have a model and a service of the same name. Run on SQLite and Postgres by
 //! store.rs.
 
-use std::collections::BTreeMap;
-
-use kiln_core::store::{ModelKey, NewJob, NewModelVersion, Store};
+use kiln_core::store::{ModelKey, NewModelVersion, Store};
 use kiln_migrations::{Migrator, MigratorTrait};
 use sea_orm::{ConnectionTrait, Statement};
 
@@ -58,24 +56,24 @@ pub(super) async fn every_model_and_service_keeps_its_name(store: Store) {
     for statement in OLD_ROWS {
         execute(&store, statement).await.unwrap();
     }
-    // A worker of `digits` (in beta) loading alpha's resnet by its then global name.
-    let worker = store
-        .insert_job(NewJob {
-            owner_id: "u1".into(),
-            project: "beta".into(),
-            name: "digits-resnet-r1".into(),
-            command: vec!["serve".into()],
-            env: BTreeMap::from([
-                ("KILN_SERVE_SERVICE".into(), "digits".into()),
-                ("KILN_SERVE_MODEL".into(), "resnet:3".into()),
-            ]),
-            cpu_millis: 100,
-            memory_bytes: 1 << 20,
-            service_id: "s1".into(),
-            ..NewJob::default()
-        })
-        .await
-        .unwrap();
+    // A worker of `digits` (in beta) loading alpha's resnet by its then global name: the row
+    // of the jobs table as it was then (the entity has columns of later migrations).
+    execute(
+        &store,
+        "INSERT INTO jobs (id, owner_id, project, name, command_json, env_json, cpu_millis, memory_bytes,
+            code_digest, state, version, published_version, attempt, pool, runner_id, instance_id,
+            exit_code, reason, stop_requested, created_at_ms, updated_at_ms, started_at_ms,
+            finished_at_ms, image, gpus, max_runtime_secs, datasets_json, batch_id, priority,
+            priority_class, market_policy, market, preemptions, resume_from, cost_micros,
+            on_demand_cost_micros, submit_key, submit_hash, requested_pool, secrets_json, config_json,
+            summary_json, sweep_id, service_id, gpu_ms)
+        VALUES ('w1', 'u1', 'beta', 'digits-resnet-r1', '[\"serve\"]',
+            '{\"KILN_SERVE_MODEL\":\"resnet:3\",\"KILN_SERVE_SERVICE\":\"digits\"}', 100, 1048576,
+            '', 'QUEUED', 1, 1, 0, '', '', '', NULL, '', FALSE, 1, 1, NULL, NULL, '', 0, 0, '[]', '',
+            0, 'normal', 'auto', '', 0, '', 0, 0, NULL, '', '', '[]', '{}', '{}', '', 's1', 0)",
+    )
+    .await
+    .unwrap();
     store.migrate().await.unwrap();
     store.check_schema().await.unwrap();
 
@@ -118,7 +116,7 @@ pub(super) async fn every_model_and_service_keeps_its_name(store: Store) {
     assert_eq!(spec["members"][0]["model"], "alpha/resnet");
     assert_eq!(spec["members"][0]["asked"], "alpha/resnet@production");
     assert_eq!(spec["members"][1]["model"], "bert");
-    let env = store.job(&worker.id).await.unwrap().env().unwrap();
+    let env = store.job("w1").await.unwrap().env().unwrap();
     assert_eq!(env["KILN_SERVE_MODEL"], "alpha/resnet:3");
     assert_eq!(env["KILN_SERVE_SERVICE"], "digits");
 

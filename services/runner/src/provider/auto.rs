@@ -71,6 +71,10 @@ impl Provider for AutoProvider {
         self.of(instance).live_outputs(instance).await
     }
 
+    async fn sync_asked(&self, instance: &Instance) -> Result<Option<i64>> {
+        self.of(instance).sync_asked(instance).await
+    }
+
     async fn outputs(&self, instance: &Instance) -> Result<Outputs> {
         self.of(instance).outputs(instance).await
     }

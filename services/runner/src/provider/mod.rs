@@ -69,6 +69,10 @@ pub struct InstanceSpec {
     pub restore: Option<PathBuf>,
 }
 
+/// The file in its outputs directory a job writes (or touches) to have them synced now
+/// (`kiln.checkpoint()` in the SDK); it is not synced itself.
+pub const SYNC_MARKER: &str = ".kiln-sync";
+
 /// A provisioned instance.
 #[derive(Debug, Clone)]
 pub struct Instance {
@@ -206,6 +210,13 @@ pub trait Provider: Send + Sync + 'static {
     /// with more rights than the job's own); `Outputs::None` for providers that cannot.
     async fn live_outputs(&self, _instance: &Instance) -> Result<Outputs> {
         Ok(Outputs::None)
+    }
+
+    /// When the job last asked for a sync of its outputs: the modification time, in
+    /// milliseconds, of [`SYNC_MARKER`] in its outputs directory (read without following a
+    /// link); `None` when it never did or the provider cannot tell.
+    async fn sync_asked(&self, _instance: &Instance) -> Result<Option<i64>> {
+        Ok(None)
     }
 
     /// Where the outputs of an ended instance can be read.

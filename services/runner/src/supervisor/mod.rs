@@ -95,10 +95,15 @@ struct Host {
     received: std::time::Instant,
     /// An inference worker's relay, while it runs.
     relay: Option<watch::Relay>,
-    /// The outputs sync started when the job was asked to checkpoint, awaited before the
-    /// final sync so an older copy never lands after a newer one.
+    /// The outputs sync started while the job runs (periodic, asked for, or at a checkpoint
+    /// notice), awaited before the final sync so an older copy never lands after a newer one.
     checkpoint_sync: Option<tokio::task::JoinHandle<()>>,
+    /// What the instance's outputs syncs stored so far; each sync holds the lock throughout.
+    outputs: SyncedOutputs,
 }
+
+/// An instance's outputs manifest, shared by its syncs.
+pub(crate) type SyncedOutputs = std::sync::Arc<tokio::sync::Mutex<crate::outputs::Manifest>>;
 
 /// Why the runner stopped a job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,6 +148,7 @@ pub(crate) async fn supervise(
         received,
         relay: None,
         checkpoint_sync: None,
+        outputs: SyncedOutputs::default(),
     };
     let (outcome, current, instance) = execute(&ctx, job, gpu_devices, &mut host, &shipper, &controls, &shutdown).await;
     ctx.metrics
@@ -177,7 +183,7 @@ pub(crate) async fn supervise(
     let current = match &instance {
         Some(instance) => {
             host.phase.enter(metrics::SYNCING);
-            finish_instance(&ctx, current, instance).await
+            finish_instance(&ctx, current, instance, &host.outputs).await
         }
         None => {
             remove_scratch(&host.scratch_dir).await;
@@ -215,7 +221,7 @@ pub(crate) async fn supervise(
 }
 
 /// SYNCING: copies the outputs to object storage, then releases the instance.
-async fn finish_instance(ctx: &Context, job: JobRecord, instance: &Instance) -> JobRecord {
+async fn finish_instance(ctx: &Context, job: JobRecord, instance: &Instance, outputs: &SyncedOutputs) -> JobRecord {
     let job = match job.state() {
         Ok(JobState::Running) => match ctx.store.transition(&job, JobState::Syncing, Change::default()).await {
             Ok(syncing) => {
@@ -229,7 +235,7 @@ async fn finish_instance(ctx: &Context, job: JobRecord, instance: &Instance) -> 
         },
         _ => job,
     };
-    sync_outputs(ctx, instance).await;
+    sync_outputs(ctx, instance, outputs).await;
     if let Err(error) = ctx.provider.release(instance).await {
         ctx.metrics.provider_error(instance.provider);
         tracing::error!(job_id = %job.id, error = %error, "cannot release the instance; it is released at the next restart");
@@ -238,33 +244,64 @@ async fn finish_instance(ctx: &Context, job: JobRecord, instance: &Instance) -> 
 }
 
 /// Copies an ended instance's outputs to object storage; a failure is logged, not fatal.
-pub(crate) async fn sync_outputs(ctx: &Context, instance: &Instance) {
-    sync(ctx, instance, false).await
+pub(crate) async fn sync_outputs(ctx: &Context, instance: &Instance, outputs: &SyncedOutputs) {
+    sync(ctx, instance, outputs, false).await
 }
 
-/// Copies a running instance's outputs so far to object storage (a checkpoint asked for).
-pub(crate) async fn sync_live_outputs(ctx: &Context, instance: &Instance) {
-    sync(ctx, instance, true).await
+/// Copies a running instance's outputs so far to object storage (periodic, or asked for).
+pub(crate) async fn sync_live_outputs(ctx: &Context, instance: &Instance, outputs: &SyncedOutputs) {
+    sync(ctx, instance, outputs, true).await
 }
 
-async fn sync(ctx: &Context, instance: &Instance, live: bool) {
+async fn sync(ctx: &Context, instance: &Instance, outputs: &SyncedOutputs, live: bool) {
+    let mut manifest = outputs.lock().await;
     let started = std::time::Instant::now();
-    let outputs = match live {
+    let read = match live {
         true => ctx.provider.live_outputs(instance).await,
         false => ctx.provider.outputs(instance).await,
     };
-    let synced = match outputs {
-        Ok(outputs) => crate::outputs::sync(ctx.objects.clone(), &instance.job_id, outputs).await,
+    let synced = match read {
+        // A failed sync leaves a fresh manifest: the next one lists the store again.
+        Ok(read) => {
+            crate::outputs::sync(
+                ctx.objects.clone(),
+                &instance.job_id,
+                read,
+                std::mem::take(&mut *manifest),
+            )
+            .await
+        }
         Err(error) => {
             ctx.metrics.provider_error(instance.provider);
             Err(error)
         }
     };
-    ctx.metrics
-        .synced(synced.as_ref().ok().map(|synced| synced.bytes), started.elapsed());
+    ctx.metrics.synced(
+        synced.as_ref().ok().map(|(report, _)| report.written.bytes),
+        started.elapsed(),
+    );
     match synced {
-        Ok(synced) => {
-            tracing::info!(job_id = %instance.job_id, files = synced.files, bytes = synced.bytes, "outputs synced")
+        Ok((report, kept)) => {
+            *manifest = kept;
+            tracing::info!(
+                job_id = %instance.job_id,
+                live,
+                sent_files = report.written.files,
+                sent_bytes = report.written.bytes,
+                files = report.total.files,
+                bytes = report.total.bytes,
+                deleted = report.deleted,
+                took_ms = started.elapsed().as_millis() as u64,
+                "outputs synced"
+            );
+            let at = kiln_core::ids::now_ms();
+            if let Err(error) = ctx
+                .store
+                .record_outputs_sync(&instance.job_id, instance.attempt, at, report.total.bytes)
+                .await
+            {
+                tracing::warn!(job_id = %instance.job_id, error = %error, "cannot record the outputs sync");
+            }
         }
         Err(error) => tracing::error!(job_id = %instance.job_id, error = %error, "cannot sync the outputs"),
     }

@@ -26,15 +26,22 @@ async fn checkpoint_now(ctx: &Context, instance: &Instance, controls: &Controls,
         Ok(signalled) => tracing::info!(job_id = %instance.job_id, signalled, "job asked to checkpoint"),
         Err(error) => tracing::warn!(job_id = %instance.job_id, error = %error, "cannot ask the job to checkpoint"),
     }
+    // Give the job a moment to write its checkpoint before it is copied.
+    let _ = start_live_sync(ctx, instance, host, CHECKPOINT_SETTLE);
+}
+
+/// Starts a sync of the running instance's outputs after `settle`, unless one is under way;
+/// returns whether it did.
+fn start_live_sync(ctx: &Context, instance: &Instance, host: &mut Host, settle: Duration) -> bool {
     if host.checkpoint_sync.as_ref().is_some_and(|sync| !sync.is_finished()) {
-        return;
+        return false;
     }
-    let (ctx, instance) = (ctx.clone(), instance.clone());
+    let (ctx, instance, outputs) = (ctx.clone(), instance.clone(), host.outputs.clone());
     host.checkpoint_sync = Some(tokio::spawn(async move {
-        // Give the job a moment to write its checkpoint before it is copied.
-        tokio::time::sleep(CHECKPOINT_SETTLE).await;
-        super::sync_live_outputs(&ctx, &instance).await;
+        tokio::time::sleep(settle).await;
+        super::sync_live_outputs(&ctx, &instance, &outputs).await;
     }));
+    true
 }
 
 /// How long a job asked to checkpoint has before its outputs are synced.
@@ -65,6 +72,12 @@ pub(super) async fn watch(
     };
     tokio::pin!(idle_gpu);
     let mut stopping: Option<StopReason> = None;
+    // Outputs are synced every `sync-interval-secs` while the job runs, and when it asks.
+    let sync_every = Duration::from_secs(ctx.config.outputs_sync_interval_secs);
+    let mut next_sync = tokio::time::Instant::now() + sync_every;
+    // A marker already there was written by this attempt (it is never synced, so never
+    // restored): it counts too.
+    let mut asked: Option<i64> = None;
     loop {
         tokio::select! {
             exit = &mut wait => return (exit, stopping),
@@ -78,7 +91,20 @@ pub(super) async fn watch(
             _ = controls.checkpoint.notified(), if stopping.is_none() => {
                 checkpoint_now(ctx, instance, controls, host).await;
             }
+            _ = tokio::time::sleep_until(next_sync), if stopping.is_none() && !sync_every.is_zero() => {
+                let _ = start_live_sync(ctx, instance, host, Duration::ZERO);
+                next_sync = tokio::time::Instant::now() + sync_every;
+            }
             _ = tokio::time::sleep(STOP_POLL), if stopping.is_none() => {
+                // A sync under way leaves the ask for the next poll.
+                if let Ok(now) = ctx.provider.sync_asked(instance).await
+                    && now.is_some()
+                    && now != asked
+                    && start_live_sync(ctx, instance, host, Duration::ZERO)
+                {
+                    asked = now;
+                    tracing::info!(job_id = %job.id, "the job asked for its outputs to be synced");
+                }
                 match ctx.store.job(&job.id).await {
                     Ok(current) if Holding::of(job).is_taken_by(Holding::of(&current)) => {
                         tracing::warn!(job_id = %job.id, state = %current.state, attempt = current.attempt, "the job was taken from this runner: SIGKILL");

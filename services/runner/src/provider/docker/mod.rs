@@ -263,6 +263,33 @@ impl Provider for DockerProvider {
         self.outputs(instance).await
     }
 
+    /// The engine's archive of the marker alone: its tar header has the time (in seconds).
+    async fn sync_asked(&self, instance: &Instance) -> Result<Option<i64>> {
+        let path = format!("{OUTPUTS_DIR}/{}", super::SYNC_MARKER);
+        let options = DownloadFromContainerOptionsBuilder::new().path(&path).build();
+        let mut archive = self
+            .docker
+            .download_from_container(container_id(instance), Some(options));
+        let mut bytes = Vec::new();
+        while let Some(chunk) = archive.next().await {
+            match chunk {
+                // A marker is empty or small; the first header is all that is read.
+                Ok(chunk) if bytes.len() < 512 => bytes.extend_from_slice(&chunk),
+                Ok(_) => {}
+                Err(error) if not_found(&error) => return Ok(None),
+                Err(error) => return Err(docker_error("read the sync marker")(error)),
+            }
+        }
+        let Some(header) = bytes.get(..512) else {
+            return Ok(None);
+        };
+        let header = tar::Header::from_byte_slice(header);
+        match (header.entry_type().is_file(), header.mtime()) {
+            (true, Ok(mtime)) => Ok(Some(i64::try_from(mtime).unwrap_or(i64::MAX / 1000) * 1000)),
+            _ => Ok(None),
+        }
+    }
+
     async fn outputs(&self, instance: &Instance) -> Result<Outputs> {
         let path = instance.scratch_dir.join("outputs.tar");
         tokio::fs::create_dir_all(&instance.scratch_dir)

@@ -1,11 +1,6 @@
-//! Syncing an ended instance's outputs to object storage, under `outputs/<job>/<path>`, and
-//! packing them again for the attempt that resumes a preempted one.
-//!
-//! Files are read one at a time and streamed up in parts, so a large checkpoint never sits in
-//! memory whole. Paths are checked like any user input: nothing outside the job's prefix is
-//! written; symlinks and special files are skipped. A restore streams each object into a tar.gz
-//! on the runner's disk, under the same relative path, which the provider then unpacks into the
-//! new instance's outputs directory.
+//! Packing the outputs earlier attempts synced into an archive for the attempt that resumes: a
+//! restore streams each object into a tar.gz on the runner's disk, under the same relative
+//! path, which the provider then unpacks into the new instance's outputs directory.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -14,102 +9,13 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
-use kiln_core::objects::{join, outputs_prefix, relative_path};
+use kiln_core::objects::relative_path;
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
+use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 use tokio::runtime::Handle;
 
+use super::Synced;
 use crate::error::{Error, Result};
-use crate::provider::Outputs;
-
-/// Bytes read and sent per part.
-const PART: usize = 8 << 20;
-
-/// What a sync wrote.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Synced {
-    pub files: u64,
-    pub bytes: u64,
-}
-
-/// Copies the outputs to `outputs/<job>/` in the object store.
-pub async fn sync(objects: Arc<dyn ObjectStore>, job_id: &str, outputs: Outputs) -> Result<Synced> {
-    let prefix = outputs_prefix(job_id);
-    let handle = Handle::current();
-    tokio::task::spawn_blocking(move || match outputs {
-        Outputs::None => Ok(Synced::default()),
-        Outputs::Dir(dir) => sync_dir(&handle, objects.as_ref(), &prefix, &dir),
-        Outputs::Tar(path) => sync_tar(&handle, objects.as_ref(), &prefix, &path),
-    })
-    .await
-    .map_err(|e| Error::io("output sync")(std::io::Error::other(e)))?
-}
-
-fn sync_dir(handle: &Handle, objects: &dyn ObjectStore, prefix: &ObjectPath, dir: &Path) -> Result<Synced> {
-    let mut synced = Synced::default();
-    let mut pending = vec![dir.to_path_buf()];
-    while let Some(current) = pending.pop() {
-        let entries = match std::fs::read_dir(&current) {
-            Ok(entries) => entries,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(error) => return Err(Error::io(format!("cannot list {}", current.display()))(error)),
-        };
-        for entry in entries {
-            let entry = entry.map_err(Error::io("cannot list the outputs"))?;
-            let file_type = entry.file_type().map_err(Error::io("cannot list the outputs"))?;
-            let path = entry.path();
-            if file_type.is_dir() {
-                pending.push(path);
-                continue;
-            }
-            if !file_type.is_file() {
-                continue;
-            }
-            let relative = path
-                .strip_prefix(dir)
-                .expect("walked paths are under the dir")
-                .to_string_lossy()
-                .into_owned();
-            let Some(location) = relative_path(&relative) else {
-                continue;
-            };
-            let file = std::fs::File::open(&path).map_err(Error::io(format!("cannot read {}", path.display())))?;
-            synced.bytes += put(handle, objects, &join(prefix, &location), file)?;
-            synced.files += 1;
-        }
-    }
-    Ok(synced)
-}
-
-fn sync_tar(handle: &Handle, objects: &dyn ObjectStore, prefix: &ObjectPath, path: &Path) -> Result<Synced> {
-    let file = std::fs::File::open(path).map_err(Error::io(format!("cannot read {}", path.display())))?;
-    let mut archive = tar::Archive::new(file);
-    let mut synced = Synced::default();
-    let entries = archive
-        .entries()
-        .map_err(Error::io("cannot read the outputs archive"))?;
-    for entry in entries {
-        let entry = entry.map_err(Error::io("cannot read the outputs archive"))?;
-        if !entry.header().entry_type().is_file() {
-            continue;
-        }
-        let name = entry
-            .path()
-            .map_err(Error::io("cannot read the outputs archive"))?
-            .to_string_lossy()
-            .into_owned();
-        // The engine's archive holds the directory itself first: outputs/<path>.
-        let Some((_, inside)) = name.split_once('/') else {
-            continue;
-        };
-        let Some(location) = relative_path(inside) else {
-            continue;
-        };
-        synced.bytes += put(handle, objects, &join(prefix, &location), entry)?;
-        synced.files += 1;
-    }
-    Ok(synced)
-}
 
 /// Packs the objects under `prefix` (the outputs earlier attempts synced) into a tar.gz at
 /// `archive`, each at its path below the prefix, with an entry for each directory above it,
@@ -255,101 +161,15 @@ impl Read for ObjectReader<'_> {
     }
 }
 
-/// Streams `reader` to `location`: one put when it is small, parts otherwise.
-fn put(handle: &Handle, objects: &dyn ObjectStore, location: &ObjectPath, mut reader: impl Read) -> Result<u64> {
-    let mut first = Vec::with_capacity(PART.min(1 << 20));
-    (&mut reader)
-        .take(PART as u64)
-        .read_to_end(&mut first)
-        .map_err(Error::io("cannot read an output"))?;
-    if first.len() < PART {
-        let size = first.len() as u64;
-        handle.block_on(objects.put(location, PutPayload::from(first)))?;
-        return Ok(size);
-    }
-    let upload = handle.block_on(objects.put_multipart(location))?;
-    let mut writer = WriteMultipart::new_with_chunk_size(upload, PART);
-    let mut size = first.len() as u64;
-    writer.write(&first);
-    let mut buffer = vec![0u8; PART];
-    // At most 4 parts in flight: memory stays bounded however slow the store is.
-    let streamed: Result<()> = loop {
-        let read = match reader.read(&mut buffer) {
-            Ok(0) => break Ok(()),
-            Ok(read) => read,
-            Err(error) => break Err(Error::io("cannot read an output")(error)),
-        };
-        if let Err(error) = handle.block_on(writer.wait_for_capacity(4)) {
-            break Err(error.into());
-        }
-        writer.write(&buffer[..read]);
-        size += read as u64;
-    };
-    if let Err(error) = streamed {
-        // An upload left open would keep its parts (and their storage) on S3.
-        let _ = handle.block_on(writer.abort());
-        return Err(error);
-    }
-    handle.block_on(writer.finish())?;
-    Ok(size)
-}
-
 #[cfg(test)]
 mod tests {
-    use futures::TryStreamExt;
+    use kiln_core::objects::outputs_prefix;
+    use object_store::PutPayload;
     use object_store::local::LocalFileSystem;
 
     use super::*;
-
-    async fn listed(objects: &dyn ObjectStore) -> Vec<(String, u64)> {
-        let mut all: Vec<(String, u64)> = objects
-            .list(None)
-            .map_ok(|meta| (meta.location.to_string(), meta.size))
-            .try_collect()
-            .await
-            .unwrap();
-        all.sort();
-        all
-    }
-
-    #[tokio::test]
-    async fn directories_and_archives_sync_the_same() {
-        let store_dir = tempfile::tempdir().unwrap();
-        let objects: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(store_dir.path()).unwrap());
-        let outputs = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(outputs.path().join("ckpt")).unwrap();
-        std::fs::write(outputs.path().join("model.txt"), "weights").unwrap();
-        std::fs::write(outputs.path().join("ckpt/big.bin"), vec![7u8; PART + 10]).unwrap();
-        std::os::unix::fs::symlink("/etc/passwd", outputs.path().join("link")).unwrap();
-
-        let synced = sync(objects.clone(), "j1", Outputs::Dir(outputs.path().to_path_buf()))
-            .await
-            .unwrap();
-        assert_eq!(
-            synced,
-            Synced {
-                files: 2,
-                bytes: 7 + PART as u64 + 10
-            }
-        );
-        let expected = vec![
-            ("outputs/j1/ckpt/big.bin".to_string(), PART as u64 + 10),
-            ("outputs/j1/model.txt".to_string(), 7),
-        ];
-        assert_eq!(listed(objects.as_ref()).await, expected);
-
-        // The same tree as an engine's archive: everything under "outputs/".
-        let tar_path = outputs.path().join("../outputs-j2.tar");
-        let mut builder = tar::Builder::new(std::fs::File::create(&tar_path).unwrap());
-        builder.follow_symlinks(false);
-        builder.append_dir_all("outputs", outputs.path()).unwrap();
-        builder.finish().unwrap();
-        let synced = sync(objects.clone(), "j2", Outputs::Tar(tar_path.clone()))
-            .await
-            .unwrap();
-        assert_eq!(synced.files, 2);
-        std::fs::remove_file(tar_path).unwrap();
-    }
+    use crate::outputs::{Manifest, PART, sync};
+    use crate::provider::Outputs;
 
     #[tokio::test]
     async fn synced_outputs_pack_into_an_archive_that_unpacks_under_their_paths() {
@@ -359,9 +179,14 @@ mod tests {
         std::fs::create_dir_all(outputs.path().join("ckpt")).unwrap();
         std::fs::write(outputs.path().join("ckpt/step.txt"), "step-42\n").unwrap();
         std::fs::write(outputs.path().join("model.bin"), vec![7u8; PART + 10]).unwrap();
-        sync(objects.clone(), "j1", Outputs::Dir(outputs.path().to_path_buf()))
-            .await
-            .unwrap();
+        sync(
+            objects.clone(),
+            "j1",
+            Outputs::Dir(outputs.path().to_path_buf()),
+            Manifest::default(),
+        )
+        .await
+        .unwrap();
         // Another job's outputs, with a longer name, are not packed.
         objects
             .put(&ObjectPath::from("outputs/j10/other.txt"), PutPayload::from("x"))
