@@ -32,11 +32,13 @@ use crate::service_metrics::{self as metrics, Phase};
 
 mod end;
 mod spec;
+mod sync;
 mod watch;
 
 use end::{conclude, stop_reason};
 pub(crate) use end::{lose, publish};
 use spec::instance_spec;
+pub(crate) use sync::{sync_live_outputs, sync_outputs};
 use watch::watch;
 
 /// How often a running job is read from the database: its stop flag, in case a control message
@@ -241,70 +243,6 @@ async fn finish_instance(ctx: &Context, job: JobRecord, instance: &Instance, out
         tracing::error!(job_id = %job.id, error = %error, "cannot release the instance; it is released at the next restart");
     }
     job
-}
-
-/// Copies an ended instance's outputs to object storage; a failure is logged, not fatal.
-pub(crate) async fn sync_outputs(ctx: &Context, instance: &Instance, outputs: &SyncedOutputs) {
-    sync(ctx, instance, outputs, false).await
-}
-
-/// Copies a running instance's outputs so far to object storage (periodic, or asked for).
-pub(crate) async fn sync_live_outputs(ctx: &Context, instance: &Instance, outputs: &SyncedOutputs) {
-    sync(ctx, instance, outputs, true).await
-}
-
-async fn sync(ctx: &Context, instance: &Instance, outputs: &SyncedOutputs, live: bool) {
-    let mut manifest = outputs.lock().await;
-    let started = std::time::Instant::now();
-    let read = match live {
-        true => ctx.provider.live_outputs(instance).await,
-        false => ctx.provider.outputs(instance).await,
-    };
-    let synced = match read {
-        // A failed sync leaves a fresh manifest: the next one lists the store again.
-        Ok(read) => {
-            crate::outputs::sync(
-                ctx.objects.clone(),
-                &instance.job_id,
-                read,
-                std::mem::take(&mut *manifest),
-            )
-            .await
-        }
-        Err(error) => {
-            ctx.metrics.provider_error(instance.provider);
-            Err(error)
-        }
-    };
-    ctx.metrics.synced(
-        synced.as_ref().ok().map(|(report, _)| report.written.bytes),
-        started.elapsed(),
-    );
-    match synced {
-        Ok((report, kept)) => {
-            *manifest = kept;
-            tracing::info!(
-                job_id = %instance.job_id,
-                live,
-                sent_files = report.written.files,
-                sent_bytes = report.written.bytes,
-                files = report.total.files,
-                bytes = report.total.bytes,
-                deleted = report.deleted,
-                took_ms = started.elapsed().as_millis() as u64,
-                "outputs synced"
-            );
-            let at = kiln_core::ids::now_ms();
-            if let Err(error) = ctx
-                .store
-                .record_outputs_sync(&instance.job_id, instance.attempt, at, report.total.bytes)
-                .await
-            {
-                tracing::warn!(job_id = %instance.job_id, error = %error, "cannot record the outputs sync");
-            }
-        }
-        Err(error) => tracing::error!(job_id = %instance.job_id, error = %error, "cannot sync the outputs"),
-    }
 }
 
 async fn remove_scratch(dir: &std::path::Path) {
