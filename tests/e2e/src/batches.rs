@@ -26,13 +26,7 @@ pub async fn run_batch_to_done(
 ) -> Result<BatchRun, pb::Batch> {
     let mut most_workers = 0;
     loop {
-        let now = client
-            .get_batch(pb::BatchRef {
-                batch_id: batch_id.to_string(),
-            })
-            .await
-            .unwrap()
-            .into_inner();
+        let now = get_batch(client, batch_id).await;
         most_workers = most_workers.max(now.workers);
         assert_adds_up(&now.counts.unwrap());
         if now.state == pb::BatchState::Done as i32 {
@@ -45,5 +39,24 @@ pub async fn run_batch_to_done(
             return Err(now);
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Reads a batch, asking again while the answer is `Unavailable` (a store too busy to lend a
+/// connection, as a thousand in-process runners on one SQLite file make it), as a client
+/// should; for up to `PATIENCE` in a row.
+pub async fn get_batch(client: &mut BatchServiceClient<Authed>, batch_id: &str) -> pb::Batch {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let request = pb::BatchRef {
+            batch_id: batch_id.to_string(),
+        };
+        match client.get_batch(request).await {
+            Ok(batch) => return batch.into_inner(),
+            Err(status) if status.code() == tonic::Code::Unavailable && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(status) => panic!("GetBatch {batch_id}: {status}"),
+        }
     }
 }

@@ -63,26 +63,37 @@ async fn a_batch_on_a_provisioned_spot_pool_is_counted_exactly_and_the_pool_retu
         .unwrap()
         .into_inner();
     let started = Instant::now();
-    let messages: Vec<pb::AddItemsRequest> = (0..items)
-        .collect::<Vec<_>>()
-        .chunks(10_000)
-        .map(|chunk| pb::AddItemsRequest {
-            batch_id: batch.id.clone(),
-            items: chunk
-                .iter()
-                .map(|n| pb::Item {
-                    key: format!("{n:07}"),
-                    uri: format!("mem://{n}"),
-                    params: Default::default(),
+    // Added 100,000 at a time, each call asked again while the store is too busy to answer
+    // (`Unavailable`, as a thousand in-process runners booting on one SQLite file make it):
+    // adds are idempotent by key, so a retried call adds nothing twice.
+    let keys: Vec<usize> = (0..items).collect();
+    let mut added = pb::AddItemsResponse::default();
+    for call in keys.chunks(100_000) {
+        let deadline = tokio::time::Instant::now() + kiln_e2e::PATIENCE;
+        added = loop {
+            let messages: Vec<pb::AddItemsRequest> = call
+                .chunks(10_000)
+                .map(|chunk| pb::AddItemsRequest {
+                    batch_id: batch.id.clone(),
+                    items: chunk
+                        .iter()
+                        .map(|n| pb::Item {
+                            key: format!("{n:07}"),
+                            uri: format!("mem://{n}"),
+                            params: Default::default(),
+                        })
+                        .collect(),
                 })
-                .collect(),
-        })
-        .collect();
-    let added = client
-        .add_items(futures::stream::iter(messages))
-        .await
-        .unwrap()
-        .into_inner();
+                .collect();
+            match client.add_items(futures::stream::iter(messages)).await {
+                Ok(added) => break added.into_inner(),
+                Err(status) if status.code() == tonic::Code::Unavailable && tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(status) => panic!("AddItems: {status}"),
+            }
+        };
+    }
     assert_eq!(added.total, items as u64);
     client
         .seal_batch(pb::BatchRef {
@@ -99,13 +110,7 @@ async fn a_batch_on_a_provisioned_spot_pool_is_counted_exactly_and_the_pool_retu
             let mut worker_hours = 0.0;
             let mut last = Instant::now();
             loop {
-                let now = client
-                    .get_batch(pb::BatchRef {
-                        batch_id: batch_id.clone(),
-                    })
-                    .await
-                    .unwrap()
-                    .into_inner();
+                let now = kiln_e2e::get_batch(&mut client, &batch_id).await;
                 worker_hours += f64::from(now.workers) * last.elapsed().as_secs_f64() / 3600.0;
                 last = Instant::now();
                 if now.state == pb::BatchState::Done as i32 && now.workers == 0 {
@@ -168,8 +173,23 @@ async fn a_batch_on_a_provisioned_spot_pool_is_counted_exactly_and_the_pool_retu
     // A worker takes 1 CPU and 512 MiB: at best half a c.large (2 CPUs, 4 GiB, 0.030 spot), the
     // pool's cheapest spot CPU-hour (as c.xlarge's 4 at 0.06).
     let bound = worker_hours * 0.030 / 2.0;
+    // Never more than the pool's max-instances at once (instances released when idle or
+    // noticed are replaced, so more than that may boot over the run).
+    let mut edges: Vec<(i64, i64)> = records
+        .iter()
+        .flat_map(|r| [(r.launched_at_ms, 1), (r.released_at_ms, -1)])
+        .collect();
+    edges.sort();
+    let most_at_once = edges
+        .iter()
+        .scan(0i64, |live, (_, step)| {
+            *live += step;
+            Some(*live)
+        })
+        .max()
+        .unwrap_or(0);
     println!(
-        "provisioned sim batch: {items} items in {:.1} s on up to {instances} instances ({booted} booted, most workers {most_workers}), {noticed} spot notices, {preempted} of {worker_jobs} workers preempted, {worker_hours:.3} worker-hours, back to zero {:.1} s after done; instance cost ${paid:.4} vs greedy lower bound ${bound:.4} ({:.2}x)",
+        "provisioned sim batch: {items} items in {:.1} s on up to {instances} instances ({booted} booted, {most_at_once} at most at once, most workers {most_workers}), {noticed} spot notices, {preempted} of {worker_jobs} workers preempted, {worker_hours:.3} worker-hours, back to zero {:.1} s after done; instance cost ${paid:.4} vs greedy lower bound ${bound:.4} ({:.2}x)",
         ran_in.as_secs_f64(),
         zero_in.as_secs_f64(),
         paid / bound
@@ -179,8 +199,8 @@ async fn a_batch_on_a_provisioned_spot_pool_is_counted_exactly_and_the_pool_retu
         "paid {paid} under the bound {bound}: the bound is wrong"
     );
     assert!(
-        booted <= instances + noticed,
-        "{booted} booted for at most {instances} at once"
+        most_at_once <= instances as i64,
+        "{most_at_once} instances at once, for at most {instances} ({booted} booted)"
     );
     fleet.stop().await;
 }
