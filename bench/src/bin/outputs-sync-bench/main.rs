@@ -22,7 +22,7 @@ use anyhow::{Context, Result, ensure};
 use clap::Parser;
 use kiln_runner::outputs::{Manifest, SyncReport, sync};
 use kiln_runner::provider::Outputs;
-use object_store::ObjectStore;
+use object_store::{ObjectStore, ObjectStoreExt};
 use rand::{RngCore, SeedableRng};
 
 #[derive(Parser)]
@@ -38,9 +38,33 @@ struct Args {
     aws: Option<PathBuf>,
 }
 
+/// In the third round, one file is rewritten whole, a second after the last sync (so its time
+/// moves as a checkpoint written later would).
+async fn rewrite_if(round: usize, outputs: &Path, file_bytes: u64, seed: u64) -> Result<()> {
+    if round == 2 {
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        fill(&outputs.join("shard-000.bin"), file_bytes, seed)?;
+    }
+    Ok(())
+}
+
+/// Deletes what a pass stored: kiln's objects, and the peer's prefix.
+async fn remove(objects: &Arc<dyn ObjectStore>, aws: &Option<PathBuf>, peer_url: &str) -> Result<()> {
+    use futures::TryStreamExt;
+    let listed: Vec<object_store::ObjectMeta> = objects.list(None).try_collect().await?;
+    for meta in listed {
+        objects.delete(&meta.location).await?;
+    }
+    if let Some(aws) = aws {
+        let status = aws_s3(aws, &["rm", "--recursive"])?.arg(peer_url).status()?;
+        ensure!(status.success(), "aws s3 rm failed: {status}");
+    }
+    Ok(())
+}
+
 /// One round's times: kiln on the directory, kiln on the tar, aws s3 sync.
-struct Round {
-    name: &'static str,
+struct Round<'a> {
+    name: &'a str,
     dir: (Duration, SyncReport),
     tar: (Duration, SyncReport),
     aws: Option<Duration>,
@@ -69,23 +93,23 @@ fn engine_tar(dir: &Path, tar_path: &Path) -> Result<()> {
     Ok(())
 }
 
-fn aws_sync(aws: &Path, dir: &Path, url: &str) -> Result<Duration> {
+/// `aws s3 <action>` against the bench's S3 server, with its keys.
+fn aws_s3(aws: &Path, action: &[&str]) -> Result<Command> {
     let var = |name: &str| std::env::var(name).with_context(|| format!("{name} is not set"));
-    let started = Instant::now();
-    let status = Command::new(aws)
-        .args([
-            "s3",
-            "sync",
-            "--only-show-errors",
-            "--endpoint-url",
-            &var("KILN_TEST_S3_ENDPOINT")?,
-        ])
-        .arg(dir)
-        .arg(url)
+    let mut command = Command::new(aws);
+    command
+        .arg("s3")
+        .args(action)
+        .args(["--only-show-errors", "--endpoint-url", &var("KILN_TEST_S3_ENDPOINT")?])
         .env("AWS_ACCESS_KEY_ID", var("KILN_TEST_S3_ACCESS_KEY_ID")?)
         .env("AWS_SECRET_ACCESS_KEY", var("KILN_TEST_S3_SECRET_ACCESS_KEY")?)
-        .env("AWS_DEFAULT_REGION", "us-east-1")
-        .status()?;
+        .env("AWS_DEFAULT_REGION", "us-east-1");
+    Ok(command)
+}
+
+fn aws_sync(aws: &Path, dir: &Path, url: &str) -> Result<Duration> {
+    let started = Instant::now();
+    let status = aws_s3(aws, &["sync"])?.arg(dir).arg(url).status()?;
     ensure!(status.success(), "aws s3 sync failed: {status}");
     Ok(started.elapsed())
 }
@@ -109,45 +133,44 @@ async fn main() -> Result<()> {
         kiln_core::ids::new_id()
     );
     let tar_path = work.path().join("outputs.tar");
-    let (mut dir_manifest, mut tar_manifest) = (Manifest::default(), Manifest::default());
-    let mut rounds = Vec::new();
-    for (round, name) in ["first sync (everything)", "nothing changed", "one file rewritten"]
-        .into_iter()
-        .enumerate()
-    {
-        if round == 2 {
-            // Another second, so its time moves as a checkpoint written later would.
-            tokio::time::sleep(Duration::from_millis(1100)).await;
-            fill(&outputs.join("shard-000.bin"), file_bytes, 1_000)?;
-        }
+    let names = ["first sync (everything)", "nothing changed", "one file rewritten"];
+    // Two passes over the same three rounds, each cleaned up after, so the store never holds
+    // more than two copies: the directory synced by kiln and by aws s3 sync, then the engine's
+    // tar of it synced by kiln.
+    let mut dir_rounds = Vec::new();
+    let mut manifest = Manifest::default();
+    for round in 0..names.len() {
+        rewrite_if(round, &outputs, file_bytes, 1_000).await?;
         let started = Instant::now();
-        let (report, manifest) = sync(
-            objects.clone(),
-            "bench-dir",
-            Outputs::Dir(outputs.clone()),
-            dir_manifest,
-        )
-        .await?;
-        let dir = (started.elapsed(), report);
-        dir_manifest = manifest;
-        // The tar is what the engine would hand over; making it is part of a container's sync.
-        let started = Instant::now();
-        engine_tar(&outputs, &tar_path)?;
-        let (report, manifest) = sync(
-            objects.clone(),
-            "bench-tar",
-            Outputs::Tar(tar_path.clone()),
-            tar_manifest,
-        )
-        .await?;
-        let tar = (started.elapsed(), report);
-        tar_manifest = manifest;
+        let (report, kept) = sync(objects.clone(), "bench-dir", Outputs::Dir(outputs.clone()), manifest).await?;
+        manifest = kept;
+        let kiln = (started.elapsed(), report);
         let aws = match &args.aws {
             Some(aws) => Some(aws_sync(aws, &outputs, &peer_url)?),
             None => None,
         };
-        rounds.push(Round { name, dir, tar, aws });
+        dir_rounds.push((kiln, aws));
     }
+    remove(&objects, &args.aws, &peer_url).await?;
+    let mut tar_rounds = Vec::new();
+    let mut manifest = Manifest::default();
+    for round in 0..names.len() {
+        rewrite_if(round, &outputs, file_bytes, 2_000).await?;
+        // The tar is what the engine would hand over; making it is part of a container's sync.
+        let started = Instant::now();
+        engine_tar(&outputs, &tar_path)?;
+        let (report, kept) = sync(objects.clone(), "bench-tar", Outputs::Tar(tar_path.clone()), manifest).await?;
+        manifest = kept;
+        tar_rounds.push((started.elapsed(), report));
+        std::fs::remove_file(&tar_path)?;
+    }
+    remove(&objects, &None, &peer_url).await?;
+    let rounds: Vec<Round> = names
+        .iter()
+        .zip(dir_rounds)
+        .zip(tar_rounds)
+        .map(|((name, (dir, aws)), tar)| Round { name, dir, tar, aws })
+        .collect();
     println!(
         "outputs sync, {} MiB in {} files of {} MiB, to versitygw (S3) on 127.0.0.1 (release build)",
         args.mib,

@@ -7,9 +7,10 @@
 //! skipped unread; one whose time moved is hashed and sent only when its content changed; a
 //! file gone since is deleted from the store. A time is trusted only when it lies in a whole
 //! second before the sync that read it began (git's "racily clean" rule), since a file written
-//! again within that second may keep both its size and its time. A fresh manifest (the first
-//! sync of an instance, or one after a failed sync) lists the store instead, so what the job
-//! deleted is deleted there too.
+//! again within that second may keep both its size and its time. Only what this instance's own
+//! syncs stored is ever deleted: a fresh manifest (the first sync of an instance, or the one
+//! after a failed sync) sends everything and deletes nothing, so objects others put under the
+//! prefix, and what an earlier attempt synced that this one never saw, are left alone.
 //!
 //! Files are read one at a time and streamed up in parts, so a large checkpoint never sits in
 //! memory whole. Paths are checked like any user input: nothing outside the job's prefix is
@@ -20,7 +21,6 @@ use std::io::{Read, Seek};
 use std::path::Path;
 use std::sync::Arc;
 
-use futures::TryStreamExt;
 use kiln_core::objects::{join, outputs_prefix, relative_path};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
@@ -59,8 +59,6 @@ pub struct SyncReport {
 #[derive(Debug, Default, Clone)]
 pub struct Manifest {
     files: HashMap<String, Recorded>,
-    /// The store was listed into it (a fresh manifest has not been).
-    listed: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -68,8 +66,7 @@ struct Recorded {
     size: u64,
     /// Seconds and nanoseconds since the epoch.
     mtime: (i64, u32),
-    /// `None` for an object listed from the store, never read here.
-    sha256: Option<[u8; 32]>,
+    sha256: [u8; 32],
     /// The time lies in a whole second before the sync that recorded it began.
     settled: bool,
 }
@@ -85,7 +82,7 @@ struct Found<'a> {
 
 /// Brings `outputs/<job>/` in the object store to the outputs as they are now, sending only
 /// what changed since `manifest`. Returns the manifest for the next sync; on an error the
-/// caller keeps a fresh one, so the next sync lists the store again.
+/// caller keeps a fresh one, so the next sync sends everything again.
 pub async fn sync(
     objects: Arc<dyn ObjectStore>,
     job_id: &str,
@@ -95,7 +92,7 @@ pub async fn sync(
     let prefix = outputs_prefix(job_id);
     let handle = Handle::current();
     tokio::task::spawn_blocking(move || {
-        let mut syncing = Syncing::new(&handle, objects.as_ref(), prefix, manifest)?;
+        let mut syncing = Syncing::new(&handle, objects.as_ref(), prefix, manifest);
         match outputs {
             Outputs::None => return Ok((SyncReport::default(), syncing.manifest)),
             Outputs::Dir(dir) => sync_dir(&mut syncing, &dir)?,
@@ -120,38 +117,16 @@ struct Syncing<'a> {
 }
 
 impl<'a> Syncing<'a> {
-    fn new(
-        handle: &'a Handle,
-        objects: &'a dyn ObjectStore,
-        prefix: ObjectPath,
-        mut manifest: Manifest,
-    ) -> Result<Self> {
-        let began = kiln_core::ids::now_ms().div_euclid(1000);
-        if !manifest.listed {
-            let listed: Vec<object_store::ObjectMeta> = handle.block_on(objects.list(Some(&prefix)).try_collect())?;
-            for meta in listed {
-                let Some(inside) = meta.location.prefix_match(&prefix) else {
-                    continue;
-                };
-                let path: Vec<String> = inside.map(|part| part.as_ref().to_string()).collect();
-                manifest.files.entry(path.join("/")).or_insert(Recorded {
-                    size: meta.size,
-                    mtime: (0, 0),
-                    sha256: None,
-                    settled: false,
-                });
-            }
-            manifest.listed = true;
-        }
-        Ok(Syncing {
+    fn new(handle: &'a Handle, objects: &'a dyn ObjectStore, prefix: ObjectPath, manifest: Manifest) -> Self {
+        Syncing {
             handle,
             objects,
             prefix,
             manifest,
-            began,
+            began: kiln_core::ids::now_ms().div_euclid(1000),
             seen: HashSet::new(),
             report: SyncReport::default(),
-        })
+        }
     }
 
     /// Sends `found` unless the store holds it already.
@@ -174,7 +149,7 @@ impl<'a> Syncing<'a> {
             return Ok(());
         }
         let sha256 = hash((found.open)()?)?;
-        let same = known.is_some_and(|known| known.size == found.size && known.sha256 == Some(sha256));
+        let same = known.is_some_and(|known| known.size == found.size && known.sha256 == sha256);
         if !same {
             let sent = put(
                 self.handle,
@@ -190,7 +165,7 @@ impl<'a> Syncing<'a> {
             Recorded {
                 size: found.size,
                 mtime: found.mtime,
-                sha256: Some(sha256),
+                sha256,
                 settled,
             },
         );

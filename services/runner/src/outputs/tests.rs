@@ -1,6 +1,7 @@
 //! The incremental sync, on directories and engine archives.
 
 use futures::TryStreamExt;
+use object_store::PutPayload;
 use object_store::local::LocalFileSystem;
 
 use super::*;
@@ -115,16 +116,27 @@ async fn a_sync_sends_only_what_changed_and_deletes_what_is_gone() {
         assert_eq!(stored.bytes().await.unwrap().as_ref(), vec![3u8; 1000]);
         drop(manifest);
 
-        // A runner restarted (a fresh manifest): everything is sent again, and what the
-        // store holds that the outputs no longer do is deleted.
+        // A runner restarted (a fresh manifest): everything is sent again, and nothing it did not
+        // store itself is deleted (the store keeps log.txt, and what others put there).
         std::fs::remove_file(outputs.path().join("log.txt")).unwrap();
-        let (fresh, _) = sync(objects.clone(), "j", take(), Manifest::default()).await.unwrap();
-        assert_eq!(fresh.deleted, 1, "archive: {as_archive}");
+        objects
+            .put(
+                &ObjectPath::from("outputs/j/in/item.txt"),
+                PutPayload::from("put by another"),
+            )
+            .await
+            .unwrap();
+        let (fresh, manifest) = sync(objects.clone(), "j", take(), Manifest::default()).await.unwrap();
+        assert_eq!((fresh.written.files, fresh.deleted), (2, 0), "archive: {as_archive}");
+        std::fs::remove_file(outputs.path().join("ckpt/3.bin")).unwrap();
+        let (after, _) = sync(objects.clone(), "j", take(), manifest).await.unwrap();
+        assert_eq!(after.deleted, 1, "archive: {as_archive}");
         assert_eq!(
             listed(objects.as_ref()).await,
             [
                 ("outputs/j/ckpt/2.bin".to_string(), 1000),
-                ("outputs/j/ckpt/3.bin".to_string(), 10)
+                ("outputs/j/in/item.txt".to_string(), 14),
+                ("outputs/j/log.txt".to_string(), 1)
             ]
         );
     }
