@@ -60,3 +60,14 @@ pub async fn get_batch(client: &mut BatchServiceClient<Authed>, batch_id: &str) 
         }
     }
 }
+
+/// `items` as AddItems messages of `per_message` items each.
+pub fn add_requests(batch_id: &str, items: &[pb::Item], per_message: usize) -> Vec<pb::AddItemsRequest> {
+    items
+        .chunks(per_message)
+        .map(|chunk| pb::AddItemsRequest {
+            batch_id: batch_id.to_string(),
+            items: chunk.to_vec(),
+        })
+        .collect()
+}

@@ -52,20 +52,15 @@ async fn ten_thousand_items_on_four_containers_with_retries_and_a_dead_letter() 
         .map(|n| format!("{n:05}"))
         .chain(["poison".into()])
         .collect();
-    let messages: Vec<pb::AddItemsRequest> = keys
-        .chunks(2500)
-        .map(|chunk| pb::AddItemsRequest {
-            batch_id: batch.id.clone(),
-            items: chunk
-                .iter()
-                .map(|key| pb::Item {
-                    key: key.clone(),
-                    uri: format!("s3://bucket/{key}"),
-                    params: Default::default(),
-                })
-                .collect(),
+    let all: Vec<pb::Item> = keys
+        .iter()
+        .map(|key| pb::Item {
+            key: key.clone(),
+            uri: format!("s3://bucket/{key}"),
+            params: Default::default(),
         })
         .collect();
+    let messages = kiln_e2e::add_requests(&batch.id, &all, 2500);
     let added = client
         .add_items(futures::stream::iter(messages))
         .await

@@ -66,25 +66,18 @@ async fn a_batch_on_a_provisioned_spot_pool_is_counted_exactly_and_the_pool_retu
     // Added 100,000 at a time, each call asked again while the store is too busy to answer
     // (`Unavailable`, as a thousand in-process runners booting on one SQLite file make it):
     // adds are idempotent by key, so a retried call adds nothing twice.
-    let keys: Vec<usize> = (0..items).collect();
+    let all: Vec<pb::Item> = (0..items)
+        .map(|n| pb::Item {
+            key: format!("{n:07}"),
+            uri: format!("mem://{n}"),
+            params: Default::default(),
+        })
+        .collect();
     let mut added = pb::AddItemsResponse::default();
-    for call in keys.chunks(100_000) {
+    for call in all.chunks(100_000) {
         let deadline = tokio::time::Instant::now() + kiln_e2e::PATIENCE;
         added = loop {
-            let messages: Vec<pb::AddItemsRequest> = call
-                .chunks(10_000)
-                .map(|chunk| pb::AddItemsRequest {
-                    batch_id: batch.id.clone(),
-                    items: chunk
-                        .iter()
-                        .map(|n| pb::Item {
-                            key: format!("{n:07}"),
-                            uri: format!("mem://{n}"),
-                            params: Default::default(),
-                        })
-                        .collect(),
-                })
-                .collect();
+            let messages = kiln_e2e::add_requests(&batch.id, call, 10_000);
             match client.add_items(futures::stream::iter(messages)).await {
                 Ok(added) => break added.into_inner(),
                 Err(status) if status.code() == tonic::Code::Unavailable && tokio::time::Instant::now() < deadline => {

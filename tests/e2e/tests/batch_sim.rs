@@ -70,21 +70,14 @@ async fn many_items_on_a_thousand_preempted_spot_workers_are_counted_exactly() {
         .unwrap()
         .into_inner();
     let started = Instant::now();
-    let messages: Vec<pb::AddItemsRequest> = (0..items)
-        .collect::<Vec<_>>()
-        .chunks(10_000)
-        .map(|chunk| pb::AddItemsRequest {
-            batch_id: batch.id.clone(),
-            items: chunk
-                .iter()
-                .map(|n| pb::Item {
-                    key: format!("{n:07}"),
-                    uri: String::new() + "mem://" + &n.to_string(),
-                    params: Default::default(),
-                })
-                .collect(),
+    let all: Vec<pb::Item> = (0..items)
+        .map(|n| pb::Item {
+            key: format!("{n:07}"),
+            uri: format!("mem://{n}"),
+            params: Default::default(),
         })
         .collect();
+    let messages = kiln_e2e::add_requests(&batch.id, &all, 10_000);
     let added = client
         .add_items(futures::stream::iter(messages))
         .await

@@ -199,6 +199,15 @@ impl<'a> Syncing<'a> {
     }
 }
 
+/// A file's modification time since the epoch (zero when the filesystem cannot say).
+pub(crate) fn modified(metadata: &std::fs::Metadata) -> std::time::Duration {
+    metadata
+        .modified()
+        .ok()
+        .and_then(|time| time.duration_since(std::time::UNIX_EPOCH).ok())
+        .unwrap_or_default()
+}
+
 fn hash(mut reader: impl Read) -> Result<[u8; 32]> {
     let mut hasher = Sha256::new();
     std::io::copy(&mut reader, &mut hasher).map_err(Error::io("cannot read an output"))?;
@@ -230,11 +239,7 @@ fn sync_dir(syncing: &mut Syncing<'_>, dir: &Path) -> Result<()> {
                 Err(error) if error.kind() == std::io::ErrorKind::NotFound => continue,
                 Err(error) => return Err(Error::io(format!("cannot read {}", path.display()))(error)),
             };
-            let modified = metadata
-                .modified()
-                .ok()
-                .and_then(|time| time.duration_since(std::time::UNIX_EPOCH).ok())
-                .unwrap_or_default();
+            let modified = modified(&metadata);
             let open = || -> Result<Box<dyn Read>> {
                 let file = std::fs::File::open(&path).map_err(Error::io(format!("cannot read {}", path.display())))?;
                 Ok(Box::new(file))

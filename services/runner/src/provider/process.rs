@@ -288,11 +288,9 @@ impl Provider for ProcessProvider {
             .join(super::SYNC_MARKER);
         // lstat: a link the job made is not followed, and counts as no marker.
         match tokio::fs::symlink_metadata(&marker).await {
-            Ok(metadata) if metadata.is_file() => Ok(metadata
-                .modified()
-                .ok()
-                .and_then(|time| time.duration_since(std::time::UNIX_EPOCH).ok())
-                .map(|since| i64::try_from(since.as_millis()).unwrap_or(i64::MAX))),
+            Ok(metadata) if metadata.is_file() => Ok(Some(
+                i64::try_from(crate::outputs::modified(&metadata).as_millis()).unwrap_or(i64::MAX),
+            )),
             Ok(_) => Ok(None),
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(error) => Err(io(format!("cannot read {}", marker.display()))(error)),

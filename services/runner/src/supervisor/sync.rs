@@ -23,7 +23,7 @@ async fn sync(ctx: &Context, instance: &Instance, outputs: &SyncedOutputs, live:
         false => ctx.provider.outputs(instance).await,
     };
     let synced = match read {
-        // A failed sync leaves a fresh manifest: the next one lists the store again.
+        // A failed sync leaves a fresh manifest: the next one sends everything again.
         Ok(read) => {
             crate::outputs::sync(
                 ctx.objects.clone(),
