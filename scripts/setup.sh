@@ -36,7 +36,7 @@ as_root() {
 }
 
 # --- Debian packages -------------------------------------------------------------------------
-packages=(build-essential pkg-config git ca-certificates curl python3 python3-pip python3-venv postgresql docker.io busybox-static prometheus libb64-0d chromium)
+packages=(build-essential pkg-config git ca-certificates curl python3 python3-pip python3-venv postgresql docker.io busybox-static prometheus libb64-0d chromium docker-registry apache2-utils)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

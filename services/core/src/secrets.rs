@@ -79,6 +79,74 @@ pub fn validate_names<'a>(
     Ok(sorted)
 }
 
+/// What starts the stored name of a registry's credentials (`registry:ghcr.io`): not an
+/// environment variable name, so no job can name it as a secret and see it.
+pub const REGISTRY_PREFIX: &str = "registry:";
+
+/// The credentials for pulling a project's images from one registry (`kiln secret set
+/// --registry HOST`), sealed as JSON under the name [`registry_secret_name`] gives.
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RegistryCredentials {
+    pub username: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for RegistryCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryCredentials")
+            .field("username", &self.username)
+            .field("password", &MASK)
+            .finish()
+    }
+}
+
+/// Checks a registry's host as images name it (`ghcr.io`, `127.0.0.1:5000`,
+/// `123456789012.dkr.ecr.eu-west-1.amazonaws.com`; `docker.io` for Docker Hub) and returns the
+/// name its credentials are stored under.
+pub fn registry_secret_name(registry: &str) -> Result<String, String> {
+    let registry = normalize_registry(registry);
+    let (host, port) = registry.split_once(':').unwrap_or((&registry, ""));
+    let host_ok = !host.is_empty()
+        && host.len() <= 253
+        && host
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '.' || c == '-');
+    let port_ok = port.is_empty() || port.parse::<u16>().is_ok_and(|p| p > 0);
+    if !host_ok || !port_ok {
+        return Err(format!(
+            "registry {registry:?} is not a registry host: a lowercase host name or address with an optional port, as images name it (ghcr.io, 127.0.0.1:5000)"
+        ));
+    }
+    Ok(format!("{REGISTRY_PREFIX}{registry}"))
+}
+
+/// Docker Hub under the one name images resolve to.
+fn normalize_registry(registry: &str) -> String {
+    match registry {
+        "index.docker.io" | "registry-1.docker.io" | "registry.hub.docker.com" => "docker.io".into(),
+        other => other.to_string(),
+    }
+}
+
+/// The registry an image reference pulls from, as Docker resolves it: the first path component
+/// when it has a `.` or a `:` or is `localhost`, else Docker Hub (`docker.io`).
+pub fn image_registry(image: &str) -> String {
+    match image.split_once('/') {
+        Some((first, _)) if first.contains('.') || first.contains(':') || first == "localhost" => {
+            normalize_registry(first)
+        }
+        _ => "docker.io".into(),
+    }
+}
+
+/// Checks a stored secret's name: an environment variable name, or a registry's.
+pub fn validate_stored_name(name: &str) -> Result<(), String> {
+    match name.strip_prefix(REGISTRY_PREFIX) {
+        Some(registry) => registry_secret_name(registry).map(|_| ()),
+        None => validate_name(name),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
@@ -123,6 +191,30 @@ mod tests {
             validate_names(&["B".into(), "A".into(), "B".into()], &env).unwrap(),
             ["A", "B"]
         );
+    }
+
+    #[test]
+    fn images_name_their_registry() {
+        for (image, registry) in [
+            ("python:3.11", "docker.io"),
+            ("team/trainer:1", "docker.io"),
+            ("ghcr.io/team/trainer:1", "ghcr.io"),
+            ("127.0.0.1:5000/team/private:1", "127.0.0.1:5000"),
+            ("localhost/x", "localhost"),
+            ("index.docker.io/library/busybox", "docker.io"),
+        ] {
+            assert_eq!(image_registry(image), registry, "{image}");
+        }
+        assert_eq!(registry_secret_name("127.0.0.1:5000").unwrap(), "registry:127.0.0.1:5000");
+        assert_eq!(registry_secret_name("index.docker.io").unwrap(), "registry:docker.io");
+        for bad in ["", "GHCR.io", "ghcr.io/team", "host:0", "host:x", "a b"] {
+            assert!(registry_secret_name(bad).is_err(), "{bad}");
+        }
+        assert!(validate_stored_name("registry:ghcr.io").is_ok());
+        assert!(validate_stored_name("registry:").is_err());
+        assert!(validate_stored_name("HF_TOKEN").is_ok());
+        let shown = format!("{:?}", RegistryCredentials { username: "u".into(), password: "hunter22".into() });
+        assert!(!shown.contains("hunter22"), "{shown}");
     }
 
     #[test]

@@ -12,6 +12,9 @@ pub enum Error {
     Spawn { program: String, source: std::io::Error },
     #[error("image not found: {image} ({message})")]
     ImageNotFound { image: String, message: String },
+    /// The registry refused the pull: the project's credentials are wrong, or it has none.
+    #[error("cannot pull image {image}: {why}")]
+    ImageRefused { image: String, why: String },
     #[error("this runner runs containers: the job must name an image (--image)")]
     NoImage,
     #[error(
@@ -86,6 +89,7 @@ impl Error {
             Error::BadBundle(_)
             | Error::Spawn { .. }
             | Error::ImageNotFound { .. }
+            | Error::ImageRefused { .. }
             | Error::NoImage
             | Error::ImageUnsupported { .. } => ErrorKind::InvalidArgument,
             Error::Docker { .. } | Error::Metadata(_) => ErrorKind::Unavailable,

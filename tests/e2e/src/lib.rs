@@ -32,6 +32,7 @@ mod docker;
 pub mod ec2;
 mod jobs;
 pub mod references;
+pub mod registry;
 pub mod rpc;
 pub mod serve_world;
 mod services;

@@ -18,6 +18,7 @@ async fn set(stack: &Stack, name: &str, value: &str) -> Result<pb::Secret, tonic
         project: String::new(),
         name: name.into(),
         value: value.into(),
+        ..Default::default()
     };
     Ok(stack.secrets().await.set_secret(request).await?.into_inner())
 }
@@ -354,6 +355,7 @@ async fn without_a_key_setting_and_starting_say_which_setting_is_missing() {
             project: String::new(),
             name: NAME.into(),
             value: VALUE.into(),
+            ..Default::default()
         })
         .await
         .unwrap_err();

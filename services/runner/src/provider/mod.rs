@@ -41,8 +41,12 @@ pub struct InstanceSpec {
     /// The id of the user who submitted the job (the process provider runs only its trusted
     /// owner's jobs when it cannot isolate them).
     pub owner_id: String,
+    /// The job's project.
+    pub project: String,
     /// Container image; empty for none.
     pub image: String,
+    /// The project's credentials for the image's registry, when it has some.
+    pub pull: Option<PullAuth>,
     pub command: Vec<String>,
     pub env: BTreeMap<String, String>,
     pub cpu_millis: i64,
@@ -67,6 +71,15 @@ pub struct InstanceSpec {
     /// under checked relative paths, packed by [`crate::outputs::pack_synced`]) of the outputs
     /// the earlier attempts synced, to unpack into the outputs directory before the start. Providers without a filesystem (`sim`) ignore it.
     pub restore: Option<PathBuf>,
+}
+
+/// Credentials for pulling an image: a project's for one registry (`kiln secret set
+/// --registry`). Their `Debug` shows no password.
+#[derive(Debug, Clone)]
+pub struct PullAuth {
+    /// The registry's host, as images name it (`ghcr.io`, `127.0.0.1:5000`, `docker.io`).
+    pub registry: String,
+    pub credentials: kiln_core::secrets::RegistryCredentials,
 }
 
 /// The file in its outputs directory a job writes (or touches) to have them synced now

@@ -22,7 +22,7 @@ use crate::Context;
 use crate::bundle::{LIMITS, MAX_UNPACKED_BYTES};
 use crate::datasets::DatasetLease;
 use crate::error::{Error, Result};
-use crate::provider::{DATA_DIR, InstanceSpec, OUTPUTS_DIR};
+use crate::provider::{DATA_DIR, InstanceSpec, OUTPUTS_DIR, PullAuth};
 use kiln_core::serving::{ENV_MODEL, ENV_MODEL_DIR, ENV_PORT};
 
 /// The dataset name an inference worker's model files are mounted under (a name no dataset
@@ -145,7 +145,12 @@ pub(super) async fn instance_spec(
         env.insert(ENV_MODEL_DIR.into(), dir);
         env.insert(ENV_PORT.into(), free_port()?.to_string());
     }
-    let masker = open_secrets(ctx, job, &mut env).await?;
+    let mut masked = open_secrets(ctx, job, &mut env).await?;
+    let pull = registry_credentials(ctx, job).await?;
+    if let Some(pull) = &pull {
+        masked.push(pull.credentials.password.clone());
+    }
+    let masker = Masker::new(masked.iter().map(String::as_str));
     env.insert("KILN_JOB_ID".into(), job.id.clone());
     if !job.resume_from.is_empty() {
         // Where the instance finds the restored outputs; providers whose outputs directory is
@@ -164,7 +169,9 @@ pub(super) async fn instance_spec(
         attempt: job.attempt,
         runner_id: ctx.config.runner_id.clone(),
         owner_id: job.owner_id.clone(),
+        project: job.project.clone(),
         image: job.image.clone(),
+        pull,
         command: job.command()?,
         env,
         cpu_millis: job.cpu_millis,
@@ -186,20 +193,17 @@ pub(super) async fn instance_spec(
 }
 
 /// Opens the secrets the job names into `env` and names them in [`secrets::NAMES_VAR`] (for
-/// kiln-agent's masking); returns the masker of their values.
+/// kiln-agent's masking); returns their values, to be masked.
 async fn open_secrets(
     ctx: &Context,
     job: &JobRecord,
     env: &mut std::collections::BTreeMap<String, String>,
-) -> Result<Masker> {
+) -> Result<Vec<String>> {
     let names = job.secrets()?;
     if names.is_empty() {
-        return Ok(Masker::default());
+        return Ok(Vec::new());
     }
-    let key = ctx
-        .secrets_key
-        .as_ref()
-        .ok_or(SecretsError::NoKey { service: "this runner" })?;
+    let key = secrets_key(ctx)?;
     let mut values = Vec::with_capacity(names.len());
     for name in &names {
         let missing = || Error::SecretMissing {
@@ -216,7 +220,35 @@ async fn open_secrets(
         env.insert(name.clone(), value);
     }
     env.insert(secrets::NAMES_VAR.into(), names.join(","));
-    Ok(Masker::new(values.iter().map(String::as_str)))
+    Ok(values)
+}
+
+fn secrets_key(ctx: &Context) -> Result<&secrets::SecretsKey> {
+    Ok(ctx
+        .secrets_key
+        .as_deref()
+        .ok_or(SecretsError::NoKey { service: "this runner" })?)
+}
+
+/// The job's project's credentials for the registry its image comes from (`kiln secret set
+/// --registry`), when it has some. They never reach the job: only the engine's pull sees them.
+async fn registry_credentials(ctx: &Context, job: &JobRecord) -> Result<Option<PullAuth>> {
+    if job.image.is_empty() {
+        return Ok(None);
+    }
+    let registry = secrets::image_registry(&job.image);
+    let Ok(name) = secrets::registry_secret_name(&registry) else {
+        return Ok(None);
+    };
+    let Some(record) = ctx.store.secret(&job.project, &name).await? else {
+        return Ok(None);
+    };
+    let opened = secrets_key(ctx)?.open(&job.project, &name, &record.sealed)?;
+    let credentials = serde_json::from_slice(&opened).map_err(|_| SecretsError::Open {
+        project: job.project.clone(),
+        name: name.clone(),
+    })?;
+    Ok(Some(PullAuth { registry, credentials }))
 }
 
 /// Packs the outputs the earlier attempts synced (under `job.resume_from`) into a tar.gz in the

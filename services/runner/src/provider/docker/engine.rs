@@ -2,14 +2,12 @@
 //! into a created container before the start.
 
 use std::collections::HashMap;
-use std::time::Duration;
-
 use bollard::container::LogOutput;
 use bollard::models::{
     ContainerCreateBody, DeviceRequest, HostConfig, Mount, MountType, PortBinding, PortMap, VolumeCreateRequest,
 };
 use bollard::query_parameters::{
-    CreateContainerOptionsBuilder, CreateImageOptionsBuilder, ListContainersOptionsBuilder, ListVolumesOptionsBuilder,
+    CreateContainerOptionsBuilder, ListContainersOptionsBuilder, ListVolumesOptionsBuilder,
     LogsOptionsBuilder, RemoveContainerOptionsBuilder, RemoveVolumeOptionsBuilder, UploadToContainerOptionsBuilder,
 };
 use futures::StreamExt;
@@ -21,33 +19,6 @@ use super::{DockerProvider, LABEL_ATTEMPT, LABEL_JOB, container_id, docker_error
 use crate::error::{Error, Result};
 
 impl DockerProvider {
-    /// Pulls the image unless the engine has it.
-    pub(super) async fn ensure_image(&self, image: &str) -> Result<()> {
-        if self.docker.inspect_image(image).await.is_ok() {
-            return Ok(());
-        }
-        tracing::info!(image, "pulling image");
-        let options = CreateImageOptionsBuilder::new().from_image(image).build();
-        let pull = async {
-            let mut progress = self.docker.create_image(Some(options), None, None);
-            while let Some(step) = progress.next().await {
-                step.map_err(|e| e.to_string())?;
-            }
-            Ok::<(), String>(())
-        };
-        let limit = Duration::from_secs(self.config.pull_timeout_secs);
-        let failure = match tokio::time::timeout(limit, pull).await {
-            Ok(Ok(())) if self.docker.inspect_image(image).await.is_ok() => return Ok(()),
-            Ok(Ok(())) => "the pull ended without the image".to_string(),
-            Ok(Err(message)) => message,
-            Err(_) => format!("the pull took longer than {}s", limit.as_secs()),
-        };
-        Err(Error::ImageNotFound {
-            image: image.to_string(),
-            message: failure,
-        })
-    }
-
     async fn create_volume(&self, name: &str, labels: &HashMap<String, String>) -> Result<()> {
         let request = VolumeCreateRequest {
             name: Some(name.to_string()),

@@ -1,6 +1,8 @@
 //! The `docker` provider: an instance is a container on a local or remote Docker Engine.
 //!
-//! - The image is pulled when absent; a failed pull ends the job with "image not found".
+//! - The image is pulled when absent, with the project's registry credentials; an image pulled
+//!   with credentials is not given to another project's job from the engine's cache (`pull`). A
+//!   failed pull ends the job with "image not found", a refused one with the registry's reason.
 //! - CPU (NanoCPUs) and memory (no swap) limits come from the job; GPUs are device requests to
 //!   the NVIDIA runtime; labels `kiln.job`, `kiln.attempt` and `kiln.runner` mark everything.
 //! - Not privileged, every capability dropped, `no-new-privileges`, an init process that
@@ -35,6 +37,7 @@ use crate::error::{Error, Result};
 
 mod config;
 mod engine;
+mod pull;
 pub use super::firewall;
 pub mod network;
 
@@ -206,7 +209,7 @@ impl Provider for DockerProvider {
         if spec.image.is_empty() {
             return Err(Error::NoImage);
         }
-        self.ensure_image(&spec.image).await?;
+        self.ensure_image(&spec.image, &spec.project, spec.pull.as_ref()).await?;
         match self.create_instance(spec).await {
             Ok(instance) => Ok(instance),
             Err(error) => {

@@ -96,6 +96,8 @@ fn job(home: &Path, id: &str, owner: &str, command: &[&str], datasets: Vec<(Stri
         attempt: 1,
         runner_id: "r".into(),
         owner_id: owner.into(),
+        project: "default".into(),
+        pull: None,
         image: String::new(),
         command: command.iter().map(|s| s.to_string()).collect(),
         env: BTreeMap::from([

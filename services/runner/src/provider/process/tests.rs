@@ -8,6 +8,8 @@ fn spec(dir: &Path, command: &[&str]) -> InstanceSpec {
         attempt: 1,
         runner_id: "r".into(),
         owner_id: "u".into(),
+        project: "default".into(),
+        pull: None,
         image: String::new(),
         command: command.iter().map(|s| s.to_string()).collect(),
         env: BTreeMap::from([("KILN_JOB_ID".to_string(), "j1".to_string())]),

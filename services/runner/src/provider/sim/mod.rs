@@ -197,6 +197,8 @@ mod tests {
             attempt: 1,
             runner_id: "sim".into(),
             owner_id: String::new(),
+            project: "default".into(),
+            pull: None,
             image: String::new(),
             command: command.iter().map(|s| s.to_string()).collect(),
             env: BTreeMap::new(),
