@@ -87,6 +87,7 @@ async fn kiln_submit_to_running(api: &str, token: &str, image: &str) -> Result<D
         resources: Some(pb::Resources {
             cpu_millis: 500,
             memory_bytes: 64 << 20,
+            ..Default::default()
         }),
         ..Default::default()
     };

@@ -26,6 +26,7 @@ mod m0018_pending_logins;
 mod m0019_project_scoped_models;
 mod m0020_cloud_provisioning;
 mod m0021_outputs_sync;
+mod m0022_disk_and_shm;
 
 /// Migrator lists every migration in order.
 pub struct Migrator;
@@ -55,6 +56,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0019_project_scoped_models::Migration),
             Box::new(m0020_cloud_provisioning::Migration),
             Box::new(m0021_outputs_sync::Migration),
+            Box::new(m0022_disk_and_shm::Migration),
         ]
     }
 }

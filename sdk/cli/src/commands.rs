@@ -24,6 +24,13 @@ pub struct RunArgs {
     /// Memory, such as 512M or 4G.
     #[arg(long, default_value = "1G", value_parser = format::parse_size)]
     pub mem: u64,
+    /// The job's own disk, such as 20G: a volume of that size holding /kiln/code, /kiln/outputs
+    /// and /tmp, where writing past it fails (needs --image; counted in placement).
+    #[arg(long, value_parser = format::parse_size)]
+    pub disk: Option<u64>,
+    /// Size of /dev/shm, such as 1G (Docker's default is 64M); counts against --mem.
+    #[arg(long, value_parser = format::parse_size)]
+    pub shm: Option<u64>,
     /// Environment variable for the job, KEY=VALUE (repeatable).
     #[arg(long = "env", short = 'e', value_parser = format::parse_env)]
     pub env: Vec<(String, String)>,
@@ -96,6 +103,8 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
         resources: Some(pb::Resources {
             cpu_millis: args.cpu,
             memory_bytes: args.mem,
+            disk_bytes: args.disk.unwrap_or(0),
+            shm_bytes: args.shm.unwrap_or(0),
         }),
         code_digest,
         project: args.project.unwrap_or_default(),

@@ -101,6 +101,8 @@ pub fn job_json(job: &pb::Job) -> serde_json::Value {
         "command": spec.command,
         "cpu": f64::from(resources.cpu_millis) / 1000.0,
         "memory_bytes": resources.memory_bytes,
+        "disk_bytes": (resources.disk_bytes > 0).then_some(resources.disk_bytes),
+        "shm_bytes": (resources.shm_bytes > 0).then_some(resources.shm_bytes),
         "code_digest": spec.code_digest,
         "image": spec.image,
         "gpus": spec.gpus,

@@ -458,6 +458,7 @@ async fn definition_of(
             resources: Some(pb::Resources {
                 cpu_millis: args.cpu,
                 memory_bytes: args.mem,
+                ..Default::default()
             }),
             code_digest,
             image: args.image.unwrap_or_default(),

@@ -33,6 +33,9 @@ pub struct UpArgs {
     /// Address of the api.
     #[arg(long, default_value = "127.0.0.1:7070")]
     pub api_addr: SocketAddr,
+    /// Stop a job whose GPUs stay under 5% busy for this long, in seconds (0: never).
+    #[arg(long, default_value_t = 1800)]
+    pub idle_gpu_window_secs: u64,
     /// Where `/metrics` of every service is served (Prometheus text format).
     #[arg(long, default_value = "127.0.0.1:9470")]
     pub metrics_addr: SocketAddr,
@@ -385,6 +388,11 @@ async fn serve_all(
         objects: objects.clone(),
         secrets,
         work_dir: home.join("work"),
+        idle_gpu: kiln_runner::config::IdleGpuConfig {
+            window_secs: args.idle_gpu_window_secs,
+            sample_interval_ms: (args.idle_gpu_window_secs * 1000 / 6).clamp(1000, 10_000),
+            ..Default::default()
+        },
         stop_grace_period_ms: args.grace_period * 1000,
         api_url: format!("{scheme}://{api_addr}"),
         logs_url: format!("{scheme}://{logs_addr}"),

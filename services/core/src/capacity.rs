@@ -20,6 +20,9 @@ pub struct CapacityReport {
     pub memory_bytes: i64,
     #[serde(default)]
     pub gpus: i64,
+    /// Bytes of disk the runner gives jobs' own disks (`--disk`); 0 when it gives none.
+    #[serde(default)]
+    pub disk_bytes: i64,
     pub updated_at_ms: i64,
     /// One instance: the largest job it can hold; all zero means the whole capacity is one.
     #[serde(default)]
@@ -78,6 +81,8 @@ pub struct Instance {
     pub cpu_millis: i64,
     pub memory_bytes: i64,
     pub gpus: i64,
+    #[serde(default)]
+    pub disk_bytes: i64,
 }
 
 /// Total capacity of a pool over its runners, the largest instance, and the highest prices any
@@ -87,6 +92,7 @@ pub struct PoolCapacity {
     pub cpu_millis: i64,
     pub memory_bytes: i64,
     pub gpus: i64,
+    pub disk_bytes: i64,
     pub runners: usize,
     pub instance: Instance,
     pub on_demand_per_hour: f64,
@@ -129,6 +135,7 @@ impl CapacityReport {
                 cpu_millis: self.cpu_millis,
                 memory_bytes: self.memory_bytes,
                 gpus: self.gpus,
+                disk_bytes: self.disk_bytes,
             }
         } else {
             self.instance
@@ -180,11 +187,13 @@ pub fn sum_by_pool(reports: &[CapacityReport]) -> BTreeMap<String, PoolCapacity>
         pool.cpu_millis += report.cpu_millis;
         pool.memory_bytes += report.memory_bytes;
         pool.gpus += report.gpus;
+        pool.disk_bytes += report.disk_bytes;
         pool.runners += 1;
         let instance = report.largest_job();
         pool.instance.cpu_millis = pool.instance.cpu_millis.max(instance.cpu_millis);
         pool.instance.memory_bytes = pool.instance.memory_bytes.max(instance.memory_bytes);
         pool.instance.gpus = pool.instance.gpus.max(instance.gpus);
+        pool.instance.disk_bytes = pool.instance.disk_bytes.max(instance.disk_bytes);
         pool.on_demand_per_hour = pool.on_demand_per_hour.max(report.on_demand_per_hour);
         pool.spot_per_hour = pool.spot_per_hour.max(report.spot_per_hour);
         pool.spot |= report.spot;

@@ -205,7 +205,10 @@ mod tests {
         ] {
             assert_eq!(image_registry(image), registry, "{image}");
         }
-        assert_eq!(registry_secret_name("127.0.0.1:5000").unwrap(), "registry:127.0.0.1:5000");
+        assert_eq!(
+            registry_secret_name("127.0.0.1:5000").unwrap(),
+            "registry:127.0.0.1:5000"
+        );
         assert_eq!(registry_secret_name("index.docker.io").unwrap(), "registry:docker.io");
         for bad in ["", "GHCR.io", "ghcr.io/team", "host:0", "host:x", "a b"] {
             assert!(registry_secret_name(bad).is_err(), "{bad}");
@@ -213,7 +216,13 @@ mod tests {
         assert!(validate_stored_name("registry:ghcr.io").is_ok());
         assert!(validate_stored_name("registry:").is_err());
         assert!(validate_stored_name("HF_TOKEN").is_ok());
-        let shown = format!("{:?}", RegistryCredentials { username: "u".into(), password: "hunter22".into() });
+        let shown = format!(
+            "{:?}",
+            RegistryCredentials {
+                username: "u".into(),
+                password: "hunter22".into()
+            }
+        );
         assert!(!shown.contains("hunter22"), "{shown}");
     }
 

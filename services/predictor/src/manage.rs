@@ -452,6 +452,7 @@ fn definition_of(revision: &Revision, replicas: i32) -> pb::ServiceDefinition {
             resources: Some(pb::Resources {
                 cpu_millis: u32::try_from(worker.cpu_millis).unwrap_or(0),
                 memory_bytes: u64::try_from(worker.memory_bytes).unwrap_or(0),
+                ..Default::default()
             }),
             code_digest: worker.code_digest.clone(),
             image: worker.image.clone(),

@@ -48,6 +48,7 @@ fn job(id: &str, cpus: i64, market: &str) -> DemandJob {
             cpu_millis: cpus * 1000,
             memory_bytes: cpus * GIB,
             gpus: 0,
+            disk_bytes: 0,
         },
         market: market.into(),
         chosen_market: String::new(),

@@ -12,6 +12,9 @@ pub enum Error {
     Spawn { program: String, source: std::io::Error },
     #[error("image not found: {image} ({message})")]
     ImageNotFound { image: String, message: String },
+    /// A job's own disk (`--disk`) could not be made or removed.
+    #[error("job disk: {0}")]
+    Disk(String),
     /// The registry refused the pull: the project's credentials are wrong, or it has none.
     #[error("cannot pull image {image}: {why}")]
     ImageRefused { image: String, why: String },
@@ -94,7 +97,7 @@ impl Error {
             | Error::ImageUnsupported { .. } => ErrorKind::InvalidArgument,
             Error::Docker { .. } | Error::Metadata(_) => ErrorKind::Unavailable,
             Error::Firewall { .. } | Error::ProcessFirewall { .. } => ErrorKind::FailedPrecondition,
-            Error::Capacity(_) => ErrorKind::ResourceExhausted,
+            Error::Capacity(_) | Error::Disk(_) => ErrorKind::ResourceExhausted,
             Error::Restore(_)
             | Error::Dataset(_)
             | Error::Model(_)

@@ -28,12 +28,47 @@ pub struct NvmlSampler {
     count: u32,
 }
 
+/// Where the NVIDIA kernel driver says it is loaded.
+const DRIVER_VERSION_FILE: &str = "/proc/driver/nvidia/version";
+
+static NVML_FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether NVML failed to load on a machine whose NVIDIA driver is loaded (the runner then
+/// reports no GPUs: `kiln_runner_nvml_load_failed`).
+pub fn nvml_failed() -> bool {
+    NVML_FAILED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 impl NvmlSampler {
-    /// Loads NVML; `None` on machines without it (no GPU, or no driver).
+    /// Loads NVML; `None` on machines without it. Without the NVIDIA driver that is quiet (a
+    /// machine with no GPU); with the driver loaded it is an error in the log and
+    /// [`nvml_failed`], never a silent zero: a static (musl) runner cannot `dlopen` NVML, so a
+    /// GPU machine runs the glibc build (README, "GPUs").
     pub fn load() -> Option<Arc<dyn GpuSampler>> {
-        let nvml = nvml_wrapper::Nvml::init().ok()?;
-        let count = nvml.device_count().ok()?;
-        Some(Arc::new(NvmlSampler { nvml, count }))
+        let loaded = nvml_wrapper::Nvml::init()
+            .map_err(|error| error.to_string())
+            .and_then(|nvml| {
+                let count = nvml.device_count().map_err(|error| error.to_string())?;
+                Ok(NvmlSampler { nvml, count })
+            });
+        match loaded {
+            Ok(sampler) => {
+                tracing::info!(gpus = sampler.count, "NVML loaded");
+                Some(Arc::new(sampler))
+            }
+            Err(why) if std::path::Path::new(DRIVER_VERSION_FILE).try_exists().unwrap_or(false) => {
+                NVML_FAILED.store(true, std::sync::atomic::Ordering::Relaxed);
+                tracing::error!(
+                    why,
+                    "the NVIDIA driver is loaded but NVML is not: this runner reports no GPUs and watches none (run the glibc build of kiln-runner, with libnvidia-ml.so.1 on the library path)"
+                );
+                None
+            }
+            Err(why) => {
+                tracing::info!(why, "no NVIDIA driver: no GPUs");
+                None
+            }
+        }
     }
 }
 

@@ -161,6 +161,7 @@ async fn accept_launch(
         controls: controls.clone(),
         cpu_millis: job.cpu_millis,
         memory_bytes: job.memory_bytes,
+        disk_bytes: job.disk_bytes,
         gpu_devices: gpu_devices.clone(),
     };
     ctx.active

@@ -80,6 +80,7 @@ struct ActiveJob {
     controls: supervisor::Controls,
     cpu_millis: i64,
     memory_bytes: i64,
+    disk_bytes: i64,
     gpu_devices: Vec<u32>,
 }
 
@@ -156,7 +157,10 @@ impl Context {
         let active = self.active.lock().expect("active jobs lock");
         let cpu: i64 = active.values().map(|a| a.cpu_millis).sum();
         let memory: i64 = active.values().map(|a| a.memory_bytes).sum();
-        cpu + job.cpu_millis <= self.capacity.cpu_millis && memory + job.memory_bytes <= self.capacity.memory_bytes
+        let disk: i64 = active.values().map(|a| a.disk_bytes).sum();
+        cpu + job.cpu_millis <= self.capacity.cpu_millis
+            && memory + job.memory_bytes <= self.capacity.memory_bytes
+            && disk + job.disk_bytes <= self.capacity.disk_bytes
     }
 }
 
@@ -268,7 +272,11 @@ impl Runner {
             lease: Arc::default(),
             datasets,
             models_dir,
-            metrics: Arc::new(service_metrics::RunnerMetrics::new(&config.pool)),
+            metrics: Arc::new({
+                let metrics = service_metrics::RunnerMetrics::new(&config.pool);
+                metrics.nvml_load_failed.set(i64::from(gpu::nvml_failed()));
+                metrics
+            }),
             secrets_key,
             identity: identity.map(Arc::new),
             cordoned: Arc::default(),
@@ -434,6 +442,7 @@ async fn connect_provider(
             config.cpu_millis,
             config.memory_bytes,
             &job_endpoints,
+            config.work_dir.join("disks"),
         )
     };
     let process = || {
@@ -441,6 +450,7 @@ async fn connect_provider(
             cpu_millis: config.offered_cpu_millis(),
             memory_bytes: config.offered_memory_bytes(),
             gpus: 0,
+            disk_bytes: 0,
         };
         let users = match isolated {
             Some(isolated) => JobUsers::Isolated(isolated.clone()),

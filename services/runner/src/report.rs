@@ -79,6 +79,7 @@ fn report_of(ctx: &Context) -> CapacityReport {
         cpu_millis: ctx.capacity.cpu_millis,
         memory_bytes: ctx.capacity.memory_bytes,
         gpus: i64::from(ctx.capacity.gpus),
+        disk_bytes: ctx.capacity.disk_bytes,
         updated_at_ms: now_ms(),
         instance: offer
             .instance
@@ -86,6 +87,7 @@ fn report_of(ctx: &Context) -> CapacityReport {
                 cpu_millis: instance.cpu_millis,
                 memory_bytes: instance.memory_bytes,
                 gpus: i64::from(instance.gpus),
+                disk_bytes: instance.disk_bytes,
             }),
         on_demand_per_hour: offer.on_demand_per_hour,
         spot_per_hour: offer.spot_per_hour,

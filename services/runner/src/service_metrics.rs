@@ -72,6 +72,8 @@ pub(crate) struct RunnerMetrics {
     sync_durations: HistogramFamily<PoolLabels>,
     sync_duration: Histogram,
     provider_errors: Family<PoolProviderLabels, Counter>,
+    /// 1 when the NVIDIA driver is loaded but NVML is not (the runner then reports no GPUs).
+    pub nvml_load_failed: Gauge,
     spend: Family<PoolMarketLabels, Dollars>,
     /// The inference workers' relays (`serve_*`).
     pub relays: crate::relay::RelayMetrics,
@@ -114,6 +116,7 @@ impl RunnerMetrics {
             synced_bytes_counts,
             sync_durations,
             provider_errors: Family::default(),
+            nvml_load_failed: Gauge::default(),
             spend: Family::default(),
             relays: Default::default(),
         }
@@ -165,6 +168,11 @@ impl RunnerMetrics {
                 "provider_errors",
                 "Calls to the provider that failed (provision, start, wait, signal, outputs, release), by provider",
                 self.provider_errors.clone(),
+            );
+            registry.add(
+                "nvml_load_failed",
+                "1 when the NVIDIA driver is loaded but NVML did not load: the runner reports no GPUs",
+                self.nvml_load_failed.clone(),
             );
             registry.add(
                 "spend_dollars",

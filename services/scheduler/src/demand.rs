@@ -33,6 +33,7 @@ pub fn of_plan(input: &Input, plan: &Plan, now_ms: i64) -> Demand {
                     cpu_millis: job.resources.cpu_millis,
                     memory_bytes: job.resources.memory_bytes,
                     gpus: job.resources.gpus,
+                    disk_bytes: job.resources.disk_bytes,
                 },
                 market: job.market.as_str().into(),
                 chosen_market: chosen.into(),
@@ -88,6 +89,7 @@ mod tests {
                 cpu_millis: cpus * 1000,
                 memory_bytes: 16 * GIB,
                 gpus: 0,
+                disk_bytes: 0,
             },
             spot_offered: true,
             on_demand_per_hour: 0.34,
@@ -108,6 +110,7 @@ mod tests {
                     cpu_millis: 2000,
                     memory_bytes: 8 * GIB,
                     gpus: 0,
+                    disk_bytes: 0,
                 },
                 ..Default::default()
             },

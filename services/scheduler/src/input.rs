@@ -25,7 +25,7 @@ pub struct Read {
 }
 
 fn resources(job: &JobRecord) -> Resources {
-    Resources::new(job.cpu_millis, job.memory_bytes, i64::from(job.gpus))
+    Resources::new(job.cpu_millis, job.memory_bytes, i64::from(job.gpus)).with_disk(job.disk_bytes)
 }
 
 /// Reads the state; `rate_of` gives a pool's observed spot preemptions per instance-hour.
@@ -108,8 +108,9 @@ pub fn pools(reported: &BTreeMap<String, PoolCapacity>, rate_of: &impl Fn(&str) 
         .iter()
         .map(|(name, pool)| Pool {
             name: name.clone(),
-            capacity: Resources::new(pool.cpu_millis, pool.memory_bytes, pool.gpus),
-            instance: Resources::new(pool.instance.cpu_millis, pool.instance.memory_bytes, pool.instance.gpus),
+            capacity: Resources::new(pool.cpu_millis, pool.memory_bytes, pool.gpus).with_disk(pool.disk_bytes),
+            instance: Resources::new(pool.instance.cpu_millis, pool.instance.memory_bytes, pool.instance.gpus)
+                .with_disk(pool.instance.disk_bytes),
             on_demand_per_hour: pool.on_demand_per_hour,
             spot_per_hour: pool.spot_per_hour,
             spot_available: pool.spot,
@@ -136,6 +137,7 @@ pub fn with_provisioned(
             a.memory_bytes.max(b.memory_bytes),
             a.gpus.max(b.gpus),
         )
+        .with_disk(a.disk_bytes.max(b.disk_bytes))
     };
     for status in statuses {
         let largest = Resources::new(
@@ -190,8 +192,10 @@ pub fn runners(reports: &[CapacityReport]) -> Vec<Runner> {
             Runner {
                 id: report.runner_id.clone(),
                 pool: report.pool.clone(),
-                capacity: Resources::new(report.cpu_millis, report.memory_bytes, report.gpus),
-                instance: Resources::new(instance.cpu_millis, instance.memory_bytes, instance.gpus),
+                capacity: Resources::new(report.cpu_millis, report.memory_bytes, report.gpus)
+                    .with_disk(report.disk_bytes),
+                instance: Resources::new(instance.cpu_millis, instance.memory_bytes, instance.gpus)
+                    .with_disk(instance.disk_bytes),
                 cordoned: report.cordoned,
                 spot_offering: match (&report.market, &report.instance_type, &report.zone) {
                     (Some(market), Some(instance_type), Some(zone)) if market == "spot" => {

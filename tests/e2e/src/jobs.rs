@@ -9,6 +9,7 @@ pub fn spec(command: &[&str]) -> pb::JobSpec {
         resources: Some(pb::Resources {
             cpu_millis: 500,
             memory_bytes: 64 << 20,
+            ..Default::default()
         }),
         ..Default::default()
     }

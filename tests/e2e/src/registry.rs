@@ -22,7 +22,10 @@ pub struct Registry {
 fn tool(var: &str, package: &str) -> String {
     let path = std::env::var(var)
         .unwrap_or_else(|_| panic!("{var} is not set: run the tests through scripts/test.sh (Debian's {package})"));
-    assert!(Path::new(&path).exists(), "{var}={path} is missing: apt-get install {package}");
+    assert!(
+        Path::new(&path).try_exists().unwrap_or(false),
+        "{var}={path} is missing: apt-get install {package}"
+    );
     path
 }
 
@@ -103,7 +106,9 @@ impl Registry {
             cmd: Some(vec!["true".into()]),
             ..Default::default()
         };
-        let options = CreateContainerOptionsBuilder::new().name(&format!("kiln-push-{unique}")).build();
+        let options = CreateContainerOptionsBuilder::new()
+            .name(&format!("kiln-push-{unique}"))
+            .build();
         let container = docker.create_container(Some(options), body).await.unwrap().id;
         let options = CommitContainerOptionsBuilder::new()
             .container(&container)
@@ -116,7 +121,10 @@ impl Registry {
             .await
             .expect("commit the image");
         docker
-            .remove_container(&container, Some(RemoveContainerOptionsBuilder::new().force(true).build()))
+            .remove_container(
+                &container,
+                Some(RemoveContainerOptionsBuilder::new().force(true).build()),
+            )
             .await
             .unwrap();
         let options = PushImageOptionsBuilder::new().tag(unique).build();

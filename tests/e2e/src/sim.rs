@@ -52,6 +52,7 @@ pub fn job_spec(command: &[&str], cpu_millis: u32, gpus: u32) -> pb::JobSpec {
         resources: Some(pb::Resources {
             cpu_millis,
             memory_bytes: GIB as u64,
+            ..Default::default()
         }),
         ..crate::spec(command)
     }

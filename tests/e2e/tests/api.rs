@@ -68,12 +68,14 @@ async fn bad_input_is_refused_with_a_useful_message() {
     zero_cpu.resources = Some(pb::Resources {
         cpu_millis: 0,
         memory_bytes: 1 << 20,
+        ..Default::default()
     });
     cases.push((zero_cpu, "cpu_millis must be greater than 0"));
     let mut zero_memory = spec(&["true"]);
     zero_memory.resources = Some(pb::Resources {
         cpu_millis: 100,
         memory_bytes: 0,
+        ..Default::default()
     });
     cases.push((zero_memory, "memory_bytes must be greater than 0"));
     cases.push((spec(&[]), "command is empty"));

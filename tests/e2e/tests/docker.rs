@@ -16,6 +16,7 @@ fn image_spec(command: &[&str]) -> pb::JobSpec {
     spec.resources = Some(pb::Resources {
         cpu_millis: 500,
         memory_bytes: 96 << 20,
+        ..Default::default()
     });
     spec
 }
@@ -368,5 +369,83 @@ wait
     );
     assert!(lines.contains(&"rewrote".to_string()), "{lines:?}");
     assert_eq!(output(&stack, &job.id, "ckpt/step.txt").await.unwrap(), "step-43\n");
+    assert_nothing_left(&stack.docker_runner_id()).await;
+}
+
+/// `--disk`: a job writing past its own disk fails with that reason, and its disk (a
+/// loop-mounted file under the runner's work dir) is gone after; the control, the same job
+/// without `--disk`, fills the runner's disk instead and succeeds. `--shm` sizes /dev/shm.
+#[tokio::test]
+async fn a_job_writing_past_its_disk_fails_with_that_reason_and_shm_is_sized() {
+    let stack = Stack::start_docker().await;
+    // Refused at submit, saying why.
+    for (disk_bytes, shm_bytes, image, why) in [
+        (1 << 20, 0, test_image(), "at least 16777216"),
+        (32 << 20, 0, String::new(), "--disk needs an image"),
+        (0, 512 << 20, test_image(), "more than the memory"),
+    ] {
+        let mut bad = image_spec(&["true"]);
+        bad.image = image;
+        bad.resources = Some(pb::Resources {
+            cpu_millis: 500,
+            memory_bytes: 96 << 20,
+            disk_bytes,
+            shm_bytes,
+        });
+        let refused = stack
+            .jobs()
+            .await
+            .submit_job(pb::SubmitJobRequest {
+                spec: Some(bad),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+        assert!(refused.message().contains(why), "{refused:?}");
+    }
+
+    let writer = "dd if=/dev/zero of=/kiln/outputs/big bs=1M count=48 && df -k /dev/shm /kiln/outputs";
+    let mut on_disk = image_spec(&["sh", "-c", writer]);
+    on_disk.resources = Some(pb::Resources {
+        cpu_millis: 500,
+        memory_bytes: 1536 << 20,
+        disk_bytes: 32 << 20,
+        shm_bytes: 1 << 30,
+    });
+    let job = stack.submit_spec(on_disk).await;
+    let running = stack.wait_for(&job.id, "its end", |j| j.finished_at_ms > 0).await;
+    assert_eq!(running.state, pb::JobState::Failed as i32, "{running:?}");
+    assert!(running.reason.contains("its disk is full"), "{running:?}");
+    let disks = stack.dir.path().join("work").join("disks");
+    let left: Vec<_> = std::fs::read_dir(&disks)
+        .map(|entries| entries.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "disks left under {}: {left:?}", disks.display());
+
+    // /dev/shm is 1 GiB (1048576 KiB blocks) when asked.
+    let mut shm = image_spec(&["sh", "-c", "df -k /dev/shm | tail -n 1"]);
+    shm.resources = Some(pb::Resources {
+        cpu_millis: 500,
+        memory_bytes: 1536 << 20,
+        shm_bytes: 1 << 30,
+        ..Default::default()
+    });
+    let shm_job = stack.submit_spec(shm).await;
+    let lines = stack.log_lines(&shm_job.id, true).await;
+    let shm_done = stack.get(&shm_job.id).await;
+    assert_eq!(shm_done.state, pb::JobState::Succeeded as i32, "{shm_done:?}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.text.split_whitespace().nth(1) == Some("1048576")),
+        "{lines:?}"
+    );
+
+    // The control: without --disk the same write lands on the runner's disk and succeeds.
+    let unbounded = stack.submit_spec(image_spec(&["sh", "-c", writer])).await;
+    stack.log_lines(&unbounded.id, true).await;
+    let unbounded = stack.get(&unbounded.id).await;
+    assert_eq!(unbounded.state, pb::JobState::Succeeded as i32, "{unbounded:?}");
     assert_nothing_left(&stack.docker_runner_id()).await;
 }

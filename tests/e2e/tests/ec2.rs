@@ -79,6 +79,7 @@ fn job(cpu_millis: u32, memory_mb: u64, seconds: u32) -> pb::JobSpec {
         resources: Some(pb::Resources {
             cpu_millis,
             memory_bytes: memory_mb * MIB,
+            ..Default::default()
         }),
         ..Default::default()
     }

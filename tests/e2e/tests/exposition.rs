@@ -43,6 +43,7 @@ async fn api_and_scheduler_export_what_they_did() {
     huge.resources = Some(pb::Resources {
         cpu_millis: 64_000,
         memory_bytes: 64 << 20,
+        ..Default::default()
     });
     let huge = stack.submit_spec(huge).await;
     let mut waited = false;

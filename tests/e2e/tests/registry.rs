@@ -9,7 +9,13 @@ use tonic::Code;
 
 const PASSWORD: &str = "reg-pass-8d1f3a-secret";
 
-async fn set_registry(stack: &Stack, project: &str, registry: &str, username: &str, password: &str) -> Result<pb::Secret, tonic::Status> {
+async fn set_registry(
+    stack: &Stack,
+    project: &str,
+    registry: &str,
+    username: &str,
+    password: &str,
+) -> Result<pb::Secret, tonic::Status> {
     let request = pb::SetSecretRequest {
         project: project.into(),
         registry: registry.into(),
@@ -41,7 +47,9 @@ async fn a_private_image_is_pulled_with_its_projects_credentials_and_no_other_pr
     }
     let engine = docker().await;
     let unique = kiln_core::ids::new_id().to_lowercase().replace('-', "");
-    let image = registry.push_unique(&engine, &test_image(), "team/trainer", &unique).await;
+    let image = registry
+        .push_unique(&engine, &test_image(), "team/trainer", &unique)
+        .await;
 
     // Bad requests say what to give.
     for (registry_host, username, why) in [
@@ -49,21 +57,32 @@ async fn a_private_image_is_pulled_with_its_projects_credentials_and_no_other_pr
         ("ghcr.io/team", "u", "not a registry host"),
         (registry.host.as_str(), "", "need a username"),
     ] {
-        let refused = set_registry(&stack, "vision", registry_host, username, PASSWORD).await.unwrap_err();
+        let refused = set_registry(&stack, "vision", registry_host, username, PASSWORD)
+            .await
+            .unwrap_err();
         assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
         assert!(refused.message().contains(why), "{refused:?}");
     }
-    let saved = set_registry(&stack, "vision", &registry.host, "trainer", PASSWORD).await.unwrap();
+    let saved = set_registry(&stack, "vision", &registry.host, "trainer", PASSWORD)
+        .await
+        .unwrap();
     assert_eq!(saved.name, format!("registry:{}", registry.host));
-    set_registry(&stack, "speech", &registry.host, "trainer", "not-the-password").await.unwrap();
+    set_registry(&stack, "speech", &registry.host, "trainer", "not-the-password")
+        .await
+        .unwrap();
     let listed = stack
         .secrets()
         .await
-        .list_secrets(pb::ListSecretsRequest { project: "vision".into() })
+        .list_secrets(pb::ListSecretsRequest {
+            project: "vision".into(),
+        })
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(listed.secrets.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), [saved.name.as_str()]);
+    assert_eq!(
+        listed.secrets.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
+        [saved.name.as_str()]
+    );
 
     // vision's job pulls the image with vision's credentials; they never reach the job.
     let pulled = run_in(&stack, "vision", &image).await;
@@ -71,15 +90,23 @@ async fn a_private_image_is_pulled_with_its_projects_credentials_and_no_other_pr
     let lines = stack.log_lines(&pulled.id, false).await;
     let text: Vec<&str> = lines.iter().map(|l| l.text.as_str()).collect();
     assert!(text.contains(&"pulled and running"), "{text:?}");
-    assert!(!text.iter().any(|line| line.contains(PASSWORD)), "the job saw the password: {text:?}");
+    assert!(
+        !text.iter().any(|line| line.contains(PASSWORD)),
+        "the job saw the password: {text:?}"
+    );
 
     // audio has no credentials: the registry refuses it, though the engine now has the image.
-    assert!(engine.inspect_image(&image).await.is_ok(), "the image is in the engine's cache");
+    assert!(
+        engine.inspect_image(&image).await.is_ok(),
+        "the image is in the engine's cache"
+    );
     let refused = run_in(&stack, "audio", &image).await;
     assert_eq!(refused.state, pb::JobState::Failed as i32, "{refused:?}");
     assert!(
         refused.reason.contains("project audio has no credentials for registry")
-            && refused.reason.contains(&format!("kiln secret set --registry {}", registry.host)),
+            && refused
+                .reason
+                .contains(&format!("kiln secret set --registry {}", registry.host)),
         "{refused:?}"
     );
 
@@ -87,14 +114,21 @@ async fn a_private_image_is_pulled_with_its_projects_credentials_and_no_other_pr
     let wrong = run_in(&stack, "speech", &image).await;
     assert_eq!(wrong.state, pb::JobState::Failed as i32, "{wrong:?}");
     assert!(
-        wrong.reason.contains("refused project speech's credentials (user trainer)"),
+        wrong
+            .reason
+            .contains("refused project speech's credentials (user trainer)"),
         "{wrong:?}"
     );
     assert!(!wrong.reason.contains("not-the-password"), "{wrong:?}");
 
     // The control: without vision's grant tag on the cached image (the protection), audio's
     // job runs vision's private image from the cache.
-    let tags = engine.inspect_image(&image).await.unwrap().repo_tags.unwrap_or_default();
+    let tags = engine
+        .inspect_image(&image)
+        .await
+        .unwrap()
+        .repo_tags
+        .unwrap_or_default();
     let grants: Vec<&String> = tags.iter().filter(|tag| tag.starts_with("kiln-grant-")).collect();
     assert_eq!(grants.len(), 1, "one grant, vision's: {tags:?}");
     assert!(grants[0].starts_with("kiln-grant-vision:"), "{tags:?}");

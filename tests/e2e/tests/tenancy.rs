@@ -136,6 +136,7 @@ async fn disabling_a_user_refuses_their_tokens_and_stops_their_queued_jobs() {
     queued.resources = Some(pb::Resources {
         cpu_millis: 64_000,
         memory_bytes: 1 << 20,
+        ..Default::default()
     });
     let job = stack
         .jobs_as(&token)

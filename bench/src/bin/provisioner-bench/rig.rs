@@ -66,6 +66,7 @@ pub fn job(id: String, cpus: i64, memory_gib: i64, market: &str) -> DemandJob {
             cpu_millis: cpus * 1000,
             memory_bytes: memory_gib * GIB,
             gpus: 0,
+            disk_bytes: 0,
         },
         market: market.into(),
         chosen_market: String::new(),

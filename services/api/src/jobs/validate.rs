@@ -40,6 +40,7 @@ pub(super) fn validate_spec(principal: &Principal, spec: Option<pb::JobSpec>) ->
     let resources = spec.resources.unwrap_or(pb::Resources {
         cpu_millis: DEFAULT_CPU_MILLIS,
         memory_bytes: DEFAULT_MEMORY_BYTES,
+        ..Default::default()
     });
     if resources.cpu_millis == 0 {
         return Err(Error::InvalidArgument(
@@ -53,6 +54,7 @@ pub(super) fn validate_spec(principal: &Principal, spec: Option<pb::JobSpec>) ->
     }
     let memory_bytes = i64::try_from(resources.memory_bytes)
         .map_err(|_| Error::InvalidArgument("resources.memory_bytes is too large".into()))?;
+    let (disk_bytes, shm_bytes) = disk_and_shm(&resources, &spec.image)?;
     let mut env = BTreeMap::new();
     for (key, value) in spec.env {
         let valid = !key.is_empty() && !key.contains('=') && !key.contains('\0');
@@ -142,6 +144,8 @@ pub(super) fn validate_spec(principal: &Principal, spec: Option<pb::JobSpec>) ->
         env,
         cpu_millis: i64::from(resources.cpu_millis),
         memory_bytes,
+        disk_bytes,
+        shm_bytes,
         code_digest: spec.code_digest,
         image: spec.image,
         gpus: i32::try_from(spec.gpus).unwrap_or(0),
@@ -197,6 +201,34 @@ pub(crate) fn validate_dataset_name(name: &str) -> Result<()> {
     Ok(())
 }
 
+/// The smallest `--disk`: a file system's own structures take a few MiB.
+pub const MIN_DISK_BYTES: u64 = 16 << 20;
+
+/// Checks `resources.disk_bytes` and `resources.shm_bytes`: a disk of at least
+/// [`MIN_DISK_BYTES`] for a job in a container (the docker provider makes it), shared memory at
+/// most the memory it counts against.
+pub fn disk_and_shm(resources: &pb::Resources, image: &str) -> Result<(i64, i64)> {
+    let disk = resources.disk_bytes;
+    if disk > 0 && disk < MIN_DISK_BYTES {
+        return Err(Error::InvalidArgument(format!(
+            "resources.disk_bytes is {disk}; a disk is at least {MIN_DISK_BYTES} bytes (16 MiB)"
+        )));
+    }
+    if disk > 0 && image.is_empty() {
+        return Err(Error::InvalidArgument(
+            "--disk needs an image: runners give a job its own disk in a container (the docker provider); give --image too".into(),
+        ));
+    }
+    if resources.shm_bytes > resources.memory_bytes {
+        return Err(Error::InvalidArgument(format!(
+            "resources.shm_bytes ({}) is more than the memory ({}): /dev/shm counts against the job's memory; ask for more --mem",
+            resources.shm_bytes, resources.memory_bytes
+        )));
+    }
+    let disk = i64::try_from(disk).map_err(|_| Error::InvalidArgument("resources.disk_bytes is too large".into()))?;
+    Ok((disk, i64::try_from(resources.shm_bytes).unwrap_or(i64::MAX)))
+}
+
 #[cfg(test)]
 mod properties;
 
@@ -225,6 +257,7 @@ mod tests {
             resources: Some(pb::Resources {
                 cpu_millis: 500,
                 memory_bytes: 1 << 20,
+                ..Default::default()
             }),
             ..Default::default()
         }
@@ -250,6 +283,7 @@ mod tests {
         zero_cpu.resources = Some(pb::Resources {
             cpu_millis: 0,
             memory_bytes: 1,
+            ..Default::default()
         });
         assert!(message(validate_spec(&principal(), Some(zero_cpu))).contains("cpu_millis"));
         let mut reserved = spec(&["true"]);

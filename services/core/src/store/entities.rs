@@ -120,6 +120,8 @@ pub mod job {
         /// and the bytes they held then.
         pub outputs_synced_at_ms: i64,
         pub outputs_synced_bytes: i64,
+        pub disk_bytes: i64,
+        pub shm_bytes: i64,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -24,6 +24,9 @@ pub struct NewJob {
     pub env: BTreeMap<String, String>,
     pub cpu_millis: i64,
     pub memory_bytes: i64,
+    /// The job's own disk (`--disk`) and /dev/shm size (`--shm`) in bytes; 0 for none.
+    pub disk_bytes: i64,
+    pub shm_bytes: i64,
     pub code_digest: String,
     pub image: String,
     pub gpus: i32,
@@ -54,7 +57,7 @@ impl NewJob {
     /// an idempotency key reused for another spec is told apart from a retry of the same submit.
     pub fn spec_hash(&self) -> StoreResult<String> {
         use sha2::{Digest, Sha256};
-        let canonical = serde_json::json!({
+        let mut canonical = serde_json::json!({
             "project": self.project,
             "name": self.name,
             "command": self.command,
@@ -75,6 +78,12 @@ impl NewJob {
             "sweep_id": self.sweep_id,
             "service_id": self.service_id,
         });
+        // Added later: only when asked, so a spec without them hashes as it did before.
+        for (key, value) in [("disk_bytes", self.disk_bytes), ("shm_bytes", self.shm_bytes)] {
+            if value != 0 {
+                canonical[key] = value.into();
+            }
+        }
         // serde_json's maps are sorted (no preserve_order), so equal specs print equal bytes.
         let bytes = serde_json::to_vec(&canonical).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         Ok(hex::encode(Sha256::digest(bytes)))

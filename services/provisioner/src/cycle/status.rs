@@ -92,6 +92,9 @@ impl Provisioner {
                 cpu_millis: status.largest.cpu_millis.max(shape.cpu_millis),
                 memory_bytes: status.largest.memory_bytes.max(shape.memory_bytes),
                 gpus: status.largest.gpus.max(shape.gpus),
+                // Launch templates do not size a job's disk yet: `--disk` jobs wait for a
+                // runner that reports disk, and are no demand of a provisioned pool.
+                disk_bytes: 0,
             };
             let cheapest = match offering.key.capacity {
                 CapacityType::Spot => {

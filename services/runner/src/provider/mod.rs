@@ -52,6 +52,9 @@ pub struct InstanceSpec {
     pub cpu_millis: i64,
     pub memory_bytes: i64,
     pub gpus: u32,
+    /// The job's own disk (`--disk`) and /dev/shm size (`--shm`) in bytes; 0 for none.
+    pub disk_bytes: i64,
+    pub shm_bytes: i64,
     /// The market the scheduler chose for the attempt.
     pub market: Market,
     /// The GPU indices the runner gave the job (`gpus` of them).
@@ -109,6 +112,8 @@ pub struct Exit {
     pub code: i32,
     /// The kernel killed it for going over its memory limit.
     pub oom_killed: bool,
+    /// The job's own disk (`--disk`) was full when it ended.
+    pub disk_full: bool,
 }
 
 /// Where an ended instance's outputs can be read.
@@ -136,6 +141,8 @@ pub struct Capacity {
     pub cpu_millis: i64,
     pub memory_bytes: i64,
     pub gpus: u32,
+    /// Bytes the provider gives jobs' own disks (`--disk`); 0 for none.
+    pub disk_bytes: i64,
 }
 
 /// What one instance of a provider is and costs. The default: the whole capacity is one

@@ -177,10 +177,12 @@ impl Provider for ProcessProvider {
                 Ok(status) => Exit {
                     code: exit_code(status),
                     oom_killed: false,
+                    disk_full: false,
                 },
                 Err(_) => Exit {
                     code: -1,
                     oom_killed: false,
+                    disk_full: false,
                 },
             };
             let _ = tx.send(Some(exit));
@@ -230,6 +232,7 @@ impl Provider for ProcessProvider {
                     return Ok(Exit {
                         code: -1,
                         oom_killed: false,
+                        disk_full: false,
                     });
                 };
                 while is_job_process(pid, &instance.job_id) {
@@ -238,6 +241,7 @@ impl Provider for ProcessProvider {
                 Ok(Exit {
                     code: -1,
                     oom_killed: false,
+                    disk_full: false,
                 })
             }
         }

@@ -64,6 +64,13 @@ pub(super) async fn conclude(
             let reason = format!("out of memory: the limit is {} bytes", job.memory_bytes);
             (JobState::Failed, change(Some(exit.code), &reason))
         }
+        Outcome::Exited { exit, stopped: None } if exit.disk_full => {
+            let reason = format!(
+                "its disk is full: it wrote past --disk ({} bytes) in /kiln/code, /kiln/outputs or /tmp (exit code {}); ask for a larger --disk",
+                job.disk_bytes, exit.code
+            );
+            (JobState::Failed, change(Some(exit.code), &reason))
+        }
         Outcome::Exited { exit, stopped: None } => {
             let reason = if exit.code > 128 {
                 format!("killed by signal {}", exit.code - 128)

@@ -177,6 +177,8 @@ pub(super) async fn instance_spec(
         cpu_millis: job.cpu_millis,
         memory_bytes: job.memory_bytes,
         gpus: u32::try_from(job.gpus).unwrap_or(0),
+        disk_bytes: job.disk_bytes,
+        shm_bytes: job.shm_bytes,
         market: market_of(ctx, job),
         gpu_devices: gpu_devices.to_vec(),
         code,

@@ -9,12 +9,13 @@ use serde::{Deserialize, Serialize};
 const GIB: i64 = 1 << 30;
 const MIB: i64 = 1 << 20;
 
-/// CPU, memory and GPUs: what a job asks, a pool has, or a scope holds.
+/// CPU, memory, GPUs and disk (`--disk`): what a job asks, a pool has, or a scope holds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Resources {
     pub cpu_millis: i64,
     pub memory_bytes: i64,
     pub gpus: i64,
+    pub disk_bytes: i64,
 }
 
 impl Resources {
@@ -25,12 +26,21 @@ impl Resources {
             cpu_millis,
             memory_bytes,
             gpus,
+            disk_bytes: 0,
         }
+    }
+
+    /// The same with `disk_bytes` of disk.
+    pub const fn with_disk(self, disk_bytes: i64) -> Resources {
+        Resources { disk_bytes, ..self }
     }
 
     /// Tells whether `self` fits in `room` on every resource.
     pub fn fits_in(&self, room: &Resources) -> bool {
-        self.cpu_millis <= room.cpu_millis && self.memory_bytes <= room.memory_bytes && self.gpus <= room.gpus
+        self.cpu_millis <= room.cpu_millis
+            && self.memory_bytes <= room.memory_bytes
+            && self.gpus <= room.gpus
+            && self.disk_bytes <= room.disk_bytes
     }
 
     /// The smaller of the two on each resource.
@@ -40,11 +50,13 @@ impl Resources {
             self.memory_bytes.min(other.memory_bytes),
             self.gpus.min(other.gpus),
         )
+        .with_disk(self.disk_bytes.min(other.disk_bytes))
     }
 
     /// Each resource floored at zero.
     pub fn clamp_negative(&self) -> Resources {
         Resources::new(self.cpu_millis.max(0), self.memory_bytes.max(0), self.gpus.max(0))
+            .with_disk(self.disk_bytes.max(0))
     }
 
     /// The largest fraction of `total` this is, over CPU, memory and GPUs; a resource `total` has
@@ -54,6 +66,7 @@ impl Resources {
         fraction(self.cpu_millis, total.cpu_millis)
             .max(fraction(self.memory_bytes, total.memory_bytes))
             .max(fraction(self.gpus, total.gpus))
+            .max(fraction(self.disk_bytes, total.disk_bytes))
     }
 }
 
@@ -66,6 +79,7 @@ impl Add for Resources {
             self.memory_bytes + other.memory_bytes,
             self.gpus + other.gpus,
         )
+        .with_disk(self.disk_bytes + other.disk_bytes)
     }
 }
 
@@ -78,6 +92,7 @@ impl Sub for Resources {
             self.memory_bytes - other.memory_bytes,
             self.gpus - other.gpus,
         )
+        .with_disk(self.disk_bytes - other.disk_bytes)
     }
 }
 
@@ -112,6 +127,9 @@ impl fmt::Display for Resources {
         )?;
         if self.gpus != 0 {
             write!(f, ", {}", format_gpus(self.gpus))?;
+        }
+        if self.disk_bytes != 0 {
+            write!(f, ", {} disk", format_memory(self.disk_bytes))?;
         }
         Ok(())
     }

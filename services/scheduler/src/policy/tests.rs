@@ -1356,3 +1356,25 @@ fn a_cordoned_runner_has_no_free_room_and_no_victims() {
     let plan = super::plan(&input);
     assert_eq!(plan.preemptions.len(), 1, "{:?}", plan.preemptions);
 }
+
+/// Disk (`--disk`) is placed as CPU and memory are: a job goes to the runner whose free disk
+/// holds it, and one no runner's disk holds waits saying so.
+#[test]
+fn a_job_asking_for_disk_goes_to_the_runner_with_the_disk_and_waits_when_none_has_it() {
+    const GIB: i64 = 1 << 30;
+    let mut input = two_runner_input(
+        vec![
+            job("disk-10", "a", "p", res(1.0, 1, 0).with_disk(10 * GIB), 0),
+            job("disk-90", "b", "p", res(1.0, 1, 0).with_disk(90 * GIB), 1),
+        ],
+        vec![],
+    );
+    input.runners[1].capacity = input.runners[1].capacity.with_disk(20 * GIB);
+    input.runners[1].instance = input.runners[1].capacity;
+    input.pools[0].capacity = input.pools[0].capacity.with_disk(20 * GIB);
+    input.pools[0].instance = input.pools[0].instance.with_disk(20 * GIB);
+    let plan = plan(&input);
+    assert_eq!(runners_of(&plan), [(0, "r-2")]);
+    let wait = wait_of(&input, &plan, "disk-90").to_string();
+    assert!(wait.contains("90 GiB disk"), "{wait}");
+}

@@ -85,6 +85,7 @@ pub fn spec(name: &str, command: Vec<String>) -> pb::JobSpec {
         resources: Some(pb::Resources {
             cpu_millis: 250,
             memory_bytes: 128 << 20,
+            ..Default::default()
         }),
         // The process runners' pool: the sim pool would simulate these commands, not run them.
         pool: "local".into(),

@@ -63,6 +63,7 @@ fn any_spec() -> impl Strategy<Value = pb::JobSpec> {
                 resources: resources.map(|(cpu_millis, memory_bytes)| pb::Resources {
                     cpu_millis,
                     memory_bytes,
+                    ..Default::default()
                 }),
                 code_digest,
                 project,
@@ -121,6 +122,7 @@ fn valid_spec() -> impl Strategy<Value = pb::JobSpec> {
                 resources: resources.map(|(cpu_millis, memory_bytes)| pb::Resources {
                     cpu_millis,
                     memory_bytes,
+                    ..Default::default()
                 }),
                 code_digest,
                 project,
@@ -156,6 +158,7 @@ fn break_field(spec: &mut pb::JobSpec, which: u8) -> &'static str {
             spec.resources = Some(pb::Resources {
                 cpu_millis: 0,
                 memory_bytes: 1,
+                ..Default::default()
             });
             "cpu_millis"
         }
@@ -163,6 +166,7 @@ fn break_field(spec: &mut pb::JobSpec, which: u8) -> &'static str {
             spec.resources = Some(pb::Resources {
                 cpu_millis: 1,
                 memory_bytes: u64::MAX,
+                ..Default::default()
             });
             "memory_bytes"
         }

@@ -90,6 +90,8 @@ pub(in crate::store) fn new_record(
         gpu_ms: Set(0),
         outputs_synced_at_ms: Set(0),
         outputs_synced_bytes: Set(0),
+        disk_bytes: Set(new.disk_bytes),
+        shm_bytes: Set(new.shm_bytes),
         submit_hash: Set(submit_hash),
         submit_key: Set(Some(new.submit_key).filter(|key| !key.is_empty())),
         requested_pool: Set(new.requested_pool),
@@ -117,6 +119,8 @@ impl JobRecord {
                 resources: Some(pb::Resources {
                     cpu_millis: u32::try_from(self.cpu_millis).unwrap_or(u32::MAX),
                     memory_bytes: u64::try_from(self.memory_bytes).unwrap_or(0),
+                    disk_bytes: u64::try_from(self.disk_bytes).unwrap_or(0),
+                    shm_bytes: u64::try_from(self.shm_bytes).unwrap_or(0),
                 }),
                 code_digest: self.code_digest.clone(),
                 project: self.project.clone(),

@@ -53,6 +53,10 @@ pub struct DockerConfig {
     /// Destinations jobs may not reach (besides the allowed endpoints): where kiln's services
     /// live. The instance metadata address is dropped whatever this says.
     pub job_blocked_ranges: Vec<String>,
+    /// Bytes of disk this runner gives jobs' own disks (`--disk`), counted in placement; 0 for
+    /// none. Unset: 90% of the space free under the work dir at the start, when the runner can
+    /// make disks (root, `mkfs.ext4`), else none.
+    pub disk_bytes: Option<i64>,
 }
 
 /// Who installs the jobs' firewall (`docker.firewall`).
@@ -92,6 +96,7 @@ impl Default for DockerConfig {
             job_subnet: String::new(),
             job_endpoints: Vec::new(),
             job_blocked_ranges: PRIVATE_RANGES.iter().map(|range| range.to_string()).collect(),
+            disk_bytes: None,
         }
     }
 }

@@ -1,18 +1,18 @@
 //! What the provider makes on the engine: images, volumes and containers, and what it puts
 //! into a created container before the start.
 
-use std::collections::HashMap;
 use bollard::container::LogOutput;
 use bollard::models::{
     ContainerCreateBody, DeviceRequest, HostConfig, Mount, MountType, PortBinding, PortMap, VolumeCreateRequest,
 };
 use bollard::query_parameters::{
-    CreateContainerOptionsBuilder, ListContainersOptionsBuilder, ListVolumesOptionsBuilder,
-    LogsOptionsBuilder, RemoveContainerOptionsBuilder, RemoveVolumeOptionsBuilder, UploadToContainerOptionsBuilder,
+    CreateContainerOptionsBuilder, ListContainersOptionsBuilder, ListVolumesOptionsBuilder, LogsOptionsBuilder,
+    RemoveContainerOptionsBuilder, RemoveVolumeOptionsBuilder, UploadToContainerOptionsBuilder,
 };
 use futures::StreamExt;
 use kiln_core::serving::{ENV_HOST, ENV_PORT};
 use kiln_proto::v1::LogStream;
+use std::collections::HashMap;
 
 use super::super::{CODE_DIR, DATA_DIR, Instance, InstanceSpec, OUTPUTS_DIR, OutputStream, Provider};
 use super::{DockerProvider, LABEL_ATTEMPT, LABEL_JOB, container_id, docker_error, not_found};
@@ -108,17 +108,35 @@ impl DockerProvider {
     /// the code.
     pub(super) async fn create_instance(&self, spec: &InstanceSpec) -> Result<Instance> {
         let labels = DockerProvider::labels(&spec.job_id, spec.attempt, &spec.runner_id);
-        let code_volume = volume_name(&spec.job_id, spec.attempt, "code");
-        let outputs_volume = volume_name(&spec.job_id, spec.attempt, "outputs");
-        self.create_volume(&code_volume, &labels).await?;
-        self.create_volume(&outputs_volume, &labels).await?;
-        let mut mounts = vec![
-            volume_mount(&code_volume, CODE_DIR, false),
-            volume_mount(&outputs_volume, OUTPUTS_DIR, false),
-        ];
+        let mut mounts = if spec.disk_bytes > 0 {
+            // Its own disk holds the code, the outputs and /tmp.
+            let disk = self
+                .disks
+                .make(
+                    &spec.job_id,
+                    spec.attempt,
+                    spec.disk_bytes.unsigned_abs(),
+                    self.config.owner(),
+                )
+                .await?;
+            vec![
+                bind_mount(&disk.join("code"), CODE_DIR, false),
+                bind_mount(&disk.join("outputs"), OUTPUTS_DIR, false),
+                bind_mount(&disk.join("tmp"), "/tmp", false),
+            ]
+        } else {
+            let code_volume = volume_name(&spec.job_id, spec.attempt, "code");
+            let outputs_volume = volume_name(&spec.job_id, spec.attempt, "outputs");
+            self.create_volume(&code_volume, &labels).await?;
+            self.create_volume(&outputs_volume, &labels).await?;
+            vec![
+                volume_mount(&code_volume, CODE_DIR, false),
+                volume_mount(&outputs_volume, OUTPUTS_DIR, false),
+            ]
+        };
         // The runner's cache entry itself, read-only: the engine shares the runner's host.
         for (name, cached) in &spec.datasets {
-            mounts.push(bind_mount(cached, &format!("{DATA_DIR}/{name}")));
+            mounts.push(bind_mount(cached, &format!("{DATA_DIR}/{name}"), true));
         }
         let mut env: Vec<String> = spec
             .env
@@ -128,6 +146,11 @@ impl DockerProvider {
         env.push(format!("KILN_CODE={CODE_DIR}"));
         env.push(format!("KILN_OUTPUTS={OUTPUTS_DIR}"));
         env.push(format!("KILN_DATA={DATA_DIR}"));
+        if !spec.gpu_devices.is_empty() {
+            // The runtime gives the container the devices of these NVML (PCI bus order)
+            // indices; CUDA numbers them in the same order only when told to.
+            env.push("CUDA_DEVICE_ORDER=PCI_BUS_ID".into());
+        }
         // An inference worker listens on every address of its container, and its port is
         // published on the host's loopback, where its relay calls it (with host networking it
         // is there already).
@@ -165,6 +188,7 @@ impl DockerProvider {
                 memory: Some(spec.memory_bytes),
                 memory_swap: Some(spec.memory_bytes),
                 pids_limit: Some(self.config.pids_limit),
+                shm_size: (spec.shm_bytes > 0).then_some(spec.shm_bytes),
                 init: Some(true),
                 privileged: Some(false),
                 cap_drop: Some(vec!["ALL".into()]),
@@ -201,7 +225,8 @@ impl DockerProvider {
     /// Puts into a created container what its job needs before it starts: the outputs volume
     /// given to `docker.user`, kiln-agent, the code, the restored outputs.
     async fn fill(&self, container: &str, spec: &InstanceSpec) -> Result<()> {
-        if let Some(owner) = self.config.owner() {
+        // A job's own disk was given to the user when it was made.
+        if let Some(owner) = self.config.owner().filter(|_| spec.disk_bytes == 0) {
             let (parent, name) = OUTPUTS_DIR.rsplit_once('/').expect("OUTPUTS_DIR is an absolute path");
             let entry = owned_directory(name, owner)?;
             self.upload(container, parent, entry, "give the outputs to docker.user")
@@ -294,13 +319,13 @@ pub(super) fn volume_mount(volume: &str, target: &str, read_only: bool) -> Mount
     }
 }
 
-/// A read-only bind mount of a directory of the runner's host.
-fn bind_mount(source: &std::path::Path, target: &str) -> Mount {
+/// A bind mount of a directory of the runner's host.
+fn bind_mount(source: &std::path::Path, target: &str, read_only: bool) -> Mount {
     Mount {
         target: Some(target.to_string()),
         source: Some(source.display().to_string()),
         typ: Some(MountType::BIND),
-        read_only: Some(true),
+        read_only: Some(read_only),
         ..Default::default()
     }
 }

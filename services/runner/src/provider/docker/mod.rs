@@ -36,6 +36,7 @@ use super::{Capacity, Exit, Instance, InstanceSpec, InstanceStats, OUTPUTS_DIR, 
 use crate::error::{Error, Result};
 
 mod config;
+pub mod disk;
 mod engine;
 mod pull;
 pub use super::firewall;
@@ -71,6 +72,8 @@ pub struct DockerProvider {
     gateway: Option<String>,
     /// The network jobs join.
     network_mode: String,
+    /// Jobs' own disks (`--disk`).
+    disks: disk::Disks,
 }
 
 impl DockerProvider {
@@ -79,14 +82,24 @@ impl DockerProvider {
     /// `isolate-jobs`, makes the jobs' network and installs its firewall, letting jobs reach
     /// `job_endpoints` (the URLs kiln gives them) and `docker.job-endpoints`; a failure there
     /// is an error: no job runs unconfined unless the configuration says so.
+    /// Jobs' disks go under `disks_dir`.
     pub async fn connect(
         config: DockerConfig,
         cpu_millis: i64,
         memory_bytes: i64,
         job_endpoints: &[String],
+        disks_dir: PathBuf,
     ) -> Result<DockerProvider> {
         let docker = DockerProvider::engine(&config).await?;
         let info = docker.info().await.map_err(docker_error("read the engine's info"))?;
+        let disks = disk::Disks::new(disks_dir);
+        let disk_bytes = match config.disk_bytes {
+            Some(bytes) => bytes,
+            None => disks.offer().unwrap_or_else(|why| {
+                tracing::warn!(why, "this runner gives jobs no disk of their own (--disk)");
+                0
+            }),
+        };
         let capacity = Capacity {
             cpu_millis: if cpu_millis > 0 {
                 cpu_millis
@@ -99,6 +112,7 @@ impl DockerProvider {
                 info.mem_total.unwrap_or(0)
             },
             gpus: 0,
+            disk_bytes,
         };
         if config.isolated() {
             let network = network::isolate(&docker, &config, job_endpoints).await?;
@@ -108,6 +122,7 @@ impl DockerProvider {
                 gateway: Some(network.gateway),
                 config,
                 capacity,
+                disks,
             });
         }
         if config.network != "none" {
@@ -136,6 +151,7 @@ impl DockerProvider {
             config,
             capacity,
             gateway,
+            disks,
         })
     }
 
@@ -209,13 +225,17 @@ impl Provider for DockerProvider {
         if spec.image.is_empty() {
             return Err(Error::NoImage);
         }
-        self.ensure_image(&spec.image, &spec.project, spec.pull.as_ref()).await?;
+        self.ensure_image(&spec.image, &spec.project, spec.pull.as_ref())
+            .await?;
         match self.create_instance(spec).await {
             Ok(instance) => Ok(instance),
             Err(error) => {
                 // Nothing half-made stays behind.
                 if let Err(cleanup) = self.release_attempt(&spec.job_id, &spec.attempt.to_string()).await {
                     tracing::warn!(job_id = %spec.job_id, error = %cleanup, "cannot clean up a failed provision");
+                }
+                if let Err(cleanup) = self.disks.remove(&spec.job_id, spec.attempt).await {
+                    tracing::warn!(job_id = %spec.job_id, error = %cleanup, "cannot remove a failed provision's disk");
                 }
                 Err(error)
             }
@@ -257,6 +277,7 @@ impl Provider for DockerProvider {
             return Ok(Exit {
                 code,
                 oom_killed: state.oom_killed.unwrap_or(false),
+                disk_full: code != 0 && self.disks.full(&instance.job_id, instance.attempt),
             });
         }
     }
@@ -357,6 +378,7 @@ impl Provider for DockerProvider {
     async fn release(&self, instance: &Instance) -> Result<()> {
         self.release_attempt(&instance.job_id, &instance.attempt.to_string())
             .await?;
+        self.disks.remove(&instance.job_id, instance.attempt).await?;
         match tokio::fs::remove_dir_all(&instance.scratch_dir).await {
             Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(Error::io(format!(
                 "cannot remove {}",
@@ -405,6 +427,7 @@ impl Provider for DockerProvider {
                 self.remove_volume(&name).await?;
             }
         }
+        self.disks.remove_leftovers(keep).await?;
         Ok(released)
     }
 }

@@ -40,9 +40,16 @@ pub(super) fn grant_tag(project: &str, image_id: &str) -> (String, String) {
 /// Whether a registry's answer is a refusal of the credentials (or of their absence).
 fn refused(message: &str) -> bool {
     let message = message.to_ascii_lowercase();
-    ["unauthorized", "authentication required", "denied", "no basic auth credentials", "401", "403"]
-        .iter()
-        .any(|needle| message.contains(needle))
+    [
+        "unauthorized",
+        "authentication required",
+        "denied",
+        "no basic auth credentials",
+        "401",
+        "403",
+    ]
+    .iter()
+    .any(|needle| message.contains(needle))
 }
 
 impl DockerProvider {
@@ -56,7 +63,11 @@ impl DockerProvider {
             if !private || tags.contains(&format!("{repository}:{tag}")) {
                 return Ok(());
             }
-            tracing::info!(image, project, "image is private to other projects; pulling it with this project's credentials");
+            tracing::info!(
+                image,
+                project,
+                "image is private to other projects; pulling it with this project's credentials"
+            );
             return self.pull(image, project, auth, true).await;
         }
         self.pull(image, project, auth, false).await
@@ -152,9 +163,13 @@ mod tests {
 
     #[test]
     fn refusals_are_told_from_other_failures() {
-        assert!(refused("Head \"https://127.0.0.1:5000/v2/x/manifests/1\": no basic auth credentials"));
+        assert!(refused(
+            "Head \"https://127.0.0.1:5000/v2/x/manifests/1\": no basic auth credentials"
+        ));
         assert!(refused("unauthorized: authentication required"));
-        assert!(refused("pull access denied for x, repository does not exist or may require 'docker login'"));
+        assert!(refused(
+            "pull access denied for x, repository does not exist or may require 'docker login'"
+        ));
         assert!(!refused("manifest for x:1 not found: manifest unknown"));
     }
 }

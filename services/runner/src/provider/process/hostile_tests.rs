@@ -64,6 +64,7 @@ fn capacity() -> Capacity {
         cpu_millis: 1000,
         memory_bytes: 1 << 30,
         gpus: 0,
+        disk_bytes: 0,
     }
 }
 
@@ -98,6 +99,8 @@ fn job(home: &Path, id: &str, owner: &str, command: &[&str], datasets: Vec<(Stri
         owner_id: owner.into(),
         project: "default".into(),
         pull: None,
+        disk_bytes: 0,
+        shm_bytes: 0,
         image: String::new(),
         command: command.iter().map(|s| s.to_string()).collect(),
         env: BTreeMap::from([

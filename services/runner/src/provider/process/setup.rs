@@ -127,6 +127,8 @@ impl ProcessProvider {
         );
         if !spec.gpu_devices.is_empty() {
             let devices: Vec<String> = spec.gpu_devices.iter().map(u32::to_string).collect();
+            // NVML's indices are in PCI bus order; CUDA's default order is fastest first.
+            env.insert("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into());
             env.insert("CUDA_VISIBLE_DEVICES".into(), devices.join(","));
         }
         if let Some(uid) = uid {

@@ -41,6 +41,7 @@ pub(super) async fn live(
                 return exit.unwrap_or(Exit {
                     code: -1,
                     oom_killed: false,
+                    disk_full: false,
                 });
             }
             signal = signals.recv(), if signalled => {

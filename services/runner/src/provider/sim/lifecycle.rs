@@ -251,6 +251,7 @@ impl Provider for SimProvider {
             let _ = exit_tx.send(Some(Exit {
                 code: exit_code,
                 oom_killed: false,
+                disk_full: false,
             }));
         });
         Ok(Box::pin(boot_line))
@@ -280,6 +281,7 @@ impl Provider for SimProvider {
             return Ok(Exit {
                 code: -1,
                 oom_killed: false,
+                disk_full: false,
             });
         };
         let exit = exit
@@ -323,6 +325,7 @@ impl Provider for SimProvider {
             cpu_millis: largest(|t| t.cpu_millis).saturating_mul(count),
             memory_bytes: largest(|t| t.memory_bytes).saturating_mul(count),
             gpus: u32::try_from(largest(|t| i64::from(t.gpus)).saturating_mul(count)).unwrap_or(u32::MAX),
+            disk_bytes: 0,
         })
     }
 
@@ -336,6 +339,7 @@ impl Provider for SimProvider {
                 cpu_millis: types.iter().map(|t| t.cpu_millis).max().unwrap_or(0),
                 memory_bytes: types.iter().map(|t| t.memory_bytes).max().unwrap_or(0),
                 gpus: types.iter().map(|t| t.gpus).max().unwrap_or(0),
+                disk_bytes: 0,
             }),
             on_demand_per_hour: largest.map_or(0.0, |t| t.on_demand_per_hour),
             spot_per_hour: largest.map_or(0.0, |t| t.spot_per_hour),

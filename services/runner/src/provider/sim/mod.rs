@@ -199,6 +199,8 @@ mod tests {
             owner_id: String::new(),
             project: "default".into(),
             pull: None,
+            disk_bytes: 0,
+            shm_bytes: 0,
             image: String::new(),
             command: command.iter().map(|s| s.to_string()).collect(),
             env: BTreeMap::new(),
