@@ -27,6 +27,7 @@ mod m0019_project_scoped_models;
 mod m0020_cloud_provisioning;
 mod m0021_outputs_sync;
 mod m0022_disk_and_shm;
+mod m0023_gangs;
 
 /// Migrator lists every migration in order.
 pub struct Migrator;
@@ -57,6 +58,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0020_cloud_provisioning::Migration),
             Box::new(m0021_outputs_sync::Migration),
             Box::new(m0022_disk_and_shm::Migration),
+            Box::new(m0023_gangs::Migration),
         ]
     }
 }

@@ -49,9 +49,13 @@ pub struct RunArgs {
     /// Container image to run in (default: a local process, when kiln runs one).
     #[arg(long)]
     pub image: Option<String>,
-    /// GPUs the job needs.
+    /// GPUs the job needs (on each node).
     #[arg(long, default_value_t = 0)]
     pub gpus: u32,
+    /// Nodes of a gang job: N instances of this shape, started together or not at all, each
+    /// told its rank and the rendezvous (KILN_NODE_RANK, MASTER_ADDR, ... see the README).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub nodes: u32,
     /// Stop the job after this long (for example 90s, 30m, 2h).
     #[arg(long, value_parser = format::parse_duration_secs)]
     pub max_runtime: Option<u64>,
@@ -120,6 +124,7 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
         } as i32,
         pool: args.pool.unwrap_or_default(),
         secrets: args.secrets,
+        nodes: args.nodes,
     };
     // One key for this submit and its retries: an answer lost with a dying api replica is
     // retried without making a second job.
@@ -166,9 +171,56 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
 
 /// Prints a job's lines (its last `tail` lines when given), following it with `follow`.
 async fn print_logs(clients: &mut Clients, job_id: &str, follow: bool, tail: Option<u32>) -> Result<()> {
-    let mut lines = log_lines(clients, job_id, follow, tail).await?;
+    let mut lines = log_lines(clients, job_id, follow, tail, 0).await?;
     while let Some(line) = lines.next().await {
         print_line(&line?, "")?;
+    }
+    Ok(())
+}
+
+/// A gang job's lines, every node's (`[node K] ` before each) or one node's: stored lines in
+/// time order across nodes, then (with `follow`) new ones as they come.
+async fn print_gang_logs(
+    clients: &mut Clients,
+    job_id: &str,
+    nodes: u32,
+    only: Option<u32>,
+    follow: bool,
+    tail: Option<u32>,
+) -> Result<()> {
+    let ranks: Vec<u32> = match only {
+        Some(rank) => vec![rank],
+        None => (0..nodes).collect(),
+    };
+    let mut streams = Vec::new();
+    for &rank in &ranks {
+        let lines = log_lines(clients, job_id, follow, tail, rank).await?;
+        streams.push(lines.map(move |line| line.map(|line| (rank, line))));
+    }
+    let prefix = |rank: u32| {
+        if only.is_some() {
+            String::new()
+        } else {
+            format!("[node {rank}] ")
+        }
+    };
+    if follow {
+        let mut merged = futures::stream::select_all(streams);
+        while let Some(line) = merged.next().await {
+            let (rank, line) = line?;
+            print_line(&line, &prefix(rank))?;
+        }
+        return Ok(());
+    }
+    let mut all = Vec::new();
+    for mut stream in streams {
+        while let Some(line) = stream.next().await {
+            all.push(line?);
+        }
+    }
+    all.sort_by_key(|(rank, line)| (line.timestamp_ms, *rank));
+    for (rank, line) in &all {
+        print_line(line, &prefix(*rank))?;
     }
     Ok(())
 }
@@ -180,14 +232,25 @@ pub async fn log_lines(
     job_id: &str,
     follow: bool,
     tail: Option<u32>,
+    node: u32,
 ) -> Result<tonic::Streaming<pb::LogLine>> {
     let job_id = job_id.to_string();
     let lines = match tail {
-        None => clients.logs.get_logs(pb::GetLogsRequest { job_id, follow }).await?,
+        None => {
+            clients
+                .logs
+                .get_logs(pb::GetLogsRequest { job_id, follow, node })
+                .await?
+        }
         Some(lines) => {
             clients
                 .logs
-                .tail_logs(pb::TailLogsRequest { job_id, lines, follow })
+                .tail_logs(pb::TailLogsRequest {
+                    job_id,
+                    lines,
+                    follow,
+                    node,
+                })
                 .await?
         }
     };
@@ -330,9 +393,27 @@ pub async fn explain(job_id: String, output: Output) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn logs(job_id: String, follow: bool, tail: Option<u32>) -> Result<ExitCode> {
+/// `kiln logs`: a job's lines; a gang job's from every node with `[node K] ` before each, or
+/// one node's with `node`.
+pub async fn logs(job_id: String, follow: bool, tail: Option<u32>, node: Option<u32>) -> Result<ExitCode> {
     let mut clients = client::connect(&client::resolve()?).await?;
-    print_logs(&mut clients, &job_id, follow, tail).await?;
+    let job = clients
+        .jobs
+        .get_job(pb::GetJobRequest { job_id: job_id.clone() })
+        .await?
+        .into_inner();
+    let nodes = job.spec.as_ref().map_or(1, |spec| spec.nodes.max(1));
+    if let Some(rank) = node.filter(|rank| *rank >= nodes) {
+        anyhow::bail!(
+            "job {job_id} has {nodes} node(s): --node {rank} is not one of them (0 to {})",
+            nodes - 1
+        );
+    }
+    if nodes > 1 {
+        print_gang_logs(&mut clients, &job.id, nodes, node, follow, tail).await?;
+    } else {
+        print_logs(&mut clients, &job.id, follow, tail).await?;
+    }
     Ok(ExitCode::SUCCESS)
 }
 

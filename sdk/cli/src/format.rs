@@ -106,6 +106,14 @@ pub fn job_json(job: &pb::Job) -> serde_json::Value {
         "code_digest": spec.code_digest,
         "image": spec.image,
         "gpus": spec.gpus,
+        "nodes": (spec.nodes > 1).then(|| json!({
+            "count": spec.nodes,
+            "rendezvous": job.rendezvous,
+            "states": job.nodes.iter().map(|node| match node.exit_code {
+                Some(code) => format!("{} {} on {} (exit {code})", node.rank, node.state, node.runner_id),
+                None => format!("{} {} on {}", node.rank, node.state, node.runner_id),
+            }).collect::<Vec<_>>(),
+        })),
         "max_runtime_secs": (spec.max_runtime_secs > 0).then_some(spec.max_runtime_secs),
         "datasets": spec.datasets,
         // Names only: no read returns a value.

@@ -81,6 +81,10 @@ enum Command {
         /// Read --grep as a regular expression.
         #[arg(long, requires = "grep")]
         regex: bool,
+        /// For a gang job: only this node's lines (0 is rank 0); without it every node's,
+        /// each line after `[node K] `.
+        #[arg(long, value_name = "K", conflicts_with = "grep")]
+        node: Option<u32>,
     },
     /// Jobs' metrics: the latest value of each key, or --series (of several jobs at once).
     Metrics(metrics::MetricsArgs),
@@ -198,8 +202,9 @@ fn main() -> ExitCode {
                 follow,
                 tail,
                 grep: None,
+                node,
                 ..
-            } => commands::logs(job, follow, tail).await,
+            } => commands::logs(job, follow, tail, node).await,
             Command::Metrics(args) => metrics::metrics(args).await,
             Command::Runs(command) => runs::runs(command).await,
             Command::Compare { jobs, table } => runs::compare(jobs, table).await,

@@ -23,6 +23,10 @@ pub struct CapacityReport {
     /// Bytes of disk the runner gives jobs' own disks (`--disk`); 0 when it gives none.
     #[serde(default)]
     pub disk_bytes: i64,
+    /// The address other machines reach this runner's jobs at (`advertise-host`): a gang's
+    /// nodes meet at its rank 0's.
+    #[serde(default)]
+    pub address: String,
     pub updated_at_ms: i64,
     /// One instance: the largest job it can hold; all zero means the whole capacity is one.
     #[serde(default)]

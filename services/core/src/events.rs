@@ -63,6 +63,7 @@ pub async fn publish_job_change_on(
             job_id: job.id.clone(),
             version: job.version,
             attempt: job.attempt,
+            node_rank: 0,
         };
         // A job placed on a runner goes to that runner alone.
         let subject = if job.runner_id.is_empty() {
@@ -71,6 +72,23 @@ pub async fn publish_job_change_on(
             subjects::launch_on(&job.pool, &job.runner_id)
         };
         try_publish(&nats.jetstream, subject, &msg_id, Bytes::from(launch.encode_to_vec())).await?;
+        // A gang's other nodes, each to its runner.
+        if job.nodes > 1 {
+            for node in store
+                .gang_nodes(&job.id, job.attempt)
+                .await?
+                .iter()
+                .filter(|node| node.rank > 0)
+            {
+                let launch = pb::LaunchRequest {
+                    node_rank: u32::try_from(node.rank).unwrap_or(0),
+                    ..launch.clone()
+                };
+                let subject = subjects::launch_on(&job.pool, &node.runner_id);
+                let msg_id = format!("{msg_id}:{}", node.rank);
+                try_publish(&nats.jetstream, subject, &msg_id, Bytes::from(launch.encode_to_vec())).await?;
+            }
+        }
     }
     store.mark_published(&job.id, job.version).await?;
     Ok(())

@@ -132,6 +132,16 @@ pub fn serve_demand(project: &str, service: &str) -> String {
 pub const SERVE_DEMAND_ALL: &str = "kiln.serving.demand.*.*";
 
 /// The launches of a pool any of its runners may take (a job placed on no runner in particular).
+/// Where a gang job's node keeps its log lines: the job's id for rank 0, `<job>/node<rank>` for
+/// the others (their own sequence and end record; readers name the node).
+pub fn node_log_id(job_id: &str, rank: u32) -> String {
+    if rank == 0 {
+        job_id.to_string()
+    } else {
+        format!("{job_id}/node{rank}")
+    }
+}
+
 pub fn launch(pool: &str) -> String {
     format!("kiln.launch.{pool}")
 }

@@ -138,6 +138,7 @@ async fn every_service_sets_up_and_uses_what_it_needs() {
         memory_bytes: 1 << 30,
         gpus: 0,
         disk_bytes: 0,
+        address: String::new(),
         updated_at_ms: kiln_core::ids::now_ms(),
         instance: Default::default(),
         on_demand_per_hour: 0.0,

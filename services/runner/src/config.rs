@@ -90,6 +90,9 @@ pub struct Config {
     /// sent), so an attempt lost without notice resumes from the last sync; 0 turns it off.
     /// A job also asks for a sync by touching `$KILN_OUTPUTS/.kiln-sync`.
     pub outputs_sync_interval_secs: u64,
+    /// The address other machines reach this runner's jobs at: a gang job's nodes meet at its
+    /// rank 0's runner (`MASTER_ADDR`). 127.0.0.1 fits runners that share one machine.
+    pub advertise_host: String,
     /// Address of the api, given to jobs as `KILN_API`.
     pub api_url: String,
     /// Address of log-ingest, given to jobs as `KILN_LOGS` (where they write their metrics).
@@ -145,6 +148,7 @@ impl Default for Config {
             dataset_cache: DatasetCacheConfig::default(),
             stop_grace_period_ms: 10_000,
             outputs_sync_interval_secs: 300,
+            advertise_host: "127.0.0.1".into(),
             api_url: "http://127.0.0.1:7070".into(),
             logs_url: "http://127.0.0.1:7071".into(),
             job_tls: kiln_core::tls::ClientTlsConfig::default(),

@@ -12,6 +12,9 @@ pub enum Error {
     Spawn { program: String, source: std::io::Error },
     #[error("image not found: {image} ({message})")]
     ImageNotFound { image: String, message: String },
+    /// A gang job's node cannot run here.
+    #[error("gang: {0}")]
+    Gang(String),
     /// A job's own disk (`--disk`) could not be made or removed.
     #[error("job disk: {0}")]
     Disk(String),
@@ -93,6 +96,7 @@ impl Error {
             | Error::Spawn { .. }
             | Error::ImageNotFound { .. }
             | Error::ImageRefused { .. }
+            | Error::Gang(_)
             | Error::NoImage
             | Error::ImageUnsupported { .. } => ErrorKind::InvalidArgument,
             Error::Docker { .. } | Error::Metadata(_) => ErrorKind::Unavailable,

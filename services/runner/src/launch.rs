@@ -121,6 +121,62 @@ async fn give_back(ctx: &Context, payload: &[u8]) -> Result<()> {
     }
 }
 
+/// Takes the launch of node `request.node_rank` (> 0) of a gang job: current while the job's
+/// attempt is the request's and not over, and this runner is the node's.
+async fn accept_node(
+    ctx: &Context,
+    job: &kiln_core::store::JobRecord,
+    request: &pb::LaunchRequest,
+    jobs: &mut JoinSet<()>,
+    shutdown: &CancellationToken,
+) -> Result<Accepted> {
+    let goes_on = matches!(
+        job.state()?,
+        JobState::Scheduled | JobState::Provisioning | JobState::Running
+    );
+    if job.attempt != request.attempt || !goes_on {
+        return Ok(Accepted::Stale);
+    }
+    let rank = i32::try_from(request.node_rank).unwrap_or(i32::MAX);
+    let nodes = ctx.store.gang_nodes(&job.id, job.attempt).await?;
+    let Some(node) = nodes.iter().find(|node| node.rank == rank) else {
+        return Ok(Accepted::Stale);
+    };
+    if node.runner_id != ctx.config.runner_id || node.state != kiln_core::store::node_state::PLACED {
+        return Ok(Accepted::Stale);
+    }
+    let key = subjects::node_log_id(&job.id, request.node_rank);
+    if ctx.active.lock().expect("active jobs lock").contains_key(&key) {
+        return Ok(Accepted::Stale);
+    }
+    if !ctx.lease.is_held() || ctx.is_cordoned() || !ctx.fits(job) {
+        return Ok(Accepted::NoRoom);
+    }
+    let wanted = u32::try_from(job.gpus).unwrap_or(u32::MAX);
+    let Some(gpu_devices) = ctx.gpus.lock().expect("gpu pool lock").take(wanted) else {
+        return Ok(Accepted::NoRoom);
+    };
+    let controls = supervisor::Controls::default();
+    let active = ActiveJob {
+        controls: controls.clone(),
+        cpu_millis: job.cpu_millis,
+        memory_bytes: job.memory_bytes,
+        disk_bytes: job.disk_bytes,
+        gpu_devices: gpu_devices.clone(),
+    };
+    ctx.active.lock().expect("active jobs lock").insert(key, active);
+    ctx.metrics.launches.inc();
+    jobs.spawn(supervisor::gang::supervise_node(
+        ctx.clone(),
+        job.clone(),
+        rank,
+        gpu_devices,
+        controls,
+        shutdown.clone(),
+    ));
+    Ok(Accepted::Started)
+}
+
 enum Accepted {
     Started,
     Stale,
@@ -143,6 +199,9 @@ async fn accept_launch(
         Err(StoreError::JobNotFound { .. }) => return Ok(Accepted::Stale),
         Err(error) => return Err(error.into()),
     };
+    if request.node_rank > 0 {
+        return accept_node(ctx, &job, &request, jobs, shutdown).await;
+    }
     // A duplicate or an outdated request: the job has moved on.
     if job.version != request.version || job.state()? != JobState::Scheduled {
         return Ok(Accepted::Stale);

@@ -80,6 +80,7 @@ fn report_of(ctx: &Context) -> CapacityReport {
         memory_bytes: ctx.capacity.memory_bytes,
         gpus: i64::from(ctx.capacity.gpus),
         disk_bytes: ctx.capacity.disk_bytes,
+        address: ctx.config.advertise_host.clone(),
         updated_at_ms: now_ms(),
         instance: offer
             .instance

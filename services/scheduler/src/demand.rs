@@ -68,6 +68,7 @@ mod tests {
             preemptions: 0,
             expected_runtime_secs: 0.0,
             pool: pool.into(),
+            nodes: 1,
         }
     }
 

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use kiln_core::capacity::{self, CapacityReport, PoolCapacity};
 use kiln_core::provisioning::{self, PoolStatus};
 use kiln_core::scheduling::{MarketPolicy, QuotaScope, class_of_priority};
-use kiln_core::store::{EXTERNAL_POOL, JobRecord, QuotaRecord, Store};
+use kiln_core::store::{EXTERNAL_POOL, JobRecord, QuotaRecord, Store, node_state};
 use kiln_core::streams::Nats;
 use kiln_core::{JobState, quotas, scheduling};
 
@@ -26,6 +26,35 @@ pub struct Read {
 
 fn resources(job: &JobRecord) -> Resources {
     Resources::new(job.cpu_millis, job.memory_bytes, i64::from(job.gpus)).with_disk(job.disk_bytes)
+}
+
+/// The nodes past rank 0 of the active gang jobs, each holding its job's resources on its
+/// runner until it has ended. A gang is never a preemption's victim: stopping one node stops
+/// them all, which a victim's accounting would not count.
+async fn gang_nodes(store: &Store, active: &[JobRecord], name_of: &impl Fn(&str) -> String) -> Result<Vec<RunningJob>> {
+    let gangs: Vec<&JobRecord> = active.iter().filter(|job| job.nodes > 1).collect();
+    let keys: Vec<(String, i32)> = gangs.iter().map(|job| (job.id.clone(), job.attempt)).collect();
+    let rows = store.nodes_of(&keys).await?;
+    Ok(rows
+        .iter()
+        .filter(|row| row.rank > 0 && row.state != node_state::EXITED && row.state != node_state::LOST)
+        .filter_map(|row| {
+            let job = gangs.iter().find(|job| job.id == row.job_id)?;
+            Some(RunningJob {
+                id: format!("{}/node{}", job.id, row.rank),
+                user: name_of(&job.owner_id),
+                project: job.project.clone(),
+                priority: job.priority,
+                resources: resources(job),
+                pool: job.pool.clone(),
+                runner: row.runner_id.clone(),
+                market: scheduling::Market::parse(&job.market).unwrap_or(scheduling::Market::OnDemand),
+                started_at_ms: job.started_at_ms.unwrap_or(job.updated_at_ms),
+                preemptible: false,
+                stopping: job.stop_requested,
+            })
+        })
+        .collect())
 }
 
 /// Reads the state; `rate_of` gives a pool's observed spot preemptions per instance-hour.
@@ -47,9 +76,10 @@ pub async fn read(store: &Store, nats: &Nats, settings: Settings, rate_of: impl 
             preemptions: u32::try_from(job.preemptions).unwrap_or(0),
             expected_runtime_secs: job.max_runtime_secs as f64,
             pool: job.requested_pool.clone(),
+            nodes: u32::try_from(job.nodes.max(1)).unwrap_or(1),
         })
         .collect();
-    let running: Vec<RunningJob> = active
+    let mut running: Vec<RunningJob> = active
         .iter()
         .filter(|job| job.pool != EXTERNAL_POOL)
         .map(|job| RunningJob {
@@ -62,11 +92,12 @@ pub async fn read(store: &Store, nats: &Nats, settings: Settings, rate_of: impl 
             runner: job.runner_id.clone(),
             market: scheduling::Market::parse(&job.market).unwrap_or(scheduling::Market::OnDemand),
             started_at_ms: job.started_at_ms.unwrap_or(job.updated_at_ms),
-            // A class that may preempt others is not preempted itself.
-            preemptible: !class_of_priority(job.priority).is_some_and(|class| class.may_preempt),
+            // A class that may preempt others is not preempted itself, nor is a gang.
+            preemptible: job.nodes <= 1 && !class_of_priority(job.priority).is_some_and(|class| class.may_preempt),
             stopping: job.stop_requested,
         })
         .collect();
+    running.extend(gang_nodes(store, &active, &name_of).await?);
     // A runner the provisioner is releasing takes no new job, as one its instance cordoned.
     let released = store.released_runners().await?;
     let reports: Vec<CapacityReport> = capacity::runners(nats)

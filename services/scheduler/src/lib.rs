@@ -41,6 +41,7 @@ pub mod config;
 pub mod demand;
 pub mod error;
 pub mod explain_service;
+pub mod gang;
 pub mod input;
 pub mod lost;
 pub mod policy;
@@ -249,13 +250,22 @@ async fn place(
     metrics.planned(&plan);
     publish_demand(nats, &read.input, &plan).await;
     let mut placed = 0;
+    let mut gangs = gang::Rendezvous::default();
     for placement in &plan.placements {
         let job = &read.queued[placement.job];
+        let gang_master = if placement.nodes.is_empty() {
+            None
+        } else {
+            let master = gangs.master(store, nats, job, &placement.runner).await?;
+            store.place_gang(&job.id, job.attempt, &placement.nodes).await?;
+            Some(master)
+        };
         let change = Change {
             pool: Some(placement.pool.clone()),
             // The runner it was placed on: its launch goes to that runner alone.
             runner_id: (!placement.runner.is_empty()).then(|| placement.runner.clone()),
             market: Some(placement.market),
+            gang_master,
             ..Change::default()
         };
         match store.transition(job, JobState::Scheduled, change).await {

@@ -285,6 +285,7 @@ impl SchedulerMetrics {
             "no-capacity",
             "reserved",
             "waiting-for-preemption",
+            "gang",
         ] {
             self.waiting.get_or_create(&ReasonLabels { reason }).set(0);
         }
@@ -304,6 +305,7 @@ impl SchedulerMetrics {
                 Wait::Provisioning { .. } => "provisioning",
                 Wait::Reserved { .. } => "reserved",
                 Wait::WaitingForPreemption { .. } => "waiting-for-preemption",
+                Wait::Gang { .. } => "gang",
             };
             self.waiting.get_or_create(&ReasonLabels { reason }).inc();
         }

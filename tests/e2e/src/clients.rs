@@ -111,6 +111,7 @@ impl Stack {
         let request = pb::GetLogsRequest {
             job_id: job_id.into(),
             follow,
+            ..Default::default()
         };
         let mut stream = self
             .logs_client()

@@ -73,6 +73,8 @@ pub fn names(message: &str, field: &str) -> Option<Names> {
             Service
         }
         ("DeleteDatasetRequest" | "DeleteSecretRequest" | "SetSecretRequest", "name") => Target,
+        // A registry's host and its user, stored in the request's own project: not kiln objects.
+        ("SetSecretRequest", "registry" | "username") => Nothing,
         (_, "project" | "user" | "scope" | "token") => Tenancy,
         ("ProjectRef" | "UserRef" | "CreateUserRequest" | "CreateProjectRequest", "name") => Tenancy,
         // The name a new object gets, or a label.

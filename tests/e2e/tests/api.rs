@@ -40,6 +40,7 @@ async fn calls_without_a_valid_token_are_unauthenticated() {
     let request = pb::GetLogsRequest {
         job_id: kiln_core::ids::new_id(),
         follow: false,
+        ..Default::default()
     };
     let status = LogServiceClient::new(channel).get_logs(request).await.unwrap_err();
     assert_eq!(status.code(), Code::Unauthenticated);
@@ -155,6 +156,7 @@ async fn users_see_only_their_projects() {
     let request = pb::GetLogsRequest {
         job_id: admin_job.id.clone(),
         follow: false,
+        ..Default::default()
     };
     let status = stack.logs_as(&ada_token).await.get_logs(request).await.unwrap_err();
     assert_eq!(status.code(), Code::NotFound);

@@ -160,6 +160,7 @@ async fn a_duplicate_launch_runs_nothing_twice() {
         job_id: job.id.clone(),
         version: scheduled_version,
         attempt: 1,
+        node_rank: 0,
     };
     for n in 0..3 {
         let msg_id = format!("{}:replay:{n}", job.id);

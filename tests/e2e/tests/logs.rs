@@ -45,6 +45,7 @@ async fn tail(stack: &Stack, job_id: &str, lines: u32) -> Vec<String> {
             job_id: job_id.into(),
             lines,
             follow: false,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -140,6 +141,7 @@ async fn tail_gives_the_last_lines_then_follows_to_the_end() {
             job_id: job.id.clone(),
             lines: 3,
             follow: true,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -171,6 +173,7 @@ async fn tail_gives_the_last_lines_then_follows_to_the_end() {
             job_id: kiln_core::ids::new_id(),
             lines: 1,
             follow: false,
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -251,6 +254,7 @@ async fn a_follower_never_shows_a_line_before_an_earlier_one_still_being_stored(
         .get_logs(pb::GetLogsRequest {
             job_id: job.id.clone(),
             follow: true,
+            ..Default::default()
         })
         .await
         .unwrap()

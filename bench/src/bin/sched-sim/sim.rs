@@ -300,7 +300,7 @@ impl<'a> Sim<'a> {
                 Wait::NoCapacity { pools, .. } => pools.iter().map(|(name, _)| name.as_str()).collect(),
                 Wait::Provisioning { pools } => pools.iter().map(String::as_str).collect(),
                 Wait::Reserved { pool, .. } | Wait::WaitingForPreemption { pool, .. } => vec![pool.as_str()],
-                Wait::Quota { .. } | Wait::NoPoolFits { .. } => Vec::new(),
+                Wait::Quota { .. } | Wait::NoPoolFits { .. } | Wait::Gang { .. } => Vec::new(),
             };
             for name in names {
                 if let Some(pool) = self.input.pools.iter().position(|pool| pool.name == name) {

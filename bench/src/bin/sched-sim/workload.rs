@@ -191,6 +191,7 @@ pub(crate) fn pending_job(id: usize, spec: &JobSpec, preemptions: u32) -> Pendin
         preemptions,
         expected_runtime_secs: spec.expected_runtime_secs,
         pool: String::new(),
+        nodes: 1,
     }
 }
 

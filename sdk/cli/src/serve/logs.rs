@@ -57,7 +57,7 @@ pub async fn logs(clients: &mut Clients, args: LogsArgs) -> Result<()> {
         return follow(clients, &args, workers).await;
     }
     for worker in workers {
-        let mut lines = commands::log_lines(clients, &worker.job_id, false, None).await?;
+        let mut lines = commands::log_lines(clients, &worker.job_id, false, None, 0).await?;
         while let Some(line) = lines.next().await {
             commands::print_line(&line?, &worker.prefix)?;
         }
@@ -77,7 +77,7 @@ async fn follow(clients: &mut Clients, args: &LogsArgs, workers: Vec<Worker>) ->
     loop {
         for worker in pending.drain(..) {
             if followed.insert(worker.job_id.clone()) {
-                let lines = commands::log_lines(clients, &worker.job_id, true, None).await?;
+                let lines = commands::log_lines(clients, &worker.job_id, true, None, 0).await?;
                 streams.insert(worker.prefix, lines);
             }
         }

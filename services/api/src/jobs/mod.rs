@@ -244,7 +244,12 @@ impl JobService for JobsApi {
     async fn get_job(&self, request: Request<pb::GetJobRequest>) -> Result<Response<pb::Job>, Status> {
         let caller = access::caller(&request)?;
         let job = self.visible_job(&caller, &request.get_ref().job_id).await?;
-        Ok(Response::new(job.to_proto()))
+        let mut shown = job.to_proto();
+        if job.nodes > 1 {
+            let nodes = self.store.gang_nodes(&job.id, job.attempt).await.map_err(Error::from)?;
+            shown.nodes = nodes.iter().map(kiln_core::store::NodeRecord::to_proto).collect();
+        }
+        Ok(Response::new(shown))
     }
 
     #[tracing::instrument(skip_all)]

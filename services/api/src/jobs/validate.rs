@@ -116,6 +116,12 @@ pub(super) fn validate_spec(principal: &Principal, spec: Option<pb::JobSpec>) ->
             spec.gpus
         )));
     }
+    if spec.nodes > MAX_NODES {
+        return Err(Error::InvalidArgument(format!(
+            "nodes is {}; a gang job has at most {MAX_NODES}",
+            spec.nodes
+        )));
+    }
     let max_runtime_secs = i64::try_from(spec.max_runtime_secs)
         .map_err(|_| Error::InvalidArgument("max_runtime_secs is too large".into()))?;
     for reference in &spec.datasets {
@@ -146,6 +152,7 @@ pub(super) fn validate_spec(principal: &Principal, spec: Option<pb::JobSpec>) ->
         memory_bytes,
         disk_bytes,
         shm_bytes,
+        nodes: i32::try_from(spec.nodes.max(1)).unwrap_or(1),
         code_digest: spec.code_digest,
         image: spec.image,
         gpus: i32::try_from(spec.gpus).unwrap_or(0),
@@ -200,6 +207,9 @@ pub(crate) fn validate_dataset_name(name: &str) -> Result<()> {
     }
     Ok(())
 }
+
+/// The most nodes of a gang job.
+pub const MAX_NODES: u32 = 64;
 
 /// The smallest `--disk`: a file system's own structures take a few MiB.
 pub const MIN_DISK_BYTES: u64 = 16 << 20;

@@ -122,6 +122,8 @@ pub mod job {
         pub outputs_synced_bytes: i64,
         pub disk_bytes: i64,
         pub shm_bytes: i64,
+        pub nodes: i32,
+        pub gang_master: String,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
@@ -224,6 +226,31 @@ pub mod project {
         #[sea_orm(primary_key, auto_increment = false)]
         pub name: String,
         pub created_at_ms: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+pub mod job_node {
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "job_nodes")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub job_id: String,
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub attempt: i32,
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub rank: i32,
+        pub runner_id: String,
+        pub state: String,
+        pub exit_code: Option<i32>,
+        pub reason: String,
+        pub heartbeat_ms: i64,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -27,6 +27,8 @@ pub struct NewJob {
     /// The job's own disk (`--disk`) and /dev/shm size (`--shm`) in bytes; 0 for none.
     pub disk_bytes: i64,
     pub shm_bytes: i64,
+    /// Nodes of a gang job (`--nodes`); 0 and 1 mean one.
+    pub nodes: i32,
     pub code_digest: String,
     pub image: String,
     pub gpus: i32,
@@ -79,7 +81,12 @@ impl NewJob {
             "service_id": self.service_id,
         });
         // Added later: only when asked, so a spec without them hashes as it did before.
-        for (key, value) in [("disk_bytes", self.disk_bytes), ("shm_bytes", self.shm_bytes)] {
+        let nodes = Ord::max(i64::from(self.nodes), 1) - 1;
+        for (key, value) in [
+            ("disk_bytes", self.disk_bytes),
+            ("shm_bytes", self.shm_bytes),
+            ("extra_nodes", nodes),
+        ] {
             if value != 0 {
                 canonical[key] = value.into();
             }
@@ -121,6 +128,8 @@ pub struct Change {
     pub cost_micros: Option<(i64, i64)>,
     /// Adds an attempt's GPU time (its GPUs times its run time), in milliseconds.
     pub gpu_ms: Option<i64>,
+    /// A gang job's rendezvous address (`host:port`) for the attempt being placed.
+    pub gang_master: Option<String>,
 }
 
 impl Store {
@@ -291,6 +300,9 @@ impl Store {
                     Column::OnDemandCostMicros,
                     Expr::value(job.on_demand_cost_micros + on_demand),
                 );
+        }
+        if let Some(gang_master) = change.gang_master {
+            update = update.col_expr(Column::GangMaster, Expr::value(gang_master));
         }
         if let Some(gpu_ms) = change.gpu_ms {
             update = update.col_expr(Column::GpuMs, Expr::value(job.gpu_ms + Ord::max(gpu_ms, 0)));

@@ -37,13 +37,15 @@ const FLOOR_POLL: Duration = Duration::from_millis(50);
 const END_GRACE_MS: i64 = 3_000;
 
 impl LogsApi {
-    /// Streams a job's lines after `from` from a task of their own.
-    pub(super) fn spawn_lines(&self, job_id: String, from: Cursor, follow: bool) -> LineStream {
+    /// Streams the lines of `log_id` (a job's, or a gang node's: see
+    /// [`kiln_core::subjects::node_log_id`]) of job `job_id` after `from`, from a task of their
+    /// own.
+    pub(super) fn spawn_lines(&self, log_id: String, job_id: String, from: Cursor, follow: bool) -> LineStream {
         let (tx, rx) = mpsc::channel(256);
         let api = self.clone();
         let woken = self.written.subscribe();
         tokio::spawn(async move {
-            if let Err(status) = api.stream_lines(&job_id, from, follow, woken, &tx).await {
+            if let Err(status) = api.stream_lines(&log_id, &job_id, from, follow, woken, &tx).await {
                 let _ = tx.send(Err(status)).await;
             }
         });
@@ -159,6 +161,7 @@ impl LogsApi {
     /// last line is out.
     async fn stream_lines(
         &self,
+        log_id: &str,
         job_id: &str,
         from: Cursor,
         follow: bool,
@@ -185,7 +188,7 @@ impl LogsApi {
         loop {
             // Read before the lines: whatever it covers is stored by the time they are read.
             let floor = self.ack_floor().await;
-            let lines = self.logs.read(job_id, cursor, PAGE).await?;
+            let lines = self.logs.read(log_id, cursor, PAGE).await?;
             let full_page = lines.len() == PAGE as usize;
             let stale = waiting_since.is_some_and(|since| since.elapsed() >= self.read_wait);
             let mut confirming = true;
@@ -243,7 +246,7 @@ impl LogsApi {
             }
             let poll = if above_floor { FLOOR_POLL } else { FOLLOW_POLL };
             tokio::select! {
-                _ = wait_for(&mut woken, job_id) => {}
+                _ = wait_for(&mut woken, log_id) => {}
                 Some(_) = next_event(&mut job_events) => {}
                 _ = tokio::time::sleep(poll) => {}
                 _ = tx.closed() => return Ok(()),

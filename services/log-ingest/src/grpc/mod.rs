@@ -136,7 +136,9 @@ impl LogService for LogsApi {
         let caller = caller(&request)?;
         let request = request.into_inner();
         let job_id = self.visible_job(&caller, &request.job_id).await?.id;
+        let log_id = kiln_core::subjects::node_log_id(&job_id, request.node);
         Ok(Response::new(self.spawn_lines(
+            log_id,
             job_id,
             Cursor::default(),
             request.follow,
@@ -152,8 +154,9 @@ impl LogService for LogsApi {
             0 => DEFAULT_TAIL_LINES,
             n => n.min(LARGEST_TAIL_LINES),
         };
-        let from = self.logs.tail_cursor(&job_id, lines).await.map_err(Status::from)?;
-        Ok(Response::new(self.spawn_lines(job_id, from, request.follow)))
+        let log_id = kiln_core::subjects::node_log_id(&job_id, request.node);
+        let from = self.logs.tail_cursor(&log_id, lines).await.map_err(Status::from)?;
+        Ok(Response::new(self.spawn_lines(log_id, job_id, from, request.follow)))
     }
 
     #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]

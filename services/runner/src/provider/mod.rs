@@ -85,6 +85,9 @@ pub struct PullAuth {
     pub credentials: kiln_core::secrets::RegistryCredentials,
 }
 
+/// The variable that marks a gang job's node (see `supervisor::gang`).
+pub const GANG_NODES_VAR: &str = "KILN_NUM_NODES";
+
 /// The file in its outputs directory a job writes (or touches) to have them synced now
 /// (`kiln.checkpoint()` in the SDK); it is not synced itself.
 pub const SYNC_MARKER: &str = ".kiln-sync";

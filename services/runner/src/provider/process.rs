@@ -105,6 +105,11 @@ impl Provider for ProcessProvider {
                 image: spec.image.clone(),
             });
         }
+        if self.firewall.is_some() && spec.env.contains_key(super::GANG_NODES_VAR) {
+            return Err(Error::Gang(
+                "this runner's isolated jobs reach only kiln's endpoints, not the other nodes of their gang; run gangs on runners without process isolation, or in containers with host networking".into(),
+            ));
+        }
         let uid = match &self.users {
             JobUsers::Trusted(owner) if owner.is_empty() || *owner != spec.owner_id => {
                 return Err(Error::UntrustedOwner {

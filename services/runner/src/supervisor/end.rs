@@ -19,6 +19,7 @@ pub(super) async fn conclude(
     job: JobRecord,
     outcome: &Outcome,
     preempted_for: Option<String>,
+    gang_trouble: String,
 ) -> Result<()> {
     let cost = attempt_cost(ctx, &job);
     let gpu_ms = attempt_gpu_ms(ctx, &job);
@@ -51,6 +52,16 @@ pub(super) async fn conclude(
             exit,
             stopped: Some(StopReason::User),
         } => (JobState::Stopped, change(Some(exit.code), "stopped by user")),
+        Outcome::Exited {
+            stopped: Some(StopReason::GangLost),
+            ..
+        } => {
+            return lose(ctx, &job, &gang_trouble).await;
+        }
+        Outcome::Exited {
+            exit,
+            stopped: Some(StopReason::GangFailed),
+        } => (JobState::Failed, change(Some(exit.code), &gang_trouble)),
         Outcome::Exited {
             exit,
             stopped: Some(StopReason::Timeout),
@@ -127,9 +138,12 @@ fn attempt_cost(ctx: &Context, job: &JobRecord) -> Option<(i64, i64)> {
 }
 
 /// How long the attempt ran, in the provider's time (a simulated provider's may run faster).
+/// The attempt's instance time: how long it ran, times its nodes (a gang's nodes are alike, and
+/// each costs what rank 0's does), in milliseconds.
 fn attempt_ms(ctx: &Context, job: &JobRecord) -> Option<f64> {
     let started = job.started_at_ms?;
-    Some((kiln_core::ids::now_ms() - started).max(0) as f64 * ctx.offer().time_scale)
+    let nodes = f64::from(job.nodes.max(1));
+    Some((kiln_core::ids::now_ms() - started).max(0) as f64 * ctx.offer().time_scale * nodes)
 }
 
 /// The attempt's GPU time: its GPUs times how long it ran, in milliseconds.
@@ -223,6 +237,8 @@ pub(super) fn stop_reason(outcome: &Outcome, taken: bool) -> &'static str {
             StopReason::Preempted => metrics::PREEMPTED,
             StopReason::Shutdown => metrics::LOST,
             StopReason::Taken => metrics::TAKEN,
+            StopReason::GangFailed => metrics::FAILED,
+            StopReason::GangLost => metrics::LOST,
         },
         Outcome::Exited { exit, stopped: None } if exit.code == 0 => metrics::SUCCEEDED,
         Outcome::Exited { exit, stopped: None } if exit.oom_killed => metrics::OOM,

@@ -31,6 +31,7 @@ use crate::provider::{Exit, Instance};
 use crate::service_metrics::{self as metrics, Phase};
 
 mod end;
+pub(crate) mod gang;
 mod spec;
 mod sync;
 mod watch;
@@ -64,6 +65,8 @@ pub(crate) struct Controls {
     /// recommendation): what to write in its control file.
     pub checkpoint: Arc<tokio::sync::Notify>,
     pub checkpoint_note: Arc<std::sync::Mutex<String>>,
+    /// For a gang's rank 0: why another node ended the attempt.
+    pub gang_trouble: Arc<std::sync::Mutex<String>>,
 }
 
 impl Controls {
@@ -117,6 +120,10 @@ enum StopReason {
     Shutdown,
     /// The job is no longer this runner's (see [`Controls::taken`]).
     Taken,
+    /// Another node of its gang failed ([`Controls::gang_trouble`] says which): the job fails.
+    GangFailed,
+    /// Another node of its gang was lost: the attempt is lost, as `on-lost` says.
+    GangLost,
 }
 
 /// How an attempt ended, as far as the runner knows.
@@ -198,7 +205,8 @@ pub(crate) async fn supervise(
     let mut delay = Duration::from_millis(200);
     for attempt in 1.. {
         let preempted_for = controls.preempted_for.lock().expect("controls lock").clone();
-        match conclude(&ctx, current.clone(), &outcome, preempted_for).await {
+        let gang_trouble = controls.gang_trouble.lock().expect("controls lock").clone();
+        match conclude(&ctx, current.clone(), &outcome, preempted_for, gang_trouble).await {
             Ok(()) => break,
             // Taken from this runner meanwhile: the new state stays.
             Err(Error::Store(StoreError::Conflict { state, .. })) => {
@@ -264,7 +272,7 @@ async fn execute(
     controls: &Controls,
     shutdown: &CancellationToken,
 ) -> (Outcome, JobRecord, Option<Instance>) {
-    let (spec, masker) = match instance_spec(ctx, &job, &gpu_devices, &host.scratch_dir, &mut host.datasets).await {
+    let (spec, masker) = match instance_spec(ctx, &job, 0, &gpu_devices, &host.scratch_dir, &mut host.datasets).await {
         Ok(prepared) => prepared,
         Err(error) => return (not_started(error), job, None),
     };
@@ -302,6 +310,20 @@ async fn execute(
             reason: "stopped before it started".into(),
             exit_code: None,
             stopped: true,
+        };
+        return (outcome, job, Some(instance));
+    }
+    // A gang starts whole: every node made and waiting.
+    if job.nodes > 1
+        && let Err(trouble) = gang::wait_for_gang(ctx, &job, 0).await
+    {
+        let reason = match trouble {
+            gang::Trouble::Failed(reason) | gang::Trouble::Lost(reason) => reason,
+        };
+        let outcome = Outcome::NotStarted {
+            reason: format!("the gang did not start: {reason}"),
+            exit_code: None,
+            stopped: false,
         };
         return (outcome, job, Some(instance));
     }

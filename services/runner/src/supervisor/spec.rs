@@ -93,6 +93,7 @@ async fn fetch_archive(ctx: &Context, digest: &str, dest: PathBuf, what: &str) -
 pub(super) async fn instance_spec(
     ctx: &Context,
     job: &JobRecord,
+    rank: i32,
     gpu_devices: &[u32],
     scratch_dir: &Path,
     leases: &mut Vec<DatasetLease>,
@@ -158,6 +159,9 @@ pub(super) async fn instance_spec(
         env.insert("KILN_RESUME_FROM".into(), OUTPUTS_DIR.into());
     }
     env.insert("KILN_ATTEMPT".into(), job.attempt.to_string());
+    if job.nodes > 1 {
+        gang_env(job, rank, &mut env)?;
+    }
     env.insert("KILN_API".into(), ctx.config.api_url.clone());
     env.insert("KILN_LOGS".into(), ctx.config.logs_url.clone());
     env.insert("KILN_TOKEN".into(), token.token);
@@ -192,6 +196,30 @@ pub(super) async fn instance_spec(
         restore,
     };
     Ok((spec, masker))
+}
+
+/// The rendezvous of a gang's node `rank`: kiln's names and the ones `torchrun` reads (a world
+/// of one process per GPU, at least one per node).
+fn gang_env(job: &JobRecord, rank: i32, env: &mut std::collections::BTreeMap<String, String>) -> Result<()> {
+    let (host, port) = job
+        .gang_master
+        .rsplit_once(':')
+        .ok_or_else(|| Error::Gang(format!("the gang has no rendezvous address ({:?})", job.gang_master)))?;
+    let local = job.gpus.max(1);
+    for (name, value) in [
+        ("KILN_NODE_RANK", rank.to_string()),
+        ("KILN_NUM_NODES", job.nodes.to_string()),
+        ("KILN_MASTER_ADDR", host.to_string()),
+        ("KILN_MASTER_PORT", port.to_string()),
+        ("NODE_RANK", rank.to_string()),
+        ("MASTER_ADDR", host.to_string()),
+        ("MASTER_PORT", port.to_string()),
+        ("WORLD_SIZE", (job.nodes * local).to_string()),
+        ("LOCAL_WORLD_SIZE", local.to_string()),
+    ] {
+        env.insert(name.into(), value);
+    }
+    Ok(())
 }
 
 /// Opens the secrets the job names into `env` and names them in [`secrets::NAMES_VAR`] (for

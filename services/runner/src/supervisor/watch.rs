@@ -78,6 +78,10 @@ pub(super) async fn watch(
     // A marker already there was written by this attempt (it is never synced, so never
     // restored): it counts too.
     let mut asked: Option<i64> = None;
+    // One timer across the loop's turns: a sleep made anew each turn would never end while
+    // another branch (a sync every second) wakes the loop more often than it.
+    let mut poll = tokio::time::interval_at(tokio::time::Instant::now() + STOP_POLL, STOP_POLL);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             exit = &mut wait => return (exit, stopping),
@@ -95,7 +99,7 @@ pub(super) async fn watch(
                 let _ = start_live_sync(ctx, instance, host, Duration::ZERO);
                 next_sync = tokio::time::Instant::now() + sync_every;
             }
-            _ = tokio::time::sleep(STOP_POLL), if stopping.is_none() => {
+            _ = poll.tick(), if stopping.is_none() => {
                 // A sync under way leaves the ask for the next poll.
                 if let Ok(now) = ctx.provider.sync_asked(instance).await
                     && now.is_some()
@@ -104,6 +108,18 @@ pub(super) async fn watch(
                 {
                     asked = now;
                     tracing::info!(job_id = %job.id, "the job asked for its outputs to be synced");
+                }
+                if job.nodes > 1
+                    && let Ok(nodes) = ctx.store.gang_nodes(&job.id, job.attempt).await
+                    && let Some(trouble) = super::gang::trouble(&nodes, kiln_core::ids::now_ms(), super::gang::quiet_ms(ctx))
+                {
+                    let (reason, why) = match trouble {
+                        super::gang::Trouble::Failed(why) => (StopReason::GangFailed, why),
+                        super::gang::Trouble::Lost(why) => (StopReason::GangLost, why),
+                    };
+                    tracing::warn!(job_id = %job.id, why, "a node of the gang ended the attempt");
+                    *controls.gang_trouble.lock().expect("controls lock") = why;
+                    stopping = Some(reason);
                 }
                 match ctx.store.job(&job.id).await {
                     Ok(current) if Holding::of(job).is_taken_by(Holding::of(&current)) => {

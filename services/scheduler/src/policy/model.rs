@@ -189,6 +189,9 @@ pub struct PendingJob {
     pub expected_runtime_secs: f64,
     /// The one pool it may run on; empty for any.
     pub pool: String,
+    /// Nodes of a gang job: `resources` each, all placed in one pass or none. 1 for a job of
+    /// one node.
+    pub nodes: u32,
 }
 
 /// A job that holds resources: from SCHEDULED until its instance is released.

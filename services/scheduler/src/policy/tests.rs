@@ -36,6 +36,7 @@ fn job(id: &str, user: &str, project: &str, resources: Resources, submitted_at_m
         preemptions: 0,
         expected_runtime_secs: 0.0,
         pool: String::new(),
+        nodes: 1,
     }
 }
 
@@ -1377,4 +1378,38 @@ fn a_job_asking_for_disk_goes_to_the_runner_with_the_disk_and_waits_when_none_ha
     assert_eq!(runners_of(&plan), [(0, "r-2")]);
     let wait = wait_of(&input, &plan, "disk-90").to_string();
     assert!(wait.contains("90 GiB disk"), "{wait}");
+}
+
+/// A gang starts whole: three 1-CPU nodes fit on two 2-CPU runners (two share one); three
+/// 2-CPU nodes do not, so none is placed, nothing is preempted for them, and a later small job
+/// still starts behind the gang (backfill).
+#[test]
+fn a_gang_is_placed_whole_or_waits_whole_with_backfill_behind_it() {
+    let mut small_gang = job("gang", "a", "p", res(1.0, 1, 0), 0);
+    small_gang.nodes = 3;
+    let input = two_runner_input(vec![small_gang], vec![]);
+    let decided = plan(&input);
+    assert_eq!(decided.placements.len(), 1, "{decided:?}");
+    let nodes = &decided.placements[0].nodes;
+    assert_eq!(nodes.len(), 3, "{decided:?}");
+    assert_eq!(nodes[0], decided.placements[0].runner);
+    assert_eq!(
+        nodes.iter().filter(|runner| *runner == "r-1").count() + nodes.iter().filter(|runner| *runner == "r-2").count(),
+        3
+    );
+
+    let mut big_gang = job("gang", "a", "p", res(2.0, 1, 0), 0);
+    big_gang.nodes = 3;
+    let input = two_runner_input(vec![big_gang, job("small", "b", "p", res(1.0, 1, 0), 1)], vec![]);
+    let decided = plan(&input);
+    assert_eq!(runners_of(&decided).len(), 1, "only the small job: {decided:?}");
+    assert_eq!(decided.placements[0].job, 1);
+    assert!(decided.preemptions.is_empty());
+    let wait = wait_of(&input, &decided, "gang");
+    assert_eq!(wait.reason, Wait::Gang { nodes: 3, fit: 2 });
+    assert!(
+        wait.reason.to_string().contains("room for 2 of them"),
+        "{}",
+        wait.reason
+    );
 }

@@ -243,6 +243,7 @@ pub async fn stored_lines(clients: &Clients, job_id: &str, attempt: i32) -> Vec<
             let request = pb::GetLogsRequest {
                 job_id: job_id.into(),
                 follow: false,
+                ..Default::default()
             };
             async move {
                 let mut stream = client.get_logs(request).await?.into_inner();

@@ -76,6 +76,7 @@ fn any_spec() -> impl Strategy<Value = pb::JobSpec> {
                 pool,
                 // Secret names have properties of their own (kiln_core::secrets).
                 secrets: Vec::new(),
+                nodes: 1,
             },
         )
 }
@@ -135,6 +136,7 @@ fn valid_spec() -> impl Strategy<Value = pb::JobSpec> {
                 pool,
                 // Secret names have properties of their own (kiln_core::secrets).
                 secrets: Vec::new(),
+                nodes: 1,
             },
         )
 }

@@ -92,6 +92,8 @@ pub(in crate::store) fn new_record(
         outputs_synced_bytes: Set(0),
         disk_bytes: Set(new.disk_bytes),
         shm_bytes: Set(new.shm_bytes),
+        nodes: Set(new.nodes.max(1)),
+        gang_master: Set(String::new()),
         submit_hash: Set(submit_hash),
         submit_key: Set(Some(new.submit_key).filter(|key| !key.is_empty())),
         requested_pool: Set(new.requested_pool),
@@ -132,6 +134,7 @@ impl JobRecord {
                 market: MarketPolicy::parse(&self.market_policy).to_proto() as i32,
                 pool: self.requested_pool.clone(),
                 secrets: self.secrets().unwrap_or_default(),
+                nodes: u32::try_from(self.nodes).unwrap_or(1),
             }),
             state: state as i32,
             version: self.version,
@@ -156,6 +159,8 @@ impl JobRecord {
             sweep_id: self.sweep_id.clone(),
             outputs_synced_at_ms: self.outputs_synced_at_ms,
             outputs_synced_bytes: u64::try_from(self.outputs_synced_bytes).unwrap_or(0),
+            nodes: Vec::new(),
+            rendezvous: self.gang_master.clone(),
         }
     }
 }

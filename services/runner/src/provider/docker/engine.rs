@@ -107,6 +107,12 @@ impl DockerProvider {
     /// Creates the volumes, the container (datasets bind-mounted from the cache), and uploads
     /// the code.
     pub(super) async fn create_instance(&self, spec: &InstanceSpec) -> Result<Instance> {
+        if spec.env.contains_key(super::super::GANG_NODES_VAR) && self.network_mode != "host" {
+            return Err(Error::Gang(format!(
+                "a gang's containers reach one another over the host's network, and this runner's jobs join {:?}: give the gang's pool runners with docker.network = \"host\", allow-host-network = true and isolate-jobs = false (see the README, \"Gang jobs\")",
+                self.network_mode
+            )));
+        }
         let labels = DockerProvider::labels(&spec.job_id, spec.attempt, &spec.runner_id);
         let mut mounts = if spec.disk_bytes > 0 {
             // Its own disk holds the code, the outputs and /tmp.

@@ -40,6 +40,9 @@ pub struct Placement {
     /// for, as studies describe pools).
     pub runner: String,
     pub market: Market,
+    /// For a gang job: the runner of each node by rank (`runner` is rank 0's); empty for one
+    /// node.
+    pub nodes: Vec<String>,
 }
 
 /// A running job to stop so that a higher-priority job, or one below its fair share, can start.
@@ -338,6 +341,9 @@ impl<'a> Pass<'a> {
             self.wait(job_index, ahead, reason);
             return Step::Skipped;
         }
+        if job.nodes > 1 {
+            return self.consider_gang(job_index, member, &eligible, ahead);
+        }
         if let Some((runner, market)) = self.best_fit(job, &eligible) {
             self.place(job_index, member, runner, market);
             return Step::Placed;
@@ -383,6 +389,51 @@ impl<'a> Pass<'a> {
             pool: self.input.pools[state.pool].name.clone(),
             runner: state.id.clone(),
             market,
+            nodes: Vec::new(),
         });
+    }
+
+    /// A gang: every node on a runner whose free room holds it (several on one runner when its
+    /// room holds several), all in this pass or none. One that cannot start whole preempts
+    /// nothing and waits, competing (backfill goes on behind it).
+    fn consider_gang(&mut self, job_index: usize, member: usize, eligible: &[usize], ahead: Ahead) -> Step {
+        let job = &self.input.pending[job_index];
+        let nodes = job.nodes;
+        let mut taken: Vec<(usize, Market)> = Vec::new();
+        while taken.len() < nodes as usize {
+            let Some((runner, market)) = self.best_fit(job, eligible) else {
+                break;
+            };
+            self.runners[runner].free -= job.resources;
+            taken.push((runner, market));
+        }
+        if taken.len() < nodes as usize {
+            for (runner, _) in &taken {
+                self.runners[*runner].free += job.resources;
+            }
+            let reason = Wait::Gang {
+                nodes,
+                fit: u32::try_from(taken.len()).unwrap_or(0),
+            };
+            self.wait(job_index, ahead, reason);
+            return Step::Competing;
+        }
+        let resources = job.resources;
+        for _ in 0..nodes {
+            self.take(member, resources);
+        }
+        let (first, market) = taken[0];
+        let state = &self.runners[first];
+        self.plan.placements.push(Placement {
+            job: job_index,
+            pool: self.input.pools[state.pool].name.clone(),
+            runner: state.id.clone(),
+            market,
+            nodes: taken
+                .iter()
+                .map(|(runner, _)| self.runners[*runner].id.clone())
+                .collect(),
+        });
+        Step::Placed
     }
 }

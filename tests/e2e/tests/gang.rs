@@ -1,0 +1,212 @@
+//! Gang jobs (`--nodes N`) on three runners of one CPU each, one node per runner: the nodes
+//! start together, meet over TCP at the rendezvous kiln gives them (a sum all-reduce in Python
+//! with sockets), node 0's outputs are the job's; with one runner's room taken none starts until
+//! all fit; a runner SIGKILLed mid-run ends the attempt for all, and the next attempt resumes
+//! from node 0's last periodic sync.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use kiln_e2e::{ServiceHandle, Stack, output, spec, wait_for_line};
+use kiln_proto::v1 as pb;
+
+/// Every node sends its rank + 1 to rank 0, which answers the sum: 6 for three nodes. Then
+/// rank 0 counts steps into `$KILN_OUTPUTS/step` until `STEPS` (a resumed attempt starts from
+/// the synced count and says so), while the others wait for rank 0 to close.
+const ALL_REDUCE: &str = r#"
+import os, socket, time
+rank, n = int(os.environ["KILN_NODE_RANK"]), int(os.environ["KILN_NUM_NODES"])
+addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+assert os.environ["NODE_RANK"] == str(rank) and os.environ["WORLD_SIZE"] == str(n)
+assert os.environ["KILN_MASTER_ADDR"] == addr and os.environ["KILN_MASTER_PORT"] == str(port)
+if rank == 0:
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("0.0.0.0", port))
+    server.listen(n)
+    peers = [server.accept()[0] for _ in range(n - 1)]
+    total = 1 + sum(int(peer.recv(64)) for peer in peers)
+    for peer in peers:
+        peer.sendall(str(total).encode())
+else:
+    for _ in range(600):
+        try:
+            peer = socket.create_connection((addr, port), timeout=5)
+            break
+        except OSError:
+            time.sleep(0.1)
+    peer.sendall(str(rank + 1).encode())
+    total = int(peer.recv(64))
+print(f"rank {rank} of {n} sum {total}", flush=True)
+if rank == 0:
+    out = os.environ["KILN_OUTPUTS"]
+    with open(os.path.join(out, "sum"), "w") as f:
+        f.write(str(total))
+    step = 0
+    resume = os.path.join(os.environ.get("KILN_RESUME_FROM", ""), "step")
+    if os.environ.get("KILN_RESUME_FROM") and os.path.exists(resume):
+        step = int(open(resume).read())
+        print(f"attempt {os.environ['KILN_ATTEMPT']} resumes at step {step}", flush=True)
+    while step < int(os.environ["STEPS"]):
+        step += 1
+        with open(os.path.join(out, ".step"), "w") as f:
+            f.write(str(step))
+        os.rename(os.path.join(out, ".step"), os.path.join(out, "step"))
+        time.sleep(0.1)
+    for peer in peers:
+        peer.close()
+else:
+    peer.recv(1)
+"#;
+
+/// Three runners of one CPU each (`runner-1..3`), leases of 1 s, lost jobs queued again,
+/// outputs synced every second.
+async fn three_runners(stack: &Stack) -> BTreeMap<String, ServiceHandle> {
+    let mut runners = BTreeMap::new();
+    for index in 1..=3 {
+        let id = format!("runner-{index}");
+        runners.insert(id.clone(), stack.spawn_runner(runner(stack, &id)).await);
+    }
+    runners
+}
+
+fn runner(stack: &Stack, id: &str) -> kiln_runner::Config {
+    kiln_runner::Config {
+        cpu_millis: 1000,
+        lease_ttl_ms: 1_000,
+        on_lost: kiln_runner::OnLost::Requeue,
+        outputs_sync_interval_secs: 1,
+        work_dir: stack.dir.path().join(format!("work-{id}")),
+        ..stack.runner_config(id)
+    }
+}
+
+fn gang_spec(steps: u32) -> pb::JobSpec {
+    let mut gang = spec(&["python3", "-c", ALL_REDUCE]);
+    gang.nodes = 3;
+    gang.resources = Some(pb::Resources {
+        cpu_millis: 1000,
+        memory_bytes: 64 << 20,
+        ..Default::default()
+    });
+    gang.env.insert("STEPS".into(), steps.to_string());
+    gang
+}
+
+/// The texts of node `rank`'s lines.
+async fn node_lines(stack: &Stack, job_id: &str, rank: u32) -> Vec<String> {
+    use futures::StreamExt;
+    let request = pb::GetLogsRequest {
+        job_id: job_id.into(),
+        follow: false,
+        node: rank,
+    };
+    let mut lines = stack.logs_client().await.get_logs(request).await.unwrap().into_inner();
+    let mut texts = Vec::new();
+    while let Some(line) = lines.next().await {
+        texts.push(line.unwrap().text);
+    }
+    texts
+}
+
+#[tokio::test]
+async fn three_nodes_start_together_meet_at_the_rendezvous_and_node_0s_outputs_are_the_jobs() {
+    let stack = Stack::start_without_runner().await;
+    let runners = three_runners(&stack).await;
+    let job = stack.submit_spec(gang_spec(3)).await;
+    let running = stack.wait_for_state(&job.id, pb::JobState::Running).await;
+    assert!(running.rendezvous.starts_with("127.0.0.1:"), "{running:?}");
+    // Rank 0 runs only once every node is ready: submit to RUNNING is the gang's start latency
+    // (printed for the README, never asserted).
+    eprintln!(
+        "gang start latency: {} ms from submit to all 3 nodes started",
+        running.started_at_ms.saturating_sub(running.created_at_ms)
+    );
+    let done = stack.wait_for_state(&job.id, pb::JobState::Succeeded).await;
+    // One node per runner: each holds one CPU.
+    let nodes = stack.get(&job.id).await.nodes;
+    let mut placed: Vec<&str> = nodes.iter().map(|node| node.runner_id.as_str()).collect();
+    placed.sort_unstable();
+    assert_eq!(placed, ["runner-1", "runner-2", "runner-3"], "{nodes:?}");
+    let mut all = Vec::new();
+    for rank in 0..3 {
+        all.push(node_lines(&stack, &job.id, rank).await);
+    }
+    for (rank, lines) in all.iter().enumerate() {
+        assert!(
+            lines.contains(&format!("rank {rank} of 3 sum 6")),
+            "node {rank}: {all:?}"
+        );
+    }
+    assert_eq!(output(&stack, &job.id, "sum").await.unwrap(), "6");
+    assert_eq!(done.attempt, 1, "{done:?}");
+    for (_, runner) in runners {
+        runner.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn with_one_runners_room_taken_no_node_starts_until_all_fit() {
+    let stack = Stack::start_without_runner().await;
+    let runners = three_runners(&stack).await;
+    let mut sleeper = spec(&["sleep", "600"]);
+    sleeper.resources = Some(pb::Resources {
+        cpu_millis: 1000,
+        memory_bytes: 64 << 20,
+        ..Default::default()
+    });
+    let sleeper = stack.submit_spec(sleeper).await;
+    stack.wait_for_state(&sleeper.id, pb::JobState::Running).await;
+    let job = stack.submit_spec(gang_spec(3)).await;
+    // Passes come and go; the gang stays queued whole, and no node of it was placed.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let waiting = stack.get(&job.id).await;
+    assert_eq!(waiting.state, pb::JobState::Queued as i32, "{waiting:?}");
+    assert!(waiting.nodes.is_empty(), "{waiting:?}");
+    stack.stop_job(&sleeper.id).await;
+    let done = stack.wait_for_state(&job.id, pb::JobState::Succeeded).await;
+    assert_eq!(output(&stack, &job.id, "sum").await.unwrap(), "6", "{done:?}");
+    for (_, runner) in runners {
+        runner.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn a_node_whose_runner_is_killed_ends_the_attempt_for_all_and_the_next_resumes_from_the_sync() {
+    let stack = Stack::start_without_runner().await;
+    let mut runners = three_runners(&stack).await;
+    let job = stack.submit_spec(gang_spec(1_000_000)).await;
+    stack.wait_for_state(&job.id, pb::JobState::Running).await;
+    let synced = stack
+        .wait_for(&job.id, "node 0's outputs synced", |j| j.outputs_synced_at_ms > 0)
+        .await;
+    let node_1 = synced
+        .nodes
+        .iter()
+        .find(|node| node.rank == 1)
+        .map(|node| node.runner_id.clone())
+        .expect("node 1");
+    let spare = stack.spawn_runner(runner(&stack, "runner-4")).await;
+    runners.remove(&node_1).expect("node 1's runner").crash().await;
+    // The next attempt runs to the end quickly: it resumes at the synced step and stops there.
+    let resumed = stack
+        .wait_for(&job.id, "the second attempt running", |j| {
+            j.attempt == 2 && j.state == pb::JobState::Running as i32 || j.finished_at_ms > 0
+        })
+        .await;
+    if resumed.attempt != 2 {
+        let mut all = Vec::new();
+        for rank in 0..3 {
+            all.push(node_lines(&stack, &job.id, rank).await);
+        }
+        panic!("{resumed:?}: {all:?}");
+    }
+    assert!(resumed.resume_from.contains(&job.id), "{resumed:?}");
+    wait_for_line(&stack, &job.id, "attempt 2 resumes at step ").await;
+    stack.stop_job(&job.id).await;
+    stack.wait_for_state(&job.id, pb::JobState::Stopped).await;
+    spare.stop().await;
+    for (_, runner) in runners {
+        runner.stop().await;
+    }
+}
