@@ -5,6 +5,7 @@
 pub use sea_orm_migration::MigratorTrait;
 use sea_orm_migration::prelude::*;
 
+mod columns;
 mod m0001_initial;
 mod m0002_images_and_datasets;
 mod m0003_batches;

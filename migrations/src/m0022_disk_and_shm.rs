@@ -1,7 +1,7 @@
 //! Disk and shared memory (issue 28): a job's own disk (`--disk`, a size-limited volume on its
 //! runner, counted in placement) and its `/dev/shm` size (`--shm`); 0 for neither.
 
-use sea_orm_migration::{prelude::*, schema::*};
+use sea_orm_migration::prelude::*;
 
 #[derive(DeriveMigrationName)]
 pub struct Migration;
@@ -11,26 +11,10 @@ const COLUMNS: [&str; 2] = ["disk_bytes", "shm_bytes"];
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        // One column a statement: SQLite adds one at a time.
-        for column in COLUMNS {
-            manager
-                .alter_table(
-                    Table::alter()
-                        .table("jobs")
-                        .add_column(big_integer(column).default(0).to_owned())
-                        .to_owned(),
-                )
-                .await?;
-        }
-        Ok(())
+        crate::columns::add_big_integers(manager, "jobs", &COLUMNS).await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        for column in COLUMNS {
-            manager
-                .alter_table(Table::alter().table("jobs").drop_column(column).to_owned())
-                .await?;
-        }
-        Ok(())
+        crate::columns::drop(manager, "jobs", &COLUMNS).await
     }
 }

@@ -149,22 +149,9 @@ async fn accept_node(
     if ctx.active.lock().expect("active jobs lock").contains_key(&key) {
         return Ok(Accepted::Stale);
     }
-    if !ctx.lease.is_held() || ctx.is_cordoned() || !ctx.fits(job) {
-        return Ok(Accepted::NoRoom);
-    }
-    let wanted = u32::try_from(job.gpus).unwrap_or(u32::MAX);
-    let Some(gpu_devices) = ctx.gpus.lock().expect("gpu pool lock").take(wanted) else {
+    let Some((gpu_devices, controls)) = hold(ctx, job, key) else {
         return Ok(Accepted::NoRoom);
     };
-    let controls = supervisor::Controls::default();
-    let active = ActiveJob {
-        controls: controls.clone(),
-        cpu_millis: job.cpu_millis,
-        memory_bytes: job.memory_bytes,
-        disk_bytes: job.disk_bytes,
-        gpu_devices: gpu_devices.clone(),
-    };
-    ctx.active.lock().expect("active jobs lock").insert(key, active);
     ctx.metrics.launches.inc();
     jobs.spawn(supervisor::gang::supervise_node(
         ctx.clone(),
@@ -175,6 +162,28 @@ async fn accept_node(
         shutdown.clone(),
     ));
     Ok(Accepted::Started)
+}
+
+/// Takes the room and GPUs of `job` on this runner under `key` (its id, or a gang node's log
+/// id), with the controls its supervisor answers to; `None` when there is no room. Without its
+/// lease this runner may be counted as gone (another runner takes the launch), and a cordoned
+/// one (its instance is to be taken back) has no room for anything new.
+fn hold(ctx: &Context, job: &kiln_core::store::JobRecord, key: String) -> Option<(Vec<u32>, supervisor::Controls)> {
+    if !ctx.lease.is_held() || ctx.is_cordoned() || !ctx.fits(job) {
+        return None;
+    }
+    let wanted = u32::try_from(job.gpus).unwrap_or(u32::MAX);
+    let gpu_devices = ctx.gpus.lock().expect("gpu pool lock").take(wanted)?;
+    let controls = supervisor::Controls::default();
+    let active = ActiveJob {
+        controls: controls.clone(),
+        cpu_millis: job.cpu_millis,
+        memory_bytes: job.memory_bytes,
+        disk_bytes: job.disk_bytes,
+        gpu_devices: gpu_devices.clone(),
+    };
+    ctx.active.lock().expect("active jobs lock").insert(key, active);
+    Some((gpu_devices, controls))
 }
 
 enum Accepted {
@@ -206,27 +215,9 @@ async fn accept_launch(
     if job.version != request.version || job.state()? != JobState::Scheduled {
         return Ok(Accepted::Stale);
     }
-    // Without its lease this runner may be counted as gone: another runner takes the launch.
-    // A cordoned one (its instance is to be taken back) has no room for anything new.
-    if !ctx.lease.is_held() || ctx.is_cordoned() || !ctx.fits(&job) {
-        return Ok(Accepted::NoRoom);
-    }
-    let wanted = u32::try_from(job.gpus).unwrap_or(u32::MAX);
-    let Some(gpu_devices) = ctx.gpus.lock().expect("gpu pool lock").take(wanted) else {
+    let Some((gpu_devices, controls)) = hold(ctx, &job, job.id.clone()) else {
         return Ok(Accepted::NoRoom);
     };
-    let controls = supervisor::Controls::default();
-    let active = ActiveJob {
-        controls: controls.clone(),
-        cpu_millis: job.cpu_millis,
-        memory_bytes: job.memory_bytes,
-        disk_bytes: job.disk_bytes,
-        gpu_devices: gpu_devices.clone(),
-    };
-    ctx.active
-        .lock()
-        .expect("active jobs lock")
-        .insert(job.id.clone(), active);
     let change = Change {
         runner_id: Some(ctx.config.runner_id.clone()),
         ..Change::default()

@@ -54,15 +54,19 @@ impl Stack {
     }
 
     pub async fn submit_spec(&self, spec: pb::JobSpec) -> pb::Job {
-        let response = self
-            .jobs()
+        let response = self.try_submit(spec).await;
+        response.expect("submit").into_inner().job.expect("job")
+    }
+
+    /// Submits `spec`, answering what the api answered.
+    pub async fn try_submit(&self, spec: pb::JobSpec) -> Result<tonic::Response<pb::SubmitJobResponse>, tonic::Status> {
+        self.jobs()
             .await
             .submit_job(pb::SubmitJobRequest {
                 spec: Some(spec),
                 ..Default::default()
             })
-            .await;
-        response.expect("submit").into_inner().job.expect("job")
+            .await
     }
 
     pub async fn get(&self, job_id: &str) -> pb::Job {

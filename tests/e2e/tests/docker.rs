@@ -392,15 +392,7 @@ async fn a_job_writing_past_its_disk_fails_with_that_reason_and_shm_is_sized() {
             disk_bytes,
             shm_bytes,
         });
-        let refused = stack
-            .jobs()
-            .await
-            .submit_job(pb::SubmitJobRequest {
-                spec: Some(bad),
-                ..Default::default()
-            })
-            .await
-            .unwrap_err();
+        let refused = stack.try_submit(bad).await.unwrap_err();
         assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
         assert!(refused.message().contains(why), "{refused:?}");
     }

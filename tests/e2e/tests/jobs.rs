@@ -277,14 +277,6 @@ async fn a_job_runs_only_on_the_pool_it_names() {
     // A pool name that cannot be a pool is refused at submit.
     let mut bad = spec(&["true"]);
     bad.pool = "no spaces".into();
-    let status = stack
-        .jobs()
-        .await
-        .submit_job(pb::SubmitJobRequest {
-            spec: Some(bad),
-            ..Default::default()
-        })
-        .await
-        .unwrap_err();
+    let status = stack.try_submit(bad).await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
 }

@@ -113,31 +113,28 @@ impl Store {
         exit_code: Option<i32>,
         reason: &str,
     ) -> StoreResult<()> {
-        let mut update = job_node::Entity::update_many()
+        let mut update = node_row(job_id, attempt, rank)
             .col_expr(job_node::Column::State, Expr::value(state))
-            .col_expr(job_node::Column::HeartbeatMs, Expr::value(now_ms()))
             .col_expr(job_node::Column::Reason, Expr::value(reason));
         if let Some(code) = exit_code {
             update = update.col_expr(job_node::Column::ExitCode, Expr::value(code));
         }
-        update
-            .filter(job_node::Column::JobId.eq(job_id))
-            .filter(job_node::Column::Attempt.eq(attempt))
-            .filter(job_node::Column::Rank.eq(rank))
-            .exec(&self.db)
-            .await?;
+        update.exec(&self.db).await?;
         Ok(())
     }
 
     /// Beats a node's heart: its runner holds it and it is alive.
     pub async fn node_heartbeat(&self, job_id: &str, attempt: i32, rank: i32) -> StoreResult<()> {
-        job_node::Entity::update_many()
-            .col_expr(job_node::Column::HeartbeatMs, Expr::value(now_ms()))
-            .filter(job_node::Column::JobId.eq(job_id))
-            .filter(job_node::Column::Attempt.eq(attempt))
-            .filter(job_node::Column::Rank.eq(rank))
-            .exec(&self.db)
-            .await?;
+        node_row(job_id, attempt, rank).exec(&self.db).await?;
         Ok(())
     }
+}
+
+/// An update of one node's row that beats its heart.
+fn node_row(job_id: &str, attempt: i32, rank: i32) -> sea_orm::UpdateMany<job_node::Entity> {
+    job_node::Entity::update_many()
+        .col_expr(job_node::Column::HeartbeatMs, Expr::value(now_ms()))
+        .filter(job_node::Column::JobId.eq(job_id))
+        .filter(job_node::Column::Attempt.eq(attempt))
+        .filter(job_node::Column::Rank.eq(rank))
 }
