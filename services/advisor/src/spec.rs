@@ -121,6 +121,19 @@ pub struct TrialSpec {
     pub secrets: Vec<String>,
     #[serde(default)]
     pub max_runtime_secs: u64,
+    /// Nodes of each trial (a gang job, `kiln run --nodes`); 1 for one.
+    #[serde(default = "default_nodes")]
+    pub nodes: u32,
+    /// The trial's own disk, as `kiln run --disk` takes it (`20G`); empty for none.
+    #[serde(default)]
+    pub disk: String,
+    /// The size of its /dev/shm, as `kiln run --shm` takes it; empty for Docker's default.
+    #[serde(default)]
+    pub shm: String,
+}
+
+fn default_nodes() -> u32 {
+    1
 }
 
 fn default_cpu() -> f64 {
@@ -152,6 +165,9 @@ pub struct Checked {
     pub argv: Vec<String>,
     pub cpu_millis: u32,
     pub memory_bytes: u64,
+    /// `trial.disk` and `trial.shm` in bytes; 0 for none.
+    pub disk_bytes: u64,
+    pub shm_bytes: u64,
 }
 
 /// Reads and checks a spec; every problem found is returned, each naming its field.
@@ -309,6 +325,34 @@ impl SweepSpec {
         if memory_bytes == Some(0) {
             problems.push(FieldError::new("trial.mem", "must be more than 0"));
         }
+        let size = |field: &'static str, text: &str, problems: &mut Vec<FieldError>| {
+            if text.is_empty() {
+                return 0;
+            }
+            kiln_formats::units::parse_size(text)
+                .map_err(|message| problems.push(FieldError::new(field, message)))
+                .unwrap_or(0)
+        };
+        let disk_bytes = size("trial.disk", &self.trial.disk, &mut problems);
+        let shm_bytes = size("trial.shm", &self.trial.shm, &mut problems);
+        if disk_bytes > 0 && disk_bytes < kiln_core::capacity::MIN_JOB_DISK_BYTES {
+            problems.push(FieldError::new("trial.disk", "is less than 16M, the smallest disk"));
+        }
+        if disk_bytes > 0 && self.trial.image.is_empty() {
+            problems.push(FieldError::new(
+                "trial.disk",
+                "needs trial.image: a trial's own disk is a container's",
+            ));
+        }
+        if memory_bytes.is_some_and(|memory| shm_bytes > memory) {
+            problems.push(FieldError::new(
+                "trial.shm",
+                "is more than trial.mem, which /dev/shm counts against",
+            ));
+        }
+        if !(1..=64).contains(&self.trial.nodes) {
+            problems.push(FieldError::new("trial.nodes", "must be 1 to 64"));
+        }
         if let Some(register) = &self.register {
             if let Err(error) = kiln_core::models::validate_model_name(&register.model) {
                 problems.push(FieldError::new("register.model", error.to_string()));
@@ -326,6 +370,8 @@ impl SweepSpec {
                 argv,
                 cpu_millis,
                 memory_bytes,
+                disk_bytes,
+                shm_bytes,
             }),
             _ => Err(problems),
         }

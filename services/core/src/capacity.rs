@@ -10,6 +10,10 @@ use serde::{Deserialize, Serialize};
 use crate::streams::{Nats, NatsError};
 use crate::subjects::BUCKET_CAPACITY;
 
+/// The smallest disk a job may ask for (`--disk`): a file system's own structures take a few
+/// MiB.
+pub const MIN_JOB_DISK_BYTES: u64 = 16 << 20;
+
 /// What one runner offers.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct CapacityReport {

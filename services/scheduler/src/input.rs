@@ -28,20 +28,40 @@ fn resources(job: &JobRecord) -> Resources {
     Resources::new(job.cpu_millis, job.memory_bytes, i64::from(job.gpus)).with_disk(job.disk_bytes)
 }
 
+/// How long a node of an ended attempt may go without a heartbeat and still count as holding
+/// its runner's room (it is stopping: SIGTERM and the grace period).
+const STOPPING_NODE_MS: i64 = 30_000;
+
 /// The nodes past rank 0 of the active gang jobs, each holding its job's resources on its
-/// runner until it has ended. A gang is never a preemption's victim: stopping one node stops
-/// them all, which a victim's accounting would not count.
+/// runner until it has ended, and the nodes of attempts that ended but are still stopping
+/// (heard from lately). A gang is never a preemption's victim: stopping one node stops them
+/// all, which a victim's accounting would not count.
 async fn gang_nodes(store: &Store, active: &[JobRecord], name_of: &impl Fn(&str) -> String) -> Result<Vec<RunningJob>> {
-    let gangs: Vec<&JobRecord> = active.iter().filter(|job| job.nodes > 1).collect();
+    let mut gangs: Vec<JobRecord> = active.iter().filter(|job| job.nodes > 1).cloned().collect();
     let keys: Vec<(String, i32)> = gangs.iter().map(|job| (job.id.clone(), job.attempt)).collect();
-    let rows = store.nodes_of(&keys).await?;
+    let mut rows = store.nodes_of(&keys).await?;
+    let since = kiln_core::ids::now_ms() - STOPPING_NODE_MS;
+    for row in store.stopping_nodes(since).await? {
+        if keys
+            .iter()
+            .any(|(id, attempt)| *id == row.job_id && *attempt == row.attempt)
+        {
+            continue;
+        }
+        if !gangs.iter().any(|job| job.id == row.job_id)
+            && let Ok(job) = store.job(&row.job_id).await
+        {
+            gangs.push(job);
+        }
+        rows.push(row);
+    }
     Ok(rows
         .iter()
         .filter(|row| row.rank > 0 && row.state != node_state::EXITED && row.state != node_state::LOST)
         .filter_map(|row| {
             let job = gangs.iter().find(|job| job.id == row.job_id)?;
             Some(RunningJob {
-                id: format!("{}/node{}", job.id, row.rank),
+                id: format!("{}/{}/node{}", job.id, row.attempt, row.rank),
                 user: name_of(&job.owner_id),
                 project: job.project.clone(),
                 priority: job.priority,

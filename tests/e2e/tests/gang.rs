@@ -59,7 +59,7 @@ else:
     peer.recv(1)
 "#;
 
-/// Three runners of one CPU each (`runner-1..3`), leases of 1 s, lost jobs queued again,
+/// Three runners of one CPU each (`runner-1..3`), leases of 2 s, lost jobs queued again,
 /// outputs synced every second.
 async fn three_runners(stack: &Stack) -> BTreeMap<String, ServiceHandle> {
     let mut runners = BTreeMap::new();
@@ -73,7 +73,7 @@ async fn three_runners(stack: &Stack) -> BTreeMap<String, ServiceHandle> {
 fn runner(stack: &Stack, id: &str) -> kiln_runner::Config {
     kiln_runner::Config {
         cpu_millis: 1000,
-        lease_ttl_ms: 1_000,
+        lease_ttl_ms: 2_000,
         on_lost: kiln_runner::OnLost::Requeue,
         outputs_sync_interval_secs: 1,
         work_dir: stack.dir.path().join(format!("work-{id}")),

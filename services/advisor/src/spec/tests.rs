@@ -146,3 +146,33 @@ fn unknown_keys_and_bad_yaml_are_refused() {
         ["parameters", "params"]
     );
 }
+
+/// A trial may be a gang with its own disk and shared memory, each checked.
+#[test]
+fn trials_take_nodes_disk_and_shm() {
+    let gang = GOOD.replace(
+        "gpus: 1, market: auto}",
+        "gpus: 1, mem: 4G, nodes: 2, disk: 20G, shm: 2G}",
+    );
+    let checked = parse(&gang).expect("the spec checks");
+    assert_eq!(checked.spec.trial.nodes, 2);
+    assert_eq!((checked.disk_bytes, checked.shm_bytes), (20 << 30, 2 << 30));
+    assert_eq!(parse(GOOD).unwrap().spec.trial.nodes, 1, "one node by default");
+    for (change, field) in [
+        ("gpus: 1, nodes: 0}", "trial.nodes"),
+        ("gpus: 1, mem: 1G, shm: 2G}", "trial.shm"),
+        ("gpus: 1, disk: 1M}", "trial.disk"),
+        ("gpus: 1, disk: lots}", "trial.disk"),
+    ] {
+        let bad = GOOD.replace("gpus: 1, market: auto}", change);
+        assert!(
+            fields(&bad).contains(&field.to_string()),
+            "{change}: {:?}",
+            fields(&bad)
+        );
+    }
+    let no_image = GOOD
+        .replace("image: IMG, ", "")
+        .replace("gpus: 1, market: auto}", "gpus: 1, disk: 20G}");
+    assert!(fields(&no_image).contains(&"trial.disk".to_string()));
+}

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use kiln_core::auth::Principal;
+use kiln_core::capacity::MIN_JOB_DISK_BYTES as MIN_DISK_BYTES;
 use kiln_core::scheduling::{MarketPolicy, PRIORITY_CLASSES, priority_class};
 use kiln_core::store::NewJob;
 use kiln_core::subjects;
@@ -210,9 +211,6 @@ pub(crate) fn validate_dataset_name(name: &str) -> Result<()> {
 
 /// The most nodes of a gang job.
 pub const MAX_NODES: u32 = 64;
-
-/// The smallest `--disk`: a file system's own structures take a few MiB.
-pub const MIN_DISK_BYTES: u64 = 16 << 20;
 
 /// Checks `resources.disk_bytes` and `resources.shm_bytes`: a disk of at least
 /// [`MIN_DISK_BYTES`] for a job in a container (the docker provider makes it), shared memory at

@@ -103,6 +103,17 @@ impl Store {
             .collect())
     }
 
+    /// Nodes of any attempt not known to have ended whose heart beat since `since_ms`: a node of
+    /// an attempt that just ended still holds its runner's room while it stops.
+    pub async fn stopping_nodes(&self, since_ms: i64) -> StoreResult<Vec<NodeRecord>> {
+        Ok(job_node::Entity::find()
+            .filter(job_node::Column::State.is_not_in([node_state::EXITED, node_state::LOST]))
+            .filter(job_node::Column::HeartbeatMs.gte(since_ms))
+            .filter(job_node::Column::Rank.gt(0))
+            .all(&self.db)
+            .await?)
+    }
+
     /// Records what a node's runner saw, and beats its heart.
     pub async fn report_node(
         &self,

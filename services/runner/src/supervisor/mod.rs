@@ -313,17 +313,29 @@ async fn execute(
         };
         return (outcome, job, Some(instance));
     }
-    // A gang starts whole: every node made and waiting.
+    // A gang starts whole: every node made and waiting. A node that failed fails the job; one
+    // lost (its runner gone, or never taking its launch) loses the attempt, as `on-lost` says.
     if job.nodes > 1
         && let Err(trouble) = gang::wait_for_gang(ctx, &job, 0).await
     {
-        let reason = match trouble {
-            gang::Trouble::Failed(reason) | gang::Trouble::Lost(reason) => reason,
-        };
-        let outcome = Outcome::NotStarted {
-            reason: format!("the gang did not start: {reason}"),
-            exit_code: None,
-            stopped: false,
+        let outcome = match trouble {
+            gang::Trouble::Failed(reason) => Outcome::NotStarted {
+                reason: format!("the gang did not start: {reason}"),
+                exit_code: None,
+                stopped: false,
+            },
+            gang::Trouble::Lost(reason) => {
+                *controls.gang_trouble.lock().expect("controls lock") = format!("the gang did not start: {reason}");
+                let exit = Exit {
+                    code: -1,
+                    oom_killed: false,
+                    disk_full: false,
+                };
+                Outcome::Exited {
+                    exit,
+                    stopped: Some(StopReason::GangLost),
+                }
+            }
         };
         return (outcome, job, Some(instance));
     }
