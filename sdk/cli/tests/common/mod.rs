@@ -102,28 +102,28 @@ impl Up {
         }
     }
 
+    /// The value of the `LABEL: value` line `kiln up` printed once up. It prints them after it
+    /// writes its credentials (what [`Up::wait_until_up`] waits for), so they are waited for too.
+    fn printed(&self, label: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let log = self.log();
+            if let Some(line) = log.lines().find(|l| l.trim_start().starts_with(label)) {
+                return line.split_whitespace().nth(1).unwrap().to_string();
+            }
+            assert!(Instant::now() < deadline, "no {label} line in:\n{log}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// The `/metrics` URL `kiln up` printed.
     pub fn metrics_url(&self) -> String {
-        let log = self.log();
-        let line = log
-            .lines()
-            .find(|l| l.trim_start().starts_with("metrics:"))
-            .unwrap_or_else(|| panic!("no metrics line in:\n{log}"));
-        line.split_whitespace().nth(1).unwrap().to_string()
+        self.printed("metrics:")
     }
 
     /// The web UI's URL `kiln up` printed (`http://127.0.0.1:PORT`, no trailing slash).
     pub fn ui_url(&self) -> String {
-        let log = self.log();
-        let line = log
-            .lines()
-            .find(|l| l.trim_start().starts_with("ui:"))
-            .unwrap_or_else(|| panic!("no ui line in:\n{log}"));
-        line.split_whitespace()
-            .nth(1)
-            .unwrap()
-            .trim_end_matches('/')
-            .to_string()
+        self.printed("ui:").trim_end_matches('/').to_string()
     }
 
     /// The admin token `kiln up` wrote.
