@@ -182,17 +182,6 @@ impl Session {
             if got > 0 || self.held_count() > 0 {
                 last_work = Instant::now();
             } else if last_work.elapsed() >= idle_stop {
-                // Items not yet delivered mean the dispatch is behind, not that the batch ran
-                // dry: a worker stopped now would be asked for again at once, and its machine
-                // released and launched again (the churn a provisioned pool pays for).
-                let deliverable = |info: jetstream::consumer::Info| {
-                    let cap = usize::try_from(info.config.max_ack_pending).unwrap_or(usize::MAX);
-                    info.num_pending > 0 && info.num_ack_pending < cap
-                };
-                if consumer.get_info().await.is_ok_and(deliverable) {
-                    last_work = Instant::now();
-                    continue;
-                }
                 let _ = tx.send(Ok(stop("no items for a while"))).await;
                 return;
             }
