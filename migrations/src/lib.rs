@@ -29,6 +29,7 @@ mod m0020_cloud_provisioning;
 mod m0021_outputs_sync;
 mod m0022_disk_and_shm;
 mod m0023_gangs;
+mod m0024_job_nodes_by_heartbeat;
 
 /// Migrator lists every migration in order.
 pub struct Migrator;
@@ -60,6 +61,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0021_outputs_sync::Migration),
             Box::new(m0022_disk_and_shm::Migration),
             Box::new(m0023_gangs::Migration),
+            Box::new(m0024_job_nodes_by_heartbeat::Migration),
         ]
     }
 }

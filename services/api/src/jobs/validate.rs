@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use kiln_core::auth::Principal;
-use kiln_core::capacity::MIN_JOB_DISK_BYTES as MIN_DISK_BYTES;
+use kiln_core::capacity::MIN_JOB_DISK_BYTES;
 use kiln_core::scheduling::{MarketPolicy, PRIORITY_CLASSES, priority_class};
 use kiln_core::store::NewJob;
 use kiln_core::subjects;
@@ -213,13 +213,13 @@ pub(crate) fn validate_dataset_name(name: &str) -> Result<()> {
 pub const MAX_NODES: u32 = 64;
 
 /// Checks `resources.disk_bytes` and `resources.shm_bytes`: a disk of at least
-/// [`MIN_DISK_BYTES`] for a job in a container (the docker provider makes it), shared memory at
+/// [`MIN_JOB_DISK_BYTES`] for a job in a container (the docker provider makes it), shared memory at
 /// most the memory it counts against.
 pub fn disk_and_shm(resources: &pb::Resources, image: &str) -> Result<(i64, i64)> {
     let disk = resources.disk_bytes;
-    if disk > 0 && disk < MIN_DISK_BYTES {
+    if disk > 0 && disk < MIN_JOB_DISK_BYTES {
         return Err(Error::InvalidArgument(format!(
-            "resources.disk_bytes is {disk}; a disk is at least {MIN_DISK_BYTES} bytes (16 MiB)"
+            "resources.disk_bytes is {disk}; a disk is at least {MIN_JOB_DISK_BYTES} bytes (16 MiB)"
         )));
     }
     if disk > 0 && image.is_empty() {
