@@ -30,6 +30,7 @@ mod m0021_outputs_sync;
 mod m0022_disk_and_shm;
 mod m0023_gangs;
 mod m0024_job_nodes_by_heartbeat;
+mod m0025_item_retries_and_usage;
 
 /// Migrator lists every migration in order.
 pub struct Migrator;
@@ -62,6 +63,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0022_disk_and_shm::Migration),
             Box::new(m0023_gangs::Migration),
             Box::new(m0024_job_nodes_by_heartbeat::Migration),
+            Box::new(m0025_item_retries_and_usage::Migration),
         ]
     }
 }

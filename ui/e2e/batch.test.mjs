@@ -47,6 +47,10 @@ describe('batches', () => {
     const dead = page.getByTestId('dead-letters');
     await dead.locator('summary', { hasText: 'bad' }).click();
     await dead.getByTestId('item-logs').filter({ hasText: 'item bad' }).waitFor();
+    // What the items used: the spreads and the sizing hint, and each item's own figures.
+    await page.getByTestId('sizing-hint').filter({ hasText: 'items used p95' }).waitFor();
+    const firstItem = page.getByTestId('items').locator('tbody tr').first();
+    assert.match(await firstItem.textContent(), /\d+\.\d\d.*[KM]iB/);
     // The workers the page saw, over time.
     assert.ok(Number(await page.getByTestId('workers-chart').getAttribute('data-points')) > 1);
     await screenshot(page, 'batch', { fullPage: true });

@@ -42,7 +42,7 @@ gets numpy arrays by input name and returns arrays by output name, one call at a
     kiln.serve(lambda model, inputs: {"y": model(inputs["x"])}, lambda path: load_model(path))
 """
 
-from ._batch import Batch, Client, Progress
+from ._batch import Batch, Client, Progress, RetryRule
 from ._checkpoint import checkpoint
 from ._client import RunInfo, Series
 from ._run import Run, finish, init, log, log_series
@@ -54,7 +54,7 @@ config: dict = {}
 """The configuration given to `init` (a plain dict)."""
 
 __all__ = [
-    "Batch", "Client", "Progress", "Run", "RunInfo", "Saved", "Series", "checkpoint", "config", "finish", "init", "log",
+    "Batch", "Client", "Progress", "RetryRule", "Run", "RunInfo", "Saved", "Series", "checkpoint", "config", "finish", "init", "log",
     "log_series",
     "save", "serve", "should_stop", "summary",
 ]

@@ -14,7 +14,7 @@ import itertools
 import os
 import time
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Mapping
+from typing import Iterable, Iterator, Mapping, Sequence
 
 from kiln.v1 import batch_pb2, batch_pb2_grpc, job_pb2
 
@@ -24,6 +24,35 @@ from ._run import _channel, _endpoints, _home_credentials
 _MARKETS = {"auto": job_pb2.MARKET_UNSPECIFIED, "spot": job_pb2.MARKET_SPOT, "on-demand": job_pb2.MARKET_ON_DEMAND}
 _STATES = {"pending": batch_pb2.ITEM_STATE_PENDING, "succeeded": batch_pb2.ITEM_STATE_SUCCEEDED,
            "failed": batch_pb2.ITEM_STATE_FAILED, "dead": batch_pb2.ITEM_STATE_DEAD}
+
+
+_FAILURES = {"any": batch_pb2.ITEM_FAILURE_UNSPECIFIED, "exit": batch_pb2.ITEM_FAILURE_EXIT,
+             "timeout": batch_pb2.ITEM_FAILURE_TIMEOUT, "oom": batch_pb2.ITEM_FAILURE_OUT_OF_MEMORY,
+             "not-started": batch_pb2.ITEM_FAILURE_NOT_STARTED}
+_ACTIONS = {"retry": batch_pb2.RETRY_ACTION_RETRY, "fail": batch_pb2.RETRY_ACTION_FAIL}
+
+
+@dataclass(frozen=True)
+class RetryRule:
+    """What a failed attempt leads to: `action` "retry" (while max_attempts allows) or "fail" (a
+    dead letter at once), for attempts that failed `on` this way ("any", "exit", "timeout",
+    "oom", "not-started") with one of `exit_codes` (empty: any). A batch's rules are tried in
+    order; the first that matches decides; none matching retries.
+
+        RetryRule("fail", on="exit", exit_codes=(2,))   # bad input: no second attempt
+        RetryRule("fail", on="timeout")
+    """
+
+    action: str
+    on: str = "any"
+    exit_codes: Sequence[int] = ()
+
+    def _proto(self) -> batch_pb2.RetryRule:
+        if self.action not in _ACTIONS:
+            raise ValueError(f"action must be one of {sorted(_ACTIONS)}")
+        if self.on not in _FAILURES:
+            raise ValueError(f"on must be one of {sorted(_FAILURES)}")
+        return batch_pb2.RetryRule(on=_FAILURES[self.on], exit_codes=list(self.exit_codes), action=_ACTIONS[self.action])
 
 
 @dataclass(frozen=True)
@@ -44,6 +73,25 @@ class Progress:
     @property
     def finished(self) -> bool:
         return self.state in ("DONE", "CANCELLED")
+
+
+@dataclass(frozen=True)
+class Spread:
+    p50: float
+    p95: float
+    max: float
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What a batch's items used (their last attempts): cores kept busy, peak memory in bytes
+    and wall seconds, each as p50/p95/max, and what to ask for."""
+
+    items: int
+    cpu_cores: Spread
+    peak_memory_bytes: Spread
+    wall_seconds: Spread
+    sizing_hint: str  # "items used p95 0.70 CPU, 380 MiB: `--cpu 1 --mem 512M` fits with headroom"
 
 
 @dataclass(frozen=True)
@@ -94,6 +142,18 @@ class Batch:
     def progress(self) -> Progress:
         return _progress(self._stub.GetBatch(batch_pb2.BatchRef(batch_id=self.id), metadata=self._metadata))
 
+    def usage(self) -> Usage:
+        """What the items used so far; each item's own figures are on `items()` (cpu_seconds,
+        peak_memory_bytes, duration_ms)."""
+        usage = self._stub.GetBatch(batch_pb2.BatchRef(batch_id=self.id), metadata=self._metadata).usage
+
+        def spread(s: batch_pb2.UsageSpread) -> Spread:
+            return Spread(p50=s.p50, p95=s.p95, max=s.max)
+
+        return Usage(items=usage.items, cpu_cores=spread(usage.cpu_cores),
+                     peak_memory_bytes=spread(usage.peak_memory_bytes), wall_seconds=spread(usage.wall_seconds),
+                     sizing_hint=usage.sizing_hint)
+
     def wait(self, poll: float = 1.0, timeout: float | None = None) -> Progress:
         """Waits until the batch is done or cancelled; returns its final progress."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -134,16 +194,19 @@ class Batches:
     def create(self, command: list[str], *, image: str = "", name: str = "", project: str = "",
                env: Mapping[str, str] | None = None, cpu: float = 1.0, memory_mb: int = 1024,
                output_prefix: str = "", max_attempts: int = 3, timeout_secs: int = 3600,
-               max_workers: int = 4, market: str = "auto") -> Batch:
+               max_workers: int = 4, market: str = "auto", gpus: int = 0, slots: int = 1,
+               retry_rules: Sequence[RetryRule] = ()) -> Batch:
         """Creates a batch whose `command` runs once per item ({uri}, {output}, {item} and
-        {attempt} are filled in), or a built-in (["kiln:noop"])."""
+        {attempt} are filled in), or a built-in (["kiln:noop"]). `gpus` are per worker, which
+        runs `slots` items at once (asking for `cpu` and `memory_mb` times that); `retry_rules`
+        say which failures are retried (see RetryRule)."""
         if market not in _MARKETS:
             raise ValueError(f"market must be one of {sorted(_MARKETS)}")
         spec = batch_pb2.BatchSpec(
             name=name, project=project, image=image, command=list(command), env=dict(env or {}),
             cpu_millis=int(round(cpu * 1000)), memory_mb=memory_mb, output_prefix=output_prefix,
             max_attempts=max_attempts, item_timeout_secs=timeout_secs, max_workers=max_workers,
-            market=_MARKETS[market],
+            market=_MARKETS[market], gpus=gpus, slots=slots, retry_rules=[rule._proto() for rule in retry_rules],
         )
         created = self._stub.CreateBatch(batch_pb2.CreateBatchRequest(spec=spec), metadata=self._metadata)
         return Batch(self._stub, self._metadata, created.id)
@@ -198,4 +261,4 @@ def _progress(batch: batch_pb2.Batch) -> Progress:
     )
 
 
-__all__ = ["Added", "Batch", "Batches", "Client", "Progress"]
+__all__ = ["Added", "Batch", "Batches", "Client", "Progress", "RetryRule", "Spread", "Usage"]

@@ -394,3 +394,21 @@ def test_a_batch_from_python_runs_every_item_and_keeps_its_dead_letter(up):
         with pytest.raises(grpc.RpcError) as empty:
             client.batches.create([])
         assert empty.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_retry_rules_and_usage_from_python(up):
+    with kiln.Client() as client:
+        batch = client.batches.create(["sh", "-c", "[ {item} != bad ] || exit 3"], cpu=0.1, memory_mb=64,
+                                      max_attempts=3, retry_rules=[kiln.RetryRule("fail", on="exit", exit_codes=[3])])
+        batch.add([f"mem://{n}" for n in range(4)] + [{"key": "bad", "uri": "mem://bad"}])
+        batch.seal()
+        final = batch.wait(poll=0.2, timeout=300)
+        assert (final.succeeded, final.dead) == (4, 1)
+        [dead] = list(batch.items(state="dead"))
+        assert (dead.key, dead.exit_code, dead.attempts) == ("bad", 3, 1), "exit 3 is not retried"
+        assert "retry rule 1 (fail on exit 3)" in dead.reason
+        assert all(item.peak_memory_bytes > 0 for item in batch.items()), "each item is measured"
+        usage = batch.usage()
+        assert usage.items == 5 and usage.sizing_hint.startswith("items used p95"), usage
+        with pytest.raises(ValueError):
+            kiln.RetryRule("maybe")._proto()

@@ -10,6 +10,7 @@ use kiln_proto::v1 as pb;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio_util::sync::CancellationToken;
 
+use crate::measure::{self, Measurer};
 use crate::{KEPT_BYTES, KEPT_LINES, Masker, Runner};
 
 /// Runs one item; None when it was killed (cancelled batch, termination).
@@ -18,6 +19,7 @@ pub(crate) async fn run_item(
     runner: Runner,
     kill: &CancellationToken,
     masker: Arc<Masker>,
+    measure_with: Option<&Measurer>,
 ) -> Option<pb::ItemOutcome> {
     let started = Instant::now();
     let mut outcome = pb::ItemOutcome {
@@ -37,10 +39,12 @@ pub(crate) async fn run_item(
         }
     } else if program.starts_with("kiln:") {
         outcome.reason = format!("unknown built-in {program}");
+        outcome.failure = pb::ItemFailure::NotStarted as i32;
     } else if runner == Runner::BuiltinsOnly {
         outcome.reason = "this worker runs built-ins only (simulated machine)".into();
+        outcome.failure = pb::ItemFailure::NotStarted as i32;
     } else {
-        run_process(&item, &mut outcome, kill, masker).await?;
+        run_process(&item, &mut outcome, kill, masker, measure_with).await?;
     }
     outcome.duration_ms = started.elapsed().as_millis() as u64;
     Some(outcome)
@@ -77,29 +81,29 @@ fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-fn children_usage() -> (f64, u64) {
-    use nix::sys::resource::{UsageWho, getrusage};
-    match getrusage(UsageWho::RUSAGE_CHILDREN) {
-        Ok(usage) => {
-            let seconds = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
-            let cpu = seconds(usage.user_time()) + seconds(usage.system_time());
-            // Linux reports the largest child's peak, in KiB.
-            (cpu, u64::try_from(usage.max_rss()).unwrap_or(0) * 1024)
-        }
-        Err(_) => (0.0, 0),
-    }
-}
-
 async fn run_process(
     item: &pb::ItemToRun,
     outcome: &mut pb::ItemOutcome,
     kill: &CancellationToken,
     masker: Arc<Masker>,
+    measure_with: Option<&Measurer>,
 ) -> Option<()> {
-    let (cpu_before, _) = children_usage();
-    let mut command = tokio::process::Command::new(&item.command[0]);
+    let before = measure::children();
+    let oom_kills_before = oom_kills();
+    let (mut command, usage_file) = match measure_with {
+        Some(measurer) => {
+            let (program, args, file) = measurer.wrap(&item.command);
+            let mut command = tokio::process::Command::new(program);
+            command.args(args);
+            (command, Some(file))
+        }
+        None => {
+            let mut command = tokio::process::Command::new(&item.command[0]);
+            command.args(&item.command[1..]);
+            (command, None)
+        }
+    };
     command
-        .args(&item.command[1..])
         .envs(&item.env)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -111,6 +115,7 @@ async fn run_process(
         Err(error) => {
             outcome.reason = format!("cannot start {}: {error}", item.command[0]);
             outcome.exit_code = Some(127);
+            outcome.failure = pb::ItemFailure::NotStarted as i32;
             return Some(());
         }
     };
@@ -140,6 +145,7 @@ async fn run_process(
             kill_group(pid);
             let _ = child.wait().await;
             outcome.reason = format!("timed out after {} s", timeout.as_secs());
+            outcome.failure = pb::ItemFailure::Timeout as i32;
             None
         }
         _ = kill.cancelled() => {
@@ -155,15 +161,41 @@ async fn run_process(
         use std::os::unix::process::ExitStatusExt;
         outcome.exit_code = status.code().or_else(|| status.signal().map(|s| 128 + s));
         if outcome.exit_code != Some(0) {
+            let oom =
+                status.signal() == Some(nix::sys::signal::Signal::SIGKILL as i32) && oom_kills() > oom_kills_before;
+            outcome.failure = if oom {
+                pb::ItemFailure::OutOfMemory
+            } else if measure_with.is_some() && status.code() == Some(127) {
+                // The measuring process could not start the command (it says why in the lines).
+                pb::ItemFailure::NotStarted
+            } else {
+                pb::ItemFailure::Exit
+            } as i32;
             outcome.reason = match status.signal() {
+                Some(_) if oom => "killed by the kernel's OOM killer (out of memory)".to_string(),
                 Some(signal) => format!("killed by signal {signal}"),
                 None => format!("exited with code {}", status.code().unwrap_or(-1)),
             };
         }
     }
-    let (cpu_after, peak) = children_usage();
-    outcome.cpu_seconds = (cpu_after - cpu_before).max(0.0);
-    outcome.peak_memory_bytes = peak;
+    let usage = match &usage_file {
+        // The item's own use, measured apart from its neighbours'.
+        Some(file) => {
+            let usage = measure::Usage::read(file).unwrap_or_default();
+            let _ = std::fs::remove_file(file);
+            usage
+        }
+        // Every child of the worker since the item started: exact only one item at a time.
+        None => {
+            let after = measure::children();
+            measure::Usage {
+                cpu_seconds: (after.cpu_seconds - before.cpu_seconds).max(0.0),
+                peak_memory_bytes: after.peak_memory_bytes,
+            }
+        }
+    };
+    outcome.cpu_seconds = usage.cpu_seconds;
+    outcome.peak_memory_bytes = usage.peak_memory_bytes;
     outcome.lines = std::mem::take(&mut tail.lock().expect("tail lock").lines).into();
     Some(())
 }
@@ -172,6 +204,28 @@ fn kill_group(pid: Option<u32>) {
     if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
         let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
     }
+}
+
+/// OOM kills so far in this worker's cgroup (cgroup v2 `memory.events`); 0 where it cannot be
+/// read. A SIGKILLed item is out of memory when the count grew while it ran (a neighbour killed
+/// by the OOM killer at the same instant could be taken for it).
+fn oom_kills() -> u64 {
+    let Ok(membership) = std::fs::read_to_string("/proc/self/cgroup") else {
+        return 0;
+    };
+    let Some(path) = membership.lines().find_map(|line| line.strip_prefix("0::")) else {
+        return 0;
+    };
+    let events = std::path::Path::new("/sys/fs/cgroup")
+        .join(path.trim_start_matches('/'))
+        .join("memory.events");
+    std::fs::read_to_string(events)
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find_map(|line| line.strip_prefix("oom_kill ").and_then(|n| n.trim().parse().ok()))
+        })
+        .unwrap_or(0)
 }
 
 async fn read_lines(
@@ -228,6 +282,7 @@ mod tests {
             Runner::Process,
             &kill,
             Arc::new(masker),
+            None,
         )
         .await
         .unwrap();
@@ -239,27 +294,47 @@ mod tests {
             Runner::Process,
             &kill,
             Arc::default(),
+            None,
         )
         .await
         .unwrap();
         assert_eq!(
-            (failed.exit_code, failed.reason.as_str()),
-            (Some(3), "exited with code 3")
+            (failed.exit_code, failed.reason.as_str(), failed.failure()),
+            (Some(3), "exited with code 3", pb::ItemFailure::Exit)
         );
-        let slow = run_item(item(&["sleep", "30"], 1), Runner::Process, &kill, Arc::default())
+        let slow = run_item(item(&["sleep", "30"], 1), Runner::Process, &kill, Arc::default(), None)
             .await
             .unwrap();
         assert_eq!(slow.exit_code, None);
         assert!(slow.reason.contains("timed out"), "{}", slow.reason);
-        let missing = run_item(item(&["/no/such/program"], 1), Runner::Process, &kill, Arc::default())
-            .await
-            .unwrap();
-        assert_eq!(missing.exit_code, Some(127));
-        let noop = run_item(item(&["kiln:noop"], 1), Runner::BuiltinsOnly, &kill, Arc::default())
-            .await
-            .unwrap();
-        assert_eq!(noop.exit_code, Some(0));
-        let refused = run_item(item(&["true"], 1), Runner::BuiltinsOnly, &kill, Arc::default())
+        assert_eq!(slow.failure(), pb::ItemFailure::Timeout);
+        let missing = run_item(
+            item(&["/no/such/program"], 1),
+            Runner::Process,
+            &kill,
+            Arc::default(),
+            None,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            (missing.exit_code, missing.failure()),
+            (Some(127), pb::ItemFailure::NotStarted)
+        );
+        let noop = run_item(
+            item(&["kiln:noop"], 1),
+            Runner::BuiltinsOnly,
+            &kill,
+            Arc::default(),
+            None,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            (noop.exit_code, noop.failure()),
+            (Some(0), pb::ItemFailure::Unspecified)
+        );
+        let refused = run_item(item(&["true"], 1), Runner::BuiltinsOnly, &kill, Arc::default(), None)
             .await
             .unwrap();
         assert_eq!(refused.exit_code, None);

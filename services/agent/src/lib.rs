@@ -31,6 +31,7 @@ use settings::endpoints;
 pub use settings::{Settings, TlsSettings};
 
 mod item;
+pub mod measure;
 
 pub use kiln_formats::mask::Masker;
 
@@ -270,12 +271,13 @@ impl Session<'_> {
         let kill = self.kill.clone();
         let runner = self.runner;
         let masker = self.settings.masker.clone();
+        let measure_with = self.settings.measure_with.clone();
         tokio::spawn(async move {
             let Ok(_permit) = slots.acquire_owned().await else {
                 return;
             };
             let key = item.key.clone();
-            let outcome = item::run_item(item, runner, &kill, masker).await;
+            let outcome = item::run_item(item, runner, &kill, masker, measure_with.as_ref()).await;
             running.lock().expect("running lock").remove(&key);
             if let Some(outcome) = outcome {
                 let _ = outcomes.send(outcome);

@@ -1,11 +1,20 @@
 //! kiln-agent: reads its settings from the environment (see `kiln_agent::Settings`) and works
-//! until item-batch says stop (exit 0) or it is told to terminate (exit 143).
+//! until item-batch says stop (exit 0) or it is told to terminate (exit 143). As
+//! `kiln-agent --measure-into FILE -- COMMAND...` it runs one item's command and measures it
+//! (`kiln_agent::measure`).
 
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some(kiln_agent::measure::FLAG) {
+        return kiln_agent::measure::measure(&args[1..]);
+    }
     let settings = match kiln_agent::Settings::from_env() {
-        Ok(settings) => settings,
+        Ok(settings) => kiln_agent::Settings {
+            measure_with: kiln_agent::measure::Measurer::here(),
+            ..settings
+        },
         Err(problem) => {
             eprintln!("kiln-agent: {problem}");
             return ExitCode::from(64);

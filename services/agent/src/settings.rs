@@ -17,6 +17,9 @@ pub struct Settings {
     pub tls: TlsSettings,
     /// Masks the job's secrets in items' output lines.
     pub masker: std::sync::Arc<kiln_formats::mask::Masker>,
+    /// How each item's own use is measured ([`crate::measure`]); None measures the worker's
+    /// children as a whole, which mixes items run side by side.
+    pub measure_with: Option<crate::measure::Measurer>,
 }
 
 impl Settings {
@@ -38,6 +41,7 @@ impl Settings {
             slots,
             tls: TlsSettings::from_vars(|name| std::env::var(name).ok())?,
             masker: std::sync::Arc::new(kiln_formats::mask::Masker::from_env(|name| std::env::var(name).ok())),
+            measure_with: None,
         })
     }
 }

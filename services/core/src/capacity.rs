@@ -13,6 +13,8 @@ use crate::subjects::BUCKET_CAPACITY;
 /// The smallest disk a job may ask for (`--disk`): a file system's own structures take a few
 /// MiB.
 pub const MIN_JOB_DISK_BYTES: u64 = 16 << 20;
+/// The most GPUs one job (or one batch worker) may ask for.
+pub const MAX_GPUS: u32 = 16;
 
 /// What one runner offers.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

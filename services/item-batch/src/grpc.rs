@@ -168,7 +168,9 @@ impl BatchService for BatchApi {
     async fn get_batch(&self, request: Request<pb::BatchRef>) -> Result<Response<pb::Batch>, Status> {
         let caller = caller(&request)?;
         let batch = self.visible(&caller, &request.get_ref().batch_id).await?;
-        Ok(Response::new(self.shared.describe(&batch).await?))
+        let mut described = self.shared.describe(&batch).await?;
+        described.usage = Some(self.shared.usage.of(&self.shared.batches, &batch).await?);
+        Ok(Response::new(described))
     }
 
     async fn list_batches(
@@ -227,6 +229,9 @@ impl BatchService for BatchApi {
                 exit_code: item.exit_code,
                 reason: item.reason,
                 updated_at_ms: item.updated_at_ms,
+                cpu_seconds: item.cpu_seconds,
+                peak_memory_bytes: u64::try_from(item.peak_memory_bytes).unwrap_or(0),
+                duration_ms: u64::try_from(item.duration_ms).unwrap_or(0),
                 key: item.item_key,
                 uri: item.uri,
             })

@@ -33,12 +33,14 @@ pub mod config;
 pub mod error;
 pub mod grpc;
 pub mod results;
+pub mod retry;
 pub mod scaler;
 pub mod service_metrics;
 mod sources;
 pub mod spec;
 pub mod store;
 pub mod template;
+pub mod usage;
 pub mod work;
 
 pub use config::Config;
@@ -67,6 +69,8 @@ pub struct Shared {
     pub advertise_url: String,
     states: Mutex<HashMap<String, (String, Instant)>>,
     progress: Mutex<HashMap<String, Progress>>,
+    /// What batches' items used, read at most every few seconds per batch.
+    pub(crate) usage: usage::UsageCache,
     /// Wakes the scaler early (outcomes arrived: a sealed batch may be done).
     pub(crate) wake: tokio::sync::Notify,
     pub(crate) metrics: service_metrics::BatchMetrics,
@@ -312,6 +316,7 @@ impl Shared {
                 String::new()
             },
             paused_reason: record.paused_reason.clone(),
+            usage: None,
         })
     }
 }
@@ -367,6 +372,7 @@ impl ItemBatch {
             advertise_url,
             states: Mutex::new(HashMap::new()),
             progress: Mutex::new(HashMap::new()),
+            usage: usage::UsageCache::default(),
             wake: tokio::sync::Notify::new(),
             metrics: service_metrics::BatchMetrics::default(),
             config,

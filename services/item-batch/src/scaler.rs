@@ -313,6 +313,7 @@ async fn submit_worker(shared: &Shared, batch: &BatchRecord, spec: &Spec) -> Res
     let mut env = spec.env.clone();
     env.insert("KILN_BATCH_ID".into(), batch.id.clone());
     env.insert("KILN_ITEMS_ADDR".into(), shared.advertise_url.clone());
+    env.insert("KILN_AGENT_SLOTS".into(), spec.slots.to_string());
     // Only while the owner may still run jobs here (else `OwnerRevoked`: the batch pauses).
     let job = shared
         .store
@@ -322,8 +323,14 @@ async fn submit_worker(shared: &Shared, batch: &BatchRecord, spec: &Spec) -> Res
             name: format!("{}-worker", spec.name),
             command: vec![program],
             env,
-            cpu_millis: i64::from(spec.cpu_millis),
-            memory_bytes: i64::try_from(spec.memory_mb.saturating_mul(1 << 20)).unwrap_or(i64::MAX),
+            cpu_millis: i64::from(spec.cpu_millis) * i64::from(spec.slots),
+            memory_bytes: i64::try_from(
+                spec.memory_mb
+                    .saturating_mul(1 << 20)
+                    .saturating_mul(u64::from(spec.slots)),
+            )
+            .unwrap_or(i64::MAX),
+            gpus: i32::try_from(spec.gpus).unwrap_or(0),
             image: spec.image.clone(),
             batch_id: batch.id.clone(),
             market_policy: MarketPolicy::from_proto(pb::Market::try_from(spec.market).unwrap_or_default()),

@@ -2,10 +2,12 @@
 
 use std::collections::BTreeMap;
 
+use kiln_core::capacity::MAX_GPUS;
 use kiln_proto::v1 as pb;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::retry::Rule;
 use crate::template;
 
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
@@ -16,6 +18,8 @@ pub const DEFAULT_MEMORY_MB: u64 = 1024;
 /// Bounds that keep a typo from asking for the impossible.
 const LARGEST_MAX_WORKERS: u32 = 10_000;
 const LARGEST_MAX_ATTEMPTS: u32 = 100;
+/// The agent's own bound on the items it runs at once.
+pub const LARGEST_SLOTS: u32 = 256;
 /// Longest output prefix (a path or a URI prefix, followed by each item's key).
 const MAX_OUTPUT_PREFIX_BYTES: usize = 1024;
 
@@ -39,6 +43,19 @@ pub struct Spec {
     /// Names of the project's secrets every worker gets as environment variables.
     #[serde(default)]
     pub secrets: Vec<String>,
+    /// What failed attempts lead to, first match wins (none: retried).
+    #[serde(default)]
+    pub retry_rules: Vec<Rule>,
+    /// GPUs per worker.
+    #[serde(default)]
+    pub gpus: u32,
+    /// Items a worker runs at once.
+    #[serde(default = "one")]
+    pub slots: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 impl Spec {
@@ -96,6 +113,19 @@ impl Spec {
         if !spec.pool.is_empty() {
             kiln_core::subjects::validate_token("pool", &spec.pool).map_err(Error::InvalidArgument)?;
         }
+        if spec.gpus > MAX_GPUS {
+            return Err(Error::InvalidArgument(format!(
+                "gpus is {} per worker; at most {MAX_GPUS}",
+                spec.gpus
+            )));
+        }
+        if spec.slots > LARGEST_SLOTS {
+            return Err(Error::InvalidArgument(format!(
+                "slots {} is more than {LARGEST_SLOTS}",
+                spec.slots
+            )));
+        }
+        let retry_rules = Rule::from_protos(&spec.retry_rules)?;
         if pb::Market::try_from(spec.market).is_err() {
             return Err(Error::InvalidArgument(format!(
                 "market {} is not a market",
@@ -138,6 +168,9 @@ impl Spec {
             market: spec.market,
             secrets,
             pool: spec.pool,
+            retry_rules,
+            gpus: spec.gpus,
+            slots: spec.slots.max(1),
         })
     }
 
@@ -157,6 +190,9 @@ impl Spec {
             market: self.market,
             pool: self.pool.clone(),
             secrets: self.secrets.clone(),
+            retry_rules: self.retry_rules.iter().map(Rule::to_proto).collect(),
+            gpus: self.gpus,
+            slots: self.slots,
         }
     }
 

@@ -5,9 +5,11 @@
 //! follows. Heartbeats keep a slow item from being redelivered; a session that ends (the worker
 //! was stopped, preempted or lost) naks what it held, so those items go to other workers at once.
 //!
-//! Attempts are JetStream deliveries: a delivery lost with its worker counts, and an item is
-//! still given [`LOST_ALLOWANCE`] deliveries beyond `max_attempts` when its failures did not
-//! use them up, so preemptions alone do not make dead letters.
+//! Attempts are JetStream deliveries, but only failed ones are charged: an item's failures are
+//! counted in its row (once per delivery), and it is a dead letter when a retry rule says so or
+//! its failures reach `max_attempts`. A delivery lost with its worker (a spot reclaim, a runner's
+//! death) is no failure; an item lost more than `max_attempts` + [`LOST_ALLOWANCE`] times (one
+//! that takes its workers down with it) is a dead letter, so it cannot go round forever.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -31,14 +33,13 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::Shared;
 use crate::error::{Error, Result};
-use crate::spec::Spec;
+use crate::retry;
+use crate::spec::{LARGEST_SLOTS, Spec};
 use crate::store;
 use crate::template::{self, Values};
 
-/// Deliveries an item gets beyond `max_attempts` when earlier ones were lost with their worker.
+/// Lost deliveries an item may have beyond `max_attempts` before it is a dead letter.
 pub const LOST_ALLOWANCE: u32 = 3;
-/// Slots one agent may ask for.
-const MAX_SLOTS: u32 = 256;
 /// Items held for an agent beyond twice its slots when its items are quick (a mean under
 /// [`QUICK_ITEM_MS`]), so it never waits for a round trip; slow items are not hoarded by one
 /// worker while others idle. Heartbeats cover queued items too.
@@ -70,14 +71,14 @@ impl ItemWorkService for WorkApi {
             _ => return Err(Error::InvalidArgument("the first message of a session must be a hello".into()).into()),
         };
         let batch = crate::grpc::authorized_batch(&self.shared, &caller, &hello.batch_id).await?;
-        let (tx, rx) = mpsc::channel(2 * MAX_SLOTS as usize + 16);
+        let (tx, rx) = mpsc::channel(2 * LARGEST_SLOTS as usize + 16);
         if !matches!(batch.state.as_str(), store::OPEN | store::SEALED) {
             let _ = tx.send(Ok(stop(&format!("batch is {}", batch.state)))).await;
             return Ok(Response::new(Box::pin(ReceiverStream::new(rx))));
         }
         let spec = Spec::from_json(&batch.spec_json)?;
         let consumer = self.shared.ensure_consumer(&batch.id).await?;
-        let slots = hello.slots.clamp(1, MAX_SLOTS) as usize;
+        let slots = hello.slots.clamp(1, LARGEST_SLOTS) as usize;
         let session = Arc::new(Session {
             shared: self.shared.clone(),
             batch_id: batch.id.clone(),
@@ -203,17 +204,15 @@ impl Session {
                 return None;
             }
         };
-        if attempt > self.spec.max_attempts + LOST_ALLOWANCE {
+        let lost = self.lost_deliveries(&item, attempt).await;
+        if lost > self.spec.max_attempts + LOST_ALLOWANCE {
             let result = pb::ItemResult {
                 batch_id: self.batch_id.clone(),
                 key: item.key.clone(),
                 round: item.round,
                 attempt,
                 state: pb::ItemState::Dead as i32,
-                reason: format!(
-                    "delivered {} times without an outcome (its workers were lost)",
-                    attempt - 1
-                ),
+                reason: format!("lost with its worker {lost} times (a worker was stopped or died while running it)"),
                 ..Default::default()
             };
             if self.record(&result).await.is_ok() {
@@ -259,6 +258,57 @@ impl Session {
         );
         Some(pb::AgentTask {
             body: Some(pb::agent_task::Body::Item(task)),
+        })
+    }
+
+    /// Deliveries of an item before this one that ended without an outcome (its worker was
+    /// lost): those that were not counted failures.
+    async fn lost_deliveries(&self, item: &pb::QueuedItem, delivery: u32) -> u32 {
+        if delivery <= 1 {
+            return 0;
+        }
+        let failures = match self
+            .shared
+            .batches
+            .failures(&self.batch_id, &item.key, item.round)
+            .await
+        {
+            Ok(failures) => failures.unwrap_or(0),
+            Err(error) => {
+                tracing::warn!(batch_id = %self.batch_id, key = %item.key, error = %error, "cannot read an item's failures");
+                0
+            }
+        };
+        (delivery - 1).saturating_sub(failures)
+    }
+
+    /// What a failed outcome leads to: a rule's word, else another attempt while its counted
+    /// failures are under `max_attempts`. Err when the failure cannot be counted.
+    async fn after_failure(&self, outcome: &pb::ItemOutcome) -> Result<(pb::ItemState, String)> {
+        let decision = retry::decide(&self.spec.retry_rules, retry::failure_of(outcome), outcome.exit_code);
+        let reason = if outcome.reason.is_empty() {
+            "failed".to_string()
+        } else {
+            outcome.reason.clone()
+        };
+        let by_rule = |verb: &str| match &decision.rule {
+            Some((number, rule)) => format!("{reason}; {verb} by retry rule {number} ({rule})"),
+            None => reason.clone(),
+        };
+        if !decision.retry {
+            return Ok((pb::ItemState::Dead, by_rule("not retried")));
+        }
+        let failures = self
+            .shared
+            .batches
+            .count_failure(&self.batch_id, &outcome.key, outcome.round, outcome.attempt)
+            .await?
+            // Not in that round any more (RetryFailed began another): judged by its deliveries.
+            .unwrap_or(outcome.attempt);
+        Ok(if failures >= self.spec.max_attempts {
+            (pb::ItemState::Dead, by_rule("retried"))
+        } else {
+            (pb::ItemState::Failed, by_rule("retried"))
         })
     }
 
@@ -319,12 +369,17 @@ impl Session {
                 _ => None,
             }
         };
-        let state = if outcome.exit_code == Some(0) {
-            pb::ItemState::Succeeded
-        } else if outcome.attempt >= self.spec.max_attempts {
-            pb::ItemState::Dead
+        let (state, reason) = if outcome.exit_code == Some(0) {
+            (pb::ItemState::Succeeded, outcome.reason.clone())
         } else {
-            pb::ItemState::Failed
+            match self.after_failure(&outcome).await {
+                Ok(decided) => decided,
+                Err(error) => {
+                    // Not acked: the item comes again after the ack wait.
+                    tracing::warn!(batch_id = %self.batch_id, key = %outcome.key, error = %error, "cannot count a failure");
+                    return;
+                }
+            }
         };
         let result = pb::ItemResult {
             batch_id: self.batch_id.clone(),
@@ -333,7 +388,7 @@ impl Session {
             attempt: outcome.attempt,
             state: state as i32,
             exit_code: outcome.exit_code,
-            reason: outcome.reason,
+            reason,
             lines: outcome.lines,
             cpu_seconds: outcome.cpu_seconds,
             peak_memory_bytes: outcome.peak_memory_bytes,

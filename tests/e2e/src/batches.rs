@@ -71,3 +71,127 @@ pub fn add_requests(batch_id: &str, items: &[pb::Item], per_message: usize) -> V
         })
         .collect()
 }
+
+/// Long enough for a few hundred items on a loaded 2-core machine.
+pub const BATCH_PATIENCE: Duration = Duration::from_secs(180);
+
+pub fn batch_spec(command: &[&str]) -> pb::BatchSpec {
+    pb::BatchSpec {
+        name: "test".into(),
+        command: command.iter().map(|s| s.to_string()).collect(),
+        cpu_millis: 100,
+        memory_mb: 64,
+        max_attempts: 3,
+        max_workers: 4,
+        ..Default::default()
+    }
+}
+
+pub fn mem_items(keys: impl IntoIterator<Item = String>) -> Vec<pb::Item> {
+    keys.into_iter()
+        .map(|key| pb::Item {
+            uri: format!("mem://{key}"),
+            key,
+            params: Default::default(),
+        })
+        .collect()
+}
+
+pub async fn create_batch(stack: &Stack, spec: pb::BatchSpec) -> pb::Batch {
+    stack
+        .batches_client()
+        .await
+        .create_batch(pb::CreateBatchRequest { spec: Some(spec) })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+pub async fn add_items(
+    stack: &Stack,
+    batch_id: &str,
+    items: Vec<pb::Item>,
+) -> Result<pb::AddItemsResponse, tonic::Status> {
+    let messages: Vec<pb::AddItemsRequest> = items
+        .chunks(1000)
+        .map(|chunk| pb::AddItemsRequest {
+            batch_id: batch_id.into(),
+            items: chunk.to_vec(),
+        })
+        .collect();
+    Ok(stack
+        .batches_client()
+        .await
+        .add_items(futures::stream::iter(messages))
+        .await?
+        .into_inner())
+}
+
+/// Seals a batch: no more items.
+pub async fn seal_batch(stack: &Stack, batch_id: &str) {
+    stack
+        .batches_client()
+        .await
+        .seal_batch(pb::BatchRef {
+            batch_id: batch_id.into(),
+        })
+        .await
+        .unwrap();
+}
+
+pub async fn batch_now(stack: &Stack, batch_id: &str) -> pb::Batch {
+    stack
+        .batches_client()
+        .await
+        .get_batch(pb::BatchRef {
+            batch_id: batch_id.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+pub async fn wait_batch(stack: &Stack, batch_id: &str, what: &str, done: impl Fn(&pb::Batch) -> bool) -> pb::Batch {
+    let deadline = tokio::time::Instant::now() + BATCH_PATIENCE;
+    loop {
+        let batch = batch_now(stack, batch_id).await;
+        if done(&batch) {
+            return batch;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "batch never {what}: {batch:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+pub fn counts_of(batch: &pb::Batch) -> pb::BatchCounts {
+    batch.counts.unwrap()
+}
+
+pub async fn items_in(stack: &Stack, batch_id: &str, state: pb::ItemState) -> Vec<pb::ItemStatus> {
+    let mut out = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let page = stack
+            .batches_client()
+            .await
+            .list_items(pb::ListItemsRequest {
+                batch_id: batch_id.into(),
+                states: vec![state as i32],
+                page_token: page_token.clone(),
+                limit: 50,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        out.extend(page.items);
+        if page.next_page_token.is_empty() {
+            return out;
+        }
+        page_token = page.next_page_token;
+    }
+}
+
+/// Workers of a batch that have not ended.
+pub async fn live_workers(stack: &Stack, batch_id: &str) -> usize {
+    stack.store.live_batch_workers(batch_id).await.unwrap().len()
+}

@@ -3,117 +3,12 @@
 
 use std::time::Duration;
 
-use kiln_e2e::{Stack, assert_adds_up};
+use kiln_e2e::{
+    BATCH_PATIENCE, Stack, add_items, assert_adds_up, batch_now, batch_spec, counts_of, create_batch, items_in,
+    live_workers, mem_items, seal_batch, wait_batch,
+};
 use kiln_proto::v1 as pb;
 use tonic::Code;
-
-/// Long enough for a few hundred items on a loaded 2-core machine.
-const BATCH_PATIENCE: Duration = Duration::from_secs(180);
-
-fn spec(command: &[&str]) -> pb::BatchSpec {
-    pb::BatchSpec {
-        name: "test".into(),
-        command: command.iter().map(|s| s.to_string()).collect(),
-        cpu_millis: 100,
-        memory_mb: 64,
-        max_attempts: 3,
-        max_workers: 4,
-        ..Default::default()
-    }
-}
-
-fn items(keys: impl IntoIterator<Item = String>) -> Vec<pb::Item> {
-    keys.into_iter()
-        .map(|key| pb::Item {
-            uri: format!("mem://{key}"),
-            key,
-            params: Default::default(),
-        })
-        .collect()
-}
-
-async fn create(stack: &Stack, spec: pb::BatchSpec) -> pb::Batch {
-    stack
-        .batches_client()
-        .await
-        .create_batch(pb::CreateBatchRequest { spec: Some(spec) })
-        .await
-        .unwrap()
-        .into_inner()
-}
-
-async fn add(stack: &Stack, batch_id: &str, items: Vec<pb::Item>) -> Result<pb::AddItemsResponse, tonic::Status> {
-    let messages: Vec<pb::AddItemsRequest> = items
-        .chunks(1000)
-        .map(|chunk| pb::AddItemsRequest {
-            batch_id: batch_id.into(),
-            items: chunk.to_vec(),
-        })
-        .collect();
-    Ok(stack
-        .batches_client()
-        .await
-        .add_items(futures::stream::iter(messages))
-        .await?
-        .into_inner())
-}
-
-async fn get(stack: &Stack, batch_id: &str) -> pb::Batch {
-    stack
-        .batches_client()
-        .await
-        .get_batch(pb::BatchRef {
-            batch_id: batch_id.into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-}
-
-async fn wait_batch(stack: &Stack, batch_id: &str, what: &str, done: impl Fn(&pb::Batch) -> bool) -> pb::Batch {
-    let deadline = tokio::time::Instant::now() + BATCH_PATIENCE;
-    loop {
-        let batch = get(stack, batch_id).await;
-        if done(&batch) {
-            return batch;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "batch never {what}: {batch:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn counts(batch: &pb::Batch) -> pb::BatchCounts {
-    batch.counts.unwrap()
-}
-
-async fn list(stack: &Stack, batch_id: &str, state: pb::ItemState) -> Vec<pb::ItemStatus> {
-    let mut out = Vec::new();
-    let mut page_token = String::new();
-    loop {
-        let page = stack
-            .batches_client()
-            .await
-            .list_items(pb::ListItemsRequest {
-                batch_id: batch_id.into(),
-                states: vec![state as i32],
-                page_token: page_token.clone(),
-                limit: 50,
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        out.extend(page.items);
-        if page.next_page_token.is_empty() {
-            return out;
-        }
-        page_token = page.next_page_token;
-    }
-}
-
-/// Workers of a batch that have not ended.
-async fn live_workers(stack: &Stack, batch_id: &str) -> usize {
-    stack.store.live_batch_workers(batch_id).await.unwrap().len()
-}
 
 async fn started() -> Stack {
     let mut stack = Stack::start().await;
@@ -131,35 +26,30 @@ const FLAKY: &[&str] = &[
 #[tokio::test]
 async fn items_are_retried_dead_letters_keep_their_logs_and_counters_add_up() {
     let stack = started().await;
-    let batch = create(&stack, spec(FLAKY)).await;
+    let batch = create_batch(&stack, batch_spec(FLAKY)).await;
     assert_eq!(batch.state, pb::BatchState::Open as i32);
     let keys: Vec<String> = (0..200)
         .map(|n| format!("item-{n:03}"))
         .chain(["poison".to_string()])
         .collect();
-    let added = add(&stack, &batch.id, items(keys.clone())).await.unwrap();
+    let added = add_items(&stack, &batch.id, mem_items(keys.clone())).await.unwrap();
     assert_eq!((added.added, added.duplicates, added.total), (201, 0, 201));
     // A retried upload adds nothing.
-    let again = add(&stack, &batch.id, items(keys[..50].to_vec())).await.unwrap();
-    assert_eq!((again.added, again.duplicates, again.total), (0, 50, 201));
-    stack
-        .batches_client()
-        .await
-        .seal_batch(pb::BatchRef {
-            batch_id: batch.id.clone(),
-        })
+    let again = add_items(&stack, &batch.id, mem_items(keys[..50].to_vec()))
         .await
         .unwrap();
+    assert_eq!((again.added, again.duplicates, again.total), (0, 50, 201));
+    seal_batch(&stack, &batch.id).await;
 
     let done = wait_batch(&stack, &batch.id, "done", |b| b.state == pb::BatchState::Done as i32).await;
-    let c = counts(&done);
+    let c = counts_of(&done);
     assert_eq!(
         (c.total, c.succeeded, c.dead, c.failed, c.pending, c.running),
         (201, 200, 1, 0, 0, 0)
     );
     assert_adds_up(&c);
 
-    let dead = list(&stack, &batch.id, pb::ItemState::Dead).await;
+    let dead = items_in(&stack, &batch.id, pb::ItemState::Dead).await;
     assert_eq!(dead.len(), 1);
     assert_eq!(
         (dead[0].key.as_str(), dead[0].exit_code, dead[0].attempts),
@@ -180,7 +70,7 @@ async fn items_are_retried_dead_letters_keep_their_logs_and_counters_add_up() {
     assert_eq!(attempts, [1, 2, 3], "{logs:?}");
     assert!(logs.iter().all(|l| l.text == "poisoned poison"));
 
-    let succeeded = list(&stack, &batch.id, pb::ItemState::Succeeded).await;
+    let succeeded = items_in(&stack, &batch.id, pb::ItemState::Succeeded).await;
     assert_eq!(succeeded.len(), 200, "pages of 50 cover every item once");
     for item in &succeeded {
         let expected = if item.key.ends_with('7') { 2 } else { 1 };
@@ -194,7 +84,7 @@ async fn items_are_retried_dead_letters_keep_their_logs_and_counters_add_up() {
         assert!(tokio::time::Instant::now() < deadline, "workers stayed: {states:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(get(&stack, &batch.id).await.workers, 0);
+    assert_eq!(batch_now(&stack, &batch.id).await.workers, 0);
 }
 
 #[tokio::test]
@@ -208,7 +98,7 @@ async fn bad_input_is_refused_and_loses_nothing() {
     ] {
         let status = client
             .create_batch(pb::CreateBatchRequest {
-                spec: Some(spec(&command)),
+                spec: Some(batch_spec(&command)),
             })
             .await
             .unwrap_err();
@@ -216,8 +106,8 @@ async fn bad_input_is_refused_and_loses_nothing() {
         assert!(status.message().contains(message), "{status:?}");
     }
 
-    let batch = create(&stack, spec(&["true"])).await;
-    add(&stack, &batch.id, items(["a".to_string(), "b".to_string()]))
+    let batch = create_batch(&stack, batch_spec(&["true"])).await;
+    add_items(&stack, &batch.id, mem_items(["a".to_string(), "b".to_string()]))
         .await
         .unwrap();
     let changed = vec![pb::Item {
@@ -225,11 +115,11 @@ async fn bad_input_is_refused_and_loses_nothing() {
         uri: "mem://other".into(),
         params: Default::default(),
     }];
-    let status = add(&stack, &batch.id, changed).await.unwrap_err();
+    let status = add_items(&stack, &batch.id, changed).await.unwrap_err();
     assert_eq!(status.code(), Code::AlreadyExists);
     assert!(status.message().contains("\"a\""), "{status:?}");
     let nameless = vec![pb::Item::default()];
-    let status = add(&stack, &batch.id, nameless).await.unwrap_err();
+    let status = add_items(&stack, &batch.id, nameless).await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument);
 
     client
@@ -238,12 +128,14 @@ async fn bad_input_is_refused_and_loses_nothing() {
         })
         .await
         .unwrap();
-    let status = add(&stack, &batch.id, items(["c".to_string()])).await.unwrap_err();
+    let status = add_items(&stack, &batch.id, mem_items(["c".to_string()]))
+        .await
+        .unwrap_err();
     assert_eq!(status.code(), Code::FailedPrecondition);
     assert!(status.message().contains("open batch"), "{status:?}");
     let done = wait_batch(&stack, &batch.id, "done", |b| b.state == pb::BatchState::Done as i32).await;
-    assert_eq!(counts(&done).total, 2, "what was accepted is kept");
-    assert_eq!(counts(&done).succeeded, 2);
+    assert_eq!(counts_of(&done).total, 2, "what was accepted is kept");
+    assert_eq!(counts_of(&done).succeeded, 2);
 
     let status = client
         .get_batch(pb::BatchRef {
@@ -257,13 +149,13 @@ async fn bad_input_is_refused_and_loses_nothing() {
 #[tokio::test]
 async fn a_cancelled_batch_stops_dispatch_and_its_workers() {
     let stack = started().await;
-    let mut slow = spec(&["sleep", "30"]);
+    let mut slow = batch_spec(&["sleep", "30"]);
     slow.max_workers = 2;
-    let batch = create(&stack, slow).await;
-    add(&stack, &batch.id, items((0..20).map(|n| format!("s{n}"))))
+    let batch = create_batch(&stack, slow).await;
+    add_items(&stack, &batch.id, mem_items((0..20).map(|n| format!("s{n}"))))
         .await
         .unwrap();
-    wait_batch(&stack, &batch.id, "running", |b| counts(b).running >= 1).await;
+    wait_batch(&stack, &batch.id, "running", |b| counts_of(b).running >= 1).await;
     let cancelled = stack
         .batches_client()
         .await
@@ -279,9 +171,9 @@ async fn a_cancelled_batch_stops_dispatch_and_its_workers() {
         assert!(tokio::time::Instant::now() < deadline, "workers outlived the cancel");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let first = counts(&get(&stack, &batch.id).await);
+    let first = counts_of(&batch_now(&stack, &batch.id).await);
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let later = counts(&get(&stack, &batch.id).await);
+    let later = counts_of(&batch_now(&stack, &batch.id).await);
     assert_eq!(first, later, "the counters are final");
     assert_eq!((later.total, later.succeeded, later.running), (20, 0, 0));
     assert_adds_up(&later);
@@ -290,21 +182,14 @@ async fn a_cancelled_batch_stops_dispatch_and_its_workers() {
 #[tokio::test]
 async fn killing_item_batch_and_a_worker_loses_nothing_and_counts_nothing_twice() {
     let mut stack = started().await;
-    let mut work = spec(&["sh", "-c", "sleep 0.05; echo {item}"]);
+    let mut work = batch_spec(&["sh", "-c", "sleep 0.05; echo {item}"]);
     work.max_workers = 3;
-    let batch = create(&stack, work).await;
-    add(&stack, &batch.id, items((0..300).map(|n| format!("k{n:03}"))))
+    let batch = create_batch(&stack, work).await;
+    add_items(&stack, &batch.id, mem_items((0..300).map(|n| format!("k{n:03}"))))
         .await
         .unwrap();
-    stack
-        .batches_client()
-        .await
-        .seal_batch(pb::BatchRef {
-            batch_id: batch.id.clone(),
-        })
-        .await
-        .unwrap();
-    wait_batch(&stack, &batch.id, "under way", |b| counts(b).succeeded >= 30).await;
+    seal_batch(&stack, &batch.id).await;
+    wait_batch(&stack, &batch.id, "under way", |b| counts_of(b).succeeded >= 30).await;
 
     // SIGKILL one worker's agent: its items go to the others.
     let workers = stack.store.live_batch_workers(&batch.id).await.unwrap();
@@ -320,7 +205,7 @@ async fn killing_item_batch_and_a_worker_loses_nothing_and_counts_nothing_twice(
     stack.start_item_batch(stack.item_batch_config()).await;
 
     let done = wait_batch(&stack, &batch.id, "done", |b| b.state == pb::BatchState::Done as i32).await;
-    let c = counts(&done);
+    let c = counts_of(&done);
     assert_eq!((c.total, c.succeeded, c.dead, c.failed), (300, 300, 0, 0), "{c:?}");
     assert_adds_up(&c);
 }
@@ -342,7 +227,7 @@ async fn items_come_from_object_storage_and_dead_ones_can_be_retried() {
         format!("# uris\nmem://x\n\nmem://y\n{inbox}/a\n"),
     )
     .unwrap();
-    let batch = create(&stack, spec(&["sh", "-c", "[ {uri} != mem://y ] || exit 9"])).await;
+    let batch = create_batch(&stack, batch_spec(&["sh", "-c", "[ {uri} != mem://y ] || exit 9"])).await;
     let mut client = stack.batches_client().await;
     let from_objects = |source| pb::AddItemsFromObjectsRequest {
         batch_id: batch.id.clone(),
@@ -399,7 +284,7 @@ async fn items_come_from_object_storage_and_dead_ones_can_be_retried() {
         .await
         .unwrap();
     let done = wait_batch(&stack, &batch.id, "done", |b| b.state == pb::BatchState::Done as i32).await;
-    assert_eq!((counts(&done).succeeded, counts(&done).dead), (4, 1));
+    assert_eq!((counts_of(&done).succeeded, counts_of(&done).dead), (4, 1));
 
     // A new round for the dead item: it fails again, with three more attempts.
     let retried = client
@@ -412,19 +297,23 @@ async fn items_come_from_object_storage_and_dead_ones_can_be_retried() {
         .retried;
     assert_eq!(retried, 1);
     let again = wait_batch(&stack, &batch.id, "done again", |b| {
-        b.state == pb::BatchState::Done as i32 && counts(b).dead == 1 && list_is_settled(b)
+        b.state == pb::BatchState::Done as i32 && counts_of(b).dead == 1 && list_is_settled(b)
     })
     .await;
     assert_eq!(
-        (counts(&again).total, counts(&again).succeeded, counts(&again).dead),
+        (
+            counts_of(&again).total,
+            counts_of(&again).succeeded,
+            counts_of(&again).dead
+        ),
         (5, 4, 1)
     );
-    let dead = list(&stack, &batch.id, pb::ItemState::Dead).await;
+    let dead = items_in(&stack, &batch.id, pb::ItemState::Dead).await;
     assert_eq!((dead[0].key.as_str(), dead[0].attempts), ("mem://y", 6));
 }
 
 /// No item is waiting for an attempt.
 fn list_is_settled(batch: &pb::Batch) -> bool {
-    let c = counts(batch);
+    let c = counts_of(batch);
     c.pending == 0 && c.running == 0 && c.failed == 0
 }

@@ -11,7 +11,7 @@ use kiln_core::store::JobRecord;
 use kiln_e2e::serve_world::register_factor;
 use kiln_e2e::serving::{serve_client, spawn_predictor_with_api};
 use kiln_e2e::sim::{cloud, cpu_box, sim_runner};
-use kiln_e2e::{PATIENCE, Stack, spec};
+use kiln_e2e::{PATIENCE, Stack, batch_now, spec};
 use kiln_proto::v1 as pb;
 use tonic::Code;
 
@@ -189,7 +189,7 @@ impl Controllers {
             .await
             .expect("get service")
             .into_inner();
-        let batch = batch(stack, &self.batch_id).await;
+        let batch = batch_now(stack, &self.batch_id).await;
         [
             sweep.paused_reason,
             sweep.state,
@@ -229,18 +229,6 @@ impl Controllers {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
-}
-
-async fn batch(stack: &Stack, batch_id: &str) -> pb::Batch {
-    stack
-        .batches_client()
-        .await
-        .get_batch(pb::BatchRef {
-            batch_id: batch_id.into(),
-        })
-        .await
-        .expect("get batch")
-        .into_inner()
 }
 
 async fn until<F: std::future::Future<Output = bool>>(what: &str, mut check: impl FnMut() -> F) {
@@ -304,7 +292,7 @@ async fn a_disabled_owner_and_a_removed_member_have_their_sweeps_services_and_ba
     assert_eq!(before, after, "a paused controller made a job");
     alices.until_paused(&stack, predictor, "owner alice was disabled").await;
     // The removal is scoped to its project: eve's batch in beta goes on.
-    let beta = batch(&stack, &eves_beta_batch).await;
+    let beta = batch_now(&stack, &eves_beta_batch).await;
     assert_eq!(beta.paused_reason, "", "{beta:?}");
     until("eve's batch in beta keeps a worker", || async {
         stack
@@ -345,7 +333,7 @@ async fn a_disabled_owner_and_a_removed_member_have_their_sweeps_services_and_ba
         .retry_failed(retry)
         .await
         .expect("retry a paused batch once its owner is back");
-    assert_eq!(batch(&stack, &eves.batch_id).await.paused_reason, "");
+    assert_eq!(batch_now(&stack, &eves.batch_id).await.paused_reason, "");
     until("eve's resumed batch asks for a worker again", || async {
         !stack
             .store

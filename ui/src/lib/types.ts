@@ -137,6 +137,18 @@ export interface Batch {
   stalledReason: string;
   /** Why the batch was paused (its owner may no longer run jobs); absent or empty when not. */
   pausedReason?: string;
+  /** What the items' last attempts used (GetBatch only). */
+  usage?: BatchUsage;
+}
+
+export interface UsageSpread { p50?: number; p95?: number; max?: number }
+
+export interface BatchUsage {
+  items?: number;
+  cpuCores?: UsageSpread;
+  peakMemoryBytes?: UsageSpread;
+  wallSeconds?: UsageSpread;
+  sizingHint?: string;
 }
 
 export interface ItemStatus {
@@ -147,6 +159,10 @@ export interface ItemStatus {
   exitCode?: number;
   reason: string;
   updatedAtMs: number;
+  /** The last attempt's own CPU seconds, peak memory and wall time. */
+  cpuSeconds?: number;
+  peakMemoryBytes?: number;
+  durationMs?: number;
 }
 
 export interface Trial {

@@ -22,7 +22,7 @@ const CHUNK: usize = 5000;
 pub enum BatchCommand {
     /// Create a batch; the command after -- runs once per item, with {uri}, {output}, {item}
     /// and {attempt} filled in ({{ and }} for literal braces), or is a built-in (kiln:noop).
-    Create(CreateArgs),
+    Create(Box<CreateArgs>),
     /// Add items: one URI per line (the URI is the key), or JSON lines
     /// {"key": ..., "uri": ..., "params": {...}}; from a file or - for stdin.
     Add {
@@ -100,10 +100,10 @@ pub struct CreateArgs {
     /// Image of the workers; without one, workers are local processes.
     #[arg(long)]
     image: Option<String>,
-    /// CPU cores per item (per worker).
+    /// CPU cores per item.
     #[arg(long, default_value = "1", value_parser = format::parse_cpu)]
     cpu: u32,
-    /// Memory per item (per worker), such as 512M or 4G.
+    /// Memory per item, such as 512M or 4G.
     #[arg(long, default_value = "1G", value_parser = format::parse_size)]
     mem: u64,
     #[arg(long = "env", short = 'e', value_parser = format::parse_env)]
@@ -131,14 +131,72 @@ pub struct CreateArgs {
     /// Project secret every worker gets as the environment variable of its name (repeatable).
     #[arg(long = "secret")]
     secrets: Vec<String>,
+    /// GPUs per worker (its items share them).
+    #[arg(long, default_value_t = 0)]
+    gpus: u32,
+    /// Items a worker runs at once; it asks for --cpu and --mem times this.
+    #[arg(long, default_value_t = 1)]
+    slots: u32,
+    /// Retry only items exiting with these codes (such as 1,75); other exit codes end an item
+    /// at once (a dead letter). Timeouts and out-of-memory kills are still retried.
+    #[arg(long, value_delimiter = ',', value_name = "CODES")]
+    retry_on_exit: Vec<i32>,
+    /// Items exiting with these codes are dead letters at once, without another attempt.
+    #[arg(long, value_delimiter = ',', value_name = "CODES")]
+    fail_on_exit: Vec<i32>,
+    /// Items failing this way are dead letters at once (repeatable).
+    #[arg(long, value_enum, value_name = "FAILURE")]
+    fail_on: Vec<FailureArg>,
     #[arg(last = true, required = true)]
     command: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FailureArg {
+    /// The item ran past --timeout.
+    Timeout,
+    /// The kernel's OOM killer ended it.
+    Oom,
+    /// Its command could not be started.
+    NotStarted,
+}
+
+/// The batch's retry rules from the flags, in the order they are tried: --fail-on-exit,
+/// --fail-on, then --retry-on-exit followed by a rule that fails every other exit code.
+fn retry_rules(retry_on_exit: &[i32], fail_on_exit: &[i32], fail_on: &[FailureArg]) -> Result<Vec<pb::RetryRule>> {
+    if let Some(code) = retry_on_exit.iter().find(|code| fail_on_exit.contains(code)) {
+        bail!("exit code {code} is in both --retry-on-exit and --fail-on-exit");
+    }
+    let rule = |on: pb::ItemFailure, exit_codes: &[i32], action: pb::RetryAction| pb::RetryRule {
+        on: on as i32,
+        exit_codes: exit_codes.to_vec(),
+        action: action as i32,
+    };
+    let mut rules = Vec::new();
+    if !fail_on_exit.is_empty() {
+        rules.push(rule(pb::ItemFailure::Exit, fail_on_exit, pb::RetryAction::Fail));
+    }
+    for failure in fail_on {
+        let on = match failure {
+            FailureArg::Timeout => pb::ItemFailure::Timeout,
+            FailureArg::Oom => pb::ItemFailure::OutOfMemory,
+            FailureArg::NotStarted => pb::ItemFailure::NotStarted,
+        };
+        rules.push(rule(on, &[], pb::RetryAction::Fail));
+    }
+    if !retry_on_exit.is_empty() {
+        rules.push(rule(pb::ItemFailure::Exit, retry_on_exit, pb::RetryAction::Retry));
+        rules.push(rule(pb::ItemFailure::Exit, &[], pb::RetryAction::Fail));
+    }
+    Ok(rules)
 }
 
 pub async fn batch(command: BatchCommand) -> Result<ExitCode> {
     let mut clients = client::connect(&client::resolve()?).await?;
     match command {
         BatchCommand::Create(args) => {
+            let args = *args;
+            let retry_rules = retry_rules(&args.retry_on_exit, &args.fail_on_exit, &args.fail_on)?;
             let spec = pb::BatchSpec {
                 name: args.name.unwrap_or_default(),
                 project: args.project.unwrap_or_default(),
@@ -160,6 +218,9 @@ pub async fn batch(command: BatchCommand) -> Result<ExitCode> {
                 },
                 pool: args.pool.unwrap_or_default(),
                 secrets: args.secrets,
+                retry_rules,
+                gpus: args.gpus,
+                slots: args.slots,
             };
             let batch = clients
                 .batches
@@ -336,4 +397,32 @@ fn parse_item(line: &str) -> Result<pb::Item> {
         uri: item.uri,
         params: item.params,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_flags_become_rules_tried_in_order() {
+        assert!(
+            retry_rules(&[], &[], &[]).unwrap().is_empty(),
+            "no flags: every failure is retried"
+        );
+        let rules = retry_rules(&[1], &[2, 3], &[FailureArg::Timeout]).unwrap();
+        let summary: Vec<(i32, Vec<i32>, i32)> = rules.iter().map(|r| (r.on, r.exit_codes.clone(), r.action)).collect();
+        let (exit, timeout) = (pb::ItemFailure::Exit as i32, pb::ItemFailure::Timeout as i32);
+        let (retry, fail) = (pb::RetryAction::Retry as i32, pb::RetryAction::Fail as i32);
+        assert_eq!(
+            summary,
+            [
+                (exit, vec![2, 3], fail),
+                (timeout, vec![], fail),
+                (exit, vec![1], retry),
+                (exit, vec![], fail),
+            ]
+        );
+        let both = retry_rules(&[2], &[2], &[]).unwrap_err().to_string();
+        assert!(both.contains("exit code 2"), "{both}");
+    }
 }

@@ -158,12 +158,43 @@ pub fn print_status(batch: &pb::Batch) -> Result<()> {
     };
     out!("rate      {:.1} items/s, ETA {eta}", batch.items_per_second);
     out!("workers   {}", batch.workers);
-    out!(
-        "per item  {:.3} CPU s, peak memory {}",
-        batch.cpu_seconds_per_item,
-        format::bytes(batch.peak_memory_bytes)
-    );
+    match &batch.usage {
+        Some(usage) if usage.items > 0 => {
+            out!("usage     over {} items' last attempts", usage.items);
+            let cores = |cores: f64| format!("{cores:.2} cores");
+            let memory = |bytes: f64| format::bytes(bytes as u64);
+            let wall = |seconds: f64| format!("{seconds:.1} s");
+            let lines: [(&str, Option<pb::UsageSpread>, &Shows); 3] = [
+                ("cpu", usage.cpu_cores, &cores),
+                ("memory", usage.peak_memory_bytes, &memory),
+                ("wall", usage.wall_seconds, &wall),
+            ];
+            for (name, spread, show) in lines {
+                let spread = spread.unwrap_or_default();
+                out!(
+                    "  {name:<7} p50 {}, p95 {}, max {}",
+                    show(spread.p50),
+                    show(spread.p95),
+                    show(spread.max)
+                );
+            }
+            out!("sizing    {}", usage.sizing_hint);
+        }
+        _ => out!(
+            "per item  {:.3} CPU s, peak memory {}",
+            batch.cpu_seconds_per_item,
+            format::bytes(batch.peak_memory_bytes)
+        ),
+    }
     Ok(())
+}
+
+/// How one figure of a spread reads.
+type Shows = dyn Fn(f64) -> String;
+
+fn spread_json(spread: Option<pb::UsageSpread>) -> serde_json::Value {
+    let spread = spread.unwrap_or_default();
+    serde_json::json!({ "p50": spread.p50, "p95": spread.p95, "max": spread.max })
 }
 
 fn batch_json(batch: &pb::Batch) -> serde_json::Value {
@@ -187,6 +218,13 @@ fn batch_json(batch: &pb::Batch) -> serde_json::Value {
         "workers": batch.workers,
         "cpu_seconds_per_item": batch.cpu_seconds_per_item,
         "peak_memory_bytes": batch.peak_memory_bytes,
+        "usage": batch.usage.as_ref().map(|usage| serde_json::json!({
+            "items": usage.items,
+            "cpu_cores": spread_json(usage.cpu_cores),
+            "peak_memory_bytes": spread_json(usage.peak_memory_bytes),
+            "wall_seconds": spread_json(usage.wall_seconds),
+            "sizing_hint": usage.sizing_hint,
+        })),
         "created_at_ms": batch.created_at_ms,
     })
 }
@@ -233,20 +271,41 @@ pub async fn items(
                     "attempts": item.attempts,
                     "exit_code": item.exit_code,
                     "reason": item.reason,
+                    "cpu_seconds": item.cpu_seconds,
+                    "peak_memory_bytes": item.peak_memory_bytes,
+                    "duration_ms": item.duration_ms,
                 })
             })
             .collect();
         return format::print_json(&items);
     }
     let mut table = tabled::builder::Builder::default();
-    table.push_record(["KEY", "STATE", "ATTEMPTS", "EXIT", "REASON"]);
+    table.push_record([
+        "KEY", "STATE", "ATTEMPTS", "EXIT", "CPU S", "PEAK MEM", "WALL", "REASON",
+    ]);
     for item in rows {
         let state = item_state(item.state);
+        let measured = item.attempts > 0;
         table.push_record([
             item.key,
             state,
             item.attempts.to_string(),
             item.exit_code.map(|c| c.to_string()).unwrap_or_default(),
+            if measured {
+                format!("{:.2}", item.cpu_seconds)
+            } else {
+                String::new()
+            },
+            if measured {
+                format::bytes(item.peak_memory_bytes)
+            } else {
+                String::new()
+            },
+            if measured {
+                format!("{:.1}s", item.duration_ms as f64 / 1000.0)
+            } else {
+                String::new()
+            },
             item.reason,
         ]);
     }

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use kiln_core::auth::Principal;
-use kiln_core::capacity::MIN_JOB_DISK_BYTES;
+use kiln_core::capacity::{MAX_GPUS, MIN_JOB_DISK_BYTES};
 use kiln_core::scheduling::{MarketPolicy, PRIORITY_CLASSES, priority_class};
 use kiln_core::store::NewJob;
 use kiln_core::subjects;
@@ -182,9 +182,6 @@ pub(super) fn validate_submit_key(key: String) -> Result<String> {
     }
     Ok(key)
 }
-
-/// Most GPUs one job may ask for.
-const MAX_GPUS: u32 = 16;
 
 /// Checks a dataset name: it becomes a directory name under /kiln/data.
 /// Checks a dataset a spec names: `NAME`, or `PROJECT/NAME` for another project's.

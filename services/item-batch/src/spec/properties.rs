@@ -27,12 +27,14 @@ fn any_spec() -> impl Strategy<Value = pb::BatchSpec> {
             text(10),
         ),
         (any::<u32>(), any::<u64>(), any::<u32>(), any::<i32>(), text(8)),
+        (any::<u32>(), prop::collection::vec(any_rule(), 0..3), any::<u32>()),
     )
         .prop_map(
             |(
                 (name, project, image, command),
                 (env, cpu_millis, memory_mb, output_prefix),
                 (max_attempts, item_timeout_secs, max_workers, market, pool),
+                (gpus, retry_rules, slots),
             )| pb::BatchSpec {
                 name,
                 project,
@@ -49,8 +51,34 @@ fn any_spec() -> impl Strategy<Value = pb::BatchSpec> {
                 pool,
                 // Secret names have properties of their own (kiln_core::secrets).
                 secrets: Vec::new(),
+                retry_rules,
+                gpus,
+                slots,
             },
         )
+}
+
+fn any_rule() -> impl Strategy<Value = pb::RetryRule> {
+    (any::<i32>(), prop::collection::vec(any::<i32>(), 0..4), any::<i32>())
+        .prop_map(|(on, exit_codes, action)| pb::RetryRule { on, exit_codes, action })
+}
+
+/// A rule that can match: codes only where the failure has one.
+fn valid_rule() -> impl Strategy<Value = pb::RetryRule> {
+    (0i32..=4, prop::collection::vec(1i32..=255, 0..4), 1i32..=2).prop_map(|(on, exit_codes, action)| {
+        let coded = [
+            pb::ItemFailure::Unspecified,
+            pb::ItemFailure::Exit,
+            pb::ItemFailure::OutOfMemory,
+        ]
+        .map(|f| f as i32)
+        .contains(&on);
+        pb::RetryRule {
+            on,
+            exit_codes: if coded { exit_codes } else { Vec::new() },
+            action,
+        }
+    })
 }
 
 fn token() -> impl Strategy<Value = String> {
@@ -86,12 +114,18 @@ fn valid_spec() -> impl Strategy<Value = pb::BatchSpec> {
             0i32..3,
             prop_oneof![Just(String::new()), token()],
         ),
+        (
+            0..=MAX_GPUS,
+            prop::collection::vec(valid_rule(), 0..4),
+            0..=LARGEST_SLOTS,
+        ),
     )
         .prop_map(
             |(
                 (name, project, image, command),
                 (env, cpu_millis, memory_mb, output_prefix),
                 (max_attempts, item_timeout_secs, max_workers, market, pool),
+                (gpus, retry_rules, slots),
             )| pb::BatchSpec {
                 name,
                 project,
@@ -108,6 +142,9 @@ fn valid_spec() -> impl Strategy<Value = pb::BatchSpec> {
                 pool,
                 // Secret names have properties of their own (kiln_core::secrets).
                 secrets: Vec::new(),
+                retry_rules,
+                gpus,
+                slots,
             },
         )
 }
@@ -159,6 +196,22 @@ fn break_field(spec: &mut pb::BatchSpec, which: u8) -> &'static str {
             spec.image = "--privileged".into();
             "image"
         }
+        11 => {
+            spec.gpus = MAX_GPUS + 1;
+            "gpus"
+        }
+        12 => {
+            spec.retry_rules.push(pb::RetryRule {
+                on: pb::ItemFailure::Timeout as i32,
+                exit_codes: vec![124],
+                action: pb::RetryAction::Fail as i32,
+            });
+            "retry rule"
+        }
+        13 => {
+            spec.slots = LARGEST_SLOTS + 1;
+            "slots"
+        }
         _ => {
             spec.output_prefix = "x".repeat(MAX_OUTPUT_PREFIX_BYTES + 1);
             "output_prefix"
@@ -198,7 +251,7 @@ proptest! {
     }
 
     #[test]
-    fn one_bad_field_is_refused_and_named(spec in valid_spec(), which in 0u8..12) {
+    fn one_bad_field_is_refused_and_named(spec in valid_spec(), which in 0u8..15) {
         let mut spec = spec;
         let field = break_field(&mut spec, which);
         let error = Spec::from_proto(Some(spec)).unwrap_err();

@@ -54,6 +54,12 @@ pub mod item {
         pub cpu_seconds: f64,
         pub peak_memory_bytes: i64,
         pub updated_at_ms: i64,
+        /// Failed attempts of this round (lost deliveries are not failures).
+        pub failures: i64,
+        /// The delivery whose failure was counted last.
+        pub failed_delivery: i64,
+        /// Wall time of the last attempt (`cpu_seconds` and `peak_memory_bytes` are its too).
+        pub duration_ms: i64,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -11,6 +11,7 @@ use super::{
     BatchStore, DEAD, FAILED, ItemRecord, NewItem, PENDING, ROWS_PER_STATEMENT, SUCCEEDED, Tally, attempt, item,
 };
 use crate::error::{Error, Result};
+use crate::usage::Measured;
 
 impl BatchStore {
     /// Adds items: those already there with the same content are duplicates; one already there
@@ -68,6 +69,9 @@ impl BatchStore {
                 cpu_seconds: Set(0.0),
                 peak_memory_bytes: Set(0),
                 updated_at_ms: Set(now),
+                failures: Set(0),
+                failed_delivery: Set(0),
+                duration_ms: Set(0),
             });
             item::Entity::insert_many(models)
                 .on_conflict(
@@ -105,6 +109,48 @@ impl BatchStore {
             .limit(limit)
             .all(&self.db)
             .await?)
+    }
+
+    /// The last attempts' figures of up to `limit` of a batch's items with an outcome, how many
+    /// have one, and the largest peak memory and wall time among them all.
+    pub async fn usage(&self, batch_id: &str, limit: u64) -> Result<(Vec<Measured>, u64, Measured)> {
+        let measured = || {
+            item::Entity::find()
+                .select_only()
+                .filter(item::Column::BatchId.eq(batch_id))
+                .filter(item::Column::Attempts.gt(0))
+        };
+        let rows: Vec<(f64, i64, i64)> = measured()
+            .column(item::Column::CpuSeconds)
+            .column(item::Column::PeakMemoryBytes)
+            .column(item::Column::DurationMs)
+            .limit(limit)
+            .into_tuple()
+            .all(&self.db)
+            .await?;
+        let totals: Option<(i64, Option<i64>, Option<i64>)> = measured()
+            .column_as(Expr::col(item::Column::ItemKey).count(), "n")
+            .column_as(Expr::col(item::Column::PeakMemoryBytes).max(), "peak")
+            .column_as(Expr::col(item::Column::DurationMs).max(), "longest")
+            .into_tuple()
+            .one(&self.db)
+            .await?;
+        let positive = |n: i64| u64::try_from(n).unwrap_or(0);
+        let sample = rows
+            .into_iter()
+            .map(|(cpu_seconds, peak, duration)| Measured {
+                cpu_seconds,
+                peak_memory_bytes: positive(peak),
+                duration_ms: positive(duration),
+            })
+            .collect();
+        let (count, peak, longest) = totals.unwrap_or_default();
+        let max = Measured {
+            cpu_seconds: 0.0,
+            peak_memory_bytes: positive(peak.unwrap_or(0)),
+            duration_ms: positive(longest.unwrap_or(0)),
+        };
+        Ok((sample, positive(count), max))
     }
 
     pub async fn tally(&self, batch_id: &str) -> Result<Tally> {

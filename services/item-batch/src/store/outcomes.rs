@@ -6,6 +6,8 @@ use kiln_proto::v1 as pb;
 use sea_orm::sea_query::{Expr, ExprTrait, OnConflict};
 use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter, TransactionTrait};
 
+use sea_orm::{ConnectionTrait, QuerySelect};
+
 use super::{BatchStore, DEAD, FAILED, PENDING, SUCCEEDED, attempt, item, item_state_name};
 use crate::error::Result;
 
@@ -37,13 +39,14 @@ impl BatchStore {
                 .col_expr(item::Column::LastAttempt, Expr::value(attempt))
                 .col_expr(item::Column::ExitCode, Expr::value(result.exit_code))
                 .col_expr(item::Column::Reason, Expr::value(result.reason.clone()))
-                .col_expr(
-                    item::Column::CpuSeconds,
-                    Expr::col(item::Column::CpuSeconds).add(result.cpu_seconds),
-                )
+                .col_expr(item::Column::CpuSeconds, Expr::value(result.cpu_seconds))
                 .col_expr(
                     item::Column::PeakMemoryBytes,
                     Expr::value(i64::try_from(result.peak_memory_bytes).unwrap_or(i64::MAX)),
+                )
+                .col_expr(
+                    item::Column::DurationMs,
+                    Expr::value(i64::try_from(result.duration_ms).unwrap_or(i64::MAX)),
                 )
                 .col_expr(item::Column::UpdatedAtMs, Expr::value(now))
                 .filter(item::Column::BatchId.eq(&result.batch_id))
@@ -102,12 +105,39 @@ impl BatchStore {
         Ok(applied)
     }
 
+    /// Counts a failed attempt of an item's round (once per delivery, however often its outcome
+    /// is recorded) and returns the round's failures so far; `None` when the item is not in
+    /// that round (a new round began).
+    pub async fn count_failure(&self, batch_id: &str, key: &str, round: u32, delivery: u32) -> Result<Option<u32>> {
+        let round = i32::try_from(round).unwrap_or(i32::MAX);
+        let tx = self.db.begin().await?;
+        item::Entity::update_many()
+            .col_expr(item::Column::Failures, Expr::col(item::Column::Failures).add(1))
+            .col_expr(item::Column::FailedDelivery, Expr::value(i64::from(delivery)))
+            .filter(item::Column::BatchId.eq(batch_id))
+            .filter(item::Column::ItemKey.eq(key))
+            .filter(item::Column::Round.eq(round))
+            .filter(item::Column::FailedDelivery.lt(i64::from(delivery)))
+            .exec(&tx)
+            .await?;
+        let failures = failures_of(&tx, batch_id, key, round).await?;
+        tx.commit().await?;
+        Ok(failures)
+    }
+
+    /// The failed attempts of an item's round; `None` when the item is not in that round.
+    pub async fn failures(&self, batch_id: &str, key: &str, round: u32) -> Result<Option<u32>> {
+        failures_of(&self.db, batch_id, key, i32::try_from(round).unwrap_or(i32::MAX)).await
+    }
+
     /// Gives the dead items of a batch a new round of attempts; they are published again.
     pub async fn retry_dead(&self, batch_id: &str) -> Result<u64> {
         let result = item::Entity::update_many()
             .col_expr(item::Column::State, Expr::value(PENDING))
             .col_expr(item::Column::Round, Expr::col(item::Column::Round).add(1))
             .col_expr(item::Column::LastAttempt, Expr::value(0))
+            .col_expr(item::Column::Failures, Expr::value(0))
+            .col_expr(item::Column::FailedDelivery, Expr::value(0))
             .col_expr(item::Column::Published, Expr::value(false))
             .col_expr(item::Column::UpdatedAtMs, Expr::value(now_ms()))
             .filter(item::Column::BatchId.eq(batch_id))
@@ -116,4 +146,17 @@ impl BatchStore {
             .await?;
         Ok(result.rows_affected)
     }
+}
+
+async fn failures_of(db: &impl ConnectionTrait, batch_id: &str, key: &str, round: i32) -> Result<Option<u32>> {
+    let failures: Option<i64> = item::Entity::find()
+        .select_only()
+        .column(item::Column::Failures)
+        .filter(item::Column::BatchId.eq(batch_id))
+        .filter(item::Column::ItemKey.eq(key))
+        .filter(item::Column::Round.eq(round))
+        .into_tuple()
+        .one(db)
+        .await?;
+    Ok(failures.map(|n| u32::try_from(n).unwrap_or(u32::MAX)))
 }

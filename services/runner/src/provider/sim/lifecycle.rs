@@ -29,6 +29,8 @@ fn agent_settings(spec: &InstanceSpec) -> Option<kiln_agent::Settings> {
         slots: 1,
         masker: std::sync::Arc::new(kiln_agent::Masker::from_env(|name| spec.env.get(name).cloned())),
         tls: kiln_agent::TlsSettings::from_vars(|name| spec.env.get(name).cloned()).ok()?,
+        // Built-ins only: nothing to measure.
+        measure_with: None,
     })
 }
 
