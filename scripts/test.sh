@@ -27,9 +27,11 @@
 # then cargo fmt --check, clippy -D warnings, cargo machete (unused dependencies), cargo deny
 # (licenses, bans, sources: deny.toml; not advisories, whose database is on GitHub), cargo test
 # for the whole workspace, the fuzz targets for 20 s each (scripts/fuzz.sh, when a nightly
-# toolchain is installed; a loud warning when not), and the Python SDK's pytest suite against a
-# real `kiln up`, and the web UI's svelte-check, vitest and browser tests (scripts/ui.sh, Debian's
-# chromium driven by playwright-core; screenshots of every page in ui/e2e/artifacts/).
+# toolchain is installed; a loud warning when not), the Python SDK's sdist (stubs generated from
+# proto/) and the wheel built from it alone, on Python 3.9 and 3.13
+# (scripts/sdk-package-check.sh), the Python SDK's pytest suite against a real `kiln up`, and
+# the web UI's svelte-check, vitest and browser tests (scripts/ui.sh, Debian's chromium driven
+# by playwright-core; screenshots of every page in ui/e2e/artifacts/).
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -233,6 +235,10 @@ log "cargo deny"
 # runs offline, and so never tries to fetch that database.
 cargo fetch --locked
 cargo deny --offline --locked check bans licenses sources
+# The SDK's sdist, built here with stubs generated from proto/, and the wheel built from that sdist
+# alone, installed on Python 3.9 and 3.13 (docs/design-notes.md).
+log "python SDK: sdist and wheel on Python 3.9 and 3.13 (scripts/sdk-package-check.sh)"
+"$repo/scripts/sdk-package-check.sh"
 # The SDK's venv comes first: the topology's chaos test runs a job that logs through it.
 log "python SDK: pip install ./sdk/python"
 sdk_venv="$repo/target/sdk-venv"
@@ -241,6 +247,9 @@ sdk_venv="$repo/target/sdk-venv"
 venv_python=python3
 [ -x /usr/bin/python3 ] && venv_python=/usr/bin/python3
 [ -x "$sdk_venv/bin/python" ] || "$venv_python" -m venv "$sdk_venv"
+# The distribution was named kiln before kiln-sdk: a venv kept from then drops the old one first.
+"$sdk_venv/bin/pip" uninstall -q -y --disable-pip-version-check kiln > /dev/null 2>&1 || true
+# (setup.py generates the stubs from proto/ while pip builds it.)
 "$sdk_venv/bin/pip" install -q --disable-pip-version-check "$repo/sdk/python[test]"
 export KILN_TEST_PYTHON="$sdk_venv/bin/python"
 # perf_analyzer for the predictor's gRPC check: tritonclient 2.50.0 is the last wheel whose binary

@@ -49,6 +49,7 @@ from ._run import Run, finish, init, log, log_series
 from ._serve import serve
 from ._sweep import should_stop
 from ._track import Saved, save, summary
+from ._version import __version__
 
 config: dict = {}
 """The configuration given to `init` (a plain dict)."""
@@ -56,5 +57,5 @@ config: dict = {}
 __all__ = [
     "Batch", "Client", "Progress", "RetryRule", "Run", "RunInfo", "Saved", "Series", "checkpoint", "config", "finish", "init", "log",
     "log_series",
-    "save", "serve", "should_stop", "summary",
+    "save", "serve", "should_stop", "summary", "__version__",
 ]

@@ -6,12 +6,17 @@ import atexit
 import os
 import pathlib
 import threading
+import sys
 import time
-import tomllib
 from itertools import repeat
 from typing import Iterable, Mapping
 
 import grpc
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the same parser, from PyPI (a dependency below 3.11)
+    import tomli as tomllib
 
 from kiln.v1 import job_pb2, job_pb2_grpc, log_pb2, log_pb2_grpc
 

@@ -7,10 +7,10 @@ import pathlib
 import subprocess
 import sys
 import time
-import tomllib
 import urllib.error
 import urllib.request
 
+from kiln._run import tomllib  # tomllib, or tomli below 3.11
 from kiln.v1 import job_pb2
 
 from test_sdk import KILN, stubs, up  # noqa: F401  (up is the module's fixture)
