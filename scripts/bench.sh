@@ -23,7 +23,7 @@
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-"$repo/scripts/setup.sh"
+"$repo/scripts/setup.sh" --all
 KILN_TOOLS=${KILN_TOOLS:-${KILN_HOME:-$HOME/.kiln}/tools}
 export PATH="$KILN_TOOLS/bin:$HOME/.cargo/bin:$PATH"
 

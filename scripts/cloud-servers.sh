@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The cloud the tests rent machines from: moto's EC2 API on a free loopback port, with every
 # request's SigV4 signature checked, and the path of amazon-ec2-metadata-mock (AEMM, installed by
-# scripts/setup.sh), which the tests start once per booted instance. scripts/test.sh uses it; so
+# scripts/setup.sh --all), which the tests start once per booted instance. scripts/test.sh uses it; so
 # can scripts/cluster.sh.
 #
 #   scripts/cloud-servers.sh install     make target/cloud-venv (moto[server] pinned below) unless
-#                                        it is there at that version (setup.sh runs this)
+#                                        it is there at that version (setup.sh --all runs this)
 #   scripts/cloud-servers.sh start DIR   install, start moto; writes DIR/env, the `export` lines:
 #                                        KILN_TEST_EC2_ENDPOINT, KILN_TEST_EC2_REGION,
 #                                        KILN_TEST_EC2_ACCESS_KEY_ID, KILN_TEST_EC2_SECRET_ACCESS_KEY,
@@ -41,7 +41,7 @@ start() {
   local dir=$1 port endpoint region aemm out key secret
   install
   aemm="$KILN_TOOLS/bin/ec2-metadata-mock"
-  [ -x "$aemm" ] || { echo "cloud-servers: $aemm is missing: run scripts/setup.sh" >&2; exit 1; }
+  [ -x "$aemm" ] || { echo "cloud-servers: $aemm is missing: run scripts/setup.sh --all" >&2; exit 1; }
   mkdir -p "$dir"
   region=${KILN_TEST_EC2_REGION:-us-east-1}
   port=$(free_port)

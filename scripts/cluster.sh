@@ -16,7 +16,7 @@
 # KILN_CLUSTER_DIR (default /tmp/kiln-cluster) holds configs, logs and data. Cassandra comes from
 # KILN_TEST_SCYLLA_NODES and the S3 server from KILN_TEST_S3_* when set, else they are started
 # here (scripts/cassandra, scripts/s3-server.sh). Run
-# scripts/setup.sh once first: it installs nats-server and versitygw and builds the binaries.
+# scripts/setup.sh --all once first: it installs nats-server and versitygw and builds the binaries.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -34,7 +34,7 @@ up() {
     return 0
   fi
   local binary="$repo/target/debug/kiln-topology"
-  [ -x "$binary" ] || { log "$binary is missing: run scripts/setup.sh"; exit 1; }
+  [ -x "$binary" ] || { log "$binary is missing: run scripts/setup.sh --all"; exit 1; }
   # The harness reads deploy/compose/compose.yaml through docker-compose (installed if missing).
   KILN_TEST_COMPOSE=${KILN_TEST_COMPOSE:-$("$repo/scripts/compose-check.sh" --path)}
   export KILN_TEST_COMPOSE

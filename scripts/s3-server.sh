@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Starts or stops versitygw (installed by scripts/setup.sh), an S3-compatible server, on a free
+# Starts or stops versitygw (installed by scripts/setup.sh --all), an S3-compatible server, on a free
 # loopback port with its posix backend in DIR and one bucket; scripts/test.sh and
 # scripts/cluster.sh both use it.
 #

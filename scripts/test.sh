@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up and runs every test of kiln against real servers on 127.0.0.1:
-#   - scripts/setup.sh (packages, nats-server 2.15.1, build)
+#   - scripts/setup.sh --all (packages, nats-server 2.15.1, the test tools, the whole workspace)
 #   - a throw-away Postgres 15 cluster in a temp dir (KILN_TEST_DATABASE_URL)
 #   - nats-server: the tests start their own, one per test, from KILN_TEST_NATS_SERVER
 #   - Apache Cassandra 5.0 (scripts/cassandra: jars from Maven Central, run on the JDK) on free
@@ -45,7 +45,7 @@ log "$((free_kb / 1048576)) GB free on the disk of $repo"
 if [ "$free_kb" -lt $((6 * 1048576)) ]; then
   log "warning: under 6 GB free; the build of the tests needs about 4 GB"
 fi
-"$repo/scripts/setup.sh"
+"$repo/scripts/setup.sh" --all
 
 KILN_TOOLS=${KILN_TOOLS:-${KILN_HOME:-$HOME/.kiln}/tools}
 export PATH="$KILN_TOOLS/bin:$HOME/.cargo/bin:$PATH"

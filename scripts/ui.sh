@@ -42,7 +42,7 @@ case "${1:-}" in
     export KILN_BIN=${KILN_BIN:-$repo/target/debug/kiln}
     export KILN_CHROMIUM=${KILN_CHROMIUM:-/usr/bin/chromium}
     [ -x "$KILN_BIN" ] || { echo "ui: $KILN_BIN is missing: cargo build -p kiln-cli" >&2; exit 1; }
-    [ -x "$KILN_CHROMIUM" ] || { echo "ui: $KILN_CHROMIUM is missing: apt-get install chromium (setup.sh)" >&2; exit 1; }
+    [ -x "$KILN_CHROMIUM" ] || { echo "ui: $KILN_CHROMIUM is missing: apt-get install chromium (setup.sh --all)" >&2; exit 1; }
     log "$("$KILN_CHROMIUM" --version 2>/dev/null | head -n 1)"
     rm -rf e2e/artifacts
     node --test --test-concurrency=1 e2e/
