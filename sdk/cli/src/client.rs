@@ -1,6 +1,7 @@
 //! Finding and talking to a kiln endpoint: credentials from `KILN_HOME/credentials.toml`
-//! (written by `kiln up`), overridden by `KILN_ADDR`, `KILN_LOGS_ADDR`, `KILN_BATCH_ADDR`,
-//! `KILN_UI_ADDR` and `KILN_TOKEN`. `https://` addresses trust `--ca-file` (`KILN_CA_FILE`, the file's `ca-file`),
+//! (written by `kiln up` and `kiln login`), overridden by `KILN_ADDR`, `KILN_LOGS_ADDR`,
+//! `KILN_BATCH_ADDR`, `KILN_ADVISOR_ADDR`, `KILN_PREDICTOR_ADDR`, `KILN_UI_ADDR` and `KILN_TOKEN`;
+//! what neither names comes from the api's `DiscoveryService`. `https://` addresses trust `--ca-file` (`KILN_CA_FILE`, the file's `ca-file`),
 //! else the system roots, and present `--client-cert`/`--client-key` (`KILN_CLIENT_CERT`,
 //! `KILN_CLIENT_KEY`, `cert-file`/`key-file`) to servers that require a client certificate.
 
@@ -10,9 +11,11 @@ use std::sync::OnceLock;
 use anyhow::{Context, Result, bail};
 use kiln_core::auth::BearerInterceptor;
 use kiln_core::tls::ClientTlsConfig;
+use kiln_proto::v1 as pb;
 use kiln_proto::v1::artifact_service_client::ArtifactServiceClient;
 use kiln_proto::v1::batch_service_client::BatchServiceClient;
 use kiln_proto::v1::dataset_service_client::DatasetServiceClient;
+use kiln_proto::v1::discovery_service_client::DiscoveryServiceClient;
 use kiln_proto::v1::job_service_client::JobServiceClient;
 use kiln_proto::v1::log_service_client::LogServiceClient;
 use kiln_proto::v1::model_service_client::ModelServiceClient;
@@ -132,8 +135,17 @@ pub fn write_credentials(home: &Path, credentials: &Credentials) -> Result<()> {
     Ok(())
 }
 
-/// Resolves the endpoint and token from the environment and the credentials file.
-pub fn resolve() -> Result<Credentials> {
+/// Resolves the endpoint and token from the environment and the credentials file, and asks the
+/// api where the other services are when neither says (`DiscoveryService`): `KILN_ADDR` and
+/// `KILN_TOKEN` are enough.
+pub async fn resolve() -> Result<Credentials> {
+    discover(&configured()?).await
+}
+
+/// The endpoint and token from the environment and the credentials file; a service neither
+/// names is empty. The file's addresses count only with the file's api (with `KILN_ADDR` naming
+/// another, they are another deployment's).
+fn configured() -> Result<Credentials> {
     let home = kiln_home();
     let path = credentials_path(&home);
     let file: Option<Credentials> = match std::fs::read_to_string(&path) {
@@ -150,38 +162,95 @@ pub fn resolve() -> Result<Credentials> {
             path.display()
         );
     };
-    let logs = env("KILN_LOGS_ADDR")
-        .or_else(|| file.as_ref().map(|f| f.logs.clone()))
-        .unwrap_or_else(|| api.clone());
-    let batches = env("KILN_BATCH_ADDR")
-        .or_else(|| file.as_ref().map(|f| f.batches.clone()).filter(|b| !b.is_empty()))
-        .unwrap_or_else(|| api.clone());
-    let advisor = env("KILN_ADVISOR_ADDR")
-        .or_else(|| file.as_ref().map(|f| f.advisor.clone()).filter(|a| !a.is_empty()))
-        .unwrap_or_else(|| api.clone());
-    let predictor = env("KILN_PREDICTOR_ADDR")
-        .or_else(|| file.as_ref().map(|f| f.predictor.clone()).filter(|p| !p.is_empty()))
-        .unwrap_or_else(|| api.clone());
-    let ui = env("KILN_UI_ADDR")
-        .or_else(|| file.as_ref().map(|f| f.ui.clone()))
-        .unwrap_or_default();
+    let same = file.as_ref().filter(|f| normalize(&f.api) == normalize(&api));
+    let address = |var: &str, of: fn(&Credentials) -> &String| {
+        env(var)
+            .or_else(|| same.map(of).filter(|a| !a.is_empty()).cloned())
+            .unwrap_or_default()
+    };
     let flags = TLS_FLAGS.get().cloned().unwrap_or_default();
     let path_setting = |flag: Option<PathBuf>, var: &str, from_file: fn(&Credentials) -> Option<PathBuf>| {
         flag.or_else(|| env(var).map(PathBuf::from))
             .or_else(|| file.as_ref().and_then(from_file))
     };
-    Ok(normalized(&Credentials {
+    Ok(Credentials {
+        logs: address("KILN_LOGS_ADDR", |f| &f.logs),
+        batches: address("KILN_BATCH_ADDR", |f| &f.batches),
+        advisor: address("KILN_ADVISOR_ADDR", |f| &f.advisor),
+        predictor: address("KILN_PREDICTOR_ADDR", |f| &f.predictor),
+        ui: address("KILN_UI_ADDR", |f| &f.ui),
         api,
-        logs,
-        batches,
-        advisor,
-        predictor,
-        ui,
         token,
         ca_file: path_setting(flags.ca_file, "KILN_CA_FILE", |f| f.ca_file.clone()),
         cert_file: path_setting(flags.cert_file, "KILN_CLIENT_CERT", |f| f.cert_file.clone()),
         key_file: path_setting(flags.key_file, "KILN_CLIENT_KEY", |f| f.key_file.clone()),
-    }))
+    })
+}
+
+/// Fills the services `credentials` does not name from the api's `DiscoveryService`; an api
+/// without it (an older one) leaves them at the api's own address, as before.
+pub async fn discover(credentials: &Credentials) -> Result<Credentials> {
+    let mut credentials = credentials.clone();
+    credentials.api = normalize(&credentials.api);
+    let missing = [
+        &credentials.logs,
+        &credentials.batches,
+        &credentials.advisor,
+        &credentials.predictor,
+        &credentials.ui,
+    ];
+    if missing.iter().all(|address| !address.is_empty()) {
+        return Ok(normalized(&credentials));
+    }
+    let api = channel(&credentials.api, &credentials.tls()).await?;
+    let mut discovery = DiscoveryServiceClient::with_interceptor(api, BearerInterceptor::new(&credentials.token));
+    let found = match discovery.discover(pb::DiscoverRequest {}).await {
+        Ok(found) => found.into_inner(),
+        Err(status) if status.code() == tonic::Code::Unimplemented => pb::DiscoverResponse::default(),
+        Err(status) => bail!("the api at {} answered: {}", credentials.api, status.message()),
+    };
+    let api_host = host_of(&credentials.api).to_string();
+    let fill = |mine: &mut String, found: &str, fallback: &str| {
+        if mine.is_empty() {
+            *mine = if found.is_empty() {
+                fallback.to_string()
+            } else {
+                reachable(found, &api_host)
+            };
+        }
+    };
+    let api_url = credentials.api.clone();
+    fill(&mut credentials.logs, &found.logs, &api_url);
+    fill(&mut credentials.batches, &found.batches, &api_url);
+    fill(&mut credentials.advisor, &found.advisor, &api_url);
+    fill(&mut credentials.predictor, &found.predictor, &api_url);
+    fill(&mut credentials.ui, &found.ui, "");
+    Ok(normalized(&credentials))
+}
+
+/// The host of a URL (`http://host:port/...`).
+fn host_of(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = rest.split('/').next().unwrap_or(rest);
+    match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(v6),
+        None => authority.rsplit_once(':').map_or(authority, |(host, _)| host),
+    }
+}
+
+fn is_loopback(host: &str) -> bool {
+    host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// A discovered URL as this client reaches it: a loopback host means the api's own host, so a
+/// client on another machine uses the api's host name with that port.
+fn reachable(found: &str, api_host: &str) -> String {
+    let host = host_of(found);
+    if is_loopback(host) && !is_loopback(api_host) {
+        found.replacen(host, api_host, 1)
+    } else {
+        found.to_string()
+    }
 }
 
 /// The credentials with every address as a URL (`host:port` reads as `http://host:port`).
@@ -311,4 +380,25 @@ pub async fn connect(credentials: &Credentials) -> Result<Clients> {
             .max_encoding_message_size(8 << 20),
         logs: LogServiceClient::with_interceptor(logs, auth),
     })
+}
+
+#[cfg(test)]
+mod discovery_tests {
+    use super::*;
+
+    #[test]
+    fn a_loopback_answer_means_the_apis_host() {
+        assert_eq!(host_of("https://kiln.example.com:7070"), "kiln.example.com");
+        assert_eq!(host_of("http://[::1]:7071/x"), "::1");
+        assert_eq!(
+            reachable("http://127.0.0.1:7071", "kiln.example.com"),
+            "http://kiln.example.com:7071"
+        );
+        assert_eq!(reachable("http://localhost:7075", "10.1.2.3"), "http://10.1.2.3:7075");
+        assert_eq!(reachable("http://127.0.0.1:7071", "127.0.0.1"), "http://127.0.0.1:7071");
+        assert_eq!(
+            reachable("https://logs.example.com", "10.1.2.3"),
+            "https://logs.example.com"
+        );
+    }
 }

@@ -86,7 +86,7 @@ pub struct RunArgs {
 }
 
 pub async fn run(args: RunArgs) -> Result<ExitCode> {
-    let credentials = client::resolve()?;
+    let credentials = client::resolve().await?;
     let mut clients = client::connect(&credentials).await?;
     let mut code_digest = String::new();
     if !args.no_code {
@@ -268,7 +268,7 @@ pub fn print_line(line: &pb::LogLine, prefix: &str) -> Result<()> {
 }
 
 pub async fn ps(all: bool, project: Option<String>, everyone: bool, output: Output) -> Result<ExitCode> {
-    let mut clients = client::connect(&client::resolve()?).await?;
+    let mut clients = client::connect(&client::resolve().await?).await?;
     let jobs = clients
         .jobs
         .list_jobs(pb::ListJobsRequest {
@@ -306,7 +306,7 @@ pub async fn ps(all: bool, project: Option<String>, everyone: bool, output: Outp
 }
 
 pub async fn status(job_id: String, output: Output) -> Result<ExitCode> {
-    let mut clients = client::connect(&client::resolve()?).await?;
+    let mut clients = client::connect(&client::resolve().await?).await?;
     let job = clients.jobs.get_job(pb::GetJobRequest { job_id }).await?.into_inner();
     let saved = crate::saved::saved_files(&mut clients, &job.id, "").await?;
     let mut json = job_json(&job);
@@ -364,7 +364,7 @@ pub async fn status(job_id: String, output: Output) -> Result<ExitCode> {
 }
 
 pub async fn explain(job_id: String, output: Output) -> Result<ExitCode> {
-    let mut clients = client::connect(&client::resolve()?).await?;
+    let mut clients = client::connect(&client::resolve().await?).await?;
     let explanation = clients
         .jobs
         .explain_job(pb::GetJobRequest { job_id })
@@ -396,7 +396,7 @@ pub async fn explain(job_id: String, output: Output) -> Result<ExitCode> {
 /// `kiln logs`: a job's lines; a gang job's from every node with `[node K] ` before each, or
 /// one node's with `node`.
 pub async fn logs(job_id: String, follow: bool, tail: Option<u32>, node: Option<u32>) -> Result<ExitCode> {
-    let mut clients = client::connect(&client::resolve()?).await?;
+    let mut clients = client::connect(&client::resolve().await?).await?;
     let job = clients
         .jobs
         .get_job(pb::GetJobRequest { job_id: job_id.clone() })
@@ -418,7 +418,7 @@ pub async fn logs(job_id: String, follow: bool, tail: Option<u32>, node: Option<
 }
 
 pub async fn grep(job_id: String, pattern: String, regex: bool) -> Result<ExitCode> {
-    let mut clients = client::connect(&client::resolve()?).await?;
+    let mut clients = client::connect(&client::resolve().await?).await?;
     let request = pb::SearchLogsRequest {
         job_id,
         pattern,
@@ -441,7 +441,7 @@ pub async fn grep(job_id: String, pattern: String, regex: bool) -> Result<ExitCo
 }
 
 pub async fn stop(job_id: String) -> Result<ExitCode> {
-    let mut clients = client::connect(&client::resolve()?).await?;
+    let mut clients = client::connect(&client::resolve().await?).await?;
     let job = clients.jobs.stop_job(pb::StopJobRequest { job_id }).await?.into_inner();
     let state = state_name(job.state);
     if job.stop_requested && !matches!(state.as_str(), "STOPPED" | "SUCCEEDED" | "FAILED" | "LOST") {

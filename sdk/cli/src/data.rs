@@ -73,7 +73,7 @@ pub enum DatasetCommand {
 }
 
 pub async fn artifacts(command: ArtifactsCommand) -> Result<ExitCode> {
-    let mut clients = client::connect(&client::resolve()?).await?;
+    let mut clients = client::connect(&client::resolve().await?).await?;
     match command {
         ArtifactsCommand::Saved { job, name, output } => return crate::saved::list(job, name, output).await,
         ArtifactsCommand::GetSaved { job, name, dest } => return crate::saved::get(job, name, dest).await,
@@ -150,7 +150,7 @@ pub(crate) fn safe_join(dest: &Path, relative: &str) -> Result<PathBuf> {
 }
 
 pub async fn dataset(command: DatasetCommand) -> Result<ExitCode> {
-    let mut clients = client::connect(&client::resolve()?).await?;
+    let mut clients = client::connect(&client::resolve().await?).await?;
     match command {
         DatasetCommand::Create { name, from, project } => {
             if !from.is_dir() {

@@ -44,7 +44,7 @@ fn number(value: f64) -> serde_json::Value {
 }
 
 pub async fn metrics(args: MetricsArgs) -> Result<ExitCode> {
-    let mut clients = client::connect(&client::resolve()?).await?;
+    let mut clients = client::connect(&client::resolve().await?).await?;
     let series = if args.series {
         let request = pb::QueryMetricsRequest {
             job_ids: args.jobs.clone(),

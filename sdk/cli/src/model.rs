@@ -171,7 +171,7 @@ pub enum ModelCommand {
 }
 
 pub async fn model(command: ModelCommand) -> Result<ExitCode> {
-    let mut clients = client::connect(&client::resolve()?).await?;
+    let mut clients = client::connect(&client::resolve().await?).await?;
     match command {
         ModelCommand::Register {
             name,

@@ -36,7 +36,7 @@ pub enum ProjectCommand {
 }
 
 pub async fn project(command: ProjectCommand) -> Result<ExitCode> {
-    let mut clients = client::connect(&client::resolve()?).await?;
+    let mut clients = client::connect(&client::resolve().await?).await?;
     match command {
         ProjectCommand::Create { name } => {
             let project = clients

@@ -99,7 +99,7 @@ fn print(quotas: &[pb::Quota], output: Output) -> Result<()> {
 }
 
 pub async fn quota(command: QuotaCommand) -> Result<ExitCode> {
-    let mut clients = client::connect(&client::resolve()?).await?;
+    let mut clients = client::connect(&client::resolve().await?).await?;
     match command {
         QuotaCommand::Set {
             scope,

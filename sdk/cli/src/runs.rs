@@ -70,7 +70,7 @@ pub async fn runs(command: RunsCommand) -> Result<ExitCode> {
         limit,
         table,
     } = command;
-    let mut clients = client::connect(&client::resolve()?).await?;
+    let mut clients = client::connect(&client::resolve().await?).await?;
     let request = pb::ListJobsRequest {
         all: true,
         limit,
@@ -84,7 +84,7 @@ pub async fn runs(command: RunsCommand) -> Result<ExitCode> {
 
 /// `kiln compare JOB...`: the same table for the runs named, in the order given.
 pub async fn compare(job_ids: Vec<String>, table: TableArgs) -> Result<ExitCode> {
-    let mut clients = client::connect(&client::resolve()?).await?;
+    let mut clients = client::connect(&client::resolve().await?).await?;
     let mut jobs = Vec::with_capacity(job_ids.len());
     for job_id in job_ids {
         jobs.push(clients.jobs.get_job(pb::GetJobRequest { job_id }).await?.into_inner());

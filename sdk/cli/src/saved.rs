@@ -13,7 +13,7 @@ use crate::client::{self, Clients};
 use crate::format::{self, Output, bytes, out};
 
 pub async fn list(job: String, name: Option<String>, output: Output) -> Result<ExitCode> {
-    let mut clients = client::connect(&client::resolve()?).await?;
+    let mut clients = client::connect(&client::resolve().await?).await?;
     let files = saved_files(&mut clients, &job, name.as_deref().unwrap_or_default()).await?;
     if output == Output::Json {
         format::print_json(&files_json(&files))?;
@@ -52,7 +52,7 @@ pub fn files_json(files: &[pb::RunArtifactFile]) -> Vec<serde_json::Value> {
 /// Writes artifact `name` under `dest`: a file as DEST/NAME, a directory's files as
 /// DEST/NAME/PATH.
 pub async fn get(job: String, name: String, dest: PathBuf) -> Result<ExitCode> {
-    let mut clients = client::connect(&client::resolve()?).await?;
+    let mut clients = client::connect(&client::resolve().await?).await?;
     let files = saved_files(&mut clients, &job, &name).await?;
     if files.is_empty() {
         bail!("job {job} saved no artifact {name}; `kiln artifacts saved {job}` lists what it saved");

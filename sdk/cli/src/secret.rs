@@ -115,7 +115,7 @@ pub async fn secret(command: SecretCommand) -> Result<ExitCode> {
             from_file,
         } => {
             let value = read_value(from_file)?;
-            let mut clients = client::connect(&client::resolve()?).await?;
+            let mut clients = client::connect(&client::resolve().await?).await?;
             let request = pb::SetSecretRequest {
                 project: project.unwrap_or_default(),
                 name: name.unwrap_or_default(),
@@ -127,7 +127,7 @@ pub async fn secret(command: SecretCommand) -> Result<ExitCode> {
             out!("secret {} set in project {}", saved.name, saved.project);
         }
         SecretCommand::Ls { project, output } => {
-            let mut clients = client::connect(&client::resolve()?).await?;
+            let mut clients = client::connect(&client::resolve().await?).await?;
             let request = pb::ListSecretsRequest {
                 project: project.unwrap_or_default(),
             };
@@ -135,7 +135,7 @@ pub async fn secret(command: SecretCommand) -> Result<ExitCode> {
             print(&listed, output)?;
         }
         SecretCommand::Rm { name, project } => {
-            let mut clients = client::connect(&client::resolve()?).await?;
+            let mut clients = client::connect(&client::resolve().await?).await?;
             let request = pb::DeleteSecretRequest {
                 project: project.unwrap_or_default(),
                 name,

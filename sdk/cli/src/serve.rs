@@ -222,7 +222,7 @@ pub enum ServeCommand {
 }
 
 pub async fn serve(command: ServeCommand) -> Result<ExitCode> {
-    let credentials = client::resolve()?;
+    let credentials = client::resolve().await?;
     let mut clients = client::connect(&credentials).await?;
     match command {
         ServeCommand::Create {

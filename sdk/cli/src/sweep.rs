@@ -60,7 +60,7 @@ pub enum SweepCommand {
 }
 
 pub async fn sweep(command: SweepCommand) -> Result<ExitCode> {
-    let credentials = client::resolve()?;
+    let credentials = client::resolve().await?;
     let mut clients = client::connect(&credentials).await?;
     match command {
         SweepCommand::Create {

@@ -82,19 +82,19 @@ pub struct LoginArgs {
     /// The api's address (host:port, http:// or https://).
     #[arg(long)]
     pub addr: String,
-    /// log-ingest's address (default: the api's).
+    /// log-ingest's address (default: what the api says, asked at each use).
     #[arg(long)]
     pub logs_addr: Option<String>,
-    /// item-batch's address (default: the api's).
+    /// item-batch's address (default: what the api says).
     #[arg(long)]
     pub batch_addr: Option<String>,
-    /// The advisor's address (default: the api's).
+    /// The advisor's address (default: what the api says).
     #[arg(long)]
     pub advisor_addr: Option<String>,
-    /// The predictor's gRPC address (ServeService; default: the api's).
+    /// The predictor's gRPC address (ServeService; default: what the api says).
     #[arg(long)]
     pub predictor_addr: Option<String>,
-    /// The web UI's address (`kiln ui`; default: none).
+    /// The web UI's address (`kiln ui`; default: what the api says).
     #[arg(long)]
     pub ui_addr: Option<String>,
 }
@@ -123,7 +123,7 @@ pub(crate) fn table(header: &[&str], rows: impl IntoIterator<Item = Vec<String>>
 }
 
 pub async fn user(command: UserCommand) -> Result<ExitCode> {
-    let mut clients = client::connect(&client::resolve()?).await?;
+    let mut clients = client::connect(&client::resolve().await?).await?;
     match command {
         UserCommand::Create { name, admin } => {
             let created = clients
@@ -178,7 +178,7 @@ pub async fn user(command: UserCommand) -> Result<ExitCode> {
 }
 
 pub async fn token(command: TokenCommand) -> Result<ExitCode> {
-    let mut clients = client::connect(&client::resolve()?).await?;
+    let mut clients = client::connect(&client::resolve().await?).await?;
     match command {
         TokenCommand::Create {
             name,
@@ -277,7 +277,7 @@ fn expires_in(expires_at_ms: i64) -> String {
 
 /// Prints who the token in use is, as the api sees it.
 pub async fn whoami(output: Output) -> Result<ExitCode> {
-    let mut clients = client::connect(&client::resolve()?).await?;
+    let mut clients = client::connect(&client::resolve().await?).await?;
     let me = clients.node.who_am_i(pb::WhoAmIRequest {}).await?.into_inner();
     if output == Output::Json {
         let memberships: Vec<_> = me
@@ -308,15 +308,17 @@ pub async fn login(args: LoginArgs) -> Result<ExitCode> {
         ca_file,
         cert_file,
         key_file,
-        logs: args.logs_addr.unwrap_or_else(|| args.addr.clone()),
-        batches: args.batch_addr.unwrap_or_else(|| args.addr.clone()),
-        advisor: args.advisor_addr.unwrap_or_else(|| args.addr.clone()),
-        predictor: args.predictor_addr.unwrap_or_else(|| args.addr.clone()),
+        // Only what is given: the rest is asked of the api at each use, so a deployment that
+        // moves a service needs no new login.
+        logs: args.logs_addr.unwrap_or_default(),
+        batches: args.batch_addr.unwrap_or_default(),
+        advisor: args.advisor_addr.unwrap_or_default(),
+        predictor: args.predictor_addr.unwrap_or_default(),
         ui: args.ui_addr.unwrap_or_default(),
         api: args.addr,
         token,
     };
-    let mut clients = client::connect(&client::normalized(&credentials)).await?;
+    let mut clients = client::connect(&client::discover(&credentials).await?).await?;
     let me = clients
         .node
         .who_am_i(pb::WhoAmIRequest {})

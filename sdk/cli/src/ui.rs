@@ -25,7 +25,7 @@ pub struct UiArgs {
 }
 
 pub async fn ui(args: UiArgs) -> Result<ExitCode> {
-    let credentials = client::resolve()?;
+    let credentials = client::resolve().await?;
     let mut clients = client::connect(&credentials).await?;
     if let Some(code) = &args.approve {
         approve(&mut clients, code).await?;

@@ -99,6 +99,28 @@ fn an_admin_onboards_a_user_who_then_works_in_their_project_only() {
         .output()
         .unwrap();
     assert!(ok(me).contains("ada"));
+    // One address is stored; item-batch's (another port under `kiln up`) comes from the api's
+    // DiscoveryService at each use: answered by the api's own address, `batch ls` would fail.
+    let stored = std::fs::read_to_string(&path).unwrap();
+    assert!(stored.contains("batches = \"\""), "{stored}");
+    let batches = Command::new(KILN)
+        .args(["batch", "ls"])
+        .env("KILN_HOME", home.path())
+        .env_remove("KILN_TOKEN")
+        .env_remove("KILN_ADDR")
+        .output()
+        .unwrap();
+    ok(batches);
+    // KILN_ADDR and KILN_TOKEN alone, without a credentials file, do as well.
+    let bare = tempfile::tempdir().unwrap();
+    let only_two = Command::new(KILN)
+        .args(["batch", "ls"])
+        .env("KILN_HOME", bare.path())
+        .env("KILN_ADDR", &api)
+        .env("KILN_TOKEN", &ada)
+        .output()
+        .unwrap();
+    ok(only_two);
 
     // Disabled: every command of hers is refused.
     ok(up.kiln(&["user", "disable", "ada"]));

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import itertools
-import os
 import time
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Mapping, Sequence
@@ -19,7 +18,7 @@ from typing import Iterable, Iterator, Mapping, Sequence
 from kiln.v1 import batch_pb2, batch_pb2_grpc, job_pb2
 
 from ._client import RunReads
-from ._run import _channel, _endpoints, _home_credentials
+from ._run import _channel, _endpoints, _service_address
 
 _MARKETS = {"auto": job_pb2.MARKET_UNSPECIFIED, "spot": job_pb2.MARKET_SPOT, "on-demand": job_pb2.MARKET_ON_DEMAND}
 _STATES = {"pending": batch_pb2.ITEM_STATE_PENDING, "succeeded": batch_pb2.ITEM_STATE_SUCCEEDED,
@@ -221,13 +220,14 @@ class Batches:
 
 
 class Client(RunReads):
-    """A client of a kiln endpoint: `kiln up`'s credentials (KILN_HOME), or KILN_ADDR,
-    KILN_LOGS_ADDR, KILN_BATCH_ADDR and KILN_TOKEN. `batches` drives batches; `runs` and
-    `metrics` read runs back (see kiln._client)."""
+    """A client of a kiln endpoint: `kiln up`'s credentials (KILN_HOME), or KILN_ADDR and
+    KILN_TOKEN (the other services' addresses come from the api, or KILN_LOGS_ADDR,
+    KILN_BATCH_ADDR). `batches` drives batches; `runs` and `metrics` read runs back (see
+    kiln._client)."""
 
     def __init__(self):
         api, logs, token = _endpoints()
-        address = os.environ.get("KILN_BATCH_ADDR") or _home_credentials().get("batches") or api
+        address = _service_address("batches", api, token)
         self._channel = _channel(address, options=[("grpc.max_send_message_length", 16 << 20)])
         metadata = (("authorization", f"Bearer {token}"),)
         self._api_address, self._logs_address, self._metadata = api, logs, metadata

@@ -37,15 +37,75 @@ def _home_credentials() -> dict:
 
 
 def _endpoints() -> tuple[str, str, str]:
-    """(api, logs, token) from KILN_ADDR/KILN_LOGS_ADDR/KILN_TOKEN or KILN_HOME/credentials.toml."""
+    """(api, logs, token) from KILN_ADDR/KILN_TOKEN or KILN_HOME/credentials.toml; log-ingest's
+    address from KILN_LOGS_ADDR, the file, else the api's DiscoveryService."""
     path = _credentials_path()
     credentials = _home_credentials()
     api = os.environ.get("KILN_ADDR") or credentials.get("api")
     token = os.environ.get("KILN_TOKEN") or credentials.get("token")
-    logs = os.environ.get("KILN_LOGS_ADDR") or credentials.get("logs") or api
     if not api or not token:
         raise RuntimeError(f"no kiln endpoint: start one with `kiln up`, or set KILN_ADDR and KILN_TOKEN (looked for {path})")
-    return api, logs, token
+    return api, _service_address("logs", api, token), token
+
+
+_VARIABLES = {"logs": "KILN_LOGS_ADDR", "batches": "KILN_BATCH_ADDR", "advisor": "KILN_ADVISOR_ADDR",
+              "predictor": "KILN_PREDICTOR_ADDR", "ui": "KILN_UI_ADDR"}
+_discovered: dict = {}
+
+
+def _url(address: str) -> str:
+    return address if "://" in address else f"http://{address}"
+
+
+def _host(url: str) -> str:
+    authority = url.split("://", 1)[-1].split("/", 1)[0]
+    if authority.startswith("["):
+        return authority[1:].split("]", 1)[0]
+    return authority.rsplit(":", 1)[0] if ":" in authority else authority
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _service_address(service: str, api: str, token: str) -> str:
+    """Where `service` (logs, batches, advisor, predictor, ui) is: its KILN_*_ADDR variable, the
+    credentials file's entry (when the file is of the same api), else what the api's
+    DiscoveryService says (asked once per api), else the api's own address (the UI: none). A
+    loopback host in the api's answer means the api's own host."""
+    explicit = os.environ.get(_VARIABLES[service])
+    if explicit:
+        return explicit
+    credentials = _home_credentials()
+    if credentials.get(service) and _url(credentials.get("api", "")) == _url(api):
+        return credentials[service]
+    if api not in _discovered:
+        from kiln.v1 import tenancy_pb2, tenancy_pb2_grpc
+
+        with _channel(api) as channel:
+            stub = tenancy_pb2_grpc.DiscoveryServiceStub(channel)
+            try:
+                _discovered[api] = stub.Discover(tenancy_pb2.DiscoverRequest(),
+                                                 metadata=(("authorization", f"Bearer {token}"),), timeout=10)
+            except grpc.RpcError as error:
+                if error.code() != grpc.StatusCode.UNIMPLEMENTED:  # an older api: the api's address
+                    raise
+                _discovered[api] = tenancy_pb2.DiscoverResponse()
+    found = getattr(_discovered[api], service)
+    if not found:
+        return "" if service == "ui" else api
+    api_host = _host(_url(api))
+    host = _host(found)
+    if _is_loopback(host) and not _is_loopback(api_host):
+        return found.replace(host, api_host, 1)
+    return found
 
 
 def _target(address: str) -> str:

@@ -412,3 +412,22 @@ def test_retry_rules_and_usage_from_python(up):
         assert usage.items == 5 and usage.sizing_hint.startswith("items used p95"), usage
         with pytest.raises(ValueError):
             kiln.RetryRule("maybe")._proto()
+
+
+def test_an_address_and_a_token_are_enough(up, monkeypatch, tmp_path):
+    """Without a credentials file, KILN_ADDR and KILN_TOKEN reach every service: the others'
+    addresses (item-batch and log-ingest listen on ports of their own) come from the api."""
+    from kiln._run import _discovered, _home_credentials
+
+    credentials = _home_credentials()
+    monkeypatch.setenv("KILN_HOME", str(tmp_path))
+    monkeypatch.setenv("KILN_ADDR", credentials["api"])
+    monkeypatch.setenv("KILN_TOKEN", credentials["token"])
+    _discovered.clear()
+    with kiln.Client() as client:
+        batch = client.batches.create(["kiln:noop"], cpu=0.1, memory_mb=64)
+        batch.add(["mem://a"])
+        batch.seal()
+        assert batch.wait(poll=0.2, timeout=120).succeeded == 1
+        assert client._logs_address == credentials["logs"], "log-ingest's address came from the api"
+    assert _discovered, "the api was asked"

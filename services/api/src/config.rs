@@ -37,6 +37,38 @@ pub struct Config {
     pub explain_timeout_ms: u64,
     /// The web UI and its HTTP API.
     pub http: HttpConfig,
+    /// Where clients reach the other services, as `DiscoveryService` tells them.
+    pub public: PublicConfig,
+}
+
+/// The URLs clients reach the other services and the web UI at (`DiscoveryService`), when they
+/// differ from what the api calls them at: empty takes `[http]`'s `logs`, `batches`, `advisor`
+/// and `predictor`, and for `ui` the address the HTTP side listens on (when it is not every
+/// address).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct PublicConfig {
+    pub logs: String,
+    pub batches: String,
+    pub advisor: String,
+    pub predictor: String,
+    pub ui: String,
+}
+
+impl PublicConfig {
+    fn validate(&self, problems: &mut Vec<String>) {
+        for (name, url) in [
+            ("logs", &self.logs),
+            ("batches", &self.batches),
+            ("advisor", &self.advisor),
+            ("predictor", &self.predictor),
+            ("ui", &self.ui),
+        ] {
+            if !(url.is_empty() || url.starts_with("http://") || url.starts_with("https://")) {
+                problems.push(format!("public.{name} {url:?} must be an http:// or https:// URL"));
+            }
+        }
+    }
 }
 
 /// The web UI and its HTTP API (docs/http-api.md): a transcoder of kiln's gRPC services, the
@@ -113,6 +145,7 @@ impl Default for Config {
             reconcile_interval_ms: if cfg!(test) { 200 } else { 5_000 },
             explain_timeout_ms: 5_000,
             http: HttpConfig::default(),
+            public: PublicConfig::default(),
         }
     }
 }
@@ -131,6 +164,7 @@ impl ServiceConfig for Config {
         self.metrics.validate(&mut problems);
         self.secrets.validate(&mut problems);
         self.http.validate(&mut problems);
+        self.public.validate(&mut problems);
         if self.max_artifact_bytes == 0 {
             problems.push("max-artifact-bytes must be at least 1".into());
         }

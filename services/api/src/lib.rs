@@ -38,6 +38,7 @@ mod access;
 pub mod artifacts;
 pub mod config;
 pub mod datasets;
+pub mod discovery;
 pub mod error;
 pub mod grpc;
 pub mod http;
@@ -165,6 +166,7 @@ impl Api {
         tracing::info!(addr = %self.local_addr(), "api serving");
         let routes = tonic::service::Routes::new(health_service)
             .add_service(kiln_core::whoami::NodeApi::new("api").server())
+            .add_service(discovery::DiscoveryApi::new(&self.config, self.http_addr()).server())
             .add_service(JobServiceServer::new(jobs))
             .add_service(ArtifactServiceServer::new(artifacts))
             .add_service(DatasetServiceServer::new(datasets::DatasetsApi {

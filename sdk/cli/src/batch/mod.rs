@@ -192,7 +192,7 @@ fn retry_rules(retry_on_exit: &[i32], fail_on_exit: &[i32], fail_on: &[FailureAr
 }
 
 pub async fn batch(command: BatchCommand) -> Result<ExitCode> {
-    let mut clients = client::connect(&client::resolve()?).await?;
+    let mut clients = client::connect(&client::resolve().await?).await?;
     match command {
         BatchCommand::Create(args) => {
             let args = *args;

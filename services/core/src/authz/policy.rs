@@ -85,6 +85,8 @@ pub const POLICY: &[Rule] = &[
     rule("/kiln.v1.SecretService/DeleteSecret", Needs(Maintainer), Deny),
     // every service
     rule("/kiln.v1.NodeService/WhoAmI", Caller, Allow),
+    // api: where the other services are (a job's SDK asks too)
+    rule("/kiln.v1.DiscoveryService/Discover", Caller, Allow),
     // log-ingest
     rule("/kiln.v1.LogService/GetLogs", Needs(Viewer), OwnJob),
     rule("/kiln.v1.LogService/TailLogs", Needs(Viewer), OwnJob),
