@@ -29,7 +29,7 @@ impl Addresses {
     pub fn of(&self, service: &str) -> Vec<SocketAddr> {
         match service {
             "JobService" | "QuotaService" | "ArtifactService" | "DatasetService" | "UserService" | "ProjectService"
-            | "SecretService" | "ModelService" => vec![self.api],
+            | "SecretService" | "ModelService" | "DiscoveryService" => vec![self.api],
             "LogService" => vec![self.logs],
             "BatchService" | "ItemWorkService" => vec![self.batches],
             "SweepService" => vec![self.advisor],
