@@ -309,7 +309,7 @@ pub struct Clients {
     pub models: ModelServiceClient<Authed>,
 }
 
-async fn channel(addr: &str, tls: &ClientTlsConfig) -> Result<Channel> {
+pub(crate) async fn channel(addr: &str, tls: &ClientTlsConfig) -> Result<Channel> {
     let hint = if addr.starts_with("https://") {
         "is kiln running there, and does --ca-file (KILN_CA_FILE) name the CA of its certificate?"
     } else {

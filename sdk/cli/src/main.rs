@@ -8,6 +8,7 @@ mod batch;
 mod client;
 mod commands;
 mod data;
+mod doctor;
 mod format;
 mod metrics;
 mod model;
@@ -149,6 +150,9 @@ enum Command {
     },
     /// Store a token (read from stdin) and the addresses in KILN_HOME/credentials.toml.
     Login(tenancy::LoginArgs),
+    /// Check each service this client uses: reachable (TLS included), the right service
+    /// answering, the token accepted, the api's version; one line each, exit 1 if any is wrong.
+    Doctor,
     /// Sign a browser in to the web UI as the token in use: opens its login page and approves
     /// the code it shows (--approve CODE approves a code without asking).
     Ui(ui::UiArgs),
@@ -223,6 +227,7 @@ fn main() -> ExitCode {
             Command::Project(command) => project::project(command).await,
             Command::Whoami { output } => tenancy::whoami(output).await,
             Command::Login(args) => tenancy::login(args).await,
+            Command::Doctor => doctor::doctor().await,
             Command::Ui(args) => ui::ui(args).await,
             Command::Completions { .. } | Command::NatsUsers(_) => {
                 unreachable!("answered before the runtime starts")

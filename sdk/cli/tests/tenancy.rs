@@ -121,6 +121,24 @@ fn an_admin_onboards_a_user_who_then_works_in_their_project_only() {
         .output()
         .unwrap();
     ok(only_two);
+    // `kiln doctor` checks each service it found: all fine here; item-batch's address pointed
+    // at the api is told in its line (the api answers there), and the exit code is 1.
+    let doctor = |extra: &[(&str, &str)]| {
+        Command::new(KILN)
+            .args(["doctor"])
+            .env("KILN_HOME", bare.path())
+            .env("KILN_ADDR", &api)
+            .env("KILN_TOKEN", &ada)
+            .envs(extra.iter().copied())
+            .output()
+            .unwrap()
+    };
+    let healthy = ok(doctor(&[]));
+    assert_eq!(healthy.matches("ok: ").count(), 6, "{healthy}");
+    let misrouted = doctor(&[("KILN_BATCH_ADDR", api.as_str())]);
+    assert_eq!(misrouted.status.code(), Some(1));
+    let lines = text(&misrouted.stdout);
+    assert!(lines.contains("\"api\" answers there, not item-batch"), "{lines}");
 
     // Disabled: every command of hers is refused.
     ok(up.kiln(&["user", "disable", "ada"]));
