@@ -195,3 +195,14 @@ pub async fn items_in(stack: &Stack, batch_id: &str, state: pb::ItemState) -> Ve
 pub async fn live_workers(stack: &Stack, batch_id: &str) -> usize {
     stack.store.live_batch_workers(batch_id).await.unwrap().len()
 }
+
+/// SIGKILLs the agent of one of a batch's running process workers (as a runner's death or a
+/// reclaim ends it): its items go back to the queue.
+pub async fn kill_a_worker(stack: &Stack, batch_id: &str) {
+    let workers = stack.store.live_batch_workers(batch_id).await.unwrap();
+    let agent = workers
+        .iter()
+        .find_map(|w| w.instance_id.strip_prefix("pid:").and_then(|p| p.parse::<i32>().ok()))
+        .expect("a running worker with a pid");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(agent), nix::sys::signal::Signal::SIGKILL).unwrap();
+}

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use kiln_e2e::{
     BATCH_PATIENCE, Stack, add_items, assert_adds_up, batch_now, batch_spec, counts_of, create_batch, items_in,
-    live_workers, mem_items, seal_batch, wait_batch,
+    kill_a_worker, live_workers, mem_items, seal_batch, wait_batch,
 };
 use kiln_proto::v1 as pb;
 use tonic::Code;
@@ -192,12 +192,7 @@ async fn killing_item_batch_and_a_worker_loses_nothing_and_counts_nothing_twice(
     wait_batch(&stack, &batch.id, "under way", |b| counts_of(b).succeeded >= 30).await;
 
     // SIGKILL one worker's agent: its items go to the others.
-    let workers = stack.store.live_batch_workers(&batch.id).await.unwrap();
-    let running = workers
-        .iter()
-        .find_map(|w| w.instance_id.strip_prefix("pid:").and_then(|p| p.parse::<i32>().ok()))
-        .expect("a running worker with a pid");
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(running), nix::sys::signal::Signal::SIGKILL).unwrap();
+    kill_a_worker(&stack, &batch.id).await;
 
     // Crash item-batch mid-run and start it again.
     stack.batches.take().unwrap().crash().await;

@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use kiln_e2e::{
-    BATCH_PATIENCE, Stack, add_items, batch_spec, counts_of, create_batch, items_in, job_writable_dir, mem_items,
-    seal_batch, wait_batch,
+    BATCH_PATIENCE, Stack, add_items, batch_spec, counts_of, create_batch, items_in, job_writable_dir, kill_a_worker,
+    mem_items, seal_batch, wait_batch,
 };
 use kiln_proto::v1 as pb;
 use tonic::Code;
@@ -110,12 +110,7 @@ async fn an_attempt_lost_with_its_worker_is_not_charged() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let workers = stack.store.live_batch_workers(&batch.id).await.unwrap();
-    let agent = workers
-        .iter()
-        .find_map(|w| w.instance_id.strip_prefix("pid:").and_then(|p| p.parse::<i32>().ok()))
-        .expect("a running worker with a pid");
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(agent), nix::sys::signal::Signal::SIGKILL).unwrap();
+    kill_a_worker(&stack, &batch.id).await;
 
     let done = wait_batch(&stack, &batch.id, "done", |b| b.state == pb::BatchState::Done as i32).await;
     let c = counts_of(&done);
