@@ -228,10 +228,15 @@ pub async fn discover(credentials: &Credentials) -> Result<Credentials> {
     Ok(normalized(&credentials))
 }
 
+/// The `host:port` of a URL (`http://host:port/...`).
+pub(crate) fn authority_of(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    rest.split('/').next().unwrap_or(rest)
+}
+
 /// The host of a URL (`http://host:port/...`).
 fn host_of(url: &str) -> &str {
-    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
-    let authority = rest.split('/').next().unwrap_or(rest);
+    let authority = authority_of(url);
     match authority.strip_prefix('[') {
         Some(v6) => v6.split(']').next().unwrap_or(v6),
         None => authority.rsplit_once(':').map_or(authority, |(host, _)| host),

@@ -87,8 +87,7 @@ async fn check(credentials: &Credentials, url: &str, service: &str, variable: &s
 }
 
 async fn reachable(url: &str) -> Verdict {
-    let authority = url.split_once("://").map_or(url, |(_, rest)| rest);
-    let authority = authority.split('/').next().unwrap_or(authority);
+    let authority = client::authority_of(url);
     match tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(authority)).await {
         Ok(Ok(_)) => Ok("ok: reachable (`kiln ui` signs a browser in)".into()),
         Ok(Err(error)) => Err(format!("unreachable: {error}")),

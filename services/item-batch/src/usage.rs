@@ -79,13 +79,14 @@ impl Measured {
     }
 }
 
-/// The spreads over `sample` (at most the most recent items), with `max` over every measured
-/// item, and the hint for a batch asking `cpu_millis` and `memory_mb` per item.
+/// The spreads over `sample` (up to [`SAMPLE`] items), each max raised to `max`'s figure over
+/// every measured item (the store has none for CPU), and the hint for a batch asking
+/// `cpu_millis` and `memory_mb` per item.
 pub fn summarize(sample: &[Measured], items: u64, max: Measured, cpu_millis: u32, memory_mb: u64) -> pb::BatchUsage {
     if sample.is_empty() {
         return pb::BatchUsage::default();
     }
-    let cores = spread(sample.iter().map(Measured::cores).collect(), max.cores().max(0.0));
+    let cores = spread(sample.iter().map(Measured::cores).collect(), max.cores());
     let memory = spread(
         sample.iter().map(|m| m.peak_memory_bytes as f64).collect(),
         max.peak_memory_bytes as f64,
