@@ -10,6 +10,7 @@ mod commands;
 mod data;
 mod doctor;
 mod format;
+mod job_logs;
 mod metrics;
 mod model;
 mod nats_child;
@@ -200,7 +201,7 @@ fn main() -> ExitCode {
                 grep: Some(pattern),
                 regex,
                 ..
-            } => commands::grep(job, pattern, regex).await,
+            } => job_logs::grep(job, pattern, regex).await,
             Command::Logs {
                 job,
                 follow,
@@ -208,7 +209,7 @@ fn main() -> ExitCode {
                 grep: None,
                 node,
                 ..
-            } => commands::logs(job, follow, tail, node).await,
+            } => job_logs::logs(job, follow, tail, node).await,
             Command::Metrics(args) => metrics::metrics(args).await,
             Command::Runs(command) => runs::runs(command).await,
             Command::Compare { jobs, table } => runs::compare(jobs, table).await,

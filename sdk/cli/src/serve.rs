@@ -6,7 +6,6 @@
 //! `--project`, or without it the one service of that name in the projects you may read) or
 //! `PROJECT/NAME`, and a `--model` as `NAME...` of the service's project or `PROJECT/NAME...`.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Result, bail};
@@ -15,79 +14,15 @@ use tabled::settings::Style;
 
 use crate::client;
 use crate::format::{self, Output, out};
-use crate::pack;
 
+mod definition;
 mod logs;
 mod show;
 
+pub use definition::DefinitionArgs;
+use definition::definition_of;
 use show::{models_text, print_status, revision_text, service_json, workers_running};
 
-/// What a revision is made of (create and update take the same).
-#[derive(Debug, clap::Args)]
-pub struct DefinitionArgs {
-    /// A registered model: NAME@ALIAS, NAME:VERSION or NAME (its latest version), of the
-    /// service's project or, as PROJECT/NAME..., of another; repeat for an ensemble.
-    #[arg(long = "model")]
-    pub models: Vec<String>,
-    /// How the members' answers combine: mean, weighted-mean, vote or first.
-    #[arg(long, default_value = "mean")]
-    pub ensemble: String,
-    /// The members' weights, in --model order (weighted-mean and vote), such as 2,1.
-    #[arg(long, value_delimiter = ',')]
-    pub weights: Vec<f64>,
-    /// The deadline of a request that gives none, in milliseconds.
-    #[arg(long, default_value_t = 100)]
-    pub deadline_ms: u64,
-    /// The fewest members whose answers make an answer.
-    #[arg(long, default_value_t = 1)]
-    pub quorum: u32,
-    /// Workers per member (without --min-replicas/--max-replicas).
-    #[arg(long, default_value_t = 1)]
-    pub replicas: u32,
-    #[command(flatten)]
-    pub scaling: ScalingArgs,
-    /// An input requests must give, NAME:DATATYPE:SHAPE with -1 for any size (such as
-    /// x:FP32:-1,64); repeatable. The predictor checks requests against them, serves them as
-    /// the model's metadata, and /predict feeds the first.
-    #[arg(long = "input", value_parser = parse_tensor)]
-    pub inputs: Vec<pb::TensorMetadata>,
-    /// An output the service gives, NAME:DATATYPE:SHAPE; repeatable (/predict answers with the
-    /// first).
-    #[arg(long = "output", value_parser = parse_tensor)]
-    pub outputs: Vec<pb::TensorMetadata>,
-    /// CPU cores per worker (0.5 is half a core).
-    #[arg(long, default_value = "1", value_parser = format::parse_cpu)]
-    pub cpu: u32,
-    /// Memory per worker, such as 512M or 4G.
-    #[arg(long, default_value = "1G", value_parser = format::parse_size)]
-    pub mem: u64,
-    /// GPUs per worker.
-    #[arg(long, default_value_t = 0)]
-    pub gpus: u32,
-    /// Container image of the workers (default: a local process, when kiln runs one).
-    #[arg(long)]
-    pub image: Option<String>,
-    /// Environment variable of the workers, KEY=VALUE (repeatable).
-    #[arg(long = "env", short = 'e', value_parser = format::parse_env)]
-    pub env: Vec<(String, String)>,
-    /// Spot instances only.
-    #[arg(long, conflicts_with = "on_demand")]
-    pub spot: bool,
-    /// On-demand instances only (the default, auto, lets the scheduler choose).
-    #[arg(long)]
-    pub on_demand: bool,
-    /// Directory to pack as the workers' code (default: the current directory).
-    #[arg(long)]
-    pub code: Option<PathBuf>,
-    /// Do not pack and upload any code.
-    #[arg(long, conflicts_with = "code")]
-    pub no_code: bool,
-    /// The worker's command, after `--` (it calls `kiln.serve(predict, load)`).
-    #[arg(last = true)]
-    pub command: Vec<String>,
-}
-
-/// Autoscaling: workers per member between the bounds, from their load.
 #[derive(Debug, clap::Args)]
 pub struct ScalingArgs {
     /// The fewest workers per member; 0 lets an idle member go without (scale to zero).
@@ -406,93 +341,4 @@ pub async fn serve(command: ServeCommand) -> Result<ExitCode> {
         ServeCommand::Logs(args) => logs::logs(&mut clients, args).await?,
     }
     Ok(ExitCode::SUCCESS)
-}
-
-async fn definition_of(
-    clients: &mut client::Clients,
-    project: &str,
-    args: DefinitionArgs,
-) -> Result<pb::ServiceDefinition> {
-    if args.models.is_empty() {
-        bail!("give the service's model(s): --model NAME@ALIAS, NAME:VERSION or NAME (repeat for an ensemble)");
-    }
-    if args.command.is_empty() {
-        bail!("give the worker's command after `--` (it calls kiln.serve(predict, load))");
-    }
-    if !args.weights.is_empty() && args.weights.len() != args.models.len() {
-        bail!(
-            "--weights gives {} weight(s) for {} model(s); give one per --model, in order",
-            args.weights.len(),
-            args.models.len()
-        );
-    }
-    let mut code_digest = String::new();
-    if !args.no_code {
-        let root = match args.code {
-            Some(dir) => dir,
-            None => std::env::current_dir()?,
-        };
-        let bundle = tokio::task::spawn_blocking(move || pack::pack(&root)).await??;
-        pack::upload(clients, &bundle, project, "uploading code").await?;
-        code_digest = bundle.digest;
-    }
-    Ok(pb::ServiceDefinition {
-        models: args
-            .models
-            .iter()
-            .enumerate()
-            .map(|(at, model)| pb::ServiceModel {
-                model: model.clone(),
-                weight: args.weights.get(at).copied().unwrap_or(0.0),
-                member: String::new(),
-            })
-            .collect(),
-        ensemble: args.ensemble,
-        deadline_ms: args.deadline_ms,
-        quorum: args.quorum,
-        replicas: args.replicas,
-        scaling: args.scaling.to_proto(),
-        worker: Some(pb::JobSpec {
-            command: args.command,
-            env: args.env.into_iter().collect(),
-            resources: Some(pb::Resources {
-                cpu_millis: args.cpu,
-                memory_bytes: args.mem,
-                ..Default::default()
-            }),
-            code_digest,
-            image: args.image.unwrap_or_default(),
-            gpus: args.gpus,
-            market: match (args.spot, args.on_demand) {
-                (true, _) => pb::Market::Spot,
-                (_, true) => pb::Market::OnDemand,
-                _ => pb::Market::Unspecified,
-            } as i32,
-            ..Default::default()
-        }),
-        inputs: args.inputs,
-        outputs: args.outputs,
-    })
-}
-
-/// `NAME:DATATYPE:D1,D2,...` (the datatype is checked by the predictor).
-fn parse_tensor(text: &str) -> Result<pb::TensorMetadata, String> {
-    let mut parts = text.splitn(3, ':');
-    let (Some(name), Some(datatype), Some(shape)) = (parts.next(), parts.next(), parts.next()) else {
-        return Err(format!("`{text}` is not NAME:DATATYPE:SHAPE (such as x:FP32:-1,64)"));
-    };
-    let shape = shape
-        .split(',')
-        .filter(|dim| !dim.is_empty())
-        .map(|dim| {
-            dim.trim()
-                .parse::<i64>()
-                .map_err(|_| format!("`{dim}` in `{text}` is not a size or -1"))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(pb::TensorMetadata {
-        name: name.into(),
-        datatype: datatype.to_uppercase(),
-        shape,
-    })
 }

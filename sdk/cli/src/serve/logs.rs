@@ -1,5 +1,5 @@
 //! `kiln serve logs`: the logs of a service's workers, read as `kiln logs` reads a job's
-//! ([`commands::log_lines`]), each line prefixed with its worker: `[member r2 1a2b3c4d] text`
+//! ([`job_logs::log_lines`]), each line prefixed with its worker: `[member r2 1a2b3c4d] text`
 //! (the member, the revision and the end of the worker's job id, its random part). With
 //! `--follow` the workers' lines are merged as they come, and workers that start later (a
 //! replacement, a scale-up, a roll) are followed too, until the service is stopped and its
@@ -14,7 +14,7 @@ use kiln_proto::v1 as pb;
 use tokio_stream::StreamMap;
 
 use crate::client::Clients;
-use crate::commands;
+use crate::job_logs;
 
 /// How often a follow looks for workers that started since.
 const WORKER_POLL: Duration = Duration::from_secs(2);
@@ -57,9 +57,9 @@ pub async fn logs(clients: &mut Clients, args: LogsArgs) -> Result<()> {
         return follow(clients, &args, workers).await;
     }
     for worker in workers {
-        let mut lines = commands::log_lines(clients, &worker.job_id, false, None, 0).await?;
+        let mut lines = job_logs::log_lines(clients, &worker.job_id, false, None, 0).await?;
         while let Some(line) = lines.next().await {
-            commands::print_line(&line?, &worker.prefix)?;
+            job_logs::print_line(&line?, &worker.prefix)?;
         }
     }
     Ok(())
@@ -77,13 +77,13 @@ async fn follow(clients: &mut Clients, args: &LogsArgs, workers: Vec<Worker>) ->
     loop {
         for worker in pending.drain(..) {
             if followed.insert(worker.job_id.clone()) {
-                let lines = commands::log_lines(clients, &worker.job_id, true, None, 0).await?;
+                let lines = job_logs::log_lines(clients, &worker.job_id, true, None, 0).await?;
                 streams.insert(worker.prefix, lines);
             }
         }
         tokio::select! {
             Some((prefix, line)) = streams.next(), if !streams.is_empty() => {
-                commands::print_line(&line?, &prefix)?;
+                job_logs::print_line(&line?, &prefix)?;
             }
             _ = poll.tick() => {
                 let service = get_service(clients, args).await?;
