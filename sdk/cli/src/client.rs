@@ -11,6 +11,7 @@ use std::sync::OnceLock;
 use anyhow::{Context, Result, bail};
 use kiln_core::auth::BearerInterceptor;
 use kiln_core::tls::ClientTlsConfig;
+use kiln_formats::error::with_sources;
 use kiln_proto::v1 as pb;
 use kiln_proto::v1::artifact_service_client::ArtifactServiceClient;
 use kiln_proto::v1::batch_service_client::BatchServiceClient;
@@ -324,19 +325,7 @@ pub(crate) async fn channel(addr: &str, tls: &ClientTlsConfig) -> Result<Channel
         .connect_timeout(std::time::Duration::from_secs(5))
         .connect()
         .await
-        .map_err(|error| anyhow::anyhow!("cannot reach kiln at {addr} ({}); {hint}", error_chain(&error)))
-}
-
-/// An error and its sources, `: `-separated (tonic's transport error alone says "transport error").
-pub fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
+        .map_err(|error| anyhow::anyhow!("cannot reach kiln at {addr} ({}); {hint}", with_sources(&error)))
 }
 
 pub async fn connect(credentials: &Credentials) -> Result<Clients> {

@@ -259,7 +259,7 @@ fn finish(result: anyhow::Result<ExitCode>) -> ExitCode {
                 Some(status) => {
                     // A refused TLS client certificate shows only in the transport error under it.
                     let cause = std::error::Error::source(status)
-                        .map(|source| format!(": {}", client::error_chain(source)))
+                        .map(|source| format!(": {}", kiln_formats::error::with_sources(source)))
                         .unwrap_or_default();
                     eprintln!("error: {} ({:?}){cause}", status.message(), status.code())
                 }

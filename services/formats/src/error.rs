@@ -17,3 +17,17 @@ pub enum Error {
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// An error and its sources, `: `-separated: many libraries' own message hides the cause
+/// (tar's "failed to unpack" hides "No space left on device", tonic's "transport error" and
+/// reqwest's hide the io error).
+pub fn with_sources(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

@@ -256,7 +256,7 @@ impl Config {
 
     /// Where staged files live that isolated jobs must reach: this runner's part of the work
     /// root when process jobs are isolated, else the work dir.
-    fn shared_root(&self) -> Option<PathBuf> {
+    pub fn shared_root(&self) -> Option<PathBuf> {
         self.isolates_processes()
             .then(|| crate::provider::process::isolation::runner_root(&self.process.work_root, &self.work_dir))
     }

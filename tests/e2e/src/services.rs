@@ -2,6 +2,18 @@
 
 use super::*;
 
+/// Isolated process jobs stage datasets and code in this runner's part of the shared work root
+/// (`/var/lib/kiln-jobs/.runner-<hash of the work dir>`), outside the stack's temporary
+/// directory: every stack's work dir is new, so without this each test left its datasets (a
+/// gibibyte for tests/datasets.rs) on the disk for good.
+impl Drop for Stack {
+    fn drop(&mut self) {
+        if let Some(root) = self.runner_config("").shared_root() {
+            let _ = std::fs::remove_dir_all(root);
+        }
+    }
+}
+
 impl Stack {
     /// A runner configuration for this stack: pool `local`, 2 cores, 2 s grace period.
     pub fn runner_config(&self, runner_id: &str) -> kiln_runner::Config {

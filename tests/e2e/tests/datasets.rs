@@ -243,6 +243,21 @@ fn runner_binary() -> PathBuf {
 async fn a_1_gib_dataset_reaches_a_job_while_the_runner_stays_under_200_mb() {
     const SIZE: u64 = 1 << 30;
     let stack = Stack::start_without_runner().await;
+    // The archive and its blob, then the blob and the unpacked copy, are on the disk together.
+    let cache = stack.runner_config("runner-big").dataset_cache_dir();
+    for dir in [
+        stack.dir.path(),
+        cache.ancestors().find(|dir| dir.try_exists().unwrap_or(false)).unwrap(),
+    ] {
+        let stat = nix::sys::statvfs::statvfs(dir).unwrap();
+        let free = stat.blocks_available() * stat.fragment_size();
+        assert!(
+            free > 2 * SIZE + (256 << 20),
+            "this test needs 2.25 GiB free on the filesystem of {}; it has {} MiB",
+            dir.display(),
+            free >> 20
+        );
+    }
     let archive = stack.dir.path().join("big.tar.gz");
     let written = archive.clone();
     let (digest, archive_size) = tokio::task::spawn_blocking(move || write_noise_archive(&written, SIZE))

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use http::header::CONTENT_TYPE;
+use kiln_formats::error::with_sources;
 use object_store::aws::{AwsAuthorizer, AwsCredentialProvider};
 use object_store::client::{HttpRequest, HttpRequestBody};
 use rand::Rng;
@@ -176,10 +177,10 @@ impl QueryClient {
                 return Err(CallError::Cloud(CloudError::Unavailable(format!(
                     "{action}: cannot connect to {}: {}",
                     self.endpoint,
-                    error_chain(&error)
+                    with_sources(&error)
                 ))));
             }
-            Err(error) => return Err(lost(format!("{action}: sent, no answer: {}", error_chain(&error)))),
+            Err(error) => return Err(lost(format!("{action}: sent, no answer: {}", with_sources(&error)))),
         };
         let status = response.status().as_u16();
         let retry_after = response
@@ -190,7 +191,7 @@ impl QueryClient {
             .map(Duration::from_secs);
         let text = match response.text().await {
             Ok(text) => text,
-            Err(error) => return Err(lost(format!("{action}: answer cut off: {}", error_chain(&error)))),
+            Err(error) => return Err(lost(format!("{action}: answer cut off: {}", with_sources(&error)))),
         };
         if status == 200 {
             debug!(action, bytes = text.len(), "ec2 answered");
@@ -213,16 +214,4 @@ impl QueryClient {
             }
         }
     }
-}
-
-/// An error with its sources (reqwest's own message hides the io error that says "reset").
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }

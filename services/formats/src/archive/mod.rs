@@ -24,7 +24,7 @@ use std::path::{Component, Path, PathBuf};
 use tar::EntryType;
 
 use self::bounded::{Bounded, Cutoff};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, with_sources};
 
 /// Most bytes of headers (the 512-byte header blocks, GNU long names and links, pax
 /// extensions) read before one entry; the tar reader keeps long names and pax extensions in
@@ -46,7 +46,7 @@ pub fn unpack(reader: impl Read, dest: &Path, limits: Limits) -> Result<u64> {
     walk(reader, limits, move |entry, path| {
         let unpacked = entry
             .unpack_in(dest)
-            .map_err(|e| Error::Archive(format!("cannot unpack {}: {e}", path.display())))?;
+            .map_err(|e| Error::Archive(format!("cannot unpack {}: {}", path.display(), with_sources(&e))))?;
         if unpacked {
             Ok(())
         } else {

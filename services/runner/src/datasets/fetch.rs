@@ -158,7 +158,8 @@ async fn hash_prefix(path: PathBuf, len: u64) -> Result<Sha256> {
     .map_err(|e| Error::Dataset(format!("hashing a partial download failed: {e}")))?
 }
 
-pub(super) async fn remove_file(path: &Path) {
+/// Removes a file, saying so when it cannot (a missing one is fine).
+pub(crate) async fn remove_file(path: &Path) {
     if let Err(error) = tokio::fs::remove_file(path).await
         && error.kind() != std::io::ErrorKind::NotFound
     {

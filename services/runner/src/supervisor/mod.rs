@@ -24,6 +24,7 @@ use nix::sys::signal::Signal;
 use tokio_util::sync::CancellationToken;
 
 use crate::Context;
+use crate::datasets::fetch::remove_file;
 use crate::error::Error;
 use crate::liveness::Holding;
 use crate::logs::LogShipper;
@@ -278,10 +279,9 @@ async fn execute(
     };
     let serving = crate::relay::Member::of_env(&spec.env, &job.project);
     let provisioned = ctx.provider.provision(&spec).await;
-    // The provider has put the code, datasets and restored outputs in place (or failed): their
-    // archives on this host are done with.
-    let archives = spec.code.iter().chain(spec.datasets.iter().map(|(_, archive)| archive));
-    for archive in archives.chain(spec.restore.iter()) {
+    // The provider has put the code and restored outputs in place (or failed): their archives
+    // on this host are done with. The datasets are directories of the cache, held by leases.
+    for archive in spec.code.iter().chain(spec.restore.iter()) {
         remove_file(archive).await;
     }
     drop(spec);
@@ -449,14 +449,5 @@ fn not_started(error: Error) -> Outcome {
         reason: error.to_string(),
         exit_code,
         stopped: false,
-    }
-}
-
-/// Removes a file, saying so when it cannot (a missing one is fine).
-async fn remove_file(path: &std::path::Path) {
-    if let Err(error) = tokio::fs::remove_file(path).await
-        && error.kind() != std::io::ErrorKind::NotFound
-    {
-        tracing::warn!(path = %path.display(), error = %error, "cannot remove a file");
     }
 }
