@@ -111,6 +111,7 @@ pub struct Pipeline {
     subject: String,
     limit: usize,
     in_flight: VecDeque<Pending>,
+    stored: u64,
 }
 
 struct Pending {
@@ -127,7 +128,14 @@ impl Pipeline {
             subject: subject.into(),
             limit: in_flight.max(1),
             in_flight: VecDeque::with_capacity(in_flight),
+            stored: 0,
         }
+    }
+
+    /// How many of the messages sent so far are stored: always the first ones sent, as acks
+    /// are taken in order and a failure sends the rest again in order.
+    pub fn stored(&self) -> u64 {
+        self.stored
     }
 
     /// Sends a message, first waiting for the oldest ack when `in_flight` await theirs.
@@ -174,6 +182,7 @@ impl Pipeline {
         match ack.await {
             Ok(_) => {
                 self.in_flight.pop_front();
+                self.stored += 1;
                 Ok(())
             }
             Err(error) => self.send_again(&error.to_string()).await,
@@ -184,6 +193,7 @@ impl Pipeline {
         tracing::warn!(subject = %self.subject, error, pending = self.in_flight.len(), "publish failed; sending the pending messages again");
         while let Some(pending) = self.in_flight.pop_front() {
             publish(&self.js, self.subject.clone(), &pending.msg_id, pending.payload).await?;
+            self.stored += 1;
         }
         Ok(())
     }

@@ -38,6 +38,9 @@ pub enum Error {
     Tls(#[from] kiln_core::tls::TlsError),
     #[error(transparent)]
     Metrics(#[from] kiln_core::metrics::MetricsError),
+    /// A task of this service that failed (a panic): a bug.
+    #[error("{0}")]
+    Internal(String),
 }
 
 impl Error {
@@ -61,7 +64,9 @@ impl Error {
             Error::Core(error) => error.kind(),
             Error::Nats(error) => error.kind(),
             Error::Tls(error) => error.kind(),
-            Error::Objects(_) | Error::Bind { .. } | Error::Serve(_) | Error::Metrics(_) => ErrorKind::Internal,
+            Error::Objects(_) | Error::Bind { .. } | Error::Serve(_) | Error::Metrics(_) | Error::Internal(_) => {
+                ErrorKind::Internal
+            }
         }
     }
 }

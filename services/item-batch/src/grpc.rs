@@ -13,6 +13,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::Shared;
 use crate::error::{Error, Result};
+use crate::intake::Intake;
 use crate::spec::Spec;
 use crate::store::{self, BatchRecord, NewItem};
 
@@ -83,29 +84,37 @@ impl BatchService for BatchApi {
     ) -> Result<Response<pb::AddItemsResponse>, Status> {
         let caller = caller(&request)?;
         let mut messages = request.into_inner();
-        let mut batch_id = String::new();
-        let mut response = pb::AddItemsResponse::default();
+        let mut intake: Option<Intake> = None;
         while let Some(message) = messages.next().await {
             let message = message?;
-            if batch_id.is_empty() {
-                batch_id = self.visible(&caller, &message.batch_id).await?.id;
-            } else if !message.batch_id.is_empty() && message.batch_id != batch_id {
-                return Err(Error::InvalidArgument(format!(
-                    "one AddItems call adds to one batch: {batch_id}, not {}",
-                    message.batch_id
-                ))
-                .into());
-            }
-            let items = check_items(message.items)?;
-            let (added, duplicates) = self.shared.add(&batch_id, items).await?;
-            response.added += added;
-            response.duplicates += duplicates;
+            let intake = match &mut intake {
+                None => {
+                    let batch_id = self.visible(&caller, &message.batch_id).await?.id;
+                    intake.insert(Intake::start(self.shared.clone(), batch_id))
+                }
+                Some(intake) if message.batch_id.is_empty() || message.batch_id == intake.batch_id() => intake,
+                Some(intake) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "one AddItems call adds to one batch: {}, not {}",
+                        intake.batch_id(),
+                        message.batch_id
+                    ))
+                    .into());
+                }
+            };
+            intake.add(check_items(message.items)?).await?;
         }
-        if batch_id.is_empty() {
+        let Some(intake) = intake else {
             return Err(Error::InvalidArgument("no message named a batch".into()).into());
-        }
-        response.total = self.shared.batches.tally(&batch_id).await?.total;
-        Ok(Response::new(response))
+        };
+        let batch_id = intake.batch_id().to_string();
+        let (added, duplicates) = intake.finish().await?;
+        let total = self.shared.batches.tally(&batch_id).await?.total;
+        Ok(Response::new(pb::AddItemsResponse {
+            added,
+            duplicates,
+            total,
+        }))
     }
 
     async fn add_items_from_objects(

@@ -26,13 +26,13 @@ use kiln_proto::v1 as pb;
 use kiln_proto::v1::batch_service_server::BatchServiceServer;
 use kiln_proto::v1::item_work_service_server::ItemWorkServiceServer;
 use object_store::ObjectStore;
-use prost::Message;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub mod config;
 pub mod error;
 pub mod grpc;
+mod intake;
 mod progress;
 pub mod results;
 pub mod retry;
@@ -53,8 +53,8 @@ use crate::progress::Progress;
 use crate::store::{BatchStore, NewItem};
 
 const SCHEMA_WAIT: Duration = Duration::from_secs(60);
-/// Items published, then recorded as published, at a time.
-const PUBLISH_CHUNK: usize = 1024;
+/// Unpublished items read from the database at a time.
+const UNPUBLISHED_PAGE: u64 = 10_000;
 /// How long a batch's state read from the database is trusted by the sessions.
 const STATE_TTL: Duration = Duration::from_millis(500);
 /// What every part of item-batch shares.
@@ -67,6 +67,9 @@ pub struct Shared {
     /// Where workers reach this service.
     pub advertise_url: String,
     states: Mutex<HashMap<String, (String, Instant)>>,
+    /// Batches with an [`intake::Intake`] under way here, and how many: their recorded items
+    /// are on their way to the queue, not stranded (see [`Shared::publish_stranded`]).
+    intakes: Mutex<HashMap<String, usize>>,
     progress: Mutex<HashMap<String, Progress>>,
     /// What batches' items used, read at most every few seconds per batch.
     pub(crate) usage: usage::UsageCache,
@@ -131,9 +134,9 @@ impl Shared {
         consumer.info().await.ok().map(|info| info.num_ack_pending as u64)
     }
 
-    /// Adds checked items to an open batch: records them, then puts the new ones on KILN_ITEMS.
-    /// Returns (added, duplicates).
-    pub async fn add(&self, batch_id: &str, items: Vec<NewItem>) -> Result<(u64, u64)> {
+    /// Records checked items in an open batch; returns the new ones (to publish: see
+    /// [`intake::Intake`]) and how many were duplicates.
+    pub(crate) async fn record(&self, batch_id: &str, items: Vec<NewItem>) -> Result<(Vec<NewItem>, u64)> {
         self.forget_state(batch_id);
         let state = self.batch_state(batch_id).await?;
         if state != store::OPEN {
@@ -141,50 +144,49 @@ impl Shared {
                 "batch {batch_id} is {state}; items can only be added to an open batch"
             )));
         }
-        let (fresh, duplicates) = self.batches.add_items(batch_id, items).await?;
-        let queued: Vec<pb::QueuedItem> = fresh
-            .into_iter()
-            .map(|item| pb::QueuedItem {
-                batch_id: batch_id.to_string(),
-                key: item.key,
-                uri: item.uri,
-                params: item.params.into_iter().collect(),
-                round: 0,
-            })
-            .collect();
-        let added = queued.len() as u64;
-        self.publish_items(batch_id, &queued).await?;
-        self.metrics.items_added.inc_by(added);
-        Ok((added, duplicates))
+        self.batches.add_items(batch_id, items).await
     }
 
-    /// Puts items on KILN_ITEMS (message id: batch, key and round, so a second publish within
-    /// the duplicate window is dropped), then records them as published.
-    async fn publish_items(&self, batch_id: &str, items: &[pb::QueuedItem]) -> Result<()> {
-        let subject = subjects::items(batch_id);
-        for chunk in items.chunks(PUBLISH_CHUNK) {
-            let messages = chunk
-                .iter()
-                .map(|item| {
-                    let msg_id = subjects::item_msg_id(batch_id, &item.key, item.round);
-                    (msg_id, item.encode_to_vec().into())
-                })
-                .collect();
-            streams::publish_all(&self.nats.jetstream, &subject, messages).await?;
-            let keys: Vec<String> = chunk.iter().map(|item| item.key.clone()).collect();
-            self.batches.mark_published(batch_id, &keys).await?;
+    fn intake_began(&self, batch_id: &str) {
+        *self
+            .intakes
+            .lock()
+            .expect("intakes lock")
+            .entry(batch_id.to_string())
+            .or_default() += 1;
+    }
+
+    fn intake_ended(&self, batch_id: &str) {
+        let mut intakes = self.intakes.lock().expect("intakes lock");
+        if let Some(count) = intakes.get_mut(batch_id) {
+            *count -= 1;
+            if *count == 0 {
+                intakes.remove(batch_id);
+            }
         }
-        Ok(())
+    }
+
+    /// Publishes items stranded unpublished (an intake that died with its process, or whose
+    /// queue stayed away past the publish window), unless an intake of this process is under
+    /// way for the batch: its items are unpublished only until it publishes them, and sending
+    /// them twice would cost as much again (the copies are dropped as duplicates). An intake
+    /// of another replica can still be doubled that way, harmlessly.
+    pub async fn publish_stranded(self: &Arc<Self>, batch_id: &str) -> Result<usize> {
+        if self.intakes.lock().expect("intakes lock").contains_key(batch_id) {
+            return Ok(0);
+        }
+        self.publish_unpublished(batch_id).await
     }
 
     /// Publishes the items recorded but not published (a crash came between, or RetryFailed).
-    pub async fn publish_unpublished(&self, batch_id: &str) -> Result<usize> {
+    pub async fn publish_unpublished(self: &Arc<Self>, batch_id: &str) -> Result<usize> {
+        let mut intake = intake::Intake::start(self.clone(), batch_id.to_string());
         let mut published = 0;
+        let mut after = String::new();
         loop {
-            let items = self.batches.unpublished(batch_id, 10_000).await?;
-            if items.is_empty() {
-                return Ok(published);
-            }
+            let items = self.batches.unpublished(batch_id, &after, UNPUBLISHED_PAGE).await?;
+            let Some(last) = items.last() else { break };
+            after = last.item_key.clone();
             let queued: Vec<pb::QueuedItem> = items
                 .into_iter()
                 .map(|item| pb::QueuedItem {
@@ -196,8 +198,10 @@ impl Shared {
                 })
                 .collect();
             published += queued.len();
-            self.publish_items(batch_id, &queued).await?;
+            intake.publish(queued).await?;
         }
+        intake.finish().await?;
+        Ok(published)
     }
 
     /// Cancels a batch: no more dispatch (its consumer and queued items go), its workers stop.
@@ -269,6 +273,7 @@ impl ItemBatch {
             objects,
             advertise_url,
             states: Mutex::new(HashMap::new()),
+            intakes: Mutex::new(HashMap::new()),
             progress: Mutex::new(HashMap::new()),
             usage: usage::UsageCache::default(),
             wake: tokio::sync::Notify::new(),

@@ -57,6 +57,7 @@ impl Shared {
     pub async fn describe(&self, record: &BatchRecord) -> Result<pb::Batch> {
         let spec = Spec::from_json(&record.spec_json)?;
         let tally = self.batches.tally(&record.id).await?;
+        let (cpu_seconds, peak_memory_bytes) = self.usage.figures(&self.batches, record).await?;
         let live = matches!(record.state.as_str(), store::OPEN | store::SEALED);
         let in_flight = if live {
             self.in_flight(&record.id).await.unwrap_or(0)
@@ -84,12 +85,12 @@ impl Shared {
             items_per_second: rate,
             eta_seconds,
             workers,
-            cpu_seconds_per_item: if tally.total > 0 && tally.finished() + tally.failed > 0 {
-                tally.cpu_seconds / (tally.finished() + tally.failed) as f64
+            cpu_seconds_per_item: if tally.finished() + tally.failed > 0 {
+                cpu_seconds / (tally.finished() + tally.failed) as f64
             } else {
                 0.0
             },
-            peak_memory_bytes: tally.peak_memory_bytes,
+            peak_memory_bytes,
             created_at_ms: record.created_at_ms,
             finished_at_ms: record.finished_at_ms.unwrap_or(0),
             stalled_reason: if live {

@@ -124,7 +124,7 @@ async fn sample_live(shared: &Shared) -> Result<()> {
 /// have no backlog left (one index probe each), to end them at once. `leading` tells whether
 /// this replica still holds the scaler lease; workers are asked for or stopped only while it does.
 /// A full pass also sets the backlog, batch and worker gauges.
-pub async fn pass(shared: &Shared, woken: bool, leading: &(dyn Fn() -> bool + Sync)) -> Result<()> {
+pub async fn pass(shared: &Arc<Shared>, woken: bool, leading: &(dyn Fn() -> bool + Sync)) -> Result<()> {
     let mut totals = PassTotals::default();
     for batch in shared
         .batches
@@ -149,12 +149,12 @@ pub async fn pass(shared: &Shared, woken: bool, leading: &(dyn Fn() -> bool + Sy
 }
 
 async fn tend(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     batch: &BatchRecord,
     leading: &(dyn Fn() -> bool + Sync),
     totals: &mut PassTotals,
 ) -> Result<()> {
-    shared.publish_unpublished(&batch.id).await?;
+    shared.publish_stranded(&batch.id).await?;
     let tally = shared.batches.tally(&batch.id).await?;
     shared.sample(&batch.id, tally.finished());
     let in_flight = match tally.pending {

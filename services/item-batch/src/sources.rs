@@ -4,6 +4,8 @@
 //! [`MAX_ITEMS_PER_MESSAGE`], so neither a listing of millions of objects nor a manifest of
 //! gigabytes is ever held whole; items go in listing order (lexicographic on S3).
 
+use std::sync::Arc;
+
 use futures::StreamExt;
 use kiln_proto::v1 as pb;
 use object_store::ObjectStoreExt;
@@ -12,26 +14,21 @@ use object_store::path::Path as ObjectPath;
 use crate::Shared;
 use crate::error::{Error, Result};
 use crate::grpc::{MAX_ITEMS_PER_MESSAGE, MAX_URI_BYTES, check_items};
+use crate::intake::Intake;
 
-/// Adds URIs to a batch a message at a time, counting what was added.
-struct Adder<'a> {
-    shared: &'a Shared,
-    batch_id: &'a str,
+/// Adds URIs to a batch a message at a time.
+struct Adder {
+    intake: Intake,
     pending: Vec<String>,
     seen: u64,
-    added: u64,
-    duplicates: u64,
 }
 
-impl<'a> Adder<'a> {
-    fn new(shared: &'a Shared, batch_id: &'a str) -> Self {
+impl Adder {
+    fn new(shared: &Arc<Shared>, batch_id: &str) -> Self {
         Adder {
-            shared,
-            batch_id,
+            intake: Intake::start(shared.clone(), batch_id.to_string()),
             pending: Vec::new(),
             seen: 0,
-            added: 0,
-            duplicates: 0,
         }
     }
 
@@ -57,16 +54,13 @@ impl<'a> Adder<'a> {
                 params: Default::default(),
             })
             .collect();
-        let (added, duplicates) = self.shared.add(self.batch_id, check_items(items)?).await?;
-        self.added += added;
-        self.duplicates += duplicates;
-        Ok(())
+        self.intake.add(check_items(items)?).await
     }
 
     /// Adds what is left; returns (added, duplicates).
     async fn finish(mut self) -> Result<(u64, u64)> {
         self.flush().await?;
-        Ok((self.added, self.duplicates))
+        self.intake.finish().await
     }
 }
 
@@ -101,7 +95,7 @@ async fn readable_location(shared: &Shared, project: &str, text: &str) -> Result
 /// Adds the objects under `prefix` (outputs of a job of the batch's `project`) as items;
 /// returns (added, duplicates).
 pub(crate) async fn add_from_prefix(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     batch_id: &str,
     project: &str,
     prefix: &str,
@@ -123,7 +117,7 @@ pub(crate) async fn add_from_prefix(
 /// Adds the lines of a manifest object as items, one URI per line (blank lines and lines
 /// starting with # are skipped); returns (added, duplicates).
 pub(crate) async fn add_from_manifest(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     batch_id: &str,
     project: &str,
     path: &str,

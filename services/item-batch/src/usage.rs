@@ -26,37 +26,60 @@ const MEMORY_STEP: u64 = 64 << 20;
 /// Batches' usage, read from the database at most every [`USAGE_TTL`] each (`kiln batch status
 /// --watch` and the web UI ask every second or two), and again when the batch's state changes
 /// (a batch seen DONE gets figures over every item, which a page reads last).
+/// The same holds for a batch's totals (CPU seconds summed, largest peak memory), which every
+/// description of a batch carries and which, unlike its counters, need every row.
 #[derive(Default)]
-pub struct UsageCache(Mutex<HashMap<String, Cached>>);
+pub struct UsageCache {
+    usage: Mutex<HashMap<String, Cached<pb::BatchUsage>>>,
+    figures: Mutex<HashMap<String, Cached<(f64, u64)>>>,
+}
 
-struct Cached {
+struct Cached<T> {
     at: Instant,
     state: String,
-    usage: pb::BatchUsage,
+    value: T,
+}
+
+/// The value cached for `record` while it is fresh and of the batch's current state.
+fn fresh<T: Clone>(cache: &Mutex<HashMap<String, Cached<T>>>, record: &BatchRecord) -> Option<T> {
+    let cache = cache.lock().expect("usage lock");
+    let cached = cache.get(&record.id)?;
+    (cached.at.elapsed() < USAGE_TTL && cached.state == record.state).then(|| cached.value.clone())
+}
+
+fn keep<T>(cache: &Mutex<HashMap<String, Cached<T>>>, record: &BatchRecord, value: T) {
+    let mut cache = cache.lock().expect("usage lock");
+    cache.retain(|_, cached| cached.at.elapsed() < USAGE_TTL);
+    cache.insert(
+        record.id.clone(),
+        Cached {
+            at: Instant::now(),
+            state: record.state.clone(),
+            value,
+        },
+    );
 }
 
 impl UsageCache {
     pub async fn of(&self, batches: &BatchStore, record: &BatchRecord) -> Result<pb::BatchUsage> {
-        if let Some(cached) = self.0.lock().expect("usage lock").get(&record.id)
-            && cached.at.elapsed() < USAGE_TTL
-            && cached.state == record.state
-        {
-            return Ok(cached.usage.clone());
+        if let Some(usage) = fresh(&self.usage, record) {
+            return Ok(usage);
         }
         let spec = Spec::from_json(&record.spec_json)?;
         let (sample, items, max) = batches.usage(&record.id, SAMPLE).await?;
         let usage = summarize(&sample, items, max, spec.cpu_millis, spec.memory_mb);
-        let mut cache = self.0.lock().expect("usage lock");
-        cache.retain(|_, cached| cached.at.elapsed() < USAGE_TTL);
-        cache.insert(
-            record.id.clone(),
-            Cached {
-                at: Instant::now(),
-                state: record.state.clone(),
-                usage: usage.clone(),
-            },
-        );
+        keep(&self.usage, record, usage.clone());
         Ok(usage)
+    }
+
+    /// The CPU seconds of the batch's items summed, and their largest peak memory.
+    pub async fn figures(&self, batches: &BatchStore, record: &BatchRecord) -> Result<(f64, u64)> {
+        if let Some(figures) = fresh(&self.figures, record) {
+            return Ok(figures);
+        }
+        let figures = batches.figures(&record.id).await?;
+        keep(&self.figures, record, figures);
+        Ok(figures)
     }
 }
 

@@ -187,19 +187,25 @@ pub struct Stack {
 
 /// The workspace's kiln-agent (built with the workspace: `cargo build --workspace`).
 pub fn agent_binary() -> std::path::PathBuf {
+    workspace_binary("kiln-agent")
+}
+
+/// A binary of the workspace beside the test's own build (`cargo build --workspace` makes
+/// them): for tests that run a service in a process of its own, to SIGKILL it or to measure it.
+pub fn workspace_binary(name: &str) -> std::path::PathBuf {
     let exe = std::env::current_exe().expect("the test's path");
-    // target/<profile>/deps/<test> → target/<profile>/kiln-agent
-    let agent = exe
+    // target/<profile>/deps/<test> → target/<profile>/<name>
+    let binary = exe
         .parent()
         .and_then(|deps| deps.parent())
-        .map(|profile| profile.join("kiln-agent"))
+        .map(|profile| profile.join(name))
         .expect("a target directory");
     assert!(
-        agent.try_exists().unwrap_or(false),
+        binary.try_exists().unwrap_or(false),
         "{} does not exist: build the workspace first (cargo build --workspace)",
-        agent.display()
+        binary.display()
     );
-    agent
+    binary
 }
 
 /// The static kiln-agent that batch workers' containers run (scripts/build-agent.sh builds it;

@@ -312,3 +312,99 @@ fn list_is_settled(batch: &pb::Batch) -> bool {
     let c = counts_of(batch);
     c.pending == 0 && c.running == 0 && c.failed == 0
 }
+
+/// item-batch as a process of its own on a fixed port (so workers and clients find it again
+/// after a restart), SIGKILLed by the test.
+struct ItemBatchProcess {
+    child: tokio::process::Child,
+}
+
+impl ItemBatchProcess {
+    async fn start(stack: &Stack, config_file: &std::path::Path) -> ItemBatchProcess {
+        let child = tokio::process::Command::new(kiln_e2e::workspace_binary("kiln-item-batch"))
+            .arg("--config")
+            .arg(config_file)
+            .env("RUST_LOG", "warn")
+            .kill_on_drop(true)
+            .spawn()
+            .expect("kiln-item-batch starts");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let addr = stack.batches_addr.expect("the fixed address");
+        while tokio::net::TcpStream::connect(addr).await.is_err() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "kiln-item-batch did not listen on {addr}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let mut client = stack.batches_client().await;
+        while client.list_batches(pb::ListBatchesRequest::default()).await.is_err() {
+            assert!(tokio::time::Instant::now() < deadline, "kiln-item-batch did not answer");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        ItemBatchProcess { child }
+    }
+
+    async fn sigkill(mut self) {
+        self.child.start_kill().unwrap();
+        self.child.wait().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn item_batch_sigkilled_mid_intake_loses_nothing_and_counts_nothing_twice() {
+    const ITEMS: usize = 20_000;
+    let mut stack = Stack::start().await;
+    let mut config = stack.item_batch_config();
+    config.grpc.listen = std::net::SocketAddr::from(([127, 0, 0, 1], kiln_core::testing::free_port()));
+    stack.batches_addr = Some(config.grpc.listen);
+    let config_file = stack.dir.path().join("item-batch.toml");
+    std::fs::write(&config_file, toml::to_string(&config).unwrap()).unwrap();
+    let item_batch = ItemBatchProcess::start(&stack, &config_file).await;
+
+    let mut work = batch_spec(&["kiln:noop"]);
+    work.max_workers = 2;
+    let batch = create_batch(&stack, work).await;
+    let items = mem_items((0..ITEMS).map(|n| format!("k{n:05}")));
+    let adding = tokio::spawn({
+        let client = stack.batches_client().await;
+        let requests = kiln_e2e::add_requests(&batch.id, &items, 1000);
+        async move { client.clone().add_items(futures::stream::iter(requests)).await }
+    });
+    // SIGKILL it once part of the intake is recorded, while the rest is on its way.
+    wait_batch(&stack, &batch.id, "part of the intake", |b| counts_of(b).total >= 2_000).await;
+    item_batch.sigkill().await;
+    let cut = adding.await.unwrap();
+    assert!(cut.is_err(), "the intake was cut off by the SIGKILL: {cut:?}");
+    // The rows a dead intake left, published or not: the restart must queue every one.
+    let _restarted = ItemBatchProcess::start(&stack, &config_file).await;
+    let recorded = counts_of(&batch_now(&stack, &batch.id).await).total;
+    assert!(
+        recorded < ITEMS as u64,
+        "the SIGKILL came after the whole intake ({recorded})"
+    );
+
+    // The client adds everything again, as a pipeline would after an error: the items recorded
+    // before the crash are duplicates. A worker SIGKILLed meanwhile loses nothing either.
+    let again = add_items(&stack, &batch.id, items.clone()).await.unwrap();
+    assert_eq!(
+        (again.added, again.duplicates, again.total),
+        (ITEMS as u64 - recorded, recorded, ITEMS as u64)
+    );
+    let deadline = tokio::time::Instant::now() + BATCH_PATIENCE;
+    while live_workers(&stack, &batch.id).await == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "no worker came up");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    kill_a_worker(&stack, &batch.id).await;
+    seal_batch(&stack, &batch.id).await;
+    let done = wait_batch(&stack, &batch.id, "done", |b| b.state == pb::BatchState::Done as i32).await;
+    let c = counts_of(&done);
+    assert_eq!(
+        (c.total, c.succeeded, c.dead, c.failed),
+        (ITEMS as u64, ITEMS as u64, 0, 0),
+        "{c:?}"
+    );
+    assert_adds_up(&c);
+    eprintln!("SIGKILL after {recorded} of {ITEMS} items were recorded; all {ITEMS} succeeded once");
+}

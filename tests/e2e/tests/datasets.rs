@@ -228,17 +228,6 @@ fn peak_rss(pid: u32) -> u64 {
     kib * 1024
 }
 
-/// The workspace's kiln-runner binary (built with the workspace: `cargo build --workspace`).
-fn runner_binary() -> PathBuf {
-    let runner = kiln_e2e::agent_binary().with_file_name("kiln-runner");
-    assert!(
-        runner.try_exists().unwrap_or(false),
-        "{} does not exist: build the workspace first (cargo build --workspace)",
-        runner.display()
-    );
-    runner
-}
-
 #[tokio::test]
 async fn a_1_gib_dataset_reaches_a_job_while_the_runner_stays_under_200_mb() {
     const SIZE: u64 = 1 << 30;
@@ -273,7 +262,7 @@ async fn a_1_gib_dataset_reaches_a_job_while_the_runner_stays_under_200_mb() {
     let config = stack.runner_config("runner-big");
     let config_file = stack.dir.path().join("runner.toml");
     std::fs::write(&config_file, toml::to_string(&config).unwrap()).unwrap();
-    let mut runner = tokio::process::Command::new(runner_binary())
+    let mut runner = tokio::process::Command::new(kiln_e2e::workspace_binary("kiln-runner"))
         .arg("--config")
         .arg(&config_file)
         .env("RUST_LOG", "warn")

@@ -1,14 +1,17 @@
 //! The outcomes of attempts, applied once (see the note of the parent module), and new rounds
 //! for dead items.
 
+use std::collections::HashMap;
+
 use kiln_core::ids::now_ms;
 use kiln_proto::v1 as pb;
 use sea_orm::sea_query::{Expr, ExprTrait, OnConflict};
-use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter, TransactionTrait};
+use sea_orm::{
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DbBackend, EntityTrait, QueryFilter, QuerySelect, Statement,
+    TransactionTrait, Value,
+};
 
-use sea_orm::{ConnectionTrait, QuerySelect};
-
-use super::{BatchStore, DEAD, FAILED, PENDING, SUCCEEDED, attempt, item, item_state_name};
+use super::{BatchStore, DEAD, FAILED, PENDING, ROWS_PER_STATEMENT, SUCCEEDED, attempt, item, item_state_name};
 use crate::error::Result;
 
 /// Outcomes that moved an item (a redelivered one moves none), by the state moved to.
@@ -19,18 +22,151 @@ pub struct Applied {
     pub dead: u64,
 }
 
+impl Applied {
+    fn count(&mut self, state: &str, moved: u64) {
+        match state {
+            SUCCEEDED => self.succeeded += moved,
+            FAILED => self.failed += moved,
+            DEAD => self.dead += moved,
+            _ => {}
+        }
+    }
+}
+
+/// One statement moving every item of `results` (distinct items) to `state`, each only if this
+/// is a later attempt of its current round and it is not finished (as the one-item update does):
+/// `WITH v(...) AS (VALUES ...) UPDATE batch_items SET ... FROM v WHERE ...`, which SQLite
+/// (3.33 on) and Postgres both take.
+fn bulk_update(backend: DbBackend, state: &str, results: &[&pb::ItemResult], now: i64) -> Statement {
+    const COLUMNS: usize = 9;
+    let mut values: Vec<Value> = Vec::with_capacity(results.len() * COLUMNS + 4);
+    let mut placeholder = |value: Value| {
+        values.push(value);
+        match backend {
+            DbBackend::Postgres => format!("${}", values.len()),
+            _ => "?".to_string(),
+        }
+    };
+    let rows: Vec<String> = results
+        .iter()
+        .map(|result| {
+            let row = [
+                placeholder(result.batch_id.clone().into()),
+                placeholder(result.key.clone().into()),
+                placeholder(i32::try_from(result.round).unwrap_or(i32::MAX).into()),
+                placeholder(i32::try_from(result.attempt).unwrap_or(i32::MAX).into()),
+                placeholder(result.exit_code.into()),
+                placeholder(result.reason.clone().into()),
+                placeholder(result.cpu_seconds.into()),
+                placeholder(i64::try_from(result.peak_memory_bytes).unwrap_or(i64::MAX).into()),
+                placeholder(i64::try_from(result.duration_ms).unwrap_or(i64::MAX).into()),
+            ];
+            format!("({})", row.join(", "))
+        })
+        .collect();
+    let state_value = placeholder(state.into());
+    let now_value = placeholder(now.into());
+    let succeeded = placeholder(SUCCEEDED.into());
+    let dead = placeholder(DEAD.into());
+    let sql = format!(
+        "WITH v(batch_id, item_key, round, attempt, exit_code, reason, cpu_seconds, peak_memory_bytes, duration_ms) \
+         AS (VALUES {}) \
+         UPDATE batch_items SET state = {state_value}, attempts = batch_items.attempts + 1, \
+         last_attempt = v.attempt, exit_code = v.exit_code, reason = v.reason, cpu_seconds = v.cpu_seconds, \
+         peak_memory_bytes = v.peak_memory_bytes, duration_ms = v.duration_ms, updated_at_ms = {now_value} \
+         FROM v WHERE batch_items.batch_id = v.batch_id AND batch_items.item_key = v.item_key \
+         AND batch_items.round = v.round AND batch_items.last_attempt < v.attempt \
+         AND batch_items.state NOT IN ({succeeded}, {dead})",
+        rows.join(", ")
+    );
+    Statement::from_sql_and_values(backend, sql, values)
+}
+
+/// The kept record of an attempt: its outcome and last lines.
+fn attempt_row(result: &pb::ItemResult, now: i64) -> attempt::ActiveModel {
+    let lines: Vec<(i32, i64, &str)> = result
+        .lines
+        .iter()
+        .map(|l| (l.stream, l.timestamp_ms, l.text.as_str()))
+        .collect();
+    attempt::ActiveModel {
+        batch_id: Set(result.batch_id.clone()),
+        item_key: Set(result.key.clone()),
+        attempt: Set(i32::try_from(result.attempt).unwrap_or(i32::MAX)),
+        round: Set(i32::try_from(result.round).unwrap_or(i32::MAX)),
+        exit_code: Set(result.exit_code),
+        reason: Set(result.reason.clone()),
+        lines_json: Set(serde_json::to_string(&lines).unwrap_or_else(|_| "[]".into())),
+        finished_at_ms: Set(now),
+    }
+}
+
+/// An attempt recorded again (its outcome redelivered) replaces the first record.
+fn attempt_conflict() -> OnConflict {
+    OnConflict::columns([
+        attempt::Column::BatchId,
+        attempt::Column::ItemKey,
+        attempt::Column::Attempt,
+    ])
+    .update_columns([
+        attempt::Column::Round,
+        attempt::Column::ExitCode,
+        attempt::Column::Reason,
+        attempt::Column::LinesJson,
+        attempt::Column::FinishedAtMs,
+    ])
+    .to_owned()
+}
+
 impl BatchStore {
     /// Applies outcomes in one transaction (see the module's note on applying once); returns
     /// how many moved an item, by the state they moved it to.
     pub async fn apply_results(&self, results: &[pb::ItemResult]) -> Result<Applied> {
         let now = now_ms();
         let mut applied = Applied::default();
-        let tx = self.db.begin().await?;
+        // An item's outcomes must apply in order (a failure, then its retry's success): an item
+        // with more than one here is applied a statement at a time, the others in bulk, one
+        // statement per state and chunk.
+        let mut outcomes: HashMap<(&str, &str), usize> = HashMap::new();
+        for result in results {
+            *outcomes.entry((&result.batch_id, &result.key)).or_default() += 1;
+        }
+        let mut bulk: HashMap<&'static str, Vec<&pb::ItemResult>> = HashMap::new();
+        let mut one_by_one = Vec::new();
+        let mut attempts = Vec::new();
         for result in results {
             let Some(state) = pb::ItemState::try_from(result.state).ok().and_then(item_state_name) else {
                 tracing::warn!(key = %result.key, state = result.state, "dropping an outcome without a state");
                 continue;
             };
+            if outcomes[&(result.batch_id.as_str(), result.key.as_str())] > 1 {
+                one_by_one.push((state, result));
+                continue;
+            }
+            bulk.entry(state).or_default().push(result);
+            if state != SUCCEEDED || !result.lines.is_empty() {
+                attempts.push(attempt_row(result, now));
+            }
+        }
+        let _turn = self.write_turn().await;
+        let tx = self.db.begin().await?;
+        for (state, results) in bulk {
+            let mut moved = 0;
+            for chunk in results.chunks(ROWS_PER_STATEMENT) {
+                moved += tx
+                    .execute_raw(bulk_update(tx.get_database_backend(), state, chunk, now))
+                    .await?
+                    .rows_affected();
+            }
+            applied.count(state, moved);
+        }
+        for chunk in attempts.chunks(ROWS_PER_STATEMENT) {
+            attempt::Entity::insert_many(chunk.iter().cloned())
+                .on_conflict(attempt_conflict())
+                .exec_without_returning(&tx)
+                .await?;
+        }
+        for (state, result) in one_by_one {
             let round = i32::try_from(result.round).unwrap_or(i32::MAX);
             let attempt = i32::try_from(result.attempt).unwrap_or(i32::MAX);
             let moved = item::Entity::update_many()
@@ -57,46 +193,10 @@ impl BatchStore {
                 .exec(&tx)
                 .await?
                 .rows_affected;
-            if moved > 0 {
-                match state {
-                    SUCCEEDED => applied.succeeded += moved,
-                    FAILED => applied.failed += moved,
-                    DEAD => applied.dead += moved,
-                    _ => {}
-                }
-            }
+            applied.count(state, moved);
             if state != SUCCEEDED || !result.lines.is_empty() {
-                let lines: Vec<(i32, i64, &str)> = result
-                    .lines
-                    .iter()
-                    .map(|l| (l.stream, l.timestamp_ms, l.text.as_str()))
-                    .collect();
-                let model = attempt::ActiveModel {
-                    batch_id: Set(result.batch_id.clone()),
-                    item_key: Set(result.key.clone()),
-                    attempt: Set(attempt),
-                    round: Set(round),
-                    exit_code: Set(result.exit_code),
-                    reason: Set(result.reason.clone()),
-                    lines_json: Set(serde_json::to_string(&lines).unwrap_or_else(|_| "[]".into())),
-                    finished_at_ms: Set(now),
-                };
-                attempt::Entity::insert(model)
-                    .on_conflict(
-                        OnConflict::columns([
-                            attempt::Column::BatchId,
-                            attempt::Column::ItemKey,
-                            attempt::Column::Attempt,
-                        ])
-                        .update_columns([
-                            attempt::Column::Round,
-                            attempt::Column::ExitCode,
-                            attempt::Column::Reason,
-                            attempt::Column::LinesJson,
-                            attempt::Column::FinishedAtMs,
-                        ])
-                        .to_owned(),
-                    )
+                attempt::Entity::insert(attempt_row(result, now))
+                    .on_conflict(attempt_conflict())
                     .exec_without_returning(&tx)
                     .await?;
             }
@@ -110,6 +210,7 @@ impl BatchStore {
     /// that round (a new round began).
     pub async fn count_failure(&self, batch_id: &str, key: &str, round: u32, delivery: u32) -> Result<Option<u32>> {
         let round = i32::try_from(round).unwrap_or(i32::MAX);
+        let _turn = self.write_turn().await;
         let tx = self.db.begin().await?;
         item::Entity::update_many()
             .col_expr(item::Column::Failures, Expr::col(item::Column::Failures).add(1))

@@ -20,8 +20,6 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::{self, AckKind};
 use futures::{Stream, StreamExt};
-use kiln_core::streams::publish;
-use kiln_core::subjects;
 use kiln_proto::v1 as pb;
 use kiln_proto::v1::agent_message::Body;
 use kiln_proto::v1::item_work_service_server::ItemWorkService;
@@ -33,18 +31,21 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::Shared;
 use crate::error::{Error, Result};
-use crate::retry;
 use crate::spec::{LARGEST_SLOTS, Spec};
 use crate::store;
 use crate::template::{self, Values};
 
+mod settle;
+
 /// Lost deliveries an item may have beyond `max_attempts` before it is a dead letter.
 pub const LOST_ALLOWANCE: u32 = 3;
 /// Items held for an agent beyond twice its slots when its items are quick (a mean under
-/// [`QUICK_ITEM_MS`]), so it never waits for a round trip; slow items are not hoarded by one
-/// worker while others idle. Heartbeats cover queued items too.
-const PREFETCH: usize = 62;
+/// [`QUICK_ITEM_MS`]), so it never waits for a round trip: as many as make [`HOARD_MS`] of its
+/// work, at most [`MAX_PREFETCH`]. Slow items are not hoarded by one worker while others idle,
+/// and quick ones at most for a couple of seconds. Heartbeats cover queued items too.
 const QUICK_ITEM_MS: u64 = 100;
+const HOARD_MS: u64 = 2_000;
+const MAX_PREFETCH: usize = 510;
 /// How long one fetch waits for items.
 const FETCH_WAIT: Duration = Duration::from_millis(500);
 
@@ -95,6 +96,15 @@ impl ItemWorkService for WorkApi {
     }
 }
 
+/// Items queued for an agent of `slots` slots beyond twice its slots, by its items' mean time.
+fn prefetch(mean_item_ms: u64, slots: usize) -> usize {
+    if mean_item_ms >= QUICK_ITEM_MS {
+        return 0;
+    }
+    let hoard = HOARD_MS / mean_item_ms.max(1) * slots as u64;
+    usize::try_from(hoard).unwrap_or(MAX_PREFETCH).min(MAX_PREFETCH)
+}
+
 fn stop(reason: &str) -> pb::AgentTask {
     pb::AgentTask {
         body: Some(pb::agent_task::Body::Stop(pb::StopAgent { reason: reason.into() })),
@@ -143,11 +153,7 @@ impl Session {
                 Ok(_) => {}
                 Err(error) => tracing::warn!(batch_id = %self.batch_id, error = %error, "cannot read the batch"),
             }
-            let limit = if self.mean_item_ms.load(Ordering::Relaxed) < QUICK_ITEM_MS {
-                self.limit + PREFETCH
-            } else {
-                self.limit
-            };
+            let limit = self.limit + prefetch(self.mean_item_ms.load(Ordering::Relaxed), self.limit / 2);
             let free = limit.saturating_sub(self.held_count());
             if free == 0 {
                 tokio::select! {
@@ -261,70 +267,6 @@ impl Session {
         })
     }
 
-    /// Deliveries of an item before this one that ended without an outcome (its worker was
-    /// lost): those that were not counted failures.
-    async fn lost_deliveries(&self, item: &pb::QueuedItem, delivery: u32) -> u32 {
-        if delivery <= 1 {
-            return 0;
-        }
-        let failures = match self
-            .shared
-            .batches
-            .failures(&self.batch_id, &item.key, item.round)
-            .await
-        {
-            Ok(failures) => failures.unwrap_or(0),
-            Err(error) => {
-                tracing::warn!(batch_id = %self.batch_id, key = %item.key, error = %error, "cannot read an item's failures");
-                0
-            }
-        };
-        (delivery - 1).saturating_sub(failures)
-    }
-
-    /// What a failed outcome leads to: a rule's word, else another attempt while its counted
-    /// failures are under `max_attempts`. Err when the failure cannot be counted.
-    async fn after_failure(&self, outcome: &pb::ItemOutcome) -> Result<(pb::ItemState, String)> {
-        let decision = retry::decide(&self.spec.retry_rules, retry::failure_of(outcome), outcome.exit_code);
-        let reason = if outcome.reason.is_empty() {
-            "failed".to_string()
-        } else {
-            outcome.reason.clone()
-        };
-        let by_rule = |verb: &str| match &decision.rule {
-            Some((number, rule)) => format!("{reason}; {verb} by retry rule {number} ({rule})"),
-            None => reason.clone(),
-        };
-        if !decision.retry {
-            return Ok((pb::ItemState::Dead, by_rule("not retried")));
-        }
-        let failures = self
-            .shared
-            .batches
-            .count_failure(&self.batch_id, &outcome.key, outcome.round, outcome.attempt)
-            .await?
-            // Not in that round any more (RetryFailed began another): judged by its deliveries.
-            .unwrap_or(outcome.attempt);
-        Ok(if failures >= self.spec.max_attempts {
-            (pb::ItemState::Dead, by_rule("retried"))
-        } else {
-            (pb::ItemState::Failed, by_rule("retried"))
-        })
-    }
-
-    /// Publishes an outcome durably (de-duplicated by its message id).
-    async fn record(&self, result: &pb::ItemResult) -> Result<()> {
-        let msg_id = subjects::item_result_msg_id(&result.batch_id, &result.key, result.round, result.attempt);
-        publish(
-            &self.shared.nats.jetstream,
-            subjects::item_results(&result.batch_id),
-            &msg_id,
-            result.encode_to_vec().into(),
-        )
-        .await?;
-        Ok(())
-    }
-
     /// Reads the agent's messages until it goes, then gives back what it held.
     async fn read(self: Arc<Self>, mut incoming: Streaming<pb::AgentMessage>) {
         while let Some(message) = incoming.next().await {
@@ -355,65 +297,19 @@ impl Session {
             let _ = held.message.ack_with(AckKind::Nak(None)).await;
         }
     }
+}
 
-    /// Records an outcome, then acks its message (or naks it with a backoff when another
-    /// attempt follows).
-    async fn settle(&self, outcome: pb::ItemOutcome) {
-        let mean = self.mean_item_ms.load(Ordering::Relaxed);
-        self.mean_item_ms
-            .store((mean * 7 + outcome.duration_ms) / 8, Ordering::Relaxed);
-        let held = {
-            let mut held = self.held.lock().expect("held lock");
-            match held.get(&outcome.key) {
-                Some(h) if h.attempt == outcome.attempt && h.round == outcome.round => held.remove(&outcome.key),
-                _ => None,
-            }
-        };
-        let (state, reason) = if outcome.exit_code == Some(0) {
-            (pb::ItemState::Succeeded, outcome.reason.clone())
-        } else {
-            match self.after_failure(&outcome).await {
-                Ok(decided) => decided,
-                Err(error) => {
-                    // Not acked: the item comes again after the ack wait.
-                    tracing::warn!(batch_id = %self.batch_id, key = %outcome.key, error = %error, "cannot count a failure");
-                    return;
-                }
-            }
-        };
-        let result = pb::ItemResult {
-            batch_id: self.batch_id.clone(),
-            key: outcome.key,
-            round: outcome.round,
-            attempt: outcome.attempt,
-            state: state as i32,
-            exit_code: outcome.exit_code,
-            reason,
-            lines: outcome.lines,
-            cpu_seconds: outcome.cpu_seconds,
-            peak_memory_bytes: outcome.peak_memory_bytes,
-            duration_ms: outcome.duration_ms,
-        };
-        if let Err(error) = self.record(&result).await {
-            // Not acked: the item comes again after the ack wait.
-            tracing::warn!(batch_id = %self.batch_id, key = %result.key, error = %error, "cannot record an outcome");
-            return;
-        }
-        if let Some(held) = held {
-            let ack = match state {
-                pb::ItemState::Failed => AckKind::Nak(Some(self.backoff(outcome.attempt))),
-                _ => AckKind::Ack,
-            };
-            if let Err(error) = held.message.ack_with(ack).await {
-                tracing::debug!(batch_id = %self.batch_id, key = %result.key, error = %error, "ack failed");
-            }
-        }
-        self.freed.notify_one();
-    }
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-    fn backoff(&self, attempt: u32) -> Duration {
-        let base = self.shared.config.retry_backoff_ms;
-        let factor = 1u64 << attempt.saturating_sub(1).min(16);
-        Duration::from_millis(base.saturating_mul(factor).min(60_000))
+    #[test]
+    fn quick_items_are_queued_for_a_couple_of_seconds_of_work_and_slow_ones_not_at_all() {
+        assert_eq!(prefetch(0, 1), MAX_PREFETCH);
+        assert_eq!(prefetch(10, 1), 200);
+        assert_eq!(prefetch(10, 2), 400);
+        assert_eq!(prefetch(99, 1), 20);
+        assert_eq!(prefetch(100, 1), 0);
+        assert_eq!(prefetch(5_000, 8), 0);
     }
 }

@@ -1,0 +1,135 @@
+//! Outcomes applied to items' rows on SQLite and on Postgres: items with one outcome in a call
+//! go in bulk statements, an item with several is applied in order, and an outcome delivered
+//! again, or one of an earlier attempt, moves nothing.
+
+use kiln_core::store::Store;
+use kiln_item_batch::store::{Applied, BatchRecord, BatchStore, NewItem, Tally};
+use kiln_proto::v1 as pb;
+
+fn outcome(key: &str, attempt: u32, state: pb::ItemState, lines: &[&str]) -> pb::ItemResult {
+    pb::ItemResult {
+        batch_id: "b1".into(),
+        key: key.into(),
+        round: 0,
+        attempt,
+        state: state as i32,
+        exit_code: Some(if state == pb::ItemState::Succeeded { 0 } else { 3 }),
+        reason: format!("attempt {attempt}"),
+        lines: lines
+            .iter()
+            .map(|text| pb::LogEntry {
+                text: (*text).into(),
+                ..Default::default()
+            })
+            .collect(),
+        cpu_seconds: 0.5,
+        peak_memory_bytes: 1 << 20,
+        duration_ms: 700,
+    }
+}
+
+async fn outcomes_apply_once_and_in_order(store: Store) {
+    use pb::ItemState::{Dead, Failed, Succeeded};
+    store.migrate().await.unwrap();
+    let batches = BatchStore::new(&store);
+    batches
+        .insert_batch(BatchRecord {
+            id: "b1".into(),
+            owner_id: "owner".into(),
+            project: "default".into(),
+            name: "outcomes".into(),
+            spec_json: "{}".into(),
+            state: "sealed".into(),
+            created_at_ms: 1,
+            sealed_at_ms: None,
+            finished_at_ms: None,
+            stalled_reason: String::new(),
+            worker_failures_since_ms: 0,
+            paused_reason: String::new(),
+        })
+        .await
+        .unwrap();
+    let keys: Vec<String> = (0..1200).map(|n| format!("k{n:04}")).collect();
+    let items = keys
+        .iter()
+        .map(|key| NewItem::new(key.clone(), format!("mem://{key}"), Default::default()))
+        .collect();
+    batches.add_items("b1", items).await.unwrap();
+
+    // 1,100 successes (more than one bulk statement), a failure then its retry's success in the
+    // same call, a dead letter with its lines, and a failure.
+    let mut results: Vec<pb::ItemResult> = keys[..1100].iter().map(|k| outcome(k, 1, Succeeded, &[])).collect();
+    results.push(outcome("k1100", 1, Failed, &["flaky"]));
+    results.push(outcome("k1100", 2, Succeeded, &[]));
+    results.push(outcome("k1101", 1, Dead, &["poisoned"]));
+    results.push(outcome("k1102", 2, Failed, &[]));
+    let applied = batches.apply_results(&results).await.unwrap();
+    assert_eq!(
+        applied,
+        Applied {
+            succeeded: 1101,
+            failed: 2,
+            dead: 1
+        }
+    );
+    let tally = Tally {
+        total: 1200,
+        pending: 97,
+        succeeded: 1101,
+        failed: 1,
+        dead: 1,
+    };
+    assert_eq!(batches.tally("b1").await.unwrap(), tally);
+
+    // Delivered again, and an earlier attempt's outcome arriving late: nothing moves.
+    assert_eq!(batches.apply_results(&results).await.unwrap(), Applied::default());
+    let late = [outcome("k1102", 1, Succeeded, &[])];
+    assert_eq!(batches.apply_results(&late).await.unwrap(), Applied::default());
+    assert_eq!(batches.tally("b1").await.unwrap(), tally);
+
+    let retried = batches.item("b1", "k1100").await.unwrap().unwrap();
+    assert_eq!(
+        (retried.state.as_str(), retried.attempts, retried.last_attempt),
+        ("succeeded", 2, 2)
+    );
+    let first = batches.item("b1", "k0000").await.unwrap().unwrap();
+    assert_eq!(
+        (
+            first.attempts,
+            first.exit_code,
+            first.reason.as_str(),
+            first.duration_ms
+        ),
+        (1, Some(0), "attempt 1", 700)
+    );
+    assert_eq!(first.peak_memory_bytes, 1 << 20);
+    let dead = batches.attempts("b1", "k1101").await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert!(dead[0].lines_json.contains("poisoned"), "{}", dead[0].lines_json);
+    assert_eq!(
+        batches.attempts("b1", "k1100").await.unwrap().len(),
+        1,
+        "the failure is kept"
+    );
+    assert!(
+        batches.attempts("b1", "k0000").await.unwrap().is_empty(),
+        "a quiet success keeps none"
+    );
+}
+
+#[tokio::test]
+async fn on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::connect(&kiln_core::testing::sqlite_config(dir.path()))
+        .await
+        .unwrap();
+    outcomes_apply_once_and_in_order(store).await;
+}
+
+#[tokio::test]
+async fn on_postgres() {
+    let store = Store::connect(&kiln_core::testing::postgres_config().await)
+        .await
+        .unwrap();
+    outcomes_apply_once_and_in_order(store).await;
+}
