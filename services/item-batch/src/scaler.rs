@@ -70,6 +70,10 @@ pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
     let mut last_tick: Option<tokio::time::Instant> = None;
     let mut leading = false;
     let mut woken = false;
+    // A full pass is due every interval however often outcomes wake the loop: with outcomes
+    // arriving every few milliseconds, every pass used to be a woken one, so a busy batch was
+    // never sampled (its rate read 0) nor scaled after its first workers.
+    let mut last_full = tokio::time::Instant::now();
     while !shutdown.is_cancelled() {
         if last_tick.is_none_or(|at| at.elapsed() >= renew_every) {
             last_tick = Some(tokio::time::Instant::now());
@@ -80,6 +84,9 @@ pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
         if lease.is_held() != leading {
             leading = lease.is_held();
             tracing::info!(name, leading, "item-batch scaler leadership changed");
+        }
+        if !woken {
+            last_full = tokio::time::Instant::now();
         }
         let passed = if leading {
             pass(&shared, woken, &|| lease.is_held()).await
@@ -98,7 +105,7 @@ pub async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
             _ = tokio::time::sleep(nap) => false,
             _ = shared.wake.notified() => {
                 tokio::time::sleep(MIN_PASS_GAP.min(interval)).await;
-                true
+                last_full.elapsed() < interval
             }
         };
     }

@@ -408,3 +408,33 @@ async fn item_batch_sigkilled_mid_intake_loses_nothing_and_counts_nothing_twice(
     assert_adds_up(&c);
     eprintln!("SIGKILL after {recorded} of {ITEMS} items were recorded; all {ITEMS} succeeded once");
 }
+
+#[tokio::test]
+async fn a_busy_batch_shows_its_rate_while_outcomes_stream_in() {
+    // Outcomes every few milliseconds wake the scaler; its full passes (which sample the rate
+    // and scale) must still come every interval.
+    let stack = started().await;
+    let mut work = batch_spec(&["sh", "-c", "sleep 0.01"]);
+    work.max_workers = 2;
+    let batch = create_batch(&stack, work).await;
+    add_items(&stack, &batch.id, mem_items((0..1000).map(|n| format!("k{n:04}"))))
+        .await
+        .unwrap();
+    seal_batch(&stack, &batch.id).await;
+    let seen = wait_batch(&stack, &batch.id, "a rate or the end", |b| {
+        b.items_per_second > 0.0 || b.state == pb::BatchState::Done as i32
+    })
+    .await;
+    assert!(
+        seen.items_per_second > 0.0 && seen.state == pb::BatchState::Sealed as i32,
+        "the batch ran without a rate: {:?} at {} items/s",
+        counts_of(&seen),
+        seen.items_per_second
+    );
+    assert!(
+        seen.eta_seconds >= 0,
+        "an ETA comes with the rate: {}",
+        seen.eta_seconds
+    );
+    wait_batch(&stack, &batch.id, "done", |b| b.state == pb::BatchState::Done as i32).await;
+}
