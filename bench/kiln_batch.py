@@ -126,6 +126,7 @@ class Kiln:
         seconds = now - t0
         return {
             "label": label, "items": n, "seconds": seconds, "rate": n / seconds, "add_seconds": add_seconds,
+            "add_to_done_seconds": now - began,
             "first_seconds": first_succeeded_at - t0, "succeeded_seconds": all_succeeded_at - t0,
             "kiln_rate": max_rate,
             "max_workers": max_workers,

@@ -65,7 +65,7 @@ CASSANDRA_RUN_DIR="$cass_dir" CASSANDRA_NATIVE_PORT="$cass_port" CASSANDRA_STORA
   --mlflow "$venv/bin/mlflow" --mlflow-python "$venv/bin/python" --cassandra "127.0.0.1:$cass_port")
 
 # --- batch throughput against Celery + Redis and raw JetStream -----------------------------------
-"$venv/bin/pip" install -q --disable-pip-version-check "celery==5.7.0" "redis==8.1.0" "nats-py==2.16.0"
+"$venv/bin/pip" install -q --disable-pip-version-check "celery==5.7.0" "redis==8.1.0" "nats-py==2.16.0" "packaging==26.4"
 if ! command -v redis-server >/dev/null 2>&1; then
   [ "$(id -u)" = 0 ] || { echo "bench: redis-server is missing; install it as root: apt-get install -y redis-server" >&2; exit 1; }
   apt-get update -qq
