@@ -86,18 +86,11 @@ pub struct RunArgs {
 pub async fn run(args: RunArgs) -> Result<ExitCode> {
     let credentials = client::resolve().await?;
     let mut clients = client::connect(&credentials).await?;
-    let mut code_digest = String::new();
-    if !args.no_code {
-        let root = match args.code {
-            Some(dir) => dir,
-            None => std::env::current_dir()?,
-        };
-        let bundle = tokio::task::spawn_blocking(move || pack::pack(&root)).await??;
-        let project = args.project.as_deref().unwrap_or_default();
-        let uploaded = pack::upload(&mut clients, &bundle, project, "uploading code").await?;
-        tracing::debug!(digest = %bundle.digest, files = bundle.files, uploaded, "code bundle ready");
-        code_digest = bundle.digest;
-    }
+    let code_digest = if args.no_code {
+        String::new()
+    } else {
+        pack::upload_code(&mut clients, args.code, args.project.as_deref().unwrap_or_default()).await?
+    };
     let spec = pb::JobSpec {
         name: args.name.unwrap_or_default(),
         command: args.command,

@@ -5,7 +5,7 @@
 //! the same tree always gives the same sha256 and is stored once.
 
 use std::io::{IsTerminal, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result, bail};
@@ -130,6 +130,19 @@ pub fn pack_with(root: &Path, ignores: bool) -> Result<Bundle> {
 
 /// Uploads the bundle to `project` (empty: `default`) unless that project has it. Returns true
 /// when it was uploaded.
+/// Packs `dir` (the working directory when none) as `kiln run` does and uploads it to
+/// `project`; returns the bundle's digest, which a job or a service revision names.
+pub async fn upload_code(clients: &mut Clients, dir: Option<PathBuf>, project: &str) -> Result<String> {
+    let root = match dir {
+        Some(dir) => dir,
+        None => std::env::current_dir()?,
+    };
+    let bundle = tokio::task::spawn_blocking(move || pack(&root)).await??;
+    let uploaded = upload(clients, &bundle, project, "uploading code").await?;
+    tracing::debug!(digest = %bundle.digest, files = bundle.files, uploaded, "code bundle ready");
+    Ok(bundle.digest)
+}
+
 pub async fn upload(clients: &mut Clients, bundle: &Bundle, project: &str, what: &str) -> Result<bool> {
     let stat = clients
         .artifacts

@@ -180,13 +180,15 @@ impl Shared {
 
     /// Publishes the items recorded but not published (a crash came between, or RetryFailed).
     pub async fn publish_unpublished(self: &Arc<Self>, batch_id: &str) -> Result<usize> {
+        // The scaler asks every pass: a publisher is started only when there is something.
+        let mut items = self.batches.unpublished(batch_id, "", UNPUBLISHED_PAGE).await?;
+        if items.is_empty() {
+            return Ok(0);
+        }
         let mut intake = intake::Intake::start(self.clone(), batch_id.to_string());
         let mut published = 0;
-        let mut after = String::new();
-        loop {
-            let items = self.batches.unpublished(batch_id, &after, UNPUBLISHED_PAGE).await?;
-            let Some(last) = items.last() else { break };
-            after = last.item_key.clone();
+        while let Some(last) = items.last() {
+            let after = last.item_key.clone();
             let queued: Vec<pb::QueuedItem> = items
                 .into_iter()
                 .map(|item| pb::QueuedItem {
@@ -199,6 +201,7 @@ impl Shared {
                 .collect();
             published += queued.len();
             intake.publish(queued).await?;
+            items = self.batches.unpublished(batch_id, &after, UNPUBLISHED_PAGE).await?;
         }
         intake.finish().await?;
         Ok(published)

@@ -96,16 +96,11 @@ pub(super) async fn definition_of(
             args.models.len()
         );
     }
-    let mut code_digest = String::new();
-    if !args.no_code {
-        let root = match args.code {
-            Some(dir) => dir,
-            None => std::env::current_dir()?,
-        };
-        let bundle = tokio::task::spawn_blocking(move || pack::pack(&root)).await??;
-        pack::upload(clients, &bundle, project, "uploading code").await?;
-        code_digest = bundle.digest;
-    }
+    let code_digest = if args.no_code {
+        String::new()
+    } else {
+        pack::upload_code(clients, args.code, project).await?
+    };
     Ok(pb::ServiceDefinition {
         models: args
             .models

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use kiln_core::JobState;
 use kiln_core::auth::Scope;
-use kiln_core::store::{Change, JobRecord, Store, StoreError, StoreResult};
+use kiln_core::store::{Change, JobRecord, StoreError};
 use kiln_proto::v1::LogStream;
 use nix::sys::signal::Signal;
 use tokio_util::sync::CancellationToken;
@@ -34,12 +34,15 @@ use crate::service_metrics::{self as metrics, Phase};
 mod end;
 pub(crate) mod gang;
 mod spec;
+mod start;
 mod sync;
 mod watch;
 
 use end::{conclude, stop_reason};
 pub(crate) use end::{lose, publish};
 use spec::instance_spec;
+use start::{not_started, transition_patiently};
+use sync::finish_instance;
 pub(crate) use sync::{sync_live_outputs, sync_outputs};
 use watch::watch;
 
@@ -231,29 +234,6 @@ pub(crate) async fn supervise(
     }
 }
 
-/// SYNCING: copies the outputs to object storage, then releases the instance.
-async fn finish_instance(ctx: &Context, job: JobRecord, instance: &Instance, outputs: &SyncedOutputs) -> JobRecord {
-    let job = match job.state() {
-        Ok(JobState::Running) => match ctx.store.transition(&job, JobState::Syncing, Change::default()).await {
-            Ok(syncing) => {
-                publish(ctx, &syncing).await;
-                syncing
-            }
-            Err(error) => {
-                tracing::warn!(job_id = %job.id, error = %error, "cannot record SYNCING");
-                job
-            }
-        },
-        _ => job,
-    };
-    sync_outputs(ctx, instance, outputs).await;
-    if let Err(error) = ctx.provider.release(instance).await {
-        ctx.metrics.provider_error(instance.provider);
-        tracing::error!(job_id = %job.id, error = %error, "cannot release the instance; it is released at the next restart");
-    }
-    job
-}
-
 async fn remove_scratch(dir: &std::path::Path) {
     if let Err(error) = tokio::fs::remove_dir_all(dir).await
         && error.kind() != std::io::ErrorKind::NotFound
@@ -409,45 +389,4 @@ async fn execute(
         }
     };
     (outcome, job, Some(instance))
-}
-
-/// How long a transition is tried again while the database cannot be reached.
-const STORE_PATIENCE: Duration = Duration::from_secs(30);
-
-/// Moves `job` to `state`, trying again while the database cannot be reached (a restart or a
-/// fail-over) for up to [`STORE_PATIENCE`]: a job that started must not fail because its record
-/// could not be written for a moment.
-async fn transition_patiently(
-    store: &Store,
-    job: &JobRecord,
-    state: JobState,
-    change: Change,
-) -> StoreResult<JobRecord> {
-    let deadline = tokio::time::Instant::now() + STORE_PATIENCE;
-    let mut attempt = 0;
-    loop {
-        match store.transition(job, state, change.clone()).await {
-            Err(error)
-                if error.kind() == kiln_core::ErrorKind::Unavailable && tokio::time::Instant::now() < deadline =>
-            {
-                tracing::warn!(job_id = %job.id, error = %error, "cannot record the job's state; trying again");
-                tokio::time::sleep(kiln_core::publish::backoff(attempt)).await;
-                attempt += 1;
-            }
-            outcome => return outcome,
-        }
-    }
-}
-
-fn not_started(error: Error) -> Outcome {
-    let exit_code = match &error {
-        Error::Spawn { source, .. } if source.kind() == std::io::ErrorKind::NotFound => Some(127),
-        Error::Spawn { source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied => Some(126),
-        _ => None,
-    };
-    Outcome::NotStarted {
-        reason: error.to_string(),
-        exit_code,
-        stopped: false,
-    }
 }

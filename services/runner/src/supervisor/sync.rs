@@ -1,7 +1,11 @@
-//! Syncing an instance's outputs to object storage, while it runs and when it ends: one sync
-//! at a time per instance, each recorded on the job.
+//! Syncing an instance's outputs to object storage, while it runs and when it ends (the SYNCING
+//! step before its release): one sync at a time per instance, each recorded on the job.
+
+use kiln_core::JobState;
+use kiln_core::store::{Change, JobRecord};
 
 use super::SyncedOutputs;
+use super::end::publish;
 use crate::Context;
 use crate::provider::Instance;
 
@@ -67,4 +71,32 @@ async fn sync(ctx: &Context, instance: &Instance, outputs: &SyncedOutputs, live:
         }
         Err(error) => tracing::error!(job_id = %instance.job_id, error = %error, "cannot sync the outputs"),
     }
+}
+
+/// SYNCING: copies the outputs to object storage, then releases the instance.
+pub(super) async fn finish_instance(
+    ctx: &Context,
+    job: JobRecord,
+    instance: &Instance,
+    outputs: &SyncedOutputs,
+) -> JobRecord {
+    let job = match job.state() {
+        Ok(JobState::Running) => match ctx.store.transition(&job, JobState::Syncing, Change::default()).await {
+            Ok(syncing) => {
+                publish(ctx, &syncing).await;
+                syncing
+            }
+            Err(error) => {
+                tracing::warn!(job_id = %job.id, error = %error, "cannot record SYNCING");
+                job
+            }
+        },
+        _ => job,
+    };
+    sync_outputs(ctx, instance, outputs).await;
+    if let Err(error) = ctx.provider.release(instance).await {
+        ctx.metrics.provider_error(instance.provider);
+        tracing::error!(job_id = %job.id, error = %error, "cannot release the instance; it is released at the next restart");
+    }
+    job
 }
