@@ -93,8 +93,24 @@ impl Lease {
     }
 
     /// Takes the lease if it is free or expired, or renews it if held; returns whether this
-    /// candidate leads. Call it every `ttl / 3`.
+    /// candidate leads. Call it every `ttl / 3`. A tick that takes longer than that is given
+    /// up (an error), so the caller's loop goes on and its leadership lapses on time.
     pub async fn tick(&mut self) -> Result<bool, NatsError> {
+        let patience = self.ttl / 3;
+        match tokio::time::timeout(patience, self.try_tick()).await {
+            Ok(ticked) => ticked,
+            Err(_) => {
+                self.held_until = self.held_until.filter(|until| Instant::now() < *until);
+                Err(other(format!(
+                    "the lease {} was not written within {} ms",
+                    self.name,
+                    patience.as_millis()
+                )))
+            }
+        }
+    }
+
+    async fn try_tick(&mut self) -> Result<bool, NatsError> {
         let sent = Instant::now();
         let value = serde_json::to_vec(&LeaseHolder {
             holder: self.holder.clone(),

@@ -11,6 +11,7 @@ use std::time::Duration;
 use async_nats::jetstream::context::{PublishAckFuture, PublishError, PublishErrorKind};
 use async_nats::jetstream::{self, message::PublishMessage};
 use bytes::Bytes;
+use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 
 use crate::streams::NatsError;
@@ -100,12 +101,26 @@ pub async fn publish(js: &jetstream::Context, subject: String, msg_id: &str, pay
 /// the next leader before it is sent again, out of order.
 pub const ACK_OVERDUE: Duration = Duration::from_millis(300);
 
+/// How many messages every [`Pipeline`] of the process together may have awaiting their acks.
+/// async-nats lets a connection await 5,000 and makes a publish wait for one of those to be
+/// freed; two pipelines holding 2,500 apiece once each waited for the other, and every other
+/// publisher on the connection (a lease's renewal) waited behind them. Pipelines take from this
+/// smaller budget instead, and one that finds it empty first settles its own oldest message:
+/// a pipeline waits for the budget only while it holds none of it, and the connection always
+/// has acks to spare for publishers that await theirs at once.
+pub const PIPELINE_BUDGET: usize = 4096;
+
+static BUDGET: Semaphore = Semaphore::const_new(PIPELINE_BUDGET);
+
 /// Publishes to one subject with up to `in_flight` messages awaiting their acks. When an ack
 /// fails, that message and every one sent after it are sent again in order, one at a time, by
 /// [`publish`] (those already stored are dropped as duplicates), and pipelining goes on. While
 /// the oldest ack is overdue ([`ACK_OVERDUE`]) nothing new is sent, so that a stream leader's
 /// election in a quiet stream (a job's log lines) does not store later messages before earlier
 /// ones; a message sent in the moment before the earlier one is known lost can still be.
+///
+/// Messages awaiting acks hold a share of [`PIPELINE_BUDGET`], so a caller that waits for its
+/// next message should [`Pipeline::settle`] first rather than hold that share while idle.
 pub struct Pipeline {
     js: jetstream::Context,
     subject: String,
@@ -119,6 +134,8 @@ struct Pending {
     payload: Bytes,
     ack: Option<PublishAckFuture>,
     sent_at: Instant,
+    /// This message's share of [`PIPELINE_BUDGET`], given back when it leaves the pipeline.
+    _budget: SemaphorePermit<'static>,
 }
 
 impl Pipeline {
@@ -147,6 +164,15 @@ impl Pipeline {
         {
             self.settle_oldest().await?;
         }
+        let budget = loop {
+            if let Ok(permit) = BUDGET.try_acquire() {
+                break permit;
+            }
+            if self.in_flight.is_empty() {
+                break BUDGET.acquire().await.expect("the budget is never closed");
+            }
+            self.settle_oldest().await?;
+        };
         let sent = self
             .js
             .send_publish(self.subject.clone(), message(&msg_id, payload.clone()))
@@ -157,6 +183,7 @@ impl Pipeline {
             payload,
             ack: sent.ok(),
             sent_at: Instant::now(),
+            _budget: budget,
         });
         if let Some(error) = failed {
             return self.send_again(&error).await;
@@ -169,6 +196,11 @@ impl Pipeline {
 
     /// Waits until every message sent is stored.
     pub async fn flush(mut self) -> Result<(), NatsError> {
+        self.settle().await
+    }
+
+    /// Waits until every message sent so far is stored.
+    pub async fn settle(&mut self) -> Result<(), NatsError> {
         while !self.in_flight.is_empty() {
             self.settle_oldest().await?;
         }

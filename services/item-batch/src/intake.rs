@@ -139,6 +139,11 @@ async fn publish_stage(
             sent += 1;
         }
         unmarked.push_back((sent, keys));
+        if recorded.is_empty() {
+            // Nothing more yet: settle rather than hold a share of the process's ack budget
+            // while waiting (see `Pipeline`).
+            pipeline.settle().await?;
+        }
         while let Some((last, _)) = unmarked.front()
             && pipeline.stored() >= *last
         {

@@ -132,6 +132,11 @@ async fn publish_lines(
         if end {
             break;
         }
+        if rx.is_empty() {
+            // A quiet job: settle rather than hold a share of the runner's ack budget while
+            // waiting for its next line (see `Pipeline`).
+            pipeline.settle().await?;
+        }
         next = rx.recv().await;
     }
     pipeline.flush().await?;
