@@ -37,6 +37,11 @@ pub(crate) async fn run_item(
             _ = tokio::time::sleep(Duration::from_millis(ms)) => outcome.exit_code = Some(0),
             _ = kill.cancelled() => return None,
         }
+    } else if program == "kiln:echo" {
+        let mut tail = Tail::new(item.keep_lines);
+        tail.push(pb::LogStream::Stdout, masker.mask(item.command[1..].join(" ")));
+        outcome.lines = tail.lines.into();
+        outcome.exit_code = Some(0);
     } else if program.starts_with("kiln:") {
         outcome.reason = format!("unknown built-in {program}");
         outcome.failure = pb::ItemFailure::NotStarted as i32;
@@ -50,14 +55,32 @@ pub(crate) async fn run_item(
     Some(outcome)
 }
 
-/// The last lines of an attempt's output, within [`KEPT_LINES`] and [`KEPT_BYTES`].
-#[derive(Default)]
+/// The last lines of an attempt's output: as many as item-batch asks to keep (by default
+/// [`KEPT_LINES`]) within [`KEPT_BYTES`] per [`KEPT_LINES`] lines; the earlier ones are counted.
 struct Tail {
     lines: VecDeque<pb::LogEntry>,
     bytes: usize,
+    keep_lines: usize,
+    keep_bytes: usize,
+    dropped: u64,
 }
 
 impl Tail {
+    /// A tail keeping `keep_lines` lines (0: the default).
+    fn new(keep_lines: u32) -> Tail {
+        let keep_lines = match keep_lines {
+            0 => KEPT_LINES,
+            n => n as usize,
+        };
+        Tail {
+            lines: VecDeque::new(),
+            bytes: 0,
+            keep_lines,
+            keep_bytes: KEPT_BYTES.max(keep_lines * (KEPT_BYTES / KEPT_LINES)),
+            dropped: 0,
+        }
+    }
+
     fn push(&mut self, stream: pb::LogStream, text: String) {
         let text: String = text.chars().take(KEPT_BYTES).collect();
         self.bytes += text.len();
@@ -66,9 +89,10 @@ impl Tail {
             timestamp_ms: now_ms(),
             text,
         });
-        while self.lines.len() > KEPT_LINES || (self.bytes > KEPT_BYTES && self.lines.len() > 1) {
+        while self.lines.len() > self.keep_lines || (self.bytes > self.keep_bytes && self.lines.len() > 1) {
             if let Some(old) = self.lines.pop_front() {
                 self.bytes -= old.text.len();
+                self.dropped += 1;
             }
         }
     }
@@ -120,7 +144,7 @@ async fn run_process(
         }
     };
     let pid = child.id();
-    let tail = Arc::new(Mutex::new(Tail::default()));
+    let tail = Arc::new(Mutex::new(Tail::new(item.keep_lines)));
     let mut readers = Vec::new();
     if let Some(out) = child.stdout.take() {
         readers.push(tokio::spawn(read_lines(
@@ -196,7 +220,9 @@ async fn run_process(
     };
     outcome.cpu_seconds = usage.cpu_seconds;
     outcome.peak_memory_bytes = usage.peak_memory_bytes;
-    outcome.lines = std::mem::take(&mut tail.lock().expect("tail lock").lines).into();
+    let mut tail = tail.lock().expect("tail lock");
+    outcome.lines = std::mem::take(&mut tail.lines).into();
+    outcome.lines_dropped = tail.dropped;
     Some(())
 }
 
@@ -249,12 +275,22 @@ mod tests {
 
     #[test]
     fn the_tail_keeps_the_last_lines_within_bounds() {
-        let mut tail = Tail::default();
+        let mut tail = Tail::new(0);
         for n in 0..500 {
             tail.push(pb::LogStream::Stdout, format!("line {n}"));
         }
         assert_eq!(tail.lines.len(), KEPT_LINES);
         assert_eq!(tail.lines.back().unwrap().text, "line 499");
+        assert_eq!(tail.dropped, 400, "the lines not kept are counted");
+        let mut asked = Tail::new(250);
+        for n in 0..500 {
+            asked.push(pb::LogStream::Stdout, format!("line {n}"));
+        }
+        assert_eq!(
+            (asked.lines.len(), asked.dropped),
+            (250, 250),
+            "item-batch's number is kept"
+        );
         tail.push(pb::LogStream::Stderr, "x".repeat(40_000));
         assert_eq!(
             tail.lines.len(),
@@ -274,6 +310,7 @@ mod tests {
             env: HashMap::from([("KILN_ITEM".to_string(), "k".to_string())]),
             timeout_secs,
             round: 0,
+            keep_lines: 0,
         };
         let secrets = HashMap::from([(kiln_formats::mask::NAMES_VAR, "TOKEN"), ("TOKEN", "s3cr3t")]);
         let masker = Masker::from_env(|name| secrets.get(name).map(|v| v.to_string()));
@@ -334,6 +371,17 @@ mod tests {
             (noop.exit_code, noop.failure()),
             (Some(0), pb::ItemFailure::Unspecified)
         );
+        let echo = run_item(
+            item(&["kiln:echo", "saw", "s3cr3t"], 1),
+            Runner::BuiltinsOnly,
+            &kill,
+            Arc::new(Masker::from_env(|name| secrets.get(name).map(|v| v.to_string()))),
+            None,
+        )
+        .await
+        .unwrap();
+        let texts: Vec<&str> = echo.lines.iter().map(|l| l.text.as_str()).collect();
+        assert_eq!((echo.exit_code, texts), (Some(0), vec!["saw ***"]), "masked, on any worker");
         let refused = run_item(item(&["true"], 1), Runner::BuiltinsOnly, &kill, Arc::default(), None)
             .await
             .unwrap();

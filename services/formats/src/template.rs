@@ -1,14 +1,15 @@
 //! The per-item command: an argv whose arguments may hold `{uri}`, `{output}`, `{item}` and
 //! `{attempt}` (`{{` and `}}` are literal braces), or a built-in run by the agent itself:
-//! `kiln:noop` (succeeds at once) or `kiln:sleep MS` (succeeds after MS milliseconds; for
-//! simulations and benchmarks).
+//! `kiln:noop` (succeeds at once), `kiln:sleep MS` (succeeds after MS milliseconds; for
+//! simulations and benchmarks) or `kiln:echo WORDS…` (prints its arguments as one line and
+//! succeeds; for tests and benchmarks of the item lines).
 
 use crate::error::{Error, Result};
 
 /// The placeholders a command may use.
 pub const PLACEHOLDERS: [&str; 4] = ["uri", "output", "item", "attempt"];
 /// Built-ins run by the agent itself, without a process.
-pub const BUILTINS: [&str; 2] = ["kiln:noop", "kiln:sleep"];
+pub const BUILTINS: [&str; 3] = ["kiln:noop", "kiln:sleep", "kiln:echo"];
 /// Longest command accepted, summed over its arguments (as a job's command).
 pub const MAX_COMMAND_BYTES: usize = 64 * 1024;
 
@@ -96,6 +97,7 @@ fn check(command: &[String]) -> std::result::Result<(), String> {
             ("kiln:noop", []) => Ok(()),
             ("kiln:sleep", [ms]) if ms.parse::<u64>().is_ok_and(|ms| ms <= 3_600_000) => Ok(()),
             ("kiln:sleep", _) => Err("the command kiln:sleep takes one argument: milliseconds, at most 3600000".into()),
+            ("kiln:echo", words) => words.iter().try_for_each(|word| pieces(word).map(drop)),
             _ => Err(format!("the command {program} (a built-in) takes no arguments")),
         };
     }
@@ -179,6 +181,14 @@ mod tests {
         validate(&argv(&["kiln:sleep", "250"])).unwrap();
         assert!(validate(&argv(&["kiln:sleep"])).is_err());
         assert!(validate(&argv(&["kiln:sleep", "soon"])).is_err());
+        validate(&argv(&["kiln:echo", "saw", "{uri}", "of", "{item}"])).unwrap();
+        validate(&argv(&["kiln:echo"])).unwrap();
+        assert!(
+            validate(&argv(&["kiln:echo", "{url}"]))
+                .unwrap_err()
+                .to_string()
+                .contains("{url}")
+        );
     }
 
     // === properties ===

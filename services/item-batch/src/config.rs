@@ -46,6 +46,9 @@ pub struct Config {
     /// the agent binary) before the batch stalls: it asks for no more until `kiln batch retry`.
     /// 0 never stalls.
     pub max_worker_failures: u32,
+    /// Output lines kept of each item attempt (its last ones; the earlier are counted), for
+    /// `kiln batch logs`. At most 2,000, so an outcome stays well within a NATS message.
+    pub item_lines_kept: u32,
 }
 
 impl Default for Config {
@@ -65,6 +68,7 @@ impl Default for Config {
             ack_wait_secs: 30,
             retry_backoff_ms: 1_000,
             max_worker_failures: 5,
+            item_lines_kept: 100,
         }
     }
 }
@@ -89,6 +93,9 @@ impl ServiceConfig for Config {
                 "lease-ttl-ms is {}; give 300 to 29999 (the lease bucket forgets entries after 30 s)",
                 self.lease_ttl_ms
             ));
+        }
+        if !(1..=2_000).contains(&self.item_lines_kept) {
+            problems.push(format!("item-lines-kept is {}; give 1 to 2000", self.item_lines_kept));
         }
         if self.ack_wait_secs < 10 {
             problems.push(format!(

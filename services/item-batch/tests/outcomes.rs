@@ -24,6 +24,7 @@ fn outcome(key: &str, attempt: u32, state: pb::ItemState, lines: &[&str]) -> pb:
             .collect(),
         cpu_seconds: 0.5,
         peak_memory_bytes: 1 << 20,
+        lines_dropped: 0,
         duration_ms: 700,
     }
 }

@@ -253,6 +253,7 @@ impl Session {
             env,
             timeout_secs: self.spec.item_timeout_secs,
             round: item.round,
+            keep_lines: self.shared.config.item_lines_kept,
         };
         self.held.lock().expect("held lock").insert(
             item.key,

@@ -117,6 +117,7 @@ impl Session {
             cpu_seconds: outcome.cpu_seconds,
             peak_memory_bytes: outcome.peak_memory_bytes,
             duration_ms: outcome.duration_ms,
+            lines_dropped: outcome.lines_dropped,
         };
         if let Err(error) = self.record(&result).await {
             // Not acked: the item comes again after the ack wait.
