@@ -8,6 +8,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "kiln/v1/artifact.proto",
         "kiln/v1/log.proto",
         "kiln/v1/batch.proto",
+        "kiln/v1/item_log.proto",
         "kiln/v1/tenancy.proto",
         "kiln/v1/sweep.proto",
         "kiln/v1/model.proto",

@@ -55,6 +55,7 @@ const handlers = {
   'BatchService/GetBatch': () => batch(),
   'BatchService/ListItems': (r) => ({ items: (r.states?.length ? [3] : [0, 1, 2, 3]).map((i) => ({ key: `item-${i}`, uri: `s3://b/${i}`, state: i === 3 ? 'ITEM_STATE_DEAD' : 'ITEM_STATE_SUCCEEDED', attempts: i === 3 ? 3 : 1, exitCode: i === 3 ? 2 : 0, reason: i === 3 ? 'exit code 2' : '', updatedAtMs: Date.now() })), nextPageToken: '' }),
   'BatchService/GetItemLogs': () => ({ lines: [{ attempt: 1, seq: 1, stream: 'LOG_STREAM_STDERR', timestampMs: 0, text: 'Traceback: boom' }] }),
+  'BatchLogService/SearchBatchLogs': (r) => ({ lines: [1, 2, 3].map((attempt) => ({ key: 'item-3', attempt, line: 1, stream: 'LOG_STREAM_STDERR', timestampMs: start, text: `\x1b[31mTraceback\x1b[0m: boom (${r.pattern})`, state: attempt === 3 ? 'ITEM_STATE_DEAD' : 'ITEM_STATE_FAILED' })).filter((l) => r.state === 'ITEM_STATE_UNSPECIFIED' || l.state === r.state), truncated: false }),
 };
 let done = 0;
 function batch() {

@@ -53,6 +53,25 @@ describe('batches', () => {
     assert.match(await firstItem.textContent(), /\d+\.\d\d.*[KM]iB/);
     // The workers the page saw, over time.
     assert.ok(Number(await page.getByTestId('workers-chart').getAttribute('data-points')) > 1);
+    // The items' logs searched (BatchLogService, log-ingest): a substring finds the dead
+    // attempt's line; a regex over the attempts that succeeded leaves out `bad`'s.
+    const search = page.getByTestId('batch-log-search');
+    await search.getByTestId('batch-log-pattern').fill('item bad');
+    await search.getByTestId('batch-log-pattern').press('Enter');
+    const found = page.getByTestId('batch-log-results');
+    await found.locator('tbody tr[data-key="bad"]').waitFor();
+    assert.equal(await found.locator('tbody tr').count(), 1);
+    assert.match(await found.locator('tbody tr').textContent(), /^bad\s*1\s*DEAD\s*item bad$/);
+    await search.getByTestId('batch-log-pattern').fill('^item (item-1\\d|bad)$');
+    await search.getByTestId('batch-log-regex').check();
+    await search.getByTestId('batch-log-attempts').selectOption('succeeded');
+    await search.getByTestId('batch-log-submit').click();
+    await page.waitForFunction(() => document.querySelectorAll('[data-testid="batch-log-results"] tbody tr').length === 10);
+    assert.deepEqual(await found.locator('tbody tr').evaluateAll((rows) => rows.map((row) => row.dataset.key)),
+      Array.from({ length: 10 }, (_, i) => `item-1${i}`));
+    assert.equal(await page.getByTestId('batch-log-summary').textContent(), '10 matching lines.');
+    await found.getByRole('button', { name: 'item-12' }).click();
+    await found.getByTestId('item-logs').filter({ hasText: 'item item-12' }).waitFor();
     await screenshot(page, 'batch', { fullPage: true });
     await assertAccessible(page);
 

@@ -14,6 +14,7 @@ use kiln_core::tls::ClientTlsConfig;
 use kiln_formats::error::with_sources;
 use kiln_proto::v1 as pb;
 use kiln_proto::v1::artifact_service_client::ArtifactServiceClient;
+use kiln_proto::v1::batch_log_service_client::BatchLogServiceClient;
 use kiln_proto::v1::batch_service_client::BatchServiceClient;
 use kiln_proto::v1::dataset_service_client::DatasetServiceClient;
 use kiln_proto::v1::discovery_service_client::DiscoveryServiceClient;
@@ -303,6 +304,8 @@ pub struct Clients {
     pub artifacts: ArtifactServiceClient<Authed>,
     pub datasets: DatasetServiceClient<Authed>,
     pub logs: LogServiceClient<Authed>,
+    /// log-ingest's search of batch items' lines.
+    pub batch_logs: BatchLogServiceClient<Authed>,
     pub batches: BatchServiceClient<Authed>,
     pub sweeps: SweepServiceClient<Authed>,
     pub serve: ServeServiceClient<Authed>,
@@ -372,6 +375,8 @@ pub async fn connect(credentials: &Credentials) -> Result<Clients> {
         artifacts: ArtifactServiceClient::with_interceptor(api, auth.clone())
             .max_decoding_message_size(8 << 20)
             .max_encoding_message_size(8 << 20),
+        batch_logs: BatchLogServiceClient::with_interceptor(logs.clone(), auth.clone())
+            .max_decoding_message_size(64 << 20),
         logs: LogServiceClient::with_interceptor(logs, auth),
     })
 }

@@ -6,6 +6,9 @@
     batch.seal()
     print(batch.progress())                                        # counters, rate, ETA
     final = batch.wait()                                           # until done (or cancelled)
+    found = batch.search_logs("out of memory", state="dead")       # kept lines of dead attempts, by log-ingest
+    for match in found.lines:
+        print(match.key, match.attempt, match.text)
 """
 
 from __future__ import annotations
@@ -13,9 +16,11 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
-from kiln.v1 import batch_pb2, batch_pb2_grpc, job_pb2
+import grpc
+
+from kiln.v1 import batch_pb2, batch_pb2_grpc, item_log_pb2, item_log_pb2_grpc, job_pb2, log_pb2
 
 from ._client import RunReads
 from ._run import _channel, _endpoints, _service_address
@@ -23,6 +28,11 @@ from ._run import _channel, _endpoints, _service_address
 _MARKETS = {"auto": job_pb2.MARKET_UNSPECIFIED, "spot": job_pb2.MARKET_SPOT, "on-demand": job_pb2.MARKET_ON_DEMAND}
 _STATES = {"pending": batch_pb2.ITEM_STATE_PENDING, "succeeded": batch_pb2.ITEM_STATE_SUCCEEDED,
            "failed": batch_pb2.ITEM_STATE_FAILED, "dead": batch_pb2.ITEM_STATE_DEAD}
+# How an attempt can end: what search_logs filters on.
+_ENDED = {name: _STATES[name] for name in ("succeeded", "failed", "dead")}
+_STATE_NAMES = {value: name for name, value in _STATES.items()}
+_STREAMS = {log_pb2.LOG_STREAM_STDOUT: "stdout", log_pb2.LOG_STREAM_STDERR: "stderr"}
+_SEARCH_LIMIT = 100_000
 
 
 _FAILURES = {"any": batch_pb2.ITEM_FAILURE_UNSPECIFIED, "exit": batch_pb2.ITEM_FAILURE_EXIT,
@@ -94,6 +104,28 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class LogMatch:
+    """One kept output line of an item's attempt that a search matched."""
+
+    key: str
+    attempt: int
+    line: int  # its place among the attempt's kept lines (1, 2, ...)
+    stream: str  # "stdout" or "stderr" ("" when unknown)
+    text: str
+    state: str  # how the attempt ended: "succeeded", "failed" (retried after) or "dead"
+    timestamp_ms: int
+
+
+@dataclass(frozen=True)
+class LogSearch:
+    """What `Batch.search_logs` found: lines in (key, attempt, line) order; `truncated` when
+    more lines matched than the limit."""
+
+    lines: list[LogMatch]
+    truncated: bool
+
+
+@dataclass(frozen=True)
 class Added:
     added: int
     duplicates: int
@@ -103,9 +135,11 @@ class Added:
 class Batch:
     """One batch: add items, seal, watch, wait."""
 
-    def __init__(self, stub: batch_pb2_grpc.BatchServiceStub, metadata, batch_id: str):
+    def __init__(self, stub: batch_pb2_grpc.BatchServiceStub, metadata, batch_id: str,
+                 logs: Callable[[], item_log_pb2_grpc.BatchLogServiceStub] | None = None):
         self._stub = stub
         self._metadata = metadata
+        self._logs = logs  # log-ingest's BatchLogService (search_logs), made when first needed
         self.id = batch_id
 
     def __repr__(self) -> str:
@@ -184,11 +218,38 @@ class Batch:
         response = self._stub.GetItemLogs(batch_pb2.GetItemLogsRequest(batch_id=self.id, key=key), metadata=self._metadata)
         return [line.text for line in response.lines]
 
+    def search_logs(self, pattern: str, *, regex: bool = False, state: str | None = None,
+                    limit: int = 1000) -> LogSearch:
+        """The kept output lines of the batch's items that contain `pattern` (case-sensitive),
+        or match it as a regular expression (Rust regex syntax) with `regex=True`; of every
+        attempt, or only of attempts that ended `state` ("succeeded", "failed": retried after,
+        "dead": the attempt that made the item a dead letter). At most `limit` lines (up to
+        100,000); `truncated` says more matched. Asks log-ingest (BatchLogService)."""
+        if state is not None and state not in _ENDED:
+            raise ValueError(f"state must be one of {sorted(_ENDED)} (or None for every attempt), not {state!r}")
+        if not 1 <= limit <= _SEARCH_LIMIT:
+            raise ValueError(f"limit must be from 1 to {_SEARCH_LIMIT:,}, not {limit}")
+        if self._logs is None:
+            raise RuntimeError("kiln: this Batch does not know log-ingest's address: get it from kiln.Client().batches")
+        request = item_log_pb2.SearchBatchLogsRequest(
+            batch_id=self.id, pattern=pattern, regex=regex,
+            state=batch_pb2.ITEM_STATE_UNSPECIFIED if state is None else _ENDED[state], limit=limit,
+        )
+        response = self._logs().SearchBatchLogs(request, metadata=self._metadata)
+        return LogSearch(
+            lines=[LogMatch(key=m.key, attempt=m.attempt, line=m.line, stream=_STREAMS.get(m.stream, ""), text=m.text,
+                            state=_STATE_NAMES.get(m.state, ""), timestamp_ms=m.timestamp_ms)
+                   for m in response.lines],
+            truncated=response.truncated,
+        )
+
 
 class Batches:
-    def __init__(self, stub: batch_pb2_grpc.BatchServiceStub, metadata):
+    def __init__(self, stub: batch_pb2_grpc.BatchServiceStub, metadata,
+                 logs: Callable[[], item_log_pb2_grpc.BatchLogServiceStub] | None = None):
         self._stub = stub
         self._metadata = metadata
+        self._logs = logs
 
     def create(self, command: list[str], *, image: str = "", name: str = "", project: str = "",
                env: Mapping[str, str] | None = None, cpu: float = 1.0, memory_mb: int = 1024,
@@ -208,15 +269,15 @@ class Batches:
             market=_MARKETS[market], gpus=gpus, slots=slots, retry_rules=[rule._proto() for rule in retry_rules],
         )
         created = self._stub.CreateBatch(batch_pb2.CreateBatchRequest(spec=spec), metadata=self._metadata)
-        return Batch(self._stub, self._metadata, created.id)
+        return Batch(self._stub, self._metadata, created.id, self._logs)
 
     def get(self, batch_id: str) -> Batch:
         self._stub.GetBatch(batch_pb2.BatchRef(batch_id=batch_id), metadata=self._metadata)
-        return Batch(self._stub, self._metadata, batch_id)
+        return Batch(self._stub, self._metadata, batch_id, self._logs)
 
     def list(self, all: bool = False) -> list[Batch]:
         response = self._stub.ListBatches(batch_pb2.ListBatchesRequest(all=all), metadata=self._metadata)
-        return [Batch(self._stub, self._metadata, b.id) for b in response.batches]
+        return [Batch(self._stub, self._metadata, b.id, self._logs) for b in response.batches]
 
 
 class Client(RunReads):
@@ -231,10 +292,23 @@ class Client(RunReads):
         self._channel = _channel(address, options=[("grpc.max_send_message_length", 16 << 20)])
         metadata = (("authorization", f"Bearer {token}"),)
         self._api_address, self._logs_address, self._metadata = api, logs, metadata
-        self.batches = Batches(batch_pb2_grpc.BatchServiceStub(self._channel), metadata)
+        self._search_channel: grpc.Channel | None = None
+        self._search_stub: item_log_pb2_grpc.BatchLogServiceStub | None = None
+        self.batches = Batches(batch_pb2_grpc.BatchServiceStub(self._channel), metadata, self._batch_logs)
+
+    def _batch_logs(self) -> item_log_pb2_grpc.BatchLogServiceStub:
+        """log-ingest's BatchLogService, on a channel opened by the first search. Its answers
+        (up to 100,000 lines) may exceed gRPC's default 4 MiB: the request's limit bounds them."""
+        if self._search_stub is None:
+            self._search_channel = _channel(self._logs_address, options=[("grpc.max_receive_message_length", -1)])
+            self._search_stub = item_log_pb2_grpc.BatchLogServiceStub(self._search_channel)
+        return self._search_stub
 
     def close(self) -> None:
         self._channel.close()
+        if self._search_channel is not None:
+            self._search_channel.close()
+            self._search_channel = self._search_stub = None
         self._close_reads()
 
     def __enter__(self) -> "Client":
@@ -261,4 +335,4 @@ def _progress(batch: batch_pb2.Batch) -> Progress:
     )
 
 
-__all__ = ["Added", "Batch", "Batches", "Client", "Progress", "RetryRule", "Spread", "Usage"]
+__all__ = ["Added", "Batch", "Batches", "Client", "LogMatch", "LogSearch", "Progress", "RetryRule", "Spread", "Usage"]

@@ -389,6 +389,13 @@ def test_a_batch_from_python_runs_every_item_and_keeps_its_dead_letter(up):
         dead = list(batch.items(state="dead"))
         assert [(i.key, i.exit_code, i.attempts) for i in dead] == [("bad", 3, 2)]
         assert batch.logs("bad") == ["broken mem://bad", "broken mem://bad"]
+        # log-ingest searches every attempt's lines: the first failed (and was retried), the last made it dead.
+        found = batch.search_logs("broken")
+        assert [(m.key, m.attempt, m.text, m.state) for m in found.lines] == [
+            ("bad", 1, "broken mem://bad", "failed"), ("bad", 2, "broken mem://bad", "dead")]
+        assert not found.truncated
+        assert [m.attempt for m in batch.search_logs(r"^broken mem://\w+$", regex=True, state="dead").lines] == [2]
+        assert batch.search_logs("broken", limit=1).truncated
         assert sum(1 for _ in batch.items()) == 301, "pages cover every item once"
         assert batch.id in [b.id for b in client.batches.list(all=True)]
         with pytest.raises(grpc.RpcError) as empty:

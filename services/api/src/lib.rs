@@ -262,6 +262,7 @@ fn http_gateway(config: &Config, store: &Store, own: http::transcode::Upstream) 
     let settings = &config.http;
     for (service, url) in [
         ("LogService", &settings.logs),
+        ("BatchLogService", &settings.logs),
         ("BatchService", &settings.batches),
         ("SweepService", &settings.advisor),
         ("ServeService", &settings.predictor),

@@ -166,6 +166,18 @@ impl<'a> Resource<'a> {
         }
     }
 
+    /// A batch (its items, their lines).
+    pub fn batch(id: &'a str, project: &'a str, owner_id: &'a str) -> Resource<'a> {
+        Resource {
+            kind: "batch",
+            id,
+            project,
+            owner_id,
+            job_id: "",
+            batch_id: id,
+        }
+    }
+
     /// Something of the whole instance (a global quota, another user's records): only the admin.
     pub fn instance(kind: &'static str, id: &'a str) -> Resource<'a> {
         Resource::owned(kind, id, "", "")
@@ -299,6 +311,23 @@ impl Caller {
         let job = store.job(&job_id).await?;
         self.authorize(&Resource::job(&job))?;
         Ok(job)
+    }
+
+    /// Reads the scope of a batch the call names (for a service other than item-batch); a
+    /// batch of a project the caller is not in reads as not found, as an unknown id does.
+    pub async fn batch(
+        &self,
+        store: &crate::store::Store,
+        batch_id: &str,
+    ) -> Result<crate::store::BatchScope, crate::Error> {
+        let batch_id = crate::ids::parse_id("batch", batch_id).map_err(Denied::Invalid)?;
+        let not_found = || Denied::NotFound {
+            kind: "batch",
+            id: batch_id.clone(),
+        };
+        let batch = store.batch_scope(&batch_id).await?.ok_or_else(not_found)?;
+        self.authorize(&Resource::batch(&batch.id, &batch.project, &batch.owner_id))?;
+        Ok(batch)
     }
 
     /// The projects a listing shows: the one it names (checked as [`Caller::named_project`]),

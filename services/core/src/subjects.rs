@@ -64,6 +64,10 @@ pub const CONSUMER_METRICS: &str = "log-ingest-metrics";
 /// Durable consumer of item-batch on `KILN_ITEM_RESULTS`, shared by all its replicas.
 pub const CONSUMER_ITEM_RESULTS: &str = "item-batch-results";
 
+/// Durable consumer of log-ingest on `KILN_ITEM_RESULTS`: the items' kept lines into the log
+/// store, shared by all log-ingest replicas.
+pub const CONSUMER_ITEM_LINES: &str = "log-ingest-item-lines";
+
 /// The lease in `kiln_leases` whose holder is the predictor replica keeping the services'
 /// workers (the controller).
 pub const LEASE_PREDICTOR_CONTROLLER: &str = "predictor-controller";
@@ -231,6 +235,7 @@ pub fn consumer_kind(name: &str) -> &str {
             CONSUMER_LOG_INGEST,
             CONSUMER_METRICS,
             CONSUMER_ITEM_RESULTS,
+            CONSUMER_ITEM_LINES,
             CONSUMER_ADVISOR_METRICS,
             CONSUMER_ADVISOR_JOBS,
         ]

@@ -400,6 +400,29 @@ mod names_migration {
     }
 }
 
+/// What log-ingest reads of item-batch's batches (to check a search that names one).
+async fn a_batch_scope_is_read_for_other_services(store: Store) {
+    use sea_orm::ConnectionTrait;
+    store
+        .connection()
+        .execute_unprepared(
+            "INSERT INTO batches (id, owner_id, project, name, spec_json, state, created_at_ms)
+             VALUES ('01a24400-0000-7000-8000-000000000001', 'u1', 'alpha', 'b', '{}', 'open', 1)",
+        )
+        .await
+        .unwrap();
+    let scope = store.batch_scope("01a24400-0000-7000-8000-000000000001").await.unwrap();
+    assert_eq!(
+        scope,
+        Some(kiln_core::store::BatchScope {
+            id: "01a24400-0000-7000-8000-000000000001".into(),
+            project: "alpha".into(),
+            owner_id: "u1".into(),
+        })
+    );
+    assert_eq!(store.batch_scope("01a24400-0000-7000-8000-000000000002").await.unwrap(), None);
+}
+
 macro_rules! store_suite {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
@@ -454,4 +477,5 @@ store_suite!(
     aliases_move_atomically_under_concurrent_calls,
     intents_and_instances_move_by_compare_and_set,
     a_create_call_of_thousands_of_instances_is_recorded_whole,
+    a_batch_scope_is_read_for_other_services,
 );

@@ -345,14 +345,7 @@ pub(crate) async fn authorized_batch(shared: &Shared, caller: &Caller, batch_id:
 
 /// A batch as the authorisation rule sees it.
 pub(crate) fn batch_resource(batch: &BatchRecord) -> Resource<'_> {
-    Resource {
-        kind: "batch",
-        id: &batch.id,
-        project: &batch.project,
-        owner_id: &batch.owner_id,
-        job_id: "",
-        batch_id: &batch.id,
-    }
+    Resource::batch(&batch.id, &batch.project, &batch.owner_id)
 }
 
 /// Checks items and fills in their keys (the URI when none is given).

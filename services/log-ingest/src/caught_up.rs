@@ -1,5 +1,7 @@
 //! Read-your-writes for metric reads: a read waits until the metric writers have stored every
-//! message that `KILN_METRICS` held when the read arrived.
+//! message that `KILN_METRICS` held when the read arrived. A search of batch items' lines waits
+//! the same way for the item-line writers and `KILN_ITEM_RESULTS` (an item counted done has its
+//! outcome there), through a [`CaughtUp`] of its own.
 //!
 //! WriteMetrics answers once its points are durable in JetStream; any replica's writer may
 //! store them later. So a read first learns the stream's last sequence (its *head*, from the
@@ -20,7 +22,6 @@ use std::time::Duration;
 use async_nats::jetstream::consumer;
 use async_nats::jetstream::stream::Stream;
 use kiln_core::streams::{Nats, NatsError};
-use kiln_core::subjects::{CONSUMER_METRICS, STREAM_METRICS};
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -49,9 +50,12 @@ pub fn stored_through(info: &consumer::Info) -> u64 {
     }
 }
 
-/// The marks of `KILN_METRICS` and its writers, shared by this replica's reads.
+/// The marks of a stream (`KILN_METRICS`) and its writers' consumer, shared by this replica's
+/// reads.
 pub struct CaughtUp {
     nats: Nats,
+    stream: &'static str,
+    consumer: &'static str,
     marks: watch::Sender<Marks>,
     /// Rounds begun so far.
     begun: AtomicU64,
@@ -70,9 +74,12 @@ impl Drop for Waiting<'_> {
 }
 
 impl CaughtUp {
-    pub fn new(nats: Nats) -> Arc<CaughtUp> {
+    /// The marks of `stream` and the durable `consumer` of its writers.
+    pub fn new(nats: Nats, stream: &'static str, consumer: &'static str) -> Arc<CaughtUp> {
         Arc::new(CaughtUp {
             nats,
+            stream,
+            consumer,
             marks: watch::Sender::new(Marks::default()),
             begun: AtomicU64::new(0),
             waiting: AtomicUsize::new(0),
@@ -80,7 +87,7 @@ impl CaughtUp {
         })
     }
 
-    /// Waits, for at most `wait`, until every metric message published before this call is
+    /// Waits, for at most `wait`, until every message published before this call is
     /// stored. False when the writers are further behind than that (or NATS does not answer):
     /// the read then answers what is stored. A `wait` of zero does not wait (and is true).
     pub async fn wait(&self, wait: Duration) -> bool {
@@ -123,7 +130,7 @@ impl CaughtUp {
                     ROUND_PAUSE
                 }
                 Err(error) => {
-                    tracing::warn!(error = %error, "cannot read how far the metric writers are");
+                    tracing::warn!(stream = self.stream, error = %error, "cannot read how far the writers are");
                     stream = None;
                     ERROR_PAUSE
                 }
@@ -144,13 +151,13 @@ impl CaughtUp {
             None => stream.insert(
                 self.nats
                     .jetstream
-                    .get_stream_no_info(STREAM_METRICS)
+                    .get_stream_no_info(self.stream)
                     .await
                     .map_err(nats_error)?,
             ),
         };
         let head = stream.get_info().await.map_err(nats_error)?.state.last_sequence;
-        let writers = stream.consumer_info(CONSUMER_METRICS).await.map_err(nats_error)?;
+        let writers = stream.consumer_info(self.consumer).await.map_err(nats_error)?;
         Ok((head, stored_through(&writers)))
     }
 }

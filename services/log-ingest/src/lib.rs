@@ -18,6 +18,7 @@ use kiln_core::metrics::Metrics;
 use kiln_core::metrics::rpc::RpcMetricsLayer;
 use kiln_core::store::Store;
 use kiln_core::streams::{self, Nats};
+use kiln_proto::v1::batch_log_service_server::BatchLogServiceServer;
 use kiln_proto::v1::log_service_server::LogServiceServer;
 use tokio::net::TcpListener;
 use tokio::sync::broadcast;
@@ -27,6 +28,7 @@ pub mod caught_up;
 pub mod config;
 pub mod error;
 pub mod grpc;
+pub mod item_lines;
 pub mod latest_values;
 pub mod points;
 pub mod scylla_store;
@@ -141,9 +143,21 @@ impl LogIngest {
                 metric_writer,
                 shutdown.clone(),
             )),
+            tokio::spawn(kiln_core::intake::run(
+                self.nats.clone(),
+                item_lines::ITEM_LINES,
+                batch_size,
+                Arc::new(item_lines::ItemLineWriter {
+                    store: self.logs.clone(),
+                }),
+                shutdown.clone(),
+            )),
         ];
-        let caught_up = caught_up::CaughtUp::new(self.nats.clone());
+        use kiln_core::subjects::{CONSUMER_ITEM_LINES, CONSUMER_METRICS, STREAM_ITEM_RESULTS, STREAM_METRICS};
+        let caught_up = caught_up::CaughtUp::new(self.nats.clone(), STREAM_METRICS, CONSUMER_METRICS);
+        let items_caught_up = caught_up::CaughtUp::new(self.nats.clone(), STREAM_ITEM_RESULTS, CONSUMER_ITEM_LINES);
         let marks = tokio::spawn(caught_up.clone().run(shutdown.clone()));
+        let item_marks = tokio::spawn(items_caught_up.clone().run(shutdown.clone()));
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
         health_reporter.set_serving::<LogServiceServer<grpc::LogsApi>>().await;
         let api = grpc::LogsApi {
@@ -154,6 +168,7 @@ impl LogIngest {
             points: self.points.clone(),
             known_keys: Default::default(),
             caught_up,
+            items_caught_up,
             read_wait: std::time::Duration::from_millis(self.config.read_wait_ms),
             stale_reads: metrics.stale_reads.clone(),
         };
@@ -164,6 +179,7 @@ impl LogIngest {
             .layer(AuthLayer::new(Arc::new(self.store.clone())))
             .add_service(health_service)
             .add_service(kiln_core::whoami::NodeApi::new("log-ingest").server())
+            .add_service(BatchLogServiceServer::new(api.clone()))
             .add_service(LogServiceServer::new(api).max_decoding_message_size(grpc::MAX_REQUEST_BYTES * 2))
             .serve_with_incoming_shutdown(
                 kiln_core::tls::incoming(self.listener, &self.config.grpc.tls)?,
@@ -176,6 +192,7 @@ impl LogIngest {
         }
         let _ = rate.await;
         let _ = marks.await;
+        let _ = item_marks.await;
         if let Some(held) = held {
             let lease = held
                 .await

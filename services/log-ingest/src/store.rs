@@ -1,5 +1,6 @@
 //! Where log lines are kept: [`LogStore`], and its embedded SQLite implementation (the ScyllaDB
 //! one is `scylla_store::ScyllaLogStore`; `tests/log_store.rs` runs the same suite on both).
+//! Jobs' lines and batch items' kept lines ([`crate::item_lines`]) share the store.
 //!
 //! Lines are keyed by (job, attempt, seq), where seq is the line's sequence in the `KILN_LOGS`
 //! stream: writing a line again changes nothing, so JetStream redelivery never duplicates a line,
@@ -12,6 +13,7 @@ use kiln_core::store::Store;
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, TransactionTrait, Value};
 
 use crate::error::Result;
+use crate::item_lines::{Found, ItemLine, ItemSearch};
 
 /// One stored line; `end` marks the last record of an attempt (its text is empty).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,6 +43,10 @@ pub trait LogStore: Send + Sync + 'static {
     async fn read(&self, job_id: &str, after: Cursor, limit: u32) -> Result<Vec<StoredLine>>;
     /// The cursor to read a job's last `lines` lines from (end markers do not count).
     async fn tail_cursor(&self, job_id: &str, lines: u32) -> Result<Cursor>;
+    /// Stores batch items' lines; lines already stored are left as they are.
+    async fn append_item_lines(&self, lines: &[ItemLine]) -> Result<()>;
+    /// The lines of a batch's items that match, in (item key, attempt, line) order.
+    async fn search_item_lines(&self, search: &ItemSearch) -> Result<Found>;
 }
 
 /// Rows per INSERT statement (7 parameters each, well under SQLite's limit).
@@ -77,6 +83,7 @@ impl SqliteLogStore {
             ) WITHOUT ROWID",
         )
         .await?;
+        db.execute_unprepared(crate::item_lines::SQLITE_TABLE).await?;
         Ok(SqliteLogStore { db })
     }
 }
@@ -153,5 +160,13 @@ impl LogStore for SqliteLogStore {
             }),
             None => Ok(Cursor::default()),
         }
+    }
+
+    async fn append_item_lines(&self, lines: &[ItemLine]) -> Result<()> {
+        crate::item_lines::sqlite_append(&self.db, lines).await
+    }
+
+    async fn search_item_lines(&self, search: &ItemSearch) -> Result<Found> {
+        crate::item_lines::sqlite_search(&self.db, search).await
     }
 }

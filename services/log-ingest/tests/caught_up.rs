@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use kiln_core::intake::{self, BatchWriter, Received, WriteError};
 use kiln_core::streams;
+use kiln_core::subjects::{CONSUMER_METRICS, STREAM_METRICS};
 use kiln_core::testing::NatsServer;
 use kiln_log_ingest::caught_up::CaughtUp;
 use kiln_log_ingest::writer::METRICS;
@@ -49,7 +50,7 @@ async fn a_read_waits_until_the_writers_stored_what_came_before_it() {
         writer.clone(),
         shutdown.clone(),
     ));
-    let caught_up = CaughtUp::new(nats.clone());
+    let caught_up = CaughtUp::new(nats.clone(), STREAM_METRICS, CONSUMER_METRICS);
     let marks = tokio::spawn(caught_up.clone().run(shutdown.clone()));
 
     assert!(
@@ -90,7 +91,7 @@ async fn before_the_writers_consumer_exists_a_read_gives_up() {
     let server = NatsServer::start();
     let nats = streams::connect(&server.config()).await.unwrap();
     let shutdown = CancellationToken::new();
-    let caught_up = CaughtUp::new(nats.clone());
+    let caught_up = CaughtUp::new(nats.clone(), STREAM_METRICS, CONSUMER_METRICS);
     let marks = tokio::spawn(caught_up.clone().run(shutdown.clone()));
     // No intake ever made the writers' consumer: no round succeeds.
     assert!(!caught_up.wait(Duration::from_millis(500)).await);

@@ -5,7 +5,9 @@
 //! pages; a line stored once however often it is written; end records; the tail's cursor.
 
 mod common;
+use kiln_log_ingest::item_lines::{ItemLine, ItemSearch, Matcher};
 use kiln_log_ingest::store::{Cursor, LogStore, StoredLine};
+use kiln_proto::v1::ItemState;
 
 fn line(job_id: &str, attempt: i32, seq: i64, text: &str) -> StoredLine {
     StoredLine {
@@ -174,6 +176,163 @@ async fn long_lines_and_many_jobs_in_one_batch_survive(store: Box<dyn LogStore>)
     }
 }
 
+fn item_line(batch: &str, key: &str, attempt: i32, line: i32, text: &str, state: ItemState) -> ItemLine {
+    ItemLine {
+        batch_id: batch.into(),
+        key: key.into(),
+        attempt,
+        line,
+        stream: 1,
+        timestamp_ms: 5_000 + i64::from(line),
+        text: text.into(),
+        state: state as i32,
+    }
+}
+
+fn search(batch: &str, pattern: &str, regex: bool, state: Option<ItemState>, limit: usize) -> ItemSearch {
+    ItemSearch {
+        batch_id: batch.into(),
+        matcher: Matcher::new(pattern, regex).unwrap(),
+        state: state.map(|s| s as i32),
+        limit,
+    }
+}
+
+fn found(lines: &[ItemLine]) -> Vec<(&str, i32, &str)> {
+    lines
+        .iter()
+        .map(|l| (l.key.as_str(), l.attempt, l.text.as_str()))
+        .collect()
+}
+
+async fn item_lines_are_searched_across_a_batch(store: Box<dyn LogStore>) {
+    // 3,000 items of two lines each; seven print a marker, one of them in two attempts (the
+    // first failed), and one item's first lines were not kept (line 0 holds the count).
+    let markers = [7, 300, 1111, 1500, 2222, 2718, 2999];
+    let mut lines = Vec::new();
+    for n in 0..3000 {
+        let key = format!("k{n:05}");
+        let said = if markers.contains(&n) {
+            format!("found marker in {key}")
+        } else {
+            format!("plain {key}")
+        };
+        lines.push(item_line(
+            "b1",
+            &key,
+            1,
+            1,
+            &format!("starting {key}"),
+            ItemState::Succeeded,
+        ));
+        lines.push(item_line("b1", &key, 1, 2, &said, ItemState::Succeeded));
+    }
+    for retried in &mut lines[2 * 300..2 * 300 + 2] {
+        (retried.attempt, retried.state) = (2, ItemState::Dead as i32);
+    }
+    lines.push(item_line(
+        "b1",
+        "k00300",
+        1,
+        1,
+        "marker before the retry",
+        ItemState::Failed,
+    ));
+    lines.push(item_line("b1", "k00042", 1, 0, "4242", ItemState::Succeeded));
+    // Another batch says marker too; it is not b1's.
+    lines.push(item_line(
+        "b2",
+        "k00001",
+        1,
+        1,
+        "marker elsewhere",
+        ItemState::Succeeded,
+    ));
+    for chunk in lines.chunks(700) {
+        store.append_item_lines(chunk).await.unwrap();
+    }
+    // A redelivered outcome changes nothing.
+    store.append_item_lines(&lines[600..610]).await.unwrap();
+
+    let all = store
+        .search_item_lines(&search("b1", "marker", false, None, 100))
+        .await
+        .unwrap();
+    assert!(!all.truncated);
+    let keys: Vec<&str> = all.lines.iter().map(|l| l.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "k00007", "k00300", "k00300", "k01111", "k01500", "k02222", "k02718", "k02999"
+        ],
+        "exactly the items that printed it, in key order"
+    );
+    assert_eq!(
+        found(&all.lines[1..3]),
+        [
+            ("k00300", 1, "marker before the retry"),
+            ("k00300", 2, "found marker in k00300")
+        ],
+        "attempts in order"
+    );
+    assert_eq!(
+        all.lines[0],
+        item_line("b1", "k00007", 1, 2, "found marker in k00007", ItemState::Succeeded)
+    );
+
+    let dead = store
+        .search_item_lines(&search("b1", "marker", false, Some(ItemState::Dead), 100))
+        .await
+        .unwrap();
+    assert_eq!(found(&dead.lines), [("k00300", 2, "found marker in k00300")]);
+    let failed = store
+        .search_item_lines(&search("b1", "marker", false, Some(ItemState::Failed), 100))
+        .await
+        .unwrap();
+    assert_eq!(found(&failed.lines), [("k00300", 1, "marker before the retry")]);
+
+    let regex = store
+        .search_item_lines(&search("b1", r"^found marker in k0[12]\d{3}$", true, None, 100))
+        .await
+        .unwrap();
+    assert_eq!(regex.lines.len(), 5, "k01111 to k02999: {:?}", found(&regex.lines));
+
+    let first_three = store
+        .search_item_lines(&search("b1", "marker", false, None, 3))
+        .await
+        .unwrap();
+    assert!(first_three.truncated);
+    assert_eq!(
+        first_three.lines,
+        all.lines[..3].to_vec(),
+        "the first lines in key order"
+    );
+    let exact = store
+        .search_item_lines(&search("b1", "marker", false, None, 8))
+        .await
+        .unwrap();
+    assert!(!exact.truncated, "as many as matched is not truncated");
+
+    let counts = store
+        .search_item_lines(&search("b1", "4242", false, None, 10))
+        .await
+        .unwrap();
+    assert!(counts.lines.is_empty(), "a count of lines not kept is not a line");
+    let every = store
+        .search_item_lines(&search("b1", "k0", false, None, 100_000))
+        .await
+        .unwrap();
+    assert_eq!(every.lines.len(), 6000);
+    assert!(
+        store
+            .search_item_lines(&search("nope", "marker", false, None, 10))
+            .await
+            .unwrap()
+            .lines
+            .is_empty()
+    );
+}
+
 macro_rules! store_suite {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
@@ -205,4 +364,5 @@ store_suite!(
     lines_far_apart_in_the_stream_come_back_in_order,
     the_tail_cursor_skips_end_records,
     long_lines_and_many_jobs_in_one_batch_survive,
+    item_lines_are_searched_across_a_batch,
 );

@@ -30,7 +30,7 @@ impl Addresses {
         match service {
             "JobService" | "QuotaService" | "ArtifactService" | "DatasetService" | "UserService" | "ProjectService"
             | "SecretService" | "ModelService" | "DiscoveryService" => vec![self.api],
-            "LogService" => vec![self.logs],
+            "LogService" | "BatchLogService" => vec![self.logs],
             "BatchService" | "ItemWorkService" => vec![self.batches],
             "SweepService" => vec![self.advisor],
             "ServeService" => vec![self.predictor],

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { color256, parseAnsi, stripAnsi } from './ansi';
+import { color256, parseAnsi, segmentClass, segmentStyle, stripAnsi } from './ansi';
 
 describe('parseAnsi', () => {
   it('leaves plain text as one segment', () => {
@@ -40,5 +40,15 @@ describe('parseAnsi', () => {
 
   it('strips escapes for search', () => {
     expect(stripAnsi('\x1b[1mloss\x1b[0m=0.5')).toBe('loss=0.5');
+  });
+});
+
+describe('segmentClass and segmentStyle', () => {
+  it('give palette colours and attributes as classes, other colours inline', () => {
+    const [segment] = parseAnsi('\x1b[1;4;31;48;5;196mx');
+    expect(segmentClass(segment)).toBe('ansi-fg-1 ansi-bold ansi-underline');
+    expect(segmentStyle(segment)).toBe(`background:${color256(196)};`);
+    expect(segmentClass({ text: 'plain' })).toBe('');
+    expect(segmentStyle({ text: 'plain' })).toBe('');
   });
 });

@@ -104,3 +104,23 @@ export function parseAnsi(line: string, start: AnsiStyle = {}): AnsiSegment[] {
 export function stripAnsi(line: string): string {
   return line.replace(ESCAPE, '');
 }
+
+/** The theme's classes of a segment (its palette colours, bold, dim, italic, underline). */
+export function segmentClass(segment: AnsiSegment): string {
+  const classes: string[] = [];
+  if (typeof segment.fg === 'number') classes.push(`ansi-fg-${segment.fg}`);
+  if (typeof segment.bg === 'number') classes.push(`ansi-bg-${segment.bg}`);
+  if (segment.bold) classes.push('ansi-bold');
+  if (segment.dim) classes.push('ansi-dim');
+  if (segment.italic) classes.push('ansi-italic');
+  if (segment.underline) classes.push('ansi-underline');
+  return classes.join(' ');
+}
+
+/** The inline style of a segment's 256 and true colours (the palette's are classes). */
+export function segmentStyle(segment: AnsiSegment): string {
+  let css = '';
+  if (typeof segment.fg === 'string') css += `color:${segment.fg};`;
+  if (typeof segment.bg === 'string') css += `background:${segment.bg};`;
+  return css;
+}

@@ -151,10 +151,12 @@ export interface BatchUsage {
   sizingHint?: string;
 }
 
+export type ItemStateName = 'ITEM_STATE_UNSPECIFIED' | 'ITEM_STATE_PENDING' | 'ITEM_STATE_SUCCEEDED' | 'ITEM_STATE_FAILED' | 'ITEM_STATE_DEAD';
+
 export interface ItemStatus {
   key: string;
   uri: string;
-  state: 'ITEM_STATE_UNSPECIFIED' | 'ITEM_STATE_PENDING' | 'ITEM_STATE_SUCCEEDED' | 'ITEM_STATE_FAILED' | 'ITEM_STATE_DEAD';
+  state: ItemStateName;
   attempts: number;
   exitCode?: number;
   reason: string;
@@ -163,6 +165,25 @@ export interface ItemStatus {
   cpuSeconds?: number;
   peakMemoryBytes?: number;
   durationMs?: number;
+}
+
+/** A kept output line of an item's attempt that BatchLogService/SearchBatchLogs matched. */
+export interface ItemLogLine {
+  key: string;
+  attempt: number;
+  /** Its place among its attempt's kept lines (1, 2, ...). */
+  line: number;
+  stream: LogLine['stream'];
+  timestampMs: number;
+  text: string;
+  /** How the attempt ended. */
+  state: ItemStateName;
+}
+
+export interface SearchBatchLogsResponse {
+  lines: ItemLogLine[];
+  /** More lines matched than the request's limit. */
+  truncated: boolean;
 }
 
 export interface Trial {

@@ -61,8 +61,27 @@ pub enum BatchCommand {
         #[arg(short, long, value_enum, default_value = "table")]
         output: Output,
     },
-    /// The output lines of an item's attempts.
-    Logs { batch: String, item: String },
+    /// The output lines of an item's attempts, or with --grep the matching lines of every item
+    /// (each after its item key and attempt).
+    Logs {
+        batch: String,
+        /// The item whose lines to print.
+        #[arg(required_unless_present = "grep", conflicts_with = "grep")]
+        item: Option<String>,
+        /// Search the kept lines of every item of the batch for PATTERN (exit 1 when none match).
+        #[arg(long, value_name = "PATTERN")]
+        grep: Option<String>,
+        /// Read --grep as a regular expression.
+        #[arg(long, requires = "grep")]
+        regex: bool,
+        /// Only attempts that ended so: succeeded, failed (retried after) or dead (the attempt
+        /// that made its item a dead letter).
+        #[arg(long, requires = "grep", value_enum)]
+        state: Option<ItemStateArg>,
+        /// At most this many lines.
+        #[arg(long, requires = "grep", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+        limit: u32,
+    },
     /// List batches (live ones; --all for every one).
     Ls {
         #[arg(long)]
@@ -293,13 +312,42 @@ pub async fn batch(command: BatchCommand) -> Result<ExitCode> {
             limit,
             output,
         } => items(&mut clients, batch, state, limit, output).await?,
-        BatchCommand::Logs { batch, item } => {
-            let request = pb::GetItemLogsRequest {
-                batch_id: batch,
-                key: item,
+        BatchCommand::Logs {
+            batch,
+            item,
+            grep,
+            regex,
+            state,
+            limit,
+        } => {
+            let Some(pattern) = grep else {
+                let request = pb::GetItemLogsRequest {
+                    batch_id: batch,
+                    key: item.unwrap_or_default(),
+                };
+                for line in clients.batches.get_item_logs(request).await?.into_inner().lines {
+                    out!("[attempt {}] {}", line.attempt, line.text);
+                }
+                return Ok(ExitCode::SUCCESS);
             };
-            for line in clients.batches.get_item_logs(request).await?.into_inner().lines {
-                out!("[attempt {}] {}", line.attempt, line.text);
+            let request = pb::SearchBatchLogsRequest {
+                batch_id: batch,
+                pattern,
+                regex,
+                state: state.map_or(pb::ItemState::Unspecified, ItemStateArg::proto) as i32,
+                limit,
+            };
+            let found = clients.batch_logs.search_batch_logs(request).await?.into_inner();
+            for line in &found.lines {
+                out!("{} [attempt {}] {}", line.key, line.attempt, line.text);
+            }
+            if found.truncated {
+                eprintln!(
+                    "more lines matched than the {limit} shown; raise --limit (at most 100000) or narrow the pattern"
+                );
+            }
+            if found.lines.is_empty() {
+                return Ok(ExitCode::from(1));
             }
         }
         BatchCommand::Ls { all, output } => {

@@ -97,6 +97,7 @@ pub const POLICY: &[Rule] = &[
     rule("/kiln.v1.LogService/QueryMetrics", Needs(Viewer), OwnJob),
     rule("/kiln.v1.LogService/ListMetricKeys", Needs(Viewer), OwnJob),
     rule("/kiln.v1.LogService/LatestMetrics", Needs(Viewer), OwnJob),
+    rule("/kiln.v1.BatchLogService/SearchBatchLogs", Needs(Viewer), OwnBatch),
     // item-batch
     rule("/kiln.v1.BatchService/CreateBatch", Needs(Member), Deny),
     rule("/kiln.v1.BatchService/AddItems", MEMBER_OWN_MAINTAINER_ANY, Deny),

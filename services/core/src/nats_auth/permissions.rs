@@ -196,6 +196,8 @@ pub(super) fn of(service: Service) -> Permissions {
                 .publish(LOGS_ANY)
                 .consume(STREAM_LOGS)
                 .consume(STREAM_METRICS)
+                // The items' kept lines, into the log store.
+                .consume(STREAM_ITEM_RESULTS)
                 .subscribe(JOB_EVENT_ANY)
                 .subscribe(INGEST_LATEST_VALUES)
                 .lease(LEASE_LOG_INGEST);

@@ -13,6 +13,7 @@ use crate::config::DatabaseConfig;
 use crate::error::ErrorKind;
 
 mod artifacts;
+mod batches;
 pub mod cloud;
 pub mod entities;
 pub mod gangs;
@@ -27,6 +28,7 @@ mod secrets;
 mod users;
 
 pub use artifacts::{DatasetRef, NewArtifact};
+pub use batches::BatchScope;
 pub use cloud::{InstanceRecord, IntentRecord};
 pub use entities::job::Model as JobRecord;
 pub use gangs::{NodeRecord, node_state};

@@ -101,19 +101,7 @@ impl LogsApi {
         request: pb::SearchLogsRequest,
     ) -> Result<pb::SearchLogsResponse, Error> {
         let job = self.visible_job(caller, &request.job_id).await?;
-        if request.pattern.is_empty() {
-            return Err(Error::InvalidArgument("pattern is empty".into()));
-        }
-        let matcher: Box<dyn Fn(&str) -> bool + Send> = if request.regex {
-            let regex = regex::RegexBuilder::new(&request.pattern)
-                .size_limit(1 << 20)
-                .build()
-                .map_err(|e| Error::InvalidArgument(format!("pattern is not a valid regular expression: {e}")))?;
-            Box::new(move |text| regex.is_match(text))
-        } else {
-            let pattern = request.pattern.clone();
-            Box::new(move |text| text.contains(&pattern))
-        };
+        let matcher = crate::item_lines::Matcher::new(&request.pattern, request.regex)?;
         let limit = match request.limit {
             0 => 1000,
             n => (n as usize).min(100_000),
@@ -134,7 +122,7 @@ impl LogsApi {
                     seq: line.seq,
                 };
                 let in_time = line.timestamp_ms >= request.since_ms && line.timestamp_ms < until;
-                if line.end || !in_time || !matcher(&line.text) {
+                if line.end || !in_time || !matcher.is_match(&line.text) {
                     continue;
                 }
                 if lines.len() == limit {

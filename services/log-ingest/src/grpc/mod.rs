@@ -1,4 +1,5 @@
-//! `LogService`: reading and following a job's lines. Errors become statuses here only.
+//! `LogService`: reading and following a job's lines, and `BatchLogService`: searching a
+//! batch's item lines (`item_lines`). Errors become statuses here only.
 //!
 //! `logs` writes, searches and follows a job's lines; `metrics` writes and queries its metric
 //! points; this module holds the API's state, answers the `LogService` calls and decides who
@@ -21,6 +22,7 @@ use crate::points::MetricStore;
 use crate::store::{Cursor, LogStore};
 
 mod checks;
+mod item_lines;
 mod logs;
 mod metrics;
 
@@ -42,6 +44,8 @@ pub struct LogsApi {
     pub(crate) known_keys: Arc<Mutex<HashMap<String, HashSet<String>>>>,
     /// How far the metric writers are, for read-your-writes (see [`crate::caught_up`]).
     pub(crate) caught_up: Arc<crate::caught_up::CaughtUp>,
+    /// How far the item-line writers are, for searches of a batch's lines.
+    pub(crate) items_caught_up: Arc<crate::caught_up::CaughtUp>,
     /// How long a metric read waits for the writers, at most.
     pub(crate) read_wait: std::time::Duration,
     /// Counts the reads that waited `read_wait` in vain.

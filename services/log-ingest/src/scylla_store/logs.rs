@@ -14,8 +14,10 @@ use futures::StreamExt;
 use scylla::client::session::Session;
 use scylla::statement::prepared::PreparedStatement;
 
+use super::item_lines::{self, ItemStatements};
 use super::{ScyllaConfig, bounded, cql_error, prepare, write_batch};
 use crate::error::Result;
+use crate::item_lines::{Found, ItemLine, ItemSearch};
 use crate::store::{Cursor, LogStore, StoredLine};
 
 /// Stream sequences per partition: no partition holds more lines than this.
@@ -40,6 +42,7 @@ struct Statements {
 pub struct ScyllaLogStore {
     session: Arc<Session>,
     statements: Statements,
+    items: ItemStatements,
     write_concurrency: usize,
 }
 
@@ -124,9 +127,11 @@ impl ScyllaLogStore {
                 5000,
             ),
         };
+        let items = ItemStatements::prepare(&session, ks).await?;
         Ok(ScyllaLogStore {
             session,
             statements,
+            items,
             write_concurrency: config.write_concurrency,
         })
     }
@@ -261,5 +266,13 @@ impl LogStore for ScyllaLogStore {
             }
         }
         Ok(Cursor::default())
+    }
+
+    async fn append_item_lines(&self, lines: &[ItemLine]) -> Result<()> {
+        item_lines::append(&self.session, &self.items, lines, self.write_concurrency).await
+    }
+
+    async fn search_item_lines(&self, search: &ItemSearch) -> Result<Found> {
+        item_lines::search(&self.session, &self.items, search).await
     }
 }

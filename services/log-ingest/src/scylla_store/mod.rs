@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 
 pub mod chunks;
+mod item_lines;
 mod logs;
 mod metrics;
 
@@ -29,9 +30,10 @@ pub use logs::{LOG_BUCKET_SEQS, ScyllaLogStore};
 pub use metrics::{BUCKET_STEPS, ScyllaMetricStore};
 
 /// The CQL schema files, applied in this order; every statement is idempotent.
-const SCHEMA: [&str; 2] = [
+const SCHEMA: [&str; 3] = [
     include_str!("../../../../migrations/cql/0001_metrics.cql"),
     include_str!("../../../../migrations/cql/0002_logs.cql"),
+    include_str!("../../../../migrations/cql/0003_item_lines.cql"),
 ];
 
 /// Where the ScyllaDB cluster is, and how the tables are made.
