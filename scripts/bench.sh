@@ -7,6 +7,8 @@
 #     (fairness, utilisation, waits, spot savings, the time of one pass)
 #   registry-search + registry_search.py — the model registry's searches at 10,000 versions,
 #     kiln (SQLite) against MLflow's registry (mlflow==3.17.2, SQLite backend, in process)
+#   item-log-search — a batch's item lines searched at 1,000,000 lines (SQLite), beside GNU grep
+#     over the same lines in a flat file
 #   batch_throughput.py — batch items per second with 2 workers and no-op items, kiln against
 #     Celery (celery==5.7.0, redis==8.1.0, Debian's redis-server) and a raw JetStream work queue
 #     (nats-py==2.16.0)
@@ -94,3 +96,6 @@ source "$s3_dir/env"
 # --- model registry search against MLflow's registry ---------------------------------------------
 ./target/release/registry-search
 "$venv/bin/python" "$repo/bench/registry_search.py"
+
+# --- a batch's item lines searched at 1,000,000 lines --------------------------------------------
+./target/release/item-log-search

@@ -107,12 +107,33 @@ async fn main() -> Result<()> {
         std::fs::metadata(dir.path().join("logs.db"))?.len() as f64 / (1 << 20) as f64
     );
 
-    let searches: [(&str, &str, bool, Option<ItemState>, usize); 5] = [
+    let searches: [(&str, &str, bool, Option<ItemState>, usize); 8] = [
         ("rare substring (7 lines)", "marker", false, None, 1000),
         ("common substring, first 1000", "rendered tile", false, None, 1000),
         (
             "rare regex (7 lines)",
             r"checksum mismatch in tile \d+",
+            true,
+            None,
+            1000,
+        ),
+        (
+            "rare regex, literal at its end",
+            r"tile \d+ \(marker\)",
+            true,
+            None,
+            1000,
+        ),
+        (
+            "rare regex, case-insensitive",
+            r"(?i)checksum MISMATCH",
+            true,
+            None,
+            1000,
+        ),
+        (
+            "rare regex, literals in every line",
+            r"in 10 ms, 13\d{4} bytes",
             true,
             None,
             1000,
@@ -127,7 +148,10 @@ async fn main() -> Result<()> {
         ("no match (reads every line)", "segfault", false, None, 1000),
     ];
     let heading = ("search", "found", "kiln (SearchBatchLogs' store query)");
-    println!("\n{:<34} {:>8}  {:<32} grep -F/-E over a flat file", heading.0, heading.1, heading.2);
+    println!(
+        "\n{:<34} {:>8}  {:<32} grep -F/-E over a flat file",
+        heading.0, heading.1, heading.2
+    );
     for (name, pattern, regex, state, limit) in searches {
         let mut times = Vec::new();
         let mut found = 0;
@@ -145,12 +169,13 @@ async fn main() -> Result<()> {
         let mut grep_times = Vec::new();
         for _ in 0..args.runs {
             let started = Instant::now();
+            let folded = pattern.strip_prefix("(?i)");
             let output = std::process::Command::new("grep")
                 .arg(if regex { "-cE" } else { "-cF" })
-                .arg(if regex {
-                    pattern.replace(r"\d", "[0-9]")
-                } else {
-                    pattern.to_string()
+                .args(folded.map(|_| "-i"))
+                .arg(match regex {
+                    true => folded.unwrap_or(pattern).replace(r"\d", "[0-9]"),
+                    false => pattern.to_string(),
                 })
                 .arg(&flat)
                 .output()

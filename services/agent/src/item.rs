@@ -381,7 +381,11 @@ mod tests {
         .await
         .unwrap();
         let texts: Vec<&str> = echo.lines.iter().map(|l| l.text.as_str()).collect();
-        assert_eq!((echo.exit_code, texts), (Some(0), vec!["saw ***"]), "masked, on any worker");
+        assert_eq!(
+            (echo.exit_code, texts),
+            (Some(0), vec!["saw ***"]),
+            "masked, on any worker"
+        );
         let refused = run_item(item(&["true"], 1), Runner::BuiltinsOnly, &kill, Arc::default(), None)
             .await
             .unwrap();

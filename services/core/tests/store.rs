@@ -420,7 +420,10 @@ async fn a_batch_scope_is_read_for_other_services(store: Store) {
             owner_id: "u1".into(),
         })
     );
-    assert_eq!(store.batch_scope("01a24400-0000-7000-8000-000000000002").await.unwrap(), None);
+    assert_eq!(
+        store.batch_scope("01a24400-0000-7000-8000-000000000002").await.unwrap(),
+        None
+    );
 }
 
 macro_rules! store_suite {

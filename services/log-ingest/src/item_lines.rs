@@ -37,7 +37,54 @@ pub struct ItemLine {
 pub enum Matcher {
     /// A substring, case-sensitive.
     Substring(String),
-    Regex(regex::Regex),
+    /// A regular expression, and sets of literals: a line it matches contains one literal of
+    /// each set (none when the expression has no such set: then every line is read), in ASCII
+    /// letters of either case when `folded` (an expression that begins with `(?i)`).
+    Regex {
+        regex: regex::Regex,
+        required: Vec<Vec<String>>,
+        folded: bool,
+    },
+}
+
+/// Most literals of a set a regular expression's prefilter tries.
+const MOST_REQUIRED: usize = 16;
+
+/// The literals every match of `pattern` starts with, and those it ends with (each a finite
+/// set of non-empty literals, else left out): a matching line contains one of each.
+fn required_literals(pattern: &str) -> Vec<Vec<String>> {
+    // `(?i)…`: the literals of the rest, sought in either case, when they are ASCII (the regex
+    // crate here folds ASCII case only; SQLite's LIKE does the same).
+    if let Some(rest) = pattern.strip_prefix("(?i)") {
+        let mut sets = required_literals(rest);
+        sets.retain(|set| set.iter().all(|literal| literal.is_ascii()));
+        return sets;
+    }
+    use regex_syntax::hir::literal::{ExtractKind, Extractor};
+    let Ok(hir) = regex_syntax::Parser::new().parse(pattern) else {
+        return Vec::new();
+    };
+    let mut sets = [ExtractKind::Prefix, ExtractKind::Suffix]
+        .into_iter()
+        .filter_map(|kind| {
+            let mut extractor = Extractor::new();
+            extractor.kind(kind);
+            let literals = extractor.extract(&hir);
+            let texts: Option<Vec<String>> = literals
+                .literals()?
+                .iter()
+                .map(|literal| {
+                    String::from_utf8(literal.as_bytes().to_vec())
+                        .ok()
+                        .filter(|t| !t.is_empty())
+                })
+                .collect();
+            texts.filter(|t| t.len() <= MOST_REQUIRED)
+        })
+        .collect::<Vec<_>>();
+    // A literal expression starts and ends with the same set.
+    sets.dedup();
+    sets
 }
 
 impl Matcher {
@@ -49,17 +96,21 @@ impl Matcher {
         if !regex {
             return Ok(Matcher::Substring(pattern.to_string()));
         }
-        regex::RegexBuilder::new(pattern)
+        let regex = regex::RegexBuilder::new(pattern)
             .size_limit(1 << 20)
             .build()
-            .map(Matcher::Regex)
-            .map_err(|e| Error::InvalidArgument(format!("pattern is not a valid regular expression: {e}")))
+            .map_err(|e| Error::InvalidArgument(format!("pattern is not a valid regular expression: {e}")))?;
+        Ok(Matcher::Regex {
+            regex,
+            required: required_literals(pattern),
+            folded: pattern.starts_with("(?i)"),
+        })
     }
 
     pub fn is_match(&self, text: &str) -> bool {
         match self {
             Matcher::Substring(pattern) => text.contains(pattern.as_str()),
-            Matcher::Regex(regex) => regex.is_match(text),
+            Matcher::Regex { regex, .. } => regex.is_match(text),
         }
     }
 }
@@ -162,6 +213,8 @@ const ROWS_PER_STATEMENT: usize = 500;
 const SCAN_PAGE: i64 = 20_000;
 
 const COLUMNS: &str = "item_key, attempt, line, stream, ts_ms, text, state";
+/// Where `text` is in [`COLUMNS`].
+const TEXT_COLUMN: usize = 5;
 
 pub(crate) async fn sqlite_append(db: &DatabaseConnection, lines: &[ItemLine]) -> Result<()> {
     let tx = db.begin().await?;
@@ -190,10 +243,34 @@ pub(crate) async fn sqlite_append(db: &DatabaseConnection, lines: &[ItemLine]) -
 }
 
 /// A substring is found by SQLite itself (`instr` over the batch's range of the key); a
-/// regular expression pages through the batch's lines and matches them here.
+/// regular expression pages through the batch's lines that hold one of its required literals
+/// (all of them when it has none) and matches them here.
 pub(crate) async fn sqlite_search(db: &DatabaseConnection, search: &ItemSearch) -> Result<Found> {
-    let state_filter = if search.state.is_some() { " AND state = ?" } else { "" };
+    let (required, folded) = match &search.matcher {
+        Matcher::Regex { required, folded, .. } => (required.as_slice(), *folded),
+        Matcher::Substring(_) => (&[][..], false),
+    };
+    // LIKE folds ASCII case; instr does not.
+    let (holds, literal_value): (&str, fn(&str) -> String) = match folded {
+        true => ("text LIKE ? ESCAPE '\\'", |literal| {
+            format!("%{}%", like_escaped(literal))
+        }),
+        false => ("instr(text, ?) > 0", str::to_string),
+    };
+    let mut state_filter = String::new();
+    for set in required {
+        state_filter.push_str(&format!(" AND ({})", vec![holds; set.len()].join(" OR ")));
+    }
+    if search.state.is_some() {
+        state_filter.push_str(" AND state = ?");
+    }
     let with_state = |mut values: Vec<Value>| {
+        values.extend(
+            required
+                .iter()
+                .flatten()
+                .map(|literal| Value::from(literal_value(literal))),
+        );
         if let Some(state) = search.state {
             values.push(state.into());
         }
@@ -237,19 +314,39 @@ pub(crate) async fn sqlite_search(db: &DatabaseConnection, search: &ItemSearch) 
             .await?;
         let full = rows.len() as i64 == SCAN_PAGE;
         for row in &rows {
-            let line = row_line(&search.batch_id, row)?;
-            after = (line.key.clone(), line.attempt, line.line);
-            if search.matcher.is_match(&line.text) {
-                lines.push(line);
+            // Only the text of most rows is read: the rest of a row only when it matches.
+            let text: String = row.try_get_by_index(TEXT_COLUMN)?;
+            if search.matcher.is_match(&text) {
+                lines.push(row_line(&search.batch_id, row)?);
                 if lines.len() > search.limit {
                     return Ok(Found::of(lines, search.limit));
                 }
             }
         }
+        let Some(last) = rows.last() else {
+            return Ok(Found::of(lines, search.limit));
+        };
+        after = (
+            last.try_get_by_index(0)?,
+            last.try_get_by_index(1)?,
+            last.try_get_by_index(2)?,
+        );
         if !full {
             return Ok(Found::of(lines, search.limit));
         }
     }
+}
+
+/// A literal for LIKE: its `%`, `_` and `\` escaped with `\`.
+fn like_escaped(literal: &str) -> String {
+    let mut escaped = String::with_capacity(literal.len());
+    for c in literal.chars() {
+        if matches!(c, '%' | '_' | '\\') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
 }
 
 fn row_line(batch_id: &str, row: &sea_orm::QueryResult) -> Result<ItemLine> {
@@ -263,4 +360,32 @@ fn row_line(batch_id: &str, row: &sea_orm::QueryResult) -> Result<ItemLine> {
         text: row.try_get("", "text")?,
         state: row.try_get("", "state")?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_regex_is_prefiltered_by_literals_every_match_holds() {
+        let required = |pattern: &str| match Matcher::new(pattern, true).unwrap() {
+            Matcher::Regex { required, .. } => required,
+            Matcher::Substring(_) => unreachable!("a regex"),
+        };
+        assert_eq!(
+            required(r"checksum mismatch in tile \d+"),
+            [["checksum mismatch in tile "]]
+        );
+        assert_eq!(required(r"^(oom|killed) at \d+"), [["oom at ", "killed at "]]);
+        assert_eq!(required(r"tile \d+ \(marker\)"), [["tile "], [" (marker)"]]);
+        assert_eq!(required(r"\d+ errors"), [[" errors"]]);
+        // Neither: every line is read.
+        assert!(required(r"\d+ \w+").is_empty());
+        assert!(required(r"a?b?").is_empty());
+        assert!(required(".*").is_empty());
+        // Case-insensitive: the rest's literals, sought in either case (ASCII only).
+        assert_eq!(required(r"(?i)Checksum 50%_off"), [["Checksum 50%_off"]]);
+        assert!(required(r"(?i)größe \d").is_empty());
+        assert_eq!(like_escaped(r"50%_off\x"), r"50\%\_off\\x");
+    }
 }

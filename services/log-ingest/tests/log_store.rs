@@ -296,6 +296,18 @@ async fn item_lines_are_searched_across_a_batch(store: Box<dyn LogStore>) {
         .await
         .unwrap();
     assert_eq!(regex.lines.len(), 5, "k01111 to k02999: {:?}", found(&regex.lines));
+    // No literal every match starts or ends with: every line is read.
+    let unfiltered = store
+        .search_item_lines(&search("b1", r"\w+ marker\b.*", true, None, 100))
+        .await
+        .unwrap();
+    assert_eq!(unfiltered.lines.len(), 7, "{:?}", found(&unfiltered.lines));
+    // Either case, prefiltered in either case.
+    let folded = store
+        .search_item_lines(&search("b1", r"(?i)FOUND Marker in k0000\d", true, None, 100))
+        .await
+        .unwrap();
+    assert_eq!(found(&folded.lines), [("k00007", 1, "found marker in k00007")]);
 
     let first_three = store
         .search_item_lines(&search("b1", "marker", false, None, 3))

@@ -162,7 +162,12 @@ mod tests {
     fn shards_are_stable_and_spread() {
         // Rows are stored by shard: the function must never change.
         // FNV-1a 32-bit mod 16, as computed apart from this code.
-        let known = [("", 5), ("k00001", 1), ("mem://marker-17", 7), ("s3://tiles/0000042.exr", 8)];
+        let known = [
+            ("", 5),
+            ("k00001", 1),
+            ("mem://marker-17", 7),
+            ("s3://tiles/0000042.exr", 8),
+        ];
         for (key, shard) in known {
             assert_eq!(shard_of(key), shard, "{key:?}");
         }
