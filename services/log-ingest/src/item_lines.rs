@@ -14,7 +14,7 @@ use kiln_core::intake::{BatchWriter, Intake, Received, WriteError};
 use kiln_core::subjects;
 use kiln_proto::v1 as pb;
 use prost::Message;
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, TransactionTrait, Value};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, Value};
 
 use crate::error::{Error, Result};
 use crate::store::LogStore;
@@ -207,8 +207,6 @@ pub(crate) const SQLITE_TABLE: &str = "CREATE TABLE IF NOT EXISTS item_log_lines
     PRIMARY KEY (batch_id, item_key, attempt, line)
 ) WITHOUT ROWID";
 
-/// Rows per INSERT statement (8 parameters each, well under SQLite's limit).
-const ROWS_PER_STATEMENT: usize = 500;
 /// Rows read per query of a regular-expression search.
 const SCAN_PAGE: i64 = 20_000;
 
@@ -217,14 +215,10 @@ const COLUMNS: &str = "item_key, attempt, line, stream, ts_ms, text, state";
 const TEXT_COLUMN: usize = 5;
 
 pub(crate) async fn sqlite_append(db: &DatabaseConnection, lines: &[ItemLine]) -> Result<()> {
-    let tx = db.begin().await?;
-    for chunk in lines.chunks(ROWS_PER_STATEMENT) {
-        let placeholders = vec!["(?, ?, ?, ?, ?, ?, ?, ?)"; chunk.len()].join(", ");
-        let sql =
-            format!("INSERT INTO item_log_lines (batch_id, {COLUMNS}) VALUES {placeholders} ON CONFLICT DO NOTHING");
-        let mut values: Vec<Value> = Vec::with_capacity(chunk.len() * 8);
-        for line in chunk {
-            values.extend([
+    let rows = lines
+        .iter()
+        .map(|line| {
+            [
                 line.batch_id.clone().into(),
                 line.key.clone().into(),
                 line.attempt.into(),
@@ -233,13 +227,10 @@ pub(crate) async fn sqlite_append(db: &DatabaseConnection, lines: &[ItemLine]) -
                 line.timestamp_ms.into(),
                 line.text.clone().into(),
                 line.state.into(),
-            ]);
-        }
-        tx.execute_raw(Statement::from_sql_and_values(DbBackend::Sqlite, sql, values))
-            .await?;
-    }
-    tx.commit().await?;
-    Ok(())
+            ]
+        })
+        .collect();
+    crate::store::insert_new_rows(db, &format!("item_log_lines (batch_id, {COLUMNS})"), rows).await
 }
 
 /// A substring is found by SQLite itself (`instr` over the batch's range of the key); a

@@ -49,8 +49,33 @@ pub trait LogStore: Send + Sync + 'static {
     async fn search_item_lines(&self, search: &ItemSearch) -> Result<Found>;
 }
 
-/// Rows per INSERT statement (7 parameters each, well under SQLite's limit).
+/// Rows per INSERT statement (under 10 parameters each, well under SQLite's limit).
 const ROWS_PER_STATEMENT: usize = 500;
+
+/// Inserts rows of `N` values into `table` (its name and columns, as `t (a, b)`) in one
+/// transaction, [`ROWS_PER_STATEMENT`] a statement, leaving the rows already there as they are.
+pub(crate) async fn insert_new_rows<const N: usize>(
+    db: &DatabaseConnection,
+    table: &str,
+    rows: Vec<[Value; N]>,
+) -> Result<()> {
+    let row = format!("({})", vec!["?"; N].join(", "));
+    let tx = db.begin().await?;
+    let mut rows = rows.into_iter();
+    loop {
+        let chunk: Vec<[Value; N]> = rows.by_ref().take(ROWS_PER_STATEMENT).collect();
+        if chunk.is_empty() {
+            break;
+        }
+        let placeholders = vec![row.as_str(); chunk.len()].join(", ");
+        let sql = format!("INSERT INTO {table} VALUES {placeholders} ON CONFLICT DO NOTHING");
+        let values: Vec<Value> = chunk.into_iter().flatten().collect();
+        tx.execute_raw(Statement::from_sql_and_values(DbBackend::Sqlite, sql, values))
+            .await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
 
 /// The embedded log store: one SQLite file in WAL mode, one transaction per batch.
 pub struct SqliteLogStore {
@@ -91,15 +116,10 @@ impl SqliteLogStore {
 #[async_trait::async_trait]
 impl LogStore for SqliteLogStore {
     async fn append(&self, lines: &[StoredLine]) -> Result<()> {
-        let tx = self.db.begin().await?;
-        for chunk in lines.chunks(ROWS_PER_STATEMENT) {
-            let placeholders = vec!["(?, ?, ?, ?, ?, ?, ?)"; chunk.len()].join(", ");
-            let sql = format!(
-                "INSERT INTO log_lines (job_id, attempt, seq, stream, ts_ms, text, is_end) VALUES {placeholders} ON CONFLICT DO NOTHING"
-            );
-            let mut values: Vec<Value> = Vec::with_capacity(chunk.len() * 7);
-            for line in chunk {
-                values.extend([
+        let rows = lines
+            .iter()
+            .map(|line| {
+                [
                     line.job_id.clone().into(),
                     line.attempt.into(),
                     line.seq.into(),
@@ -107,13 +127,15 @@ impl LogStore for SqliteLogStore {
                     line.timestamp_ms.into(),
                     line.text.clone().into(),
                     line.end.into(),
-                ]);
-            }
-            tx.execute_raw(Statement::from_sql_and_values(DbBackend::Sqlite, sql, values))
-                .await?;
-        }
-        tx.commit().await?;
-        Ok(())
+                ]
+            })
+            .collect();
+        insert_new_rows(
+            &self.db,
+            "log_lines (job_id, attempt, seq, stream, ts_ms, text, is_end)",
+            rows,
+        )
+        .await
     }
 
     async fn read(&self, job_id: &str, after: Cursor, limit: u32) -> Result<Vec<StoredLine>> {
