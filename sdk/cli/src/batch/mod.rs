@@ -77,7 +77,7 @@ pub enum BatchCommand {
         /// Only attempts that ended so: succeeded, failed (retried after) or dead (the attempt
         /// that made its item a dead letter).
         #[arg(long, requires = "grep", value_enum)]
-        state: Option<ItemStateArg>,
+        state: Option<AttemptEndArg>,
         /// At most this many lines.
         #[arg(long, requires = "grep", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
         limit: u32,
@@ -89,6 +89,24 @@ pub enum BatchCommand {
         #[arg(short, long, value_enum, default_value = "table")]
         output: Output,
     },
+}
+
+/// How an attempt ended (what `kiln batch logs --grep --state` keeps to).
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum AttemptEndArg {
+    Succeeded,
+    Failed,
+    Dead,
+}
+
+impl AttemptEndArg {
+    fn proto(self) -> pb::ItemState {
+        match self {
+            AttemptEndArg::Succeeded => pb::ItemState::Succeeded,
+            AttemptEndArg::Failed => pb::ItemState::Failed,
+            AttemptEndArg::Dead => pb::ItemState::Dead,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -334,7 +352,7 @@ pub async fn batch(command: BatchCommand) -> Result<ExitCode> {
                 batch_id: batch,
                 pattern,
                 regex,
-                state: state.map_or(pb::ItemState::Unspecified, ItemStateArg::proto) as i32,
+                state: state.map_or(pb::ItemState::Unspecified, AttemptEndArg::proto) as i32,
                 limit,
             };
             let found = clients.batch_logs.search_batch_logs(request).await?.into_inner();
