@@ -11,6 +11,7 @@ use kiln_proto::v1 as pb;
 use crate::client::{self, Clients};
 use crate::format::{self, Output, out};
 
+mod logs;
 mod show;
 
 use show::{items, print_status, status};
@@ -77,7 +78,7 @@ pub enum BatchCommand {
         /// Only attempts that ended so: succeeded, failed (retried after) or dead (the attempt
         /// that made its item a dead letter).
         #[arg(long, requires = "grep", value_enum)]
-        state: Option<AttemptEndArg>,
+        state: Option<logs::AttemptEndArg>,
         /// At most this many lines.
         #[arg(long, requires = "grep", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
         limit: u32,
@@ -89,24 +90,6 @@ pub enum BatchCommand {
         #[arg(short, long, value_enum, default_value = "table")]
         output: Output,
     },
-}
-
-/// How an attempt ended (what `kiln batch logs --grep --state` keeps to).
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
-pub enum AttemptEndArg {
-    Succeeded,
-    Failed,
-    Dead,
-}
-
-impl AttemptEndArg {
-    fn proto(self) -> pb::ItemState {
-        match self {
-            AttemptEndArg::Succeeded => pb::ItemState::Succeeded,
-            AttemptEndArg::Failed => pb::ItemState::Failed,
-            AttemptEndArg::Dead => pb::ItemState::Dead,
-        }
-    }
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -338,35 +321,7 @@ pub async fn batch(command: BatchCommand) -> Result<ExitCode> {
             state,
             limit,
         } => {
-            let Some(pattern) = grep else {
-                let request = pb::GetItemLogsRequest {
-                    batch_id: batch,
-                    key: item.unwrap_or_default(),
-                };
-                for line in clients.batches.get_item_logs(request).await?.into_inner().lines {
-                    out!("[attempt {}] {}", line.attempt, line.text);
-                }
-                return Ok(ExitCode::SUCCESS);
-            };
-            let request = pb::SearchBatchLogsRequest {
-                batch_id: batch,
-                pattern,
-                regex,
-                state: state.map_or(pb::ItemState::Unspecified, AttemptEndArg::proto) as i32,
-                limit,
-            };
-            let found = clients.batch_logs.search_batch_logs(request).await?.into_inner();
-            for line in &found.lines {
-                out!("{} [attempt {}] {}", line.key, line.attempt, line.text);
-            }
-            if found.truncated {
-                eprintln!(
-                    "more lines matched than the {limit} shown; raise --limit (at most 100000) or narrow the pattern"
-                );
-            }
-            if found.lines.is_empty() {
-                return Ok(ExitCode::from(1));
-            }
+            return logs::print(&mut clients, batch, item, grep, regex, state, limit).await;
         }
         BatchCommand::Ls { all, output } => {
             let batches = clients
