@@ -9,7 +9,8 @@
 //! - [`publish`]: publishing with a message id, sent again while a cluster elects a leader;
 //! - [`state`] and [`store`]: the job state machine and the metadata store (sea-orm);
 //! - [`events`]: publishing committed changes (the outbox) and re-driving unpublished ones;
-//! - [`intake`]: consuming a stream in batches, acking after the write;
+//! - [`intake`]: consuming a stream in batches, acking after the write; [`item_results`]: batch
+//!   items' outcomes as they travel, grouped;
 //! - [`lease`] and [`runners`]: leader leases, and the runners' liveness leases and what is
 //!   done with a lost runner's jobs;
 //! - [`auth`]: bearer tokens, the server auth layer and the client interceptor;
@@ -31,6 +32,7 @@ pub mod error;
 pub mod events;
 pub mod ids;
 pub mod intake;
+pub mod item_results;
 pub mod lease;
 pub mod metrics;
 pub mod models;

@@ -8,7 +8,7 @@
 //! | `KILN_METRICS` | `kiln.metrics.<job>` | limits (short) | log-ingest → log-ingest writers |
 //! | `KILN_LOGS` | `kiln.logs.<job>`, `kiln.logs.item.<batch>` | limits (short) | runner, agent → log-ingest |
 //! | `KILN_ITEMS` | `kiln.items.<batch>` | work queue | item-batch → kiln-agent |
-//! | `KILN_ITEM_RESULTS` | `kiln.itemres.<batch>` | limits | kiln-agent → item-batch |
+//! | `KILN_ITEM_RESULTS` | `kiln.itemres.<batch>` | limits | item-batch's sessions (agents' outcomes, grouped) → item-batch, log-ingest |
 //!
 //! Core NATS (no stream): [`instance_notice`], a runner on a spot instance → the provisioner
 //! (and anyone watching): its cloud's rebalance recommendation or interruption notice.
@@ -195,9 +195,16 @@ pub fn item_msg_id(batch_id: &str, key: &str, round: u32) -> String {
     format!("{batch_id}:{key}:{round}")
 }
 
-/// JetStream message id of an attempt's outcome on `KILN_ITEM_RESULTS`.
+/// JetStream message id of an attempt's outcome on `KILN_ITEM_RESULTS` recorded on its own
+/// (an item lost too often).
 pub fn item_result_msg_id(batch_id: &str, key: &str, round: u32, attempt: u32) -> String {
     format!("{batch_id}:{key}:{round}:{attempt}")
+}
+
+/// JetStream message id of a group of outcomes on `KILN_ITEM_RESULTS`: the `group`th a worker's
+/// session (`session`, an id of its own) recorded.
+pub fn item_results_msg_id(batch_id: &str, session: &str, group: u64) -> String {
+    format!("{batch_id}:{session}:{group}")
 }
 
 pub fn metrics(job_id: &str) -> String {

@@ -317,7 +317,7 @@ impl ItemBatch {
         tasks.spawn(kiln_core::intake::run(
             shared.nats.clone(),
             results::RESULTS,
-            1000,
+            results::MESSAGES_PER_WRITE,
             Arc::new(results::ResultWriter { shared: shared.clone() }),
             shutdown.clone(),
         ));

@@ -1,12 +1,10 @@
-//! Outcomes from `KILN_ITEM_RESULTS` into the items' rows, a batch of messages per transaction,
-//! acked after the commit. A redelivered outcome changes nothing (see [`crate::store`]).
+//! Outcomes from `KILN_ITEM_RESULTS` into the items' rows, a batch of messages (each a group of
+//! outcomes) per transaction, acked after the commit. A redelivered outcome changes nothing (see [`crate::store`]).
 
 use std::sync::Arc;
 
 use kiln_core::intake::{BatchWriter, Intake, Received, WriteError};
-use kiln_core::subjects;
-use kiln_proto::v1 as pb;
-use prost::Message;
+use kiln_core::{item_results, subjects};
 
 use crate::Shared;
 
@@ -15,6 +13,9 @@ pub const RESULTS: Intake = Intake {
     consumer: subjects::CONSUMER_ITEM_RESULTS,
     filter: subjects::ITEM_RESULTS_ALL,
 };
+
+/// Messages per transaction: each holds up to 500 outcomes (a session's group).
+pub const MESSAGES_PER_WRITE: usize = 100;
 
 pub struct ResultWriter {
     pub shared: Arc<Shared>,
@@ -25,8 +26,8 @@ impl BatchWriter for ResultWriter {
     async fn write(&self, messages: &[Received]) -> Result<(), WriteError> {
         let mut results = Vec::with_capacity(messages.len());
         for message in messages {
-            match pb::ItemResult::decode(message.payload.as_ref()) {
-                Ok(result) => results.push(result),
+            match item_results::decode(&message.payload) {
+                Ok(group) => results.extend(group),
                 Err(error) => tracing::warn!(error = %error, "dropping a malformed item result"),
             }
         }

@@ -11,9 +11,8 @@
 use std::sync::Arc;
 
 use kiln_core::intake::{BatchWriter, Intake, Received, WriteError};
-use kiln_core::subjects;
+use kiln_core::{item_results, subjects};
 use kiln_proto::v1 as pb;
-use prost::Message;
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, Value};
 
 use crate::error::{Error, Result};
@@ -182,8 +181,8 @@ impl BatchWriter for ItemLineWriter {
     async fn write(&self, messages: &[Received]) -> Result<(), WriteError> {
         let mut lines = Vec::new();
         for message in messages {
-            match pb::ItemResult::decode(message.payload.as_ref()) {
-                Ok(result) => lines.extend(lines_of(result)),
+            match item_results::decode(&message.payload) {
+                Ok(group) => lines.extend(group.into_iter().flat_map(lines_of)),
                 Err(error) => tracing::warn!(error = %error, "dropping a malformed item result"),
             }
         }

@@ -18,6 +18,25 @@ pub async fn stored_messages(stack: &Stack, stream: &str, subject: String) -> Ve
     }
 }
 
+/// How many messages `stream` holds on `subject` (one subject, no wildcard).
+pub async fn stored_count(stack: &Stack, stream: &str, subject: &str) -> usize {
+    use futures::TryStreamExt;
+    let js = async_nats::jetstream::new(stack.nats.client().await);
+    let stream = js.get_stream(stream).await.expect("the stream");
+    let counts: Vec<(String, usize)> = stream
+        .info_with_subjects(subject)
+        .await
+        .expect("the stream's subjects")
+        .try_collect()
+        .await
+        .expect("the stream's subjects");
+    counts
+        .into_iter()
+        .filter(|(name, _)| name == subject)
+        .map(|(_, n)| n)
+        .sum()
+}
+
 async fn read_stored(
     js: &async_nats::jetstream::Context,
     stream: &str,

@@ -471,6 +471,18 @@ async fn item_batch_sigkilled_mid_intake_loses_nothing_and_counts_nothing_twice(
     assert_eq!((c.total, c.succeeded, c.dead, c.failed), (total, total, 0, 0), "{c:?}");
     assert_adds_up(&c);
     let polls = polls.await.unwrap();
+    // A busy session records its outcomes in groups, one message for many items.
+    let messages = kiln_e2e::stored_count(
+        &stack,
+        kiln_core::subjects::STREAM_ITEM_RESULTS,
+        &kiln_core::subjects::item_results(&batch.id),
+    )
+    .await;
+    assert!(
+        messages > 0 && messages * 4 <= items_wanted,
+        "{messages} outcome messages for {total} items: the outcomes were not grouped"
+    );
+    eprintln!("{messages} outcome messages for {total} items");
     eprintln!(
         "{total} items from two clients, item-batch SIGKILLed with {recorded_at_kills:?} recorded, adds called {calls:?} times: \
          every item succeeded once; {polls} polls added up"

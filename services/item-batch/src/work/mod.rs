@@ -1,7 +1,8 @@
 //! `ItemWorkService`: one session per kiln-agent. The session pulls the batch's items from its
 //! durable consumer (as many as the agent has slots, and as many again queued), sends them, and
 //! holds each JetStream message until the agent's outcome for it is durable on
-//! `KILN_ITEM_RESULTS`; then it acks the message, or naks it with a backoff when another attempt
+//! `KILN_ITEM_RESULTS` (recorded with the session's other outcomes of the moment, in one
+//! message); then it acks the message, or naks it with a backoff when another attempt
 //! follows. Heartbeats keep a slow item from being redelivered; a session that ends (the worker
 //! was stopped, preempted or lost) naks what it held, so those items go to other workers at once.
 //!
@@ -36,6 +37,8 @@ use crate::store;
 use crate::template::{self, Values};
 
 mod settle;
+
+use settle::{Recorder, Settled};
 
 /// Lost deliveries an item may have beyond `max_attempts` before it is a dead letter.
 pub const LOST_ALLOWANCE: u32 = 3;
@@ -80,6 +83,15 @@ impl ItemWorkService for WorkApi {
         let spec = Spec::from_json(&batch.spec_json)?;
         let consumer = self.shared.ensure_consumer(&batch.id).await?;
         let slots = hello.slots.clamp(1, LARGEST_SLOTS) as usize;
+        let (settled, to_record) = mpsc::unbounded_channel();
+        let freed = Arc::new(Notify::new());
+        let recorder = Recorder {
+            shared: self.shared.clone(),
+            batch_id: batch.id.clone(),
+            session: kiln_core::ids::new_id(),
+            freed: freed.clone(),
+        };
+        tokio::spawn(recorder.run(to_record));
         let session = Arc::new(Session {
             shared: self.shared.clone(),
             batch_id: batch.id.clone(),
@@ -87,7 +99,8 @@ impl ItemWorkService for WorkApi {
             limit: 2 * slots,
             mean_item_ms: AtomicU64::new(1000),
             held: Mutex::new(HashMap::new()),
-            freed: Notify::new(),
+            settled,
+            freed,
             closed: CancellationToken::new(),
         });
         tokio::spawn(session.clone().dispatch(consumer, tx));
@@ -126,7 +139,10 @@ struct Session {
     /// Moving mean of the agent's item durations.
     mean_item_ms: AtomicU64,
     held: Mutex<HashMap<String, Held>>,
-    freed: Notify,
+    /// Judged outcomes, to the session's recorder.
+    settled: mpsc::UnboundedSender<Settled>,
+    /// Told when items are settled, so dispatch sends more.
+    freed: Arc<Notify>,
     closed: CancellationToken,
 }
 
