@@ -30,6 +30,18 @@ In a sweep's trial, `kiln.init()` puts the advisor's knobs in `kiln.config`, and
         if kiln.should_stop():
             break
 
+Jobs (what `kiln run`, `logs`, `stop` and `artifacts get` do; the working directory is packed
+as `kiln run` packs it):
+
+    jobs = kiln.Client().jobs
+    job = jobs.submit(["python", "train.py"], cpus=2, memory="4G", workdir=".")
+    for line in jobs.logs(job.id, follow=True):
+        print(line.text)
+    if jobs.wait(job.id).state == "SUCCEEDED":
+        jobs.download(job.id, "results/")
+
+A call kiln refuses raises `kiln.KilnError` (its gRPC status `code` and the server's `message`).
+
 Batches (a command run once per item, on workers that scale with the backlog):
 
     batch = kiln.Client().batches.create(["python", "resize.py", "{uri}"], max_workers=50)
@@ -45,6 +57,8 @@ gets numpy arrays by input name and returns arrays by output name, one call at a
 from ._batch import Batch, Client, Progress, RetryRule
 from ._checkpoint import checkpoint
 from ._client import RunInfo, Series
+from ._errors import KilnError
+from ._jobs import Job, LogLine, OutputFile
 from ._run import Run, finish, init, log, log_series
 from ._serve import serve
 from ._sweep import should_stop
@@ -55,7 +69,8 @@ config: dict = {}
 """The configuration given to `init` (a plain dict)."""
 
 __all__ = [
-    "Batch", "Client", "Progress", "RetryRule", "Run", "RunInfo", "Saved", "Series", "checkpoint", "config", "finish", "init", "log",
+    "Batch", "Client", "Job", "KilnError", "LogLine", "OutputFile", "Progress", "RetryRule", "Run", "RunInfo", "Saved",
+    "Series", "checkpoint", "config", "finish", "init", "log",
     "log_series",
     "save", "serve", "should_stop", "summary", "__version__",
 ]

@@ -20,18 +20,17 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import grpc
 
-from kiln.v1 import batch_pb2, batch_pb2_grpc, item_log_pb2, item_log_pb2_grpc, job_pb2, log_pb2
+from kiln.v1 import batch_pb2, batch_pb2_grpc, item_log_pb2, item_log_pb2_grpc
 
 from ._client import RunReads
+from ._jobs import _MARKETS, _STREAMS, Jobs
 from ._run import _channel, _endpoints, _service_address
 
-_MARKETS = {"auto": job_pb2.MARKET_UNSPECIFIED, "spot": job_pb2.MARKET_SPOT, "on-demand": job_pb2.MARKET_ON_DEMAND}
 _STATES = {"pending": batch_pb2.ITEM_STATE_PENDING, "succeeded": batch_pb2.ITEM_STATE_SUCCEEDED,
            "failed": batch_pb2.ITEM_STATE_FAILED, "dead": batch_pb2.ITEM_STATE_DEAD}
 # How an attempt can end: what search_logs filters on.
 _ENDED = {name: _STATES[name] for name in ("succeeded", "failed", "dead")}
 _STATE_NAMES = {value: name for name, value in _STATES.items()}
-_STREAMS = {log_pb2.LOG_STREAM_STDOUT: "stdout", log_pb2.LOG_STREAM_STDERR: "stderr"}
 _SEARCH_LIMIT = 100_000
 
 
@@ -283,8 +282,8 @@ class Batches:
 class Client(RunReads):
     """A client of a kiln endpoint: `kiln up`'s credentials (KILN_HOME), or KILN_ADDR and
     KILN_TOKEN (the other services' addresses come from the api, or KILN_LOGS_ADDR,
-    KILN_BATCH_ADDR). `batches` drives batches; `runs` and `metrics` read runs back (see
-    kiln._client)."""
+    KILN_BATCH_ADDR). `jobs` submits and follows jobs (see kiln._jobs); `batches` drives
+    batches; `runs` and `metrics` read runs back (see kiln._client)."""
 
     def __init__(self):
         api, logs, token = _endpoints()
@@ -295,6 +294,7 @@ class Client(RunReads):
         self._search_channel: grpc.Channel | None = None
         self._search_stub: item_log_pb2_grpc.BatchLogServiceStub | None = None
         self.batches = Batches(batch_pb2_grpc.BatchServiceStub(self._channel), metadata, self._batch_logs)
+        self.jobs = Jobs(self._stubs, metadata)
 
     def _batch_logs(self) -> item_log_pb2_grpc.BatchLogServiceStub:
         """log-ingest's BatchLogService, on a channel opened by the first search. Its answers

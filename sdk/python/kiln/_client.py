@@ -20,9 +20,9 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
-from kiln.v1 import job_pb2, job_pb2_grpc, log_pb2, log_pb2_grpc
+from kiln.v1 import artifact_pb2_grpc, job_pb2, job_pb2_grpc, log_pb2, log_pb2_grpc
 
 from ._track import from_proto
 
@@ -130,18 +130,28 @@ def _pandas():
     return pandas
 
 
+class Stubs(NamedTuple):
+    """The api's JobService and ArtifactService, and log-ingest's LogService."""
+
+    jobs: job_pb2_grpc.JobServiceStub
+    logs: log_pb2_grpc.LogServiceStub
+    artifacts: artifact_pb2_grpc.ArtifactServiceStub
+
+
 class RunReads:
     """The read half of `kiln.Client` (mixed into it): needs `_api_address`, `_logs_address`
     and `_metadata`."""
 
-    def _stubs(self):
+    def _stubs(self) -> Stubs:
+        """The stubs the reads and `Client.jobs` use, on channels opened on first use."""
         from ._run import _channel
 
         if getattr(self, "_read_stubs", None) is None:
             api = _channel(self._api_address)
             logs = _channel(self._logs_address) if self._logs_address != self._api_address else api
             self._read_channels = {api, logs}
-            self._read_stubs = (job_pb2_grpc.JobServiceStub(api), log_pb2_grpc.LogServiceStub(logs))
+            self._read_stubs = Stubs(job_pb2_grpc.JobServiceStub(api), log_pb2_grpc.LogServiceStub(logs),
+                                     artifact_pb2_grpc.ArtifactServiceStub(api))
         return self._read_stubs
 
     def _close_reads(self) -> None:
@@ -155,7 +165,7 @@ class RunReads:
         condition. A list of RunInfo, or a DataFrame (one row a run, config keys as columns
         prefixed `config.`, summary keys `summary.`) with `frame=True`."""
         conditions = [parse_condition(where)] if isinstance(where, str) else [parse_condition(w) for w in where or ()]
-        jobs, _ = self._stubs()
+        jobs = self._stubs().jobs
         listed = jobs.ListJobs(
             job_pb2.ListJobsRequest(all=True, limit=limit, project=project, everyone=everyone, sweep_id=sweep),
             metadata=self._metadata,
@@ -184,7 +194,7 @@ class RunReads:
         keys = sorted(k for k in named if not any(k in r.config or k in r.summary for r in runs))
         if not keys or not runs:
             return {}
-        _, logs = self._stubs()
+        logs = self._stubs().logs
         found = {}
         for start in range(0, len(runs), 50):
             ids = [run.id for run in runs[start:start + 50]]
@@ -206,7 +216,7 @@ class RunReads:
         point of each with `latest=True`; with `frame=True` a long DataFrame (job_id, key, step,
         value, timestamp_ms)."""
         ids = [job_ids] if isinstance(job_ids, str) else list(job_ids)
-        _, logs = self._stubs()
+        logs = self._stubs().logs
         keys = list(keys or [])
         if latest:
             response = logs.LatestMetrics(log_pb2.LatestMetricsRequest(job_ids=ids, keys=keys), metadata=self._metadata)
@@ -244,4 +254,4 @@ def _lookup(run: RunInfo, key: str, metrics: dict):
     return metrics.get((run.id, key))
 
 
-__all__ = ["Condition", "RunInfo", "RunReads", "Series", "maximizes", "parse_condition"]
+__all__ = ["Condition", "RunInfo", "RunReads", "Series", "Stubs", "maximizes", "parse_condition"]
