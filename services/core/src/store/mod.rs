@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use kiln_migrations::{Migrator, MigratorTrait};
-use sea_orm::{ConnectOptions, Database, DatabaseConnection, DbErr};
+use sea_orm::{ConnectOptions, Database, DatabaseConnection, DbErr, RuntimeErr};
 
 use crate::config::DatabaseConfig;
 use crate::error::ErrorKind;
@@ -76,6 +76,19 @@ impl StoreError {
             if matches!(error.sql_err(), Some(sea_orm::SqlErr::UniqueConstraintViolation(_))))
     }
 
+    /// Whether Postgres ended the statement so that another transaction could go on: it was
+    /// chosen to break a deadlock (SQLSTATE 40P01) or could not be serialized (40001). Nothing
+    /// of its transaction was kept, and running the whole transaction again is safe.
+    pub fn is_transient(&self) -> bool {
+        let StoreError::Db(DbErr::Exec(RuntimeErr::SqlxError(error)) | DbErr::Query(RuntimeErr::SqlxError(error))) =
+            self
+        else {
+            return false;
+        };
+        let code = error.as_database_error().and_then(|error| error.code());
+        matches!(code.as_deref(), Some("40P01" | "40001"))
+    }
+
     pub fn kind(&self) -> ErrorKind {
         match self {
             StoreError::JobNotFound { .. } => ErrorKind::NotFound,
@@ -85,6 +98,7 @@ impl StoreError {
             StoreError::Login(error) => error.kind(),
             StoreError::Corrupt(_) => ErrorKind::Internal,
             StoreError::Db(DbErr::ConnectionAcquire(_) | DbErr::Conn(_)) => ErrorKind::Unavailable,
+            error if error.is_transient() => ErrorKind::Unavailable,
             error if error.is_unique_violation() => ErrorKind::AlreadyExists,
             StoreError::Db(_) => ErrorKind::Internal,
         }

@@ -8,7 +8,8 @@ use sea_orm::sea_query::{Expr, ExprTrait, OnConflict};
 use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect, TransactionTrait};
 
 use super::{
-    BatchStore, DEAD, FAILED, ItemRecord, NewItem, PENDING, ROWS_PER_STATEMENT, SUCCEEDED, Tally, attempt, item,
+    BatchStore, DEAD, FAILED, ItemRecord, NewItem, PENDING, ROWS_PER_STATEMENT, SUCCEEDED, Tally, again_when_ended,
+    attempt, item,
 };
 use crate::error::{Error, Result};
 use crate::usage::Measured;
@@ -51,6 +52,20 @@ impl BatchStore {
             }
         }
         let now = now_ms();
+        again_when_ended(|| self.insert_new(batch_id, &fresh, now)).await?;
+        Ok((fresh, duplicates))
+    }
+
+    /// Records that items are on `KILN_ITEMS`.
+    pub async fn mark_published(&self, batch_id: &str, keys: &[String]) -> Result<()> {
+        // Rows locked in one order (by key) by every transaction deadlock less often.
+        let mut keys: Vec<&String> = keys.iter().collect();
+        keys.sort_unstable();
+        again_when_ended(|| self.mark_published_once(batch_id, &keys)).await
+    }
+
+    /// Inserts items found new, in one transaction (see `again_when_ended`).
+    async fn insert_new(&self, batch_id: &str, fresh: &[NewItem], now: i64) -> Result<()> {
         let _turn = self.write_turn().await;
         let tx = self.db.begin().await?;
         for chunk in fresh.chunks(ROWS_PER_STATEMENT) {
@@ -84,18 +99,18 @@ impl BatchStore {
                 .await?;
         }
         tx.commit().await?;
-        Ok((fresh, duplicates))
+        Ok(())
     }
 
-    /// Records that items are on `KILN_ITEMS`.
-    pub async fn mark_published(&self, batch_id: &str, keys: &[String]) -> Result<()> {
+    /// Marks items published, in one transaction (see `again_when_ended`).
+    async fn mark_published_once(&self, batch_id: &str, keys: &[&String]) -> Result<()> {
         let _turn = self.write_turn().await;
         let tx = self.db.begin().await?;
         for chunk in keys.chunks(ROWS_PER_STATEMENT) {
             item::Entity::update_many()
                 .col_expr(item::Column::Published, Expr::value(true))
                 .filter(item::Column::BatchId.eq(batch_id))
-                .filter(item::Column::ItemKey.is_in(chunk.iter().cloned()))
+                .filter(item::Column::ItemKey.is_in(chunk.iter().map(|key| key.as_str())))
                 .exec(&tx)
                 .await?;
         }

@@ -127,6 +127,29 @@ impl Tally {
 /// Rows per bulk statement (a dozen parameters each, under every database's limit).
 const ROWS_PER_STATEMENT: usize = 500;
 
+/// Times a transaction Postgres ended (see [`again_when_ended`]) runs again before its error is
+/// returned (Unavailable: the caller may try again).
+const TRANSIENT_TRIES: u32 = 5;
+
+/// Runs `transaction` (a whole transaction) again when Postgres ended it to break a deadlock or
+/// for a serialization failure (nothing of it was kept). Intake marking a page published and
+/// the outcomes of that page's items (a fast worker finishes an item before its page is
+/// marked) lock the same rows in other orders, as do two replicas; measured on the topology
+/// harness, a 100,000-item add failed with Internal before this.
+async fn again_when_ended<T, F: Future<Output = Result<T>>>(mut transaction: impl FnMut() -> F) -> Result<T> {
+    let mut tries = 0;
+    loop {
+        match transaction().await {
+            Err(Error::Store(error)) if error.is_transient() && tries < TRANSIENT_TRIES => {
+                tracing::debug!(error = %error, tries, "running a transaction again that Postgres ended");
+                tokio::time::sleep(kiln_core::publish::backoff(tries)).await;
+                tries += 1;
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
 /// The batch tables, over the metadata store's connection.
 #[derive(Clone)]
 pub struct BatchStore {

@@ -1,7 +1,7 @@
 //! The outcomes of attempts, applied once (see the note of the parent module), and new rounds
 //! for dead items.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use kiln_core::ids::now_ms;
 use kiln_proto::v1 as pb;
@@ -11,7 +11,9 @@ use sea_orm::{
     TransactionTrait, Value,
 };
 
-use super::{BatchStore, DEAD, FAILED, PENDING, ROWS_PER_STATEMENT, SUCCEEDED, attempt, item, item_state_name};
+use super::{
+    BatchStore, DEAD, FAILED, PENDING, ROWS_PER_STATEMENT, SUCCEEDED, again_when_ended, attempt, item, item_state_name,
+};
 use crate::error::Result;
 
 /// Outcomes that moved an item (a redelivered one moves none), by the state moved to.
@@ -123,7 +125,6 @@ impl BatchStore {
     /// how many moved an item, by the state they moved it to.
     pub async fn apply_results(&self, results: &[pb::ItemResult]) -> Result<Applied> {
         let now = now_ms();
-        let mut applied = Applied::default();
         // An item's outcomes must apply in order (a failure, then its retry's success): an item
         // with more than one here is applied a statement at a time, the others in bulk, one
         // statement per state and chunk.
@@ -131,7 +132,7 @@ impl BatchStore {
         for result in results {
             *outcomes.entry((&result.batch_id, &result.key)).or_default() += 1;
         }
-        let mut bulk: HashMap<&'static str, Vec<&pb::ItemResult>> = HashMap::new();
+        let mut bulk: BTreeMap<&'static str, Vec<&pb::ItemResult>> = BTreeMap::new();
         let mut one_by_one = Vec::new();
         let mut attempts = Vec::new();
         for result in results {
@@ -148,8 +149,32 @@ impl BatchStore {
                 attempts.push(attempt_row(result, now));
             }
         }
+        // Rows locked in one order (by key) by every transaction deadlock less often.
+        for results in bulk.values_mut() {
+            results.sort_unstable_by(|a, b| (&a.batch_id, &a.key).cmp(&(&b.batch_id, &b.key)));
+        }
+        again_when_ended(|| self.apply_once(&bulk, &attempts, &one_by_one, now)).await
+    }
+
+    /// Counts a failed attempt of an item's round (once per delivery, however often its outcome
+    /// is recorded) and returns the round's failures so far; `None` when the item is not in
+    /// that round (a new round began).
+    pub async fn count_failure(&self, batch_id: &str, key: &str, round: u32, delivery: u32) -> Result<Option<u32>> {
+        let round = i32::try_from(round).unwrap_or(i32::MAX);
+        again_when_ended(|| self.count_failure_once(batch_id, key, round, delivery)).await
+    }
+
+    /// Applies outcomes, in one transaction (see `again_when_ended`).
+    async fn apply_once(
+        &self,
+        bulk: &BTreeMap<&'static str, Vec<&pb::ItemResult>>,
+        attempts: &[attempt::ActiveModel],
+        one_by_one: &[(&'static str, &pb::ItemResult)],
+        now: i64,
+    ) -> Result<Applied> {
         let _turn = self.write_turn().await;
         let tx = self.db.begin().await?;
+        let mut applied = Applied::default();
         for (state, results) in bulk {
             let mut moved = 0;
             for chunk in results.chunks(ROWS_PER_STATEMENT) {
@@ -166,7 +191,7 @@ impl BatchStore {
                 .exec_without_returning(&tx)
                 .await?;
         }
-        for (state, result) in one_by_one {
+        for &(state, result) in one_by_one {
             let round = i32::try_from(result.round).unwrap_or(i32::MAX);
             let attempt = i32::try_from(result.attempt).unwrap_or(i32::MAX);
             let moved = item::Entity::update_many()
@@ -205,11 +230,8 @@ impl BatchStore {
         Ok(applied)
     }
 
-    /// Counts a failed attempt of an item's round (once per delivery, however often its outcome
-    /// is recorded) and returns the round's failures so far; `None` when the item is not in
-    /// that round (a new round began).
-    pub async fn count_failure(&self, batch_id: &str, key: &str, round: u32, delivery: u32) -> Result<Option<u32>> {
-        let round = i32::try_from(round).unwrap_or(i32::MAX);
+    /// Counts a failed attempt, in one transaction (see `again_when_ended`).
+    async fn count_failure_once(&self, batch_id: &str, key: &str, round: i32, delivery: u32) -> Result<Option<u32>> {
         let _turn = self.write_turn().await;
         let tx = self.db.begin().await?;
         item::Entity::update_many()
