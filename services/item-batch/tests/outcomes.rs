@@ -145,7 +145,7 @@ async fn on_postgres() {
 /// other orders (a worker finishes an item before its page is marked; two replicas): Postgres
 /// ends one transaction of a deadlock, and the store runs it again. Rounds of failures keep
 /// every row movable; every call must succeed and the count come out exact. With the store's
-/// retries off this test failed with "deadlock detected" (SQLSTATE 40P01).
+/// retries off this test failed with "deadlock detected" (SQLSTATE 40P01) in 1 of 2 runs.
 #[tokio::test]
 async fn intake_and_outcomes_racing_on_postgres_all_succeed() {
     use pb::ItemState::{Failed, Succeeded};
