@@ -9,7 +9,7 @@
 #     of Cargo.toml, every module imports, compileall passes on the sdist's package and tests, and
 #     the tests that need no server run (tests/test_serve.py, tests/test_checkpoint.py); and a
 #     venv with the sdist (built again there, by that interpreter), which imports too
-#   - 3.9 gets the oldest dependencies pyproject.toml allows (grpcio, protobuf, pathspec and tomli at their
+#   - 3.9 gets the oldest dependencies pyproject.toml allows (grpcio, protobuf, pathspec, pyyaml and tomli at their
 #     floors), 3.13 the newest ones this script pins, so both ends of the ranges are tried
 # The interpreters: $KILN_PYTHON39 and $KILN_PYTHON313 when set, else pyenv's
 # ($PYENV_ROOT/versions/3.9.*, 3.13.*), else python3.9 / python3.13 on PATH. Neither PyPI nor
@@ -28,8 +28,8 @@ PIP=26.0.1
 SETUPTOOLS=82.0.1 # the build backend, for the wheel and each sdist install; the last for 3.9
 PYTEST=8.4.2      # the last for 3.9
 BUILD_ENV_DEPS=(grpcio==1.80.1 protobuf==6.31.1)
-OLDEST_DEPS=(grpcio==1.80.1 protobuf==6.31.1 pathspec==1.1.0 tomli==1.1.0 numpy==2.0.2)
-NEWEST_DEPS=(grpcio==1.85.3 protobuf==7.36.2 pathspec==1.1.1 numpy==2.5.5)
+OLDEST_DEPS=(grpcio==1.80.1 protobuf==6.31.1 pathspec==1.1.0 pyyaml==6.0.1 tomli==1.1.0 numpy==2.0.2)
+NEWEST_DEPS=(grpcio==1.85.3 protobuf==7.36.2 pathspec==1.1.1 pyyaml==6.0.4 numpy==2.5.5)
 
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 # The version the package must carry: the workspace's (setup.py reads it there too).
@@ -137,7 +137,7 @@ log "built $(basename "$sdist") and, from it alone, $(basename "$wheel")"
 
 # Run from a directory without a kiln/ in it, so the installed package is the one imported.
 cd "$work"
-MODULES="kiln, kiln.v1, kiln._run, kiln._client, kiln._batch, kiln._jobs, kiln._pack, kiln._errors, kiln._serve, kiln._sweep, kiln._track, kiln._checkpoint"
+MODULES="kiln, kiln.v1, kiln._run, kiln._client, kiln._batch, kiln._jobs, kiln._pack, kiln._errors, kiln._serve, kiln._sweep, kiln._track, kiln._checkpoint, kiln._manage, kiln._sweeps, kiln._registry, kiln._services, kiln._predict, kiln._tokens"
 IMPORT_CHECK="
 import sys, sysconfig
 import $MODULES

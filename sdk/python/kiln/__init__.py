@@ -42,6 +42,18 @@ as `kiln run` packs it):
 
 A call kiln refuses raises `kiln.KilnError` (its gRPC status `code` and the server's `message`).
 
+Sweeps, the model registry, inference services and tokens (what `kiln sweep`, `model`, `serve`
+and `token` do; see kiln._sweeps, _registry, _services, _tokens):
+
+    client = kiln.Client()
+    sweep = client.sweeps.create(spec, workdir=".")       # a dict, a YAML text or a pathlib.Path
+    best = client.sweeps.best(client.sweeps.wait(sweep.id).id)
+    version = client.models.register("digits-net", best.job_id, alias="production")
+    client.models.download("digits-net@production", "model/")
+    client.services.create("digits", ["digits-net@production"], ["python", "serve.py"])
+    outputs = client.services.predict("digits", {"x": features}, wait=120)   # numpy arrays
+    created = client.tokens.create("ci", expires="30d"); client.tokens.revoke("ci")
+
 Batches (a command run once per item, on workers that scale with the backlog):
 
     batch = kiln.Client().batches.create(["python", "resize.py", "{uri}"], max_workers=50)
@@ -59,9 +71,13 @@ from ._checkpoint import checkpoint
 from ._client import RunInfo, Series
 from ._errors import KilnError
 from ._jobs import Job, LogLine, OutputFile
+from ._registry import DatasetRef, Lineage, Model, ModelFile, ModelVersion
 from ._run import Run, finish, init, log, log_series
 from ._serve import serve
+from ._services import Scaling, Service, ServiceMember, ServiceTraffic, ServiceWorker, TensorSpec
 from ._sweep import should_stop
+from ._sweeps import Sweep, Trial, TrialCounts
+from ._tokens import NewToken, Token
 from ._track import Saved, save, summary
 from ._version import __version__
 
@@ -69,8 +85,10 @@ config: dict = {}
 """The configuration given to `init` (a plain dict)."""
 
 __all__ = [
-    "Batch", "Client", "Job", "KilnError", "LogLine", "OutputFile", "Progress", "RetryRule", "Run", "RunInfo", "Saved",
-    "Series", "checkpoint", "config", "finish", "init", "log",
+    "Batch", "Client", "DatasetRef", "Job", "KilnError", "Lineage", "LogLine", "Model", "ModelFile", "ModelVersion",
+    "NewToken", "OutputFile", "Progress", "RetryRule", "Run", "RunInfo", "Saved", "Scaling", "Series", "Service",
+    "ServiceMember", "ServiceTraffic", "ServiceWorker", "Sweep", "TensorSpec", "Token", "Trial", "TrialCounts",
+    "checkpoint", "config", "finish", "init", "log",
     "log_series",
     "save", "serve", "should_stop", "summary", "__version__",
 ]

@@ -24,7 +24,12 @@ from kiln.v1 import batch_pb2, batch_pb2_grpc, item_log_pb2, item_log_pb2_grpc
 
 from ._client import RunReads
 from ._jobs import _MARKETS, _STREAMS, Jobs
+from ._manage import ManageChannels
+from ._registry import Models
 from ._run import _channel, _endpoints, _service_address
+from ._services import Services
+from ._sweeps import Sweeps
+from ._tokens import Tokens
 
 _STATES = {"pending": batch_pb2.ITEM_STATE_PENDING, "succeeded": batch_pb2.ITEM_STATE_SUCCEEDED,
            "failed": batch_pb2.ITEM_STATE_FAILED, "dead": batch_pb2.ITEM_STATE_DEAD}
@@ -282,8 +287,12 @@ class Batches:
 class Client(RunReads):
     """A client of a kiln endpoint: `kiln up`'s credentials (KILN_HOME), or KILN_ADDR and
     KILN_TOKEN (the other services' addresses come from the api, or KILN_LOGS_ADDR,
-    KILN_BATCH_ADDR). `jobs` submits and follows jobs (see kiln._jobs); `batches` drives
-    batches; `runs` and `metrics` read runs back (see kiln._client)."""
+    KILN_BATCH_ADDR, KILN_ADVISOR_ADDR, KILN_PREDICTOR_ADDR). `jobs` submits and follows jobs
+    (see kiln._jobs); `batches` drives batches; `sweeps` runs sweeps (kiln._sweeps); `models`
+    is the model registry (kiln._registry); `services` serves models and asks them for
+    predictions (kiln._services); `tokens` makes tokens for automation (kiln._tokens); `runs`
+    and `metrics` read runs back (see kiln._client). The channels of jobs, sweeps, models,
+    services and tokens open on first use."""
 
     def __init__(self):
         api, logs, token = _endpoints()
@@ -295,6 +304,11 @@ class Client(RunReads):
         self._search_stub: item_log_pb2_grpc.BatchLogServiceStub | None = None
         self.batches = Batches(batch_pb2_grpc.BatchServiceStub(self._channel), metadata, self._batch_logs)
         self.jobs = Jobs(self._stubs, metadata)
+        self._manage = ManageChannels(api, token)
+        self.sweeps = Sweeps(self._manage.stubs, metadata)
+        self.models = Models(self._manage.stubs, metadata)
+        self.services = Services(self._manage.stubs, metadata)
+        self.tokens = Tokens(self._manage.stubs, metadata)
 
     def _batch_logs(self) -> item_log_pb2_grpc.BatchLogServiceStub:
         """log-ingest's BatchLogService, on a channel opened by the first search. Its answers
@@ -310,6 +324,7 @@ class Client(RunReads):
             self._search_channel.close()
             self._search_channel = self._search_stub = None
         self._close_reads()
+        self._manage.close()
 
     def __enter__(self) -> "Client":
         return self

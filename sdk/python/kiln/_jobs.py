@@ -132,7 +132,7 @@ def _parse_size(value: Size, what: str) -> int:
     return _round(amount * (1 << shifts[unit]))
 
 
-def _parse_duration(value: Duration) -> int:
+def _parse_duration(value: Duration, what: str = "max_runtime") -> int:
     """Seconds from an int or a duration text, as `kiln run --max-runtime` reads it."""
     if isinstance(value, int) and not isinstance(value, bool):
         seconds = value
@@ -141,10 +141,10 @@ def _parse_duration(value: Duration) -> int:
         digits = text.rstrip("smhd")
         scale = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86_400}.get(text[len(digits):])
         if scale is None or not (digits.isascii() and digits.isdigit()):
-            raise ValueError(f"kiln: max_runtime {value!r} is not a duration: use a number with s, m, h or d, such as 30m")
+            raise ValueError(f"kiln: {what} {value!r} is not a duration: use a number with s, m, h or d, such as 30m")
         seconds = int(digits) * scale
     if seconds <= 0:
-        raise ValueError("kiln: max_runtime must be more than 0 seconds")
+        raise ValueError(f"kiln: {what} must be more than 0 seconds")
     return seconds
 
 

@@ -5,12 +5,9 @@ import gzip
 import io
 import os
 import pathlib
-import shutil
-import signal
 import subprocess
 import sys
 import tarfile
-import tempfile
 import time
 
 import grpc
@@ -22,47 +19,10 @@ from kiln._client import Stubs
 from kiln._jobs import Jobs, _parse_duration, _parse_size
 from kiln.v1 import job_pb2
 
-REPO = pathlib.Path(__file__).resolve().parents[3]
-KILN = os.environ.get("KILN_BIN", str(REPO / "target" / "debug" / "kiln"))
+from conftest import KILN  # the `up` fixture is conftest's too
+
 # Small jobs, so that the ones running at once (the sleeper, a follower) never queue.
 CPUS = 0.1
-
-
-@pytest.fixture(scope="module")
-def up():
-    """A `kiln up` on a temp KILN_HOME; the SDK finds it through KILN_HOME (as test_sdk.py)."""
-    if not pathlib.Path(KILN).exists():
-        pytest.fail(f"{KILN} does not exist: run the tests through scripts/test.sh, which builds it")
-    home = tempfile.mkdtemp(prefix="kiln-sdk-jobs-")
-    log = open(pathlib.Path(home) / "up.log", "w")
-    # Every address on a free port, the web UI's too: another `kiln up` on this machine does not clash.
-    addresses = ["--api-addr", "--logs-addr", "--batch-addr", "--advisor-addr", "--predictor-addr", "--predictor-http-addr",
-                 "--http-addr"]
-    process = subprocess.Popen(
-        [KILN, "up", "--provider", "process", *(arg for flag in addresses for arg in (flag, "127.0.0.1:0"))],
-        env={**os.environ, "KILN_HOME": home, "KILN_LOG": "warn"},
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    credentials = pathlib.Path(home) / "credentials.toml"
-    deadline = time.monotonic() + 60
-    while not credentials.exists():
-        assert process.poll() is None, (pathlib.Path(home) / "up.log").read_text()
-        assert time.monotonic() < deadline, "kiln up did not start"
-        time.sleep(0.05)
-    previous = os.environ.get("KILN_HOME")
-    os.environ["KILN_HOME"] = home
-    for name in ("KILN_ADDR", "KILN_TOKEN", "KILN_LOGS_ADDR", "KILN_JOB_ID"):
-        os.environ.pop(name, None)
-    yield home
-    process.send_signal(signal.SIGINT)
-    process.wait(timeout=30)
-    if previous is None:
-        os.environ.pop("KILN_HOME", None)
-    else:
-        os.environ["KILN_HOME"] = previous
-    log.close()
-    shutil.rmtree(home)
 
 
 @pytest.fixture(scope="module")
