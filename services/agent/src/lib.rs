@@ -79,7 +79,9 @@ pub async fn run(settings: Settings, runner: Runner, shutdown: CancellationToken
     let kill = CancellationToken::new();
     let mut backoff = Duration::from_millis(100);
     // Which replica to try next: a failed connect or a broken session moves on to the next one.
-    let mut next = 0;
+    // Each agent starts at a replica of its own choosing, so a batch's workers spread their
+    // sessions (and the dispatch and outcomes they carry) over the replicas.
+    let mut next = first_replica(endpoints.len());
     loop {
         if shutdown.is_cancelled() {
             kill.cancel();
@@ -124,6 +126,13 @@ pub async fn run(settings: Settings, runner: Runner, shutdown: CancellationToken
             }
         }
     }
+}
+
+/// A random replica index below `replicas` (std's per-process random hash keys; no extra crate).
+fn first_replica(replicas: usize) -> usize {
+    use std::hash::{BuildHasher, Hasher};
+    let random = std::collections::hash_map::RandomState::new().build_hasher().finish();
+    usize::try_from(random % replicas.max(1) as u64).unwrap_or(0)
 }
 
 enum SessionError {
@@ -283,5 +292,19 @@ impl Session<'_> {
                 let _ = outcomes.send(outcome);
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_replica;
+
+    #[test]
+    fn agents_start_at_replicas_spread_over_all_of_them() {
+        let picks: Vec<usize> = (0..200).map(|_| first_replica(2)).collect();
+        assert!(picks.iter().all(|&pick| pick < 2));
+        assert!(picks.contains(&0) && picks.contains(&1), "{picks:?}");
+        assert_eq!(first_replica(1), 0);
+        assert_eq!(first_replica(0), 0);
     }
 }
