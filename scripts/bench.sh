@@ -12,6 +12,9 @@
 #   batch_throughput.py — batch items per second with 2 workers and no-op items, kiln against
 #     Celery (celery==5.7.0, redis==8.1.0, Debian's redis-server) and a raw JetStream work queue
 #     (nats-py==2.16.0)
+#   batch_replicas.py — the same batch added through one item-batch replica and through two, on
+#     the topology (scripts/cluster.sh: Postgres, three nats-servers, Cassandra, two of each
+#     service), release builds
 #   provisioner-bench — the provisioner scaling 0 → 1,000 simulated instances and back (cycles, calls,
 #     CPU, cost against the greedy lower bound, demand → create call), beside Karpenter's published
 #     figures
@@ -74,6 +77,13 @@ if ! command -v redis-server >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server
 fi
 "$venv/bin/python" "$repo/bench/batch_throughput.py" --kiln "$repo/target/release/kiln" --python "$venv/bin/python"
+
+# --- item-batch replicas on the topology (scripts/cluster.sh): one replica against two -----------
+# The services' release builds (a feature set of their own: a build of its own) and the harness.
+cargo build --release --locked -p kiln-api -p kiln-scheduler -p kiln-runner -p kiln-log-ingest \
+  -p kiln-item-batch -p kiln-advisor -p kiln-predictor -p kiln-agent
+cargo build --locked -p kiln-topology
+"$venv/bin/python" "$repo/bench/batch_replicas.py" --kiln "$repo/target/release/kiln"
 
 # --- the scheduling study -------------------------------------------------------------------------
 ./target/release/sched-sim --seed 1

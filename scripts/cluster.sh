@@ -17,6 +17,9 @@
 # KILN_TEST_SCYLLA_NODES and the S3 server from KILN_TEST_S3_* when set, else they are started
 # here (scripts/cassandra, scripts/s3-server.sh). Run
 # scripts/setup.sh --all once first: it installs nats-server and versitygw and builds the binaries.
+# KILN_TOPOLOGY_BIN names another directory of service binaries (bench/batch_replicas.py runs the
+# release builds). $KILN_CLUSTER_DIR/instances.json maps each instance (`item-batch-2`) to its
+# gRPC URL, for what must reach one replica.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -127,17 +127,10 @@ pub struct Topology {
     pub tls: Option<tls::TopologyTls>,
 }
 
-/// The workspace's target directory of the running program (`target/debug`), where the service
-/// binaries are.
+/// Where the service binaries are: `KILN_TOPOLOGY_BIN` when set (a benchmark runs the release
+/// builds), else the workspace's target directory of the running program (`target/debug`).
 pub fn binaries_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("the program's path");
-    let dir = exe.parent().expect("a directory").to_path_buf();
-    // Test binaries live in target/<profile>/deps.
-    let dir = if dir.file_name().is_some_and(|name| name == "deps") {
-        dir.parent().expect("target/<profile>").to_path_buf()
-    } else {
-        dir
-    };
+    let dir = std::env::var_os("KILN_TOPOLOGY_BIN").map_or_else(program_dir, PathBuf::from);
     for service in SERVICES {
         let binary = dir.join(format!("kiln-{service}"));
         assert!(
@@ -147,6 +140,17 @@ pub fn binaries_dir() -> PathBuf {
         );
     }
     dir
+}
+
+fn program_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the program's path");
+    let dir = exe.parent().expect("a directory").to_path_buf();
+    // Test binaries live in target/<profile>/deps.
+    if dir.file_name().is_some_and(|name| name == "deps") {
+        dir.parent().expect("target/<profile>").to_path_buf()
+    } else {
+        dir
+    }
 }
 
 fn wait_listening(proc: &mut Proc, addr: SocketAddr) {

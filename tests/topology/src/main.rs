@@ -23,6 +23,7 @@ struct Args {
 fn main() -> anyhow::Result<ExitCode> {
     let args = Args::parse();
     let mut options = kiln_topology::Options::from_env();
+    let options_dir = args.dir.clone();
     options.dir = Some(args.dir);
     options.lease_ttl_ms = 10_000;
     options.tls = args.tls;
@@ -30,6 +31,16 @@ fn main() -> anyhow::Result<ExitCode> {
     let mut topology = runtime.block_on(kiln_topology::Topology::start(options));
     let exports = topology.exports();
     println!("{exports}");
+    // Every instance's gRPC URL by name (`item-batch-2`), for what must reach one replica.
+    let urls: std::collections::BTreeMap<String, String> = topology
+        .instances()
+        .into_iter()
+        .map(|name| {
+            let url = topology.url(&name);
+            (name, url)
+        })
+        .collect();
+    std::fs::write(options_dir.join("instances.json"), serde_json::to_string_pretty(&urls)?)?;
     if let Some(path) = &args.exports_file {
         std::fs::write(path, format!("{exports}\n"))?;
     }
