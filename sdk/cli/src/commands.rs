@@ -11,9 +11,6 @@ use crate::client;
 use crate::format::{self, Output, job_json, out, state_name};
 use crate::{job_logs, pack};
 
-/// A submit is retried while the api is unavailable, with doubling waits up to this one.
-const SUBMIT_RETRY_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
-
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
     /// CPU cores (0.5 is half a core).
@@ -123,28 +120,23 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
         spec: Some(spec),
         idempotency_key: kiln_core::ids::new_id(),
     };
-    let mut delay = std::time::Duration::from_millis(200);
-    let job = loop {
-        match clients.jobs.submit_job(request.clone()).await {
-            Err(status) if status.code() == tonic::Code::Unavailable && delay < SUBMIT_RETRY_LIMIT => {
-                eprintln!("kiln: the api is unavailable ({}); retrying", status.message());
-                tokio::time::sleep(delay).await;
-                delay *= 2;
-            }
-            answer => break answer?.into_inner().job.context("the server answered without a job")?,
-        }
-    };
+    let job = client::while_unavailable(async || clients.jobs.submit_job(request.clone()).await)
+        .await?
+        .into_inner()
+        .job
+        .context("the server answered without a job")?;
     if !args.follow {
         out!("{}", job.id);
         return Ok(ExitCode::SUCCESS);
     }
     eprintln!("job {} submitted", job.id);
     job_logs::print_logs(&mut clients, &job.id, true, None).await?;
-    let job = clients
-        .jobs
-        .get_job(pb::GetJobRequest { job_id: job.id.clone() })
-        .await?
-        .into_inner();
+    let job = client::while_unavailable(async || {
+        let request = pb::GetJobRequest { job_id: job.id.clone() };
+        clients.jobs.get_job(request).await
+    })
+    .await?
+    .into_inner();
     let state = pb::JobState::try_from(job.state).unwrap_or(pb::JobState::Unspecified);
     let reason = if job.reason.is_empty() {
         String::new()

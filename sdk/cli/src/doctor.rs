@@ -1,7 +1,7 @@
 //! `kiln doctor`: checks each service this client uses, as it finds them (the environment, the
 //! credentials file, the api's `DiscoveryService`): reachable (TLS included), the right service
-//! answering, the token accepted; and the api's version beside this CLI's. One line each; exit
-//! 1 when anything is wrong.
+//! answering, the token accepted; and the api's version beside this CLI's. One line each (each
+//! replica of a service given as several); exit 1 when anything is wrong.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -35,10 +35,13 @@ pub async fn doctor() -> Result<ExitCode> {
         ("advisor", &credentials.advisor, "advisor", "KILN_ADVISOR_ADDR"),
         ("predictor", &credentials.predictor, "predictor", "KILN_PREDICTOR_ADDR"),
     ];
-    for (name, url, service, variable) in services {
-        let verdict = check(&credentials, url, service, variable).await;
-        healthy &= verdict.is_ok();
-        out!("{name:<10} {url:<32} {}", verdict.unwrap_or_else(|wrong| wrong));
+    // A service given as several replicas (comma-separated) gets a line for each.
+    for (name, urls, service, variable) in services {
+        for url in client::replica_urls(urls) {
+            let verdict = check(&credentials, &url, service, variable).await;
+            healthy &= verdict.is_ok();
+            out!("{name:<10} {url:<32} {}", verdict.unwrap_or_else(|wrong| wrong));
+        }
     }
     let ui = if credentials.ui.is_empty() {
         Ok("none: the api knows no web UI address (its [public] ui)".to_string())

@@ -1,6 +1,7 @@
 //! Replicas on the topology, driven by the `kiln` CLI as a person would: `kiln logs -f` on
-//! either log-ingest replica shows every line of a job, and a runner SIGKILLed for good has its
-//! job queued again and finished by the other runner.
+//! either log-ingest replica shows every line of a job, a runner SIGKILLed for good has its
+//! job queued again and finished by the other runner, and a `kiln run -f` given both api
+//! replicas outlives the one it talked to.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -9,18 +10,25 @@ use kiln_topology::{Options, Topology, binaries_dir};
 
 const PATIENCE: Duration = Duration::from_secs(180);
 
-/// Runs the CLI against the topology; `logs` picks the log-ingest replica.
-fn kiln(topology: &Topology, logs: &str, args: &[&str]) -> String {
-    let home = topology.dir.join("cli-home");
-    let output = Command::new(binaries_dir().join("kiln"))
+/// The CLI on the topology, given both api replicas; `logs` picks the log-ingest replica.
+fn cli(topology: &Topology, logs: &str, args: &[&str]) -> Command {
+    let mut command = Command::new(binaries_dir().join("kiln"));
+    command
         .args(args)
-        .env("KILN_HOME", &home)
-        .env("KILN_ADDR", topology.url("api-1"))
+        .env("KILN_HOME", topology.dir.join("cli-home"))
+        .env(
+            "KILN_ADDR",
+            format!("{},{}", topology.url("api-1"), topology.url("api-2")),
+        )
         .env("KILN_LOGS_ADDR", topology.url(logs))
         .env("KILN_BATCH_ADDR", topology.url("item-batch-1"))
-        .env("KILN_TOKEN", &topology.token)
-        .output()
-        .expect("run kiln");
+        .env("KILN_TOKEN", &topology.token);
+    command
+}
+
+/// Runs the CLI against the topology and returns what it printed; it must succeed.
+fn kiln(topology: &Topology, logs: &str, args: &[&str]) -> String {
+    let output = cli(topology, logs, args).output().expect("run kiln");
     assert!(
         output.status.success(),
         "kiln {args:?} failed: {}",
@@ -113,5 +121,54 @@ async fn logs_on_either_replica_and_a_runner_lost_for_good() {
     let done = wait_for(&topology, &job, "finished elsewhere", |s| s["state"] == "SUCCEEDED");
     assert_ne!(done["runner"].as_str(), Some(runner.as_str()), "{done}");
     assert_eq!(done["attempt"], 2, "{done}");
+
+    // 3. `kiln run -f` given both api replicas (KILN_ADDR=api-1,api-2) submits through api-1,
+    // which is SIGKILLed while the job runs: the follow ends with the job's state read through
+    // api-2 and the job's exit. A CLI given api-1 alone cannot reach kiln then (the control).
+    let follow = cli(
+        &topology,
+        "log-ingest-1",
+        &[
+            "run",
+            "-f",
+            "--no-code",
+            "--pool",
+            "local",
+            "--",
+            "sh",
+            "-c",
+            "sleep 4; echo done",
+        ],
+    )
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .expect("kiln run -f");
+    let deadline = Instant::now() + PATIENCE;
+    while !kiln(&topology, "log-ingest-1", &["ps"]).contains("RUNNING") {
+        assert!(Instant::now() < deadline, "the followed job never ran");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    topology.kill("api-1");
+    let followed = follow.wait_with_output().expect("kiln run -f");
+    assert!(
+        followed.status.success(),
+        "kiln run -f did not outlive api-1: {}",
+        String::from_utf8_lossy(&followed.stderr)
+    );
+    assert!(String::from_utf8_lossy(&followed.stdout).contains("done"));
+    assert!(
+        String::from_utf8_lossy(&followed.stderr).contains("trying again"),
+        "the follow never found api-1 gone, so it proves nothing: {}",
+        String::from_utf8_lossy(&followed.stderr)
+    );
+    let alone = cli(&topology, "log-ingest-1", &["ps"])
+        .env("KILN_ADDR", topology.url("api-1"))
+        .output()
+        .expect("kiln ps");
+    assert!(
+        !alone.status.success(),
+        "a CLI given only the killed api-1 still answered"
+    );
     topology.stop();
 }
