@@ -96,16 +96,58 @@ def _service_address(service: str, api: str, token: str) -> str:
                                                  metadata=(("authorization", f"Bearer {token}"),), timeout=10)
             except grpc.RpcError as error:
                 if error.code() != grpc.StatusCode.UNIMPLEMENTED:  # an older api: the api's address
-                    raise
+                    from ._errors import from_rpc
+
+                    raise from_rpc(error) from error
                 _discovered[api] = tenancy_pb2.DiscoverResponse()
     found = getattr(_discovered[api], service)
     if not found:
         return "" if service == "ui" else api
-    api_host = _host(_url(api))
-    host = _host(found)
-    if _is_loopback(host) and not _is_loopback(api_host):
-        return found.replace(host, api_host, 1)
-    return found
+    api_host = _host(_replicas(api)[0])
+
+    def reachable(one: str) -> str:
+        host = _host(one)
+        return one.replace(host, api_host, 1) if _is_loopback(host) and not _is_loopback(api_host) else one
+
+    return ",".join(reachable(one) for one in found.split(","))
+
+
+def _replicas(address: str) -> list[str]:
+    """The URLs of an address that may list several replicas, comma-separated (as KILN_ADDR may)."""
+    return [_url(one.strip()) for one in address.split(",") if one.strip()]
+
+
+def _replica_target(urls: list[str], options: list) -> str:
+    """One gRPC target naming every replica: their addresses resolved now, in the order given,
+    under the `pick_first` policy, which connects to the first that answers and, when that
+    connection is lost, to the next that does; so a client outlives the replica it talked to
+    (a call in flight then fails UNAVAILABLE, and one retried with its idempotency key reaches
+    the next). With TLS every replica's certificate must name the first one's host."""
+    import socket
+
+    families = set()
+    addresses = []
+    for url in urls:
+        authority = url.split("://", 1)[-1].split("/", 1)[0]
+        host = _host(url)
+        port = authority.rsplit(":", 1)[-1] if not authority.endswith("]") and ":" in authority else (
+            "443" if url.startswith("https://") else "80")
+        try:
+            family, _, _, _, sockaddr = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)[0]
+        except (OSError, ValueError) as error:
+            raise RuntimeError(f"kiln: cannot resolve the replica {url}: {error}") from error
+        families.add(family)
+        addresses.append(f"[{sockaddr[0]}]:{sockaddr[1]}" if family == socket.AF_INET6 else f"{sockaddr[0]}:{sockaddr[1]}")
+    if len(families) > 1:
+        raise RuntimeError(f"kiln: the replicas {', '.join(urls)} mix IPv4 and IPv6 addresses; name them all by one family")
+    options.append(("grpc.lb_policy_name", "pick_first"))
+    # The :authority of every call is the first replica's (a target of several addresses has
+    # none a server would take).
+    options.append(("grpc.default_authority", _target(urls[0])))
+    if urls[0].startswith("https://"):
+        options.append(("grpc.ssl_target_name_override", _host(urls[0])))
+    scheme = "ipv6" if families == {socket.AF_INET6} else "ipv4"
+    return f"{scheme}:{','.join(addresses)}"
 
 
 def _target(address: str) -> str:
@@ -123,12 +165,20 @@ def _pem(text_variable: str, file_variable: str, credentials_key: str) -> bytes 
 
 
 def _channel(address: str, options: list | None = None) -> grpc.Channel:
-    """A channel to `address`: TLS for `https://` (trusting KILN_CA_PEM, KILN_CA_FILE or the
+    """A channel to `address` (several replicas when it lists them, comma-separated: see
+    `_replica_target`): TLS for `https://` (trusting KILN_CA_PEM, KILN_CA_FILE or the
     credentials file's ca-file, else the system roots; presenting KILN_CLIENT_CERT_PEM and
     KILN_CLIENT_KEY_PEM, or the files KILN_CLIENT_CERT and KILN_CLIENT_KEY, when a server requires
     a client certificate), plain text otherwise."""
-    if not address.startswith("https://"):
-        return grpc.insecure_channel(_target(address), options=options)
+    urls = _replicas(address)
+    if not urls:
+        raise RuntimeError("kiln: an empty address (KILN_ADDR or a service's address)")
+    if len({url.split("://", 1)[0] for url in urls}) > 1:
+        raise RuntimeError(f"kiln: the replicas {address} mix http:// and https://")
+    options = list(options or [])
+    target = _replica_target(urls, options) if len(urls) > 1 else _target(urls[0])
+    if not urls[0].startswith("https://"):
+        return grpc.insecure_channel(target, options=options)
     cert = _pem("KILN_CLIENT_CERT_PEM", "KILN_CLIENT_CERT", "cert-file")
     key = _pem("KILN_CLIENT_KEY_PEM", "KILN_CLIENT_KEY", "key-file")
     if (cert is None) != (key is None):
@@ -138,7 +188,7 @@ def _channel(address: str, options: list | None = None) -> grpc.Channel:
         private_key=key,
         certificate_chain=cert,
     )
-    return grpc.secure_channel(_target(address), credentials, options=options)
+    return grpc.secure_channel(target, credentials, options=options)
 
 
 class Run:
