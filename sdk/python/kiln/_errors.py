@@ -10,8 +10,9 @@
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 import grpc
 
@@ -46,4 +47,26 @@ def translated() -> Iterator[None]:
         raise from_rpc(error) from error
 
 
-__all__ = ["KilnError", "from_rpc", "translated"]
+# A call is retried while its service is unavailable (a new leader, a replica that went away:
+# the channel moves to the next), with doubling waits up to this one.
+_RETRY_LIMIT = 10.0
+
+Answer = TypeVar("Answer")
+
+
+def retried(call: Callable[[], Answer]) -> Answer:
+    """`call()`, again while it fails UNAVAILABLE, with doubling waits; every other failure (and
+    the last UNAVAILABLE) raised as a KilnError. The call must be idempotent (an idempotency key)."""
+    delay = 0.2
+    while True:
+        try:
+            return call()
+        except grpc.RpcError as error:
+            failure = from_rpc(error)
+            if failure.code != grpc.StatusCode.UNAVAILABLE or delay >= _RETRY_LIMIT:
+                raise failure from error
+        time.sleep(delay)
+        delay *= 2
+
+
+__all__ = ["KilnError", "from_rpc", "retried", "translated"]

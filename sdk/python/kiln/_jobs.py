@@ -23,12 +23,10 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Collection, Iterator, Mapping, Sequence, Union
 
-import grpc
-
 from kiln.v1 import artifact_pb2, job_pb2, log_pb2
 
 from ._client import RunInfo, _run
-from ._errors import from_rpc, translated
+from ._errors import retried, translated
 from ._pack import upload_code
 
 if TYPE_CHECKING:
@@ -39,8 +37,6 @@ FINISHED = frozenset({"SUCCEEDED", "FAILED", "STOPPED", "LOST"})
 _ACTIVE = frozenset({"QUEUED", "SCHEDULED", "PROVISIONING", "RUNNING", "SYNCING"})
 _MARKETS = {"auto": job_pb2.MARKET_UNSPECIFIED, "spot": job_pb2.MARKET_SPOT, "on-demand": job_pb2.MARKET_ON_DEMAND}
 _STREAMS = {log_pb2.LOG_STREAM_STDOUT: "stdout", log_pb2.LOG_STREAM_STDERR: "stderr"}
-# A submit is retried while the api is unavailable, with doubling waits up to this one (the CLI's).
-_SUBMIT_RETRY_LIMIT = 10.0
 # The most jobs ListJobs answers with at once.
 _LIST_MAX = 10_000
 
@@ -197,16 +193,7 @@ class Jobs:
         # One key for this submit and its retries: an answer lost with a dying api replica is
         # retried without making a second job.
         request = job_pb2.SubmitJobRequest(spec=spec, idempotency_key=uuid.uuid4().hex)
-        delay = 0.2
-        while True:
-            try:
-                return _job(stubs.jobs.SubmitJob(request, metadata=self._metadata, timeout=60).job)
-            except grpc.RpcError as error:
-                failure = from_rpc(error)
-                if failure.code != grpc.StatusCode.UNAVAILABLE or delay >= _SUBMIT_RETRY_LIMIT:
-                    raise failure from error
-            time.sleep(delay)
-            delay *= 2
+        return _job(retried(lambda: stubs.jobs.SubmitJob(request, metadata=self._metadata, timeout=60)).job)
 
     def get(self, job_id: str) -> Job:
         """The job as it is now.

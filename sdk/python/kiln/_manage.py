@@ -6,20 +6,12 @@ client that never drives a sweep never asks where the advisor is."""
 
 from __future__ import annotations
 
-import time
-from typing import Callable, NamedTuple, TypeVar
+from typing import NamedTuple
 
 import grpc
 
 from kiln.v1 import artifact_pb2_grpc, model_pb2_grpc, serve_pb2_grpc, sweep_pb2_grpc, tenancy_pb2_grpc
 
-from ._errors import from_rpc
-
-# A create is retried while its service is unavailable (a new leader, a restarting replica),
-# with doubling waits up to this one, as `Jobs.submit` does.
-_RETRY_LIMIT = 10.0
-
-Answer = TypeVar("Answer")
 
 
 class ManageStubs(NamedTuple):
@@ -72,19 +64,4 @@ class ManageChannels:
         self._stubs = None
 
 
-def retried(call: Callable[[], Answer]) -> Answer:
-    """`call()`, again while it fails UNAVAILABLE, with doubling waits; every other failure (and
-    the last UNAVAILABLE) raised as a KilnError. The call must be idempotent (an idempotency key)."""
-    delay = 0.2
-    while True:
-        try:
-            return call()
-        except grpc.RpcError as error:
-            failure = from_rpc(error)
-            if failure.code != grpc.StatusCode.UNAVAILABLE or delay >= _RETRY_LIMIT:
-                raise failure from error
-        time.sleep(delay)
-        delay *= 2
-
-
-__all__ = ["ManageChannels", "ManageStubs", "retried"]
+__all__ = ["ManageChannels", "ManageStubs"]

@@ -32,8 +32,8 @@ import yaml
 
 from kiln.v1 import sweep_pb2
 
-from ._errors import translated
-from ._manage import ManageStubs, retried
+from ._errors import retried, translated
+from ._manage import ManageStubs
 from ._pack import upload_code
 from ._track import from_proto
 
