@@ -259,18 +259,25 @@ class Batches:
                env: Mapping[str, str] | None = None, cpu: float = 1.0, memory_mb: int = 1024,
                output_prefix: str = "", max_attempts: int = 3, timeout_secs: int = 3600,
                max_workers: int = 4, market: str = "auto", gpus: int = 0, slots: int = 1,
-               retry_rules: Sequence[RetryRule] = ()) -> Batch:
+               retry_rules: Sequence[RetryRule] = (), disk: int | str | None = None,
+               shm: int | str | None = None) -> Batch:
         """Creates a batch whose `command` runs once per item ({uri}, {output}, {item} and
         {attempt} are filled in), or a built-in (["kiln:noop"]). `gpus` are per worker, which
         runs `slots` items at once (asking for `cpu` and `memory_mb` times that); `retry_rules`
-        say which failures are retried (see RetryRule)."""
+        say which failures are retried (see RetryRule). `disk` and `shm` (bytes, or "20G" as the
+        CLI reads it) are each worker's own disk (needs `image`) and /dev/shm, as `--disk` and
+        `--shm` of `kiln batch create`."""
         if market not in _MARKETS:
             raise ValueError(f"market must be one of {sorted(_MARKETS)}")
+        from ._jobs import _parse_size
+
         spec = batch_pb2.BatchSpec(
             name=name, project=project, image=image, command=list(command), env=dict(env or {}),
             cpu_millis=int(round(cpu * 1000)), memory_mb=memory_mb, output_prefix=output_prefix,
             max_attempts=max_attempts, item_timeout_secs=timeout_secs, max_workers=max_workers,
             market=_MARKETS[market], gpus=gpus, slots=slots, retry_rules=[rule._proto() for rule in retry_rules],
+            disk_bytes=0 if disk is None else _parse_size(disk, "disk"),
+            shm_bytes=0 if shm is None else _parse_size(shm, "shm"),
         )
         created = self._stub.CreateBatch(batch_pb2.CreateBatchRequest(spec=spec), metadata=self._metadata)
         return Batch(self._stub, self._metadata, created.id, self._logs)

@@ -401,6 +401,13 @@ def test_a_batch_from_python_runs_every_item_and_keeps_its_dead_letter(up):
         with pytest.raises(grpc.RpcError) as empty:
             client.batches.create([])
         assert empty.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        # A worker's /dev/shm counts against its memory (64M times 2 slots here), as a job's does.
+        with pytest.raises(grpc.RpcError) as shm:
+            client.batches.create(["kiln:noop"], memory_mb=64, slots=2, shm="129M")
+        assert shm.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "shm_bytes" in shm.value.details()
+        with pytest.raises(grpc.RpcError) as disk:
+            client.batches.create(["kiln:noop"], disk="1G")
+        assert disk.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "needs an image" in disk.value.details()
 
 
 def test_retry_rules_and_usage_from_python(up):

@@ -14,6 +14,7 @@
 
 use std::collections::BTreeMap;
 
+use kiln_core::capacity::DiskShmProblem;
 use kiln_core::runs::RunConfig;
 use serde::{Deserialize, Serialize};
 
@@ -335,20 +336,20 @@ impl SweepSpec {
         };
         let disk_bytes = size("trial.disk", &self.trial.disk, &mut problems);
         let shm_bytes = size("trial.shm", &self.trial.shm, &mut problems);
-        if disk_bytes > 0 && disk_bytes < kiln_core::capacity::MIN_JOB_DISK_BYTES {
-            problems.push(FieldError::new("trial.disk", "is less than 16M, the smallest disk"));
-        }
-        if disk_bytes > 0 && self.trial.image.is_empty() {
-            problems.push(FieldError::new(
+        let memory = memory_bytes.unwrap_or(u64::MAX);
+        match kiln_core::capacity::check_disk_and_shm(disk_bytes, shm_bytes, memory, &self.trial.image) {
+            Err(DiskShmProblem::DiskTooSmall) => {
+                problems.push(FieldError::new("trial.disk", "is less than 16M, the smallest disk"));
+            }
+            Err(DiskShmProblem::DiskWithoutImage) => problems.push(FieldError::new(
                 "trial.disk",
                 "needs trial.image: a trial's own disk is a container's",
-            ));
-        }
-        if memory_bytes.is_some_and(|memory| shm_bytes > memory) {
-            problems.push(FieldError::new(
+            )),
+            Err(DiskShmProblem::ShmOverMemory) => problems.push(FieldError::new(
                 "trial.shm",
                 "is more than trial.mem, which /dev/shm counts against",
-            ));
+            )),
+            Ok(()) => {}
         }
         if !(1..=64).contains(&self.trial.nodes) {
             problems.push(FieldError::new("trial.nodes", "must be 1 to 64"));

@@ -16,6 +16,37 @@ pub const MIN_JOB_DISK_BYTES: u64 = 16 << 20;
 /// The most GPUs one job (or one batch worker) may ask for.
 pub const MAX_GPUS: u32 = 16;
 
+/// What is wrong with asking for a disk of its own and shared memory (`--disk`, `--shm`), the
+/// same for jobs, sweeps' trials and batch workers; each caller words it with its own fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiskShmProblem {
+    /// A disk under [`MIN_JOB_DISK_BYTES`].
+    DiskTooSmall,
+    /// A disk without an image: runners make one only for a container (the docker provider).
+    DiskWithoutImage,
+    /// More shared memory than memory, which /dev/shm counts against.
+    ShmOverMemory,
+}
+
+/// Checks a request for a disk and shared memory (0: none asked).
+pub fn check_disk_and_shm(
+    disk_bytes: u64,
+    shm_bytes: u64,
+    memory_bytes: u64,
+    image: &str,
+) -> Result<(), DiskShmProblem> {
+    if disk_bytes > 0 && disk_bytes < MIN_JOB_DISK_BYTES {
+        return Err(DiskShmProblem::DiskTooSmall);
+    }
+    if disk_bytes > 0 && image.is_empty() {
+        return Err(DiskShmProblem::DiskWithoutImage);
+    }
+    if shm_bytes > memory_bytes {
+        return Err(DiskShmProblem::ShmOverMemory);
+    }
+    Ok(())
+}
+
 /// What one runner offers.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct CapacityReport {

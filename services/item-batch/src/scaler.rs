@@ -338,6 +338,8 @@ async fn submit_worker(shared: &Shared, batch: &BatchRecord, spec: &Spec) -> Res
             )
             .unwrap_or(i64::MAX),
             gpus: i32::try_from(spec.gpus).unwrap_or(0),
+            disk_bytes: i64::try_from(spec.disk_bytes).unwrap_or(i64::MAX),
+            shm_bytes: i64::try_from(spec.shm_bytes).unwrap_or(i64::MAX),
             image: spec.image.clone(),
             batch_id: batch.id.clone(),
             market_policy: MarketPolicy::from_proto(pb::Market::try_from(spec.market).unwrap_or_default()),

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use kiln_core::capacity::MAX_GPUS;
+use kiln_core::capacity::{DiskShmProblem, MAX_GPUS, MIN_JOB_DISK_BYTES, check_disk_and_shm};
 use kiln_proto::v1 as pb;
 use serde::{Deserialize, Serialize};
 
@@ -52,6 +52,12 @@ pub struct Spec {
     /// Items a worker runs at once.
     #[serde(default = "one")]
     pub slots: u32,
+    /// A disk of its own per worker, in bytes (0: none).
+    #[serde(default)]
+    pub disk_bytes: u64,
+    /// /dev/shm per worker, in bytes (0: Docker's default).
+    #[serde(default)]
+    pub shm_bytes: u64,
 }
 
 fn one() -> u32 {
@@ -125,6 +131,26 @@ impl Spec {
                 spec.slots
             )));
         }
+        let or = |value: u64, default: u64| if value == 0 { default } else { value };
+        let slots = spec.slots.max(1);
+        let worker_memory = or(spec.memory_mb, DEFAULT_MEMORY_MB)
+            .saturating_mul(1 << 20)
+            .saturating_mul(u64::from(slots));
+        check_disk_and_shm(spec.disk_bytes, spec.shm_bytes, worker_memory, &spec.image).map_err(|problem| {
+            Error::InvalidArgument(match problem {
+                DiskShmProblem::DiskTooSmall => format!(
+                    "disk_bytes is {}; a worker's disk is at least {MIN_JOB_DISK_BYTES} bytes (16 MiB)",
+                    spec.disk_bytes
+                ),
+                DiskShmProblem::DiskWithoutImage => {
+                    "--disk needs an image: runners give a worker its own disk in a container (the docker provider); give --image too".into()
+                }
+                DiskShmProblem::ShmOverMemory => format!(
+                    "shm_bytes ({}) is more than a worker's memory ({worker_memory}: --mem times --slots), which /dev/shm counts against",
+                    spec.shm_bytes
+                ),
+            })
+        })?;
         let retry_rules = Rule::from_protos(&spec.retry_rules)?;
         if pb::Market::try_from(spec.market).is_err() {
             return Err(Error::InvalidArgument(format!(
@@ -132,7 +158,6 @@ impl Spec {
                 spec.market
             )));
         }
-        let or = |value: u64, default: u64| if value == 0 { default } else { value };
         Ok(Spec {
             name: if spec.name.is_empty() {
                 "batch".into()
@@ -170,7 +195,9 @@ impl Spec {
             pool: spec.pool,
             retry_rules,
             gpus: spec.gpus,
-            slots: spec.slots.max(1),
+            slots,
+            disk_bytes: spec.disk_bytes,
+            shm_bytes: spec.shm_bytes,
         })
     }
 
@@ -193,6 +220,8 @@ impl Spec {
             retry_rules: self.retry_rules.iter().map(Rule::to_proto).collect(),
             gpus: self.gpus,
             slots: self.slots,
+            disk_bytes: self.disk_bytes,
+            shm_bytes: self.shm_bytes,
         }
     }
 

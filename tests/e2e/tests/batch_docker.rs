@@ -1,6 +1,7 @@
 //! A batch on the Docker Engine: 10,000 items, 4 worker containers running kiln-agent (the
 //! static build, copied into each container), a shell command that fails 10% of the items on
-//! their first attempt, and one item that always fails.
+//! their first attempt, and one item that always fails (printing the size of its worker's own
+//! disk and /dev/shm, `disk_bytes` and `shm_bytes`).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -31,7 +32,7 @@ async fn ten_thousand_items_on_four_containers_with_retries_and_a_dead_letter() 
         command: [
             "sh",
             "-c",
-            "case {item} in poison) echo poisoned; exit 4;; *3) [ {attempt} -gt 1 ] || exit 1;; esac",
+            "case {item} in poison) df -k /dev/shm /kiln/outputs | tail -n 2; echo poisoned; exit 4;; *3) [ {attempt} -gt 1 ] || exit 1;; esac",
         ]
         .iter()
         .map(|s| s.to_string())
@@ -40,6 +41,9 @@ async fn ten_thousand_items_on_four_containers_with_retries_and_a_dead_letter() 
         memory_mb: 64,
         max_attempts: 3,
         max_workers: 4,
+        // Each worker's own disk and /dev/shm, as a job's `--disk` and `--shm`.
+        disk_bytes: 32 << 20,
+        shm_bytes: 32 << 20,
         ..Default::default()
     };
     let mut client = stack.batches_client().await;
@@ -130,6 +134,21 @@ async fn ten_thousand_items_on_four_containers_with_retries_and_a_dead_letter() 
         .into_inner()
         .lines;
     assert_eq!(logs.iter().filter(|l| l.text == "poisoned").count(), 3, "{logs:?}");
+    // `df -k`: /dev/shm is the 32 MiB asked (32768 KiB blocks; Docker's default is 64 MiB), and
+    // /kiln/outputs is on the worker's own 32 MiB disk, a loop device (busybox's df names one
+    // of its mount points: the disk holds /kiln/outputs and /tmp), not the runner's file system.
+    let blocks = |device: fn(&str) -> bool| -> Vec<u64> {
+        logs.iter()
+            .filter_map(|l| {
+                let fields: Vec<&str> = l.text.split_whitespace().collect();
+                device(fields.first()?).then(|| fields.get(1)?.parse().ok()).flatten()
+            })
+            .collect()
+    };
+    let shm = blocks(|device| device == "shm");
+    assert!(shm.len() == 3 && shm.iter().all(|&b| b == 32768), "{logs:?}");
+    let disk = blocks(|device| device.starts_with("/dev/loop"));
+    assert!(disk.len() == 3 && disk.iter().all(|&b| b <= 32768), "{logs:?}");
     let retried = client
         .list_items(pb::ListItemsRequest {
             batch_id: batch.id.clone(),

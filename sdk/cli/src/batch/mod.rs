@@ -157,6 +157,14 @@ pub struct CreateArgs {
     /// Items a worker runs at once; it asks for --cpu and --mem times this.
     #[arg(long, default_value_t = 1)]
     slots: u32,
+    /// Each worker's own disk, such as 20G: a volume of that size holding /kiln/outputs and
+    /// /tmp, where writing past it fails (needs --image; counted in placement).
+    #[arg(long, value_parser = format::parse_size)]
+    disk: Option<u64>,
+    /// Size of each worker's /dev/shm, such as 1G (Docker's default is 64M); counts against the
+    /// worker's memory (--mem times --slots).
+    #[arg(long, value_parser = format::parse_size)]
+    shm: Option<u64>,
     /// Retry only items exiting with these codes (such as 1,75); other exit codes end an item
     /// at once (a dead letter). Timeouts and out-of-memory kills are still retried.
     #[arg(long, value_delimiter = ',', value_name = "CODES")]
@@ -241,6 +249,8 @@ pub async fn batch(command: BatchCommand) -> Result<ExitCode> {
                 retry_rules,
                 gpus: args.gpus,
                 slots: args.slots,
+                disk_bytes: args.disk.unwrap_or(0),
+                shm_bytes: args.shm.unwrap_or(0),
             };
             let batch = clients
                 .batches

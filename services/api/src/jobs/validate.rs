@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use kiln_core::auth::Principal;
-use kiln_core::capacity::{MAX_GPUS, MIN_JOB_DISK_BYTES};
+use kiln_core::capacity::{DiskShmProblem, MAX_GPUS, MIN_JOB_DISK_BYTES, check_disk_and_shm};
 use kiln_core::scheduling::{MarketPolicy, PRIORITY_CLASSES, priority_class};
 use kiln_core::store::NewJob;
 use kiln_core::subjects;
@@ -214,22 +214,18 @@ pub const MAX_NODES: u32 = 64;
 /// most the memory it counts against.
 pub fn disk_and_shm(resources: &pb::Resources, image: &str) -> Result<(i64, i64)> {
     let disk = resources.disk_bytes;
-    if disk > 0 && disk < MIN_JOB_DISK_BYTES {
-        return Err(Error::InvalidArgument(format!(
-            "resources.disk_bytes is {disk}; a disk is at least {MIN_JOB_DISK_BYTES} bytes (16 MiB)"
-        )));
-    }
-    if disk > 0 && image.is_empty() {
-        return Err(Error::InvalidArgument(
-            "--disk needs an image: runners give a job its own disk in a container (the docker provider); give --image too".into(),
-        ));
-    }
-    if resources.shm_bytes > resources.memory_bytes {
-        return Err(Error::InvalidArgument(format!(
-            "resources.shm_bytes ({}) is more than the memory ({}): /dev/shm counts against the job's memory; ask for more --mem",
-            resources.shm_bytes, resources.memory_bytes
-        )));
-    }
+    check_disk_and_shm(disk, resources.shm_bytes, resources.memory_bytes, image).map_err(|problem| {
+        Error::InvalidArgument(match problem {
+            DiskShmProblem::DiskTooSmall => format!(
+                "resources.disk_bytes is {disk}; a disk is at least {MIN_JOB_DISK_BYTES} bytes (16 MiB)"
+            ),
+            DiskShmProblem::DiskWithoutImage => "--disk needs an image: runners give a job its own disk in a container (the docker provider); give --image too".into(),
+            DiskShmProblem::ShmOverMemory => format!(
+                "resources.shm_bytes ({}) is more than the memory ({}): /dev/shm counts against the job's memory; ask for more --mem",
+                resources.shm_bytes, resources.memory_bytes
+            ),
+        })
+    })?;
     let disk = i64::try_from(disk).map_err(|_| Error::InvalidArgument("resources.disk_bytes is too large".into()))?;
     Ok((disk, i64::try_from(resources.shm_bytes).unwrap_or(i64::MAX)))
 }

@@ -28,6 +28,7 @@ fn any_spec() -> impl Strategy<Value = pb::BatchSpec> {
         ),
         (any::<u32>(), any::<u64>(), any::<u32>(), any::<i32>(), text(8)),
         (any::<u32>(), prop::collection::vec(any_rule(), 0..3), any::<u32>()),
+        (any::<u64>(), any::<u64>()),
     )
         .prop_map(
             |(
@@ -35,6 +36,7 @@ fn any_spec() -> impl Strategy<Value = pb::BatchSpec> {
                 (env, cpu_millis, memory_mb, output_prefix),
                 (max_attempts, item_timeout_secs, max_workers, market, pool),
                 (gpus, retry_rules, slots),
+                (disk_bytes, shm_bytes),
             )| pb::BatchSpec {
                 name,
                 project,
@@ -54,6 +56,8 @@ fn any_spec() -> impl Strategy<Value = pb::BatchSpec> {
                 retry_rules,
                 gpus,
                 slots,
+                disk_bytes,
+                shm_bytes,
             },
         )
 }
@@ -145,6 +149,9 @@ fn valid_spec() -> impl Strategy<Value = pb::BatchSpec> {
                 retry_rules,
                 gpus,
                 slots,
+                // A disk needs an image; none and /dev/shm at Docker's default are always valid.
+                disk_bytes: 0,
+                shm_bytes: 0,
             },
         )
 }
@@ -212,6 +219,14 @@ fn break_field(spec: &mut pb::BatchSpec, which: u8) -> &'static str {
             spec.slots = LARGEST_SLOTS + 1;
             "slots"
         }
+        14 => {
+            (spec.memory_mb, spec.slots, spec.shm_bytes) = (64, 2, 129 << 20);
+            "shm_bytes"
+        }
+        15 => {
+            spec.disk_bytes = 1 << 20;
+            "disk_bytes"
+        }
         _ => {
             spec.output_prefix = "x".repeat(MAX_OUTPUT_PREFIX_BYTES + 1);
             "output_prefix"
@@ -251,7 +266,7 @@ proptest! {
     }
 
     #[test]
-    fn one_bad_field_is_refused_and_named(spec in valid_spec(), which in 0u8..15) {
+    fn one_bad_field_is_refused_and_named(spec in valid_spec(), which in 0u8..17) {
         let mut spec = spec;
         let field = break_field(&mut spec, which);
         let error = Spec::from_proto(Some(spec)).unwrap_err();
