@@ -3,11 +3,9 @@
 import math
 import os
 import pathlib
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 import grpc
@@ -17,42 +15,8 @@ import kiln
 from kiln._run import Run, _endpoints, _target
 from kiln.v1 import job_pb2, job_pb2_grpc, log_pb2, log_pb2_grpc
 
-REPO = pathlib.Path(__file__).resolve().parents[3]
-KILN = os.environ.get("KILN_BIN", str(REPO / "target" / "debug" / "kiln"))
-
-
-@pytest.fixture(scope="module")
-def up():
-    """A `kiln up` on a temp KILN_HOME; the SDK finds it through KILN_HOME."""
-    if not pathlib.Path(KILN).exists():
-        pytest.fail(f"{KILN} does not exist: run the tests through scripts/test.sh, which builds it")
-    home = tempfile.mkdtemp(prefix="kiln-sdk-test-")
-    log = open(pathlib.Path(home) / "up.log", "w")
-    process = subprocess.Popen(
-        [KILN, "up", "--provider", "process", "--api-addr", "127.0.0.1:0", "--logs-addr", "127.0.0.1:0", "--batch-addr", "127.0.0.1:0", "--advisor-addr", "127.0.0.1:0", "--predictor-addr", "127.0.0.1:0", "--predictor-http-addr", "127.0.0.1:0"],
-        env={**os.environ, "KILN_HOME": home, "KILN_LOG": "warn"},
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    credentials = pathlib.Path(home) / "credentials.toml"
-    deadline = time.monotonic() + 60
-    while not credentials.exists():
-        assert process.poll() is None, (pathlib.Path(home) / "up.log").read_text()
-        assert time.monotonic() < deadline, "kiln up did not start"
-        time.sleep(0.05)
-    previous = os.environ.get("KILN_HOME")
-    os.environ["KILN_HOME"] = home
-    for name in ("KILN_ADDR", "KILN_TOKEN", "KILN_LOGS_ADDR", "KILN_JOB_ID"):
-        os.environ.pop(name, None)
-    yield home
-    process.send_signal(signal.SIGINT)
-    process.wait(timeout=30)
-    if previous is None:
-        os.environ.pop("KILN_HOME", None)
-    else:
-        os.environ["KILN_HOME"] = previous
-    log.close()
-    shutil.rmtree(home)
+# `up` (a real `kiln up`) is conftest.py's fixture.
+from conftest import KILN
 
 
 def stubs():

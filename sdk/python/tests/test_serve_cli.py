@@ -13,7 +13,7 @@ import urllib.request
 from kiln._run import tomllib  # tomllib, or tomli below 3.11
 from kiln.v1 import job_pb2
 
-from test_sdk import KILN, stubs, up  # noqa: F401  (up is the module's fixture)
+from test_sdk import KILN, stubs
 
 WORKER = """
 import os

@@ -4,7 +4,6 @@ the read client, and the CLI's tables of runs."""
 import hashlib
 import json
 import os
-import pathlib
 import subprocess
 import sys
 
@@ -16,7 +15,7 @@ from kiln import _run, _track
 from kiln._client import parse_condition
 from kiln.v1 import artifact_pb2, artifact_pb2_grpc, job_pb2
 
-from test_sdk import KILN, series, stubs, up  # noqa: F401  (up is the module's fixture)
+from test_sdk import KILN, series, stubs
 
 
 def cli(*args, check=True):
