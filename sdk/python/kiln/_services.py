@@ -208,6 +208,7 @@ class Services:
                replicas: int = 1, scaling: Scaling | None = None, inputs: Sequence[Union[TensorSpec, str]] = (),
                outputs: Sequence[Union[TensorSpec, str]] = (), cpus: float = 1.0, memory: Size = "1G",
                gpus: int = 0, image: str = "", env: Mapping[str, str] | None = None, market: str = "auto",
+               disk: Size | None = None, shm: Size | None = None,
                workdir: str | os.PathLike[str] | None = ".") -> Service:
         """Makes service `name` serving `models` (`NAME@ALIAS`, `NAME:VERSION`, `NAME`; several
         make an ensemble, combined by `ensemble`: "mean", "weighted-mean", "vote" or "first",
@@ -222,7 +223,8 @@ class Services:
             print(service.url)
         """
         definition = self._definition(project, models, command, ensemble, weights, deadline_ms, quorum, replicas,
-                                      scaling, inputs, outputs, cpus, memory, gpus, image, env, market, workdir)
+                                      scaling, inputs, outputs, cpus, memory, gpus, image, env, market, workdir,
+                                      disk, shm)
         request = serve_pb2.CreateServiceRequest(name=name, project=project, definition=definition)
         with translated():
             return _service(self._stubs().serve.CreateService(request, metadata=self._metadata, timeout=60))
@@ -239,6 +241,7 @@ class Services:
                scaling: Scaling | None = None, inputs: Sequence[Union[TensorSpec, str]] = (),
                outputs: Sequence[Union[TensorSpec, str]] = (), cpus: float = 1.0, memory: Size = "1G",
                gpus: int = 0, image: str = "", env: Mapping[str, str] | None = None, market: str = "auto",
+               disk: Size | None = None, shm: Size | None = None,
                workdir: str | os.PathLike[str] | None = ".") -> Service:
         """With `models` and `command`: a new revision (made as `create` makes the first), rolled
         to once its workers are ready, or tried beside the serving one: `traffic` percent of
@@ -258,7 +261,8 @@ class Services:
             # The code goes to the service's project.
             home = self.get(name, project=project).project
             definition = self._definition(home, models, command, ensemble, weights, deadline_ms, quorum, replicas,
-                                          scaling, inputs, outputs, cpus, memory, gpus, image, env, market, workdir)
+                                          scaling, inputs, outputs, cpus, memory, gpus, image, env, market, workdir,
+                                          disk, shm)
         elif traffic is None and not shadow:
             raise ValueError("kiln: give the new revision (models and command), or traffic / shadow for the one "
                              "being tried")
@@ -326,7 +330,8 @@ class Services:
                     scaling: Scaling | None, inputs: Sequence[Union[TensorSpec, str]],
                     outputs: Sequence[Union[TensorSpec, str]], cpus: float, memory: Size, gpus: int, image: str,
                     env: Mapping[str, str] | None, market: str,
-                    workdir: str | os.PathLike[str] | None) -> serve_pb2.ServiceDefinition:
+                    workdir: str | os.PathLike[str] | None, disk: Size | None = None,
+                    shm: Size | None = None) -> serve_pb2.ServiceDefinition:
         """A revision's definition, checked as `kiln serve create` checks its flags; the code
         uploaded to `project`."""
         if isinstance(models, str):
@@ -349,7 +354,11 @@ class Services:
             raise ValueError(f"kiln: cpus is {cpus}; give a number of cores such as 2 or 0.5")
         worker = job_pb2.JobSpec(
             command=list(command), env=dict(env or {}), image=image, gpus=gpus, market=_MARKETS[market],
-            resources=job_pb2.Resources(cpu_millis=_round(cpus * 1000), memory_bytes=_parse_size(memory, "memory")),
+            resources=job_pb2.Resources(
+                cpu_millis=_round(cpus * 1000), memory_bytes=_parse_size(memory, "memory"),
+                disk_bytes=0 if disk is None else _parse_size(disk, "disk"),
+                shm_bytes=0 if shm is None else _parse_size(shm, "shm"),
+            ),
         )
         if workdir is not None:
             with translated():

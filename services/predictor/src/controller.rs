@@ -309,6 +309,8 @@ async fn submit(shared: &Shared, record: &ServiceRecord, revision: &Revision, me
             env,
             cpu_millis: worker.cpu_millis,
             memory_bytes: worker.memory_bytes,
+            disk_bytes: worker.disk_bytes,
+            shm_bytes: worker.shm_bytes,
             code_digest: worker.code_digest.clone(),
             image: worker.image.clone(),
             gpus: worker.gpus,

@@ -244,6 +244,8 @@ impl ServeApi {
                 image: worker.image,
                 cpu_millis: i64::from(resources.cpu_millis),
                 memory_bytes: i64::try_from(resources.memory_bytes).unwrap_or(i64::MAX),
+                disk_bytes: i64::try_from(resources.disk_bytes).unwrap_or(i64::MAX),
+                shm_bytes: i64::try_from(resources.shm_bytes).unwrap_or(i64::MAX),
                 gpus: i32::try_from(worker.gpus).unwrap_or(i32::MAX),
                 code_digest: worker.code_digest,
                 market: MarketPolicy::from_proto(pb::Market::try_from(worker.market).unwrap_or_default())
@@ -452,7 +454,8 @@ fn definition_of(revision: &Revision, replicas: i32) -> pb::ServiceDefinition {
             resources: Some(pb::Resources {
                 cpu_millis: u32::try_from(worker.cpu_millis).unwrap_or(0),
                 memory_bytes: u64::try_from(worker.memory_bytes).unwrap_or(0),
-                ..Default::default()
+                disk_bytes: u64::try_from(worker.disk_bytes).unwrap_or(0),
+                shm_bytes: u64::try_from(worker.shm_bytes).unwrap_or(0),
             }),
             code_digest: worker.code_digest.clone(),
             image: worker.image.clone(),

@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 
+use kiln_core::capacity::{DiskShmProblem, MIN_JOB_DISK_BYTES, check_disk_and_shm};
 use kiln_core::serving::{Ensemble, Member, ServiceSpec, TensorSpec, check_name};
 use serde::{Deserialize, Serialize};
 
@@ -41,6 +42,9 @@ pub struct WorkerSpec {
     pub image: String,
     pub cpu_millis: i64,
     pub memory_bytes: i64,
+    /// A disk of its own per worker and its /dev/shm, in bytes (0: none, Docker's default).
+    pub disk_bytes: i64,
+    pub shm_bytes: i64,
     pub gpus: i32,
     pub code_digest: String,
     /// `auto`, `spot` or `on-demand` ([`kiln_core::scheduling::MarketPolicy`]).
@@ -98,6 +102,21 @@ impl Revision {
         }
         if self.worker.cpu_millis <= 0 || self.worker.memory_bytes <= 0 {
             problems.push("worker.resources: give CPU and memory per worker (--cpu, --mem)".into());
+        }
+        let bytes = |value: i64| u64::try_from(value).unwrap_or(0);
+        let (disk, shm) = (self.worker.disk_bytes, self.worker.shm_bytes);
+        match check_disk_and_shm(bytes(disk), bytes(shm), bytes(self.worker.memory_bytes), &self.worker.image) {
+            Err(DiskShmProblem::DiskTooSmall) => problems.push(format!(
+                "worker.resources.disk_bytes is {disk}; a worker's disk is at least {MIN_JOB_DISK_BYTES} bytes (16 MiB)"
+            )),
+            Err(DiskShmProblem::DiskWithoutImage) => problems.push(
+                "worker.resources.disk_bytes: --disk needs an image (a worker's own disk is a container's); give --image too"
+                    .into(),
+            ),
+            Err(DiskShmProblem::ShmOverMemory) => problems.push(format!(
+                "worker.resources.shm_bytes ({shm}) is more than the worker's memory, which /dev/shm counts against"
+            )),
+            Ok(()) => {}
         }
         for (at, tensor) in self.inputs.iter().chain(&self.outputs).enumerate() {
             if kiln_formats::oip::DataType::parse(&tensor.datatype).is_none() {
@@ -216,6 +235,47 @@ mod tests {
         );
         assert!(ModelRef::parse("other:x").unwrap_err().contains("positive number"));
         assert!(ModelRef::parse("other:0").is_err());
+    }
+
+    /// A worker's disk and /dev/shm are checked as a job's are, each problem naming its field.
+    #[test]
+    fn a_workers_disk_and_shm_are_checked() {
+        let revision = |disk_bytes: i64, shm_bytes: i64, image: &str| Revision {
+            revision: 1,
+            members: vec![RevisionMember {
+                name: "digits".into(),
+                asked: "digits".into(),
+                model: "digits".into(),
+                version: 1,
+                weight: 1.0,
+            }],
+            ensemble: Ensemble::Mean,
+            deadline_ms: DEFAULT_DEADLINE_MS,
+            quorum: 1,
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            worker: WorkerSpec {
+                command: vec!["python".into(), "serve.py".into()],
+                cpu_millis: 1000,
+                memory_bytes: 256 << 20,
+                disk_bytes,
+                shm_bytes,
+                image: image.into(),
+                ..WorkerSpec::default()
+            },
+        };
+        assert_eq!(
+            revision(1 << 30, 128 << 20, "python:3.12").problems("digits"),
+            Vec::<String>::new()
+        );
+        for (disk, shm, image, field) in [
+            (1 << 20, 0, "python:3.12", "disk_bytes is 1048576"),
+            (1 << 30, 0, "", "--disk needs an image"),
+            (0, 512 << 20, "", "shm_bytes (536870912) is more than"),
+        ] {
+            let problems = revision(disk, shm, image).problems("digits");
+            assert!(problems.iter().any(|p| p.contains(field)), "{field}: {problems:?}");
+        }
     }
 
     #[test]

@@ -40,6 +40,13 @@ async fn a_worker_in_a_container_is_reached_through_its_published_port() {
     let mut worker = spec(&["sh", "-c", "exec nc -ll -p \"$KILN_SERVE_PORT\" -e sh handler.sh"]);
     worker.image = test_image();
     worker.code_digest = code_digest;
+    // Its own disk and /dev/shm, as a job's `--disk` and `--shm` (`kiln serve create --disk --shm`).
+    worker.resources = Some(pb::Resources {
+        cpu_millis: 500,
+        memory_bytes: 64 << 20,
+        disk_bytes: 32 << 20,
+        shm_bytes: 32 << 20,
+    });
     serve
         .create_service(pb::CreateServiceRequest {
             name: "scale".into(),
@@ -75,6 +82,18 @@ async fn a_worker_in_a_container_is_reached_through_its_published_port() {
     let engine = docker().await;
     let (containers, _) = labelled(&engine, LABEL_RUNNER, &runner_id).await;
     assert_eq!(containers.len(), 1, "one worker container: {containers:?}");
+    let inspected = engine.inspect_container(&containers[0], None).await.unwrap();
+    assert_eq!(inspected.host_config.and_then(|h| h.shm_size), Some(32 << 20));
+    let outputs = inspected
+        .mounts
+        .unwrap_or_default()
+        .into_iter()
+        .find(|mount| mount.destination.as_deref() == Some("/kiln/outputs"))
+        .and_then(|mount| mount.source);
+    assert!(
+        outputs.as_deref().is_some_and(|source| source.contains("/disks/")),
+        "/kiln/outputs is not on the worker's own disk: {outputs:?}"
+    );
     let service = serve
         .get_service(pb::GetServiceRequest {
             project: Default::default(),

@@ -51,6 +51,12 @@ pub struct DefinitionArgs {
     /// Memory per worker, such as 512M or 4G.
     #[arg(long, default_value = "1G", value_parser = format::parse_size)]
     pub mem: u64,
+    /// Each worker's own disk, such as 20G (needs --image), as `kiln run --disk`.
+    #[arg(long, value_parser = format::parse_size)]
+    pub disk: Option<u64>,
+    /// Size of each worker's /dev/shm, such as 1G (Docker's default is 64M); counts against --mem.
+    #[arg(long, value_parser = format::parse_size)]
+    pub shm: Option<u64>,
     /// GPUs per worker.
     #[arg(long, default_value_t = 0)]
     pub gpus: u32,
@@ -123,7 +129,8 @@ pub(super) async fn definition_of(
             resources: Some(pb::Resources {
                 cpu_millis: args.cpu,
                 memory_bytes: args.mem,
-                ..Default::default()
+                disk_bytes: args.disk.unwrap_or(0),
+                shm_bytes: args.shm.unwrap_or(0),
             }),
             code_digest,
             image: args.image.unwrap_or_default(),
