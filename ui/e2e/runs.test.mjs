@@ -76,6 +76,21 @@ describe('runs', () => {
     assert.deepEqual(page.errors, []);
   });
 
+  it('takes a gang job\'s nodes over the HTTP API, and refuses too many', async () => {
+    // The gang itself runs in the e2e tests (tests/e2e/tests/gang.rs): this `kiln up` runs as
+    // root, whose process jobs are isolated from one another, so its runner refuses gangs.
+    const resources = { cpuMillis: 100, memoryBytes: String(64 << 20) };
+    const { job } = await kiln.call('JobService', 'SubmitJob', {
+      spec: { name: 'gang', command: ['true'], resources, nodes: 2 },
+      idempotencyKey: `http-gang-${Date.now()}`,
+    });
+    assert.equal(job.spec.nodes, 2);
+    assert.equal((await kiln.call('JobService', 'GetJob', { jobId: job.id })).spec.nodes, 2);
+    const refused = await kiln.api('JobService', 'SubmitJob', { spec: { command: ['true'], resources, nodes: 65 } });
+    assert.equal(refused.status, 400, JSON.stringify(refused.body));
+    assert.match(refused.body.message, /nodes/);
+  });
+
   it('follows a run\'s logs live, in colour', async () => {
     const page = await newPage(browser);
     await login(page, kiln);
