@@ -139,6 +139,29 @@ fn an_admin_onboards_a_user_who_then_works_in_their_project_only() {
     assert_eq!(misrouted.status.code(), Some(1));
     let lines = text(&misrouted.stdout);
     assert!(lines.contains("\"api\" answers there, not item-batch"), "{lines}");
+    // Two api replicas in KILN_ADDR, the first one down: commands use the second, and
+    // `kiln doctor` gives each replica its line (exit 1: one is unreachable).
+    let replicas = format!("http://127.0.0.1:9,{api}");
+    let two = |args: &[&str]| {
+        Command::new(KILN)
+            .args(args)
+            .env("KILN_HOME", bare.path())
+            .env("KILN_ADDR", &replicas)
+            .env("KILN_TOKEN", &ada)
+            .output()
+            .unwrap()
+    };
+    ok(two(&["batch", "ls"]));
+    let checked = two(&["doctor"]);
+    assert_eq!(checked.status.code(), Some(1));
+    let lines = text(&checked.stdout);
+    let api_lines: Vec<&str> = lines.lines().filter(|line| line.starts_with("api ")).collect();
+    assert_eq!(api_lines.len(), 2, "{lines}");
+    assert!(
+        api_lines[0].contains("127.0.0.1:9") && api_lines[0].contains("unreachable"),
+        "{lines}"
+    );
+    assert!(api_lines[1].contains("ok: api"), "{lines}");
 
     // Disabled: every command of hers is refused.
     ok(up.kiln(&["user", "disable", "ada"]));
