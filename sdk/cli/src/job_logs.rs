@@ -80,7 +80,12 @@ pub async fn log_lines(
         None => {
             clients
                 .logs
-                .get_logs(pb::GetLogsRequest { job_id, follow, node })
+                .get_logs(pb::GetLogsRequest {
+                    job_id,
+                    follow,
+                    node,
+                    after_seq: 0,
+                })
                 .await?
         }
         Some(lines) => {

@@ -100,6 +100,7 @@ async fn node_lines(stack: &Stack, job_id: &str, rank: u32) -> Vec<String> {
         job_id: job_id.into(),
         follow: false,
         node: rank,
+        ..Default::default()
     };
     let mut lines = stack.logs_client().await.get_logs(request).await.unwrap().into_inner();
     let mut texts = Vec::new();

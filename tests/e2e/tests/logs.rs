@@ -1,5 +1,6 @@
-//! WriteLogs and TailLogs: lines written by a job's own code join its log, once; the tail of a
-//! log comes back in order.
+//! WriteLogs, TailLogs and GetLogs resumed: lines written by a job's own code join its log,
+//! once; the tail of a log comes back in order, and a log resumed after a line sends only what
+//! follows it.
 
 use std::time::Duration;
 
@@ -166,6 +167,27 @@ async fn tail_gives_the_last_lines_then_follows_to_the_end() {
     assert_eq!(tail(&stack, &job.id, 2).await, ["line 200", "last"]);
     assert_eq!(tail(&stack, &job.id, 0).await.len(), 10, "0 means 10 lines");
     assert_eq!(tail(&stack, &job.id, 1000).await.len(), 201);
+    // GetLogs resumed after a line (its seq, as an SSE reader's Last-Event-ID): only the lines
+    // after it, which log-ingest starts at rather than sending the log again.
+    let lines = stack.log_lines(&job.id, false).await;
+    assert_eq!(lines.len(), 201);
+    let seen = lines.iter().find(|l| l.text == "line 150").expect("line 150").seq;
+    let mut resumed = stack
+        .logs_client()
+        .await
+        .get_logs(pb::GetLogsRequest {
+            job_id: job.id.clone(),
+            after_seq: seen,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut after = Vec::new();
+    while let Some(line) = resumed.next().await {
+        after.push(line.unwrap().text);
+    }
+    assert_eq!(after, all[150..], "the lines after line 150, in order");
     let status = stack
         .logs_client()
         .await

@@ -152,12 +152,17 @@ async fn stream(
         .get("last-event-id")
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.trim().parse::<u64>().ok());
+    // A log resumed: log-ingest starts after the line seen instead of sending the log again.
+    let request = match seen {
+        Some(seen) if method == "GetLogs" => resumed_after(&query.request, seen),
+        _ => query.request.clone(),
+    };
     let started = async {
         let token = session::token(&headers)?;
         gateway
             .transcoder
             .call(&service, &method, Shape::ServerStreaming)?
-            .server_streaming(&token, query.request.as_bytes())
+            .server_streaming(&token, request.as_bytes())
             .await
     };
     let answers = match started.await {
@@ -189,6 +194,18 @@ async fn stream(
     Sse::new(events)
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
         .into_response()
+}
+
+/// A GetLogs request (JSON) with `afterSeq` set to the last line seen; one that is not a JSON
+/// object goes as it is (the call refuses it).
+fn resumed_after(request: &str, seen: u64) -> String {
+    match serde_json::from_str::<serde_json::Value>(request) {
+        Ok(serde_json::Value::Object(mut fields)) => {
+            fields.insert("afterSeq".into(), serde_json::Value::String(seen.to_string()));
+            serde_json::Value::Object(fields).to_string()
+        }
+        _ => request.to_string(),
+    }
 }
 
 async fn no_such_call() -> Response {
@@ -231,4 +248,20 @@ fn error_body(status: &Status) -> Vec<u8> {
         out
     });
     serde_json::to_vec(&serde_json::json!({ "code": snake, "message": status.message() })).expect("plain JSON")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resumed_after;
+
+    #[test]
+    fn a_resumed_log_asks_for_the_lines_after_the_one_seen() {
+        let request: serde_json::Value =
+            serde_json::from_str(&resumed_after(r#"{"jobId":"j1","follow":true,"afterSeq":"3"}"#, 42)).unwrap();
+        assert_eq!(
+            request,
+            serde_json::json!({"jobId": "j1", "follow": true, "afterSeq": "42"})
+        );
+        assert_eq!(resumed_after("not json", 42), "not json");
+    }
 }

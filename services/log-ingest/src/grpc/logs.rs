@@ -40,6 +40,26 @@ impl LogsApi {
     /// Streams the lines of `log_id` (a job's, or a gang node's: see
     /// [`kiln_core::subjects::node_log_id`]) of job `job_id` after `from`, from a task of their
     /// own.
+    /// Where a reader resuming after `after_seq` (the last line it showed) starts: before the
+    /// first line, in (attempt, seq) order, whose seq is above it. Stream sequences grow from
+    /// one attempt to the next, so these are the lines after the one shown, found with a read of
+    /// one line per attempt rather than by reading the log again from its start.
+    pub(super) async fn resume_cursor(&self, log_id: &str, after_seq: u64) -> Result<Cursor, Status> {
+        let seq = i64::try_from(after_seq).unwrap_or(i64::MAX);
+        let mut attempt = 0;
+        loop {
+            let probe = Cursor { attempt, seq };
+            let next = self.logs.read(log_id, probe, 1).await.map_err(Status::from)?;
+            match next.first() {
+                // Nothing after it yet: a follower waits from here.
+                None => return Ok(probe),
+                Some(line) if line.attempt == attempt => return Ok(probe),
+                // This attempt has no line above `seq`: look in the next one that has lines.
+                Some(line) => attempt = line.attempt,
+            }
+        }
+    }
+
     pub(super) fn spawn_lines(&self, log_id: String, job_id: String, from: Cursor, follow: bool) -> LineStream {
         let (tx, rx) = mpsc::channel(256);
         let api = self.clone();

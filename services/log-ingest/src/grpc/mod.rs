@@ -141,12 +141,11 @@ impl LogService for LogsApi {
         let request = request.into_inner();
         let job_id = self.visible_job(&caller, &request.job_id).await?.id;
         let log_id = kiln_core::subjects::node_log_id(&job_id, request.node);
-        Ok(Response::new(self.spawn_lines(
-            log_id,
-            job_id,
-            Cursor::default(),
-            request.follow,
-        )))
+        let from = match request.after_seq {
+            0 => Cursor::default(),
+            seq => self.resume_cursor(&log_id, seq).await?,
+        };
+        Ok(Response::new(self.spawn_lines(log_id, job_id, from, request.follow)))
     }
 
     #[tracing::instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
