@@ -23,10 +23,12 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Collection, Iterator, Mapping, Sequence, Union
 
+import grpc
+
 from kiln.v1 import artifact_pb2, job_pb2, log_pb2
 
 from ._client import RunInfo, _run
-from ._errors import retried, translated
+from ._errors import from_rpc, retried, translated
 from ._pack import upload_code
 
 if TYPE_CHECKING:
@@ -39,6 +41,8 @@ _MARKETS = {"auto": job_pb2.MARKET_UNSPECIFIED, "spot": job_pb2.MARKET_SPOT, "on
 _STREAMS = {log_pb2.LOG_STREAM_STDOUT: "stdout", log_pb2.LOG_STREAM_STDERR: "stderr"}
 # The most jobs ListJobs answers with at once.
 _LIST_MAX = 10_000
+# A follow that lost its log-ingest tries again with doubling waits up to this one.
+_FOLLOW_RETRY_LIMIT = 6.4
 
 Size = Union[int, str]
 """Bytes, or a size as the CLI reads it: "512M", "4G", "1.5GiB"."""
@@ -230,18 +234,32 @@ class Jobs:
                 print(line.text)
         """
         logs = self._stubs().logs
-        if tail is None:
-            call = logs.GetLogs(log_pb2.GetLogsRequest(job_id=job_id, follow=follow, node=node), metadata=self._metadata)
-        else:
-            request = log_pb2.TailLogsRequest(job_id=job_id, lines=tail, follow=follow, node=node)
-            call = logs.TailLogs(request, metadata=self._metadata)
-        try:
-            with translated():
+        seen = 0  # the seq of the last line given: a follow that lost its server resumes after it
+        delay = 0.2
+        while True:
+            if tail is None or seen:
+                request = log_pb2.GetLogsRequest(job_id=job_id, follow=follow, node=node, after_seq=seen)
+                call = logs.GetLogs(request, metadata=self._metadata)
+            else:
+                call = logs.TailLogs(log_pb2.TailLogsRequest(job_id=job_id, lines=tail, follow=follow, node=node),
+                                     metadata=self._metadata)
+            try:
                 for line in call:
-                    yield LogLine(text=line.text, stream=_STREAMS.get(line.stream, ""), timestamp_ms=line.timestamp_ms,
-                                  attempt=line.attempt)
-        finally:
-            call.cancel()
+                    seen = line.seq
+                    delay = 0.2
+                    yield LogLine(text=line.text, stream=_STREAMS.get(line.stream, ""),
+                                  timestamp_ms=line.timestamp_ms, attempt=line.attempt)
+                return
+            except grpc.RpcError as error:
+                # A follow whose log-ingest went away (a replica lost: the channel moves to the
+                # next) goes on after the last line given, for up to about 10 s of retries.
+                failure = from_rpc(error)
+                if not follow or failure.code != grpc.StatusCode.UNAVAILABLE or delay > _FOLLOW_RETRY_LIMIT:
+                    raise failure from error
+            finally:
+                call.cancel()
+            time.sleep(delay)
+            delay *= 2
 
     def stop(self, job_id: str) -> Job:
         """Stops the job: a queued one at once, a running one with SIGTERM, the grace period,

@@ -1,9 +1,9 @@
-"""`KILN_ADDR` listing several api replicas: the SDK talks to the first that answers and, when
-it goes away, to the next, keeping a submit's idempotency key. The replicas here are two TCP
+"""`KILN_ADDR` (and `KILN_LOGS_ADDR`) listing several replicas: the SDK talks to the first that
+answers and, when it goes away, to the next, keeping a submit's idempotency key, and a log
+followed through it goes on after the last line shown. The replicas here are two TCP
 proxies in front of one `kiln up` api; closing a proxy (its listener and every connection) is
 a replica dying as the client sees it."""
 
-import os
 import pathlib
 import socket
 import threading
@@ -106,3 +106,24 @@ def test_a_client_given_two_api_replicas_outlives_the_first(replicas, monkeypatc
     with pytest.raises(kiln.KilnError) as refused:
         kiln.Client().jobs.list()
     assert refused.value.code.name == "UNAVAILABLE"
+
+
+def test_a_follow_outlives_its_log_ingest_replica_without_a_line_lost_or_twice(up, monkeypatch):
+    credentials = tomllib.loads((pathlib.Path(up) / "credentials.toml").read_text())
+    logs = credentials["logs"].split("://", 1)[-1]
+    first, second = Replica(logs), Replica(logs)
+    monkeypatch.setenv("KILN_LOGS_ADDR", f"{first.url},{second.url}")
+    try:
+        client = kiln.Client()
+        script = 'i=0; while [ $i -lt 40 ]; do echo "line $i"; i=$((i+1)); sleep 0.1; done'
+        job = client.jobs.submit(["sh", "-c", script], workdir=None, cpus=0.1, memory="64M")
+        shown = []
+        for line in client.jobs.logs(job.id, follow=True):
+            shown.append(line.text)
+            if len(shown) == 10:
+                first.die()  # mid-follow: the stream breaks, the follow goes on through the second
+        assert shown == [f"line {i}" for i in range(40)]
+        assert second.connections >= 1, "the follow moved to the second replica"
+    finally:
+        first.die()
+        second.die()
