@@ -5,17 +5,12 @@
 //! else the system roots, and present `--client-cert`/`--client-key` (`KILN_CLIENT_CERT`,
 //! `KILN_CLIENT_KEY`, `cert-file`/`key-file`) to servers that require a client certificate.
 
-use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::task::Poll;
+use std::sync::OnceLock;
 
 use anyhow::{Context, Result, bail};
 use kiln_core::auth::BearerInterceptor;
 use kiln_core::tls::ClientTlsConfig;
-use kiln_formats::error::with_sources;
 use kiln_proto::v1 as pb;
 use kiln_proto::v1::artifact_service_client::ArtifactServiceClient;
 use kiln_proto::v1::batch_log_service_client::BatchLogServiceClient;
@@ -33,9 +28,13 @@ use kiln_proto::v1::serve_service_client::ServeServiceClient;
 use kiln_proto::v1::sweep_service_client::SweepServiceClient;
 use kiln_proto::v1::user_service_client::UserServiceClient;
 use serde::{Deserialize, Serialize};
-use tonic::codegen::http;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::Channel;
+
+mod replicas;
+
+pub(crate) use replicas::channel;
+use replicas::lazy_channel;
+pub use replicas::{Replicas, replica_urls, while_unavailable};
 
 /// The file `kiln up` writes for clients.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -330,138 +329,6 @@ pub struct Clients {
     pub node: NodeServiceClient<Authed>,
     pub secrets: SecretServiceClient<Authed>,
     pub models: ModelServiceClient<Authed>,
-}
-
-/// The replicas of a service, one at a time: `KILN_ADDR` (and a discovered address) may list
-/// several, comma-separated. Calls go to the one that answered last; a call that cannot reach
-/// it (refused, reset, timed out) fails as Unavailable and moves later calls to the next, so a
-/// command that tries again (a submit, with the same idempotency key) reaches a live replica
-/// without a load balancer in front.
-#[derive(Clone)]
-pub struct Replicas {
-    channels: Arc<[Channel]>,
-    current: Arc<AtomicUsize>,
-}
-
-impl tonic::codegen::Service<http::Request<tonic::body::Body>> for Replicas {
-    type Response = http::Response<tonic::body::Body>;
-    type Error = tonic::transport::Error;
-    type Future = Pin<Box<dyn Future<Output = std::result::Result<Self::Response, Self::Error>> + Send>>;
-
-    /// Ready at once: the call waits for the replica it goes to.
-    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> Poll<std::result::Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
-        let index = self.current.load(Ordering::Relaxed);
-        let mut channel = self.channels[index].clone();
-        let (current, count) = (self.current.clone(), self.channels.len());
-        Box::pin(async move {
-            let answer = match std::future::poll_fn(|cx| channel.poll_ready(cx)).await {
-                Ok(()) => channel.call(request).await,
-                Err(error) => Err(error),
-            };
-            if answer.is_err() {
-                // Only the first call to find this replica gone moves on.
-                let _ = current.compare_exchange(index, (index + 1) % count, Ordering::Relaxed, Ordering::Relaxed);
-            }
-            answer
-        })
-    }
-}
-
-/// A call tried again while its service is unavailable (a replica that went away: the next
-/// call goes to the next replica), with doubling waits up to 10 s. Only for calls that are
-/// safe to repeat: reads, and writes with an idempotency key.
-pub async fn while_unavailable<T>(
-    mut call: impl AsyncFnMut() -> std::result::Result<T, tonic::Status>,
-) -> std::result::Result<T, tonic::Status> {
-    let mut delay = std::time::Duration::from_millis(200);
-    loop {
-        match call().await {
-            Err(status) if status.code() == tonic::Code::Unavailable && delay < WHILE_UNAVAILABLE_LIMIT => {
-                eprintln!("kiln: unavailable ({}); trying again", status.message());
-                tokio::time::sleep(delay).await;
-                delay *= 2;
-            }
-            answer => return answer,
-        }
-    }
-}
-
-/// The longest wait of [`while_unavailable`].
-const WHILE_UNAVAILABLE_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// The addresses of a comma-separated list, each as a URL.
-pub fn replica_urls(addrs: &str) -> Vec<String> {
-    addrs
-        .split(',')
-        .map(str::trim)
-        .filter(|addr| !addr.is_empty())
-        .map(normalize)
-        .collect()
-}
-
-/// Connects to the first of `addrs` (comma-separated) that answers; the others are connected
-/// when calls move to them (see [`Replicas`]).
-pub(crate) async fn channel(addrs: &str, tls: &ClientTlsConfig) -> Result<Replicas> {
-    let urls = replica_urls(addrs);
-    let Some(first) = urls.first() else {
-        bail!("no address given (an empty KILN_ADDR or service address)");
-    };
-    let hint = if first.starts_with("https://") {
-        "is kiln running there, and does --ca-file (KILN_CA_FILE) name the CA of its certificate?"
-    } else {
-        "is `kiln up` running? (an https:// server refuses http:// clients)"
-    };
-    let endpoints = urls
-        .iter()
-        .map(|url| Ok(kiln_core::tls::endpoint(url, tls)?.connect_timeout(std::time::Duration::from_secs(5))))
-        .collect::<Result<Vec<_>>>()?;
-    let mut failures = Vec::new();
-    for (index, endpoint) in endpoints.iter().enumerate() {
-        match endpoint.connect().await {
-            Ok(connected) => {
-                let channels = endpoints
-                    .iter()
-                    .enumerate()
-                    .map(|(other, endpoint)| {
-                        if other == index {
-                            connected.clone()
-                        } else {
-                            endpoint.connect_lazy()
-                        }
-                    })
-                    .collect();
-                return Ok(Replicas {
-                    channels,
-                    current: Arc::new(AtomicUsize::new(index)),
-                });
-            }
-            Err(error) => failures.push(format!("{} ({})", urls[index], with_sources(&error))),
-        }
-    }
-    bail!("cannot reach kiln at {}; {hint}", failures.join(", "))
-}
-
-/// A service's replicas connected on first use (a service a command does not call may be down).
-fn lazy_channel(addrs: &str, tls: &ClientTlsConfig) -> Result<Replicas> {
-    let channels = replica_urls(addrs)
-        .iter()
-        .map(|url| {
-            Ok(kiln_core::tls::endpoint(url, tls)?
-                .connect_timeout(std::time::Duration::from_secs(5))
-                .connect_lazy())
-        })
-        .collect::<Result<Vec<_>>>()?;
-    if channels.is_empty() {
-        bail!("no address given for a service");
-    }
-    Ok(Replicas {
-        channels: channels.into(),
-        current: Arc::new(AtomicUsize::new(0)),
-    })
 }
 
 pub async fn connect(credentials: &Credentials) -> Result<Clients> {
