@@ -20,6 +20,7 @@ else:  # the same parser, from PyPI (a dependency below 3.11)
 
 from kiln.v1 import job_pb2, job_pb2_grpc, log_pb2, log_pb2_grpc
 
+from ._address import _host, _is_loopback, _replica_target, _replicas, _target, _url
 from ._sweep import trial_knobs
 
 _STOP = object()
@@ -51,28 +52,6 @@ def _endpoints() -> tuple[str, str, str]:
 _VARIABLES = {"logs": "KILN_LOGS_ADDR", "batches": "KILN_BATCH_ADDR", "advisor": "KILN_ADVISOR_ADDR",
               "predictor": "KILN_PREDICTOR_ADDR", "ui": "KILN_UI_ADDR"}
 _discovered: dict = {}
-
-
-def _url(address: str) -> str:
-    return address if "://" in address else f"http://{address}"
-
-
-def _host(url: str) -> str:
-    authority = url.split("://", 1)[-1].split("/", 1)[0]
-    if authority.startswith("["):
-        return authority[1:].split("]", 1)[0]
-    return authority.rsplit(":", 1)[0] if ":" in authority else authority
-
-
-def _is_loopback(host: str) -> bool:
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _service_address(service: str, api: str, token: str) -> str:
@@ -110,48 +89,6 @@ def _service_address(service: str, api: str, token: str) -> str:
         return one.replace(host, api_host, 1) if _is_loopback(host) and not _is_loopback(api_host) else one
 
     return ",".join(reachable(one) for one in found.split(","))
-
-
-def _replicas(address: str) -> list[str]:
-    """The URLs of an address that may list several replicas, comma-separated (as KILN_ADDR may)."""
-    return [_url(one.strip()) for one in address.split(",") if one.strip()]
-
-
-def _replica_target(urls: list[str], options: list) -> str:
-    """One gRPC target naming every replica: their addresses resolved now, in the order given,
-    under the `pick_first` policy, which connects to the first that answers and, when that
-    connection is lost, to the next that does; so a client outlives the replica it talked to
-    (a call in flight then fails UNAVAILABLE, and one retried with its idempotency key reaches
-    the next). With TLS every replica's certificate must name the first one's host."""
-    import socket
-
-    families = set()
-    addresses = []
-    for url in urls:
-        authority = url.split("://", 1)[-1].split("/", 1)[0]
-        host = _host(url)
-        port = authority.rsplit(":", 1)[-1] if not authority.endswith("]") and ":" in authority else (
-            "443" if url.startswith("https://") else "80")
-        try:
-            family, _, _, _, sockaddr = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)[0]
-        except (OSError, ValueError) as error:
-            raise RuntimeError(f"kiln: cannot resolve the replica {url}: {error}") from error
-        families.add(family)
-        addresses.append(f"[{sockaddr[0]}]:{sockaddr[1]}" if family == socket.AF_INET6 else f"{sockaddr[0]}:{sockaddr[1]}")
-    if len(families) > 1:
-        raise RuntimeError(f"kiln: the replicas {', '.join(urls)} mix IPv4 and IPv6 addresses; name them all by one family")
-    options.append(("grpc.lb_policy_name", "pick_first"))
-    # The :authority of every call is the first replica's (a target of several addresses has
-    # none a server would take).
-    options.append(("grpc.default_authority", _target(urls[0])))
-    if urls[0].startswith("https://"):
-        options.append(("grpc.ssl_target_name_override", _host(urls[0])))
-    scheme = "ipv6" if families == {socket.AF_INET6} else "ipv4"
-    return f"{scheme}:{','.join(addresses)}"
-
-
-def _target(address: str) -> str:
-    return address.split("://", 1)[-1]
 
 
 def _pem(text_variable: str, file_variable: str, credentials_key: str) -> bytes | None:
