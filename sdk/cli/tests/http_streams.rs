@@ -8,8 +8,8 @@ use serde_json::{Value, json};
 
 mod common;
 
-use common::Up;
 use common::http::{Auth, client, json_of, rpc, succeeded_job};
+use common::{Up, last_line, text};
 
 /// The `data:` lines of a finished SSE body and the ids before them.
 fn events(body: &str) -> Vec<(Option<String>, String, String)> {
@@ -241,4 +241,77 @@ fn a_jobs_output_downloads_as_a_file() {
     );
     let (status, _) = json_of(download("LogService/GetLogs", json!({"jobId": job})));
     assert_eq!(status, StatusCode::BAD_REQUEST, "log lines are no file");
+}
+
+#[test]
+fn a_file_uploaded_from_the_browser_is_a_blob_a_dataset_names_and_a_viewer_uploads_nothing() {
+    use sha2::Digest;
+    let up = Up::start();
+    assert!(up.kiln(&["project", "create", "vision"]).status.success());
+    let viewer = last_line(&up.kiln(&["user", "create", "vic"]));
+    let member = last_line(&up.kiln(&["user", "create", "mia"]));
+    for (user, role) in [("vic", "viewer"), ("mia", "member")] {
+        let added = up.kiln(&["project", "add-member", "vision", user, "--role", role]);
+        assert!(added.status.success());
+    }
+    let upload = |auth: &Auth, project: &str, body: Vec<u8>, csrf: bool| {
+        let request = client()
+            .post(format!("{}/api/v1/upload", up.ui_url()))
+            .query(&[("project", project)])
+            .header("content-type", "application/octet-stream")
+            .body(body);
+        let request = if csrf {
+            request.header("x-kiln-csrf", "1")
+        } else {
+            request
+        };
+        json_of(auth.apply(request).send().unwrap())
+    };
+    // Several of the chunks the upload is sent in, not a multiple of one.
+    let file: Vec<u8> = (0..(2_500_000u32))
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    let digest = hex::encode(sha2::Sha256::digest(&file));
+
+    let (status, refused) = upload(&Auth::Bearer(viewer), "vision", file.clone(), true);
+    assert_eq!(
+        (status, refused["code"].as_str()),
+        (StatusCode::FORBIDDEN, Some("permission_denied")),
+        "{refused}"
+    );
+    let (status, refused) = upload(&Auth::Bearer(member.clone()), "vision", file.clone(), false);
+    assert_eq!(status, StatusCode::FORBIDDEN, "no CSRF header: {refused}");
+    let (status, refused) = upload(&Auth::Bearer(member.clone()), "vision", Vec::new(), true);
+    assert_eq!(
+        (status, refused["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("invalid_argument"))
+    );
+
+    let member = Auth::Bearer(member);
+    let (status, stored) = upload(&member, "vision", file.clone(), true);
+    assert_eq!(status, StatusCode::OK, "{stored}");
+    assert_eq!(
+        (
+            stored["digest"].as_str(),
+            stored["size"].as_u64(),
+            stored["created"].as_bool()
+        ),
+        (Some(digest.as_str()), Some(file.len() as u64), Some(true))
+    );
+    let (_, again) = upload(&member, "vision", file, true);
+    assert_eq!(again["created"].as_bool(), Some(false), "stored once: {again}");
+
+    let (status, dataset) = json_of(rpc(
+        &up,
+        &member,
+        "DatasetService/CreateDataset",
+        json!({"name": "pics", "digest": digest, "project": "vision"}),
+    ));
+    assert_eq!(
+        (status, dataset["size"].as_u64()),
+        (StatusCode::OK, Some(2_500_000)),
+        "{dataset}"
+    );
+    let listed = text(&up.kiln(&["dataset", "ls"]).stdout);
+    assert!(listed.contains("pics") && listed.contains(&digest[..12]), "{listed}");
 }

@@ -14,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use futures::StreamExt;
 use kiln_core::store::Store;
+use sha2::Digest;
 use tonic::{Code, Status};
 
 mod files;
@@ -24,8 +25,12 @@ pub mod transcode;
 pub use files::Files;
 use transcode::{Shape, Transcoder};
 
-/// The largest request body: a chunk of metric points in JSON is the biggest thing written.
+/// The largest request body: a chunk of metric points in JSON, or a file uploaded from the
+/// browser (bigger archives go up with the CLI, which streams them).
 const MAX_BODY_BYTES: usize = 64 << 20;
+
+/// The chunks an uploaded file goes to `ArtifactService/UploadArtifact` in.
+const UPLOAD_CHUNK_BYTES: usize = 1 << 20;
 
 /// What the HTTP side needs to answer.
 pub struct Gateway {
@@ -49,6 +54,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .route("/api/v1/rpc/{service}/{method}", post(rpc))
         .route("/api/v1/stream/{service}/{method}", get(stream))
         .route("/api/v1/download/{service}/{method}", get(download))
+        .route("/api/v1/upload", post(upload))
         .route("/api/{*rest}", axum::routing::any(no_such_call))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(gateway);
@@ -84,6 +90,51 @@ async fn rpc(
             .transcoder
             .call(&service, &method, Shape::Unary)?
             .unary(&token, &body)
+            .await
+    };
+    match answered.await {
+        Ok(json) => json_response(json),
+        Err(status) => status_response(status),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct UploadQuery {
+    /// The project that uploads the file and may use it (empty: `default`).
+    #[serde(default)]
+    project: String,
+}
+
+/// `POST /api/v1/upload?project=<name>`: the body (a file, such as a dataset's archive) stored
+/// as a blob of the project through `ArtifactService/UploadArtifact`, which checks the caller's
+/// role there and the digest computed here; answers its `UploadArtifactResponse` as JSON.
+async fn upload(
+    State(gateway): State<Arc<Gateway>>,
+    Query(query): Query<UploadQuery>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let answered = async {
+        session::check_csrf(&headers)?;
+        let token = session::token(&headers)?;
+        if body.is_empty() {
+            return Err(Status::invalid_argument(
+                "the upload is empty: send the file as the body",
+            ));
+        }
+        let header = serde_json::json!({"header": {
+            "digest": hex::encode(sha2::Sha256::digest(&body)),
+            "size": body.len(),
+            "project": query.project,
+        }});
+        let chunks = (0..body.len())
+            .step_by(UPLOAD_CHUNK_BYTES)
+            .map(|start| body.slice(start..(start + UPLOAD_CHUNK_BYTES).min(body.len())))
+            .collect();
+        gateway
+            .transcoder
+            .call("ArtifactService", "UploadArtifact", Shape::ClientStreaming)?
+            .client_streaming(&token, header.to_string().as_bytes(), "chunk", chunks)
             .await
     };
     match answered.await {

@@ -32,6 +32,8 @@ pub struct Transcoder {
 pub enum Shape {
     Unary,
     ServerStreaming,
+    /// A stream of requests, one answer: only a file's upload (`POST /api/v1/upload`).
+    ClientStreaming,
 }
 
 /// A method found by its short service name and method name, with its upstream.
@@ -57,6 +59,7 @@ impl Transcoder {
         let found = match (method.is_client_streaming(), method.is_server_streaming()) {
             (false, false) => Shape::Unary,
             (false, true) => Shape::ServerStreaming,
+            (true, false) if shape == Shape::ClientStreaming => Shape::ClientStreaming,
             (true, _) => {
                 return Err(Status::unimplemented(format!(
                     "{service}/{method} takes a stream of requests: call it over gRPC",
@@ -68,6 +71,7 @@ impl Transcoder {
             let other = match found {
                 Shape::Unary => "POST /api/v1/rpc",
                 Shape::ServerStreaming => "GET /api/v1/stream",
+                Shape::ClientStreaming => unreachable!("found only when asked for"),
             };
             return Err(Status::invalid_argument(format!(
                 "{service}/{} is called with {other}/{service}/{}",
@@ -132,6 +136,37 @@ impl Call {
             let data = answer.get_field_by_name("data");
             Ok(data.and_then(|value| value.as_bytes().cloned()).unwrap_or_default())
         }))
+    }
+
+    /// Calls a client-streaming method with `first` (JSON) as its first message, then one
+    /// message per chunk with `field` set to the chunk's bytes; its answer as JSON.
+    pub async fn client_streaming(
+        self,
+        token: &str,
+        first: &[u8],
+        field: &str,
+        chunks: Vec<bytes::Bytes>,
+    ) -> Result<Vec<u8>, Status> {
+        let input = self.method.input();
+        let chunk_field = input
+            .get_field_by_name(field)
+            .filter(|found| found.kind() == prost_reflect::Kind::Bytes)
+            .ok_or_else(|| Status::internal(format!("{} has no `bytes {field}`", input.name())))?;
+        let head = self.request(token, first)?;
+        let (metadata, extensions, head) = head.into_parts();
+        let mut messages = vec![head];
+        for chunk in chunks {
+            let mut message = DynamicMessage::new(input.clone());
+            message.set_field(&chunk_field, prost_reflect::Value::Bytes(chunk));
+            messages.push(message);
+        }
+        let request = tonic::Request::from_parts(metadata, extensions, futures::stream::iter(messages));
+        let path = self.path()?;
+        let mut grpc = tonic::client::Grpc::new(self.upstream);
+        grpc.ready().await?;
+        let codec = DynamicCodec(self.method.output());
+        let answer = grpc.client_streaming(request, path, codec).await?;
+        to_json(&answer.into_inner())
     }
 
     async fn server_streaming_messages(
