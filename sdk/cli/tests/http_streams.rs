@@ -268,7 +268,7 @@ fn a_file_uploaded_from_the_browser_is_a_blob_a_dataset_names_and_a_viewer_uploa
         json_of(auth.apply(request).send().unwrap())
     };
     // Several of the chunks the upload is sent in, not a multiple of one.
-    let file: Vec<u8> = (0..(2_500_000u32))
+    let file: Vec<u8> = (0..2_500_000u32)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
         .collect();
     let digest = hex::encode(sha2::Sha256::digest(&file));
