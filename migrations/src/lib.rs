@@ -31,6 +31,7 @@ mod m0022_disk_and_shm;
 mod m0023_gangs;
 mod m0024_job_nodes_by_heartbeat;
 mod m0025_item_retries_and_usage;
+mod m0026_batch_counts;
 
 /// Migrator lists every migration in order.
 pub struct Migrator;
@@ -64,6 +65,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0023_gangs::Migration),
             Box::new(m0024_job_nodes_by_heartbeat::Migration),
             Box::new(m0025_item_retries_and_usage::Migration),
+            Box::new(m0026_batch_counts::Migration),
         ]
     }
 }

@@ -1,10 +1,13 @@
 //! Outcomes applied to items' rows on SQLite and on Postgres: items with one outcome in a call
 //! go in bulk statements, an item with several is applied in order, and an outcome delivered
-//! again, or one of an earlier attempt, moves nothing.
+//! again, or one of an earlier attempt, moves nothing. The counts by state kept beside the rows
+//! come out as the rows counted.
 
 use kiln_core::store::Store;
 use kiln_item_batch::store::{Applied, BatchRecord, BatchStore, NewItem, Tally};
+use kiln_migrations::{Migrator, MigratorTrait};
 use kiln_proto::v1 as pb;
+use sea_orm::{ConnectionTrait, Statement};
 
 fn outcome(key: &str, attempt: u32, state: pb::ItemState, lines: &[&str]) -> pb::ItemResult {
     pb::ItemResult {
@@ -27,6 +30,29 @@ fn outcome(key: &str, attempt: u32, state: pb::ItemState, lines: &[&str]) -> pb:
         lines_dropped: 0,
         duration_ms: 700,
     }
+}
+
+/// Batch `b1`'s items counted from their rows, as the kept counts must say.
+async fn counted(store: &Store) -> Tally {
+    let db = store.connection();
+    let sql = "SELECT state, COUNT(*) AS n FROM batch_items WHERE batch_id = 'b1' GROUP BY state";
+    let rows = db
+        .query_all_raw(Statement::from_string(db.get_database_backend(), sql))
+        .await
+        .unwrap();
+    let mut tally = Tally::default();
+    for row in rows {
+        let n = u64::try_from(row.try_get::<i64>("", "n").unwrap()).unwrap();
+        tally.total += n;
+        match row.try_get::<String>("", "state").unwrap().as_str() {
+            "pending" => tally.pending += n,
+            "succeeded" => tally.succeeded += n,
+            "failed" => tally.failed += n,
+            "dead" => tally.dead += n,
+            other => panic!("state {other}"),
+        }
+    }
+    tally
 }
 
 /// Batch `b1` with `count` items, `k0000` on.
@@ -87,6 +113,7 @@ async fn outcomes_apply_once_and_in_order(store: Store) {
         dead: 1,
     };
     assert_eq!(batches.tally("b1").await.unwrap(), tally);
+    assert_eq!(counted(&store).await, tally);
 
     // Delivered again, and an earlier attempt's outcome arriving late: nothing moves.
     assert_eq!(batches.apply_results(&results).await.unwrap(), Applied::default());
@@ -122,6 +149,57 @@ async fn outcomes_apply_once_and_in_order(store: Store) {
         batches.attempts("b1", "k0000").await.unwrap().is_empty(),
         "a quiet success keeps none"
     );
+
+    // The dead item's new round, then added again with the others: counted once.
+    assert_eq!(batches.retry_dead("b1").await.unwrap(), 1);
+    let again = keys
+        .iter()
+        .map(|key| NewItem::new(key.clone(), format!("mem://{key}"), Default::default()))
+        .collect();
+    assert_eq!(batches.add_items("b1", again).await.unwrap().1, 1200);
+    let tally = Tally {
+        pending: 98,
+        dead: 0,
+        ..tally
+    };
+    assert_eq!(batches.tally("b1").await.unwrap(), tally);
+    assert_eq!(counted(&store).await, tally);
+}
+
+/// A batch made before the counts were kept is counted once by the migration that keeps them.
+#[tokio::test]
+async fn the_migration_counts_the_batches_made_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::connect(&kiln_core::testing::sqlite_config(dir.path()))
+        .await
+        .unwrap();
+    // m0001 to m0025: the schema before batch_counts.
+    Migrator::up(store.connection(), Some(25)).await.unwrap();
+    let db = store.connection();
+    for (key, state) in [("a", "pending"), ("b", "pending"), ("c", "succeeded"), ("d", "dead")] {
+        let sql = format!(
+            "INSERT INTO batch_items (batch_id, item_key, uri, params_json, content_sha256, state, published,
+                round, attempts, last_attempt, exit_code, reason, cpu_seconds, peak_memory_bytes,
+                updated_at_ms, failures, failed_delivery, duration_ms)
+             VALUES ('b1', '{key}', 'mem://x', '{{}}', 'sha', '{state}', TRUE, 0, 0, 0, NULL, '', 0, 0, 1, 0, 0, 0)"
+        );
+        db.execute_raw(Statement::from_string(db.get_database_backend(), sql))
+            .await
+            .unwrap();
+    }
+    store.migrate().await.unwrap();
+    let tally = BatchStore::new(&store).tally("b1").await.unwrap();
+    assert_eq!(
+        tally,
+        Tally {
+            total: 4,
+            pending: 2,
+            succeeded: 1,
+            failed: 0,
+            dead: 1
+        }
+    );
+    assert_eq!(counted(&store).await, tally);
 }
 
 #[tokio::test]
@@ -181,4 +259,5 @@ async fn intake_and_outcomes_racing_on_postgres_all_succeed() {
     batches.apply_results(&results).await.unwrap();
     let tally = batches.tally("b1").await.unwrap();
     assert_eq!((tally.total, tally.succeeded), (3000, 3000));
+    assert_eq!(counted(&store).await, tally);
 }

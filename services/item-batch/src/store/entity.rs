@@ -1,4 +1,5 @@
-//! The sea-orm entities of the batch tables: `batches`, `batch_items` and `item_attempts`.
+//! The sea-orm entities of the batch tables: `batches`, `batch_items`, `item_attempts` and
+//! `batch_counts`.
 
 pub mod batch {
     use sea_orm::entity::prelude::*;
@@ -85,6 +86,26 @@ pub mod attempt {
         pub reason: String,
         pub lines_json: String,
         pub finished_at_ms: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+pub mod count {
+    use sea_orm::entity::prelude::*;
+
+    /// How many of a batch's items are in a state, changed in the transactions that move them.
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "batch_counts")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub batch_id: String,
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub state: String,
+        pub n: i64,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

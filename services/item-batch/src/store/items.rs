@@ -1,5 +1,5 @@
 //! A batch's items: adding them (refusing other content under a known key), recording that
-//! they are on `KILN_ITEMS`, counting them by state, and reading them and their kept attempts.
+//! they are on `KILN_ITEMS`, and reading them and their kept attempts.
 
 use std::collections::HashMap;
 
@@ -7,10 +7,8 @@ use kiln_core::ids::now_ms;
 use sea_orm::sea_query::{Expr, ExprTrait, OnConflict};
 use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect, TransactionTrait};
 
-use super::{
-    BatchStore, DEAD, FAILED, ItemRecord, NewItem, PENDING, ROWS_PER_STATEMENT, SUCCEEDED, Tally, again_when_ended,
-    attempt, item,
-};
+use super::counts::Counts;
+use super::{BatchStore, FAILED, ItemRecord, NewItem, PENDING, ROWS_PER_STATEMENT, again_when_ended, attempt, item};
 use crate::error::{Error, Result};
 use crate::usage::Measured;
 
@@ -68,6 +66,7 @@ impl BatchStore {
     async fn insert_new(&self, batch_id: &str, fresh: &[NewItem], now: i64) -> Result<()> {
         let _turn = self.write_turn().await;
         let tx = self.db.begin().await?;
+        let mut counts = Counts::default();
         for chunk in fresh.chunks(ROWS_PER_STATEMENT) {
             let models = chunk.iter().map(|item| item::ActiveModel {
                 batch_id: Set(batch_id.to_string()),
@@ -89,7 +88,8 @@ impl BatchStore {
                 failed_delivery: Set(0),
                 duration_ms: Set(0),
             });
-            item::Entity::insert_many(models)
+            // A key another intake added meanwhile is not added again, nor counted.
+            let added = item::Entity::insert_many(models)
                 .on_conflict(
                     OnConflict::columns([item::Column::BatchId, item::Column::ItemKey])
                         .do_nothing()
@@ -97,7 +97,9 @@ impl BatchStore {
                 )
                 .exec_without_returning(&tx)
                 .await?;
+            counts.added(batch_id, added);
         }
+        counts.write(&tx).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -174,34 +176,6 @@ impl BatchStore {
         Ok((sample, positive(count), max))
     }
 
-    /// A batch's items counted by state: exact, from the state index alone (a covering index
-    /// scan, about five times cheaper than reading the rows), as every poll of a batch's
-    /// status and every scaler pass counts them.
-    pub async fn tally(&self, batch_id: &str) -> Result<Tally> {
-        let rows: Vec<(String, i64)> = item::Entity::find()
-            .select_only()
-            .column(item::Column::State)
-            .column_as(Expr::col(item::Column::ItemKey).count(), "n")
-            .filter(item::Column::BatchId.eq(batch_id))
-            .group_by(item::Column::State)
-            .into_tuple()
-            .all(&self.db)
-            .await?;
-        let mut tally = Tally::default();
-        for (state, n) in rows {
-            let n = u64::try_from(n).unwrap_or(0);
-            tally.total += n;
-            match state.as_str() {
-                PENDING => tally.pending += n,
-                SUCCEEDED => tally.succeeded += n,
-                FAILED => tally.failed += n,
-                DEAD => tally.dead += n,
-                _ => {}
-            }
-        }
-        Ok(tally)
-    }
-
     /// The CPU seconds of a batch's items' last attempts, summed, and their largest peak
     /// memory: read from every row, so served from [`crate::usage::UsageCache`].
     pub async fn figures(&self, batch_id: &str) -> Result<(f64, u64)> {
@@ -219,7 +193,7 @@ impl BatchStore {
     }
 
     /// Whether any item of a batch is unfinished (pending, or waiting for another attempt): one
-    /// index probe, where [`BatchStore::tally`] counts every row.
+    /// index probe.
     pub async fn has_backlog(&self, batch_id: &str) -> Result<bool> {
         let found: Option<String> = item::Entity::find()
             .select_only()

@@ -4,12 +4,13 @@
 //! harmless and adding other content under its key is refused. Its state is `pending` until an
 //! outcome arrives, then `succeeded`, `failed` (another attempt follows) or `dead`. Outcomes
 //! apply once: an outcome only moves an item whose round matches and whose last applied attempt
-//! is older, and never moves an item out of `succeeded` or `dead`. The counters are counts of
-//! these rows, so they are exact by construction.
+//! is older, and never moves an item out of `succeeded` or `dead`. The counts by state
+//! (`batch_counts`) change in the transaction that adds or moves the items they count, by the
+//! rows each statement changed, so they are exact at every read.
 //!
-//! `entity` declares the three tables; `items` adds, publishes, counts and reads items;
-//! `outcomes` applies the outcomes of attempts and starts new rounds; this module holds the
-//! stored states, the batch rows and the store itself.
+//! `entity` declares the four tables; `items` adds, publishes and reads items; `counts` keeps
+//! and reads the counts; `outcomes` applies the outcomes of attempts and starts new rounds;
+//! this module holds the stored states, the batch rows and the store itself.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -23,13 +24,14 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 
+mod counts;
 mod entity;
 mod items;
 mod outcomes;
 mod stalls;
 
 pub use batch::Model as BatchRecord;
-pub use entity::{attempt, batch, item};
+pub use entity::{attempt, batch, count, item};
 pub use item::Model as ItemRecord;
 pub use outcomes::Applied;
 

@@ -11,6 +11,7 @@ use sea_orm::{
     TransactionTrait, Value,
 };
 
+use super::counts::Counts;
 use super::{
     BatchStore, DEAD, FAILED, PENDING, ROWS_PER_STATEMENT, SUCCEEDED, again_when_ended, attempt, item, item_state_name,
 };
@@ -35,11 +36,16 @@ impl Applied {
     }
 }
 
-/// One statement moving every item of `results` (distinct items) to `state`, each only if this
-/// is a later attempt of its current round and it is not finished (as the one-item update does):
-/// `WITH v(...) AS (VALUES ...) UPDATE batch_items SET ... FROM v WHERE ...`, which SQLite
-/// (3.33 on) and Postgres both take.
-fn bulk_update(backend: DbBackend, state: &str, results: &[&pb::ItemResult], now: i64) -> Statement {
+/// The states an outcome moves an item from (the unfinished ones), each moved by a statement
+/// of its own so that the counts know what each statement moved; pending first, where nearly
+/// every item is.
+const MOVED_FROM: [&str; 2] = [PENDING, FAILED];
+
+/// One statement moving every item of `results` (distinct items) that is in state `from` to
+/// `state`, each only if this is a later attempt of its current round (as the one-item update
+/// does): `WITH v(...) AS (VALUES ...) UPDATE batch_items SET ... FROM v WHERE ...`, which
+/// SQLite (3.33 on) and Postgres both take.
+fn bulk_update(backend: DbBackend, from: &str, state: &str, results: &[&pb::ItemResult], now: i64) -> Statement {
     const COLUMNS: usize = 9;
     let mut values: Vec<Value> = Vec::with_capacity(results.len() * COLUMNS + 4);
     let mut placeholder = |value: Value| {
@@ -68,8 +74,7 @@ fn bulk_update(backend: DbBackend, state: &str, results: &[&pb::ItemResult], now
         .collect();
     let state_value = placeholder(state.into());
     let now_value = placeholder(now.into());
-    let succeeded = placeholder(SUCCEEDED.into());
-    let dead = placeholder(DEAD.into());
+    let from_value = placeholder(from.into());
     let sql = format!(
         "WITH v(batch_id, item_key, round, attempt, exit_code, reason, cpu_seconds, peak_memory_bytes, duration_ms) \
          AS (VALUES {}) \
@@ -78,7 +83,7 @@ fn bulk_update(backend: DbBackend, state: &str, results: &[&pb::ItemResult], now
          peak_memory_bytes = v.peak_memory_bytes, duration_ms = v.duration_ms, updated_at_ms = {now_value} \
          FROM v WHERE batch_items.batch_id = v.batch_id AND batch_items.item_key = v.item_key \
          AND batch_items.round = v.round AND batch_items.last_attempt < v.attempt \
-         AND batch_items.state NOT IN ({succeeded}, {dead})",
+         AND batch_items.state = {from_value}",
         rows.join(", ")
     );
     Statement::from_sql_and_values(backend, sql, values)
@@ -175,15 +180,24 @@ impl BatchStore {
         let _turn = self.write_turn().await;
         let tx = self.db.begin().await?;
         let mut applied = Applied::default();
-        for (state, results) in bulk {
-            let mut moved = 0;
-            for chunk in results.chunks(ROWS_PER_STATEMENT) {
-                moved += tx
-                    .execute_raw(bulk_update(tx.get_database_backend(), state, chunk, now))
-                    .await?
-                    .rows_affected();
+        let mut counts = Counts::default();
+        for (&state, results) in bulk {
+            // Sorted by batch: each statement moves one batch's items.
+            for batch in results.chunk_by(|a, b| a.batch_id == b.batch_id) {
+                for chunk in batch.chunks(ROWS_PER_STATEMENT) {
+                    let mut unmoved = chunk.len() as u64;
+                    for from in MOVED_FROM {
+                        if unmoved == 0 {
+                            break;
+                        }
+                        let statement = bulk_update(tx.get_database_backend(), from, state, chunk, now);
+                        let moved = tx.execute_raw(statement).await?.rows_affected();
+                        counts.moved(&chunk[0].batch_id, from, state, moved);
+                        applied.count(state, moved);
+                        unmoved = unmoved.saturating_sub(moved);
+                    }
+                }
             }
-            applied.count(state, moved);
         }
         for chunk in attempts.chunks(ROWS_PER_STATEMENT) {
             attempt::Entity::insert_many(chunk.iter().cloned())
@@ -194,31 +208,37 @@ impl BatchStore {
         for &(state, result) in one_by_one {
             let round = i32::try_from(result.round).unwrap_or(i32::MAX);
             let attempt = i32::try_from(result.attempt).unwrap_or(i32::MAX);
-            let moved = item::Entity::update_many()
-                .col_expr(item::Column::State, Expr::value(state))
-                .col_expr(item::Column::Attempts, Expr::col(item::Column::Attempts).add(1))
-                .col_expr(item::Column::LastAttempt, Expr::value(attempt))
-                .col_expr(item::Column::ExitCode, Expr::value(result.exit_code))
-                .col_expr(item::Column::Reason, Expr::value(result.reason.clone()))
-                .col_expr(item::Column::CpuSeconds, Expr::value(result.cpu_seconds))
-                .col_expr(
-                    item::Column::PeakMemoryBytes,
-                    Expr::value(i64::try_from(result.peak_memory_bytes).unwrap_or(i64::MAX)),
-                )
-                .col_expr(
-                    item::Column::DurationMs,
-                    Expr::value(i64::try_from(result.duration_ms).unwrap_or(i64::MAX)),
-                )
-                .col_expr(item::Column::UpdatedAtMs, Expr::value(now))
-                .filter(item::Column::BatchId.eq(&result.batch_id))
-                .filter(item::Column::ItemKey.eq(&result.key))
-                .filter(item::Column::Round.eq(round))
-                .filter(item::Column::LastAttempt.lt(attempt))
-                .filter(item::Column::State.is_not_in([SUCCEEDED, DEAD]))
-                .exec(&tx)
-                .await?
-                .rows_affected;
-            applied.count(state, moved);
+            for from in MOVED_FROM {
+                let moved = item::Entity::update_many()
+                    .col_expr(item::Column::State, Expr::value(state))
+                    .col_expr(item::Column::Attempts, Expr::col(item::Column::Attempts).add(1))
+                    .col_expr(item::Column::LastAttempt, Expr::value(attempt))
+                    .col_expr(item::Column::ExitCode, Expr::value(result.exit_code))
+                    .col_expr(item::Column::Reason, Expr::value(result.reason.clone()))
+                    .col_expr(item::Column::CpuSeconds, Expr::value(result.cpu_seconds))
+                    .col_expr(
+                        item::Column::PeakMemoryBytes,
+                        Expr::value(i64::try_from(result.peak_memory_bytes).unwrap_or(i64::MAX)),
+                    )
+                    .col_expr(
+                        item::Column::DurationMs,
+                        Expr::value(i64::try_from(result.duration_ms).unwrap_or(i64::MAX)),
+                    )
+                    .col_expr(item::Column::UpdatedAtMs, Expr::value(now))
+                    .filter(item::Column::BatchId.eq(&result.batch_id))
+                    .filter(item::Column::ItemKey.eq(&result.key))
+                    .filter(item::Column::Round.eq(round))
+                    .filter(item::Column::LastAttempt.lt(attempt))
+                    .filter(item::Column::State.eq(from))
+                    .exec(&tx)
+                    .await?
+                    .rows_affected;
+                counts.moved(&result.batch_id, from, state, moved);
+                applied.count(state, moved);
+                if moved > 0 {
+                    break;
+                }
+            }
             if state != SUCCEEDED || !result.lines.is_empty() {
                 attempt::Entity::insert(attempt_row(result, now))
                     .on_conflict(attempt_conflict())
@@ -226,6 +246,7 @@ impl BatchStore {
                     .await?;
             }
         }
+        counts.write(&tx).await?;
         tx.commit().await?;
         Ok(applied)
     }
@@ -255,6 +276,13 @@ impl BatchStore {
 
     /// Gives the dead items of a batch a new round of attempts; they are published again.
     pub async fn retry_dead(&self, batch_id: &str) -> Result<u64> {
+        again_when_ended(|| self.retry_dead_once(batch_id)).await
+    }
+
+    /// Gives dead items a new round, in one transaction (see `again_when_ended`).
+    async fn retry_dead_once(&self, batch_id: &str) -> Result<u64> {
+        let _turn = self.write_turn().await;
+        let tx = self.db.begin().await?;
         let result = item::Entity::update_many()
             .col_expr(item::Column::State, Expr::value(PENDING))
             .col_expr(item::Column::Round, Expr::col(item::Column::Round).add(1))
@@ -265,8 +293,12 @@ impl BatchStore {
             .col_expr(item::Column::UpdatedAtMs, Expr::value(now_ms()))
             .filter(item::Column::BatchId.eq(batch_id))
             .filter(item::Column::State.eq(DEAD))
-            .exec(&self.db)
+            .exec(&tx)
             .await?;
+        let mut counts = Counts::default();
+        counts.moved(batch_id, DEAD, PENDING, result.rows_affected);
+        counts.write(&tx).await?;
+        tx.commit().await?;
         Ok(result.rows_affected)
     }
 }
