@@ -9,6 +9,9 @@
 #     of Cargo.toml, every module imports, compileall passes on the sdist's package and tests, and
 #     the tests that need no server run (tests/test_serve.py, tests/test_checkpoint.py); and a
 #     venv with the sdist (built again there, by that interpreter), which imports too
+#   - on 3.13, `mypy --strict -p kiln` on the installed wheel (its `typecheck` extra: mypy and the
+#     stubs it needs), as a user's checker sees it: py.typed and kiln/v1's generated .pyi
+#     (mypy 2 runs on 3.10 and up, so not on 3.9)
 #   - 3.9 gets the oldest dependencies pyproject.toml allows (grpcio, protobuf, pathspec, pyyaml and tomli at their
 #     floors), 3.13 the newest ones this script pins, so both ends of the ranges are tried
 # The interpreters: $KILN_PYTHON39 and $KILN_PYTHON313 when set, else pyenv's
@@ -27,7 +30,9 @@ BUILD=1.6.1
 PIP=26.0.1
 SETUPTOOLS=82.0.1 # the build backend, for the wheel and each sdist install; the last for 3.9
 PYTEST=8.4.2      # the last for 3.9
-BUILD_ENV_DEPS=(grpcio==1.80.1 protobuf==6.31.1)
+# protobuf 6.32.1: the floor of pyproject.toml's build requires (mypy-protobuf's plugins need it);
+# types-protobuf comes with mypy-protobuf, unused by the build (6.30.2.20250914: one for 3.9 too).
+BUILD_ENV_DEPS=(grpcio==1.80.1 protobuf==6.32.1 types-protobuf==6.30.2.20250914)
 OLDEST_DEPS=(grpcio==1.80.1 protobuf==6.31.1 pathspec==1.1.0 pyyaml==6.0.1 tomli==1.1.0 numpy==2.0.2)
 NEWEST_DEPS=(grpcio==1.85.3 protobuf==7.36.2 pathspec==1.1.1 pyyaml==6.0.4 numpy==2.5.5)
 
@@ -72,7 +77,7 @@ trap 'rm -rf "$work"' EXIT
 [ -n "${KILN_SDK_PACKAGE_KEEP:-}" ] && trap 'log "kept $work"' EXIT
 # The build env's packages, for build's own isolated env (PIP_CONSTRAINT, given to it below) and
 # for pip building the sdist in the venvs (PIP_BUILD_CONSTRAINT): the backend, and what the
-# generator (grpcio-tools, pinned in pyproject.toml) pulls in, at the oldest it allows.
+# generators (grpcio-tools and mypy-protobuf, pinned in pyproject.toml) pull in, at the oldest they allow.
 printf '%s\n' "setuptools==$SETUPTOOLS" "${BUILD_ENV_DEPS[@]}" > "$work/constraints.txt"
 export PIP_BUILD_CONSTRAINT="$work/constraints.txt"
 
@@ -100,11 +105,12 @@ PIP_CONSTRAINT="$work/constraints.txt" "$build_venv/bin/python" -m build --sdist
 check_warnings sdist
 sdist=$(ls "$work"/dist/kiln_sdk-"$version".tar.gz 2>/dev/null || true)
 [ -n "$sdist" ] || fail "expected kiln_sdk-$version.tar.gz, got: $(ls "$work/dist")"
-# What the sdist must carry: the build's files, and a *_pb2.py and *_pb2_grpc.py per proto.
-expected=(setup.py pyproject.toml PKG-INFO kiln/__init__.py kiln/_version.py kiln/v1/__init__.py)
+# What the sdist must carry: the build's files, py.typed, and a *_pb2.py and *_pb2_grpc.py per
+# proto with their typed stubs (.pyi).
+expected=(setup.py pyproject.toml PKG-INFO kiln/__init__.py kiln/_version.py kiln/py.typed kiln/v1/__init__.py)
 for proto in "$repo"/proto/kiln/v1/*.proto; do
   name=$(basename "$proto" .proto)
-  expected+=("kiln/v1/${name}_pb2.py" "kiln/v1/${name}_pb2_grpc.py")
+  expected+=("kiln/v1/${name}_pb2.py" "kiln/v1/${name}_pb2.pyi" "kiln/v1/${name}_pb2_grpc.py" "kiln/v1/${name}_pb2_grpc.pyi")
 done
 tar -tzf "$sdist" > "$work/sdist.txt"
 for member in "${expected[@]}"; do
@@ -173,4 +179,11 @@ check() {
 }
 check 3.9 "$py39" "${OLDEST_DEPS[@]}"
 check 3.13 "$py313" "${NEWEST_DEPS[@]}"
+
+# The wheel's types on 3.13, from $work (no kiln/ here: mypy finds the installed one, by py.typed).
+venv="$work/venv-3.13-wheel"
+"$venv/bin/pip" install -q "$wheel[typecheck]" "${NEWEST_DEPS[@]}" || fail "pip install of the wheel's typecheck extra"
+"$venv/bin/python" -m mypy --strict --cache-dir "$work/mypy-cache" -p kiln > "$work/mypy.log" 2>&1 \
+  || { cat "$work/mypy.log" >&2; fail "mypy --strict -p kiln on the installed wheel (Python 3.13)"; }
+log "Python 3.13, wheel: $(tail -n 1 "$work/mypy.log") (mypy --strict -p kiln)"
 log "passed in $((SECONDS - start)) s"

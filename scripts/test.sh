@@ -29,7 +29,9 @@
 # for the whole workspace, the fuzz targets for 20 s each (scripts/fuzz.sh, when a nightly
 # toolchain is installed; a loud warning when not), the Python SDK's sdist (stubs generated from
 # proto/) and the wheel built from it alone, on Python 3.9 and 3.13
-# (scripts/sdk-package-check.sh), the Python SDK's pytest suite against a real `kiln up`, and
+# (scripts/sdk-package-check.sh, `mypy --strict -p kiln` on the 3.13 wheel too), the Python SDK's
+# pytest suite against a real `kiln up` (and `mypy --strict -p kiln` on sdk/python:
+# sdk/python/tests/test_types.py), and
 # the web UI's svelte-check, vitest and browser tests (scripts/ui.sh, Debian's chromium driven
 # by playwright-core; screenshots of every page in ui/e2e/artifacts/).
 set -euo pipefail
@@ -249,7 +251,8 @@ venv_python=python3
 [ -x "$sdk_venv/bin/python" ] || "$venv_python" -m venv "$sdk_venv"
 # The distribution was named kiln before kiln-sdk: a venv kept from then drops the old one first.
 "$sdk_venv/bin/pip" uninstall -q -y --disable-pip-version-check kiln > /dev/null 2>&1 || true
-# (setup.py generates the stubs from proto/ while pip builds it.)
+# (setup.py generates the stubs and their typed .pyi from proto/ while pip builds it; [test] brings
+# mypy and the type stubs that tests/test_types.py needs.)
 "$sdk_venv/bin/pip" install -q --disable-pip-version-check "$repo/sdk/python[test]"
 export KILN_TEST_PYTHON="$sdk_venv/bin/python"
 # perf_analyzer for the predictor's gRPC check: tritonclient 2.50.0 is the last wheel whose binary

@@ -66,6 +66,8 @@ gets numpy arrays by input name and returns arrays by output name, one call at a
     kiln.serve(lambda model, inputs: {"y": model(inputs["x"])}, lambda path: load_model(path))
 """
 
+from typing import Any
+
 from ._batch import Batch, Client, Progress, RetryRule
 from ._checkpoint import checkpoint
 from ._client import RunInfo, Series
@@ -81,7 +83,7 @@ from ._tokens import NewToken, Token
 from ._track import Saved, save, summary
 from ._version import __version__
 
-config: dict = {}
+config: dict[str, Any] = {}
 """The configuration given to `init` (a plain dict)."""
 
 __all__ = [

@@ -3,6 +3,16 @@ replicas comma-separated (as KILN_ADDR may list them), and the gRPC target that 
 
 from __future__ import annotations
 
+from typing import Any
+
+# The metadata of every call a client makes: its bearer token, (("authorization", "Bearer ..."),),
+# as a tuple (what grpc's stubs take).
+Metadata = tuple[tuple[str, str], ...]
+
+# A gRPC channel's options, (name, value) pairs, as grpc.insecure_channel takes them.
+ChannelOptions = list[tuple[str, Any]]
+
+
 def _url(address: str) -> str:
     return address if "://" in address else f"http://{address}"
 
@@ -34,7 +44,7 @@ def _replicas(address: str) -> list[str]:
     return [_url(one.strip()) for one in address.split(",") if one.strip()]
 
 
-def _replica_target(urls: list[str], options: list) -> str:
+def _replica_target(urls: list[str], options: ChannelOptions) -> str:
     """One gRPC target naming every replica: their addresses resolved now, in the order given,
     under the `pick_first` policy, which connects to the first that answers and, when that
     connection is lost, to the next that does; so a client outlives the replica it talked to
@@ -54,7 +64,9 @@ def _replica_target(urls: list[str], options: list) -> str:
         except (OSError, ValueError) as error:
             raise RuntimeError(f"kiln: cannot resolve the replica {url}: {error}") from error
         families.add(family)
-        addresses.append(f"[{sockaddr[0]}]:{sockaddr[1]}" if family == socket.AF_INET6 else f"{sockaddr[0]}:{sockaddr[1]}")
+        # An AF_INET or AF_INET6 address (a stream socket's): (host, port[, flowinfo, scope_id]).
+        ip, port_number = str(sockaddr[0]), int(sockaddr[1])
+        addresses.append(f"[{ip}]:{port_number}" if family == socket.AF_INET6 else f"{ip}:{port_number}")
     if len(families) > 1:
         raise RuntimeError(f"kiln: the replicas {', '.join(urls)} mix IPv4 and IPv6 addresses; name them all by one family")
     options.append(("grpc.lb_policy_name", "pick_first"))

@@ -16,12 +16,13 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import grpc
 
 from kiln.v1 import batch_pb2, batch_pb2_grpc, item_log_pb2, item_log_pb2_grpc
 
+from ._address import Metadata
 from ._client import RunReads
 from ._jobs import _MARKETS, _STREAMS, Jobs
 from ._manage import ManageChannels
@@ -139,7 +140,7 @@ class Added:
 class Batch:
     """One batch: add items, seal, watch, wait."""
 
-    def __init__(self, stub: batch_pb2_grpc.BatchServiceStub, metadata, batch_id: str,
+    def __init__(self, stub: batch_pb2_grpc.BatchServiceStub, metadata: Metadata, batch_id: str,
                  logs: Callable[[], item_log_pb2_grpc.BatchLogServiceStub] | None = None):
         self._stub = stub
         self._metadata = metadata
@@ -149,7 +150,7 @@ class Batch:
     def __repr__(self) -> str:
         return f"Batch({self.id!r})"
 
-    def add(self, items: Iterable[str | Mapping], chunk: int = 5000) -> Added:
+    def add(self, items: Iterable[str | Mapping[str, Any]], chunk: int = 5000) -> Added:
         """Adds items: URIs (the URI is the key), or mappings with "uri", "key" and "params".
         Adding an item again with the same content is harmless; under a key the batch has with
         other content, it raises (and nothing of that chunk is added)."""
@@ -249,7 +250,7 @@ class Batch:
 
 
 class Batches:
-    def __init__(self, stub: batch_pb2_grpc.BatchServiceStub, metadata,
+    def __init__(self, stub: batch_pb2_grpc.BatchServiceStub, metadata: Metadata,
                  logs: Callable[[], item_log_pb2_grpc.BatchLogServiceStub] | None = None):
         self._stub = stub
         self._metadata = metadata
@@ -301,11 +302,11 @@ class Client(RunReads):
     and `metrics` read runs back (see kiln._client). The channels of jobs, sweeps, models,
     services and tokens open on first use."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         api, logs, token = _endpoints()
         address = _service_address("batches", api, token)
         self._channel = _channel(address, options=[("grpc.max_send_message_length", 16 << 20)])
-        metadata = (("authorization", f"Bearer {token}"),)
+        metadata: Metadata = (("authorization", f"Bearer {token}"),)
         self._api_address, self._logs_address, self._metadata = api, logs, metadata
         self._search_channel: grpc.Channel | None = None
         self._search_stub: item_log_pb2_grpc.BatchLogServiceStub | None = None
@@ -336,11 +337,11 @@ class Client(RunReads):
     def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def _item(item: str | Mapping) -> batch_pb2.Item:
+def _item(item: str | Mapping[str, Any]) -> batch_pb2.Item:
     if isinstance(item, str):
         return batch_pb2.Item(uri=item)
     return batch_pb2.Item(key=str(item.get("key", "")), uri=str(item.get("uri", "")),

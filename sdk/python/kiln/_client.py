@@ -20,15 +20,21 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, NamedTuple, overload
+
+import grpc
 
 from kiln.v1 import artifact_pb2_grpc, job_pb2, job_pb2_grpc, log_pb2, log_pb2_grpc
 
+from ._address import Metadata
 from ._track import from_proto
+
+if TYPE_CHECKING:
+    import pandas
 
 _STATE_PREFIX = "JOB_STATE_"
 _CONDITION = re.compile(r"^\s*(?P<key>[^<>=!]+?)\s*(?P<op><=|>=|!=|==|=|<|>)\s*(?P<value>.*?)\s*$")
-_OPS = {
+_OPS: dict[str, Callable[[Any, Any], bool]] = {
     "=": lambda a, b: a == b,
     "==": lambda a, b: a == b,
     "!=": lambda a, b: a != b,
@@ -49,8 +55,8 @@ class RunInfo:
     owner: str
     state: str
     sweep_id: str
-    config: dict = field(default_factory=dict)
-    summary: dict = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
     created_at_ms: int = 0
     started_at_ms: int = 0
     finished_at_ms: int = 0
@@ -70,9 +76,9 @@ class Series:
 
     job_id: str
     key: str
-    steps: list
-    values: list
-    timestamps_ms: list
+    steps: list[int]
+    values: list[float]
+    timestamps_ms: list[int]
     total_points: int
 
 
@@ -82,7 +88,7 @@ class Condition:
     op: str
     value: object
 
-    def holds(self, actual) -> bool:
+    def holds(self, actual: object) -> bool:
         if actual is None:
             return False
         if isinstance(self.value, float) and not isinstance(actual, bool) and isinstance(actual, (int, float)):
@@ -122,12 +128,12 @@ def _run(job: job_pb2.Job) -> RunInfo:
     )
 
 
-def _pandas():
+def _data_frame(rows: list[Any], columns: list[str] | None = None) -> pandas.DataFrame:
     try:
-        import pandas
+        from pandas import DataFrame
     except ImportError as error:
         raise ImportError("kiln: frame=True needs pandas (pip install pandas)") from error
-    return pandas
+    return DataFrame(rows, columns=columns)
 
 
 class Stubs(NamedTuple):
@@ -142,25 +148,49 @@ class RunReads:
     """The read half of `kiln.Client` (mixed into it): needs `_api_address`, `_logs_address`
     and `_metadata`."""
 
+    # Set by the class it is mixed into.
+    _api_address: str
+    _logs_address: str
+    _metadata: Metadata
+    # The channels and stubs of the reads, made on first use.
+    _read_channels: tuple[grpc.Channel, ...] = ()
+    _read_stubs: Stubs | None = None
+
     def _stubs(self) -> Stubs:
         """The stubs the reads and `Client.jobs` use, on channels opened on first use."""
         from ._run import _channel
 
-        if getattr(self, "_read_stubs", None) is None:
+        if self._read_stubs is None:
             api = _channel(self._api_address)
             logs = _channel(self._logs_address) if self._logs_address != self._api_address else api
-            self._read_channels = {api, logs}
+            self._read_channels = tuple({api, logs})
             self._read_stubs = Stubs(job_pb2_grpc.JobServiceStub(api), log_pb2_grpc.LogServiceStub(logs),
                                      artifact_pb2_grpc.ArtifactServiceStub(api))
         return self._read_stubs
 
     def _close_reads(self) -> None:
-        for channel in getattr(self, "_read_channels", ()):
+        for channel in self._read_channels:
             channel.close()
         self._read_stubs = None
 
+    @overload
     def runs(self, project: str = "", sweep: str = "", where: str | Iterable[str] | None = None,
-             *, everyone: bool = False, limit: int = 1000, goal: str = "auto", frame: bool = False):
+             *, everyone: bool = False, limit: int = 1000, goal: str = "auto",
+             frame: Literal[False] = False) -> list[RunInfo]: ...
+
+    @overload
+    def runs(self, project: str = "", sweep: str = "", where: str | Iterable[str] | None = None,
+             *, everyone: bool = False, limit: int = 1000, goal: str = "auto",
+             frame: Literal[True]) -> pandas.DataFrame: ...
+
+    @overload
+    def runs(self, project: str = "", sweep: str = "", where: str | Iterable[str] | None = None,
+             *, everyone: bool = False, limit: int = 1000, goal: str = "auto",
+             frame: bool) -> list[RunInfo] | pandas.DataFrame: ...
+
+    def runs(self, project: str = "", sweep: str = "", where: str | Iterable[str] | None = None,
+             *, everyone: bool = False, limit: int = 1000, goal: str = "auto",
+             frame: bool = False) -> list[RunInfo] | pandas.DataFrame:
         """Runs newest first (ended ones too): of a project, of a sweep, matching every `where`
         condition. A list of RunInfo, or a DataFrame (one row a run, config keys as columns
         prefixed `config.`, summary keys `summary.`) with `frame=True`."""
@@ -178,16 +208,17 @@ class RunReads:
             runs = [run for run in runs if all(c.holds(_lookup(run, c.key, values)) for c in conditions)]
         if not frame:
             return runs
-        rows = []
+        rows: list[dict[str, Any]] = []
         for run in runs:
             row = {"id": run.id, "name": run.name, "project": run.project, "state": run.state, "sweep_id": run.sweep_id,
                    "duration_s": run.duration_s}
             row.update({f"config.{k}": v for k, v in run.config.items()})
             row.update({f"summary.{k}": v for k, v in run.summary.items()})
             rows.append(row)
-        return _pandas().DataFrame(rows)
+        return _data_frame(rows)
 
-    def _metric_values(self, runs: list, conditions: list, goal: str) -> dict:
+    def _metric_values(self, runs: list[RunInfo], conditions: list[Condition],
+                       goal: str) -> dict[tuple[str, str], float]:
         """{(job, key): value} for the metric keys the conditions name (no run's config or
         summary key): the best value, and the latest under `KEY@last`."""
         named = {c.key.removesuffix("@last") for c in conditions}
@@ -195,7 +226,7 @@ class RunReads:
         if not keys or not runs:
             return {}
         logs = self._stubs().logs
-        found = {}
+        found: dict[tuple[str, str], float] = {}
         for start in range(0, len(runs), 50):
             ids = [run.id for run in runs[start:start + 50]]
             response = logs.LatestMetrics(log_pb2.LatestMetricsRequest(job_ids=ids, keys=keys), metadata=self._metadata)
@@ -210,19 +241,33 @@ class RunReads:
                     found[(s.job_id, s.key)] = max(values) if maximizes(s.key, goal) else min(values)
         return found
 
+    @overload
     def metrics(self, job_ids: str | Iterable[str], keys: Iterable[str] | None = None, *, max_points: int = 1000,
-                latest: bool = False, frame: bool = False):
+                latest: bool = False, frame: Literal[False] = False) -> list[Series]: ...
+
+    @overload
+    def metrics(self, job_ids: str | Iterable[str], keys: Iterable[str] | None = None, *, max_points: int = 1000,
+                latest: bool = False, frame: Literal[True]) -> pandas.DataFrame: ...
+
+    @overload
+    def metrics(self, job_ids: str | Iterable[str], keys: Iterable[str] | None = None, *, max_points: int = 1000,
+                latest: bool = False, frame: bool) -> list[Series] | pandas.DataFrame: ...
+
+    def metrics(self, job_ids: str | Iterable[str], keys: Iterable[str] | None = None, *, max_points: int = 1000,
+                latest: bool = False, frame: bool = False) -> list[Series] | pandas.DataFrame:
         """Series of several runs: a list of Series (every key when `keys` is None), the last
         point of each with `latest=True`; with `frame=True` a long DataFrame (job_id, key, step,
         value, timestamp_ms)."""
         ids = [job_ids] if isinstance(job_ids, str) else list(job_ids)
         logs = self._stubs().logs
-        keys = list(keys or [])
+        wanted = list(keys or [])
+        # Both answers carry MetricSeries (LatestMetrics one point each).
+        response: log_pb2.LatestMetricsResponse | log_pb2.QueryMetricsResponse
         if latest:
-            response = logs.LatestMetrics(log_pb2.LatestMetricsRequest(job_ids=ids, keys=keys), metadata=self._metadata)
+            response = logs.LatestMetrics(log_pb2.LatestMetricsRequest(job_ids=ids, keys=wanted), metadata=self._metadata)
         else:
             response = logs.QueryMetrics(
-                log_pb2.QueryMetricsRequest(job_ids=ids, keys=keys, max_points=max_points), metadata=self._metadata
+                log_pb2.QueryMetricsRequest(job_ids=ids, keys=wanted, max_points=max_points), metadata=self._metadata
             )
         series = [
             Series(job_id=s.job_id, key=s.key, steps=[p.step for p in s.points], values=[p.value for p in s.points],
@@ -232,7 +277,7 @@ class RunReads:
         if not frame:
             return series
         rows = [(s.job_id, s.key, step, value, at) for s in series for step, value, at in zip(s.steps, s.values, s.timestamps_ms)]
-        return _pandas().DataFrame(rows, columns=["job_id", "key", "step", "value", "timestamp_ms"])
+        return _data_frame(rows, columns=["job_id", "key", "step", "value", "timestamp_ms"])
 
 
 _SCORES = ("acc", "auc", "f1", "precision", "recall", "score", "reward", "iou", "map", "bleu", "rouge")
@@ -246,7 +291,7 @@ def maximizes(key: str, goal: str = "auto") -> bool:
     return any(score in name for score in _SCORES)
 
 
-def _lookup(run: RunInfo, key: str, metrics: dict):
+def _lookup(run: RunInfo, key: str, metrics: dict[tuple[str, str], float]) -> Any:
     if key in run.config:
         return run.config[key]
     if key in run.summary:

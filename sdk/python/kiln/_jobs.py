@@ -27,6 +27,7 @@ import grpc
 
 from kiln.v1 import artifact_pb2, job_pb2, log_pb2
 
+from ._address import Metadata
 from ._client import RunInfo, _run
 from ._errors import from_rpc, retried, translated
 from ._pack import upload_code
@@ -151,7 +152,7 @@ def _parse_duration(value: Duration, what: str = "max_runtime") -> int:
 class Jobs:
     """Submits, reads, follows and stops jobs, and fetches their outputs: `kiln.Client().jobs`."""
 
-    def __init__(self, stubs: Callable[[], Stubs], metadata: Sequence[tuple[str, str]]):
+    def __init__(self, stubs: Callable[[], Stubs], metadata: Metadata):
         self._stubs = stubs  # the client's, opened on first use
         self._metadata = metadata
 

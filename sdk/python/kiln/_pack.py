@@ -34,6 +34,7 @@ import pathspec
 
 from kiln.v1 import artifact_pb2, artifact_pb2_grpc
 
+from ._address import Metadata
 from ._track import _chunks, _digest
 
 MTIME = 1153704088
@@ -247,7 +248,7 @@ def pack(root: str | os.PathLike[str]) -> Bundle:
     return Bundle(path=bundle_path, size=size, digest=digest, files=files)
 
 
-def upload_code(artifacts: artifact_pb2_grpc.ArtifactServiceStub, metadata: Sequence[tuple[str, str]],
+def upload_code(artifacts: artifact_pb2_grpc.ArtifactServiceStub, metadata: Metadata,
                 root: str | os.PathLike[str], project: str) -> str:
     """Packs `root` and uploads it to `project` (empty: `default`) unless the project has it;
     returns its digest, which a job's spec names (StatArtifact, then UploadArtifact, as the CLI)."""

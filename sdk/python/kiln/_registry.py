@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from kiln.v1 import model_pb2
 
+from ._address import Metadata
 from ._errors import translated
 from ._jobs import _safe_join
 from ._manage import ManageStubs
@@ -150,7 +151,7 @@ def manifest_digest(files: Sequence[ModelFile]) -> str:
 class Models:
     """Registers, reads, names and downloads model versions: `kiln.Client().models`."""
 
-    def __init__(self, stubs: Callable[[], ManageStubs], metadata: Sequence[tuple[str, str]]):
+    def __init__(self, stubs: Callable[[], ManageStubs], metadata: Metadata):
         self._stubs = stubs  # the client's, opened on first use
         self._metadata = metadata
 

@@ -9,7 +9,7 @@ import threading
 import sys
 import time
 from itertools import repeat
-from typing import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 import grpc
 
@@ -20,10 +20,16 @@ else:  # the same parser, from PyPI (a dependency below 3.11)
 
 from kiln.v1 import job_pb2, job_pb2_grpc, log_pb2, log_pb2_grpc
 
-from ._address import _host, _is_loopback, _replica_target, _replicas, _target, _url
+from ._address import ChannelOptions, _host, _is_loopback, _replica_target, _replicas, _target, _url
 from ._sweep import trial_knobs
 
+if TYPE_CHECKING:
+    from kiln.v1 import tenancy_pb2
+
 _STOP = object()
+
+# A buffered point: (key, step, value, timestamp_ms).
+_Row = tuple[str, int, float, int]
 
 
 def _credentials_path() -> pathlib.Path:
@@ -31,7 +37,7 @@ def _credentials_path() -> pathlib.Path:
     return home / "credentials.toml"
 
 
-def _home_credentials() -> dict:
+def _home_credentials() -> dict[str, Any]:
     """What `kiln up` wrote to KILN_HOME/credentials.toml (empty when there is none)."""
     path = _credentials_path()
     return tomllib.loads(path.read_text()) if path.exists() else {}
@@ -42,8 +48,8 @@ def _endpoints() -> tuple[str, str, str]:
     address from KILN_LOGS_ADDR, the file, else the api's DiscoveryService."""
     path = _credentials_path()
     credentials = _home_credentials()
-    api = os.environ.get("KILN_ADDR") or credentials.get("api")
-    token = os.environ.get("KILN_TOKEN") or credentials.get("token")
+    api = os.environ.get("KILN_ADDR") or str(credentials.get("api") or "")
+    token = os.environ.get("KILN_TOKEN") or str(credentials.get("token") or "")
     if not api or not token:
         raise RuntimeError(f"no kiln endpoint: start one with `kiln up`, or set KILN_ADDR and KILN_TOKEN (looked for {path})")
     return api, _service_address("logs", api, token), token
@@ -51,7 +57,7 @@ def _endpoints() -> tuple[str, str, str]:
 
 _VARIABLES = {"logs": "KILN_LOGS_ADDR", "batches": "KILN_BATCH_ADDR", "advisor": "KILN_ADVISOR_ADDR",
               "predictor": "KILN_PREDICTOR_ADDR", "ui": "KILN_UI_ADDR"}
-_discovered: dict = {}
+_discovered: dict[str, tenancy_pb2.DiscoverResponse] = {}
 
 
 def _service_address(service: str, api: str, token: str) -> str:
@@ -63,8 +69,8 @@ def _service_address(service: str, api: str, token: str) -> str:
     if explicit:
         return explicit
     credentials = _home_credentials()
-    if credentials.get(service) and _url(credentials.get("api", "")) == _url(api):
-        return credentials[service]
+    if credentials.get(service) and _url(str(credentials.get("api", ""))) == _url(api):
+        return str(credentials[service])
     if api not in _discovered:
         from kiln.v1 import tenancy_pb2, tenancy_pb2_grpc
 
@@ -79,7 +85,7 @@ def _service_address(service: str, api: str, token: str) -> str:
 
                     raise from_rpc(error) from error
                 _discovered[api] = tenancy_pb2.DiscoverResponse()
-    found = getattr(_discovered[api], service)
+    found: str = getattr(_discovered[api], service)
     if not found:
         return "" if service == "ui" else api
     api_host = _host(_replicas(api)[0])
@@ -101,7 +107,7 @@ def _pem(text_variable: str, file_variable: str, credentials_key: str) -> bytes 
     return pathlib.Path(path).read_bytes() if path else None
 
 
-def _channel(address: str, options: list | None = None) -> grpc.Channel:
+def _channel(address: str, options: ChannelOptions | None = None) -> grpc.Channel:
     """A channel to `address` (several replicas when it lists them, comma-separated: see
     `_replica_target`): TLS for `https://` (trusting KILN_CA_PEM, KILN_CA_FILE or the
     credentials file's ca-file, else the system roots; presenting KILN_CLIENT_CERT_PEM and
@@ -171,7 +177,7 @@ class Run:
         # over the same lock.
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
-        self._rows: list = []  # (key, step, value, timestamp_ms), oldest first
+        self._rows: list[_Row] = []  # oldest first
         self._logged = 0  # points taken by `log`
         self._settled = 0  # points sent (durable) or given up on
         self._flushing = 0
@@ -212,13 +218,13 @@ class Run:
             part = values[start : start + self._capacity]
             at = None if steps is None else steps[start : start + self._capacity]
 
-            def rows(first: int, part: list = part, at: list | None = at) -> tuple[list, int]:
-                at = range(first, first + len(part)) if at is None else at
-                return list(zip(repeat(key), at, part, repeat(now))), max(at)
+            def rows(first: int, part: list[float] = part, at: list[int] | None = at) -> tuple[list[_Row], int]:
+                part_steps = range(first, first + len(part)) if at is None else at
+                return list(zip(repeat(key), part_steps, part, repeat(now))), max(part_steps)
 
             self._buffer(rows)
 
-    def _buffer(self, rows, last_step: int = 0) -> None:
+    def _buffer(self, rows: list[_Row] | Callable[[int], tuple[list[_Row], int]], last_step: int = 0) -> None:
         """Adds rows to the buffer, waiting while it is full (back-pressure, not loss). `rows` is
         a list (with the largest step among them), or for values logged without a step a
         function of the run's next step giving both, called under the lock."""
@@ -227,18 +233,17 @@ class Run:
                 raise RuntimeError("kiln: sending metrics failed") from self._error
             if self._stopping:
                 raise RuntimeError("kiln: the run is finished")
-            if callable(rows):
-                rows, last_step = rows(self._step)
-            if last_step >= self._step:
-                self._step = last_step + 1
+            taken, last = rows(self._step) if callable(rows) else (rows, last_step)
+            if last >= self._step:
+                self._step = last + 1
             # Room for these rows; rows that could never fit wait for an empty buffer.
-            room = max(self._capacity - len(rows), 0)
+            room = max(self._capacity - len(taken), 0)
             while self._logged - self._settled > room and self._error is None:
                 self._cond.wait()
             buffered = self._rows
             first = not buffered
-            buffered += rows
-            self._logged += len(rows)
+            buffered += taken
+            self._logged += len(taken)
             if first or len(buffered) >= self._batch_points:
                 self._cond.notify_all()
 
@@ -290,11 +295,11 @@ class Run:
                 self._in_flight -= 1
                 self._cond.notify_all()
 
-    def _take_rows(self) -> list | None:
+    def _take_rows(self) -> list[_Row] | None:
         """The next rows to send: what there is when no request is in flight or someone flushes,
         else a full batch, or what came within `interval` of its first row; None to stop."""
         with self._cond:
-            deadline = None
+            deadline: float | None = None
             while not self._stopping:
                 if self._rows and (
                     self._in_flight == 0 or self._flushing or len(self._rows) >= self._batch_points
@@ -317,7 +322,7 @@ class Run:
             self._in_flight += 1
             return rows
 
-    def _send(self, rows: list) -> None:
+    def _send(self, rows: list[_Row]) -> None:
         keys, steps, values, times = zip(*rows)
         index = {key: n for n, key in enumerate(dict.fromkeys(keys))}
         columns = log_pb2.MetricColumns(
@@ -341,7 +346,7 @@ class Run:
 _current: Run | None = None
 
 
-def init(config: Mapping | None = None, *, name: str = "", project: str = "", **options) -> Run:
+def init(config: Mapping[str, Any] | None = None, *, name: str = "", project: str = "", **options: Any) -> Run:
     """Starts logging: inside a kiln job, for that job; elsewhere, for a new run. `config` (nested
     dicts of bool/int/float/str) is stored with the run as flat `a.b` keys, merged into what it
     has (a sweep trial's knobs); `kiln.config` keeps the dict as given."""

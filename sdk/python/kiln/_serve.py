@@ -27,13 +27,15 @@ import threading
 import time
 import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import FrameType, ModuleType
+from typing import Any, Callable, NoReturn, Optional
 from urllib.parse import unquote
 
 # Seconds a stopping worker waits for the requests it is answering.
 _GRACE = 30.0
 
 # Datatype -> (numpy dtype, inclusive int range or None).
-_DATATYPES = {
+_DATATYPES: dict[str, tuple[str, Optional[tuple[int, int]]]] = {
     "BOOL": ("bool", None),
     "UINT8": ("uint8", (0, (1 << 8) - 1)),
     "UINT16": ("uint16", (0, (1 << 16) - 1)),
@@ -53,6 +55,15 @@ _MAX_LINE = 65536
 _MAX_HEADERS = 100
 _ROUTES = "GET /v2/health/live, GET /v2/health/ready, POST /v2/models/{name}/infer"
 
+# numpy is optional: the functions below take the module, or None without it, and its arrays pass
+# through them as Any (the worker works on nested lists too). JSON values are Any as well.
+_Numpy = Optional[ModuleType]
+# A route's answer: (HTTP status, JSON object).
+_Answer = tuple[int, dict[str, Any]]
+# predict_fn(model, inputs by name) -> outputs by name, and load_fn(model directory) -> model.
+PredictFn = Callable[[Any, dict[str, Any]], dict[str, Any]]
+LoadFn = Callable[[str], Any]
+
 
 class _Refused(Exception):
     """A request kiln cannot answer: its HTTP status and a message naming the problem."""
@@ -66,7 +77,7 @@ class _Stop(BaseException):
     """Raised by the SIGTERM handler while the model loads, so loading ends early."""
 
 
-def _numpy():
+def _numpy() -> _Numpy:
     """The numpy module, or None when it is not importable."""
     try:
         import numpy
@@ -78,7 +89,7 @@ def _numpy():
 # === requests ===
 
 
-def _reject_constant(name: str):
+def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not JSON")
 
 
@@ -87,7 +98,7 @@ _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
-def decode_request(body: bytes, np) -> tuple[dict, list | None, str | None]:
+def decode_request(body: bytes, np: _Numpy) -> tuple[dict[str, Any], list[str] | None, str | None]:
     """(inputs by name, requested output names or None, id) from an infer body; a bad body
     raises `_Refused` (400) naming the tensor."""
     try:
@@ -102,7 +113,7 @@ def decode_request(body: bytes, np) -> tuple[dict, list | None, str | None]:
     tensors = request.get("inputs")
     if not isinstance(tensors, list) or not tensors:
         raise _Refused(400, "the request has no inputs")
-    inputs = {}
+    inputs: dict[str, Any] = {}
     for at, tensor in enumerate(tensors):
         name = tensor.get("name") if isinstance(tensor, dict) else None
         if not isinstance(name, str):
@@ -118,7 +129,7 @@ def decode_request(body: bytes, np) -> tuple[dict, list | None, str | None]:
     return inputs, [output["name"] for output in wanted], request_id
 
 
-def _input_value(what: str, tensor: dict, np):
+def _input_value(what: str, tensor: dict[str, Any], np: _Numpy) -> Any:
     """One input tensor as a numpy array (or nested list without numpy), checked against its
     datatype and shape."""
     datatype, shape, data = tensor.get("datatype"), tensor.get("shape"), tensor.get("data")
@@ -142,7 +153,7 @@ def _input_value(what: str, tensor: dict, np):
     return array.reshape(shape)
 
 
-def _input_array(what: str, datatype: str, shape: list, count: int, data: list, np):
+def _input_array(what: str, datatype: str, shape: list[int], count: int, data: list[Any], np: ModuleType) -> Any:
     try:
         array = np.array(data)
     except ValueError:  # nested unevenly: take the leaves in order
@@ -163,7 +174,7 @@ def _input_array(what: str, datatype: str, shape: list, count: int, data: list, 
     return array.astype(dtype, copy=False).reshape(shape)
 
 
-def _flatten(data: list, into: list) -> list:
+def _flatten(data: list[Any], into: list[Any]) -> list[Any]:
     """The leaves of nested lists in row-major order."""
     for item in data:
         if isinstance(item, list):
@@ -173,7 +184,7 @@ def _flatten(data: list, into: list) -> list:
     return into
 
 
-def _checked(what: str, datatype: str, flat: list) -> list:
+def _checked(what: str, datatype: str, flat: list[Any]) -> list[Any]:
     """The JSON values as Python values of `datatype` (BYTES as bytes); raises `_Refused`
     naming the first element that is not one."""
     int_range = _DATATYPES[datatype][1]
@@ -193,7 +204,7 @@ def _checked(what: str, datatype: str, flat: list) -> list:
     return flat
 
 
-def _nest(flat: list, shape: list):
+def _nest(flat: list[Any], shape: list[int]) -> Any:
     """Row-major `flat` as nested lists of `shape` (a scalar for shape [])."""
     if not shape:
         return flat[0]
@@ -206,7 +217,7 @@ def _nest(flat: list, shape: list):
 # === responses ===
 
 
-def encode_output(name: str, value, np) -> dict:
+def encode_output(name: str, value: Any, np: _Numpy) -> dict[str, Any]:
     """One of predict_fn's outputs as an OIP tensor; what JSON cannot carry raises `_Refused` (500)."""
     what = f"output {name!r}"
     if np is not None and isinstance(value, (np.ndarray, np.generic)):
@@ -227,15 +238,15 @@ def encode_output(name: str, value, np) -> dict:
             raise _Refused(500, f"{what} has dtype {array.dtype}, which OIP cannot carry")
         return {"name": name, "datatype": datatype, "shape": shape, "data": array.ravel().tolist()}
     shape = _dims(value)
-    flat: list = []
+    flat: list[Any] = []
     _flatten_shaped(what, value, shape, 0, flat)
     datatype, data = _inferred(what, flat, np)
     return {"name": name, "datatype": datatype, "shape": shape, "data": data}
 
 
-def _dims(value) -> list:
+def _dims(value: Any) -> list[int]:
     """The shape of nested lists, read along their first elements."""
-    dims = []
+    dims: list[int] = []
     while isinstance(value, (list, tuple)):
         dims.append(len(value))
         if not value:
@@ -244,7 +255,7 @@ def _dims(value) -> list:
     return dims
 
 
-def _flatten_shaped(what: str, value, dims: list, depth: int, into: list) -> None:
+def _flatten_shaped(what: str, value: Any, dims: list[int], depth: int, into: list[Any]) -> None:
     if depth == len(dims):
         if isinstance(value, (list, tuple)):
             raise _Refused(500, f"{what} is ragged: its nested lists do not all have the shape {dims}")
@@ -256,7 +267,7 @@ def _flatten_shaped(what: str, value, dims: list, depth: int, into: list) -> Non
         _flatten_shaped(what, item, dims, depth + 1, into)
 
 
-def _inferred(what: str, flat: list, np) -> tuple[str, list]:
+def _inferred(what: str, flat: list[Any], np: _Numpy) -> tuple[str, list[Any]]:
     """(datatype, JSON data) of Python values: all bool BOOL, all int INT64, any float FP64,
     str or bytes BYTES (as UTF-8 text)."""
     if np is not None:
@@ -288,11 +299,15 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive
     disable_nagle_algorithm = True
     server: _HTTPServer
+    raw_requestline: bytes  # set by BaseHTTPRequestHandler.handle_one_request
+    # The request's headers by lower-case name (parse_request; http.server's own `headers`, an
+    # email.message.Message, is not made).
+    header_values: dict[str, str]
 
-    def do_GET(self):
+    def do_GET(self) -> None:
         self._answer(self.server.worker.get)
 
-    def do_POST(self):
+    def do_POST(self) -> None:
         self._answer(self.server.worker.post)
 
     def parse_request(self) -> bool:
@@ -305,7 +320,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_error(400, f"bad request line {self.requestline!r}")
             return False
         self.command, self.path, self.request_version = words
-        headers: dict = {}
+        headers: dict[str, str] = {}
         for _ in range(_MAX_HEADERS):
             line = self.rfile.readline(_MAX_LINE + 1)
             if len(line) > _MAX_LINE:
@@ -321,16 +336,16 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self.send_error(431, f"more than {_MAX_HEADERS} headers")
             return False
-        self.headers = headers
+        self.header_values = headers
         connection = headers.get("connection", "").lower()
         self.close_connection = "close" in connection or (self.request_version == "HTTP/1.0" and "keep-alive" not in connection)
         if headers.get("expect", "").lower() == "100-continue":
             self.wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         return True
 
-    def _answer(self, route) -> None:
-        length = self.headers.get("content-length")
-        if (length is None and self.command == "POST") or "transfer-encoding" in self.headers:
+    def _answer(self, route: Callable[[str, bytes], _Answer]) -> None:
+        length = self.header_values.get("content-length")
+        if (length is None and self.command == "POST") or "transfer-encoding" in self.header_values:
             self.close_connection = True  # the body's end is unknown: the connection cannot go on
             self._reply(411, {"error": "the request needs a Content-Length (chunked bodies are not read)"})
             return
@@ -343,7 +358,7 @@ class _Handler(BaseHTTPRequestHandler):
         status, answer = route(self.path.split("?", 1)[0], body)
         self._reply(status, answer)
 
-    def _reply(self, status: int, answer: dict) -> None:
+    def _reply(self, status: int, answer: dict[str, Any]) -> None:
         """Sends a JSON answer in one write."""
         try:
             body = _ENCODER.encode(answer).encode()
@@ -356,12 +371,12 @@ class _Handler(BaseHTTPRequestHandler):
         head = f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n{connection}\r\n"
         self.wfile.write(head.encode() + body)
 
-    def send_error(self, code, message=None, explain=None):
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """http.server's own refusals (a bad request line, an unknown method), in JSON."""
         self.close_connection = True
         self._reply(code, {"error": message or self.responses.get(code, ("error",))[0]})
 
-    def log_message(self, format, *args):
+    def log_message(self, format: str, *args: Any) -> None:
         pass  # a line per request would cost more than the request
 
 
@@ -375,11 +390,12 @@ class _Server:
     """A worker bound to host:port (port 0 picks one): `load()` the model, `serve_forever()`
     in some thread, `shutdown()` from another. `serve` does all three."""
 
-    def __init__(self, predict_fn, load_fn=None, *, port: int = 0, model_dir=None, host: str = "127.0.0.1"):
+    def __init__(self, predict_fn: PredictFn, load_fn: LoadFn | None = None, *, port: int = 0,
+                 model_dir: str | os.PathLike[str] | None = None, host: str = "127.0.0.1"):
         self.predict_fn = predict_fn
         self.load_fn = load_fn
         self.model_dir = str(model_dir or os.environ.get("KILN_MODEL_DIR") or os.getcwd())
-        self.model = None
+        self.model: Any = None
         self.ready = False
         self.stopping = False
         self._np = _numpy()
@@ -421,7 +437,7 @@ class _Server:
 
     # === routes ===
 
-    def get(self, path: str, body: bytes) -> tuple[int, dict]:
+    def get(self, path: str, body: bytes) -> _Answer:
         if path == "/v2/health/live":
             return 200, {"live": True}
         if path == "/v2/health/ready":
@@ -430,7 +446,7 @@ class _Server:
             return (200, {"ready": True}) if self.ready else (503, {"ready": False, "error": "the model is loading"})
         return 404, {"error": f"no such endpoint: GET {path} (the worker serves {_ROUTES})"}
 
-    def post(self, path: str, body: bytes) -> tuple[int, dict]:
+    def post(self, path: str, body: bytes) -> _Answer:
         route = _INFER_PATH.fullmatch(path)
         if route is None:
             return 404, {"error": f"no such endpoint: POST {path} (the worker serves {_ROUTES})"}
@@ -445,7 +461,7 @@ class _Server:
                 self._in_flight -= 1
                 self._state.notify_all()
 
-    def _infer(self, model_name: str, version: str | None, body: bytes) -> tuple[int, dict]:
+    def _infer(self, model_name: str, version: str | None, body: bytes) -> _Answer:
         if not self.ready:
             return 503, {"error": "the model is loading"}
         try:
@@ -464,7 +480,7 @@ class _Server:
                 produced = ", ".join(map(repr, outputs)) or "none"
                 raise _Refused(400, f"requested output {missing[0]!r} is not one predict_fn produced ({produced})")
             names = outputs if wanted is None else wanted
-            answer = {"model_name": model_name}
+            answer: dict[str, Any] = {"model_name": model_name}
             if version:
                 answer["model_version"] = version
             if request_id is not None:
@@ -478,8 +494,8 @@ class _Server:
             return 500, {"error": f"{type(error).__name__}: {error}"}
 
 
-def _port(port) -> int:
-    text = os.environ.get("KILN_SERVE_PORT") if port is None else port
+def _port(port: int | None) -> int:
+    text: str | int | None = os.environ.get("KILN_SERVE_PORT") if port is None else port
     if text is None or text == "":
         raise ValueError("kiln.serve: no port: set KILN_SERVE_PORT or pass port=")
     try:
@@ -491,7 +507,8 @@ def _port(port) -> int:
     return number
 
 
-def serve(predict_fn, load_fn=None, *, port: int | None = None, model_dir=None, host: str | None = None) -> None:
+def serve(predict_fn: PredictFn, load_fn: LoadFn | None = None, *, port: int | None = None,
+          model_dir: str | os.PathLike[str] | None = None, host: str | None = None) -> None:
     """Serves `predict_fn(model, inputs) -> outputs` as an inference worker until SIGTERM or
     Ctrl-C, then returns once the requests being answered are done (at most 30s; a second
     SIGTERM ends the process at once).
@@ -506,7 +523,7 @@ def serve(predict_fn, load_fn=None, *, port: int | None = None, model_dir=None, 
     server = _Server(predict_fn, load_fn, port=_port(port), model_dir=model_dir, host=host)
     stop = threading.Event()
 
-    def on_sigterm(signum, frame):
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
         stop.set()
         if not server.ready:
             raise _Stop  # ends a long load early

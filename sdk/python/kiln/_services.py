@@ -32,6 +32,7 @@ import grpc
 from kiln.v1 import job_pb2, serve_pb2
 
 from . import _predict
+from ._address import Metadata
 from ._errors import KilnError, translated
 from ._jobs import _MARKETS, Size, _parse_size, _round
 from ._manage import ManageStubs
@@ -197,7 +198,7 @@ class Services:
     """Creates, reads, updates, scales and stops inference services, and asks them for
     predictions: `kiln.Client().services`."""
 
-    def __init__(self, stubs: Callable[[], ManageStubs], metadata: Sequence[tuple[str, str]]):
+    def __init__(self, stubs: Callable[[], ManageStubs], metadata: Metadata):
         self._stubs = stubs  # the client's, opened on first use
         self._metadata = metadata
         # A service's predictor URL by (name, project), asked once (`predict`).

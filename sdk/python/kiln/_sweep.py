@@ -6,6 +6,7 @@ import json
 import os
 import threading
 import time
+from typing import Any
 
 import grpc
 
@@ -15,15 +16,20 @@ from kiln.v1 import sweep_pb2, sweep_pb2_grpc
 _ASK_EVERY = 1.0
 
 _lock = threading.Lock()
-_stub = None
+_stub: sweep_pb2_grpc.SweepServiceStub | None = None
 _asked_at = 0.0
 _stopped = False
 
 
-def trial_knobs() -> dict:
-    """The knobs the advisor gave this trial (KILN_TRIAL_CONFIG); empty outside a sweep."""
+def trial_knobs() -> dict[str, Any]:
+    """The knobs the advisor gave this trial (KILN_TRIAL_CONFIG, a JSON object); empty outside a sweep."""
     text = os.environ.get("KILN_TRIAL_CONFIG")
-    return json.loads(text) if text else {}
+    if not text:
+        return {}
+    knobs = json.loads(text)
+    if not isinstance(knobs, dict):
+        raise RuntimeError(f"kiln: KILN_TRIAL_CONFIG is not a JSON object: {text[:200]!r}")
+    return knobs
 
 
 def should_stop() -> bool:

@@ -26,12 +26,13 @@ import pathlib
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Union
 
 import yaml
 
 from kiln.v1 import sweep_pb2
 
+from ._address import Metadata
 from ._errors import retried, translated
 from ._manage import ManageStubs
 from ._pack import upload_code
@@ -162,7 +163,7 @@ def spec_text(spec: Spec) -> tuple[str, str]:
 class Sweeps:
     """Creates, reads, stops and resumes sweeps, run by the advisor: `kiln.Client().sweeps`."""
 
-    def __init__(self, stubs: Callable[[], ManageStubs], metadata: Sequence[tuple[str, str]]):
+    def __init__(self, stubs: Callable[[], ManageStubs], metadata: Metadata):
         self._stubs = stubs  # the client's, opened on first use
         self._metadata = metadata
 

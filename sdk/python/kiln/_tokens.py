@@ -13,10 +13,11 @@ than its user's.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable
 
 from kiln.v1 import tenancy_pb2
 
+from ._address import Metadata
 from ._errors import translated
 from ._jobs import Duration, _parse_duration
 from ._manage import ManageStubs
@@ -65,7 +66,7 @@ def _token(message: tenancy_pb2.Token) -> Token:
 class Tokens:
     """Makes, lists and revokes your tokens: `kiln.Client().tokens`."""
 
-    def __init__(self, stubs: Callable[[], ManageStubs], metadata: Sequence[tuple[str, str]]):
+    def __init__(self, stubs: Callable[[], ManageStubs], metadata: Metadata):
         self._stubs = stubs  # the client's, opened on first use
         self._metadata = metadata
 

@@ -14,18 +14,24 @@ import hashlib
 import os
 import pathlib
 from dataclasses import dataclass
-from typing import Iterator, Mapping
+from typing import Any, Iterator, Mapping, Union
 
 from kiln.v1 import artifact_pb2, artifact_pb2_grpc, job_pb2, job_pb2_grpc
+
+from ._address import Metadata
 
 CHUNK = 1 << 20
 """Bytes read, hashed and sent at a time."""
 
+# A config or summary value as kiln stores it (typing's Union: an alias is evaluated at import, and
+# `X | Y` needs Python 3.10).
+Scalar = Union[bool, int, float, str]
 
-def flatten(config: Mapping, prefix: str = "") -> dict:
+
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Scalar]:
     """Nested dicts as flat `a.b` keys with bool/int/float/str values; anything else raises a
     TypeError naming the key."""
-    flat: dict = {}
+    flat: dict[str, Scalar] = {}
     for key, value in config.items():
         if not isinstance(key, str):
             raise TypeError(f"kiln: config key {key!r} under {prefix or 'the top'} is a {type(key).__name__}; keys are strings")
@@ -42,7 +48,7 @@ def flatten(config: Mapping, prefix: str = "") -> dict:
     return flat
 
 
-def config_value(key: str, value) -> job_pb2.ConfigValue:
+def config_value(key: str, value: Scalar) -> job_pb2.ConfigValue:
     if isinstance(value, bool):
         return job_pb2.ConfigValue(bool_value=value)
     if isinstance(value, int):
@@ -56,9 +62,14 @@ def config_value(key: str, value) -> job_pb2.ConfigValue:
     return job_pb2.ConfigValue(string_value=value)
 
 
-def from_proto(values) -> dict:
+def from_proto(values: Mapping[str, job_pb2.ConfigValue]) -> dict[str, Any]:
     """A proto `map<string, ConfigValue>` as a plain dict, sorted by key."""
-    return {key: getattr(values[key], values[key].WhichOneof("value")) for key in sorted(values) if values[key].WhichOneof("value")}
+    plain: dict[str, Any] = {}
+    for key in sorted(values):
+        which = values[key].WhichOneof("value")
+        if which is not None:  # a value with none of its fields set is left out
+            plain[key] = getattr(values[key], which)
+    return plain
 
 
 @dataclass
@@ -70,7 +81,7 @@ class _Session:
     project: str = ""
 
     @property
-    def metadata(self):
+    def metadata(self) -> Metadata:
         return (("authorization", f"Bearer {self.token}"),)
 
 
@@ -96,8 +107,8 @@ def _current(what: str) -> _Session:
     return _session
 
 
-def update_run(config: Mapping | None = None, summary: Mapping | None = None, session: _Session | None = None,
-               what: str = "summary") -> None:
+def update_run(config: Mapping[str, Any] | None = None, summary: Mapping[str, Any] | None = None,
+               session: _Session | None = None, what: str = "summary") -> None:
     from ._run import _channel
 
     session = session or _current(what)
@@ -110,7 +121,7 @@ def update_run(config: Mapping | None = None, summary: Mapping | None = None, se
         job_pb2_grpc.JobServiceStub(channel).UpdateRun(request, metadata=session.metadata, timeout=60)
 
 
-def summary(values: Mapping) -> None:
+def summary(values: Mapping[str, Any]) -> None:
     """Sets summary values of the current run (nested dicts become `a.b` keys); keys set
     before keep their values unless given again."""
     update_run(summary=values)
@@ -163,7 +174,7 @@ def _files(root: pathlib.Path) -> list[tuple[pathlib.Path, str]]:
     return sorted(found, key=lambda pair: pair[1])
 
 
-def save(path: str | os.PathLike, name: str | None = None) -> Saved:
+def save(path: str | os.PathLike[str], name: str | None = None) -> Saved:
     """Saves a file or a directory as an artifact of the current run, under `name` (the file's
     or directory's name by default); saving under a name again replaces what it held."""
     from ._run import _channel
