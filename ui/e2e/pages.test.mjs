@@ -51,7 +51,7 @@ describe('pages', () => {
     await page.getByRole('link', { name: 'Admin' }).click();
     await page.getByTestId('users').locator('td', { hasText: 'admin' }).first().waitFor();
     await page.getByTestId('projects').locator('td', { hasText: 'ada (maintainer)' }).waitFor();
-    await page.getByTestId('quotas').locator('td', { hasText: 'global' }).waitFor();
+    await page.getByTestId('quotas').locator('tr[data-scope="global"]').waitFor();
     await screenshot(page, 'admin');
     await assertAccessible(page);
     assert.deepEqual(page.externalRequests, []);

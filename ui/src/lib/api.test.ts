@@ -1,5 +1,5 @@
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
-import { ApiError, askForLogin, login, redeemLogin, rpc, setUnauthenticatedHandler } from './api';
+import { ApiError, askForLogin, login, redeemLogin, rpc, setUnauthenticatedHandler, upload } from './api';
 
 function answer(status: number, body: unknown): Response {
   return new Response(JSON.stringify(body), { status, headers: { 'Content-Type': 'application/json' } });
@@ -68,5 +68,17 @@ describe('rpc', () => {
     fetchMock.mockResolvedValueOnce(answer(401, { code: 'unauthenticated', message: 'this browser has no login waiting' }));
     await expect(redeemLogin()).rejects.toMatchObject({ status: 401, message: 'this browser has no login waiting' });
     expect(handler).not.toHaveBeenCalled();
+  });
+
+  it('uploads a file as the raw body with the CSRF header, to the named project', async () => {
+    fetchMock.mockResolvedValue(answer(200, { digest: 'ab12', size: 3, created: true }));
+    const file = new Blob(['abc']);
+    expect(await upload('vision lab', file)).toEqual({ digest: 'ab12', size: 3, created: true });
+    const [url, init] = fetchMock.mock.calls[0];
+    expect(url).toBe('/api/v1/upload?project=vision%20lab');
+    expect([init.method, init.credentials, init.body]).toEqual(['POST', 'same-origin', file]);
+    expect(init.headers).toEqual({ 'Content-Type': 'application/octet-stream', 'X-Kiln-Csrf': '1' });
+    fetchMock.mockResolvedValue(answer(403, { code: 'permission_denied', message: 'needs member' }));
+    await expect(upload('vision', file)).rejects.toMatchObject({ status: 403, code: 'permission_denied' });
   });
 });

@@ -56,6 +56,29 @@ export async function rpc<T>(service: string, method: string, request: object = 
   return (await response.json()) as T;
 }
 
+/** What `POST /api/v1/upload` answers: the stored file's sha256, its size, whether it was new. */
+export interface Uploaded {
+  digest: string;
+  size: number | string;
+  created: boolean;
+}
+
+/**
+ * Uploads a file's bytes as a blob of `project` (what `kiln dataset create` uploads before it
+ * names the archive); the body is the file itself, so nothing is read into the page's memory.
+ */
+export async function upload(project: string, file: Blob): Promise<Uploaded> {
+  const response = await fetch(`/api/v1/upload?project=${encodeURIComponent(project)}`, {
+    method: 'POST',
+    credentials: 'same-origin',
+    headers: { 'Content-Type': 'application/octet-stream', 'X-Kiln-Csrf': '1' },
+    body: file,
+  });
+  if (response.status === 401) onUnauthenticated();
+  if (!response.ok) throw await errorOf(response);
+  return (await response.json()) as Uploaded;
+}
+
 export interface StreamHandlers<T> {
   /** The connection is open (again, after a reconnect); messages may still be a while. */
   onOpen?: () => void;
@@ -151,4 +174,13 @@ export async function logout(): Promise<void> {
 
 export function whoAmI(): Promise<WhoAmI> {
   return rpc<WhoAmI>('NodeService', 'WhoAmI');
+}
+
+/**
+ * The address that downloads what a server-streaming file method sends (`GetOutput`,
+ * `GetRunArtifact`): a plain link, so the browser streams it to disk, saved as `filename`.
+ */
+export function downloadUrl(service: string, method: string, request: object, filename: string): string {
+  const query = `request=${encodeURIComponent(JSON.stringify(request))}&filename=${encodeURIComponent(filename)}`;
+  return `/api/v1/download/${service}/${method}?${query}`;
 }

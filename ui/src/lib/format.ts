@@ -71,3 +71,8 @@ export function cpu(millis: number | undefined): string {
   if (!millis) return '—';
   return `${millis / 1000} CPU`;
 }
+
+/** `ROLE_MAINTAINER` -> `maintainer`; `—` for none. */
+export function roleLabel(role: string): string {
+  return role === 'ROLE_UNSPECIFIED' || !role ? '—' : stateLabel(role).toLowerCase();
+}

@@ -4,7 +4,7 @@
 
 export interface Route {
   /** The page's name. */
-  page: 'login' | 'runs' | 'run' | 'compare' | 'batches' | 'batch' | 'sweeps' | 'sweep' | 'services' | 'models' | 'admin' | 'notfound';
+  page: 'login' | 'runs' | 'run' | 'compare' | 'batches' | 'batch' | 'sweeps' | 'sweep' | 'services' | 'models' | 'admin' | 'projects' | 'project' | 'submit' | 'notfound';
   /** The path parameter (`/runs/:id`), when the route has one. */
   id: string;
   query: URLSearchParams;
@@ -22,6 +22,9 @@ const PATTERNS: [RegExp, Route['page']][] = [
   [/^\/services$/, 'services'],
   [/^\/models$/, 'models'],
   [/^\/admin$/, 'admin'],
+  [/^\/submit$/, 'submit'],
+  [/^\/projects$/, 'projects'],
+  [/^\/projects\/([^/]+)$/, 'project'],
 ];
 
 export function match(pathname: string, search: string): Route {

@@ -25,7 +25,7 @@ export interface JobSpec {
   name: string;
   command: string[];
   env: Record<string, string>;
-  resources?: { cpuMillis: number; memoryBytes: number };
+  resources?: { cpuMillis: number; memoryBytes: number; diskBytes?: number; shmBytes?: number };
   codeDigest: string;
   project: string;
   image: string;
@@ -36,6 +36,8 @@ export interface JobSpec {
   market: string;
   pool: string;
   secrets: string[];
+  /** Nodes of a gang job (0 and 1: one node). */
+  nodes?: number;
 }
 
 export interface Job {
@@ -215,6 +217,8 @@ export interface ServiceMember {
 export interface Service {
   name: string; project: string; owner: string; state: string; reason: string;
   revision: number; latestRevision: number; members: ServiceMember[];
+  /** Workers per member: min = max for a fixed number (ScaleService's `replicas`). */
+  scaling?: { minReplicas: number; maxReplicas: number };
   createdAtMs: number; updatedAtMs: number; url: string; traffic: number; shadow: boolean;
   recent?: ServiceTraffic;
   /** Why the service was paused (its owner may no longer run jobs); absent or empty when not. */
@@ -243,3 +247,12 @@ export interface User { id: string; name: string; admin: boolean; disabled: bool
 export interface Project { name: string; createdAtMs: number; role: RoleName }
 
 export interface RunArtifactFile { name: string; path: string; digest: string; size: number }
+
+/** A project's secret as reads show it: no RPC ever returns a value. */
+export interface Secret { project: string; name: string; createdAtMs: number; updatedAtMs: number }
+/** One of the caller's tokens (never the token itself, which only CreateToken returns, once). */
+export interface Token {
+  id: string; name: string; user: string; createdAtMs: number; lastUsedAtMs: number;
+  expiresAtMs: number; revoked: boolean; project: string; role: RoleName;
+}
+export interface Dataset { name: string; digest: string; size: number; createdBy: string; createdAtMs: number; project: string }
