@@ -191,8 +191,8 @@ async fn download(
 }
 
 /// `GET /api/v1/stream/{service}/{method}?request=<JSON>`: a server-streaming call as
-/// server-sent events; answers with a `seq` (log lines) carry it as their id, and a reconnect
-/// with `Last-Event-ID` skips what it saw.
+/// server-sent events; answers with a `seq` (log lines, a watched list's changes) carry it as
+/// their id, and a reconnect with `Last-Event-ID` skips what it saw.
 async fn stream(
     State(gateway): State<Arc<Gateway>>,
     Path((service, method)): Path<(String, String)>,
@@ -203,18 +203,16 @@ async fn stream(
         .get("last-event-id")
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.trim().parse::<u64>().ok());
-    // A log resumed: log-ingest starts after the line seen instead of sending the log again.
-    let request = match seen {
-        Some(seen) if method == "GetLogs" => resumed_after(&query.request, seen),
-        _ => query.request.clone(),
-    };
     let started = async {
         let token = session::token(&headers)?;
-        gateway
-            .transcoder
-            .call(&service, &method, Shape::ServerStreaming)?
-            .server_streaming(&token, request.as_bytes())
-            .await
+        let call = gateway.transcoder.call(&service, &method, Shape::ServerStreaming)?;
+        // Resumed (a log, a watched list): the service starts after the event seen instead of
+        // sending everything again.
+        let request = match seen {
+            Some(seen) if call.resumes() => resumed_after(&query.request, seen),
+            _ => query.request.clone(),
+        };
+        call.server_streaming(&token, request.as_bytes()).await
     };
     let answers = match started.await {
         Ok(answers) => answers,
@@ -247,8 +245,8 @@ async fn stream(
         .into_response()
 }
 
-/// A GetLogs request (JSON) with `afterSeq` set to the last line seen; one that is not a JSON
-/// object goes as it is (the call refuses it).
+/// A request (JSON) with `afterSeq` set to the last event seen; one that is not a JSON object
+/// goes as it is (the call refuses it).
 fn resumed_after(request: &str, seen: u64) -> String {
     match serde_json::from_str::<serde_json::Value>(request) {
         Ok(serde_json::Value::Object(mut fields)) => {

@@ -89,6 +89,12 @@ impl Transcoder {
 }
 
 impl Call {
+    /// Whether the method's request resumes after a position (`after_seq`, as `GetLogs` and
+    /// `WatchJobs` take).
+    pub fn resumes(&self) -> bool {
+        self.method.input().get_field_by_name("after_seq").is_some()
+    }
+
     /// Calls a unary method with a JSON request; its answer as JSON.
     pub async fn unary(self, token: &str, json: &[u8]) -> Result<Vec<u8>, Status> {
         let request = self.request(token, json)?;
@@ -110,7 +116,11 @@ impl Call {
         let answers = self.server_streaming_messages(token, json).await?;
         Ok(answers.map(|answer| {
             let answer = answer?;
-            let seq = answer.get_field_by_name("seq").and_then(|value| value.as_u64());
+            // 0 is no position (stream sequences start at 1): such an answer gets no event id.
+            let seq = answer
+                .get_field_by_name("seq")
+                .and_then(|value| value.as_u64())
+                .filter(|seq| *seq > 0);
             Ok((seq, to_json(&answer)?))
         }))
     }

@@ -21,6 +21,7 @@ use tonic::{Request, Response, Status};
 use crate::access;
 use crate::error::{Error, Result};
 
+mod feed;
 mod validate;
 
 pub(crate) use validate::validate_dataset_name;
@@ -255,23 +256,7 @@ impl JobService for JobsApi {
     #[tracing::instrument(skip_all)]
     async fn list_jobs(&self, request: Request<pb::ListJobsRequest>) -> Result<Response<pb::ListJobsResponse>, Status> {
         let caller = access::caller(&request)?;
-        let request = request.into_inner();
-        let limit = match request.limit {
-            0 => 100,
-            n => u64::from(n.min(10_000)),
-        };
-        let visible = caller
-            .listed_projects(&self.store, &request.project)
-            .await
-            .map_err(Error::from)?;
-        let owner = (!request.everyone && !caller.is_admin()).then(|| caller.user_id().to_string());
-        let filter = kiln_core::store::JobFilter {
-            owner_id: owner,
-            projects: visible,
-            all: request.all,
-            sweep_id: (!request.sweep_id.is_empty()).then_some(request.sweep_id),
-            limit,
-        };
+        let filter = feed::job_filter(self, &caller, request.get_ref()).await?;
         let jobs = self.store.list_jobs_where(&filter).await.map_err(Error::from)?;
         Ok(Response::new(pb::ListJobsResponse {
             jobs: jobs.iter().map(JobRecord::to_proto).collect(),
@@ -390,5 +375,17 @@ impl JobService for JobsApi {
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    type WatchJobsStream = feed::JobChangesStream;
+
+    #[tracing::instrument(skip_all)]
+    async fn watch_jobs(
+        &self,
+        request: Request<pb::WatchJobsRequest>,
+    ) -> Result<Response<Self::WatchJobsStream>, Status> {
+        let caller = access::caller(&request)?;
+        let changes = self.watch_jobs(&caller, request.into_inner()).await?;
+        Ok(Response::new(changes))
     }
 }

@@ -24,6 +24,7 @@ pub const POLICY: &[Rule] = &[
     rule("/kiln.v1.JobService/ListJobs", Needs(Viewer), Deny),
     rule("/kiln.v1.JobService/StopJob", MEMBER_OWN_MAINTAINER_ANY, Deny),
     rule("/kiln.v1.JobService/WatchJob", Needs(Viewer), OwnJob),
+    rule("/kiln.v1.JobService/WatchJobs", Needs(Viewer), Deny),
     rule("/kiln.v1.JobService/CreateRun", Needs(Member), Deny),
     rule("/kiln.v1.JobService/FinishRun", MEMBER_OWN_MAINTAINER_ANY, OwnJob),
     rule("/kiln.v1.JobService/ExplainJob", Needs(Viewer), OwnJob),

@@ -148,12 +148,13 @@ pub(super) fn of(service: Service) -> Permissions {
     match service {
         Service::Api => {
             // Submit, stop, external runs; explain asks the scheduler, model registration asks
-            // log-ingest; WatchJob follows a job's events.
+            // log-ingest; WatchJob follows a job's events, WatchJobs reads them from KILN_JOBS.
             p.job_changes()
                 .publish(CONTROL_ANY)
                 .publish(SCHEDULER_EXPLAIN)
                 .publish(INGEST_LATEST_VALUES)
-                .subscribe(JOB_EVENT_ANY);
+                .subscribe(JOB_EVENT_ANY)
+                .consume(STREAM_JOBS);
         }
         Service::Scheduler => {
             p.job_changes()

@@ -34,6 +34,21 @@ pub struct JobFilter {
     pub limit: u64,
 }
 
+/// The jobs of `filter`'s owner, projects and sweep.
+fn whose(filter: &JobFilter) -> sea_orm::Select<Jobs> {
+    let mut query = Jobs::find();
+    if let Some(owner_id) = &filter.owner_id {
+        query = query.filter(Column::OwnerId.eq(owner_id.as_str()));
+    }
+    if let Visible::Only(projects) = &filter.projects {
+        query = query.filter(Column::Project.is_in(projects.iter().cloned()));
+    }
+    if let Some(sweep_id) = &filter.sweep_id {
+        query = query.filter(Column::SweepId.eq(sweep_id.as_str()));
+    }
+    query
+}
+
 /// A config as stored in `config_json` / `summary_json`.
 pub(super) fn config_json(config: &RunConfig) -> StoreResult<String> {
     serde_json::to_string(config).map_err(|e| StoreError::Corrupt(e.to_string()))
@@ -58,16 +73,7 @@ impl JobRecord {
 impl Store {
     /// Jobs by `filter`, newest first.
     pub async fn list_jobs_where(&self, filter: &JobFilter) -> StoreResult<Vec<JobRecord>> {
-        let mut query = Jobs::find();
-        if let Some(owner_id) = &filter.owner_id {
-            query = query.filter(Column::OwnerId.eq(owner_id.as_str()));
-        }
-        if let Visible::Only(projects) = &filter.projects {
-            query = query.filter(Column::Project.is_in(projects.iter().cloned()));
-        }
-        if let Some(sweep_id) = &filter.sweep_id {
-            query = query.filter(Column::SweepId.eq(sweep_id.as_str()));
-        }
+        let mut query = whose(filter);
         if !filter.all {
             let live = JobState::ALL
                 .into_iter()
@@ -80,6 +86,21 @@ impl Store {
             .limit(filter.limit)
             .all(&self.db)
             .await?)
+    }
+
+    /// The jobs of `ids` whose owner, project and sweep `filter` lets through, in any state
+    /// (`all` and `limit` aside): the changes of a watched list.
+    pub async fn changed_jobs_where(&self, ids: &[String], filter: &JobFilter) -> StoreResult<Vec<JobRecord>> {
+        let mut changed = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(500) {
+            let rows = whose(filter)
+                .filter(Column::Id.is_in(chunk.iter().map(String::as_str)))
+                .all(&self.db)
+                .await?;
+            changed.extend(rows);
+        }
+        changed.sort_unstable_by(|a, b| b.id.cmp(&a.id));
+        Ok(changed)
     }
 
     /// Merges `config` and `summary` into the job's (a key given again takes the new value;
