@@ -83,14 +83,25 @@ async fn rpc(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    let answered = async {
-        session::check_csrf(&headers)?;
-        let token = session::token(&headers)?;
+    written(&headers, |token| async move {
         gateway
             .transcoder
             .call(&service, &method, Shape::Unary)?
             .unary(&token, &body)
             .await
+    })
+    .await
+}
+
+/// A call that writes: the CSRF proof checked, then `call` with the caller's token; its JSON
+/// answer, or the refusal.
+async fn written<F: Future<Output = Result<Vec<u8>, Status>>>(
+    headers: &HeaderMap,
+    call: impl FnOnce(String) -> F,
+) -> Response {
+    let answered = async {
+        session::check_csrf(headers)?;
+        call(session::token(headers)?).await
     };
     match answered.await {
         Ok(json) => json_response(json),
@@ -114,9 +125,7 @@ async fn upload(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    let answered = async {
-        session::check_csrf(&headers)?;
-        let token = session::token(&headers)?;
+    written(&headers, |token| async move {
         if body.is_empty() {
             return Err(Status::invalid_argument(
                 "the upload is empty: send the file as the body",
@@ -136,11 +145,8 @@ async fn upload(
             .call("ArtifactService", "UploadArtifact", Shape::ClientStreaming)?
             .client_streaming(&token, header.to_string().as_bytes(), "chunk", chunks)
             .await
-    };
-    match answered.await {
-        Ok(json) => json_response(json),
-        Err(status) => status_response(status),
-    }
+    })
+    .await
 }
 
 #[derive(serde::Deserialize)]

@@ -44,7 +44,10 @@ const MOVED_FROM: [&str; 2] = [PENDING, FAILED];
 /// One statement moving every item of `results` (distinct items) that is in state `from` to
 /// `state`, each only if this is a later attempt of its current round (as the one-item update
 /// does): `WITH v(...) AS (VALUES ...) UPDATE batch_items SET ... FROM v WHERE ...`, which
-/// SQLite (3.33 on) and Postgres both take.
+/// SQLite (3.33 on) and Postgres both take. The state is compared as `state || ''`, which no
+/// index serves: given `state = ?`, SQLite finds the rows through the `(batch_id, state,
+/// item_key)` index, whose entries the update itself moves, and ran 19 times slower (200,000
+/// items in chunks of 500: 19.2 s against 1.0 s by the primary key).
 fn bulk_update(backend: DbBackend, from: &str, state: &str, results: &[&pb::ItemResult], now: i64) -> Statement {
     const COLUMNS: usize = 9;
     let mut values: Vec<Value> = Vec::with_capacity(results.len() * COLUMNS + 4);
@@ -83,7 +86,7 @@ fn bulk_update(backend: DbBackend, from: &str, state: &str, results: &[&pb::Item
          peak_memory_bytes = v.peak_memory_bytes, duration_ms = v.duration_ms, updated_at_ms = {now_value} \
          FROM v WHERE batch_items.batch_id = v.batch_id AND batch_items.item_key = v.item_key \
          AND batch_items.round = v.round AND batch_items.last_attempt < v.attempt \
-         AND batch_items.state = {from_value}",
+         AND batch_items.state || '' = {from_value}",
         rows.join(", ")
     );
     Statement::from_sql_and_values(backend, sql, values)
@@ -209,6 +212,7 @@ impl BatchStore {
             let round = i32::try_from(result.round).unwrap_or(i32::MAX);
             let attempt = i32::try_from(result.attempt).unwrap_or(i32::MAX);
             for from in MOVED_FROM {
+                // (`state || ''`: by the primary key, as in `bulk_update`.)
                 let moved = item::Entity::update_many()
                     .col_expr(item::Column::State, Expr::value(state))
                     .col_expr(item::Column::Attempts, Expr::col(item::Column::Attempts).add(1))
@@ -229,7 +233,7 @@ impl BatchStore {
                     .filter(item::Column::ItemKey.eq(&result.key))
                     .filter(item::Column::Round.eq(round))
                     .filter(item::Column::LastAttempt.lt(attempt))
-                    .filter(item::Column::State.eq(from))
+                    .filter(Expr::cust("state || ''").eq(from))
                     .exec(&tx)
                     .await?
                     .rows_affected;
@@ -314,4 +318,50 @@ async fn failures_of(db: &impl ConnectionTrait, batch_id: &str, key: &str, round
         .one(db)
         .await?;
     Ok(failures.map(|n| u32::try_from(n).unwrap_or(u32::MAX)))
+}
+
+#[cfg(test)]
+mod tests {
+    use sea_orm::{ConnectionTrait, Statement};
+
+    use super::*;
+
+    /// The bulk update must find its rows by key: through the state index, whose entries it
+    /// moves, SQLite ran it 19 times slower (see `bulk_update`). With `state = ?` this plan named
+    /// `batch_items_state_idx`.
+    #[tokio::test]
+    async fn the_bulk_update_finds_items_by_key_not_by_the_state_it_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = kiln_core::store::Store::connect(&kiln_core::testing::sqlite_config(dir.path()))
+            .await
+            .unwrap();
+        store.migrate().await.unwrap();
+        let db = store.connection();
+        let result = pb::ItemResult {
+            batch_id: "b1".into(),
+            key: "k1".into(),
+            attempt: 1,
+            ..Default::default()
+        };
+        let update = bulk_update(DbBackend::Sqlite, PENDING, SUCCEEDED, &[&result], 1);
+        let explain = Statement {
+            sql: format!("EXPLAIN QUERY PLAN {}", update.sql),
+            ..update
+        };
+        let plan: Vec<String> = db
+            .query_all_raw(explain)
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.try_get::<String>("", "detail").unwrap())
+            .collect();
+        let search = plan
+            .iter()
+            .find(|step| step.contains("batch_items"))
+            .expect("a step on batch_items");
+        assert!(
+            search.contains("sqlite_autoindex_batch_items_1"),
+            "found by another index: {plan:?}"
+        );
+    }
 }
