@@ -1,4 +1,5 @@
-// Signing in, the Runs table following a job live, and a run's live logs.
+// Signing in, the Runs table following jobs live (from the change feed, or polling without
+// one), and a run's live logs.
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { assertAccessible, launch, login, loginWithToken, newPage, screenshot } from './browser.mjs';
@@ -55,6 +56,55 @@ describe('runs', () => {
     await page.getByTestId('rerun').click();
     await page.waitForURL((url) => url.pathname.startsWith('/runs/') && !url.pathname.endsWith(id));
     await page.getByTestId('logs').locator('[data-seq]', { hasText: 'done' }).waitFor({ timeout: 60_000 });
+    assert.deepEqual(page.errors, []);
+  });
+
+  it('follows the change feed: new runs and their states come without a reload or polling', async () => {
+    const page = await newPage(browser);
+    // The ListJobs limits asked for, and the watches opened.
+    const calls = { list: [], watch: 0 };
+    page.on('request', (request) => {
+      const { pathname } = new URL(request.url());
+      if (pathname === '/api/v1/rpc/JobService/ListJobs') calls.list.push(JSON.parse(request.postData()).limit);
+      if (pathname === '/api/v1/stream/JobService/WatchJobs') calls.watch++;
+    });
+    await login(page, kiln);
+    await page.evaluate(() => (window.__noReload = true));
+    const id = await submit(kiln, ['sh', '-c', 'sleep 3'], { name: 'fed' });
+    const state = page.locator(`tr[data-job-id="${id}"] [data-testid="state"]`);
+    await state.and(page.locator('[data-state="RUNNING"]')).waitFor({ timeout: 60_000 });
+    await state.and(page.locator('[data-state="SUCCEEDED"]')).waitFor({ timeout: 60_000 });
+    // A run (CreateRun, FinishRun) as well, and the table's count follows.
+    const before = await page.getByTestId('run-count').textContent();
+    const run = await kiln.call('JobService', 'CreateRun', { name: 'fed-run', project: 'default' });
+    const runState = page.locator(`tr[data-job-id="${run.id}"] [data-testid="state"]`);
+    await runState.and(page.locator('[data-state="RUNNING"]')).waitFor({ timeout: 30_000 });
+    assert.notEqual(await page.getByTestId('run-count').textContent(), before);
+    await kiln.call('JobService', 'FinishRun', { jobId: run.id, exitCode: 3 });
+    await runState.and(page.locator('[data-state="FAILED"]')).waitFor({ timeout: 30_000 });
+    // A few polling intervals more: the page asked for no list but its first screenfuls, once.
+    await page.waitForTimeout(5_000);
+    assert.equal(await page.evaluate(() => window.__noReload), true);
+    assert.deepEqual(calls, { list: [200], watch: 1 });
+    assert.deepEqual(page.errors, []);
+  });
+
+  it('polls ListJobs against an api without the change feed', async () => {
+    const page = await newPage(browser);
+    let lists = 0;
+    page.on('request', (request) => {
+      if (new URL(request.url()).pathname === '/api/v1/rpc/JobService/ListJobs') lists++;
+    });
+    // What an api from before WatchJobs answers.
+    const body = JSON.stringify({ code: 'not_found', message: 'no method JobService/WatchJobs (see proto/kiln/v1)' });
+    await page.route((url) => url.pathname === '/api/v1/stream/JobService/WatchJobs', (route) => route.fulfill({ status: 404, contentType: 'application/json', body }));
+    await login(page, kiln);
+    const run = await kiln.call('JobService', 'CreateRun', { name: 'polled', project: 'default' });
+    const state = page.locator(`tr[data-job-id="${run.id}"] [data-testid="state"]`);
+    await state.and(page.locator('[data-state="RUNNING"]')).waitFor({ timeout: 30_000 });
+    await kiln.call('JobService', 'FinishRun', { jobId: run.id, exitCode: 0 });
+    await state.and(page.locator('[data-state="SUCCEEDED"]')).waitFor({ timeout: 30_000 });
+    assert.ok(lists >= 2, `${lists} ListJobs calls`);
     assert.deepEqual(page.errors, []);
   });
 
