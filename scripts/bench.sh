@@ -21,6 +21,8 @@
 #   outputs-sync-bench — the runner's incremental outputs sync of a 2 GiB directory (everything,
 #     nothing changed, one file rewritten) against `aws s3 sync` (awscli==1.42.76), both to
 #     versitygw
+#   change_feed.py — what 10 open Runs pages over 10,000 runs cost kiln up (bytes sent, CPU):
+#     polling ListJobs every 2 s against the change feed (WatchJobs as server-sent events)
 #   sweep-bench — sweeps against Optuna (optuna==5.0.0, scikit-learn==1.9.1, numpy==2.4.6): search
 #     quality of TPE, ASHA's early stopping on learning curves, the advisor's overhead per trial
 # Uses the Docker Engine at DOCKER_HOST (or the local socket) when it answers, else starts one
@@ -98,6 +100,9 @@ s3_dir=$(mktemp -d /tmp/kiln-bench-s3.XXXXXX)
 source "$s3_dir/env"
 "$venv/bin/pip" install -q --disable-pip-version-check "awscli==1.42.76"
 ./target/release/outputs-sync-bench --mib "${SYNC_MIB:-2048}" --aws "$venv/bin/aws"
+
+# --- open Runs pages: polling ListJobs against the change feed ----------------------------------
+"$venv/bin/python" "$repo/bench/change_feed.py" --kiln "$repo/target/release/kiln"
 
 # --- sweeps against Optuna: search quality, early stopping, advisor overhead --------------------
 "$venv/bin/pip" install -q --disable-pip-version-check "optuna==5.0.0" "scikit-learn==1.9.1" "numpy==2.4.6"
