@@ -160,7 +160,8 @@ impl<'a> Requests<'a> {
     }
 
     /// Encodes a request of type `name`: its id, project and name fields point at alpha's
-    /// objects, nested specs are filled the same way, everything else is left at its default.
+    /// objects, nested specs (and a watched list) are filled the same way, everything else is
+    /// left at its default.
     pub fn request(&self, name: &str, targets: &Targets) -> Vec<u8> {
         let message = self.get(name);
         let short = name.rsplit('.').next().unwrap_or(name);
@@ -213,7 +214,8 @@ impl<'a> Requests<'a> {
                     };
                     prost::encoding::int32::encode(number, &(role as i32), &mut out)
                 }
-                (Type::Message, _) if matches!(field.name(), "spec" | "header" | "hello") => {
+                // (`list`: the list a WatchJobs watches, with the filters of a ListJobs.)
+                (Type::Message, _) if matches!(field.name(), "spec" | "header" | "hello" | "list") => {
                     let nested = self.request(field.type_name(), targets);
                     prost::encoding::encode_key(number, prost::encoding::WireType::LengthDelimited, &mut out);
                     prost::encoding::encode_varint(nested.len() as u64, &mut out);
