@@ -16,9 +16,12 @@ command -v npm >/dev/null || { echo "ui: npm not found: apt-get install nodejs n
 
 cd "$repo/ui"
 deps() {
-  # npm ci is skipped when node_modules matches the lock file (npm writes its own copy there).
-  if ! cmp -s package-lock.json node_modules/.package-lock.json 2>/dev/null; then
+  # npm ci is skipped when node_modules was installed from this lock file: a copy of it is kept
+  # there after each install (npm's own node_modules/.package-lock.json is another format, so
+  # comparing with it reinstalled every time, and under a concurrent run's feet).
+  if ! cmp -s package-lock.json node_modules/.kiln-installed-lock.json 2>/dev/null; then
     npm ci --no-audit --no-fund --loglevel=error
+    cp package-lock.json node_modules/.kiln-installed-lock.json
   fi
 }
 
