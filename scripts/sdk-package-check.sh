@@ -143,7 +143,7 @@ log "built $(basename "$sdist") and, from it alone, $(basename "$wheel")"
 
 # Run from a directory without a kiln/ in it, so the installed package is the one imported.
 cd "$work"
-MODULES="kiln, kiln.v1, kiln._run, kiln._address, kiln._client, kiln._batch, kiln._jobs, kiln._pack, kiln._errors, kiln._serve, kiln._sweep, kiln._track, kiln._checkpoint, kiln._manage, kiln._sweeps, kiln._registry, kiln._services, kiln._predict, kiln._tokens"
+MODULES="kiln, kiln.v1, kiln._run, kiln._address, kiln._client, kiln._batch, kiln._jobs, kiln._pack, kiln._errors, kiln._serve, kiln._tensors, kiln._sweep, kiln._track, kiln._checkpoint, kiln._manage, kiln._sweeps, kiln._registry, kiln._services, kiln._predict, kiln._tokens"
 IMPORT_CHECK="
 import sys, sysconfig
 import $MODULES
