@@ -131,17 +131,24 @@ class Kiln:
         return Fail(f"{message}\n--- tail of {self.log} ---\n{tail(self.log)}")
 
 
-class PollingPage(threading.Thread):
-    """The Runs page before the feed: the whole list every POLL_INTERVAL after the last answer."""
+class Page(threading.Thread):
+    """An open Runs page: what it received, and when its first rows and its whole list were in."""
 
     def __init__(self, api, stopping):
         super().__init__(daemon=True)
         self.api, self.stopping = api, stopping
         self.bytes = 0
         self.list_bytes = 0  # the bytes until the whole list was in
+        self.answers = 0  # ListJobs answers (polling), JobChanges messages (feed)
         self.first_rows = None
         self.whole = None
-        self.answers = 0  # ListJobs answers
+
+    def close(self):
+        self.stopping.set()
+
+
+class PollingPage(Page):
+    """The Runs page before the feed: the whole list every POLL_INTERVAL after the last answer."""
 
     def run(self):
         began = time.monotonic()
@@ -157,21 +164,12 @@ class PollingPage(threading.Thread):
                 self.whole, self.list_bytes = time.monotonic() - began, self.bytes
             self.stopping.wait(POLL_INTERVAL)
 
-    def close(self):
-        self.stopping.set()
 
-
-class FeedPage(threading.Thread):
+class FeedPage(Page):
     """The Runs page on the feed: one WatchJobs stream, its JobChanges applied to a list."""
 
     def __init__(self, api, stopping):
-        super().__init__(daemon=True)
-        self.api, self.stopping = api, stopping
-        self.bytes = 0
-        self.list_bytes = 0  # the bytes until the whole list was in
-        self.answers = 0  # JobChanges messages
-        self.first_rows = None
-        self.whole = None
+        super().__init__(api, stopping)
         self.states = {}  # job id -> state
         self.seq = 0
         self.lock = threading.Lock()
@@ -249,7 +247,7 @@ class FeedPage(threading.Thread):
             return {job_id: self.states[job_id] for job_id in ids}
 
     def close(self):
-        self.stopping.set()
+        super().close()
         if self.conn is not None and self.conn.sock is not None:
             try:
                 self.conn.sock.shutdown(socket.SHUT_RDWR)
