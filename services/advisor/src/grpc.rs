@@ -13,13 +13,12 @@ use tonic::{Request, Response, Status};
 
 use crate::Shared;
 use crate::error::{Error, Result};
+use crate::feed::{Listed, SweepChangesStream};
 use crate::record::{self, SweepRecord};
 use crate::spec;
 use crate::state::{SweepView, TrialView};
 use crate::trials;
 
-/// Most sweeps one ListSweeps returns.
-const LIST_LIMIT: u64 = 1000;
 /// Longest idempotency key.
 const MAX_KEY_BYTES: usize = 128;
 
@@ -49,22 +48,22 @@ impl SweepService for SweepApi {
         request: Request<pb::ListSweepsRequest>,
     ) -> Result<Response<pb::ListSweepsResponse>, Status> {
         let caller = caller(&request)?;
+        let listed = Listed::of(self, &caller, request.get_ref()).await?;
+        Ok(Response::new(pb::ListSweepsResponse {
+            sweeps: listed.sweeps().await?,
+        }))
+    }
+
+    type WatchSweepsStream = SweepChangesStream;
+
+    async fn watch_sweeps(
+        &self,
+        request: Request<pb::WatchSweepsRequest>,
+    ) -> Result<Response<SweepChangesStream>, Status> {
+        let caller = caller(&request)?;
         let request = request.into_inner();
-        let visible = caller
-            .listed_projects(&self.shared.store, &request.project)
-            .await
-            .map_err(Error::from)?;
-        let mut sweeps = Vec::new();
-        for record in self
-            .shared
-            .sweeps
-            .list_sweeps(&visible, request.all, LIST_LIMIT)
-            .await?
-        {
-            let view = self.view(record).await?;
-            sweeps.push(self.describe(&view, false).await?);
-        }
-        Ok(Response::new(pb::ListSweepsResponse { sweeps }))
+        let listed = Listed::of(self, &caller, &request.list.unwrap_or_default()).await?;
+        Ok(Response::new(listed.watch(request.after_seq).await?))
     }
 
     async fn stop_sweep(&self, request: Request<pb::GetSweepRequest>) -> Result<Response<pb::Sweep>, Status> {
@@ -260,14 +259,14 @@ impl SweepApi {
         Ok(record)
     }
 
-    async fn view(&self, record: SweepRecord) -> Result<SweepView> {
+    pub(crate) async fn view(&self, record: SweepRecord) -> Result<SweepView> {
         let events = self.shared.sweeps.events(&record.id).await?;
         let mut view = SweepView::new(record)?;
         view.apply(events);
         Ok(view)
     }
 
-    async fn describe(&self, view: &SweepView, with_trials: bool) -> Result<pb::Sweep> {
+    pub(crate) async fn describe(&self, view: &SweepView, with_trials: bool) -> Result<pb::Sweep> {
         let spec = view.spec();
         let mut jobs = HashMap::new();
         for trial in &view.trials {

@@ -40,6 +40,7 @@ use tokio_util::sync::CancellationToken;
 pub mod algo;
 pub mod config;
 pub mod error;
+mod feed;
 pub mod grpc;
 pub mod leader;
 pub mod observe;
@@ -101,7 +102,10 @@ impl Advisor {
             config.advertise_url.clone()
         };
         let shared = Shared {
-            sweeps: record::SweepStore::new(&store),
+            sweeps: record::SweepStore::new(&store).telling(kiln_core::feed::Changes::publish(
+                nats.jetstream.clone(),
+                kiln_core::subjects::CHANGES_SWEEPS,
+            )),
             store,
             nats,
             objects,

@@ -30,6 +30,7 @@ pub mod capacity;
 pub mod config;
 pub mod error;
 pub mod events;
+pub mod feed;
 pub mod ids;
 pub mod intake;
 pub mod item_results;

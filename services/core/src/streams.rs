@@ -201,6 +201,9 @@ pub fn stream_configs(replicas: usize) -> Vec<stream::Config> {
         spec(STREAM_LOGS, &[LOGS_ALL], Limits, day),
         spec(STREAM_ITEMS, &[ITEMS_ALL], WorkQueue, Duration::ZERO),
         spec(STREAM_ITEM_RESULTS, &[ITEM_RESULTS_ALL], Limits, 7 * day),
+        // Which records of a list changed (kiln_core::feed): a day of them, so a page left open
+        // overnight resumes with the whole list instead.
+        spec(STREAM_CHANGES, &[CHANGES_ALL], Limits, day),
     ]
 }
 
@@ -344,6 +347,6 @@ mod tests {
         subjects.sort();
         subjects.dedup();
         assert_eq!(subjects.len(), count);
-        assert_eq!(configs.len(), 7);
+        assert_eq!(configs.len(), 8);
     }
 }

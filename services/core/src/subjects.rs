@@ -9,6 +9,7 @@
 //! | `KILN_LOGS` | `kiln.logs.<job>`, `kiln.logs.item.<batch>` | limits (short) | runner, agent → log-ingest |
 //! | `KILN_ITEMS` | `kiln.items.<batch>` | work queue | item-batch → kiln-agent |
 //! | `KILN_ITEM_RESULTS` | `kiln.itemres.<batch>` | limits | item-batch's sessions (agents' outcomes, grouped) → item-batch, log-ingest |
+//! | `KILN_CHANGES` | `kiln.changes.<list>` | limits (a day) | item-batch, advisor, predictor → their list watchers |
 //!
 //! Core NATS (no stream): [`instance_notice`], a runner on a spot instance → the provisioner
 //! (and anyone watching): its cloud's rebalance recommendation or interruption notice.
@@ -24,6 +25,7 @@ pub const STREAM_METRICS: &str = "KILN_METRICS";
 pub const STREAM_LOGS: &str = "KILN_LOGS";
 pub const STREAM_ITEMS: &str = "KILN_ITEMS";
 pub const STREAM_ITEM_RESULTS: &str = "KILN_ITEM_RESULTS";
+pub const STREAM_CHANGES: &str = "KILN_CHANGES";
 
 /// Published when a job enters QUEUED (submit, re-queue).
 pub const JOB_QUEUED: &str = "kiln.job.queued";
@@ -36,6 +38,13 @@ pub const METRICS_ALL: &str = "kiln.metrics.>";
 pub const LOGS_ALL: &str = "kiln.logs.>";
 pub const ITEMS_ALL: &str = "kiln.items.>";
 pub const ITEM_RESULTS_ALL: &str = "kiln.itemres.>";
+pub const CHANGES_ALL: &str = "kiln.changes.>";
+/// The ids of batches changed (`ListChanged`), for WatchBatches.
+pub const CHANGES_BATCHES: &str = "kiln.changes.batches";
+/// The ids of sweeps changed, for WatchSweeps.
+pub const CHANGES_SWEEPS: &str = "kiln.changes.sweeps";
+/// The ids of services changed, for WatchServices.
+pub const CHANGES_SERVICES: &str = "kiln.changes.services";
 
 /// Request/reply: the api asks the scheduler leader why a queued job waits (`ExplainRequest`,
 /// answered with an `ExplainReply`). Only the leader subscribes, so standbys stay silent.

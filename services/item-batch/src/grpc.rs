@@ -13,6 +13,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::Shared;
 use crate::error::{Error, Result};
+use crate::feed::{BatchChangesStream, Listed};
 use crate::intake::Intake;
 use crate::spec::Spec;
 use crate::store::{self, BatchRecord, NewItem};
@@ -187,21 +188,22 @@ impl BatchService for BatchApi {
         request: Request<pb::ListBatchesRequest>,
     ) -> Result<Response<pb::ListBatchesResponse>, Status> {
         let caller = caller(&request)?;
-        let visible = caller
-            .listed_projects(&self.shared.store, &request.get_ref().project)
-            .await
-            .map_err(Error::from)?;
-        let owner = (!caller.is_admin()).then_some(caller.user_id());
-        let records = self
-            .shared
-            .batches
-            .list_batches(owner, &visible, request.get_ref().all)
-            .await?;
-        let mut batches = Vec::with_capacity(records.len());
-        for record in &records {
-            batches.push(self.shared.describe(record).await?);
-        }
-        Ok(Response::new(pb::ListBatchesResponse { batches }))
+        let listed = Listed::of(&self.shared, &caller, request.get_ref()).await?;
+        Ok(Response::new(pb::ListBatchesResponse {
+            batches: listed.batches().await?,
+        }))
+    }
+
+    type WatchBatchesStream = BatchChangesStream;
+
+    async fn watch_batches(
+        &self,
+        request: Request<pb::WatchBatchesRequest>,
+    ) -> Result<Response<BatchChangesStream>, Status> {
+        let caller = caller(&request)?;
+        let request = request.into_inner();
+        let listed = Listed::of(&self.shared, &caller, &request.list.unwrap_or_default()).await?;
+        Ok(Response::new(listed.watch(request.after_seq).await?))
     }
 
     async fn list_items(

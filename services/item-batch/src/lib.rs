@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 pub mod config;
 pub mod error;
+mod feed;
 pub mod grpc;
 mod intake;
 mod progress;
@@ -270,7 +271,10 @@ impl ItemBatch {
             config.advertise_url.clone()
         };
         let shared = Shared {
-            batches: BatchStore::new(&store),
+            batches: BatchStore::new(&store).telling(kiln_core::feed::Changes::publish(
+                nats.jetstream.clone(),
+                kiln_core::subjects::CHANGES_BATCHES,
+            )),
             store,
             nats,
             objects,

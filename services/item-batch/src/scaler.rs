@@ -147,6 +147,10 @@ pub async fn pass(shared: &Arc<Shared>, woken: bool, leading: &(dyn Fn() -> bool
         if let Err(error) = tend(shared, &batch, leading, &mut totals).await {
             tracing::warn!(batch_id = %batch.id, error = %error, "cannot tend batch");
         }
+        if !woken {
+            // Its workers, items in flight and rate change without a write of its own.
+            shared.batches.touch(&batch.id);
+        }
     }
     if !woken && leading() {
         let batches = shared.batches.count_batches().await?;

@@ -149,6 +149,8 @@ pub async fn pass(shared: &Shared) -> Result<()> {
     let mut kept = Vec::new();
     for record in shared.services.list(&kiln_core::authz::Visible::All, true).await? {
         if record.state == RUNNING {
+            // Its workers' states and its recent traffic change without a write of its own.
+            shared.services.touch(&record.id);
             kept.push((record.key(), record.revision as u64));
             kept.push((record.key(), record.latest_revision as u64));
             let tended = match shared.store.check_owner(&record.owner_id, &record.project).await {
@@ -161,6 +163,14 @@ pub async fn pass(shared: &Shared) -> Result<()> {
             }
         } else {
             let workers = shared.store.live_service_workers(&record.id).await?;
+            let draining = !workers.is_empty();
+            let drained = shared.draining.lock().expect("draining").remove(&record.id);
+            if draining || drained {
+                shared.services.touch(&record.id);
+            }
+            if draining {
+                shared.draining.lock().expect("draining").insert(record.id.clone());
+            }
             stop_all(shared, workers, "the service was stopped").await?;
         }
     }

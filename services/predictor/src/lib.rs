@@ -40,6 +40,7 @@ pub mod direct;
 pub mod ensemble;
 pub mod error;
 pub mod fanout;
+mod feed;
 pub mod grpc;
 pub mod http;
 pub mod infer;
@@ -81,6 +82,9 @@ pub struct Shared {
     pub traffic: traffic::Traffic,
     /// The relays' direct channels, from their load reports; `None` with `channel = "nats"`.
     pub directory: Option<direct::Directory>,
+    /// Stopped services that had live workers at the controller's last pass: told to their
+    /// watchers once more when the last has ended.
+    pub draining: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl Shared {
@@ -136,7 +140,11 @@ impl Predictor {
         };
         Ok(Predictor {
             shared: Shared {
-                services: record::ServiceStore::new(&store),
+                services: record::ServiceStore::new(&store).telling(kiln_core::feed::Changes::publish(
+                    nats.jetstream.clone(),
+                    kiln_core::subjects::CHANGES_SERVICES,
+                )),
+                draining: Default::default(),
                 http_url,
                 wake: tokio::sync::Notify::new(),
                 autoscaler: Default::default(),

@@ -18,6 +18,7 @@ use kiln_core::store::{JobRecord, ModelKey};
 use kiln_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
+use crate::feed::{Listed, ServiceChangesStream};
 use crate::record::{RUNNING, ServiceRecord};
 use crate::revision::{DEFAULT_DEADLINE_MS, ModelRef, Revision, RevisionMember, WorkerSpec, default_member_name};
 use crate::{Error, Result, Shared};
@@ -59,16 +60,22 @@ impl pb::serve_service_server::ServeService for ServeApi {
         request: Request<pb::ListServicesRequest>,
     ) -> Result<Response<pb::ListServicesResponse>, Status> {
         let caller = caller(&request)?;
+        let listed = Listed::of(self, &caller, request.get_ref()).await?;
+        Ok(Response::new(pb::ListServicesResponse {
+            services: listed.services().await?,
+        }))
+    }
+
+    type WatchServicesStream = ServiceChangesStream;
+
+    async fn watch_services(
+        &self,
+        request: Request<pb::WatchServicesRequest>,
+    ) -> std::result::Result<Response<ServiceChangesStream>, Status> {
+        let caller = caller(&request)?;
         let request = request.into_inner();
-        let visible = caller
-            .listed_projects(&self.shared.store, &request.project)
-            .await
-            .map_err(Error::from)?;
-        let mut services = Vec::new();
-        for record in self.shared.services.list(&visible, request.all).await? {
-            services.push(self.describe(&record).await?);
-        }
-        Ok(Response::new(pb::ListServicesResponse { services }))
+        let listed = Listed::of(self, &caller, &request.list.unwrap_or_default()).await?;
+        Ok(Response::new(listed.watch(request.after_seq).await?))
     }
 
     async fn update_service(
@@ -354,7 +361,7 @@ impl ServeApi {
         }
     }
 
-    async fn describe(&self, record: &ServiceRecord) -> Result<pb::Service> {
+    pub(crate) async fn describe(&self, record: &ServiceRecord) -> Result<pb::Service> {
         let services = &self.shared.services;
         let latest = services.revision(&record.id, record.latest_revision).await?;
         let workers = self.shared.store.live_service_workers(&record.id).await?;

@@ -162,6 +162,9 @@ struct Leader {
     judged: HashMap<(String, u32), usize>,
     /// When each live trial's job was last asked to stop.
     stop_asked: HashMap<String, i64>,
+    /// The versions of each live sweep's live trials' jobs when last read: a sweep whose trials
+    /// changed (one started, one ended) is told to its watchers.
+    trial_versions: HashMap<String, Vec<(String, i64)>>,
 }
 
 impl Leader {
@@ -172,6 +175,7 @@ impl Leader {
             feed,
             judged: HashMap::new(),
             stop_asked: HashMap::new(),
+            trial_versions: HashMap::new(),
         };
         leader.refresh(shared).await?;
         Ok(leader)
@@ -212,6 +216,7 @@ impl Leader {
                 }
             }
         }
+        self.tell_trial_changes(shared, &jobs);
         let read = self.observe(shared).await?;
         let ids: Vec<String> = self.views.keys().cloned().collect();
         for sweep_id in ids {
@@ -228,6 +233,25 @@ impl Leader {
         shared.metrics.sweeps_live.set(self.views.len() as i64);
         shared.metrics.trials_running.set(running as i64);
         Ok(true)
+    }
+
+    /// Tells the watchers of sweeps which live sweeps' trials' jobs changed since the last pass
+    /// (their records' own changes are told as they are written).
+    fn tell_trial_changes(&mut self, shared: &Shared, jobs: &HashMap<String, JobRecord>) {
+        self.trial_versions
+            .retain(|sweep_id, _| self.views.contains_key(sweep_id));
+        for (sweep_id, view) in &self.views {
+            let versions: Vec<(String, i64)> = view
+                .trials
+                .iter()
+                .filter_map(|trial| trial.job_id.as_ref())
+                .filter_map(|job_id| jobs.get(job_id).map(|job| (job_id.clone(), job.version)))
+                .collect();
+            if self.trial_versions.get(sweep_id) != Some(&versions) {
+                shared.sweeps.touch(sweep_id);
+                self.trial_versions.insert(sweep_id.clone(), versions);
+            }
+        }
     }
 
     /// Stages every objective point of a live trial published so far; returns the messages

@@ -9,6 +9,7 @@
 //! twice and none is lost.
 
 use kiln_core::authz::Visible;
+use kiln_core::feed::Changes;
 use kiln_core::ids::now_ms;
 use kiln_core::runs::RunConfig;
 use sea_orm::sea_query::OnConflict;
@@ -93,24 +94,57 @@ pub struct Recorded {
     pub at_ms: i64,
 }
 
+/// The sweeps of the visible projects.
+fn of_projects(visible: &Visible) -> sea_orm::Select<sweep::Entity> {
+    let query = sweep::Entity::find();
+    match visible {
+        Visible::Only(projects) => query.filter(sweep::Column::Project.is_in(projects.clone())),
+        Visible::All => query,
+    }
+}
+
 /// SweepStore reads and writes the sweep tables.
 #[derive(Clone)]
 pub struct SweepStore {
     db: DatabaseConnection,
+    /// Whom each committed change of a sweep is told (WatchSweeps).
+    changes: Changes,
 }
 
 impl SweepStore {
     pub fn new(store: &kiln_core::store::Store) -> SweepStore {
         SweepStore {
             db: store.connection().clone(),
+            changes: Changes::default(),
         }
     }
 
+    /// Tells `changes` the sweeps each write changed.
+    pub fn telling(self, changes: Changes) -> SweepStore {
+        SweepStore { changes, ..self }
+    }
+
+    /// Tells the watchers of sweeps that `sweep_id` changed (its trials' jobs did).
+    pub fn touch(&self, sweep_id: &str) {
+        self.changes.touch(sweep_id);
+    }
+
     pub async fn insert_sweep(&self, record: SweepRecord) -> Result<()> {
+        let sweep_id = record.id.clone();
         sweep::Entity::insert(sweep::ActiveModel::from(record))
             .exec_without_returning(&self.db)
             .await?;
+        self.touch(&sweep_id);
         Ok(())
+    }
+
+    /// The sweep after an update that changed `rows` of it; `None` when it changed none.
+    async fn updated(&self, sweep_id: &str, rows: u64) -> Result<Option<SweepRecord>> {
+        if rows == 0 {
+            return Ok(None);
+        }
+        self.touch(sweep_id);
+        Ok(Some(self.sweep(sweep_id).await?))
     }
 
     pub async fn sweep(&self, sweep_id: &str) -> Result<SweepRecord> {
@@ -132,10 +166,7 @@ impl SweepStore {
 
     /// Sweeps of the visible projects, newest first; only live ones unless `all`.
     pub async fn list_sweeps(&self, visible: &Visible, all: bool, limit: u64) -> Result<Vec<SweepRecord>> {
-        let mut query = sweep::Entity::find();
-        if let Visible::Only(projects) = visible {
-            query = query.filter(sweep::Column::Project.is_in(projects.clone()));
-        }
+        let mut query = of_projects(visible);
         if !all {
             query = query.filter(sweep::Column::State.is_in(LIVE));
         }
@@ -144,6 +175,16 @@ impl SweepStore {
             .limit(limit)
             .all(&self.db)
             .await?)
+    }
+
+    /// Those of `sweep_ids` in the visible projects, whatever their state, newest first.
+    pub async fn changed_sweeps(&self, sweep_ids: &[String], visible: &Visible) -> Result<Vec<SweepRecord>> {
+        let mut changed = Vec::with_capacity(sweep_ids.len());
+        for chunk in sweep_ids.chunks(500) {
+            let query = of_projects(visible).filter(sweep::Column::Id.is_in(chunk.iter().cloned()));
+            changed.extend(query.order_by_desc(sweep::Column::CreatedAtMs).all(&self.db).await?);
+        }
+        Ok(changed)
     }
 
     /// The sweeps the leader tends.
@@ -171,10 +212,7 @@ impl SweepStore {
             .filter(sweep::Column::State.is_in(from.iter().copied()))
             .exec(&self.db)
             .await?;
-        if updated.rows_affected == 0 {
-            return Ok(None);
-        }
-        Ok(Some(self.sweep(sweep_id).await?))
+        self.updated(sweep_id, updated.rows_affected).await
     }
 
     /// Pauses a running sweep because its owner may no longer run jobs: it stops as by
@@ -191,10 +229,7 @@ impl SweepStore {
             .filter(sweep::Column::State.eq(RUNNING))
             .exec(&self.db)
             .await?;
-        if updated.rows_affected == 0 {
-            return Ok(None);
-        }
-        Ok(Some(self.sweep(sweep_id).await?))
+        self.updated(sweep_id, updated.rows_affected).await
     }
 
     /// Lets a stopping or stopped sweep run again and lifts its pause; `None` when it was in
@@ -212,10 +247,7 @@ impl SweepStore {
             .filter(sweep::Column::State.is_in([STOPPING, STOPPED]))
             .exec(&self.db)
             .await?;
-        if updated.rows_affected == 0 {
-            return Ok(None);
-        }
-        Ok(Some(self.sweep(sweep_id).await?))
+        self.updated(sweep_id, updated.rows_affected).await
     }
 
     pub async fn set_registered(&self, sweep_id: &str, version: &str) -> Result<()> {
@@ -227,6 +259,7 @@ impl SweepStore {
             .filter(sweep::Column::Id.eq(sweep_id))
             .exec(&self.db)
             .await?;
+        self.touch(sweep_id);
         Ok(())
     }
 
@@ -290,6 +323,9 @@ impl SweepStore {
             )
             .exec_without_returning(&self.db)
             .await?;
+        if inserted > 0 {
+            self.touch(sweep_id);
+        }
         Ok(inserted)
     }
 

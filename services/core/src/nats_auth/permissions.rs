@@ -113,6 +113,7 @@ fn kiln_streams() -> Vec<String> {
         STREAM_LOGS,
         STREAM_ITEMS,
         STREAM_ITEM_RESULTS,
+        STREAM_CHANGES,
     ]
     .map(str::to_string)
     .into();
@@ -212,7 +213,10 @@ pub(super) fn of(service: Service) -> Permissions {
                 .consume(STREAM_ITEMS)
                 .consume(STREAM_ITEM_RESULTS)
                 .publish(format!("$JS.API.STREAM.PURGE.{STREAM_ITEMS}"))
-                .lease(LEASE_ITEM_BATCH_SCALER);
+                .lease(LEASE_ITEM_BATCH_SCALER)
+                // Its batches' changes, and WatchBatches reading them.
+                .publish(CHANGES_BATCHES)
+                .consume(STREAM_CHANGES);
         }
         Service::Advisor => {
             // Registering a sweep's best trial as a model version asks log-ingest for its
@@ -222,7 +226,9 @@ pub(super) fn of(service: Service) -> Permissions {
                 .publish(INGEST_LATEST_VALUES)
                 .consume(STREAM_JOBS)
                 .consume(STREAM_METRICS)
-                .lease(LEASE_ADVISOR);
+                .lease(LEASE_ADVISOR)
+                .publish(CHANGES_SWEEPS)
+                .consume(STREAM_CHANGES);
         }
         Service::Predictor => {
             p.job_changes()
@@ -236,7 +242,9 @@ pub(super) fn of(service: Service) -> Permissions {
                 .kv_write(BUCKET_SERVICES, "*.*")
                 .kv_write(BUCKET_SERVICES, "*")
                 .kv_list(BUCKET_SERVICES)
-                .lease(LEASE_PREDICTOR_CONTROLLER);
+                .lease(LEASE_PREDICTOR_CONTROLLER)
+                .publish(CHANGES_SERVICES)
+                .consume(STREAM_CHANGES);
         }
         Service::Provisioner => {
             // Reads the scheduler's demand and the runners' reports and leases; writes its

@@ -51,6 +51,7 @@ impl BatchStore {
         }
         let now = now_ms();
         again_when_ended(|| self.insert_new(batch_id, &fresh, now)).await?;
+        self.changes.touch(batch_id);
         Ok((fresh, duplicates))
     }
 

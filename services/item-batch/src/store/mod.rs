@@ -15,6 +15,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use kiln_core::feed::Changes;
 use kiln_core::ids::now_ms;
 use kiln_core::store::Store;
 use kiln_proto::v1 as pb;
@@ -152,6 +153,18 @@ async fn again_when_ended<T, F: Future<Output = Result<T>>>(mut transaction: imp
     }
 }
 
+/// The batches of `owner_id` (everyone's for `None`) in `projects`.
+fn whose(owner_id: Option<&str>, projects: &kiln_core::authz::Visible) -> sea_orm::Select<batch::Entity> {
+    let mut query = batch::Entity::find();
+    if let Some(owner_id) = owner_id {
+        query = query.filter(batch::Column::OwnerId.eq(owner_id));
+    }
+    if let kiln_core::authz::Visible::Only(projects) = projects {
+        query = query.filter(batch::Column::Project.is_in(projects.iter().cloned()));
+    }
+    query
+}
+
 /// The batch tables, over the metadata store's connection.
 #[derive(Clone)]
 pub struct BatchStore {
@@ -162,13 +175,30 @@ pub struct BatchStore {
     /// them (measured: an intake's 60 ms update waited up to 1.6 s beside the outcomes'
     /// transactions). Queued here they follow one another at once. Postgres locks rows.
     writes: Option<Arc<tokio::sync::Mutex<()>>>,
+    /// Whom each committed change of a batch is told (WatchBatches).
+    changes: Changes,
 }
 
 impl BatchStore {
     pub fn new(store: &Store) -> BatchStore {
         let db = store.connection().clone();
         let writes = (db.get_database_backend() == sea_orm::DbBackend::Sqlite).then(Default::default);
-        BatchStore { db, writes }
+        BatchStore {
+            db,
+            writes,
+            changes: Changes::default(),
+        }
+    }
+
+    /// Tells `changes` the batches each write changed.
+    pub fn telling(self, changes: Changes) -> BatchStore {
+        BatchStore { changes, ..self }
+    }
+
+    /// Tells the watchers of batches that `batch_id` changed (a figure of it that is not kept
+    /// in its tables: workers, items in flight, the rate).
+    pub fn touch(&self, batch_id: &str) {
+        self.changes.touch(batch_id);
     }
 
     /// A turn at writing (see `writes`): held for one bulk transaction.
@@ -180,6 +210,7 @@ impl BatchStore {
     }
 
     pub async fn insert_batch(&self, record: BatchRecord) -> Result<()> {
+        let id = record.id.clone();
         let model = batch::ActiveModel {
             id: Set(record.id),
             owner_id: Set(record.owner_id),
@@ -195,6 +226,7 @@ impl BatchStore {
             paused_reason: Set(record.paused_reason),
         };
         batch::Entity::insert(model).exec_without_returning(&self.db).await?;
+        self.changes.touch(&id);
         Ok(())
     }
 
@@ -216,17 +248,26 @@ impl BatchStore {
         projects: &kiln_core::authz::Visible,
         all: bool,
     ) -> Result<Vec<BatchRecord>> {
-        let mut query = batch::Entity::find();
-        if let Some(owner_id) = owner_id {
-            query = query.filter(batch::Column::OwnerId.eq(owner_id));
-        }
-        if let kiln_core::authz::Visible::Only(projects) = projects {
-            query = query.filter(batch::Column::Project.is_in(projects.iter().cloned()));
-        }
+        let mut query = whose(owner_id, projects);
         if !all {
             query = query.filter(batch::Column::State.is_in([OPEN, SEALED]));
         }
         Ok(query.order_by_desc(batch::Column::Id).limit(1000).all(&self.db).await?)
+    }
+
+    /// Those of `batch_ids` that [`BatchStore::list_batches`] could list, whatever their state.
+    pub async fn changed_batches(
+        &self,
+        batch_ids: &[String],
+        owner_id: Option<&str>,
+        projects: &kiln_core::authz::Visible,
+    ) -> Result<Vec<BatchRecord>> {
+        let mut changed = Vec::with_capacity(batch_ids.len());
+        for chunk in batch_ids.chunks(500) {
+            let query = whose(owner_id, projects).filter(batch::Column::Id.is_in(chunk.iter().cloned()));
+            changed.extend(query.order_by_desc(batch::Column::Id).all(&self.db).await?);
+        }
+        Ok(changed)
     }
 
     /// Counts the batches by state (for `kiln_item_batch_batches`).
@@ -255,6 +296,10 @@ impl BatchStore {
         if to == DONE || to == CANCELLED {
             update = update.col_expr(batch::Column::FinishedAtMs, Expr::value(now));
         }
-        Ok(update.exec(&self.db).await?.rows_affected == 1)
+        let moved = update.exec(&self.db).await?.rows_affected == 1;
+        if moved {
+            self.changes.touch(batch_id);
+        }
+        Ok(moved)
     }
 }

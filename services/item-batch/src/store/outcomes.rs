@@ -1,7 +1,7 @@
 //! The outcomes of attempts, applied once (see the note of the parent module), and new rounds
 //! for dead items.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use kiln_core::ids::now_ms;
 use kiln_proto::v1 as pb;
@@ -161,7 +161,10 @@ impl BatchStore {
         for results in bulk.values_mut() {
             results.sort_unstable_by(|a, b| (&a.batch_id, &a.key).cmp(&(&b.batch_id, &b.key)));
         }
-        again_when_ended(|| self.apply_once(&bulk, &attempts, &one_by_one, now)).await
+        let applied = again_when_ended(|| self.apply_once(&bulk, &attempts, &one_by_one, now)).await?;
+        let batches: HashSet<&str> = results.iter().map(|result| result.batch_id.as_str()).collect();
+        self.changes.touch_all(batches);
+        Ok(applied)
     }
 
     /// Counts a failed attempt of an item's round (once per delivery, however often its outcome
@@ -280,7 +283,9 @@ impl BatchStore {
 
     /// Gives the dead items of a batch a new round of attempts; they are published again.
     pub async fn retry_dead(&self, batch_id: &str) -> Result<u64> {
-        again_when_ended(|| self.retry_dead_once(batch_id)).await
+        let retried = again_when_ended(|| self.retry_dead_once(batch_id)).await?;
+        self.changes.touch(batch_id);
+        Ok(retried)
     }
 
     /// Gives dead items a new round, in one transaction (see `again_when_ended`).

@@ -50,7 +50,7 @@ impl BatchStore {
             .filter(batch::Column::State.is_in([OPEN, SEALED]))
             .exec(&self.db)
             .await?;
-        Ok(result.rows_affected == 1)
+        self.told(batch_id, result.rows_affected == 1)
     }
 
     /// Marks a live batch paused; false when it already was (or is no longer live).
@@ -62,7 +62,7 @@ impl BatchStore {
             .filter(batch::Column::State.is_in([OPEN, SEALED]))
             .exec(&self.db)
             .await?;
-        Ok(result.rows_affected == 1)
+        self.told(batch_id, result.rows_affected == 1)
     }
 
     /// Lifts a pause; true when the batch was paused.
@@ -73,7 +73,7 @@ impl BatchStore {
             .filter(batch::Column::PausedReason.ne(""))
             .exec(&self.db)
             .await?;
-        Ok(result.rows_affected == 1)
+        self.told(batch_id, result.rows_affected == 1)
     }
 
     /// Clears a stall and starts the count of worker failures afresh; true when the batch was
@@ -86,6 +86,14 @@ impl BatchStore {
             .filter(batch::Column::Id.eq(batch_id))
             .exec(&self.db)
             .await?;
-        Ok(was_stalled)
+        self.told(batch_id, was_stalled)
+    }
+
+    /// `changed`, after telling the batch's watchers when it is true.
+    fn told(&self, batch_id: &str, changed: bool) -> Result<bool> {
+        if changed {
+            self.touch(batch_id);
+        }
+        Ok(changed)
     }
 }

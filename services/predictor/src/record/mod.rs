@@ -3,6 +3,7 @@
 //! found by its project and name (names are unique per project).
 
 use kiln_core::authz::Visible;
+use kiln_core::feed::Changes;
 use kiln_core::ids::{new_id, now_ms};
 use kiln_core::serving::Scaling;
 use sea_orm::sea_query::Expr;
@@ -77,10 +78,21 @@ fn scaling_json(scaling: &Scaling) -> String {
     serde_json::to_string(scaling).expect("scaling serializes")
 }
 
+/// The services of the visible projects.
+fn of_projects(visible: &Visible) -> sea_orm::Select<service::Entity> {
+    let query = service::Entity::find();
+    match visible {
+        Visible::Only(projects) => query.filter(service::Column::Project.is_in(projects.clone())),
+        Visible::All => query,
+    }
+}
+
 /// ServiceStore reads and writes the service tables.
 #[derive(Clone)]
 pub struct ServiceStore {
     db: DatabaseConnection,
+    /// Whom each committed change of a service is told (WatchServices).
+    changes: Changes,
 }
 
 fn corrupt(error: serde_json::Error) -> Error {
@@ -91,7 +103,27 @@ impl ServiceStore {
     pub fn new(store: &kiln_core::store::Store) -> ServiceStore {
         ServiceStore {
             db: store.connection().clone(),
+            changes: Changes::default(),
         }
+    }
+
+    /// Tells `changes` the services each write changed.
+    pub fn telling(self, changes: Changes) -> ServiceStore {
+        ServiceStore { changes, ..self }
+    }
+
+    /// Tells the watchers of services that `service_id` changed (its workers or its recent
+    /// traffic, which are not in its tables).
+    pub fn touch(&self, service_id: &str) {
+        self.changes.touch(service_id);
+    }
+
+    /// `changed` (rows updated), after telling the service's watchers when there were some.
+    fn told(&self, service_id: &str, changed: bool) -> bool {
+        if changed {
+            self.touch(service_id);
+        }
+        changed
     }
 
     /// Records a new service with its first revision; ALREADY_EXISTS when its project has a
@@ -158,6 +190,7 @@ impl ServiceStore {
                 }
                 other => Error::Internal(format!("cannot record service {name}: {other}")),
             })?;
+        self.touch(&record.id);
         Ok(record)
     }
 
@@ -186,10 +219,7 @@ impl ServiceStore {
 
     /// Services of the visible projects, by name then project; running ones only unless `all`.
     pub async fn list(&self, visible: &Visible, all: bool) -> Result<Vec<ServiceRecord>> {
-        let mut query = service::Entity::find();
-        if let Visible::Only(projects) = visible {
-            query = query.filter(service::Column::Project.is_in(projects.clone()));
-        }
+        let mut query = of_projects(visible);
         if !all {
             query = query.filter(service::Column::State.eq(RUNNING));
         }
@@ -199,6 +229,24 @@ impl ServiceStore {
             .all(&self.db)
             .await
             .map_err(kiln_core::store::StoreError::from)?)
+    }
+
+    /// Those of `service_ids` in the visible projects, running or stopped, as [`Self::list`]
+    /// orders them.
+    pub async fn changed(&self, service_ids: &[String], visible: &Visible) -> Result<Vec<ServiceRecord>> {
+        let mut changed = Vec::with_capacity(service_ids.len());
+        for chunk in service_ids.chunks(500) {
+            let query = of_projects(visible).filter(service::Column::Id.is_in(chunk.iter().cloned()));
+            changed.extend(
+                query
+                    .order_by_asc(service::Column::Name)
+                    .order_by_asc(service::Column::Project)
+                    .all(&self.db)
+                    .await
+                    .map_err(kiln_core::store::StoreError::from)?,
+            );
+        }
+        Ok(changed)
     }
 
     pub async fn revision(&self, service_id: &str, number: i64) -> Result<Revision> {
@@ -247,7 +295,7 @@ impl ServiceStore {
             })
             .await
             .map_err(|error| Error::Internal(format!("cannot record the revision: {error}")))?;
-        if moved {
+        if self.told(&record.id, moved) {
             Ok(())
         } else {
             Err(Error::FailedPrecondition(format!(
@@ -267,7 +315,7 @@ impl ServiceStore {
             .exec(&self.db)
             .await
             .map_err(kiln_core::store::StoreError::from)?;
-        Ok(updated.rows_affected > 0)
+        Ok(self.told(service_id, updated.rows_affected > 0))
     }
 
     /// Sets a service's worker bounds and targets. (Its `updated_at_ms` is left alone: it
@@ -280,6 +328,7 @@ impl ServiceStore {
             .exec(&self.db)
             .await
             .map_err(kiln_core::store::StoreError::from)?;
+        self.touch(service_id);
         Ok(())
     }
 
@@ -295,7 +344,7 @@ impl ServiceStore {
             .exec(&self.db)
             .await
             .map_err(kiln_core::store::StoreError::from)?;
-        if updated.rows_affected == 0 {
+        if !self.told(&record.id, updated.rows_affected > 0) {
             return Err(Error::FailedPrecondition(format!(
                 "service {} has no revision being tried (its latest serves all requests); `kiln serve update {}` with a new definition first",
                 record.name, record.name
@@ -317,7 +366,7 @@ impl ServiceStore {
             .exec(&self.db)
             .await
             .map_err(kiln_core::store::StoreError::from)?;
-        Ok(updated.rows_affected > 0)
+        Ok(self.told(service_id, updated.rows_affected > 0))
     }
 
     /// Stops a running service; false when it was stopped already.
@@ -331,6 +380,6 @@ impl ServiceStore {
             .exec(&self.db)
             .await
             .map_err(kiln_core::store::StoreError::from)?;
-        Ok(updated.rows_affected > 0)
+        Ok(self.told(service_id, updated.rows_affected > 0))
     }
 }
