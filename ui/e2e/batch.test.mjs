@@ -1,5 +1,6 @@
 // A batch from the CLI: its page's counters move live until it is DONE, with its dead letter,
-// which Retry runs again; Cancel from the page.
+// which Retry runs again; the list of batches following a new one from the change feed; Cancel
+// from the page.
 import assert from 'node:assert/strict';
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -98,15 +99,34 @@ describe('batches', () => {
     assert.deepEqual(page.errors, []);
   });
 
-  it('cancels a batch from its page', async () => {
+  it('lists a new batch and its items live, then cancels it from its page', async () => {
+    const page = await newPage(browser);
+    // The ListBatches calls made, and the watches opened.
+    const calls = { list: 0, watch: 0 };
+    page.on('request', (request) => {
+      const { pathname } = new URL(request.url());
+      if (pathname === '/api/v1/rpc/BatchService/ListBatches') calls.list++;
+      if (pathname === '/api/v1/stream/BatchService/WatchBatches') calls.watch++;
+    });
+    await login(page, kiln);
+    await page.goto(`${kiln.url}/batches`);
+    // The first list has come (the first test's batch, or none); a reload would wipe the marker.
+    await page.getByTestId('batches').or(page.getByText('No batches.')).waitFor();
+    await page.evaluate(() => (window.__noReload = true));
+
     const created = await kiln.cli(['batch', 'create', '--name', 'slow', '--cpu', '0.25', '--mem', '128M', '--max-workers', '1', '--', 'sleep', '30']);
     const batchId = created.stdout.trim().split(/\s+/).pop();
+    const row = page.locator(`tr[data-batch-id="${batchId}"]`);
+    await row.waitFor();
     const file = join(kiln.home, 'slow.txt');
     await writeFile(file, 'a\nb\nc\n');
     await kiln.cli(['batch', 'add', batchId, '--from', file]);
-    const page = await newPage(browser);
-    await login(page, kiln);
-    await page.goto(`${kiln.url}/batches/${batchId}`);
+    await row.getByTestId('batch-done').filter({ hasText: '0 / 3' }).waitFor();
+    assert.equal(await page.evaluate(() => window.__noReload), true);
+    assert.deepEqual(calls, { list: 0, watch: 1 });
+
+    await row.getByRole('link').click();
+    await page.waitForURL(`${kiln.url}/batches/${batchId}`);
     await page.waitForFunction(() => document.querySelector('[data-testid="count-total"]')?.textContent === '3');
     await page.getByTestId('cancel').click();
     await page.getByTestId('cancel-confirm').click();

@@ -1,5 +1,5 @@
 // A live inference service on the Services page: its worker, and the requests it answered as
-// rate, latency and partial and failed shares.
+// rate, latency and partial and failed shares; its stop shown from the change feed.
 import assert from 'node:assert/strict';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -90,8 +90,17 @@ describe('services', () => {
     }
 
     const page = await newPage(browser);
+    // The ListServices calls made, and the watches opened.
+    const calls = { list: 0, watch: 0 };
+    page.on('request', (request) => {
+      const { pathname } = new URL(request.url());
+      if (pathname === '/api/v1/rpc/ServeService/ListServices') calls.list++;
+      if (pathname === '/api/v1/stream/ServeService/WatchServices') calls.watch++;
+    });
     await login(page, kiln);
     await page.goto(`${kiln.url}/services`);
+    // A marker that a reload would wipe.
+    await page.evaluate(() => (window.__noReload = true));
     const row = page.getByTestId('services').locator('tbody tr', { hasText: 'scale' });
     await row.waitFor();
     await row.locator('[data-testid="worker-state"][data-state="RUNNING"]').waitFor();
@@ -107,8 +116,12 @@ describe('services', () => {
     assert.deepEqual([recent.requests, recent.answered, recent.partial, recent.failed + recent.invalid], [21 + refused, 21, 0, refused]);
     await screenshot(page, 'services');
     await assertAccessible(page);
-    assert.deepEqual(page.errors, []);
 
+    // Stopped, from the change feed: no reload, no ListServices call.
     await kiln.cli(['serve', 'stop', 'scale']);
+    await row.getByTestId('service-state').filter({ hasText: /^STOPPED/ }).waitFor();
+    assert.equal(await page.evaluate(() => window.__noReload), true);
+    assert.deepEqual(calls, { list: 0, watch: 1 });
+    assert.deepEqual(page.errors, []);
   });
 });

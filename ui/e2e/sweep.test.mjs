@@ -1,5 +1,6 @@
-// A sweep whose trials log their objective through the HTTP API (with their own job token): its
-// page shows the best trial, the best-so-far curve, parallel coordinates and the trials' runs.
+// A sweep whose trials log their objective through the HTTP API (with their own job token): the
+// list of sweeps follows it from the change feed until it finishes; its page shows the best
+// trial, the best-so-far curve, parallel coordinates and the trials' runs.
 import assert from 'node:assert/strict';
 import { chmod, mkdtemp, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -52,12 +53,29 @@ describe('sweeps', () => {
       `trial: {command: ["sh", "${script}", "\${lr}", "\${batch}", "\${opt}"], cpu: 0.25, mem: 128M, env: {KILN_E2E_URL: "${kiln.url}"}}`,
       '',
     ].join('\n'));
+    const page = await newPage(browser);
+    // The ListSweeps calls made, and the watches opened.
+    const calls = { list: 0, watch: 0 };
+    page.on('request', (request) => {
+      const { pathname } = new URL(request.url());
+      if (pathname === '/api/v1/rpc/SweepService/ListSweeps') calls.list++;
+      if (pathname === '/api/v1/stream/SweepService/WatchSweeps') calls.watch++;
+    });
+    await login(page, kiln);
+    await page.goto(`${kiln.url}/sweeps`);
+    await page.getByText('No sweeps.').waitFor();
+    // A marker that a reload would wipe.
+    await page.evaluate(() => (window.__noReload = true));
     const created = await kiln.cli(['sweep', 'create', '-f', spec, '--no-code']);
     const sweepId = created.stdout.trim().split(/\s+/).pop();
 
-    const page = await newPage(browser);
-    await login(page, kiln);
-    await page.goto(`${kiln.url}/sweeps`);
+    // The new sweep, then its end, come to the open list without a reload or a ListSweeps call.
+    const row = page.locator(`tr[data-sweep-id="${sweepId}"]`);
+    await row.waitFor();
+    await page.waitForFunction((id) => document.querySelector(`tr[data-sweep-id="${id}"] [data-testid="sweep-state"]`)?.textContent === 'finished', sweepId, { timeout: 120_000 });
+    assert.match(await row.textContent(), /6 ok/);
+    assert.equal(await page.evaluate(() => window.__noReload), true);
+    assert.deepEqual(calls, { list: 0, watch: 1 });
     await page.getByRole('link', { name: 'e2e-sweep' }).click();
     await page.waitForURL(`${kiln.url}/sweeps/${sweepId}`);
     const trials = page.getByTestId('trials').locator('tbody tr');
