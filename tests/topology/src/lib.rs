@@ -49,6 +49,8 @@ pub const SERVICES: [&str; 7] = [
 ];
 /// The runner of the simulated pool.
 pub const SIM_RUNNER: &str = "runner-sim";
+/// The names of the gang pool's runners: this and their number from 1 ([`Options::gang_runners`]).
+pub const GANG_RUNNER: &str = "runner-gang-";
 /// How long the harness waits for a process to listen.
 const START_PATIENCE: Duration = Duration::from_secs(90);
 
@@ -68,6 +70,10 @@ pub struct Options {
     /// the nats-servers TLS and client certificates ([`tls`]). The nats-servers admit only
     /// the services' NKey users (one each) with or without it.
     pub tls: bool,
+    /// Runners of pool `gang` besides the others (`runner-gang-1`, …), one CPU each, their
+    /// process jobs not isolated (a gang's nodes must reach one another), outputs synced every
+    /// second: only the gang test starts them.
+    pub gang_runners: usize,
 }
 
 /// Where the objects go: a bucket of an S3-compatible server.
@@ -100,6 +106,7 @@ impl Options {
             dir: None,
             lease_ttl_ms: 3_000,
             tls: false,
+            gang_runners: 0,
         }
     }
 }
@@ -228,6 +235,7 @@ impl Topology {
             nats: nats.config(),
             nats_seeds: nats.users.as_ref().map(|users| users.seed_files()).unwrap_or_default(),
             tls: tls.as_ref(),
+            gang_runners: options.gang_runners,
         };
         let instances = plan::plan(&compose, &infra);
         let names: Vec<String> = instances.iter().map(|instance| instance.name.clone()).collect();
@@ -274,6 +282,16 @@ impl Topology {
             .unwrap_or_else(|e| panic!("cannot read {}: {e}", token_file.display()))
             .trim()
             .to_string();
+        // The gang runners' jobs run as their own user: the admin's jobs only (its id is made
+        // by api-1's bootstrap).
+        let gang: Vec<&String> = names.iter().filter(|name| name.starts_with(GANG_RUNNER)).collect();
+        if !gang.is_empty() {
+            let admin = topology.admin_id().await;
+            for name in gang {
+                let proc = topology.procs.get_mut(name).expect("a process");
+                proc.set_env("KILN_RUNNER__PROCESS__TRUSTED_OWNER", &format!("{admin:?}"));
+            }
+        }
         let rest: Vec<String> = names.iter().filter(|name| *name != "api-1").cloned().collect();
         for name in &rest {
             topology.procs.get_mut(name).expect("a process").start();
@@ -283,6 +301,23 @@ impl Topology {
             wait_listening(topology.procs.get_mut(name).expect("a process"), addr);
         }
         topology
+    }
+
+    /// The bootstrap admin's user id.
+    async fn admin_id(&self) -> String {
+        let config = kiln_core::config::DatabaseConfig {
+            url: kiln_core::config::DatabaseUrl::new(&self.postgres.url()),
+            ..Default::default()
+        };
+        let store = kiln_core::store::Store::connect(&config)
+            .await
+            .expect("the topology's Postgres");
+        let users = store.list_users().await.expect("its users");
+        users
+            .into_iter()
+            .find(|user| user.name == "admin")
+            .expect("api-1 made the admin")
+            .id
     }
 
     fn start_and_wait(&mut self, name: &str) {

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use kiln_core::testing::free_port;
 
 use crate::compose::{Compose, Rewrite, Service, env_value};
-use crate::{S3, SERVICES, SIM_RUNNER};
+use crate::{GANG_RUNNER, S3, SERVICES, SIM_RUNNER};
 
 /// The servers the topology stands in with for compose's own.
 pub struct Infra<'a> {
@@ -31,6 +31,8 @@ pub struct Infra<'a> {
     pub nats_seeds: BTreeMap<kiln_core::nats_auth::Service, PathBuf>,
     /// TLS on every gRPC listener, when the topology is TLS-only.
     pub tls: Option<&'a crate::tls::TopologyTls>,
+    /// Runners of the `gang` pool (`crate::Options::gang_runners`).
+    pub gang_runners: usize,
 }
 
 /// One process to start.
@@ -52,13 +54,15 @@ fn authority(url: &str) -> String {
     rest.split('/').next().unwrap_or(rest).to_string()
 }
 
-/// The instance names: two replicas of every service, and the sim runner.
-pub fn names() -> Vec<String> {
+/// The instance names: two replicas of every service, the sim runner, and `gang_runners`
+/// runners of the gang pool.
+pub fn names(gang_runners: usize) -> Vec<String> {
     let mut names: Vec<String> = SERVICES
         .iter()
         .flat_map(|service| (1..=2).map(move |replica| format!("{service}-{replica}")))
         .collect();
     names.push(SIM_RUNNER.into());
+    names.extend((1..=gang_runners).map(|n| format!("{GANG_RUNNER}{n}")));
     names
 }
 
@@ -67,6 +71,11 @@ pub fn names() -> Vec<String> {
 fn service_of(name: &str) -> (String, String) {
     if name == SIM_RUNNER {
         return ("kiln-runner".into(), "1".into());
+    }
+    if let Some(n) = name.strip_prefix(GANG_RUNNER) {
+        // Half of them talk to the first replicas, half to the second.
+        let n: usize = n.parse().expect("a gang runner's number");
+        return ("kiln-runner".into(), ((n - 1) % 2 + 1).to_string());
     }
     let (service, replica) = name.rsplit_once('-').expect("service-replica");
     (format!("kiln-{service}"), replica.into())
@@ -80,7 +89,7 @@ pub fn plan(compose: &Compose, infra: &Infra) -> Vec<Instance> {
         wanted, present,
         "deploy/compose/compose.yaml must have exactly the kiln services the harness runs"
     );
-    let names = names();
+    let names = names(infra.gang_runners);
     let mut taken = BTreeSet::new();
     let mut ports: BTreeMap<String, BTreeMap<u16, SocketAddr>> = BTreeMap::new();
     for name in &names {
@@ -230,6 +239,13 @@ fn instance(
                 }
             }
             set("DOCKER__JOB_ENDPOINTS", toml::Value::Array(endpoints));
+            if name.starts_with(GANG_RUNNER) {
+                // One node per runner; nodes reach one another over the machine's network.
+                set("POOL", text("gang"));
+                set("CPU_MILLIS", toml::Value::Integer(1000));
+                set("PROCESS__ISOLATION", text("off"));
+                set("OUTPUTS_SYNC_INTERVAL_SECS", toml::Value::Integer(1));
+            }
         }
         ("kiln-advisor", _) => {
             // Trials reach the replica that made them at its own port.
@@ -357,9 +373,23 @@ mod tests {
             nats: kiln_core::config::NatsConfig::default(),
             nats_seeds: [(kiln_core::nats_auth::Service::Runner, PathBuf::from("/seeds/runner.nk"))].into(),
             tls: None,
+            gang_runners: 2,
         };
         let instances = plan(&compose, &infra);
-        assert_eq!(instances.len(), names().len());
+        assert_eq!(instances.len(), names(2).len());
+        let gang = instances
+            .iter()
+            .find(|i| i.name == "runner-gang-2")
+            .expect("a gang runner");
+        for (key, value) in [("POOL", "\"gang\""), ("PROCESS__ISOLATION", "\"off\"")] {
+            assert!(
+                gang.env
+                    .iter()
+                    .any(|(k, v)| k.ends_with(&format!("__{key}")) && v == value),
+                "{:?}",
+                gang.env
+            );
+        }
         let mut seen = BTreeSet::new();
         for instance in &instances {
             for key in ["grpc.listen", "metrics.listen"] {

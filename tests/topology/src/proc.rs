@@ -31,6 +31,12 @@ impl Proc {
         }
     }
 
+    /// Sets an environment variable for its next start.
+    pub fn set_env(&mut self, key: &str, value: &str) {
+        self.env.retain(|(k, _)| k != key);
+        self.env.push((key.to_string(), value.to_string()));
+    }
+
     /// Starts the process (again); a running one is left alone.
     pub fn start(&mut self) {
         if self.is_running() {

@@ -1,7 +1,8 @@
 //! Replicas on the topology, driven by the `kiln` CLI as a person would: `kiln logs -f` on
-//! either log-ingest replica shows every line of a job, a runner SIGKILLed for good has its
-//! job queued again and finished by the other runner, and a `kiln run -f` given both api
-//! replicas outlives the one it talked to.
+//! either log-ingest replica shows every line of a job, a gang of three nodes on three runner
+//! processes (one per "machine") starts together or not at all and outlives a runner
+//! SIGKILLed mid-run, a runner SIGKILLed for good has its job queued again and finished by the
+//! other runner, and a `kiln run -f` given both api replicas outlives the one it talked to.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -58,9 +59,142 @@ fn wait_for(
     }
 }
 
+/// The gang test's program (tests/all_reduce.py): nodes meet at the rendezvous and sum their
+/// ranks + 1 (6 for three); rank 0 then counts `STEPS` steps into its outputs.
+const ALL_REDUCE: &str = include_str!("../../all_reduce.py");
+
+/// Submits a 3-node gang to the gang pool (one CPU a node: one node per runner).
+fn gang(topology: &Topology, steps: u32) -> String {
+    let steps = format!("STEPS={steps}");
+    let args = [
+        "run",
+        "--no-code",
+        "--pool",
+        "gang",
+        "--nodes",
+        "3",
+        "--cpu",
+        "1",
+        "--mem",
+        "64M",
+        "-e",
+        &steps,
+        "--",
+        "python3",
+        "-c",
+        ALL_REDUCE,
+    ];
+    kiln(topology, "log-ingest-1", &args).trim().to_string()
+}
+
+/// Each node's rank and runner, from `kiln status` (`"0 RUNNING on runner-gang-2"`).
+fn nodes(status: &serde_json::Value) -> Vec<(String, String)> {
+    let states = status["nodes"]["states"].as_array().cloned().unwrap_or_default();
+    states
+        .iter()
+        .map(|state| {
+            let words: Vec<&str> = state.as_str().expect("a node's state").split(' ').collect();
+            (words[0].to_string(), words[3].to_string())
+        })
+        .collect()
+}
+
+/// The gang steps: together, whole or not at all, and past a runner killed mid-run.
+fn gangs(topology: &mut Topology) {
+    // Together: every node on a runner process of its own meets the others over TCP; node 0's
+    // outputs are the job's.
+    let job = gang(topology, 3);
+    let done = wait_for(topology, &job, "succeeded", |s| s["state"] == "SUCCEEDED");
+    let mut runners: Vec<String> = nodes(&done).into_iter().map(|(_, runner)| runner).collect();
+    runners.sort();
+    assert_eq!(runners, ["runner-gang-1", "runner-gang-2", "runner-gang-3"], "{done}");
+    for rank in ["0", "1", "2"] {
+        let lines = kiln(topology, "log-ingest-2", &["logs", &job, "--node", rank]);
+        assert!(
+            lines.contains(&format!("rank {rank} of 3 sum 6")),
+            "node {rank}: {lines}"
+        );
+    }
+    let dest = topology.dir.join("gang-outputs");
+    kiln(
+        topology,
+        "log-ingest-1",
+        &[
+            "artifacts",
+            "get",
+            &job,
+            "sum",
+            "--dest",
+            dest.to_str().expect("a path"),
+        ],
+    );
+    assert_eq!(std::fs::read_to_string(dest.join("sum")).expect("node 0's sum"), "6");
+
+    // Whole or not at all: with one runner's CPU taken, no node starts until it is free.
+    let sleeper = kiln(
+        topology,
+        "log-ingest-1",
+        &[
+            "run",
+            "--no-code",
+            "--pool",
+            "gang",
+            "--cpu",
+            "1",
+            "--mem",
+            "64M",
+            "--",
+            "sleep",
+            "600",
+        ],
+    )
+    .trim()
+    .to_string();
+    wait_for(topology, &sleeper, "ran", |s| s["state"] == "RUNNING");
+    let job = gang(topology, 3);
+    std::thread::sleep(Duration::from_secs(3));
+    let waiting = status(topology, &job);
+    assert_eq!(waiting["state"], "QUEUED", "{waiting}");
+    assert!(nodes(&waiting).is_empty(), "a node was placed: {waiting}");
+    let why = kiln(topology, "log-ingest-1", &["explain", &job]);
+    assert!(why.contains("whole or not at all"), "{why}");
+    kiln(topology, "log-ingest-1", &["stop", &sleeper]);
+    wait_for(topology, &job, "succeeded", |s| s["state"] == "SUCCEEDED");
+
+    // A node's runner SIGKILLed mid-run ends the attempt for all; the next attempt (once the
+    // runner is back: every node needs a runner of its own) resumes from node 0's last sync.
+    let job = gang(topology, 1_000_000);
+    let synced = wait_for(topology, &job, "synced node 0's outputs", |s| {
+        s["state"] == "RUNNING" && !s["outputs_synced"].is_null()
+    });
+    let node_1 = nodes(&synced)
+        .into_iter()
+        .find(|(rank, _)| rank == "1")
+        .map(|(_, runner)| runner)
+        .expect("node 1");
+    topology.kill(&node_1);
+    wait_for(topology, &job, "was queued again", |s| s["attempt"] == 2);
+    topology.restart(&node_1);
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let lines = kiln(topology, "log-ingest-1", &["logs", &job, "--node", "0"]);
+        if lines.contains("attempt 2 resumes at step ") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "attempt 2 never resumed: {lines}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    kiln(topology, "log-ingest-1", &["stop", &job]);
+    wait_for(topology, &job, "stopped", |s| s["state"] == "STOPPED");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn logs_on_either_replica_and_a_runner_lost_for_good() {
-    let mut topology = Topology::start(Options::from_env()).await;
+async fn logs_on_either_replica_a_gang_and_a_runner_lost_for_good() {
+    let mut topology = Topology::start(Options {
+        gang_runners: 3,
+        ..Options::from_env()
+    })
+    .await;
 
     // 1. Two log-ingest replicas on Scylla: following on either shows all the lines, in order.
     let script = "i=0; while [ $i -lt 3000 ]; do echo \"line $i\"; i=$((i+1)); done; sleep 1";
@@ -105,7 +239,10 @@ async fn logs_on_either_replica_and_a_runner_lost_for_good() {
     let ended = wait_for(&topology, &job, "ended", |s| s["state"] == "SUCCEEDED");
     assert_eq!(ended["exit_code"], 0);
 
-    // 2. A runner SIGKILLed and never restarted: its job is queued again (on-lost = requeue)
+    // 2. Gangs over three runner processes.
+    gangs(&mut topology);
+
+    // 3. A runner SIGKILLed and never restarted: its job is queued again (on-lost = requeue)
     // once its lease expires, and the other runner finishes it.
     let counter = "for i in 1 2 3 4 5 6 7 8; do sleep 0.5; done";
     let job = kiln(
@@ -122,7 +259,7 @@ async fn logs_on_either_replica_and_a_runner_lost_for_good() {
     assert_ne!(done["runner"].as_str(), Some(runner.as_str()), "{done}");
     assert_eq!(done["attempt"], 2, "{done}");
 
-    // 3. `kiln run -f` given both api replicas (KILN_ADDR=api-1,api-2) submits through api-1,
+    // 4. `kiln run -f` given both api replicas (KILN_ADDR=api-1,api-2) submits through api-1,
     // which is SIGKILLed while the job runs: the follow ends with the job's state read through
     // api-2 and the job's exit. A CLI given api-1 alone cannot reach kiln then (the control).
     let follow = cli(
