@@ -18,8 +18,12 @@
 # moto checks a signature against the access keys of its own IAM users, and checks the user's
 # policy allows the action. No user exists at start, so moto starts with
 # INITIAL_NO_AUTH_ACTION_COUNT=3: exactly the three calls below (CreateUser, CreateAccessKey,
-# PutUserPolicy allowing ec2:*) go unchecked, and every request after them is checked. Start
+# PutUserPolicy allowing ec2:*, and making and assuming a role) go unchecked, and every request after them is checked. Start
 # refuses to write DIR/env unless a request signed with a wrong secret is refused (AuthFailure).
+# The user then makes a role allowed ecr:GetAuthorizationToken (trusting the user: moto checks
+# the trust policy of an AssumeRole, and no instance calls it here) and assumes it: its temporary
+# credentials (KILN_TEST_EC2_ROLE_*) are an instance role's, which the tests' AEMM serves to a
+# runner that pulls from ECR with them (moto refuses a session token with a user's keys).
 # KILN_TEST_EC2_REGION (default us-east-1) picks the region the credentials are scoped to.
 set -euo pipefail
 
@@ -66,7 +70,7 @@ start() {
   secret=$(sed -n 's:.*<SecretAccessKey>\([^<]*\)</SecretAccessKey>.*:\1:p' <<<"$out")
   iam --data-urlencode Action=PutUserPolicy --data-urlencode UserName=kiln-test \
     --data-urlencode PolicyName=ec2 \
-    --data-urlencode 'PolicyDocument={"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":"ec2:*","Resource":"*"}]}' >/dev/null
+    --data-urlencode 'PolicyDocument={"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":["ec2:*","iam:CreateRole","iam:PutRolePolicy","sts:AssumeRole"],"Resource":"*"}]}' >/dev/null
   # From here on every request is checked: a wrong secret must be refused, the right one not.
   ec2() {
     curl -sS --aws-sigv4 "aws:amz:$region:ec2" --user "$1" "$endpoint/" \
@@ -76,12 +80,33 @@ start() {
     { echo "cloud-servers: moto accepted a request signed with a wrong secret" >&2; exit 1; }
   ec2 "$key:$secret" | grep -q '<regionName>' ||
     { echo "cloud-servers: moto refused the test user's request" >&2; exit 1; }
+  signed() {
+    local service=$1
+    shift
+    curl -fsS --aws-sigv4 "aws:amz:$region:$service" --user "$key:$secret" "$endpoint/" "$@"
+  }
+  signed iam --data-urlencode Version=2010-05-08 --data-urlencode Action=CreateRole \
+    --data-urlencode RoleName=kiln-test-instance \
+    --data-urlencode 'AssumeRolePolicyDocument={"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":{"AWS":"arn:aws:iam::123456789012:user/kiln-test"},"Action":"sts:AssumeRole"}]}' >/dev/null
+  signed iam --data-urlencode Version=2010-05-08 --data-urlencode Action=PutRolePolicy \
+    --data-urlencode RoleName=kiln-test-instance --data-urlencode PolicyName=ecr \
+    --data-urlencode 'PolicyDocument={"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":"ecr:GetAuthorizationToken","Resource":"*"}]}' >/dev/null
+  out=$(signed sts --data-urlencode Version=2011-06-15 --data-urlencode Action=AssumeRole \
+    --data-urlencode RoleArn=arn:aws:iam::123456789012:role/kiln-test-instance \
+    --data-urlencode RoleSessionName=kiln-test --data-urlencode DurationSeconds=43200)
+  role_key=$(sed -n 's:.*<AccessKeyId>\([^<]*\)</AccessKeyId>.*:\1:p' <<<"$out")
+  role_secret=$(sed -n 's:.*<SecretAccessKey>\([^<]*\)</SecretAccessKey>.*:\1:p' <<<"$out")
+  role_token=$(sed -n 's:.*<SessionToken>\([^<]*\)</SessionToken>.*:\1:p' <<<"$out")
+  [ -n "$role_token" ] || { echo "cloud-servers: moto's AssumeRole gave no credentials: $out" >&2; exit 1; }
   umask 077
   cat >"$dir/env" <<ENV
 export KILN_TEST_EC2_ENDPOINT=$endpoint
 export KILN_TEST_EC2_REGION=$region
 export KILN_TEST_EC2_ACCESS_KEY_ID=$key
 export KILN_TEST_EC2_SECRET_ACCESS_KEY=$secret
+export KILN_TEST_EC2_ROLE_ACCESS_KEY_ID=$role_key
+export KILN_TEST_EC2_ROLE_SECRET_ACCESS_KEY=$role_secret
+export KILN_TEST_EC2_ROLE_SESSION_TOKEN=$role_token
 export KILN_TEST_AEMM=$aemm
 export KILN_TEST_CLOUD_PYTHON=$venv/bin/python
 export KILN_TEST_EC2_FAULT_PROXY=$repo/scripts/cloud/fault_proxy.py

@@ -252,6 +252,7 @@ module "runner_pool" {
   gpu                  = each.value.gpu
   ami_id               = local.pool_ami[each.key]
   volume_gb            = each.value.volume_gb
+  ecr_repositories     = each.value.ecr_repositories
   security_group_id    = module.security_groups.ids["runner"]
   kms_key_arn          = module.kms.arn
   bucket               = module.objects.bucket

@@ -174,6 +174,8 @@ variable "pools" {
       gpu                a GPU pool (the NVIDIA image, docker's nvidia runtime)
       volume_gb          root volume (images, work directories, dataset cache)
       ami_id             an image of your own instead of the default one
+      ecr_repositories   ARNs of ECR repositories every job of the pool may pull from with the
+                         instance role (a project's own `kiln secret set --registry` still wins)
   EOT
   type = map(object({
     instance_types = optional(list(string), [])
@@ -193,6 +195,7 @@ variable "pools" {
     gpu               = optional(bool, false)
     volume_gb         = optional(number, 100)
     ami_id            = optional(string)
+    ecr_repositories  = optional(list(string), [])
   }))
   default = {
     cpu = {

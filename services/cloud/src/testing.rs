@@ -18,6 +18,9 @@ pub struct CloudEnv {
     pub region: String,
     pub access_key_id: String,
     pub secret_access_key: String,
+    /// Temporary credentials of a role moto's user assumed (allowed ecr:GetAuthorizationToken):
+    /// an instance role's, as a test's AEMM serves them. Key id, secret and session token.
+    pub role: (String, String, String),
     pub python: String,
     pub fault_proxy: String,
 }
@@ -37,6 +40,11 @@ pub fn cloud_env() -> CloudEnv {
         region: std::env::var("KILN_TEST_EC2_REGION").unwrap_or_else(|_| "us-east-1".into()),
         access_key_id: var("KILN_TEST_EC2_ACCESS_KEY_ID"),
         secret_access_key: var("KILN_TEST_EC2_SECRET_ACCESS_KEY"),
+        role: (
+            var("KILN_TEST_EC2_ROLE_ACCESS_KEY_ID"),
+            var("KILN_TEST_EC2_ROLE_SECRET_ACCESS_KEY"),
+            var("KILN_TEST_EC2_ROLE_SESSION_TOKEN"),
+        ),
         python: var("KILN_TEST_CLOUD_PYTHON"),
         fault_proxy: var("KILN_TEST_EC2_FAULT_PROXY"),
     }

@@ -126,6 +126,9 @@ pub struct Config {
     /// identity goes into the capacity reports, and its spot notices cordon the runner and
     /// checkpoint or stop its jobs.
     pub imds: crate::metadata::ImdsConfig,
+    /// Registries whose images every job here pulls with the instance role's ECR token
+    /// (`[ecr]`), unless its project has credentials of its own for them.
+    pub ecr: crate::ecr::EcrConfig,
 }
 
 impl Default for Config {
@@ -163,6 +166,7 @@ impl Default for Config {
             report_interval_ms: if cfg!(test) { 200 } else { 5_000 },
             metrics_interval_ms: 5_000,
             imds: crate::metadata::ImdsConfig::default(),
+            ecr: crate::ecr::EcrConfig::default(),
         }
     }
 }
@@ -196,6 +200,7 @@ impl ServiceConfig for Config {
         }
         self.sim.validate(&mut problems);
         self.imds.validate(&mut problems);
+        self.ecr.validate(&mut problems);
         self.dataset_cache.validate(&self.work_dir, &mut problems);
         if !(0.0..=100.0).contains(&self.idle_gpu.threshold_percent) {
             problems.push("idle-gpu.threshold-percent must be between 0 and 100".into());

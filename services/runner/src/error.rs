@@ -50,6 +50,9 @@ pub enum Error {
     ProcessFirewall { message: String },
     #[error("dataset: {0}")]
     Dataset(String),
+    /// ECR through the instance role (`[ecr]`) cannot be set up.
+    #[error("ecr: {0}")]
+    Ecr(String),
     /// The model version an inference worker serves cannot be staged.
     #[error("model: {0}")]
     Model(String),
@@ -99,7 +102,7 @@ impl Error {
             | Error::Gang(_)
             | Error::NoImage
             | Error::ImageUnsupported { .. } => ErrorKind::InvalidArgument,
-            Error::Docker { .. } | Error::Metadata(_) => ErrorKind::Unavailable,
+            Error::Docker { .. } | Error::Metadata(_) | Error::Ecr(_) => ErrorKind::Unavailable,
             Error::Firewall { .. } | Error::ProcessFirewall { .. } => ErrorKind::FailedPrecondition,
             Error::Capacity(_) | Error::Disk(_) => ErrorKind::ResourceExhausted,
             Error::Restore(_)

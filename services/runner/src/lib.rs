@@ -48,6 +48,7 @@ pub mod collector;
 pub mod config;
 mod control;
 pub mod datasets;
+pub mod ecr;
 pub mod error;
 pub mod gpu;
 mod launch;
@@ -109,6 +110,8 @@ pub(crate) struct Context {
     secrets_key: Option<Arc<kiln_core::secrets::SecretsKey>>,
     /// What this runner's machine is, read from its instance metadata (`[imds] enabled`).
     identity: Option<Arc<metadata::Identity>>,
+    /// ECR tokens of the instance role, for the registries of `[ecr]`.
+    ecr: Option<Arc<ecr::Ecr>>,
     /// Set once its cloud warned the instance (a rebalance recommendation, an interruption
     /// notice): the runner takes no new launch and reports no free room. Never cleared.
     cordoned: Arc<std::sync::atomic::AtomicBool>,
@@ -279,6 +282,7 @@ impl Runner {
             }),
             secrets_key,
             identity: identity.map(Arc::new),
+            ecr: ecr::Ecr::new(&config.ecr, &config.imds.endpoint)?,
             cordoned: Arc::default(),
             instance_prices: Arc::default(),
             config: Arc::new(config),

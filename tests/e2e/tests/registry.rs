@@ -2,7 +2,10 @@
 //! jobs' images from a real registry (Debian's `docker-registry` with htpasswd and TLS), and
 //! only its jobs': a job of another project is refused by the registry even once the image
 //! sits in the engine's cache, and a wrong password fails with the registry's reason.
+//! A registry a runner names in `[ecr]` is pulled with the ECR token of its instance role (moto's
+//! ECR, the role's keys served by AEMM), for a project without credentials of its own.
 
+use kiln_core::testing::{Aemm, AemmInstance};
 use kiln_e2e::{Stack, docker, registry::Registry, spec, test_image};
 use kiln_proto::v1 as pb;
 use tonic::Code;
@@ -142,4 +145,70 @@ async fn a_private_image_is_pulled_with_its_projects_credentials_and_no_other_pr
         .remove_image(&image, None::<bollard::query_parameters::RemoveImageOptions>, None)
         .await
         .unwrap();
+}
+
+/// The password moto's ECR gives account 123456789012 (`AWS:<account>-auth-token`).
+const MOTO_ECR_PASSWORD: &str = "123456789012-auth-token";
+
+#[tokio::test]
+async fn a_registry_named_in_ecr_is_pulled_with_the_instance_roles_token() {
+    // A registry that takes ECR's token (user AWS) and nothing else, the image pushed to it.
+    let registry = Registry::start("AWS", MOTO_ECR_PASSWORD);
+    let engine = docker().await;
+    let unique = kiln_core::ids::new_id().to_lowercase().replace('-', "");
+    let image = registry.push_unique(&engine, &test_image(), "team/ecr", &unique).await;
+    assert!(engine.inspect_image(&image).await.is_err(), "only the registry has it");
+    // The instance's metadata serves the credentials of a role moto knows (moto checks every
+    // signature); the runner names the registry in `[ecr]`.
+    let cloud = kiln_cloud::testing::cloud_env();
+    let aemm = Aemm::start_with_role(AemmInstance::spot(), Some(cloud.role.clone()));
+    let mut stack = Stack::start_without_runner().await;
+    let runner = kiln_runner::Config {
+        imds: kiln_runner::metadata::ImdsConfig {
+            endpoint: aemm.endpoint.clone(),
+            ..Default::default()
+        },
+        ecr: kiln_runner::ecr::EcrConfig {
+            registries: vec![registry.host.clone()],
+            endpoint: cloud.endpoint.clone(),
+            region: cloud.region.clone(),
+        },
+        ..stack.docker_runner_config(&stack.docker_runner_id())
+    };
+    stack.runner = Some(stack.spawn_runner(runner).await);
+    stack.create_project("vision").await;
+
+    // vision has no credentials of its own: the pull goes with the role's token.
+    let pulled = run_in(&stack, "vision", &image).await;
+    assert_eq!(pulled.state, pb::JobState::Succeeded as i32, "{pulled:?}");
+    let lines = stack.log_lines(&pulled.id, false).await;
+    assert!(
+        !lines.iter().any(|line| line.text.contains(MOTO_ECR_PASSWORD)),
+        "the job saw the token"
+    );
+
+    // The control: the registry refuses the same pull with another password.
+    engine
+        .remove_image(&image, None::<bollard::query_parameters::RemoveImageOptions>, None)
+        .await
+        .unwrap();
+    let options = bollard::query_parameters::CreateImageOptionsBuilder::new()
+        .from_image(&image)
+        .build();
+    let wrong = bollard::auth::DockerCredentials {
+        username: Some("AWS".into()),
+        password: Some("not-the-token".into()),
+        serveraddress: Some(registry.host.clone()),
+        ..Default::default()
+    };
+    let mut pull = engine.create_image(Some(options), None, Some(wrong));
+    let mut refused = None;
+    while let Some(step) = futures::StreamExt::next(&mut pull).await {
+        match step {
+            Err(error) => refused = Some(error.to_string()),
+            Ok(step) => refused = refused.or(step.error_detail.and_then(|detail| detail.message)),
+        }
+    }
+    let refused = refused.expect("a pull with another password is refused");
+    assert!(refused.contains("unauthorized"), "{refused}");
 }

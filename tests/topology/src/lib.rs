@@ -306,7 +306,7 @@ impl Topology {
     /// The bootstrap admin's user id.
     async fn admin_id(&self) -> String {
         let config = kiln_core::config::DatabaseConfig {
-            url: kiln_core::config::DatabaseUrl::new(&self.postgres.url()),
+            url: kiln_core::config::DatabaseUrl::new(self.postgres.url()),
             ..Default::default()
         };
         let store = kiln_core::store::Store::connect(&config)

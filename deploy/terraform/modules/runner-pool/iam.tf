@@ -67,6 +67,26 @@ data "aws_iam_policy_document" "runner" {
     }
   }
 
+  # Images of the pool's ECR repositories, pulled with the instance role's token (the runner's
+  # [ecr] registries).
+  dynamic "statement" {
+    for_each = length(var.ecr_repositories) > 0 ? [1] : []
+    content {
+      sid       = "EcrToken"
+      actions   = ["ecr:GetAuthorizationToken"]
+      resources = ["*"]
+    }
+  }
+
+  dynamic "statement" {
+    for_each = length(var.ecr_repositories) > 0 ? [1] : []
+    content {
+      sid       = "EcrPull"
+      actions   = ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"]
+      resources = var.ecr_repositories
+    }
+  }
+
   statement {
     sid       = "SecretKey"
     actions   = ["kms:Decrypt"]

@@ -32,6 +32,10 @@ locals {
       nats_replicas = var.nats_replicas
       objects_url   = local.objects_url
       region        = var.region
+      # The registry hosts of those repositories: ACCOUNT.dkr.ecr.REGION.amazonaws.com.
+      ecr_registries = distinct([
+        for arn in var.ecr_repositories : "${split(":", arn)[4]}.dkr.ecr.${split(":", arn)[3]}.amazonaws.com"
+      ])
     })
   })
 }

@@ -28,6 +28,12 @@ variable "gpu" {
   type        = bool
 }
 
+variable "ecr_repositories" {
+  description = "ARNs of ECR repositories (arn:aws:ecr:REGION:ACCOUNT:repository/NAME) whose images every job of the pool pulls with the instance role."
+  type        = list(string)
+  default     = []
+}
+
 variable "ami_id" {
   description = "The image: Amazon Linux 2023, or for GPU pools an AL2023 image with the NVIDIA driver, docker and the NVIDIA container toolkit."
   type        = string

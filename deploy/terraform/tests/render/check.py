@@ -39,6 +39,8 @@ EXTRA = {
     "database.max-connections",
     # The runner's instance metadata poller, on EC2 only (compose runners have no IMDS).
     "imds.enabled",
+    # The pool's ECR repositories pulled with the instance role (compose has no instance role).
+    "ecr.registries",
 }
 
 # provisioner.toml: the service's own keys, and each [[pools]] entry's (docs/provisioner.md

@@ -84,10 +84,11 @@ locals {
     { for s in ["api", "scheduler", "log-ingest", "item-batch", "advisor", "predictor", "provisioner"] : s => templatefile("${local.services}/${s}.toml.tftpl", local.sample) },
     {
       runner = templatefile("${local.pool}/runner.toml.tftpl", merge(local.sample, {
-        pool          = "cpu"
-        api_url       = "http://api.kiln.internal:7070"
-        logs_url      = "http://log-ingest.kiln.internal:7071"
-        job_endpoints = ["item-batch.kiln.internal:7075", "advisor.kiln.internal:7076"]
+        pool           = "cpu"
+        api_url        = "http://api.kiln.internal:7070"
+        logs_url       = "http://log-ingest.kiln.internal:7071"
+        job_endpoints  = ["item-batch.kiln.internal:7075", "advisor.kiln.internal:7076"]
+        ecr_registries = ["123456789012.dkr.ecr.eu-west-1.amazonaws.com"]
       }))
     },
   )

@@ -55,6 +55,9 @@ pub struct Aemm {
     /// `http://127.0.0.1:<port>`: what `[imds] endpoint` takes.
     pub endpoint: String,
     pub instance: AemmInstance,
+    /// The instance role's access key id, secret and session token it serves (AEMM's own fixed
+    /// ones when `None`).
+    role: Option<(String, String, String)>,
     port: u16,
     child: Child,
     dir: tempfile::TempDir,
@@ -66,13 +69,21 @@ const NEVER: &str = "2099-01-01T00:00:00Z";
 impl Aemm {
     /// Starts an AEMM for `instance` on a free port, with no notice; waits until it answers.
     pub fn start(instance: AemmInstance) -> Aemm {
+        Aemm::start_with_role(instance, None)
+    }
+
+    /// As [`Aemm::start`], its instance role's credentials (`iam/security-credentials/`) the
+    /// access key id, secret and session token of `role` (a role moto's user assumed, so that
+    /// moto takes their signatures), valid for a day.
+    pub fn start_with_role(instance: AemmInstance, role: Option<(String, String, String)>) -> Aemm {
         let dir = tempfile::tempdir().expect("temp dir");
         for _ in 0..5 {
             let port = super::free_port();
-            if let Some(child) = spawn(dir.path(), port, &instance, NEVER, NEVER) {
+            if let Some(child) = spawn(dir.path(), port, &instance, role.as_ref(), NEVER, NEVER) {
                 return Aemm {
                     endpoint: format!("http://127.0.0.1:{port}"),
                     instance,
+                    role,
                     port,
                     child,
                     dir,
@@ -95,7 +106,15 @@ impl Aemm {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             // The port is free again at once, unless another test took it meanwhile.
-            if let Some(child) = spawn(self.dir.path(), self.port, &self.instance, interruption, rebalance) {
+            let role = self.role.as_ref();
+            if let Some(child) = spawn(
+                self.dir.path(),
+                self.port,
+                &self.instance,
+                role,
+                interruption,
+                rebalance,
+            ) {
                 self.child = child;
                 return;
             }
@@ -130,10 +149,11 @@ fn spawn(
     dir: &std::path::Path,
     port: u16,
     instance: &AemmInstance,
+    role: Option<&(String, String, String)>,
     interruption: &str,
     rebalance: &str,
 ) -> Option<Child> {
-    let config = serde_json::json!({
+    let mut config = serde_json::json!({
         "imdsv2": true,
         "server": {"hostname": "127.0.0.1", "port": port.to_string()},
         "mock-trigger-time": interruption,
@@ -152,6 +172,18 @@ fn spawn(
             "region": instance.region,
         }}},
     });
+    if let Some((key_id, secret, token)) = role {
+        let now_secs = crate::ids::now_ms().div_euclid(1000);
+        config["metadata"]["values"]["iam-security-credentials"] = serde_json::json!({
+            "Code": "Success",
+            "LastUpdated": utc_at(now_secs),
+            "Type": "AWS-HMAC",
+            "AccessKeyId": key_id,
+            "SecretAccessKey": secret,
+            "Token": token,
+            "Expiration": utc_at(now_secs + 86_400),
+        });
+    }
     let path = dir.join("aemm.json");
     std::fs::write(&path, config.to_string()).expect("write the AEMM config");
     let log = std::fs::File::create(dir.join(format!("aemm-{port}.log"))).expect("AEMM log");
@@ -187,7 +219,11 @@ fn spawn(
 
 /// Now as `YYYY-MM-DDTHH:MM:SSZ`.
 fn utc_now() -> String {
-    let secs = crate::ids::now_ms().div_euclid(1000);
+    utc_at(crate::ids::now_ms().div_euclid(1000))
+}
+
+/// `secs` after the epoch as `YYYY-MM-DDTHH:MM:SSZ`.
+fn utc_at(secs: i64) -> String {
     let (days, rest) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     // The civil date of a day number (Howard Hinnant's algorithm).
     let z = days + 719_468;

@@ -261,7 +261,8 @@ fn secrets_key(ctx: &Context) -> Result<&secrets::SecretsKey> {
 }
 
 /// The job's project's credentials for the registry its image comes from (`kiln secret set
-/// --registry`), when it has some. They never reach the job: only the engine's pull sees them.
+/// --registry`), when it has some, else the instance role's ECR token when `[ecr]` names the
+/// registry. They never reach the job: only the engine's pull sees them.
 async fn registry_credentials(ctx: &Context, job: &JobRecord) -> Result<Option<PullAuth>> {
     if job.image.is_empty() {
         return Ok(None);
@@ -271,7 +272,13 @@ async fn registry_credentials(ctx: &Context, job: &JobRecord) -> Result<Option<P
         return Ok(None);
     };
     let Some(record) = ctx.store.secret(&job.project, &name).await? else {
-        return Ok(None);
+        return match &ctx.ecr {
+            Some(ecr) if ecr.covers(&registry) => {
+                let credentials = ecr.credentials(&registry).await?;
+                Ok(Some(PullAuth { registry, credentials }))
+            }
+            _ => Ok(None),
+        };
     };
     let opened = secrets_key(ctx)?.open(&job.project, &name, &record.sealed)?;
     let credentials = serde_json::from_slice(&opened).map_err(|_| SecretsError::Open {
