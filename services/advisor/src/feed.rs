@@ -2,7 +2,6 @@
 //! KILN_CHANGES after each change of a sweep or of its trials' jobs (see sweep.proto and
 //! kiln_core::feed).
 
-use futures::StreamExt;
 use kiln_core::authz::{Caller, Visible};
 use kiln_core::feed::{self, Feed, Source};
 use kiln_core::subjects::CHANGES_SWEEPS;
@@ -16,8 +15,7 @@ use crate::record::SweepRecord;
 /// Most sweeps one ListSweeps returns.
 const LIST_LIMIT: u64 = 1000;
 
-pub type SweepChangesStream =
-    std::pin::Pin<Box<dyn futures::Stream<Item = std::result::Result<pb::SweepChanges, Status>> + Send>>;
+pub type SweepChangesStream = feed::Changed<pb::SweepChanges>;
 
 /// The sweeps one caller may list (what ListSweeps answers), without their trials.
 pub struct Listed {
@@ -62,13 +60,7 @@ impl Listed {
     pub async fn watch(self, after_seq: u64) -> std::result::Result<SweepChangesStream, Status> {
         let jetstream = self.api.shared.nats.jetstream.clone();
         let pages = feed::watch(&jetstream, Feed::changes(CHANGES_SWEEPS), after_seq, self).await?;
-        Ok(Box::pin(pages.map(|page| {
-            page.map(|page| pb::SweepChanges {
-                sweeps: page.items,
-                seq: page.seq,
-                reset: page.reset,
-            })
-        })))
+        Ok(feed::answers(pages))
     }
 }
 

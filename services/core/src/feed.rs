@@ -54,6 +54,33 @@ pub struct Page<T> {
 /// The answers of a watch.
 pub type Pages<T> = Pin<Box<dyn Stream<Item = Result<Page<T>, Status>> + Send>>;
 
+/// The answers of a watch as its RPC's messages (`JobChanges`, `BatchChanges`, …).
+pub type Changed<M> = Pin<Box<dyn Stream<Item = Result<M, Status>> + Send>>;
+
+/// `pages` as the messages of their RPC.
+pub fn answers<T: Send + 'static, M: From<Page<T>> + Send + 'static>(pages: Pages<T>) -> Changed<M> {
+    Box::pin(pages.map(|page| page.map(M::from)))
+}
+
+/// Each list's message of one answer.
+macro_rules! changes_of {
+    ($item:ty => $changes:ident { $field:ident }) => {
+        impl From<Page<$item>> for pb::$changes {
+            fn from(page: Page<$item>) -> pb::$changes {
+                pb::$changes {
+                    $field: page.items,
+                    seq: page.seq,
+                    reset: page.reset,
+                }
+            }
+        }
+    };
+}
+changes_of!(pb::Job => JobChanges { jobs });
+changes_of!(pb::Batch => BatchChanges { batches });
+changes_of!(pb::Sweep => SweepChanges { sweeps });
+changes_of!(pb::Service => ServiceChanges { services });
+
 /// What one event of the watched stream says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Signal {

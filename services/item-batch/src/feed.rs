@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use futures::StreamExt;
 use kiln_core::authz::{Caller, Visible};
 use kiln_core::feed::{self, Feed, Source};
 use kiln_core::subjects::CHANGES_BATCHES;
@@ -14,8 +13,7 @@ use crate::Shared;
 use crate::error::{Error, Result};
 use crate::store::BatchRecord;
 
-pub type BatchChangesStream =
-    std::pin::Pin<Box<dyn futures::Stream<Item = std::result::Result<pb::BatchChanges, Status>> + Send>>;
+pub type BatchChangesStream = feed::Changed<pb::BatchChanges>;
 
 /// The batches one caller may list (what ListBatches answers).
 pub struct Listed {
@@ -61,13 +59,7 @@ impl Listed {
     pub async fn watch(self, after_seq: u64) -> std::result::Result<BatchChangesStream, Status> {
         let jetstream = self.shared.nats.jetstream.clone();
         let pages = feed::watch(&jetstream, Feed::changes(CHANGES_BATCHES), after_seq, self).await?;
-        Ok(Box::pin(pages.map(|page| {
-            page.map(|page| pb::BatchChanges {
-                batches: page.items,
-                seq: page.seq,
-                reset: page.reset,
-            })
-        })))
+        Ok(feed::answers(pages))
     }
 }
 

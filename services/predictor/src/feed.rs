@@ -2,7 +2,6 @@
 //! KILN_CHANGES after each change of a service, and at each controller pass for a running
 //! one (its workers and recent traffic) (see serve.proto and kiln_core::feed).
 
-use futures::StreamExt;
 use kiln_core::authz::{Caller, Visible};
 use kiln_core::feed::{self, Feed, Source};
 use kiln_core::subjects::CHANGES_SERVICES;
@@ -13,8 +12,7 @@ use crate::manage::ServeApi;
 use crate::record::ServiceRecord;
 use crate::{Error, Result};
 
-pub type ServiceChangesStream =
-    std::pin::Pin<Box<dyn futures::Stream<Item = std::result::Result<pb::ServiceChanges, Status>> + Send>>;
+pub type ServiceChangesStream = feed::Changed<pb::ServiceChanges>;
 
 /// The services one caller may list (what ListServices answers).
 pub struct Listed {
@@ -55,13 +53,7 @@ impl Listed {
     pub async fn watch(self, after_seq: u64) -> std::result::Result<ServiceChangesStream, Status> {
         let jetstream = self.api.shared.nats.jetstream.clone();
         let pages = feed::watch(&jetstream, Feed::changes(CHANGES_SERVICES), after_seq, self).await?;
-        Ok(Box::pin(pages.map(|page| {
-            page.map(|page| pb::ServiceChanges {
-                services: page.items,
-                seq: page.seq,
-                reset: page.reset,
-            })
-        })))
+        Ok(feed::answers(pages))
     }
 }
 

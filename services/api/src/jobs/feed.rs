@@ -1,7 +1,6 @@
 //! `WatchJobs`: a list of jobs kept current from the job events on KILN_JOBS (see job.proto and
 //! kiln_core::feed).
 
-use futures::StreamExt;
 use kiln_core::authz::Caller;
 use kiln_core::feed::{self, Feed, Source};
 use kiln_core::store::{JobFilter, JobRecord};
@@ -11,8 +10,7 @@ use tonic::Status;
 use super::JobsApi;
 use crate::error::{Error, Result};
 
-pub(super) type JobChangesStream =
-    std::pin::Pin<Box<dyn futures::Stream<Item = std::result::Result<pb::JobChanges, Status>> + Send>>;
+pub(super) type JobChangesStream = feed::Changed<pb::JobChanges>;
 
 /// The jobs of `list` the caller may see (what ListJobs answers).
 pub(super) async fn job_filter(api: &JobsApi, caller: &Caller, list: &pb::ListJobsRequest) -> Result<JobFilter> {
@@ -80,12 +78,6 @@ impl JobsApi {
             filter,
         };
         let pages = feed::watch(&self.nats.jetstream, Feed::JOBS, request.after_seq, watched).await?;
-        Ok(Box::pin(pages.map(|page| {
-            page.map(|page| pb::JobChanges {
-                jobs: page.items,
-                seq: page.seq,
-                reset: page.reset,
-            })
-        })))
+        Ok(feed::answers(pages))
     }
 }
