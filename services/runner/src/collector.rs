@@ -1,7 +1,8 @@
 //! System metrics of a running job, every `metrics-interval-ms`, on `kiln.metrics.<job>` under
 //! `sys/...` keys: the instance's CPU and memory (from the engine's stats, or /proc for a
 //! process), the host's CPU and memory (sysinfo), and its GPUs' utilisation (NVML) when it has
-//! any. Each batch's message id is `<job>:<attempt>:sys:<step>`, so a retried publish is kept
+//! any. A gang's node K > 0 samples its own under `sys/nodeK/...` ([`node_key`]). Each batch's
+//! message id is `<job>:<attempt>:sys:<step>` (`sysK` for node K), so a retried publish is kept
 //! once. Batches are published in order by a task of their own, which sends each again until
 //! stored and outlives the sampling (aborted when the job ends) until it has sent what was
 //! sampled: a stream electing its leader delays the points, it does not lose them.
@@ -27,8 +28,18 @@ pub const GPU_PERCENT: &str = "sys/gpu_percent";
 /// Batches sampled and not yet published, at most; sampling waits when they are.
 const QUEUED_BATCHES: usize = 64;
 
-/// Samples and publishes until the task is aborted (when the job ends).
-pub(crate) async fn collect(ctx: Context, instance: Instance, gpu_devices: Vec<u32>) {
+/// The key of system metric `key` (`sys/...`) of a gang's node `rank`: node 0's, as a one-node
+/// job's, is `key`; node K's is `sys/nodeK/...`.
+pub fn node_key(rank: i32, key: &str) -> String {
+    match rank {
+        0 => key.to_string(),
+        _ => format!("sys/node{rank}/{}", key.trim_start_matches("sys/")),
+    }
+}
+
+/// Samples and publishes until the task is aborted (when the job ends, or node `rank` of a
+/// gang does).
+pub(crate) async fn collect(ctx: Context, instance: Instance, gpu_devices: Vec<u32>, rank: i32) {
     let interval = Duration::from_millis(ctx.config.metrics_interval_ms);
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(String, Bytes)>(QUEUED_BATCHES);
     let js = ctx.nats.jetstream.clone();
@@ -49,7 +60,7 @@ pub(crate) async fn collect(ctx: Context, instance: Instance, gpu_devices: Vec<u
         step += 1;
         let at = now_ms();
         let point = |key: &str, value: f64| MetricPoint {
-            key: key.into(),
+            key: node_key(rank, key),
             step,
             value,
             timestamp_ms: at,
@@ -83,9 +94,22 @@ pub(crate) async fn collect(ctx: Context, instance: Instance, gpu_devices: Vec<u
             points,
             columns: None,
         };
-        let msg_id = format!("{}:{}:sys:{step}", instance.job_id, instance.attempt);
+        let node = if rank == 0 { String::new() } else { rank.to_string() };
+        let msg_id = format!("{}:{}:sys{node}:{step}", instance.job_id, instance.attempt);
         if tx.send((msg_id, Bytes::from(batch.encode_to_vec()))).await.is_err() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gang_nodes_system_metrics_carry_its_rank_but_node_0s() {
+        assert_eq!(node_key(0, CPU_PERCENT), "sys/cpu_percent");
+        assert_eq!(node_key(2, CPU_PERCENT), "sys/node2/cpu_percent");
+        assert_eq!(node_key(1, GPU_PERCENT), "sys/node1/gpu_percent");
     }
 }

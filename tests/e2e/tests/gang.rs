@@ -160,6 +160,22 @@ async fn a_node_whose_runner_is_killed_ends_the_attempt_for_all_and_the_next_res
     }
     assert!(resumed.resume_from.contains(&job.id), "{resumed:?}");
     wait_for_line(&stack, &job.id, "attempt 2 resumes at step ").await;
+    // Every node sampled its own system metrics: node 0's under sys/, node K's under sys/nodeK/.
+    let keys = stack
+        .logs_client()
+        .await
+        .list_metric_keys(pb::ListMetricKeysRequest { job_id: job.id.clone() })
+        .await
+        .unwrap()
+        .into_inner()
+        .keys;
+    for key in [
+        "sys/host_cpu_percent",
+        "sys/node1/host_cpu_percent",
+        "sys/node2/host_cpu_percent",
+    ] {
+        assert!(keys.iter().any(|k| k == key), "no {key} in {keys:?}");
+    }
     stack.stop_job(&job.id).await;
     stack.wait_for_state(&job.id, pb::JobState::Stopped).await;
     spare.stop().await;

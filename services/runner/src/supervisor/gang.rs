@@ -246,8 +246,15 @@ async fn run_node(
         .report_node(&job.id, job.attempt, rank, node_state::RUNNING, None, "")
         .await;
     let reader = shipper.ship(output, masker);
+    let collector = tokio::spawn(crate::collector::collect(
+        ctx.clone(),
+        instance.clone(),
+        gpu_devices,
+        rank,
+    ));
     tracing::info!(job_id = %job.id, rank, instance = %instance.id, "gang node running");
     let (exit, stopping) = watch_node(ctx, job, rank, &instance, controls, shutdown).await;
+    collector.abort();
     let _ = ctx.provider.signal(&instance, Signal::SIGKILL).await;
     let abort = reader.abort_handle();
     if tokio::time::timeout(Duration::from_secs(5), reader).await.is_err() {

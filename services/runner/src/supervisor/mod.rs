@@ -351,6 +351,7 @@ async fn execute(
         ctx.clone(),
         instance.clone(),
         gpu_devices.clone(),
+        0,
     ));
     // After the output and metrics are taken care of: the publish may wait for a stream leader.
     publish(ctx, &job).await;
