@@ -23,7 +23,12 @@ async fn calls_without_a_valid_token_are_unauthenticated() {
     assert!(status.message().contains("missing bearer token"), "{status:?}");
 
     let forged = format!("kiln_{}_{}", "0".repeat(16), "1".repeat(64));
-    for token in ["garbage", forged.as_str(), &stack.token.replace('a', "b")] {
+    // The real token with its last character changed (a `replace` of one letter changed nothing
+    // in a token without that letter, and the test then failed by chance).
+    let mut tampered = stack.token.clone();
+    let last = tampered.pop().expect("a token");
+    tampered.push(if last == '0' { '1' } else { '0' });
+    for token in ["garbage", forged.as_str(), tampered.as_str()] {
         let status = stack
             .jobs_as(token)
             .await
