@@ -102,6 +102,8 @@ impl Ec2World {
             ("nats_replicas", json!(1)),
             ("objects_url", json!(stack.objects.url)),
             ("region", json!(env.region)),
+            // No ECR repositories for the pool (tests/e2e/tests/registry.rs tests [ecr]).
+            ("ecr_registries", json!([])),
         ]);
         let text = std::fs::read_to_string(runner_template_path()).expect("terraform's runner template");
         let user_data = base64::engine::general_purpose::STANDARD.encode(render_template(&text, &vars));
