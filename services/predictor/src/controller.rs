@@ -163,13 +163,15 @@ pub async fn pass(shared: &Shared) -> Result<()> {
             }
         } else {
             let workers = shared.store.live_service_workers(&record.id).await?;
-            let draining = !workers.is_empty();
-            let drained = shared.draining.lock().expect("draining").remove(&record.id);
-            if draining || drained {
-                shared.services.touch(&record.id);
-            }
-            if draining {
-                shared.draining.lock().expect("draining").insert(record.id.clone());
+            {
+                let mut draining = shared.draining.lock().expect("draining");
+                // Told while it has workers, and once more after the last has ended.
+                if draining.remove(&record.id) || !workers.is_empty() {
+                    shared.services.touch(&record.id);
+                }
+                if !workers.is_empty() {
+                    draining.insert(record.id.clone());
+                }
             }
             stop_all(shared, workers, "the service was stopped").await?;
         }

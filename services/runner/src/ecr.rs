@@ -58,6 +58,16 @@ fn region_of(registry: &str) -> Option<&str> {
     }
 }
 
+impl EcrConfig {
+    /// The region of `registry`'s ECR API: `region`, else the registry host's.
+    fn region_of<'a>(&'a self, registry: &'a str) -> &'a str {
+        match self.region.as_str() {
+            "" => region_of(registry).unwrap_or("us-east-1"),
+            region => region,
+        }
+    }
+}
+
 /// A token and when to ask again.
 struct Token {
     credentials: RegistryCredentials,
@@ -79,10 +89,7 @@ impl Ecr {
         if config.registries.is_empty() {
             return Ok(None);
         }
-        let region = match config.region.as_str() {
-            "" => region_of(&config.registries[0]).unwrap_or("us-east-1"),
-            region => region,
-        };
+        let region = config.region_of(&config.registries[0]);
         let store = AmazonS3Builder::from_env()
             .with_region(region)
             .with_bucket_name("unused")
@@ -127,10 +134,7 @@ impl Ecr {
 
     /// One `GetAuthorizationToken` for `registry`'s account.
     async fn ask(&self, registry: &str) -> std::result::Result<Token, String> {
-        let region = match self.config.region.as_str() {
-            "" => region_of(registry).unwrap_or("us-east-1"),
-            region => region,
-        };
+        let region = self.config.region_of(registry);
         let endpoint = match self.config.endpoint.as_str() {
             "" => format!("https://api.ecr.{region}.amazonaws.com/"),
             endpoint => endpoint.to_string(),
