@@ -12,12 +12,20 @@ use std::time::{Duration, Instant};
 use crate::config::{DatabaseConfig, DatabaseUrl, NatsConfig};
 use crate::nats_auth::Service;
 
-/// Returns a port that was free a moment ago.
+/// Returns a port that was free a moment ago and that this process has not handed out before,
+/// so that two servers started at once by tests of one binary never get the same port.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind a free port")
-        .port()
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("bind a free port")
+            .port();
+        if GIVEN.lock().unwrap_or_else(|e| e.into_inner()).insert(port) {
+            return port;
+        }
+    }
 }
 
 /// A `nats-server -js` child with its own store directory, killed on drop.
@@ -142,8 +150,8 @@ fn spawn_nats_server(binary: &str, args: &[&std::ffi::OsStr]) -> Child {
         })
 }
 
-/// Three `nats-server`s with JetStream clustered over routes on loopback (cluster `kiln-test`,
-/// servers `n0`, `n1`, `n2`, each with its own store directory and config file), for tests of
+/// Three `nats-server`s with JetStream clustered over routes on loopback (a cluster named
+/// `kiln-test-<id>`, so that routes never join two tests' clusters; servers `n0`, `n1`, `n2`, each with its own store directory and config file), for tests of
 /// what happens when one dies. Every node is killed on drop.
 pub struct NatsCluster {
     /// The client URLs of the three nodes, comma-separated (what `nats.url` takes).
@@ -187,7 +195,55 @@ impl NatsCluster {
     }
 
     async fn start_with(security: Option<NatsSecurity>, users: Option<NatsUsers>) -> NatsCluster {
+        // A port free when it was picked may be taken (another process's outgoing connection)
+        // before the node binds it: that node exits, and the cluster starts again on new ports.
+        let (mut security, mut users) = (security, users);
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let mut cluster = NatsCluster::configure(security, users);
+            for index in 0..Self::SIZE {
+                cluster.spawn(index);
+            }
+            match cluster.wait_all_healthy().await {
+                Ok(()) => return cluster,
+                Err(failure) if attempts < 3 => eprintln!("{failure}; starting the cluster again"),
+                Err(failure) => panic!("{failure}"),
+            }
+            // Dropping the cluster kills its nodes; its certificates and seeds serve the next.
+            (security, users) = (cluster.security.take(), cluster.users.take());
+        }
+    }
+
+    /// Waits until every node is healthy; `Err` when one has exited (a port taken from under it).
+    async fn wait_all_healthy(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        for index in 0..Self::SIZE {
+            while !self.healthy_by(index, deadline).await {
+                self.none_exited()?;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        self.none_exited()
+    }
+
+    /// `Err` naming the first node that has exited, with its log.
+    fn none_exited(&mut self) -> Result<(), String> {
+        for index in 0..Self::SIZE {
+            if let Some(Ok(Some(status))) = self.nodes[index].child.as_mut().map(Child::try_wait) {
+                return Err(format!(
+                    "{} exited while starting ({status}); its log:\n{}",
+                    Self::server_name(index),
+                    self.log_tail(index)
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn configure(security: Option<NatsSecurity>, users: Option<NatsUsers>) -> NatsCluster {
         let binary = nats_server_binary();
+        let cluster_name = format!("kiln-test-{}", crate::ids::new_id());
         let dir = tempfile::tempdir().expect("temp dir");
         let mut ports = std::collections::BTreeSet::new();
         while ports.len() < 3 * Self::SIZE {
@@ -206,7 +262,7 @@ impl NatsCluster {
             let text = format!(
                 "server_name: \"{name}\"\nlisten: \"127.0.0.1:{port}\"\nhttp: \"127.0.0.1:{http}\"\n\
                  log_file: \"{log}\"\njetstream {{ store_dir: \"{store}\" }}\n\
-                 cluster {{\n  name: \"kiln-test\"\n  listen: \"127.0.0.1:{route}\"\n  routes: [{routes}]\n}}\n{blocks}",
+                 cluster {{\n  name: \"{cluster_name}\"\n  listen: \"127.0.0.1:{route}\"\n  routes: [{routes}]\n}}\n{blocks}",
                 port = ports[index],
                 http = ports[Self::SIZE + index],
                 log = dir.path().join(format!("{name}.log")).display(),
@@ -229,21 +285,14 @@ impl NatsCluster {
             .map(|node| format!("nats://127.0.0.1:{}", node.port))
             .collect::<Vec<_>>()
             .join(",");
-        let mut cluster = NatsCluster {
+        NatsCluster {
             url,
             security,
             users,
             nodes,
             binary,
             dir,
-        };
-        for index in 0..Self::SIZE {
-            cluster.spawn(index);
         }
-        for index in 0..Self::SIZE {
-            cluster.wait_healthy(index).await;
-        }
-        cluster
     }
 
     /// The `server_name` of node `index`.
@@ -318,25 +367,36 @@ impl NatsCluster {
     /// known, its streams and consumers current).
     pub async fn wait_healthy(&self, index: usize) {
         let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            match healthz(self.nodes[index].http_port).await {
-                Some(status) if status.contains(" 200 ") => return,
-                status => assert!(
-                    Instant::now() < deadline,
-                    "{} is not healthy ({status:?}); its log:\n{}",
-                    Self::server_name(index),
-                    self.log_tail(index)
-                ),
-            }
+        while !self.healthy_by(index, deadline).await {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
-    /// The last lines of node `index`'s log, for a failure message.
+    /// Whether node `index` answers `/healthz` with 200; panics with its log past `deadline`.
+    async fn healthy_by(&self, index: usize, deadline: Instant) -> bool {
+        match healthz(self.nodes[index].http_port).await {
+            Some(status) if status.contains(" 200 ") => true,
+            status => {
+                assert!(
+                    Instant::now() < deadline,
+                    "{} is not healthy ({status:?}); its log:\n{}",
+                    Self::server_name(index),
+                    self.log_tail(index)
+                );
+                false
+            }
+        }
+    }
+
+    /// The last lines of node `index`'s log, for a failure message (without the warnings each
+    /// failed `/healthz` poll adds, which would hide the cause).
     pub fn log_tail(&self, index: usize) -> String {
         let log = self.dir.path().join(format!("{}.log", Self::server_name(index)));
         let text = std::fs::read_to_string(log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|line| !line.contains("Healthcheck failed"))
+            .collect();
         lines[lines.len().saturating_sub(30)..].join("\n")
     }
 
