@@ -99,6 +99,8 @@ locals {
     boot_timeout_secs = p.boot_timeout_secs
     labels            = p.labels
     on_demand_prices  = p.on_demand_prices
+    # The pool's cluster placement group, for its gangs only; null without cluster_placement.
+    placement_group = module.runner_pool[pool].placement_group_name
   }]
 
   database = {
@@ -232,11 +234,12 @@ module "services" {
   cluster           = local.cluster
   provisioner_pools = local.provisioner_pools
   provisioner_launch = {
-    launch_template_arns = [for m in module.runner_pool : m.launch_template_arn]
-    subnet_ids           = module.network.private_subnet_ids
-    security_group_id    = module.security_groups.ids["runner"]
-    image_ids            = distinct(values(local.pool_ami))
-    runner_role_arns     = [for m in module.runner_pool : m.role_arn]
+    launch_template_arns  = [for m in module.runner_pool : m.launch_template_arn]
+    subnet_ids            = module.network.private_subnet_ids
+    security_group_id     = module.security_groups.ids["runner"]
+    image_ids             = distinct(values(local.pool_ami))
+    runner_role_arns      = [for m in module.runner_pool : m.role_arn]
+    placement_group_names = [for m in module.runner_pool : m.placement_group_name if m.placement_group_name != null]
   }
   depends_on = [module.network, aws_s3_object.connect_probe]
 }
@@ -253,6 +256,7 @@ module "runner_pool" {
   ami_id               = local.pool_ami[each.key]
   volume_gb            = each.value.volume_gb
   ecr_repositories     = each.value.ecr_repositories
+  cluster_placement    = each.value.cluster_placement
   security_group_id    = module.security_groups.ids["runner"]
   kms_key_arn          = module.kms.arn
   bucket               = module.objects.bucket

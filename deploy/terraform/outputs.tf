@@ -78,6 +78,11 @@ output "runner_launch_templates" {
   value       = { for pool, m in module.runner_pool : pool => m.launch_template_name }
 }
 
+output "runner_placement_groups" {
+  description = "The cluster placement group of each runner pool with cluster_placement, by name (provisioner.toml's `placement-group`): its gangs launch into it."
+  value       = { for pool, m in module.runner_pool : pool => m.placement_group_name if m.placement_group_name != null }
+}
+
 output "provisioner_role_arn" {
   description = "kiln-provisioner's IAM role: the only one that may launch and terminate the cluster's runners."
   value       = module.services.role_arns["provisioner"]

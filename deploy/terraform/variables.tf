@@ -176,6 +176,11 @@ variable "pools" {
       ami_id             an image of your own instead of the default one
       ecr_repositories   ARNs of ECR repositories every job of the pool may pull from with the
                          instance role (a project's own `kiln secret set --registry` still wins)
+      cluster_placement  gangs (multi-node jobs) of the pool launch into a cluster placement group
+                         of the pool's own, NAME-runner-POOL: one zone, low latency, high
+                         throughput between nodes (provisioner.toml's placement-group; the pool's
+                         other launches do not use it). A cluster placement group lies in one
+                         zone, so gangs of the pool that run at once share a zone
   EOT
   type = map(object({
     instance_types = optional(list(string), [])
@@ -196,6 +201,7 @@ variable "pools" {
     volume_gb         = optional(number, 100)
     ami_id            = optional(string)
     ecr_repositories  = optional(list(string), [])
+    cluster_placement = optional(bool, false)
   }))
   default = {
     cpu = {

@@ -1,8 +1,8 @@
 # One kiln runner pool: the launch template kiln-provisioner launches the pool's instances from
-# (CreateFleet, its $Default version), each running kiln-runner with the docker provider, and the
-# runners' role. No Auto Scaling group: the provisioner chooses instance types, zones, spot or
-# on-demand and how many, from the jobs waiting (docs/provisioner.md); terraform only says what an
-# instance is.
+# (CreateFleet, its $Default version), each running kiln-runner with the docker provider, the
+# runners' role, and (cluster_placement) a cluster placement group for the pool's gangs. No Auto
+# Scaling group: the provisioner chooses instance types, zones, spot or on-demand and how many,
+# from the jobs waiting (docs/provisioner.md); terraform only says what an instance is.
 locals {
   objects_url = "s3://${var.bucket}/${var.objects_prefix}"
   user_data = templatefile("${path.module}/../../templates/kiln-service.sh.tftpl", {
@@ -103,4 +103,15 @@ resource "aws_launch_template" "this" {
   }
 
   tags = { Name = var.launch_template_name, "kiln-cluster" = var.cluster, "kiln-pool" = var.pool }
+}
+
+# The pool's gangs (multi-node jobs) launch into it: the provisioner names it (`placement-group`)
+# in each gang's CreateFleet, whose instances are all of one zone. Not in the launch template:
+# the pool's other launches (single nodes, any zone of the pool) stay out of it. Named like the
+# launch template (the provisioner's role may launch into it by that name).
+resource "aws_placement_group" "gangs" {
+  count    = var.cluster_placement ? 1 : 0
+  name     = var.launch_template_name
+  strategy = "cluster"
+  tags     = { Name = var.launch_template_name, "kiln-cluster" = var.cluster, "kiln-pool" = var.pool }
 }

@@ -28,6 +28,12 @@ variable "gpu" {
   type        = bool
 }
 
+variable "cluster_placement" {
+  description = "Make a cluster placement group (named like the launch template) for the pool's gangs to launch into."
+  type        = bool
+  default     = false
+}
+
 variable "ecr_repositories" {
   description = "ARNs of ECR repositories (arn:aws:ecr:REGION:ACCOUNT:repository/NAME) whose images every job of the pool pulls with the instance role."
   type        = list(string)

@@ -4,7 +4,10 @@
 #   launch (CreateFleet, RunInstances): the instances, volumes, network interfaces and fleets
 #       it makes must carry kiln-cluster = CLUSTER in the request; they may come only from the
 #       pools' launch templates, into the private subnets, with the runner security group and
-#       the pools' images;
+#       the pools' images, and into no placement group but the pools' own (cluster_placement:
+#       a pool's gangs launch into its cluster placement group NAME-runner-POOL, whose ARN
+#       ends in the group's name, placement-group/NAME, not its id); modules/provisioner-launch
+#       makes that list of ARNs without a provider, so tests/render checks it offline;
 #   tag: only inside those create calls (ec2:CreateAction), never an existing resource;
 #   terminate: only instances tagged kiln-cluster = CLUSTER;
 #   pass: the runner pools' roles only, to EC2 only;
@@ -19,6 +22,14 @@ data "aws_partition" "current" {}
 locals {
   ec2_arn = "arn:${data.aws_partition.current.partition}:ec2:${var.region}"
   account = data.aws_caller_identity.current.account_id
+}
+
+module "provisioner_launch" {
+  source     = "../provisioner-launch"
+  partition  = data.aws_partition.current.partition
+  region     = var.region
+  account_id = local.account
+  launch     = var.provisioner_launch
 }
 
 data "aws_iam_policy_document" "provisioner" {
@@ -39,19 +50,12 @@ data "aws_iam_policy_document" "provisioner" {
     }
   }
 
+  # The pools' launch templates, the private subnets, the runner security group, the pools'
+  # images and their snapshots, spot requests, the pools' cluster placement groups (by name).
   statement {
-    sid     = "LaunchFromThePools"
-    actions = ["ec2:CreateFleet", "ec2:RunInstances"]
-    resources = concat(
-      var.provisioner_launch.launch_template_arns,
-      [for id in var.provisioner_launch.subnet_ids : "${local.ec2_arn}:${local.account}:subnet/${id}"],
-      ["${local.ec2_arn}:${local.account}:security-group/${var.provisioner_launch.security_group_id}"],
-      # Public images have no account in their ARN.
-      [for id in var.provisioner_launch.image_ids : "${local.ec2_arn}::image/${id}"],
-      # The images' own snapshots (an EBS-backed image is launched from its snapshot), and the
-      # spot request EC2 makes for each spot instance: neither can carry the request's tags.
-      ["${local.ec2_arn}::snapshot/*", "${local.ec2_arn}:${local.account}:spot-instances-request/*"],
-    )
+    sid       = "LaunchFromThePools"
+    actions   = ["ec2:CreateFleet", "ec2:RunInstances"]
+    resources = module.provisioner_launch.resources
   }
 
   statement {

@@ -144,16 +144,19 @@ variable "provisioner_pools" {
     boot_timeout_secs = number
     labels            = map(string)
     on_demand_prices  = map(number)
+    # The cluster placement group the pool's gangs launch into (`placement-group`), or null.
+    placement_group = string
   }))
 }
 
 variable "provisioner_launch" {
-  description = "What the provisioner's role may launch runners from (the pools' launch templates, the private subnets, the runner security group, the pools' images) and the runner roles it may pass to EC2."
+  description = "What the provisioner's role may launch runners from (the pools' launch templates, the private subnets, the runner security group, the pools' images, the pools' cluster placement groups by name, possibly none) and the runner roles it may pass to EC2."
   type = object({
-    launch_template_arns = list(string)
-    subnet_ids           = list(string)
-    security_group_id    = string
-    image_ids            = list(string)
-    runner_role_arns     = list(string)
+    launch_template_arns  = list(string)
+    subnet_ids            = list(string)
+    security_group_id     = string
+    image_ids             = list(string)
+    runner_role_arns      = list(string)
+    placement_group_names = list(string)
   })
 }

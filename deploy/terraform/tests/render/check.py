@@ -3,7 +3,8 @@ is valid bash (`bash -n`), every config is TOML whose keys are the ones deploy/c
 that service, plus the few that only the AWS deployment sets. provisioner.toml, which compose
 does not run yet, is checked against the pool keys kiln_cloud::PoolSpec reads
 (services/cloud/src/types.rs). A misspelt key would otherwise show only on a booting instance,
-as the service refusing its config."""
+as the service refusing its config. The provisioner's launch ARNs (statement LaunchFromThePools
+of its role) must name the placement group of each pool that has one, and no other."""
 
 import json
 import re
@@ -68,7 +69,9 @@ POOL_REQUIRED = {
     "labels",
     "on-demand-prices",
 }
-POOL_KEYS = POOL_REQUIRED | {"instance-types", "requirements"}
+POOL_KEYS = POOL_REQUIRED | {"instance-types", "requirements", "placement-group"}
+# An EC2 placement group's ARN, as IAM matches it: by the group's name, not its pg- id.
+PLACEMENT_GROUP_ARN = re.compile(r"^arn:[a-z-]+:ec2:([a-z0-9-]+):([0-9]{12}):placement-group/(.+)$")
 REQUIREMENT_RANGES = {"vcpu", "memory-gib", "gpus"}
 REQUIREMENT_LISTS = {"gpu-model", "families"}
 
@@ -149,6 +152,11 @@ def check_pool(index, pool):
         isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in prices.values()
     ):
         problems.append(f"{where}: on-demand-prices must be a table of positive numbers")
+    group = pool.get("placement-group")
+    if "placement-group" in pool and not (
+        isinstance(group, str) and 0 < len(group) <= 255 and group.isascii() and "*" not in group
+    ):
+        problems.append(f"{where}: placement-group must be a placement group's name (1 to 255 ASCII characters), not {group!r}")
     return problems
 
 
@@ -169,6 +177,9 @@ def check_provisioner(config):
         problems += check_pool(index, pool)
     if not any("instance-types" in p for p in pools) or not any("requirements" in p for p in pools):
         problems.append("provisioner: the sample must render a pool of each kind (instance-types, requirements)")
+    # A null placement_group writes no key at all (the provisioner reads a missing key as none).
+    if not any("placement-group" in p for p in pools) or all("placement-group" in p for p in pools):
+        problems.append("provisioner: the sample must render a pool with placement-group (cluster_placement) and one without")
     fields = rust_struct_fields(POOL_SPEC.read_text(), "PoolSpec") if POOL_SPEC.exists() else None
     if fields is None:
         problems.append(f"provisioner: no `pub struct PoolSpec` in {POOL_SPEC} to compare the pool keys with")
@@ -180,6 +191,30 @@ def check_provisioner(config):
             "provisioner: requirement keys kiln_cloud::Requirements does not have: "
             + ", ".join(sorted((REQUIREMENT_RANGES | REQUIREMENT_LISTS) - requirements))
         )
+    return problems
+
+
+def check_launch(pools, resources):
+    """The provisioner may launch into each pool's placement group (by its name's ARN, in the
+    pool's region) and into no other: a group of a pool without cluster_placement, or a
+    wildcard, would let it place runners where the pool did not ask."""
+    problems = []
+    if not isinstance(resources, list) or not all(isinstance(r, str) for r in resources):
+        return [f"provisioner launch: the resources must be a list of ARNs, not {resources!r}"]
+    granted = set()
+    for arn in resources:
+        if ":placement-group/" not in arn:
+            continue
+        match = PLACEMENT_GROUP_ARN.match(arn)
+        if match is None or "*" in arn:
+            problems.append(f"provisioner launch: {arn} is not one placement group's ARN (arn:PARTITION:ec2:REGION:ACCOUNT:placement-group/NAME)")
+            continue
+        granted.add((match.group(1), match.group(3)))
+    wanted = {(p.get("region"), p["placement-group"]) for p in pools if isinstance(p.get("placement-group"), str)}
+    for region, group in sorted(wanted - granted):
+        problems.append(f"provisioner launch: no ARN of the placement group {group} (region {region}) in LaunchFromThePools")
+    for region, group in sorted(granted - wanted):
+        problems.append(f"provisioner launch: the placement group {group} (region {region}) is no pool's placement-group")
     return problems
 
 
@@ -197,6 +232,7 @@ def main():
     outputs = json.load(sys.stdin)
     problems = []
     configs = outputs["configs"]["value"]
+    launch = outputs["provisioner_launch"]["value"]
     for service, text in sorted(configs.items()):
         try:
             parsed = tomllib.loads(text)
@@ -205,7 +241,10 @@ def main():
             continue
         if service == "provisioner":
             problems += check_provisioner(parsed)
-            print(f"config provisioner: {len(parsed.get('pools', []))} pools, TOML")
+            pools = [p for p in parsed.get("pools", []) if isinstance(p, dict)]
+            problems += check_launch(pools, launch)
+            groups = [p["placement-group"] for p in pools if "placement-group" in p]
+            print(f"config provisioner: {len(pools)} pools, TOML; placement groups {groups}, each in LaunchFromThePools")
             continue
         if service == "runner":
             problems += check_runner(parsed)

@@ -1,8 +1,10 @@
 # An offline check of the templates (no provider, no AWS): renders each service's user data and
 # TOML config the way the modules do, with sample values, for scripts/terraform-check.sh to
 # parse (`bash -n`, a TOML parser) and compare with deploy/compose/config (provisioner.toml, which
-# compose does not run yet, with the keys of kiln_cloud::PoolSpec). Keep the arguments in step
-# with modules/services/main.tf, modules/runner-pool/main.tf and the root's provisioner_pools.
+# compose does not run yet, with the keys of kiln_cloud::PoolSpec), and the ARNs the
+# provisioner's role may launch from (modules/provisioner-launch, statement LaunchFromThePools).
+# Keep the arguments in step with modules/services/main.tf, modules/services/provisioner-iam.tf,
+# modules/runner-pool/main.tf and the root's provisioner_pools and provisioner_launch.
 terraform {
   required_version = ">= 1.6.0"
 }
@@ -25,7 +27,8 @@ locals {
     scylla_keyspace           = "kiln"
     scylla_replication_factor = 3
     cluster                   = "kiln"
-    # Both kinds of pool: by instance types (labels, negotiated prices) and by requirements.
+    # Both kinds of pool: by instance types (labels, negotiated prices) and by requirements;
+    # the second with cluster_placement (its gangs' placement group), the first without.
     pools = [
       {
         name              = "cpu"
@@ -40,6 +43,7 @@ locals {
         boot_timeout_secs = 600
         labels            = { team = "vision", "cost-centre" = "ml.42" }
         on_demand_prices  = { "m7i.2xlarge" = 0.35 }
+        placement_group   = null
       },
       {
         name           = "gpu"
@@ -60,6 +64,7 @@ locals {
         boot_timeout_secs = 900
         labels            = {}
         on_demand_prices  = {}
+        placement_group   = "kiln-runner-gpu"
       },
     ]
   }
@@ -134,6 +139,22 @@ locals {
   )
 }
 
+# The resources of the provisioner's statement LaunchFromThePools, as the root gives them: a
+# launch template and image per pool, and the placement group of each pool that has one.
+module "provisioner_launch" {
+  source     = "../../modules/provisioner-launch"
+  partition  = "aws"
+  region     = "eu-west-1"
+  account_id = "123456789012"
+  launch = {
+    launch_template_arns  = [for p in local.sample.pools : "arn:aws:ec2:eu-west-1:123456789012:launch-template/lt-0${p.name}"]
+    subnet_ids            = ["subnet-0a", "subnet-0b"]
+    security_group_id     = "sg-0runner"
+    image_ids             = ["ami-0cpu", "ami-0gpu"]
+    placement_group_names = [for p in local.sample.pools : p.placement_group if p.placement_group != null]
+  }
+}
+
 output "configs" {
   description = "Each service's rendered TOML config."
   value       = local.configs
@@ -142,4 +163,9 @@ output "configs" {
 output "user_data" {
   description = "Each kind of instance's rendered user data."
   value       = local.user_data
+}
+
+output "provisioner_launch" {
+  description = "What the provisioner's role may launch runners from (statement LaunchFromThePools): ARNs."
+  value       = module.provisioner_launch.resources
 }
