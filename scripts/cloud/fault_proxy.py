@@ -38,7 +38,9 @@ Control API (JSON), on the same port under /_proxy/:
   PUT    /_proxy/prices        {"spot": [{"instance_type", "zone", "price"}], "on_demand": {type: price}}
   GET    /_proxy/calls         {"CreateFleet": 2, ...};  POST /_proxy/reset clears calls,
                                requests, rules, prices and the ClientToken memory
-  GET    /_proxy/requests      [{"action", "outcome"}] in order (the last 10,000)
+  GET    /_proxy/requests      [{"action", "outcome"}] in order (the last 10,000); a CreateFleet
+                               the proxy carried out also has its "params" (moto ignores some,
+                               such as the overrides' Placement.GroupName: tests read them here)
   GET    /_proxy/health
 Standard library only (it runs in the cloud venv, but needs nothing from it).
 """
@@ -537,7 +539,7 @@ class Handler(BaseHTTPRequestHandler):
         if rule and rule.get("drop"):
             self.record(action, "dropped")
             return self.reset()
-        self.record(action, str(status))
+        self.record(action, str(status), params if action == "CreateFleet" else None)
         self.reply(status, out, resp_headers)
 
     def fault(self, action, rule, params, zone, subnet):
@@ -556,9 +558,12 @@ class Handler(BaseHTTPRequestHandler):
         self.reply(401, error_xml("AuthFailure", "AWS was not able to validate the provided access credentials"),
                    [("Content-Type", "text/xml")])
 
-    def record(self, action, outcome):
+    def record(self, action, outcome, params=None):
+        entry = {"action": action, "outcome": outcome}
+        if params is not None:
+            entry["params"] = params
         with self.proxy.state.lock:
-            self.proxy.state.requests.append({"action": action, "outcome": outcome})
+            self.proxy.state.requests.append(entry)
             del self.proxy.state.requests[:-10000]
 
     def reset(self):

@@ -127,14 +127,31 @@ impl FaultProxy {
 
     /// The outcomes of one action's calls, in order.
     pub async fn outcomes(&self, action: &str) -> Vec<String> {
-        let requests = self.control(reqwest::Method::GET, "requests", None).await;
-        requests
-            .as_array()
-            .expect("a list")
+        self.requests(action)
+            .await
             .iter()
-            .filter(|r| r["action"] == action)
             .map(|r| r["outcome"].as_str().unwrap_or_default().to_owned())
             .collect()
+    }
+
+    /// The parameters of each `CreateFleet` the proxy carried out, in order.
+    pub async fn fleet_params(&self) -> Vec<serde_json::Map<String, Value>> {
+        self.requests("CreateFleet")
+            .await
+            .into_iter()
+            .filter_map(|mut r| match r["params"].take() {
+                Value::Object(params) => Some(params),
+                _ => None,
+            })
+            .collect()
+    }
+
+    async fn requests(&self, action: &str) -> Vec<Value> {
+        let requests = self.control(reqwest::Method::GET, "requests", None).await;
+        let Value::Array(requests) = requests else {
+            panic!("/_proxy/requests is not a list: {requests}")
+        };
+        requests.into_iter().filter(|r| r["action"] == action).collect()
     }
 }
 

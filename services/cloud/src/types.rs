@@ -8,6 +8,8 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::CloudError;
+
 /// The tag (GCE: label) naming the kiln cluster an instance belongs to: the reaper's scope.
 pub const TAG_CLUSTER: &str = "kiln-cluster";
 /// The tag naming the instance's pool.
@@ -145,6 +147,10 @@ pub struct LaunchIntent {
     pub count: u32,
     pub min_count: u32,
     pub single_zone: bool,
+    /// A cluster placement group the instances go into (EC2; a compact placement policy on
+    /// GCE): a gang's machines, when its pool names one. Only with `single_zone`.
+    #[serde(default)]
+    pub placement_group: Option<String>,
     /// At most 60, every one of `capacity`, each with its subnet where the cloud needs one.
     pub candidates: Vec<Offering>,
     pub template: TemplateRef,
@@ -153,6 +159,17 @@ pub struct LaunchIntent {
 }
 
 impl LaunchIntent {
+    /// A placement group holds one zone: an intent that names one must be `single_zone`.
+    pub fn check_placement(&self) -> Result<(), CloudError> {
+        match &self.placement_group {
+            Some(group) if !self.single_zone => Err(CloudError::Invalid(format!(
+                "intent {} names the placement group {group} but spans zones: a cluster placement group is one zone",
+                self.id
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     /// Every tag set on the instances and volumes in the create call itself.
     pub fn tags(&self) -> BTreeMap<String, String> {
         let mut tags = self.labels.clone();
@@ -327,6 +344,10 @@ pub struct PoolSpec {
     /// Negotiated on-demand prices per type, over the shipped table.
     #[serde(default)]
     pub on_demand_prices: BTreeMap<String, f64>,
+    /// An existing cluster placement group (EC2) the pool's gangs launch into: each gang's
+    /// machines in one call, one zone, that group. Other launches do not use it.
+    #[serde(default)]
+    pub placement_group: Option<String>,
 }
 
 fn both_capacity_types() -> Vec<CapacityType> {
@@ -385,6 +406,13 @@ impl PoolSpec {
         }
         if self.boot_timeout_secs == 0 {
             problems.push(format!("{at}.boot-timeout-secs: must be at least 1"));
+        }
+        if self
+            .placement_group
+            .as_deref()
+            .is_some_and(|group| group.trim().is_empty())
+        {
+            problems.push(format!("{at}.placement-group: name the group, or leave the key out"));
         }
     }
 }

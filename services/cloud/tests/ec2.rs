@@ -62,6 +62,51 @@ async fn no_capacity_on_the_first_override_lands_on_the_second() {
 }
 
 #[tokio::test]
+async fn a_gang_lands_whole_in_the_one_zone_that_holds_it_in_its_placement_group() {
+    let fx = Fixture::start("gang").await;
+    // us-east-1a has room for two: a gang of three goes whole to us-east-1b.
+    fx.proxy
+        .fault(json!({"action": "CreateFleet", "zone": "us-east-1a", "capacity": 2}))
+        .await;
+    let mut gang = fx.intent(ON_DEMAND, 3, &[("c5.large", "us-east-1a"), ("c5.large", "us-east-1b")]);
+    gang.min_count = 3;
+    gang.single_zone = true;
+    gang.placement_group = Some("kiln-test-gangs".into());
+    let launched = fx.cloud.create(&gang).await.expect("create");
+    assert_eq!(launched.instances.len(), 3, "{launched:?}");
+    assert!(
+        launched.instances.iter().all(|i| i.key.zone == "us-east-1b"),
+        "{launched:?}"
+    );
+    // moto keeps no placement groups: what reached EC2 is read from the proxy.
+    let sent = fx.proxy.fleet_params().await;
+    assert_eq!(sent.len(), 1);
+    for override_index in 1..=2 {
+        let key = format!("LaunchTemplateConfigs.1.Overrides.{override_index}.Placement.GroupName");
+        assert_eq!(
+            sent[0].get(&key).and_then(|v| v.as_str()),
+            Some("kiln-test-gangs"),
+            "{key}"
+        );
+    }
+    assert_eq!(
+        sent[0]
+            .get("OnDemandOptions.MinTargetCapacity")
+            .and_then(|v| v.as_str()),
+        Some("3")
+    );
+
+    // No zone holds a gang of five: nothing is launched, not a part of it.
+    let mut bigger = fx.intent(ON_DEMAND, 5, &[("c5.large", "us-east-1a")]);
+    bigger.min_count = 5;
+    bigger.single_zone = true;
+    let launched = fx.cloud.create(&bigger).await.expect("create");
+    assert!(launched.instances.is_empty(), "{launched:?}");
+    assert_eq!(launched.failures[0].reason, Unavailable::NoCapacity);
+    fx.finish().await;
+}
+
+#[tokio::test]
 async fn quota_errors_per_override_and_for_the_whole_call_are_quota_failures() {
     let fx = Fixture::start("quota").await;
     let quota = Unavailable::Quota {

@@ -24,7 +24,13 @@ pub struct DemandJob {
     /// The pool the job asked for; empty for any.
     #[serde(default)]
     pub pool: String,
+    /// One node's resources.
     pub resources: Instance,
+    /// The machines the job still needs, each holding one node: 1 for a job of one node; for a
+    /// gang, its nodes that live runners cannot hold now. Above 1 the provisioner launches them
+    /// together: one call, one zone, the pool's placement group.
+    #[serde(default = "one_node")]
+    pub nodes: u32,
     /// `auto`, `spot` or `on-demand`.
     pub market: String,
     /// The market `auto` resolved to for this pass (`spot` or `on-demand`), from the learnt rate.
@@ -32,6 +38,10 @@ pub struct DemandJob {
     pub chosen_market: String,
     pub priority: i32,
     pub submitted_at_ms: i64,
+}
+
+fn one_node() -> u32 {
+    1
 }
 
 /// The scheduler's demand after one pass.

@@ -269,8 +269,10 @@ impl Provisioner {
                     pool: pool.name.clone(),
                     capacity: machines.capacity,
                     count: machines.count,
-                    min_count: 1,
-                    single_zone: false,
+                    // A gang's machines: all or none, in one zone (its placement group's).
+                    min_count: if machines.gang { machines.count } else { 1 },
+                    single_zone: machines.gang,
+                    placement_group: pool.placement_group.clone().filter(|_| machines.gang),
                     candidates: machines.candidates,
                     template: TemplateRef {
                         name: pool.launch_template.clone(),

@@ -8,6 +8,13 @@
 //! it. A machine costlier than its jobs' own cheapest machines is split into those. Machines
 //! with the same candidates become one intent of `count` machines. `max-instances` caps the
 //! pool; what is cut stays demand, held back with the reason.
+//!
+//! A gang (a job asking for several nodes) is planned before the rest and never packed with
+//! them: machines on their way hold what nodes they can, and the others become one intent of
+//! their own, one machine per node, launched together (one call, one zone, the pool's
+//! placement group) or not at all. `max-instances` takes a gang whole or holds it back whole.
+
+mod gangs;
 
 use std::collections::BTreeMap;
 
@@ -105,6 +112,8 @@ pub struct Machines {
     pub candidates: Vec<Offering>,
     /// The jobs they are for.
     pub jobs: Vec<String>,
+    /// One gang's machines: all of them or none, in one zone.
+    pub gang: bool,
 }
 
 /// The cycle's decision for one pool.
@@ -138,8 +147,11 @@ pub fn plan(input: &PoolInput<'_>) -> PoolPlan {
             memory_bytes: a.memory_bytes.max(b.memory_bytes),
             gpus: a.gpus.max(b.gpus),
         });
+    let mut coming_free: Vec<(CapacityType, Room)> = input.coming.iter().map(|c| (c.capacity, c.room)).collect();
+    let (gangs, singles): (Vec<usize>, Vec<usize>) = (0..input.demand.len()).partition(|&i| input.demand[i].nodes > 1);
+    let gang_machines = gangs::plan(input, &gangs, &mut coming_free, &mut out);
     // Largest first (first-fit decreasing), then the oldest.
-    let mut order: Vec<usize> = (0..input.demand.len()).collect();
+    let mut order = singles;
     order.sort_by(|&a, &b| {
         let (ja, jb) = (input.demand[a], input.demand[b]);
         Room::of_job(&jb.resources)
@@ -148,13 +160,11 @@ pub fn plan(input: &PoolInput<'_>) -> PoolPlan {
             .then(ja.submitted_at_ms.cmp(&jb.submitted_at_ms))
             .then(ja.job_id.cmp(&jb.job_id))
     });
-    let mut coming_free: Vec<(CapacityType, Room)> = input.coming.iter().map(|c| (c.capacity, c.room)).collect();
     let mut open: Vec<Open> = Vec::new();
     for index in order {
         let job = input.demand[index];
         let asked = Room::of_job(&job.resources);
-        let Some(capacity) = capacity_for(input, job, asked) else {
-            out.held_back.push((job.job_id.clone(), no_offering_reason(input, job)));
+        let Some(capacity) = capacity_or_hold(input, job, asked, &mut out) else {
             continue;
         };
         // A machine on its way holds it.
@@ -169,34 +179,60 @@ pub fn plan(input: &PoolInput<'_>) -> PoolPlan {
         place(input, &mut open, index, asked, capacity);
     }
     let machines = split_costly(input, open);
-    let room_left = input.max_instances.saturating_sub(input.live_instances) as usize;
+    let mut room_left = input.max_instances.saturating_sub(input.live_instances);
+    let at_max = || format!("pool {} at max-instances ({})", input.pool, input.max_instances);
     let mut groups: BTreeMap<(CapacityType, Vec<OfferingKey>), Machines> = BTreeMap::new();
-    for (n, machine) in machines.into_iter().enumerate() {
+    for machine in machines {
         let job_ids: Vec<String> = machine.jobs.iter().map(|&i| input.demand[i].job_id.clone()).collect();
-        if n >= room_left {
-            for id in job_ids {
-                out.held_back.push((
-                    id,
-                    format!("pool {} at max-instances ({})", input.pool, input.max_instances),
-                ));
-            }
+        if room_left == 0 {
+            out.held_back.extend(job_ids.into_iter().map(|id| (id, at_max())));
             continue;
         }
-        let mut candidates: Vec<Offering> = machine.candidates.iter().map(|&i| input.offerings[i].clone()).collect();
-        candidates.sort_by(|a, b| a.price_per_hour.total_cmp(&b.price_per_hour).then(a.key.cmp(&b.key)));
-        candidates.truncate(MAX_CANDIDATES);
+        room_left -= 1;
+        let candidates = cheapest_first(input, &machine.candidates);
         let keys = candidates.iter().map(|c| c.key.clone()).collect();
         let group = groups.entry((machine.capacity, keys)).or_insert_with(|| Machines {
             capacity: machine.capacity,
             count: 0,
             candidates,
             jobs: Vec::new(),
+            gang: false,
         });
         group.count += 1;
         group.jobs.extend(job_ids);
     }
     out.launch = groups.into_values().collect();
+    for gang in gang_machines {
+        if gang.count > room_left {
+            let nodes = gang.count;
+            out.held_back.extend(
+                gang.jobs
+                    .into_iter()
+                    .map(|id| (id, format!("{}: its gang needs {nodes} machines at once", at_max()))),
+            );
+            continue;
+        }
+        room_left -= gang.count;
+        out.launch.push(gang);
+    }
     out
+}
+
+/// The offerings `candidates` names, cheapest first, at most [`MAX_CANDIDATES`].
+fn cheapest_first(input: &PoolInput<'_>, candidates: &[usize]) -> Vec<Offering> {
+    let mut offerings: Vec<Offering> = candidates.iter().map(|&i| input.offerings[i].clone()).collect();
+    offerings.sort_by(|a, b| a.price_per_hour.total_cmp(&b.price_per_hour).then(a.key.cmp(&b.key)));
+    offerings.truncate(MAX_CANDIDATES);
+    offerings
+}
+
+/// [`capacity_for`], or `None` with the job held back and why.
+fn capacity_or_hold(input: &PoolInput<'_>, job: &DemandJob, asked: Room, out: &mut PoolPlan) -> Option<CapacityType> {
+    let capacity = capacity_for(input, job, asked);
+    if capacity.is_none() {
+        out.held_back.push((job.job_id.clone(), no_offering_reason(input, job)));
+    }
+    capacity
 }
 
 /// The capacity type to launch for the job: its market, `auto` as the scheduler chose it, and
@@ -277,18 +313,23 @@ fn place(input: &PoolInput<'_>, open: &mut Vec<Open>, index: usize, asked: Room,
         machine.candidates = left;
         return;
     }
-    let candidates = (0..input.offerings.len())
-        .filter(|&i| {
-            let offering = &input.offerings[i];
-            offering.key.capacity == capacity && asked.fits_in(Room::of_shape(&offering.shape))
-        })
-        .collect();
+    let candidates = holding(input, capacity, asked);
     open.push(Open {
         capacity,
         used: asked,
         jobs: vec![index],
         candidates,
     });
+}
+
+/// The offerings of `capacity` whose shape holds `asked`, as indices.
+fn holding(input: &PoolInput<'_>, capacity: CapacityType, asked: Room) -> Vec<usize> {
+    (0..input.offerings.len())
+        .filter(|&i| {
+            let offering = &input.offerings[i];
+            offering.key.capacity == capacity && asked.fits_in(Room::of_shape(&offering.shape))
+        })
+        .collect()
 }
 
 /// Splits a machine dearer than its jobs' own cheapest machines together into those.
@@ -304,15 +345,7 @@ fn split_costly(input: &PoolInput<'_>, open: Vec<Open>) -> Vec<Open> {
         let singles: Vec<Vec<usize>> = machine
             .jobs
             .iter()
-            .map(|&job| {
-                let asked = Room::of_job(&input.demand[job].resources);
-                (0..input.offerings.len())
-                    .filter(|&i| {
-                        let offering = &input.offerings[i];
-                        offering.key.capacity == machine.capacity && asked.fits_in(Room::of_shape(&offering.shape))
-                    })
-                    .collect()
-            })
+            .map(|&job| holding(input, machine.capacity, Room::of_job(&input.demand[job].resources)))
             .collect();
         let apart: f64 = singles.iter().map(|c| price(c)).sum();
         if machine.jobs.len() > 1 && apart + 1e-9 < price(&machine.candidates) {

@@ -34,6 +34,7 @@ fn job(id: &str, cpus: i64, market: &str) -> DemandJob {
             gpus: 0,
             disk_bytes: 0,
         },
+        nodes: 1,
         market: market.into(),
         chosen_market: String::new(),
         priority: 0,
@@ -205,4 +206,78 @@ fn a_job_no_offering_holds_is_held_back() {
     let plan = plan(&input(&offerings, &demand));
     assert!(plan.launch.is_empty());
     assert_eq!(plan.held_back[0].1, "pool cpu: no available offering holds it");
+}
+
+fn gang(id: &str, cpus: i64, nodes: u32) -> DemandJob {
+    DemandJob {
+        nodes,
+        ..job(id, cpus, "auto")
+    }
+}
+
+#[test]
+fn a_gang_is_one_group_of_machines_apart_from_the_packing() {
+    let offerings = catalogue();
+    // Three 3-CPU nodes and two 1-CPU jobs: packed together they would share machines; a
+    // gang gets a machine per node, of its own, in one group.
+    let demand = [gang("g", 3, 3), job("a", 1, "auto"), job("b", 1, "auto")];
+    let plan = plan(&input(&offerings, &demand));
+    let gangs: Vec<&Machines> = plan.launch.iter().filter(|m| m.gang).collect();
+    assert_eq!(gangs.len(), 1, "{plan:?}");
+    assert_eq!((gangs[0].count, gangs[0].jobs.clone()), (3, vec!["g".to_string()]));
+    assert_eq!(gangs[0].capacity, CapacityType::Spot);
+    // Every candidate holds one node (4 CPUs and up), cheapest first, in both zones: the cloud
+    // picks the zone that holds all three.
+    assert!(gangs[0].candidates.iter().all(|c| c.shape.cpu_millis >= 3000));
+    assert_eq!(gangs[0].candidates[0].key.instance_type, "c5.xlarge");
+    assert!(gangs[0].candidates.iter().any(|c| c.key.zone == "z-b"));
+    let others: Vec<&Machines> = plan.launch.iter().filter(|m| !m.gang).collect();
+    assert!(others.iter().all(|m| !m.jobs.contains(&"g".to_string())));
+    assert_eq!(launched_jobs(&plan), ["a", "b", "g"]);
+}
+
+#[test]
+fn machines_on_their_way_hold_a_gang_node_each_and_only_the_rest_launch() {
+    let offerings = catalogue();
+    let demand = [gang("g", 2, 4)];
+    let mut input = input(&offerings, &demand);
+    // Two machines on their way, one with room for two nodes: still one node each.
+    input.coming = vec![
+        Coming {
+            capacity: CapacityType::Spot,
+            room: Room::of_shape(&offerings[2].shape),
+        },
+        Coming {
+            capacity: CapacityType::Spot,
+            room: Room::of_shape(&offerings[0].shape),
+        },
+    ];
+    let plan = plan(&input);
+    assert_eq!(plan.launch.len(), 1, "{plan:?}");
+    assert_eq!((plan.launch[0].count, plan.launch[0].gang), (2, true));
+    // All four on their way: covered, nothing launched.
+    input.coming.extend(input.coming.clone());
+    let plan = super::plan(&input);
+    assert!(plan.launch.is_empty(), "{plan:?}");
+    assert_eq!(plan.covered, ["g"]);
+}
+
+#[test]
+fn max_instances_takes_a_gang_whole_or_holds_it_back() {
+    let offerings = catalogue();
+    let demand = [gang("g", 2, 3)];
+    let mut input = input(&offerings, &demand);
+    input.live_instances = 98;
+    let plan = plan(&input);
+    assert!(plan.launch.is_empty(), "{plan:?}");
+    assert_eq!(plan.held_back.len(), 1);
+    assert!(
+        plan.held_back[0]
+            .1
+            .contains("max-instances (100): its gang needs 3 machines at once"),
+        "{:?}",
+        plan.held_back
+    );
+    input.live_instances = 97;
+    assert_eq!(super::plan(&input).launch[0].count, 3);
 }

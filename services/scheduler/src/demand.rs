@@ -1,7 +1,8 @@
 //! The provisioner's demand from a pass (docs/provisioner.md section 5): every job that passed
 //! quotas and fair share but fits no live runner's free room. Jobs waiting on a quota are not
 //! demand (a job that may not run rents no machine), nor are jobs no pool can hold, nor those
-//! whose room is already held by preemptions.
+//! whose room is already held by preemptions. A gang is demand for the nodes live runners
+//! cannot hold now, which the provisioner launches together.
 
 use kiln_core::provisioning::{Demand, DemandJob};
 use kiln_core::scheduling::MarketPolicy;
@@ -13,14 +14,17 @@ pub fn of_plan(input: &Input, plan: &Plan, now_ms: i64) -> Demand {
     let jobs = plan
         .waits
         .iter()
-        .filter(|wait| {
-            matches!(
-                wait.reason,
-                Wait::Provisioning { .. } | Wait::NoCapacity { .. } | Wait::Reserved { .. }
-            )
-        })
-        .map(|wait| {
+        .filter_map(|wait| {
             let job = &input.pending[wait.job];
+            let nodes = match &wait.reason {
+                Wait::Provisioning { .. } => job.nodes.max(1),
+                Wait::NoCapacity { .. } | Wait::Reserved { .. } => 1,
+                Wait::Gang { nodes, fit, .. } => nodes.saturating_sub(*fit),
+                _ => 0,
+            };
+            (nodes > 0).then_some((job, nodes))
+        })
+        .map(|(job, nodes)| {
             // `auto` runs on demand past its spot preemptions (as the pass's choose_market does).
             let chosen = match job.market {
                 MarketPolicy::Auto if job.preemptions >= input.settings.max_spot_preemptions => "on-demand",
@@ -35,6 +39,7 @@ pub fn of_plan(input: &Input, plan: &Plan, now_ms: i64) -> Demand {
                     gpus: job.resources.gpus,
                     disk_bytes: job.resources.disk_bytes,
                 },
+                nodes,
                 market: job.market.as_str().into(),
                 chosen_market: chosen.into(),
                 priority: job.priority,
@@ -100,6 +105,17 @@ mod tests {
     }
 
     fn demand_of(statuses: &[PoolStatus]) -> (Vec<String>, Vec<String>) {
+        let pending = vec![
+            job("two", 2, ""),
+            job("three", 3, ""),
+            job("huge", 16, ""),
+            job("big-pool", 4, "big"),
+        ];
+        let (placed, demand) = demand_of_queue(pending, statuses);
+        (placed, demand.into_iter().map(|j| j.job_id).collect())
+    }
+
+    fn demand_of_queue(pending: Vec<PendingJob>, statuses: &[PoolStatus]) -> (Vec<String>, Vec<DemandJob>) {
         let runners = vec![runner("r-1", 2), runner("r-2", 2)];
         let reports: std::collections::BTreeMap<_, _> = [(
             "cpu".to_string(),
@@ -118,12 +134,7 @@ mod tests {
         )]
         .into();
         let mut input = Input {
-            pending: vec![
-                job("two", 2, ""),
-                job("three", 3, ""),
-                job("huge", 16, ""),
-                job("big-pool", 4, "big"),
-            ],
+            pending,
             pools: pools(&reports, &|_| 0.0),
             runners,
             ..Input::default()
@@ -135,9 +146,30 @@ mod tests {
             .iter()
             .map(|p| input.pending[p.job].id.clone())
             .collect();
-        let mut demand: Vec<String> = of_plan(&input, &plan, 7).jobs.into_iter().map(|j| j.job_id).collect();
-        demand.sort();
+        let mut demand = of_plan(&input, &plan, 7).jobs;
+        demand.sort_by(|a, b| a.job_id.cmp(&b.job_id));
         (placed, demand)
+    }
+
+    fn gang(id: &str, cpus: i64, pool: &str, nodes: u32) -> PendingJob {
+        PendingJob {
+            nodes,
+            ..job(id, cpus, pool)
+        }
+    }
+
+    #[test]
+    fn a_gang_asks_for_the_nodes_live_runners_cannot_hold() {
+        // Two runners of 2 CPUs: a gang of three 2-CPU nodes fits two of them, and asks for one
+        // machine more; a gang on a pool with no runner yet asks for all of its nodes.
+        let (placed, demand) = demand_of_queue(
+            vec![gang("three-nodes", 2, "", 3), gang("on-big", 4, "big", 2)],
+            &[status("cpu", 8), status("big", 8)],
+        );
+        assert!(placed.is_empty(), "{placed:?}");
+        let asked: Vec<(&str, u32)> = demand.iter().map(|j| (j.job_id.as_str(), j.nodes)).collect();
+        assert_eq!(asked, [("on-big", 2), ("three-nodes", 1)]);
+        assert_eq!(demand[1].resources.cpu_millis, 2000, "one node's resources");
     }
 
     #[test]

@@ -121,7 +121,7 @@ impl Explainer {
         let plan = policy::plan(&read.input);
         describe(&read, &plan, index, &mut explanation);
         if let Some(policy::JobWait {
-            reason: policy::Wait::Provisioning { pools },
+            reason: policy::Wait::Provisioning { pools } | policy::Wait::Gang { pools, .. },
             ..
         }) = plan.wait_of(index)
         {

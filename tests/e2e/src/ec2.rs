@@ -149,6 +149,7 @@ impl Ec2World {
             boot_timeout_secs: 120,
             labels: BTreeMap::from([("kiln-test".to_owned(), "e2e".to_owned())]),
             on_demand_prices: BTreeMap::new(),
+            placement_group: None,
         }
     }
 

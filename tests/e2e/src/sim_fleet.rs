@@ -25,6 +25,9 @@ use crate::{ServiceHandle, Stack};
 /// The fleet's pool.
 pub const SIM_POOL: &str = "sim-spot";
 
+/// The placement group the pool's gangs launch into.
+pub const SIM_PLACEMENT_GROUP: &str = "sim-gangs";
+
 /// What a runner on a sim instance reads as its metadata.
 struct SimMetadata {
     identity: Identity,
@@ -69,7 +72,8 @@ struct Fleet {
 }
 
 impl SimFleet {
-    /// The pool the provisioner is given: the standard sim catalogue's CPU types, spot only.
+    /// The pool the provisioner is given: the standard sim catalogue's CPU types, spot only,
+    /// gangs into the placement group [`SIM_PLACEMENT_GROUP`].
     pub fn pool(config: &FleetConfig) -> PoolSpec {
         PoolSpec {
             name: SIM_POOL.into(),
@@ -87,6 +91,7 @@ impl SimFleet {
             boot_timeout_secs: 60,
             labels: Default::default(),
             on_demand_prices: Default::default(),
+            placement_group: Some(SIM_PLACEMENT_GROUP.into()),
         }
     }
 

@@ -234,6 +234,7 @@ async fn an_unknown_tagged_instance_is_reaped_and_one_that_never_boots_is_termin
         count: 1,
         min_count: 1,
         single_zone: false,
+        placement_group: None,
         candidates: vec![kiln_cloud::Offering {
             key: kiln_cloud::OfferingKey {
                 instance_type: "c5.large".into(),

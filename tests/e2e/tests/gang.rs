@@ -2,7 +2,8 @@
 //! start together, meet over TCP at the rendezvous kiln gives them (a sum all-reduce in Python
 //! with sockets), node 0's outputs are the job's; with one runner's room taken none starts until
 //! all fit; a runner SIGKILLed mid-run ends the attempt for all, and the next attempt resumes
-//! from node 0's last periodic sync.
+//! from node 0's last periodic sync. And a gang on an empty provisioned pool of the sim cloud:
+//! its machines come in one launch.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -182,4 +183,56 @@ async fn a_node_whose_runner_is_killed_ends_the_attempt_for_all_and_the_next_res
     for (_, runner) in runners {
         runner.stop().await;
     }
+}
+
+/// A gang on a provisioned pool of the simulated cloud that has no machine: the scheduler asks
+/// for its three nodes, the provisioner launches them in one call, in one zone and the pool's
+/// placement group, a runner boots on each, and the gang runs whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gang_on_an_empty_provisioned_pool_gets_its_machines_in_one_launch_and_runs() {
+    use kiln_core::store::cloud::intent_state;
+    use kiln_e2e::sim_fleet::{FleetConfig, SIM_PLACEMENT_GROUP, SIM_POOL, SimFleet};
+
+    let stack = Stack::start_without_runner().await;
+    let fleet = SimFleet::start(
+        &stack,
+        FleetConfig {
+            max_instances: 4,
+            preemptions_per_hour: 0.0,
+            seed: 3,
+        },
+    )
+    .await;
+    // A c.large (the cheapest) holds one node of two CPUs.
+    let mut gang = spec(&["sleep", "1"]);
+    gang.nodes = 3;
+    gang.pool = SIM_POOL.into();
+    gang.market = pb::Market::Spot as i32;
+    gang.resources = Some(pb::Resources {
+        cpu_millis: 2000,
+        memory_bytes: 1 << 30,
+        ..Default::default()
+    });
+    let job = stack.submit_spec(gang).await;
+    let done = stack.wait_for_state(&job.id, pb::JobState::Succeeded).await;
+    assert_eq!(done.attempt, 1, "{done:?}");
+    let intents = stack
+        .store
+        .intents(&fleet.cluster, &[intent_state::LAUNCHED])
+        .await
+        .expect("intents");
+    let sent: Vec<kiln_cloud::LaunchIntent> = intents
+        .iter()
+        .map(|record| serde_json::from_str(&record.request).expect("an intent"))
+        .collect();
+    assert_eq!(sent.len(), 1, "one launch for the gang: {sent:?}");
+    assert_eq!((sent[0].count, sent[0].min_count, sent[0].single_zone), (3, 3, true));
+    assert_eq!(sent[0].placement_group.as_deref(), Some(SIM_PLACEMENT_GROUP));
+    let launched = fleet.live().await;
+    assert_eq!(launched.len(), 3, "{launched:?}");
+    assert!(
+        launched.iter().all(|i| i.key.zone == launched[0].key.zone),
+        "{launched:?}"
+    );
+    fleet.stop().await;
 }

@@ -51,6 +51,7 @@ async fn history(rig: &Rig, count: usize, at_ms: i64) -> Result<()> {
             count: 1,
             min_count: 1,
             single_zone: false,
+            placement_group: None,
             candidates: candidates.clone(),
             template: TemplateRef {
                 name: rig.pool.launch_template.clone(),

@@ -55,6 +55,7 @@ pub fn pool(max_instances: u32, idle_timeout_secs: u64) -> PoolSpec {
         boot_timeout_secs: 600,
         labels: BTreeMap::new(),
         on_demand_prices: BTreeMap::new(),
+        placement_group: None,
     }
 }
 
@@ -68,6 +69,7 @@ pub fn job(id: String, cpus: i64, memory_gib: i64, market: &str) -> DemandJob {
             gpus: 0,
             disk_bytes: 0,
         },
+        nodes: 1,
         market: market.into(),
         chosen_market: String::new(),
         priority: 0,

@@ -36,6 +36,7 @@ pub(crate) fn params(intent: &LaunchIntent) -> Result<Params, CloudError> {
             intent.id, intent.capacity, other.key
         )));
     }
+    intent.check_placement()?;
     let mut params = Params::new("CreateFleet");
     params.set("Type", "instant").set("ClientToken", intent.id.to_string());
     let spec = "LaunchTemplateConfigs.1.LaunchTemplateSpecification";
@@ -56,6 +57,9 @@ pub(crate) fn params(intent: &LaunchIntent) -> Result<Params, CloudError> {
         }
         params.set(format!("{prefix}.AvailabilityZone"), &candidate.key.zone);
         params.set(format!("{prefix}.Priority"), index.to_string());
+        if let Some(group) = &intent.placement_group {
+            params.set(format!("{prefix}.Placement.GroupName"), group);
+        }
     }
     params
         .set(

@@ -27,6 +27,7 @@ fn intent(candidates: Vec<Offering>) -> LaunchIntent {
         count: 2,
         min_count: 0,
         single_zone: false,
+        placement_group: None,
         candidates,
         template: TemplateRef {
             name: "kiln-cpu".into(),
@@ -96,6 +97,7 @@ fn gangs_ask_for_one_zone_and_a_minimum() {
     }
     gang.single_zone = true;
     gang.min_count = 2;
+    gang.placement_group = Some("kiln-runner-gpu".into());
     gang.template = TemplateRef {
         name: "lt-0abc".into(),
         version: Some("3".into()),
@@ -113,13 +115,31 @@ fn gangs_ask_for_one_zone_and_a_minimum() {
         Some("3")
     );
     assert!(minimum_sent(&gang));
+    for index in 1..=gang.candidates.len() {
+        assert_eq!(
+            params.get(&format!(
+                "LaunchTemplateConfigs.1.Overrides.{index}.Placement.GroupName"
+            )),
+            Some("kiln-runner-gpu"),
+            "override {index}"
+        );
+    }
 
     // Across zones and types AWS takes no minimum: the client holds it (see Ec2Cloud::create).
     let mut spread = intent(eu_candidates());
     spread.min_count = 2;
     let params = super::params(&spread).expect("valid");
     assert_eq!(params.get("SpotOptions.MinTargetCapacity"), None);
+    assert_eq!(
+        params.get("LaunchTemplateConfigs.1.Overrides.1.Placement.GroupName"),
+        None
+    );
     assert!(!minimum_sent(&spread));
+
+    // A cluster placement group is one zone: an intent across zones naming one is refused.
+    spread.placement_group = Some("kiln-runner-gpu".into());
+    let refused = super::params(&spread).expect_err("a placement group across zones");
+    assert!(refused.to_string().contains("one zone"), "{refused}");
 }
 
 #[test]

@@ -276,6 +276,7 @@ impl Cloud for SimCloud {
                 intent.id, intent.capacity, other.key
             )));
         }
+        intent.check_placement()?;
         let launched = {
             let mut state = self.lock();
             if let Some(ids) = state.by_intent.get(&intent.id) {

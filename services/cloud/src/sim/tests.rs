@@ -33,6 +33,7 @@ fn intent(count: u32, candidates: Vec<Offering>) -> LaunchIntent {
         count,
         min_count: 0,
         single_zone: false,
+        placement_group: None,
         candidates,
         template: TemplateRef {
             name: "sim".into(),
@@ -311,6 +312,7 @@ async fn offerings_follow_the_pool_and_the_prices() {
         boot_timeout_secs: 600,
         labels: BTreeMap::new(),
         on_demand_prices: BTreeMap::from([("c.xlarge".to_owned(), 0.15)]),
+        placement_group: None,
     };
     let offerings = cloud.offerings(&pool).await.expect("offerings");
     let priced: Vec<(String, CapacityType, f64)> = offerings

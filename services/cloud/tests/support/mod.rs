@@ -84,6 +84,7 @@ impl Fixture {
             count,
             min_count: 0,
             single_zone: false,
+            placement_group: None,
             candidates: candidates.iter().map(|(t, z)| self.candidate(t, z, capacity)).collect(),
             template: TemplateRef {
                 name: self.template.clone(),
@@ -119,6 +120,7 @@ impl Fixture {
             boot_timeout_secs: 600,
             labels: BTreeMap::new(),
             on_demand_prices: BTreeMap::new(),
+            placement_group: None,
         }
     }
 

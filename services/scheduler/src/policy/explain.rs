@@ -41,8 +41,10 @@ pub enum Wait {
     /// It preempts `victims` (of lower priority, or for fair share) on `pool`, whose room is held
     /// for it, and starts once they stop.
     WaitingForPreemption { pool: String, victims: Vec<String> },
-    /// A gang job whose `nodes` all start together: only `fit` of them have room now.
-    Gang { nodes: u32, fit: u32 },
+    /// A gang job whose `nodes` all start together: only `fit` of them have room now. The rest
+    /// are the provisioner's demand on `pools` (those whose machines hold a node), launched
+    /// together.
+    Gang { nodes: u32, fit: u32, pools: Vec<String> },
 }
 
 impl Wait {
@@ -128,7 +130,7 @@ impl fmt::Display for Wait {
                     victims.join(", ")
                 )
             }
-            Wait::Gang { nodes, fit } => write!(
+            Wait::Gang { nodes, fit, .. } => write!(
                 f,
                 "a gang of {nodes} nodes starts whole or not at all: runners have room for {fit} of them now"
             ),

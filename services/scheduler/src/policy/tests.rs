@@ -1406,7 +1406,14 @@ fn a_gang_is_placed_whole_or_waits_whole_with_backfill_behind_it() {
     assert_eq!(decided.placements[0].job, 1);
     assert!(decided.preemptions.is_empty());
     let wait = wait_of(&input, &decided, "gang");
-    assert_eq!(wait.reason, Wait::Gang { nodes: 3, fit: 2 });
+    assert_eq!(
+        wait.reason,
+        Wait::Gang {
+            nodes: 3,
+            fit: 2,
+            pools: vec!["cpu".into()]
+        }
+    );
     assert!(
         wait.reason.to_string().contains("room for 2 of them"),
         "{}",

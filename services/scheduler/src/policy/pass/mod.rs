@@ -342,7 +342,8 @@ impl<'a> Pass<'a> {
             return Step::Skipped;
         }
         if job.nodes > 1 {
-            return self.consider_gang(job_index, member, &eligible, ahead);
+            let pools = pools.iter().map(|&pool| input.pools[pool].name.clone()).collect();
+            return self.consider_gang(job_index, member, &eligible, pools, ahead);
         }
         if let Some((runner, market)) = self.best_fit(job, &eligible) {
             self.place(job_index, member, runner, market);
@@ -396,7 +397,14 @@ impl<'a> Pass<'a> {
     /// A gang: every node on a runner whose free room holds it (several on one runner when its
     /// room holds several), all in this pass or none. One that cannot start whole preempts
     /// nothing and waits, competing (backfill goes on behind it).
-    fn consider_gang(&mut self, job_index: usize, member: usize, eligible: &[usize], ahead: Ahead) -> Step {
+    fn consider_gang(
+        &mut self,
+        job_index: usize,
+        member: usize,
+        eligible: &[usize],
+        pools: Vec<String>,
+        ahead: Ahead,
+    ) -> Step {
         let job = &self.input.pending[job_index];
         let nodes = job.nodes;
         let mut taken: Vec<(usize, Market)> = Vec::new();
@@ -414,6 +422,7 @@ impl<'a> Pass<'a> {
             let reason = Wait::Gang {
                 nodes,
                 fit: u32::try_from(taken.len()).unwrap_or(0),
+                pools,
             };
             self.wait(job_index, ahead, reason);
             return Step::Competing;
