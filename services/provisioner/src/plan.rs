@@ -70,6 +70,21 @@ impl Room {
         self.cpu_millis <= room.cpu_millis && self.memory_bytes <= room.memory_bytes && self.gpus <= room.gpus
     }
 
+    /// How many of this fit in `room`, fractionally (the scarcest resource decides).
+    fn copies_in(self, room: Room) -> f64 {
+        let fit = |asked: i64, has: i64| {
+            if asked > 0 {
+                has as f64 / asked as f64
+            } else {
+                f64::INFINITY
+            }
+        };
+        let copies = fit(self.cpu_millis, room.cpu_millis)
+            .min(fit(self.memory_bytes, room.memory_bytes))
+            .min(fit(self.gpus, room.gpus));
+        if copies.is_finite() { copies } else { 1.0 }
+    }
+
     /// The largest share of `of` this takes, over the resources `of` has.
     fn dominant_share(self, of: Room) -> f64 {
         let share = |used: i64, total: i64| if total > 0 { used as f64 / total as f64 } else { 0.0 };
@@ -278,14 +293,23 @@ fn no_offering_reason(input: &PoolInput<'_>, job: &DemandJob) -> String {
     reason
 }
 
-/// Puts the job on the open machine where it costs least, or opens one.
+/// Puts the job on the open machine where it costs least, or opens one: a machine grows to a
+/// larger type only while the larger type's extra room costs no more a copy of the job than the
+/// job's own machine.
 fn place(input: &PoolInput<'_>, open: &mut Vec<Open>, index: usize, asked: Room, capacity: CapacityType) {
-    let cheapest = |candidates: &[usize]| {
-        candidates
-            .iter()
-            .map(|&i| input.offerings[i].price_per_hour)
-            .fold(f64::INFINITY, f64::min)
+    let holds = |i: usize| Room::of_shape(&input.offerings[i].shape);
+    let cheapest_of = |candidates: &[usize]| {
+        candidates.iter().copied().min_by(|&a, &b| {
+            input.offerings[a]
+                .price_per_hour
+                .total_cmp(&input.offerings[b].price_per_hour)
+        })
     };
+    let price = |offering: Option<usize>| offering.map_or(f64::INFINITY, |i| input.offerings[i].price_per_hour);
+    // The job's own machine, and what one copy of the job costs on it.
+    let candidates = holding(input, capacity, asked);
+    let alone = cheapest_of(&candidates);
+    let alone_per_copy = price(alone) / alone.map_or(1.0, |i| asked.copies_in(holds(i)));
     let mut best: Option<(f64, usize, Vec<usize>)> = None;
     for (m, machine) in open.iter().enumerate() {
         if machine.capacity != capacity {
@@ -296,12 +320,17 @@ fn place(input: &PoolInput<'_>, open: &mut Vec<Open>, index: usize, asked: Room,
             .candidates
             .iter()
             .copied()
-            .filter(|&i| used.fits_in(Room::of_shape(&input.offerings[i].shape)))
+            .filter(|&i| used.fits_in(holds(i)))
             .collect();
-        if left.is_empty() {
+        let (now, next) = (cheapest_of(&machine.candidates), cheapest_of(&left));
+        let Some(next) = next else { continue };
+        let rise = price(Some(next)) - price(now);
+        // A larger type must sell its extra room no dearer than the job's own machine sells
+        // room: past that point (a type with more memory per CPU, say) the premium buys nothing.
+        let gained = asked.copies_in(holds(next)) - now.map_or(0.0, |i| asked.copies_in(holds(i)));
+        if rise > 1e-12 && (gained <= 0.0 || rise / gained > alone_per_copy + 1e-12) {
             continue;
         }
-        let rise = cheapest(&left) - cheapest(&machine.candidates);
         if best.as_ref().is_none_or(|(r, _, _)| rise < *r) {
             best = Some((rise, m, left));
         }
@@ -313,7 +342,6 @@ fn place(input: &PoolInput<'_>, open: &mut Vec<Open>, index: usize, asked: Room,
         machine.candidates = left;
         return;
     }
-    let candidates = holding(input, capacity, asked);
     open.push(Open {
         capacity,
         used: asked,

@@ -281,3 +281,33 @@ fn max_instances_takes_a_gang_whole_or_holds_it_back() {
     input.live_instances = 97;
     assert_eq!(super::plan(&input).launch[0].count, 3);
 }
+
+#[test]
+fn a_machine_grows_to_a_larger_type_only_while_its_room_is_no_dearer() {
+    // The sim's shapes: c.large 2 CPUs at 0.030, c.xlarge 4 at 0.060, m.2xlarge 8 (with four
+    // times the memory) at 0.130. Eight 1-CPU jobs cost 0.120 on two c.xlarge; one m.2xlarge
+    // would hold them all for 0.130, paying for memory nobody asked for.
+    let shape = |name: &str, cpus: i64, gib: i64, price: f64| Offering {
+        shape: Shape {
+            cpu_millis: cpus * 1000,
+            memory_bytes: gib * GIB,
+            gpus: 0,
+            gpu_model: None,
+            arch: "x86_64".into(),
+        },
+        ..offering(name, "z-a", CapacityType::Spot, cpus, price)
+    };
+    let offerings = vec![
+        shape("c.large", 2, 4, 0.030),
+        shape("c.xlarge", 4, 8, 0.060),
+        shape("m.2xlarge", 8, 32, 0.130),
+    ];
+    let demand: Vec<DemandJob> = (0..8).map(|n| job(&format!("j{n}"), 1, "spot")).collect();
+    let plan = plan(&input(&offerings, &demand));
+    let bought: Vec<(String, u32)> = plan
+        .launch
+        .iter()
+        .map(|m| (m.candidates[0].key.instance_type.clone(), m.count))
+        .collect();
+    assert_eq!(bought, [("c.xlarge".to_string(), 2)], "{plan:?}");
+}

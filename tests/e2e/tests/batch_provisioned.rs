@@ -162,6 +162,19 @@ async fn a_batch_on_a_provisioned_spot_pool_is_counted_exactly_and_the_pool_retu
         .iter()
         .map(|r| (r.released_at_ms - r.launched_at_ms).max(0) as f64 / 3_600_000.0 * r.price_per_hour)
         .sum();
+    // Of that, the time from each launch to its runner's registration (the boot, and the
+    // runner's start on this machine's starved cores), when no worker could run on it.
+    let booting: f64 = records
+        .iter()
+        .map(|r| {
+            let up = if r.registered_at_ms > 0 {
+                r.registered_at_ms
+            } else {
+                r.released_at_ms
+            };
+            (up - r.launched_at_ms).max(0) as f64 / 3_600_000.0 * r.price_per_hour
+        })
+        .sum();
     let worker_hours = sampling.await.unwrap();
     // A worker takes 1 CPU and 512 MiB: at best half a c.large (2 CPUs, 4 GiB, 0.030 spot), the
     // pool's cheapest spot CPU-hour (as c.xlarge's 4 at 0.06).
@@ -182,7 +195,7 @@ async fn a_batch_on_a_provisioned_spot_pool_is_counted_exactly_and_the_pool_retu
         .max()
         .unwrap_or(0);
     println!(
-        "provisioned sim batch: {items} items in {:.1} s on up to {instances} instances ({booted} booted, {most_at_once} at most at once, most workers {most_workers}), {noticed} spot notices, {preempted} of {worker_jobs} workers preempted, {worker_hours:.3} worker-hours, back to zero {:.1} s after done; instance cost ${paid:.4} vs greedy lower bound ${bound:.4} ({:.2}x)",
+        "provisioned sim batch: {items} items in {:.1} s on up to {instances} instances ({booted} booted, {most_at_once} at most at once, most workers {most_workers}), {noticed} spot notices, {preempted} of {worker_jobs} workers preempted, {worker_hours:.3} worker-hours, back to zero {:.1} s after done; instance cost ${paid:.4} (booting ${booting:.4}) vs greedy lower bound ${bound:.4} ({:.2}x)",
         ran_in.as_secs_f64(),
         zero_in.as_secs_f64(),
         paid / bound
