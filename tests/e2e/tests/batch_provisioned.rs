@@ -94,22 +94,36 @@ async fn a_batch_on_a_provisioned_spot_pool_is_counted_exactly_and_the_pool_retu
         })
         .await
         .unwrap();
-    // The demand over time: the batch's live workers, sampled every 500 ms (their hours, every
-    // attempt's, are what a perfect packing would have paid for).
+    // The demand over time: the batch's running workers (a worker the batch asked for that
+    // waits for a machine is not work), sampled every 2 s from the store: their hours, every
+    // attempt's, are what a perfect packing would have paid for.
     let sampling = tokio::spawn({
         let mut client = stack.batches_client().await;
+        let store = stack.store.clone();
         let batch_id = batch.id.clone();
         async move {
             let mut worker_hours = 0.0;
             let mut last = Instant::now();
+            // A store too busy to answer (a thousand runners on one SQLite file) keeps the last
+            // count for that interval.
+            let mut running = 0;
             loop {
-                let now = kiln_e2e::get_batch(&mut client, &batch_id).await;
-                worker_hours += f64::from(now.workers) * last.elapsed().as_secs_f64() / 3600.0;
+                if let Ok(jobs) = store.jobs_in_states(&[kiln_core::JobState::Running]).await {
+                    running = jobs.into_iter().filter(|job| job.batch_id == batch_id).count();
+                }
+                worker_hours += running as f64 * last.elapsed().as_secs_f64() / 3600.0;
                 last = Instant::now();
-                if now.state == pb::BatchState::Done as i32 && now.workers == 0 {
+                let done = client
+                    .get_batch(pb::BatchRef {
+                        batch_id: batch_id.clone(),
+                    })
+                    .await
+                    .map(|reply| reply.into_inner())
+                    .is_ok_and(|now| now.state == pb::BatchState::Done as i32 && now.workers == 0);
+                if done && running == 0 {
                     return worker_hours;
                 }
-                tokio::time::sleep(Duration::from_millis(500)).await;
+                tokio::time::sleep(Duration::from_secs(2)).await;
             }
         }
     });
