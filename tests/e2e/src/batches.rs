@@ -197,12 +197,23 @@ pub async fn live_workers(stack: &Stack, batch_id: &str) -> usize {
 }
 
 /// SIGKILLs the agent of one of a batch's running process workers (as a runner's death or a
-/// reclaim ends it): its items go back to the queue.
+/// reclaim ends it): its items go back to the queue. Waits for one to have started (a live
+/// worker may still be queued or starting, with no process yet).
 pub async fn kill_a_worker(stack: &Stack, batch_id: &str) {
-    let workers = stack.store.live_batch_workers(batch_id).await.unwrap();
-    let agent = workers
-        .iter()
-        .find_map(|w| w.instance_id.strip_prefix("pid:").and_then(|p| p.parse::<i32>().ok()))
-        .expect("a running worker with a pid");
+    let deadline = tokio::time::Instant::now() + BATCH_PATIENCE;
+    let agent = loop {
+        let workers = stack.store.live_batch_workers(batch_id).await.unwrap();
+        if let Some(pid) = workers
+            .iter()
+            .find_map(|w| w.instance_id.strip_prefix("pid:").and_then(|p| p.parse::<i32>().ok()))
+        {
+            break pid;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no worker of batch {batch_id} started a process: {workers:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(agent), nix::sys::signal::Signal::SIGKILL).unwrap();
 }
