@@ -183,6 +183,8 @@ impl LogsApi {
         let mut ended_attempt = 0;
         // Since when the first line above the floor has waited for it.
         let mut waiting_since: Option<tokio::time::Instant> = None;
+        // The job has ended: what is stored goes out, confirmed or not, once more, then the end.
+        let mut last_pass = false;
         // The job's state changes wake a follower too: its end comes after its last line.
         let mut job_events = match follow {
             true => self
@@ -198,7 +200,7 @@ impl LogsApi {
             let floor = self.ack_floor().await;
             let lines = self.logs.read(log_id, cursor, PAGE).await?;
             let full_page = lines.len() == PAGE as usize;
-            let stale = waiting_since.is_some_and(|since| since.elapsed() >= self.read_wait);
+            let stale = last_pass || waiting_since.is_some_and(|since| since.elapsed() >= self.read_wait);
             let mut confirming = true;
             let mut above_floor = false;
             for line in lines {
@@ -249,6 +251,14 @@ impl LogsApi {
                 let never_ran = job.started_at_ms.is_none() || job.instance_id.is_empty();
                 let waited = now_ms() - job.finished_at_ms.unwrap_or(0) > END_GRACE_MS;
                 if ended_attempt >= job.attempt || never_ran || waited {
+                    // Lines stored but not yet confirmed (a writer's acks lagging, or NATS not
+                    // saying its floor) go out before the follow ends: one more pass reads them
+                    // as stale. Without it a follower of a job that ended read_wait before its
+                    // lines were confirmed got none of them.
+                    if above_floor && !stale {
+                        last_pass = true;
+                        continue;
+                    }
                     return Ok(());
                 }
             }
