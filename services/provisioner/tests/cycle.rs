@@ -2,117 +2,17 @@
 //! capacity errors, a lost answer across a leader change, the reaper, the boot timeout, and
 //! scale to zero. The same code drives EC2 (tests/e2e: moto, the fault proxy and AEMM).
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+mod support;
 
-use kiln_cloud::sim::{SimCatalogue, SimCloud, SimConfig, SimFault, SimMethod};
-use kiln_cloud::{
-    CapacityType, Cloud, IntentId, LaunchIntent, OfferingKey, PoolSpec, TagSelector, TemplateRef, Unavailable,
-};
-use kiln_core::capacity::Instance;
+use std::collections::{BTreeMap, HashMap};
+
+use kiln_cloud::sim::{SimFault, SimMethod};
+use kiln_cloud::{CapacityType, Cloud, IntentId, LaunchIntent, TagSelector, TemplateRef, Unavailable};
 use kiln_core::ids::now_ms;
 use kiln_core::provisioning::{Demand, DemandJob};
-use kiln_core::store::Store;
 use kiln_core::store::cloud::{instance_state, intent_state};
-use kiln_provisioner::cycle::{Provisioner, Timings};
 use kiln_provisioner::release::Seen;
-
-const GIB: i64 = 1 << 30;
-const CLUSTER: &str = "test";
-
-fn pool() -> PoolSpec {
-    PoolSpec {
-        name: "cpu".into(),
-        cloud: "sim".into(),
-        region: String::new(),
-        subnets: Vec::new(),
-        zones: vec!["sim-a".into(), "sim-b".into(), "sim-c".into()],
-        instance_types: vec!["c.large".into(), "c.xlarge".into(), "m.2xlarge".into()],
-        requirements: None,
-        capacity_types: vec![CapacityType::Spot, CapacityType::OnDemand],
-        launch_template: "kiln-runner-cpu".into(),
-        launch_template_version: None,
-        max_instances: 100,
-        idle_timeout_secs: 60,
-        boot_timeout_secs: 600,
-        labels: BTreeMap::new(),
-        on_demand_prices: BTreeMap::new(),
-        placement_group: None,
-    }
-}
-
-fn job(id: &str, cpus: i64, market: &str) -> DemandJob {
-    DemandJob {
-        job_id: id.into(),
-        pool: String::new(),
-        resources: Instance {
-            cpu_millis: cpus * 1000,
-            memory_bytes: cpus * GIB,
-            gpus: 0,
-            disk_bytes: 0,
-        },
-        nodes: 1,
-        market: market.into(),
-        chosen_market: String::new(),
-        priority: 0,
-        submitted_at_ms: 0,
-    }
-}
-
-fn demand(jobs: Vec<DemandJob>) -> Demand {
-    Demand { at_ms: now_ms(), jobs }
-}
-
-struct Rig {
-    _dir: tempfile::TempDir,
-    store: Store,
-    sim: Arc<SimCloud>,
-}
-
-impl Rig {
-    async fn new() -> Rig {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::connect(&kiln_core::testing::sqlite_config(dir.path()))
-            .await
-            .unwrap();
-        store.migrate().await.unwrap();
-        let sim = Arc::new(SimCloud::new(SimCatalogue::standard(), SimConfig::default()));
-        Rig { _dir: dir, store, sim }
-    }
-
-    /// A provisioner leading now: a new one stands for a leader change.
-    fn leader(&self) -> Provisioner {
-        self.leader_of(pool())
-    }
-
-    fn leader_of(&self, pool: PoolSpec) -> Provisioner {
-        let cloud: Arc<dyn Cloud> = self.sim.clone();
-        Provisioner::new(
-            CLUSTER.into(),
-            vec![pool],
-            HashMap::from([("cpu".to_string(), cloud)]),
-            self.store.clone(),
-            Timings {
-                horizon_ms: 60_000,
-                reap_grace_ms: 120_000,
-                cordon_settle_ms: 3_000,
-                ..Timings::default()
-            },
-        )
-    }
-
-    async fn live(&self) -> Vec<kiln_core::store::InstanceRecord> {
-        self.store.instances(CLUSTER, &instance_state::LIVE).await.unwrap()
-    }
-}
-
-fn spot(instance_type: &str, zone: &str) -> OfferingKey {
-    OfferingKey {
-        instance_type: instance_type.into(),
-        zone: zone.into(),
-        capacity: CapacityType::Spot,
-    }
-}
+use support::{CLUSTER, Rig, demand, job, pool, spot};
 
 #[tokio::test]
 async fn forty_jobs_get_the_machines_their_packing_needs_once() {
@@ -139,83 +39,6 @@ async fn forty_jobs_get_the_machines_their_packing_needs_once() {
     assert_eq!(status.live_instances as usize, live.len());
     let launching: usize = status.launching.iter().map(|l| l.jobs.len()).sum();
     assert_eq!(launching, 40, "every job is named by a launch on its way");
-}
-
-#[tokio::test]
-async fn a_gang_is_one_launch_of_all_its_nodes_in_one_zone_and_its_placement_group() {
-    let rig = Rig::new().await;
-    let mut leader = rig.leader_of(PoolSpec {
-        placement_group: Some("kiln-runner-cpu".into()),
-        ..pool()
-    });
-    let gang = DemandJob {
-        nodes: 3,
-        ..job("gang", 2, "auto")
-    };
-    let wanted = demand(vec![gang, job("alone", 2, "auto")]);
-    let first = leader.cycle(&wanted, &Seen::default(), now_ms()).await.unwrap();
-    assert_eq!((first.calls, first.launched), (2, 4));
-    let intents = rig.store.intents(CLUSTER, &[intent_state::LAUNCHED]).await.unwrap();
-    let sent: Vec<LaunchIntent> = intents
-        .iter()
-        .map(|record| serde_json::from_str(&record.request).unwrap())
-        .collect();
-    let gang_intent = sent
-        .iter()
-        .find(|i| i.count == 3)
-        .expect("one intent for the gang's three machines");
-    assert_eq!((gang_intent.min_count, gang_intent.single_zone), (3, true));
-    assert_eq!(gang_intent.placement_group.as_deref(), Some("kiln-runner-cpu"));
-    let other = sent.iter().find(|i| i.count == 1).expect("the other job's intent");
-    assert_eq!((other.single_zone, other.placement_group.as_deref()), (false, None));
-    let gang_instances: Vec<_> = rig
-        .live()
-        .await
-        .into_iter()
-        .filter(|i| i.intent_id == gang_intent.id.to_string())
-        .collect();
-    assert_eq!(gang_instances.len(), 3);
-    assert!(
-        gang_instances.iter().all(|i| i.zone == gang_instances[0].zone),
-        "{gang_instances:?}"
-    );
-    // The same demand again: the gang's nodes ride the machines on their way.
-    let second = leader.cycle(&wanted, &Seen::default(), now_ms()).await.unwrap();
-    assert_eq!((second.calls, second.launched), (0, 0));
-}
-
-#[tokio::test]
-async fn a_gang_no_zone_holds_whole_launches_nothing_and_is_tried_again() {
-    let rig = Rig::new().await;
-    let mut leader = rig.leader();
-    // Spot capacity for two machines per zone: the zones together could hold the gang of
-    // three, none whole.
-    for zone in ["sim-a", "sim-b", "sim-c"] {
-        rig.sim.set_capacity(&spot("c.large", zone), Some(2));
-        for instance_type in ["c.xlarge", "m.2xlarge"] {
-            rig.sim
-                .set_unavailable(&spot(instance_type, zone), Some(Unavailable::NoCapacity));
-        }
-    }
-    let gang = DemandJob {
-        nodes: 3,
-        ..job("gang", 2, "spot")
-    };
-    let wanted = demand(vec![gang]);
-    let now = now_ms();
-    let cycle = leader.cycle(&wanted, &Seen::default(), now).await.unwrap();
-    assert_eq!(cycle.launched, 0);
-    assert_eq!(rig.sim.live_instances(), 0, "never a partial gang");
-    // Once a zone holds it whole, the whole gang is launched there.
-    rig.sim.set_capacity(&spot("c.large", "sim-b"), Some(3));
-    let later = now + 181_000;
-    let cycle = leader
-        .cycle(&Demand { at_ms: later, ..wanted }, &Seen::default(), later)
-        .await
-        .unwrap();
-    assert_eq!(cycle.launched, 3);
-    let zones: Vec<String> = rig.live().await.into_iter().map(|i| i.zone).collect();
-    assert_eq!(zones, ["sim-b", "sim-b", "sim-b"]);
 }
 
 #[tokio::test]
