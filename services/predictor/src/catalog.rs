@@ -2,9 +2,10 @@
 //! [`BUCKET_SERVICES`](kiln_core::subjects::BUCKET_SERVICES), kept current by a watch, by
 //! [`service_key`] (`PROJECT.NAME`: names are unique per project).
 //!
-//! A service the watch has not delivered yet (one made a moment ago) is read from the bucket
-//! before it is called unknown, so a client that infers right after creating a service is
-//! answered. A key of one token is a definition written before names were per project: it is
+//! [`Catalog::open`] reads every definition before the predictor serves, so a predictor that has
+//! just started knows each service at its first request. A service the watch has not delivered
+//! yet (one made a moment ago) is read from the bucket before it is called unknown, so a client
+//! that infers right after creating a service is answered. A key of one token is a definition written before names were per project: it is
 //! ignored here, and the controller deletes it.
 
 use std::collections::HashMap;
@@ -25,17 +26,33 @@ pub struct Catalog {
 }
 
 impl Catalog {
-    /// Opens the bucket; [`Catalog::watch`] then keeps the catalog current.
+    /// Opens the bucket and reads every definition in it; [`Catalog::watch`] then keeps the
+    /// catalog current.
     pub async fn open(nats: &Nats) -> Result<Catalog, NatsError> {
+        let failed = |error: &dyn std::fmt::Display| NatsError::Other(format!("bucket {BUCKET_SERVICES}: {error}"));
         let bucket = nats
             .jetstream
             .get_key_value(BUCKET_SERVICES)
             .await
-            .map_err(|error| NatsError::Other(format!("bucket {BUCKET_SERVICES}: {error}")))?;
-        Ok(Catalog {
+            .map_err(|error| failed(&error))?;
+        let catalog = Catalog {
             services: Default::default(),
             bucket,
-        })
+        };
+        let keys: Vec<String> = catalog
+            .bucket
+            .keys()
+            .await
+            .map_err(|error| failed(&error))?
+            .filter_map(|key| async move { key.ok().filter(|key| !is_legacy(key)) })
+            .collect()
+            .await;
+        for key in keys {
+            if let Some(value) = catalog.bucket.get(&key).await.map_err(|error| failed(&error))? {
+                catalog.put(&key, &value);
+            }
+        }
+        Ok(catalog)
     }
 
     /// Applies every change of the bucket until `shutdown`, watching again after an error.

@@ -319,17 +319,28 @@ async fn a_killed_worker_under_load_fails_no_request() {
     let dir = stack.dir.path();
     let mut first = Worker::spawn(dir, "first", SCALE_WORKER, &[("FACTOR", "3")]);
     let second = Worker::spawn(dir, "second", SCALE_WORKER, &[("FACTOR", "3")]);
-    let relays = RelayMetrics::default();
+    let relays = [RelayMetrics::default(), RelayMetrics::default()];
     let _relays = [
-        spawn_relay(&stack, "solo", 1, "m", first.addr(), &relays).await,
-        spawn_relay(&stack, "solo", 1, "m", second.addr(), &relays).await,
+        spawn_relay(&stack, "solo", 1, "m", first.addr(), &relays[0]).await,
+        spawn_relay(&stack, "solo", 1, "m", second.addr(), &relays[1]).await,
     ];
     put_service(&stack, &service_spec("solo", &[("m", 1.0)], Ensemble::Mean, 2_000)).await;
     let (_predictor, base) = spawn_predictor(&stack).await;
     let rest = std::sync::Arc::new(Rest::new(&base, &stack.token));
-    rest.post_until("/v2/models/solo/infer", &x_request(&[1.0]), 200).await;
-    // Both workers in rotation before the load starts.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Both workers in rotation, and known to the predictor, before the load starts: each relay
+    // has answered over its direct channel. (A request NATS routes to a relay as it leaves the
+    // queue group can be lost: the relay's module docs say why.)
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while relays
+        .iter()
+        .any(|relay| relay.requests("default", "solo", "m", "direct", "answered") == 0)
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the predictor never learnt both relays"
+        );
+        rest.post_until("/v2/models/solo/infer", &x_request(&[1.0]), 200).await;
+    }
 
     let load = |rest: std::sync::Arc<Rest>| async move {
         let mut answered = 0;

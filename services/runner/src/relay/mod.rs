@@ -14,15 +14,23 @@
 //!   request is answered 503 (`Kiln-Status`), which the predictor asks another worker again.
 //! - Draining (a stop or a preemption notice) leaves the queue group, answers what was already
 //!   delivered, and returns once in-flight requests are done.
-//! - Every `report-interval-ms` it tells the predictors' controller its worker's load
-//!   ([`LoadReport`] on [`subjects::serve_load`]: requests in flight on average, answered, their
-//!   mean time, whether it is in rotation), which the controller scales the member on.
+//! - Every `report-interval-ms`, and at once when it joins or leaves the rotation, it tells the
+//!   predictors its worker's load ([`LoadReport`] on [`subjects::serve_load`]: requests in
+//!   flight on average, answered, their mean time, whether it is in rotation), which the
+//!   controller scales the member on and the predictors learn its direct channel from.
 //! - Its direct channel (`direct`: `POST /infer` on `direct-addr`, over HTTP/1.1 keep-alive)
 //!   takes the same requests without the hop through nats-server: the predictors learn its URL
 //!   and token from the load reports and call it while it is in rotation; out of rotation it
 //!   answers 503 at once, and a request it drops is answered 504. Measured against NATS
 //!   request/reply by serve-bench (the README's Performance section), it is the predictors'
 //!   default; NATS stays for discovery, probes and when no direct URL is known.
+//!
+//! Leaving the queue group can lose a request NATS is routing to the relay at that instant:
+//! async-nats (0.51) forgets a drained subscription once its UNSUB is written, not when the
+//! server's PONG shows it was read, and core NATS does not deliver a message again. Its client
+//! sees 504 at the deadline. The direct channel has no such window (out of rotation it answers
+//! 503 and the predictor asks another relay), which is why the relay reports at once when it
+//! joins the rotation: the predictors use NATS only until they hear of a relay.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -59,6 +67,8 @@ pub struct Relay {
     current: std::sync::Mutex<Option<Arc<Turn>>>,
     /// The direct channel's URL and token, once it listens.
     direct: std::sync::OnceLock<(String, String)>,
+    /// Wakes the reporter when the relay joins or leaves the rotation.
+    rotation_changed: Notify,
 }
 
 /// One request, as it came.
@@ -116,6 +126,7 @@ impl Relay {
             load: Load::default(),
             current: std::sync::Mutex::default(),
             direct: std::sync::OnceLock::new(),
+            rotation_changed: Notify::new(),
         }
     }
 
@@ -167,6 +178,7 @@ impl Relay {
             rotation.inc();
             relay.load.in_rotation.store(true, Ordering::Relaxed);
             *relay.current.lock().expect("rotation lock") = Some(turn.clone());
+            relay.rotation_changed.notify_one();
             tracing::info!(subject, worker = %relay.member.worker, "worker in rotation");
             let ejected = loop {
                 tokio::select! {
@@ -184,6 +196,7 @@ impl Relay {
             rotation.dec();
             relay.load.in_rotation.store(false, Ordering::Relaxed);
             *relay.current.lock().expect("rotation lock") = None;
+            relay.rotation_changed.notify_one();
             // Leave the group, and answer what it had already delivered.
             let _ = requests.drain().await;
             while let Some(message) = requests.next().await {
@@ -213,19 +226,22 @@ impl Relay {
         Ok(())
     }
 
-    /// Reports the worker's load every interval until the relay drains; requests in flight
-    /// are sampled 10 times an interval.
+    /// Reports the worker's load every interval, and at once when the relay joins or leaves
+    /// the rotation, until it drains; requests in flight are sampled 10 times an interval.
     async fn report(self: Arc<Self>, drain: CancellationToken) {
         let interval = Duration::from_millis(self.settings.report_interval_ms.max(10));
         let subject = subjects::serve_load(&self.member.project, &self.member.service);
         loop {
             let mut sum = 0usize;
-            for _ in 0..10 {
+            let mut samples = 0usize;
+            while samples < 10 {
                 tokio::select! {
                     _ = drain.cancelled() => return,
+                    _ = self.rotation_changed.notified() => break,
                     _ = tokio::time::sleep(interval / 10) => {}
                 }
                 sum += self.load.in_flight.load(Ordering::Relaxed);
+                samples += 1;
             }
             let answered = self.load.answered.swap(0, Ordering::Relaxed);
             let answered_us = self.load.answered_us.swap(0, Ordering::Relaxed);
@@ -235,7 +251,7 @@ impl Relay {
                 service: self.member.service.clone(),
                 revision: self.member.revision,
                 member: self.member.member.clone(),
-                in_flight: sum as f64 / 10.0,
+                in_flight: if samples == 0 { 0.0 } else { sum as f64 / samples as f64 },
                 answered,
                 mean_ms: if answered == 0 {
                     0.0
