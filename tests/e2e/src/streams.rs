@@ -108,3 +108,60 @@ pub async fn job_events(stack: &Stack, job: &pb::Job) -> Vec<pb::JobEvent> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// The hours `jobs` spent RUNNING, summed over every attempt, from the times their events were
+/// stored in `KILN_JOBS`: from each RUNNING event to the job's next one. A change published again
+/// (by a reconciler) is taken once, by its version.
+pub async fn running_hours(stack: &Stack, jobs: &std::collections::HashSet<String>) -> f64 {
+    use async_nats::jetstream::consumer::pull;
+    use futures::StreamExt;
+    use prost::Message;
+    let js = async_nats::jetstream::new(stack.nats.client().await);
+    let stream = js
+        .get_stream(kiln_core::subjects::STREAM_JOBS)
+        .await
+        .expect("the jobs stream");
+    let mut consumer = stream
+        .create_consumer(pull::Config {
+            filter_subject: kiln_core::subjects::JOB_EVENT_ALL.to_string(),
+            ack_policy: async_nats::jetstream::consumer::AckPolicy::None,
+            ..Default::default()
+        })
+        .await
+        .expect("a consumer of the job events");
+    let stored = consumer.info().await.expect("the consumer's info").num_pending;
+    let mut messages = consumer.messages().await.expect("the job events");
+    // By job, by version: (state, stored at in ns since the epoch).
+    let mut changes: std::collections::HashMap<String, std::collections::BTreeMap<i64, (i32, i128)>> =
+        Default::default();
+    for _ in 0..stored {
+        let message = tokio::time::timeout(PATIENCE, messages.next())
+            .await
+            .expect("the job events come")
+            .expect("a job event")
+            .expect("a job event");
+        let event = pb::JobEvent::decode(message.payload.as_ref()).expect("a job event");
+        if !jobs.contains(&event.job_id) {
+            continue;
+        }
+        let at = message.info().expect("its info").published.unix_timestamp_nanos();
+        changes
+            .entry(event.job_id)
+            .or_default()
+            .entry(event.version)
+            .or_insert((event.state, at));
+    }
+    let running = pb::JobState::Running as i32;
+    let nanos: i128 = changes
+        .values()
+        .map(|versions| {
+            let ordered: Vec<&(i32, i128)> = versions.values().collect();
+            ordered
+                .windows(2)
+                .filter(|pair| pair[0].0 == running)
+                .map(|pair| (pair[1].1 - pair[0].1).max(0))
+                .sum::<i128>()
+        })
+        .sum();
+    nanos as f64 / 3.6e12
+}

@@ -94,39 +94,6 @@ async fn a_batch_on_a_provisioned_spot_pool_is_counted_exactly_and_the_pool_retu
         })
         .await
         .unwrap();
-    // The demand over time: the batch's running workers (a worker the batch asked for that
-    // waits for a machine is not work), sampled every 2 s from the store: their hours, every
-    // attempt's, are what a perfect packing would have paid for.
-    let sampling = tokio::spawn({
-        let mut client = stack.batches_client().await;
-        let store = stack.store.clone();
-        let batch_id = batch.id.clone();
-        async move {
-            let mut worker_hours = 0.0;
-            let mut last = Instant::now();
-            // A store too busy to answer (a thousand runners on one SQLite file) keeps the last
-            // count for that interval.
-            let mut running = 0;
-            loop {
-                if let Ok(jobs) = store.jobs_in_states(&[kiln_core::JobState::Running]).await {
-                    running = jobs.into_iter().filter(|job| job.batch_id == batch_id).count();
-                }
-                worker_hours += running as f64 * last.elapsed().as_secs_f64() / 3600.0;
-                last = Instant::now();
-                let done = client
-                    .get_batch(pb::BatchRef {
-                        batch_id: batch_id.clone(),
-                    })
-                    .await
-                    .map(|reply| reply.into_inner())
-                    .is_ok_and(|now| now.state == pb::BatchState::Done as i32 && now.workers == 0);
-                if done && running == 0 {
-                    return worker_hours;
-                }
-                tokio::time::sleep(Duration::from_secs(2)).await;
-            }
-        }
-    });
     let deadline = tokio::time::Instant::now() + Duration::from_secs(3600);
     let BatchRun { done, most_workers } = run_batch_to_done(&mut client, &batch.id, deadline)
         .await
@@ -189,7 +156,10 @@ async fn a_batch_on_a_provisioned_spot_pool_is_counted_exactly_and_the_pool_retu
             (up - r.launched_at_ms).max(0) as f64 / 3_600_000.0 * r.price_per_hour
         })
         .sum();
-    let worker_hours = sampling.await.unwrap();
+    // The demand: the hours the batch's workers ran, every attempt's (a worker the batch asked
+    // for that waits for a machine is not work), from their job events' times.
+    let worker_ids = workers.iter().map(|job| job.id.clone()).collect();
+    let worker_hours = kiln_e2e::running_hours(&stack, &worker_ids).await;
     // A worker takes 1 CPU and 512 MiB: at best half a c.large (2 CPUs, 4 GiB, 0.030 spot), the
     // pool's cheapest spot CPU-hour (as c.xlarge's 4 at 0.06).
     let bound = worker_hours * 0.030 / 2.0;
