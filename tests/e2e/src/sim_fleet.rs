@@ -167,8 +167,12 @@ impl SimFleet {
                 }
             }
         }));
+        // A runner needs few connections; a thousand of them with the stack's pool each would
+        // hold thousands of SQLite connections, whose lock waits starve the services' pools.
+        let mut template = stack.runner_config("template");
+        template.database.max_connections = 2;
         tasks.push(tokio::spawn(boot_loop(
-            stack.runner_config("template"),
+            template,
             cloud.clone(),
             cluster.clone(),
             notices,
