@@ -76,22 +76,13 @@ impl SimFleet {
     /// gangs into the placement group [`SIM_PLACEMENT_GROUP`].
     pub fn pool(config: &FleetConfig) -> PoolSpec {
         PoolSpec {
-            name: SIM_POOL.into(),
-            cloud: "sim".into(),
-            region: String::new(),
-            subnets: Vec::new(),
-            zones: vec!["sim-a".into(), "sim-b".into(), "sim-c".into()],
-            instance_types: vec!["c.large".into(), "c.xlarge".into(), "m.2xlarge".into()],
-            requirements: None,
             capacity_types: vec![CapacityType::Spot],
             launch_template: String::new(),
-            launch_template_version: None,
             max_instances: config.max_instances,
             idle_timeout_secs: 2,
             boot_timeout_secs: 60,
-            labels: Default::default(),
-            on_demand_prices: Default::default(),
             placement_group: Some(SIM_PLACEMENT_GROUP.into()),
+            ..SimCatalogue::standard().cpu_pool(SIM_POOL)
         }
     }
 

@@ -2,7 +2,7 @@
 //! Postgres of `--database-url`), the simulated cloud behind a wrapper that times the calls,
 //! the pool, the demand, and the process's CPU clock.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -10,8 +10,7 @@ use anyhow::{Context, Result};
 use futures::stream::BoxStream;
 use kiln_cloud::sim::{SimCalls, SimCatalogue, SimCloud, SimConfig};
 use kiln_cloud::{
-    CapacityType, Cloud, CloudError, CloudInstance, InstanceId, Interruption, LaunchIntent, Launched, Offering,
-    PoolSpec, TagSelector,
+    Cloud, CloudError, CloudInstance, InstanceId, Interruption, LaunchIntent, Launched, Offering, PoolSpec, TagSelector,
 };
 use kiln_core::capacity::Instance;
 use kiln_core::config::{DatabaseConfig, DatabaseUrl};
@@ -40,22 +39,9 @@ pub fn cpu_time() -> Duration {
 /// and on-demand.
 pub fn pool(max_instances: u32, idle_timeout_secs: u64) -> PoolSpec {
     PoolSpec {
-        name: POOL.into(),
-        cloud: "sim".into(),
-        region: String::new(),
-        subnets: Vec::new(),
-        zones: vec!["sim-a".into(), "sim-b".into(), "sim-c".into()],
-        instance_types: vec!["c.large".into(), "c.xlarge".into(), "m.2xlarge".into()],
-        requirements: None,
-        capacity_types: vec![CapacityType::Spot, CapacityType::OnDemand],
-        launch_template: "kiln-runner-cpu".into(),
-        launch_template_version: None,
         max_instances,
         idle_timeout_secs,
-        boot_timeout_secs: 600,
-        labels: BTreeMap::new(),
-        on_demand_prices: BTreeMap::new(),
-        placement_group: None,
+        ..SimCatalogue::standard().cpu_pool(POOL)
     }
 }
 

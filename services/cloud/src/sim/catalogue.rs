@@ -62,6 +62,35 @@ impl SimCatalogue {
         }
     }
 
+    /// A pool named `name` of this catalogue's CPU types (those without GPUs) in all its
+    /// zones, spot and on-demand: at most 100 instances, idle 60 s, boot 600 s. Tests and
+    /// benchmarks change the fields they are about.
+    pub fn cpu_pool(&self, name: &str) -> crate::PoolSpec {
+        crate::PoolSpec {
+            name: name.to_owned(),
+            cloud: "sim".to_owned(),
+            region: String::new(),
+            subnets: Vec::new(),
+            zones: self.zones.clone(),
+            instance_types: self
+                .types
+                .iter()
+                .filter(|t| t.shape.gpus == 0)
+                .map(|t| t.name.clone())
+                .collect(),
+            requirements: None,
+            capacity_types: vec![crate::CapacityType::Spot, crate::CapacityType::OnDemand],
+            launch_template: "kiln-runner-cpu".to_owned(),
+            launch_template_version: None,
+            max_instances: 100,
+            idle_timeout_secs: 60,
+            boot_timeout_secs: 600,
+            labels: Default::default(),
+            on_demand_prices: Default::default(),
+            placement_group: None,
+        }
+    }
+
     pub fn find(&self, instance_type: &str) -> Option<&SimType> {
         self.types.iter().find(|t| t.name == instance_type)
     }

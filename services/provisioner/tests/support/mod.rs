@@ -2,7 +2,7 @@
 
 #![allow(dead_code)]
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use kiln_cloud::sim::{SimCatalogue, SimCloud, SimConfig};
@@ -18,24 +18,7 @@ pub const GIB: i64 = 1 << 30;
 pub const CLUSTER: &str = "test";
 
 pub fn pool() -> PoolSpec {
-    PoolSpec {
-        name: "cpu".into(),
-        cloud: "sim".into(),
-        region: String::new(),
-        subnets: Vec::new(),
-        zones: vec!["sim-a".into(), "sim-b".into(), "sim-c".into()],
-        instance_types: vec!["c.large".into(), "c.xlarge".into(), "m.2xlarge".into()],
-        requirements: None,
-        capacity_types: vec![CapacityType::Spot, CapacityType::OnDemand],
-        launch_template: "kiln-runner-cpu".into(),
-        launch_template_version: None,
-        max_instances: 100,
-        idle_timeout_secs: 60,
-        boot_timeout_secs: 600,
-        labels: BTreeMap::new(),
-        on_demand_prices: BTreeMap::new(),
-        placement_group: None,
-    }
+    SimCatalogue::standard().cpu_pool("cpu")
 }
 
 pub fn job(id: &str, cpus: i64, market: &str) -> DemandJob {
