@@ -62,7 +62,9 @@ async fn a_batch_on_a_provisioned_spot_pool_is_counted_exactly_and_the_pool_retu
     };
     let mut client = stack.batches_client().await;
     let batch = client
-        .create_batch(pb::CreateBatchRequest { spec: Some(spec) })
+        .create_batch(pb::CreateBatchRequest {
+            spec: Some(spec.clone()),
+        })
         .await
         .unwrap()
         .into_inner();
@@ -175,9 +177,9 @@ async fn a_batch_on_a_provisioned_spot_pool_is_counted_exactly_and_the_pool_retu
     // come late, and the sum can fall under that floor (it did at a million items).
     let item_hours = items as f64 * item_ms as f64 / 3_600_000.0;
     let demand_hours = worker_hours.max(item_hours);
-    // A worker takes 1 CPU and 512 MiB: at best half a c.large (2 CPUs, 4 GiB, 0.030 spot), the
-    // pool's cheapest spot CPU-hour (as c.xlarge's 4 at 0.06).
-    let bound = demand_hours * 0.030 / 2.0;
+    // Each worker-hour at the pool's cheapest spot price for one worker's room (a c.large of
+    // 2 CPUs and 4 GiB at 0.030 holds two workers of 1 CPU and 512 MiB).
+    let bound = demand_hours * cheapest_worker_hour(&fleet, &spec);
     // Never more than the pool's max-instances at once (instances released when idle or
     // noticed are replaced, so more than that may boot over the run).
     let mut edges: Vec<(i64, i64)> = records
@@ -208,4 +210,21 @@ async fn a_batch_on_a_provisioned_spot_pool_is_counted_exactly_and_the_pool_retu
         "{most_at_once} instances at once, for at most {instances} ({booted} booted)"
     );
     fleet.stop().await;
+}
+
+/// The pool's cheapest spot price for one worker's room: each type's spot price over the workers
+/// of `spec` it holds.
+fn cheapest_worker_hour(fleet: &SimFleet, spec: &pb::BatchSpec) -> f64 {
+    let catalogue = fleet.cloud.catalogue();
+    catalogue
+        .types
+        .iter()
+        .filter(|kind| kind.shape.gpus == 0)
+        .filter_map(|kind| {
+            let by_cpu = kind.shape.cpu_millis / i64::from(spec.cpu_millis);
+            let by_memory = kind.shape.memory_bytes / ((spec.memory_mb as i64) << 20);
+            let workers = by_cpu.min(by_memory);
+            (workers > 0).then(|| kind.spot_per_hour / workers as f64)
+        })
+        .fold(f64::INFINITY, f64::min)
 }
