@@ -19,7 +19,8 @@
 #     - versitygw 1.8.0 (the S3-compatible server the tests use) and amazon-ec2-metadata-mock
 #       1.13.0 (the instance metadata service the EC2 tests give each booted instance),
 #       `go install`ed from the Go module proxy into $KILN_TOOLS/bin (Go 1.21 or later on PATH,
-#       or in /usr/local/go/bin, which fetches the Go release they ask for itself), and
+#       or in /usr/local/go/bin, which fetches the Go release they ask for itself; with caches
+#       of their own, removed after: scripts/go-tools.sh), and
 #       moto[server] (the tests' EC2 API) in a venv of its own, target/cloud-venv
 #       (scripts/cloud-servers.sh install, where its version is pinned)
 #     - `cargo build --workspace --all-targets` (dev profile; `target/` is reused by the tests),
@@ -84,15 +85,13 @@ if $all; then
   # --- versitygw (S3 for the tests) ------------------------------------------------------------
   # `go version -m` reads the module version the binary was built from.
   versitygw="$KILN_TOOLS/bin/versitygw"
-  go_bin=$(command -v go || true)
-  [ -n "$go_bin" ] || [ ! -x /usr/local/go/bin/go ] || go_bin=/usr/local/go/bin/go
-  if [ -z "$go_bin" ] || ! GOTOOLCHAIN=local "$go_bin" version | grep -Eq "go1\.(2[1-9]|[3-9][0-9])"; then
-    echo "setup: versitygw $VERSITYGW_VERSION needs Go 1.21 or later (https://go.dev/dl) on PATH" >&2
-    exit 1
-  fi
+  # shellcheck source=scripts/go-tools.sh
+  . "$repo/scripts/go-tools.sh"
+  find_go 21 "setup: versitygw $VERSITYGW_VERSION"
   if ! "$go_bin" version -m "$versitygw" 2>/dev/null |
     grep -Eq "^[[:space:]]+mod[[:space:]]+github.com/versity/versitygw[[:space:]]+v$VERSITYGW_VERSION[[:space:]]"; then
     log "installing versitygw $VERSITYGW_VERSION into $KILN_TOOLS/bin"
+    go_scratch
     GOBIN="$KILN_TOOLS/bin" GOTOOLCHAIN=auto \
       "$go_bin" install "github.com/versity/versitygw/cmd/versitygw@v$VERSITYGW_VERSION"
   fi
@@ -103,10 +102,12 @@ if $all; then
   if ! "$go_bin" version -m "$aemm" 2>/dev/null |
     grep -Eq "^[[:space:]]+mod[[:space:]]+github.com/aws/amazon-ec2-metadata-mock[[:space:]]+v$AEMM_VERSION[[:space:]]"; then
     log "installing amazon-ec2-metadata-mock $AEMM_VERSION into $KILN_TOOLS/bin"
+    go_scratch
     GOBIN="$KILN_TOOLS/bin" GOTOOLCHAIN=auto \
       "$go_bin" install "github.com/aws/amazon-ec2-metadata-mock/cmd/ec2-metadata-mock@v$AEMM_VERSION"
   fi
   log "amazon-ec2-metadata-mock $AEMM_VERSION"
+  go_scratch_done
   "$repo/scripts/cloud-servers.sh" install
 fi
 

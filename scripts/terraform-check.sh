@@ -12,6 +12,7 @@
 # Tools are installed into $KILN_TOOLS/bin (default ~/.kiln/tools/bin) unless that version is
 # there. A cold install (empty Go caches) took 4.6 to 5.2 minutes for tofu, 1.7 to 5 for tflint
 # (the second figure on a busy machine) and under 1 for checkov on 2 cores; the checks, 15 s.
+# Go's caches for those builds are a temp dir removed after them (scripts/go-tools.sh).
 set -euo pipefail
 
 OPENTOFU_VERSION=1.10.6
@@ -29,21 +30,16 @@ log() { printf '\033[1mterraform-check:\033[0m %s\n' "$*" >&2; }
 started=$SECONDS
 step() { log "$1 ($((SECONDS - started)) s)"; }
 
-go_bin=$(command -v go || true)
-[ -n "$go_bin" ] || [ ! -x /usr/local/go/bin/go ] || go_bin=/usr/local/go/bin/go
-need_go() {
-  if [ -z "$go_bin" ] || ! GOTOOLCHAIN=local "$go_bin" version | grep -Eq "go1\.(2[4-9]|[3-9][0-9])"; then
-    echo "terraform-check: building $1 needs Go 1.24 or later (https://go.dev/dl) on PATH or in /usr/local/go/bin" >&2
-    exit 1
-  fi
-}
+# shellcheck source=scripts/go-tools.sh
+. "$repo/scripts/go-tools.sh"
 
 # --- OpenTofu ----------------------------------------------------------------------------------
 # `go install …/cmd/tofu@v…` is refused (opentofu's go.mod has a replace directive), so the module
 # is downloaded and built in place; version.dev=no is what release builds set (no "-dev" suffix).
 tofu="$bin/tofu"
 if [ "$("$tofu" version 2>/dev/null | head -n 1)" != "OpenTofu v$OPENTOFU_VERSION" ]; then
-  need_go "OpenTofu $OPENTOFU_VERSION"
+  find_go 24 "terraform-check: building OpenTofu $OPENTOFU_VERSION"
+  go_scratch
   log "building OpenTofu $OPENTOFU_VERSION into $bin (a few minutes on a cold cache)"
   module_dir=$(GOTOOLCHAIN=auto "$go_bin" mod download -json "github.com/opentofu/opentofu@v$OPENTOFU_VERSION" |
     python3 -c 'import json, sys; print(json.load(sys.stdin)["Dir"])')
@@ -57,11 +53,13 @@ step "$("$tofu" version | head -n 1)"
 tflint="$bin/tflint"
 # The first line only: `grep -q` would end the pipe early, and pipefail read that as a failure.
 if [ "$("$tflint" --version 2>/dev/null | head -n 1)" != "TFLint version $TFLINT_VERSION" ]; then
-  need_go "tflint $TFLINT_VERSION"
+  find_go 24 "terraform-check: building tflint $TFLINT_VERSION"
+  go_scratch
   log "installing tflint $TFLINT_VERSION into $bin"
   GOBIN="$bin" GOTOOLCHAIN=auto nice "$go_bin" install "github.com/terraform-linters/tflint@v$TFLINT_VERSION"
 fi
 step "tflint $TFLINT_VERSION"
+go_scratch_done
 
 # --- checkov -----------------------------------------------------------------------------------
 checkov_venv="$KILN_TOOLS/checkov-$CHECKOV_VERSION"

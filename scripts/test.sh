@@ -273,7 +273,8 @@ export KILN_TEST_KSERVE_PYTHON="$kserve_venv/bin/python"
 "$repo/scripts/terraform-check.sh" # deploy/terraform: tofu fmt, tflint, rendered templates, checkov
 log "dashboards and alert rules"
 "$repo/scripts/check-dashboards.sh" # @grafana/schema, promtool check/test rules, check config
-log "cargo test"
+# tests/e2e/tests/datasets.rs alone needs 2.25 GB free (a 1 GiB dataset, stored and unpacked).
+log "cargo test ($(($(df -Pk /tmp | awk 'NR == 2 { print $4 }') / 1048576)) GB free on the disk of /tmp)"
 cargo test --workspace --locked
 
 # --- the web UI: its unit tests, then the browser tests against a real `kiln up` ---------------
