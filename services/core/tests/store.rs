@@ -273,17 +273,50 @@ async fn unpublished_changes_are_found_until_marked(store: Store) {
         .await
         .unwrap();
     assert_eq!(store.unpublished_jobs(&[JobState::Scheduled]).await.unwrap().len(), 1);
-    // Marking an older version never moves the mark back.
+    // A runner's own: the job is on none yet, then on "r1", never on "r2".
+    assert!(store.unpublished_jobs_on("r1").await.unwrap().is_empty());
     store.mark_published(&job.id, scheduled.version).await.unwrap();
+    let running = store
+        .transition(
+            &scheduled,
+            JobState::Provisioning,
+            Change {
+                runner_id: Some("r1".into()),
+                ..Change::default()
+            },
+        )
+        .await
+        .unwrap();
+    let on_r1 = store.unpublished_jobs_on("r1").await.unwrap();
+    assert_eq!(
+        on_r1.iter().map(|j| (j.id.as_str(), j.version)).collect::<Vec<_>>(),
+        [(job.id.as_str(), running.version)]
+    );
+    assert!(store.unpublished_jobs_on("r2").await.unwrap().is_empty());
+    store.mark_published(&job.id, running.version).await.unwrap();
+    assert!(store.unpublished_jobs_on("r1").await.unwrap().is_empty());
+    // Marking an older version never moves the mark back.
     store.mark_published(&job.id, 1).await.unwrap();
-    assert_eq!(store.job(&job.id).await.unwrap().published_version, 2);
+    assert_eq!(store.job(&job.id).await.unwrap().published_version, running.version);
 }
 
 async fn stop_requests_keep_the_version(store: Store) {
     let job = store.insert_job(new_job("u1")).await.unwrap();
+    let hold = |stop_requested| kiln_core::store::JobHold {
+        state: Some(JobState::Queued),
+        attempt: 1,
+        runner_id: String::new(),
+        stop_requested,
+    };
+    assert_eq!(store.job_hold(&job.id).await.unwrap(), hold(false));
     let flagged = store.request_stop(&job.id).await.unwrap();
     assert!(flagged.stop_requested);
     assert_eq!(flagged.version, job.version);
+    assert_eq!(store.job_hold(&job.id).await.unwrap(), hold(true));
+    assert!(matches!(
+        store.job_hold("job-none").await,
+        Err(kiln_core::store::StoreError::JobNotFound { .. })
+    ));
 }
 
 async fn usage_is_summed_by_pool(store: Store) {

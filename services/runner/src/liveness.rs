@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use kiln_core::JobState;
 use kiln_core::lease::Lease;
-use kiln_core::store::JobRecord;
+use kiln_core::store::{JobHold, JobRecord};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -117,6 +117,14 @@ impl Holding<'_> {
             state: job.state().ok(),
             attempt: job.attempt,
             runner_id: &job.runner_id,
+        }
+    }
+
+    pub fn of_hold(hold: &JobHold) -> Holding<'_> {
+        Holding {
+            state: hold.state,
+            attempt: hold.attempt,
+            runner_id: &hold.runner_id,
         }
     }
 

@@ -38,8 +38,8 @@ pub(super) async fn reconcile(ctx: &Context) -> Result<()> {
 }
 
 pub(crate) async fn republish_own(ctx: &Context) -> Result<()> {
-    let pending = ctx.store.unpublished_jobs(&JobState::ALL).await?;
-    for job in pending.iter().filter(|job| job.runner_id == ctx.config.runner_id) {
+    let pending = ctx.store.unpublished_jobs_on(&ctx.config.runner_id).await?;
+    for job in &pending {
         publish_job_change(&ctx.nats, &ctx.store, job).await?;
     }
     Ok(())

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use sea_orm::sea_query::{Expr, ExprTrait};
-use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder};
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 
 use super::entities::job::{self, Column, Entity as Jobs};
 use super::{JobRecord, Store, StoreError, StoreResult};
@@ -132,6 +132,16 @@ pub struct Change {
     pub gang_master: Option<String>,
 }
 
+/// Who holds a job and whether it was asked to stop ([`Store::job_hold`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobHold {
+    /// `None` for a state this build does not know.
+    pub state: Option<JobState>,
+    pub attempt: i32,
+    pub runner_id: String,
+    pub stop_requested: bool,
+}
+
 impl Store {
     /// Records a new QUEUED job at version 1, not yet published.
     pub async fn insert_job(&self, new: NewJob) -> StoreResult<JobRecord> {
@@ -181,6 +191,29 @@ impl Store {
             .ok_or_else(|| StoreError::JobNotFound {
                 job_id: job_id.to_string(),
             })
+    }
+
+    /// Who holds a job now (a runner watching its job asks every few seconds, for each job it
+    /// runs): four columns, not the whole row.
+    pub async fn job_hold(&self, job_id: &str) -> StoreResult<JobHold> {
+        let row: Option<(String, i32, String, bool)> = Jobs::find_by_id(job_id.to_string())
+            .select_only()
+            .column(Column::State)
+            .column(Column::Attempt)
+            .column(Column::RunnerId)
+            .column(Column::StopRequested)
+            .into_tuple()
+            .one(&self.db)
+            .await?;
+        let (state, attempt, runner_id, stop_requested) = row.ok_or_else(|| StoreError::JobNotFound {
+            job_id: job_id.to_string(),
+        })?;
+        Ok(JobHold {
+            state: state.parse().ok(),
+            attempt,
+            runner_id,
+            stop_requested,
+        })
     }
 
     /// Jobs newest first: of `owner_id` when given, in the visible projects, live ones unless `all`.
@@ -240,6 +273,17 @@ impl Store {
     pub async fn unpublished_jobs(&self, states: &[JobState]) -> StoreResult<Vec<JobRecord>> {
         Ok(Jobs::find()
             .filter(Column::State.is_in(states.iter().map(|s| s.as_str())))
+            .filter(Expr::col(Column::PublishedVersion).lt(Expr::col(Column::Version)))
+            .order_by_asc(Column::CreatedAtMs)
+            .all(&self.db)
+            .await?)
+    }
+
+    /// Returns the jobs held by `runner_id` whose latest change has not been published yet (a
+    /// look-up by the `jobs_by_runner` index: every runner asks this every report interval).
+    pub async fn unpublished_jobs_on(&self, runner_id: &str) -> StoreResult<Vec<JobRecord>> {
+        Ok(Jobs::find()
+            .filter(Column::RunnerId.eq(runner_id))
             .filter(Expr::col(Column::PublishedVersion).lt(Expr::col(Column::Version)))
             .order_by_asc(Column::CreatedAtMs)
             .all(&self.db)
@@ -338,7 +382,6 @@ impl Store {
     /// Counts the jobs not yet ended by state and pool (the pool they run in, or asked for, or
     /// `""` while queued without one).
     pub async fn count_active_jobs(&self) -> StoreResult<Vec<(String, String, i64)>> {
-        use sea_orm::QuerySelect;
         let active: Vec<&str> = JobState::ALL
             .iter()
             .filter(|state| !state.is_terminal())

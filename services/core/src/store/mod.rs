@@ -32,7 +32,7 @@ pub use batches::BatchScope;
 pub use cloud::{InstanceRecord, IntentRecord};
 pub use entities::job::Model as JobRecord;
 pub use gangs::{NodeRecord, node_state};
-pub use jobs::{Change, EXTERNAL_POOL, NewJob, Usage};
+pub use jobs::{Change, EXTERNAL_POOL, JobHold, NewJob, Usage};
 pub use models::{ModelKey, ModelRecord, ModelVersionRecord, NewModelVersion, VersionFilter};
 pub use owners::{PAUSED, paused_reason};
 pub use projects::MemberRecord;

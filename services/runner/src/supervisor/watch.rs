@@ -121,9 +121,9 @@ pub(super) async fn watch(
                     *controls.gang_trouble.lock().expect("controls lock") = why;
                     stopping = Some(reason);
                 }
-                match ctx.store.job(&job.id).await {
-                    Ok(current) if Holding::of(job).is_taken_by(Holding::of(&current)) => {
-                        tracing::warn!(job_id = %job.id, state = %current.state, attempt = current.attempt, "the job was taken from this runner: SIGKILL");
+                match ctx.store.job_hold(&job.id).await {
+                    Ok(current) if Holding::of(job).is_taken_by(Holding::of_hold(&current)) => {
+                        tracing::warn!(job_id = %job.id, state = ?current.state, attempt = current.attempt, "the job was taken from this runner: SIGKILL");
                         controls.taken.cancel();
                         let _ = ctx.provider.signal(instance, Signal::SIGKILL).await;
                         return (wait.await, Some(StopReason::Taken));
