@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use kiln_core::JobState;
 use kiln_core::auth::Scope;
-use kiln_core::store::{Change, NewArtifact, NewJob, Store, StoreError};
+use kiln_core::store::{Change, JobRecord, NewArtifact, NewJob, Store, StoreError};
 
 #[path = "store/cloud.rs"]
 mod cloud;
@@ -300,6 +300,50 @@ async fn unpublished_changes_are_found_until_marked(store: Store) {
     assert_eq!(store.job(&job.id).await.unwrap().published_version, running.version);
 }
 
+/// A queued job placed on `runner` (SCHEDULED, then PROVISIONING there).
+async fn place(store: &Store, job: JobRecord, runner: &str) -> JobRecord {
+    let scheduled = store
+        .transition(
+            &job,
+            JobState::Scheduled,
+            Change {
+                pool: Some("p".into()),
+                ..Change::default()
+            },
+        )
+        .await
+        .unwrap();
+    store
+        .transition(
+            &scheduled,
+            JobState::Provisioning,
+            Change {
+                runner_id: Some(runner.into()),
+                ..Change::default()
+            },
+        )
+        .await
+        .unwrap()
+}
+
+async fn busy_runners_are_those_holding_an_active_job(store: Store) {
+    // Queued (no runner): nobody is busy.
+    let a = store.insert_job(new_job("u1")).await.unwrap();
+    assert!(store.busy_runners().await.unwrap().is_empty());
+    let a = place(&store, a, "r1").await;
+    let b = place(&store, store.insert_job(new_job("u1")).await.unwrap(), "r1").await;
+    let c = place(&store, store.insert_job(new_job("u1")).await.unwrap(), "r2").await;
+    let mut busy = store.busy_runners().await.unwrap();
+    busy.sort();
+    assert_eq!(busy, ["r1", "r2"], "each runner once");
+    // r2's job ended: r2 is idle; r1 keeps one.
+    store.transition(&c, JobState::Lost, Change::default()).await.unwrap();
+    store.transition(&a, JobState::Lost, Change::default()).await.unwrap();
+    assert_eq!(store.busy_runners().await.unwrap(), ["r1"]);
+    store.transition(&b, JobState::Lost, Change::default()).await.unwrap();
+    assert!(store.busy_runners().await.unwrap().is_empty());
+}
+
 async fn stop_requests_keep_the_version(store: Store) {
     let job = store.insert_job(new_job("u1")).await.unwrap();
     let hold = |stop_requested| kiln_core::store::JobHold {
@@ -497,6 +541,7 @@ store_suite!(
     requeue_starts_a_new_attempt,
     unpublished_changes_are_found_until_marked,
     stop_requests_keep_the_version,
+    busy_runners_are_those_holding_an_active_job,
     usage_is_summed_by_pool,
     tokens_are_hashed_and_checked,
     a_login_is_redeemed_once_and_only_by_the_browser_that_asked,

@@ -15,7 +15,7 @@ use kiln_core::lease::Lease;
 use kiln_core::provisioning::{self, Demand};
 use kiln_core::store::Store;
 use kiln_core::streams::{self, Nats};
-use kiln_core::{JobState, capacity, ids::now_ms, subjects};
+use kiln_core::{capacity, ids::now_ms, subjects};
 use tokio_util::sync::CancellationToken;
 
 use std::net::SocketAddr;
@@ -259,13 +259,7 @@ async fn seen(nats: &Nats, store: &Store) -> Result<Seen> {
         .into_iter()
         .filter_map(|report| Some((report.instance_id?, report.runner_id)))
         .collect();
-    let busy: HashSet<String> = store
-        .jobs_in_states(&JobState::ACTIVE)
-        .await?
-        .into_iter()
-        .filter(|job| !job.runner_id.is_empty())
-        .map(|job| job.runner_id)
-        .collect();
+    let busy: HashSet<String> = store.busy_runners().await?.into_iter().collect();
     Ok(Seen {
         runner_on,
         busy,

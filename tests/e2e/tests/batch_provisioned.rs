@@ -122,8 +122,32 @@ async fn a_batch_on_a_provisioned_spot_pool_is_counted_exactly_and_the_pool_retu
                 .store
                 .instances(&fleet.cluster, &kiln_core::store::cloud::instance_state::LIVE)
                 .await;
+            // And the jobs that keep their runners busy.
+            let runners: std::collections::HashSet<String> =
+                records.iter().flatten().map(|r| r.runner_id.clone()).collect();
+            let holding: Vec<String> = stack
+                .store
+                .list_jobs(None, &kiln_core::authz::Visible::All, false, 1_000_000)
+                .await
+                .unwrap()
+                .into_iter()
+                .filter(|job| runners.contains(&job.runner_id))
+                .map(|job| {
+                    format!(
+                        "{} {} on {} attempt {} version {} published {} stop {} updated {}",
+                        job.id,
+                        job.state,
+                        job.runner_id,
+                        job.attempt,
+                        job.version,
+                        job.published_version,
+                        job.stop_requested,
+                        job.updated_at_ms
+                    )
+                })
+                .collect();
             panic!(
-                "instances stayed: {:?}; the provisioner's records: {records:?}",
+                "instances stayed: {:?}; the provisioner's records: {records:?}; the live jobs on their runners: {holding:?}",
                 fleet.live().await
             );
         }

@@ -269,6 +269,20 @@ impl Store {
             .await?)
     }
 
+    /// The runners with an active job placed on them (the provisioner asks every cycle which
+    /// machines are busy): one column of the active jobs, not their rows.
+    pub async fn busy_runners(&self) -> StoreResult<Vec<String>> {
+        Ok(Jobs::find()
+            .select_only()
+            .column(Column::RunnerId)
+            .distinct()
+            .filter(Column::State.is_in(JobState::ACTIVE.iter().map(|s| s.as_str())))
+            .filter(Column::RunnerId.ne(""))
+            .into_tuple()
+            .all(&self.db)
+            .await?)
+    }
+
     /// Returns the jobs in any of `states` whose latest change has not been published yet.
     pub async fn unpublished_jobs(&self, states: &[JobState]) -> StoreResult<Vec<JobRecord>> {
         Ok(Jobs::find()
