@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use sea_orm::sea_query::{Expr, ExprTrait};
+use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 
 use super::entities::job::{self, Column, Entity as Jobs};
@@ -11,7 +11,11 @@ use crate::ids::now_ms;
 use crate::scheduling::{Market, MarketPolicy};
 use crate::state::JobState;
 
+mod holding;
+mod publication;
 mod record;
+
+pub use holding::JobHold;
 pub(super) use record::new_record;
 
 /// What a submit records.
@@ -132,16 +136,6 @@ pub struct Change {
     pub gang_master: Option<String>,
 }
 
-/// Who holds a job and whether it was asked to stop ([`Store::job_hold`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct JobHold {
-    /// `None` for a state this build does not know.
-    pub state: Option<JobState>,
-    pub attempt: i32,
-    pub runner_id: String,
-    pub stop_requested: bool,
-}
-
 impl Store {
     /// Records a new QUEUED job at version 1, not yet published.
     pub async fn insert_job(&self, new: NewJob) -> StoreResult<JobRecord> {
@@ -193,29 +187,6 @@ impl Store {
             })
     }
 
-    /// Who holds a job now (a runner watching its job asks every few seconds, for each job it
-    /// runs): four columns, not the whole row.
-    pub async fn job_hold(&self, job_id: &str) -> StoreResult<JobHold> {
-        let row: Option<(String, i32, String, bool)> = Jobs::find_by_id(job_id.to_string())
-            .select_only()
-            .column(Column::State)
-            .column(Column::Attempt)
-            .column(Column::RunnerId)
-            .column(Column::StopRequested)
-            .into_tuple()
-            .one(&self.db)
-            .await?;
-        let (state, attempt, runner_id, stop_requested) = row.ok_or_else(|| StoreError::JobNotFound {
-            job_id: job_id.to_string(),
-        })?;
-        Ok(JobHold {
-            state: state.parse().ok(),
-            attempt,
-            runner_id,
-            stop_requested,
-        })
-    }
-
     /// Jobs newest first: of `owner_id` when given, in the visible projects, live ones unless `all`.
     pub async fn list_jobs(
         &self,
@@ -265,41 +236,6 @@ impl Store {
             .filter(Column::State.is_in(states.iter().map(|s| s.as_str())))
             .order_by_asc(Column::CreatedAtMs)
             .order_by_asc(Column::Id)
-            .all(&self.db)
-            .await?)
-    }
-
-    /// The runners with an active job placed on them (the provisioner asks every cycle which
-    /// machines are busy): one column of the active jobs, not their rows.
-    pub async fn busy_runners(&self) -> StoreResult<Vec<String>> {
-        Ok(Jobs::find()
-            .select_only()
-            .column(Column::RunnerId)
-            .distinct()
-            .filter(Column::State.is_in(JobState::ACTIVE.iter().map(|s| s.as_str())))
-            .filter(Column::RunnerId.ne(""))
-            .into_tuple()
-            .all(&self.db)
-            .await?)
-    }
-
-    /// Returns the jobs in any of `states` whose latest change has not been published yet.
-    pub async fn unpublished_jobs(&self, states: &[JobState]) -> StoreResult<Vec<JobRecord>> {
-        Ok(Jobs::find()
-            .filter(Column::State.is_in(states.iter().map(|s| s.as_str())))
-            .filter(Expr::col(Column::PublishedVersion).lt(Expr::col(Column::Version)))
-            .order_by_asc(Column::CreatedAtMs)
-            .all(&self.db)
-            .await?)
-    }
-
-    /// Returns the jobs held by `runner_id` whose latest change has not been published yet (a
-    /// look-up by the `jobs_by_runner` index: every runner asks this every report interval).
-    pub async fn unpublished_jobs_on(&self, runner_id: &str) -> StoreResult<Vec<JobRecord>> {
-        Ok(Jobs::find()
-            .filter(Column::RunnerId.eq(runner_id))
-            .filter(Expr::col(Column::PublishedVersion).lt(Expr::col(Column::Version)))
-            .order_by_asc(Column::CreatedAtMs)
             .all(&self.db)
             .await?)
     }
@@ -413,17 +349,6 @@ impl Store {
             .all(&self.db)
             .await?;
         Ok(rows)
-    }
-
-    /// Records that the job's changes up to `version` are published.
-    pub async fn mark_published(&self, job_id: &str, version: i64) -> StoreResult<()> {
-        Jobs::update_many()
-            .col_expr(Column::PublishedVersion, Expr::value(version))
-            .filter(Column::Id.eq(job_id))
-            .filter(Column::PublishedVersion.lt(version))
-            .exec(&self.db)
-            .await?;
-        Ok(())
     }
 
     /// Flags a job to be stopped. This is not a state change: the runner acts on the flag and
