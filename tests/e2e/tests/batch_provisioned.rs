@@ -168,14 +168,17 @@ async fn a_batch_on_a_provisioned_spot_pool_is_counted_exactly_and_the_pool_retu
     let worker_jobs = workers.len();
     assert!(preempted > 0, "no worker was preempted by a notice");
 
-    // What the instances cost (their hours at their price) beside a greedy lower bound of the
-    // same work: every worker-hour priced at the cheapest spot CPU-hour of the pool's offerings.
+    // What the instances cost beside a greedy lower bound of the same work: the cloud's own bill
+    // (every instance from launch to termination at its launch price), and beside it the same sum
+    // from kiln's closed records (which close a reclaimed instance when kiln learns it is gone).
+    let bill = fleet.cloud.bill();
+    let paid = bill.cost;
     let records = stack
         .store
         .instances(&fleet.cluster, &[kiln_core::store::cloud::instance_state::TERMINATED])
         .await
         .unwrap();
-    let paid: f64 = records
+    let recorded: f64 = records
         .iter()
         .map(|r| (r.released_at_ms - r.launched_at_ms).max(0) as f64 / 3_600_000.0 * r.price_per_hour)
         .sum();
@@ -220,9 +223,12 @@ async fn a_batch_on_a_provisioned_spot_pool_is_counted_exactly_and_the_pool_retu
         .max()
         .unwrap_or(0);
     println!(
-        "provisioned sim batch: {items} items in {:.1} s on up to {instances} instances ({booted} booted, {most_at_once} at most at once, most workers {most_workers}), {noticed} spot notices, {preempted} of {worker_jobs} workers preempted, {worker_hours:.3} worker-hours (items' own {item_hours:.3}), back to zero {:.1} s after done; instance cost ${paid:.4} (booting ${booting:.4}) vs greedy lower bound ${bound:.4} ({:.2}x)",
+        "provisioned sim batch: {items} items in {:.1} s on up to {instances} instances ({booted} booted, {most_at_once} at most at once, most workers {most_workers}), {noticed} spot notices, {preempted} of {worker_jobs} workers preempted, {worker_hours:.3} worker-hours (items' own {item_hours:.3}), back to zero {:.1} s after done; instance cost ${paid:.4} for {} instances, {:.3} instance-hours (kiln's records ${recorded:.4} for {}; booting ${booting:.4}) vs greedy lower bound ${bound:.4} ({:.2}x)",
         ran_in.as_secs_f64(),
         zero_in.as_secs_f64(),
+        bill.instances,
+        bill.instance_hours,
+        records.len(),
         paid / bound
     );
     assert!(

@@ -85,6 +85,15 @@ pub struct SimCalls {
     pub offerings: u64,
 }
 
+/// What the cloud would charge: every instance it ever launched, from launch to termination
+/// (to now for a live one), at the price of its offering when it was launched.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SimBill {
+    pub instances: usize,
+    pub instance_hours: f64,
+    pub cost: f64,
+}
+
 pub struct SimCloud {
     catalogue: SimCatalogue,
     config: SimConfig,
@@ -223,6 +232,25 @@ impl SimCloud {
 
     pub fn calls(&self) -> SimCalls {
         self.lock().calls
+    }
+
+    /// The bill of every instance launched so far, across every cluster.
+    pub fn bill(&self) -> SimBill {
+        let state = self.lock();
+        let now = state.wall();
+        let mut bill = SimBill::default();
+        for sim in state.instances.values() {
+            let until = sim.ended_at.unwrap_or(now);
+            let hours = until
+                .duration_since(sim.instance.launched_at)
+                .unwrap_or_default()
+                .as_secs_f64()
+                / 3600.0;
+            bill.instances += 1;
+            bill.instance_hours += hours;
+            bill.cost += hours * sim.price_per_hour;
+        }
+        bill
     }
 
     /// Live instances (pending, running, stopping) across every cluster.

@@ -21,6 +21,10 @@ pub(super) struct SimInstance {
     pub(super) running_at: Instant,
     /// When a preemption notice runs out.
     pub(super) ends_at: Option<Instant>,
+    /// What the instance costs an hour: its offering's price when it was launched.
+    pub(super) price_per_hour: f64,
+    /// When it was terminated (simulated wall time), for the bill.
+    pub(super) ended_at: Option<SystemTime>,
 }
 
 pub(super) struct SimState {
@@ -92,6 +96,12 @@ impl SimState {
             return false;
         }
         sim.instance.state = InstanceState::Terminated;
+        // A noticed instance ended when its notice ran out, however late the sweep came.
+        let late = sim
+            .ends_at
+            .map(|at| (Instant::now() + self.offset).saturating_duration_since(at))
+            .unwrap_or_default();
+        sim.ended_at = Some(SystemTime::now() + self.offset - late);
         let key = sim.instance.key.clone();
         if let Some(count) = self.live.get_mut(&key) {
             *count = count.saturating_sub(1);
@@ -142,7 +152,7 @@ impl SimState {
             vec![intent.candidates.iter().collect()]
         };
         let mut failures = Vec::new();
-        let mut best: Option<(Vec<(OfferingKey, u32)>, u32)> = None;
+        let mut best: Option<(Vec<(OfferingKey, f64, u32)>, u32)> = None;
         for group in groups {
             let (plan, filled) = self.plan(&group, intent.count, config, offered, &mut failures);
             if best.as_ref().is_none_or(|(_, most)| filled > *most) {
@@ -160,9 +170,9 @@ impl SimState {
             };
         }
         let mut instances = Vec::new();
-        for (key, count) in plan {
+        for (key, price_per_hour, count) in plan {
             for _ in 0..count {
-                instances.push(self.start(intent, &key, config));
+                instances.push(self.start(intent, &key, price_per_hour, config));
             }
         }
         Launched { instances, failures }
@@ -175,7 +185,7 @@ impl SimState {
         config: &SimConfig,
         offered: &dyn Fn(&OfferingKey) -> bool,
         failures: &mut Vec<OfferingFailure>,
-    ) -> (Vec<(OfferingKey, u32)>, u32) {
+    ) -> (Vec<(OfferingKey, f64, u32)>, u32) {
         let mut left = count;
         let mut room_total = config.max_instances.saturating_sub(self.live_total) as u32;
         let mut plan = Vec::new();
@@ -218,7 +228,7 @@ impl SimState {
                 });
             }
             if take > 0 {
-                plan.push((key.clone(), take));
+                plan.push((key.clone(), candidate.price_per_hour, take));
                 left -= take;
                 room_total -= take;
             }
@@ -226,7 +236,13 @@ impl SimState {
         (plan, count - left)
     }
 
-    fn start(&mut self, intent: &LaunchIntent, key: &OfferingKey, config: &SimConfig) -> CloudInstance {
+    fn start(
+        &mut self,
+        intent: &LaunchIntent,
+        key: &OfferingKey,
+        price_per_hour: f64,
+        config: &SimConfig,
+    ) -> CloudInstance {
         self.next_id += 1;
         let id = InstanceId(format!("sim-i-{}{:08x}", self.id_prefix, self.next_id));
         let (low, high) = (config.boot_min.as_millis() as u64, config.boot_max.as_millis() as u64);
@@ -252,6 +268,8 @@ impl SimState {
                 cluster: intent.cluster.clone(),
                 running_at: self.now() + boot,
                 ends_at: None,
+                price_per_hour,
+                ended_at: None,
             },
         );
         self.by_intent.entry(intent.id).or_default().push(id);

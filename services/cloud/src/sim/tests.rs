@@ -417,3 +417,23 @@ async fn two_clouds_never_make_the_same_instance_id() {
     }
     assert_eq!(ids.len(), 6);
 }
+
+#[tokio::test]
+async fn the_bill_runs_from_launch_to_termination_at_the_launch_price() {
+    let cloud = sim();
+    let mut dear = candidate("c.xlarge", "sim-a");
+    dear.price_per_hour = 0.06;
+    let cheap = cloud
+        .create(&intent(1, vec![candidate("c.large", "sim-a")]))
+        .await
+        .unwrap();
+    cloud.create(&intent(1, vec![dear])).await.unwrap();
+    cloud.advance(Duration::from_secs(3600));
+    cloud.terminate(&[cheap.instances[0].id.clone()]).await.unwrap();
+    cloud.advance(Duration::from_secs(3600));
+    let bill = cloud.bill();
+    assert_eq!(bill.instances, 2);
+    // One hour of the cheap one, two of the dear one (and the test's own few milliseconds).
+    assert!((bill.instance_hours - 3.0).abs() < 0.001, "{bill:?}");
+    assert!((bill.cost - (0.03 + 2.0 * 0.06)).abs() < 0.0001, "{bill:?}");
+}
