@@ -281,13 +281,20 @@ async fn stalled(shared: &Shared, batch: &BatchRecord) -> Result<bool> {
     Ok(true)
 }
 
-/// Stops workers that have not started (newest first) until at most `keep` are left.
+/// Stops workers that have not started (newest first) until at most `keep` are left: those
+/// queued, placed on a runner that has not taken them yet (the runner's compare-and-set then
+/// finds them stopped and takes nothing), or preempted and waiting to be queued again.
 async fn stop_unstarted(shared: &Shared, live: Vec<JobRecord>, keep: usize) -> Result<()> {
     let surplus = live.len().saturating_sub(keep);
     let unstarted = live
         .into_iter()
         .rev()
-        .filter(|job| matches!(job.state(), Ok(JobState::Queued)))
+        .filter(|job| {
+            matches!(
+                job.state(),
+                Ok(JobState::Queued | JobState::Scheduled | JobState::Preempted)
+            )
+        })
         .take(surplus);
     for job in unstarted {
         stop_job(&shared.nats, &shared.store, job, "not needed: the batch has no backlog").await?;
