@@ -80,7 +80,12 @@ impl SimFleet {
             launch_template: String::new(),
             max_instances: config.max_instances,
             idle_timeout_secs: 2,
-            boot_timeout_secs: 60,
+            // The pool's default (600 s; Karpenter gives a node 15 minutes to register). This
+            // fleet binds its in-process runners one at a time on two cores, so after a burst of
+            // launches an instance may wait over a minute for its runner: a tighter timeout
+            // terminates instances about to register and launches replacements that wait again.
+            // The boot timeout itself is tested on EC2 (tests/e2e/tests/ec2.rs) and the sim
+            // cloud (services/provisioner/tests).
             placement_group: Some(SIM_PLACEMENT_GROUP.into()),
             ..SimCatalogue::standard().cpu_pool(SIM_POOL)
         }
@@ -221,6 +226,9 @@ impl SimFleet {
 }
 
 /// Boots a runner on every running instance of the cluster; one whose instance ended goes.
+/// How many instances the fleet binds before it lists the cloud again.
+const BINDS_PER_LISTING: usize = 8;
+
 async fn boot_loop(
     template: kiln_runner::Config,
     cloud: Arc<SimCloud>,
@@ -254,14 +262,24 @@ async fn boot_loop(
             // The machine is gone: nothing of its runner is left.
             runner.crash().await;
         }
-        for instance in listed.iter().filter(|i| i.state == InstanceState::Running) {
-            if state.lock().expect("fleet").runners.contains_key(&instance.id.0) {
-                continue;
-            }
+        // Oldest first (ids count up), a few per listing: a burst of launches takes a while to
+        // bind on two cores, and an instance the provisioner released meanwhile is not bound.
+        let waiting: Vec<&CloudInstance> = {
+            let state = state.lock().expect("fleet");
+            listed
+                .iter()
+                .filter(|i| i.state == InstanceState::Running && !state.runners.contains_key(&i.id.0))
+                .take(BINDS_PER_LISTING)
+                .collect()
+        };
+        for instance in &waiting {
             let runner = boot(&template, &cloud, instance, notices.clone()).await;
             let mut state = state.lock().expect("fleet");
             state.booted += 1;
             state.runners.insert(instance.id.0.clone(), runner);
+        }
+        if waiting.len() == BINDS_PER_LISTING {
+            continue;
         }
         tokio::select! {
             _ = stop.cancelled() => {}
