@@ -12,6 +12,11 @@
 //! live runner. Its launch goes stale. A SCHEDULED job that names no runner (placed on a
 //! pool's sum by a scheduler before placement was per runner) is queued again the same way.
 //!
+//! A PREEMPTED job names the runner that ended it so, and that runner queues it again at once
+//! (PREEMPTED → QUEUED, its next attempt). A runner gone between the two (its instance taken
+//! back before it was done) left the job PREEMPTED for good: once its lease has lapsed, the
+//! job is queued again here the same way, by compare-and-set.
+//!
 //! The jobs are read before the leases: a job read here was taken by a runner holding its lease
 //! then, so a missing lease is one that lapsed, not one not yet written. A runner whose lease
 //! entry is gone altogether (the bucket forgets expired entries after an hour) is taken to have
@@ -21,7 +26,7 @@ use kiln_core::JobState;
 use kiln_core::events::{publish_job_change, republish_pending};
 use kiln_core::ids::now_ms;
 use kiln_core::runners::{self, LostPolicy};
-use kiln_core::store::{Change, EXTERNAL_POOL, Store, StoreError};
+use kiln_core::store::{Change, EXTERNAL_POOL, JobRecord, Store, StoreError};
 use kiln_core::streams::Nats;
 
 use crate::error::Result;
@@ -42,7 +47,12 @@ pub async fn take_back(store: &Store, nats: &Nats) -> Result<usize> {
     // One that names no runner was placed on a pool's sum by an older scheduler: no runner
     // reads its pool-wide launch any more, so it is queued again as well.
     let placed: Vec<_> = placed.into_iter().filter(|job| job.pool != EXTERNAL_POOL).collect();
-    if held.is_empty() && placed.is_empty() {
+    let preempted = store.jobs_in_states(&[JobState::Preempted]).await?;
+    let preempted: Vec<_> = preempted
+        .into_iter()
+        .filter(|job| job.pool != EXTERNAL_POOL && !job.runner_id.is_empty())
+        .collect();
+    if held.is_empty() && placed.is_empty() && preempted.is_empty() {
         return Ok(0);
     }
     let leases = runners::leases(nats).await?;
@@ -64,17 +74,21 @@ pub async fn take_back(store: &Store, nats: &Nats) -> Result<usize> {
             reason: Some(reason),
             ..Change::default()
         };
-        match store.transition(job, JobState::Queued, change).await {
-            Ok(queued) => {
-                tracing::warn!(job_id = %queued.id, runner_id = %job.runner_id, "placed on a runner gone; queued again");
-                if let Err(error) = publish_job_change(nats, store, &queued).await {
-                    tracing::warn!(job_id = %queued.id, error = %error, "publish failed");
-                }
-                changed += 1;
-            }
-            Err(StoreError::Conflict { .. }) => {}
-            Err(error) => return Err(error.into()),
+        changed += usize::from(queue_again(store, nats, job, change).await?);
+    }
+    for job in &preempted {
+        if leases.get(&job.runner_id).is_some_and(|lease| lease.is_live(now)) {
+            continue;
         }
+        let change = Change {
+            reason: Some(format!(
+                "preempted; its runner {} stopped renewing its lease before it queued the job again; queued again",
+                job.runner_id
+            )),
+            next_attempt: true,
+            ..Change::default()
+        };
+        changed += usize::from(queue_again(store, nats, job, change).await?);
     }
     for job in &held {
         let lease = leases.get(&job.runner_id);
@@ -90,4 +104,20 @@ pub async fn take_back(store: &Store, nats: &Nats) -> Result<usize> {
         }
     }
     Ok(changed)
+}
+
+/// Queues `job` again (by compare-and-set on the version read) and publishes the change; false
+/// when it changed meanwhile (its runner, or a stop, came first).
+async fn queue_again(store: &Store, nats: &Nats, job: &JobRecord, change: Change) -> Result<bool> {
+    match store.transition(job, JobState::Queued, change).await {
+        Ok(queued) => {
+            tracing::warn!(job_id = %queued.id, runner_id = %job.runner_id, from = %job.state, "its runner is gone; queued again");
+            if let Err(error) = publish_job_change(nats, store, &queued).await {
+                tracing::warn!(job_id = %queued.id, error = %error, "publish failed");
+            }
+            Ok(true)
+        }
+        Err(StoreError::Conflict { .. }) => Ok(false),
+        Err(error) => Err(error.into()),
+    }
 }

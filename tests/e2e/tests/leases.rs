@@ -308,3 +308,62 @@ async fn a_runner_back_after_its_job_was_queued_again_kills_the_old_attempt() {
     assert_eq!(reasons, ["", queued.reason.as_str()], "{reasons:?}");
     stack.stop_job(&job.id).await;
 }
+
+/// A runner ends a job PREEMPTED (its instance is being taken back) and dies before it queues
+/// the job again: once the runner's lease has lapsed, the scheduler queues the job again as its
+/// next attempt, which its runner would have done. The job is moved through the store as that
+/// runner moves it, with the scheduler stopped meanwhile (a job of a runner without a lease is
+/// the scheduler's to take back at any step).
+#[tokio::test]
+async fn a_job_left_preempted_by_a_runner_gone_is_queued_again() {
+    let mut stack = Stack::start_without_runner().await;
+    stack.scheduler.take().unwrap().stop().await;
+    let job = stack.submit(&["sleep", "600"]).await;
+    let mut record = stack.store.job(&job.id).await.unwrap();
+    for (state, change) in [
+        (
+            JobState::Scheduled,
+            Change {
+                pool: Some("local".into()),
+                runner_id: Some("runner-gone".into()),
+                ..Change::default()
+            },
+        ),
+        (JobState::Provisioning, Change::default()),
+        (JobState::Running, Change::default()),
+        (
+            JobState::Preempted,
+            Change {
+                reason: Some(kiln_core::scheduling::SPOT_PREEMPTION.into()),
+                preempted: true,
+                ..Change::default()
+            },
+        ),
+    ] {
+        record = stack.store.transition(&record, state, change).await.unwrap();
+    }
+    assert_eq!((record.state.as_str(), record.attempt), ("PREEMPTED", 1));
+
+    let _scheduler = kiln_e2e::spawn_scheduler(stack.scheduler_config("scheduler-2")).await;
+    let deadline = tokio::time::Instant::now() + kiln_e2e::PATIENCE;
+    loop {
+        let now = stack.store.job(&job.id).await.unwrap();
+        if now.state().unwrap() == JobState::Queued {
+            assert_eq!(now.attempt, 2, "queued again as its next attempt");
+            assert!(
+                now.reason.contains("runner-gone stopped renewing its lease"),
+                "{}",
+                now.reason
+            );
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the job stayed {} (attempt {}): {}",
+            now.state,
+            now.attempt,
+            now.reason
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
