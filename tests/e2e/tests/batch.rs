@@ -518,3 +518,75 @@ async fn a_busy_batch_shows_its_rate_while_outcomes_stream_in() {
     );
     wait_batch(&stack, &batch.id, "done", |b| b.state == pb::BatchState::Done as i32).await;
 }
+
+/// A worker placed on a runner that has not taken it (a runner slow to pull its launches, or
+/// gone quiet with its lease held) is stopped once the batch has no backlog, not left holding
+/// the runner's room. The scheduler is stopped, so nothing but item-batch moves the workers.
+#[tokio::test]
+async fn workers_placed_but_not_started_are_stopped_when_the_batch_is_done() {
+    use kiln_core::state::JobState;
+    use kiln_core::store::Change;
+
+    let mut stack = Stack::start_without_runner().await;
+    stack.start_item_batch(stack.item_batch_config()).await;
+    stack.scheduler.take().unwrap().stop().await;
+    let mut spec = batch_spec(&["kiln:noop"]);
+    spec.max_workers = 2;
+    let batch = create_batch(&stack, spec).await;
+    add_items(&stack, &batch.id, mem_items(["a".to_string(), "b".to_string()]))
+        .await
+        .unwrap();
+    seal_batch(&stack, &batch.id).await;
+    // One worker per item while nothing is measured.
+    let deadline = tokio::time::Instant::now() + BATCH_PATIENCE;
+    let workers = loop {
+        let live = stack.store.live_batch_workers(&batch.id).await.unwrap();
+        if live.len() == 2 {
+            break live;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "workers asked for: {live:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // Placed as the scheduler places: one on a runner that takes it and runs both items, the
+    // other on a runner that never takes its launch.
+    let runner_config = stack.runner_config("runner-1");
+    let place = |runner: &str| Change {
+        pool: Some(runner_config.pool.clone()),
+        runner_id: Some(runner.to_string()),
+        ..Change::default()
+    };
+    let held = stack
+        .store
+        .transition(&workers[1], JobState::Scheduled, place("runner-away"))
+        .await
+        .unwrap();
+    let runs = stack
+        .store
+        .transition(&workers[0], JobState::Scheduled, place("runner-1"))
+        .await
+        .unwrap();
+    let nats = kiln_core::streams::connect(&stack.nats.config()).await.unwrap();
+    kiln_core::events::publish_job_change(&nats, &stack.store, &runs)
+        .await
+        .unwrap();
+    stack.runner = Some(stack.spawn_runner(runner_config).await);
+
+    let done = wait_batch(&stack, &batch.id, "done", |b| b.state == pb::BatchState::Done as i32).await;
+    assert_eq!(counts_of(&done).succeeded, 2);
+    let deadline = tokio::time::Instant::now() + BATCH_PATIENCE;
+    loop {
+        let now = stack.store.job(&held.id).await.unwrap();
+        if now.state().unwrap() == JobState::Stopped {
+            assert!(now.reason.contains("not needed"), "{}", now.reason);
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the placed worker stayed {} on {}: {}",
+            now.state,
+            now.runner_id,
+            now.reason
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
