@@ -27,6 +27,9 @@ pub(super) struct SimInstance {
     pub(super) ended_at: Option<SystemTime>,
 }
 
+/// Instances of one offering a launch takes: the offering, its price an hour, how many.
+type Take = (OfferingKey, f64, u32);
+
 pub(super) struct SimState {
     pub(super) rng: ChaCha8Rng,
     /// Simulated time ahead of the wall clock (`SimCloud::advance`).
@@ -152,7 +155,7 @@ impl SimState {
             vec![intent.candidates.iter().collect()]
         };
         let mut failures = Vec::new();
-        let mut best: Option<(Vec<(OfferingKey, f64, u32)>, u32)> = None;
+        let mut best: Option<(Vec<Take>, u32)> = None;
         for group in groups {
             let (plan, filled) = self.plan(&group, intent.count, config, offered, &mut failures);
             if best.as_ref().is_none_or(|(_, most)| filled > *most) {
@@ -185,7 +188,7 @@ impl SimState {
         config: &SimConfig,
         offered: &dyn Fn(&OfferingKey) -> bool,
         failures: &mut Vec<OfferingFailure>,
-    ) -> (Vec<(OfferingKey, f64, u32)>, u32) {
+    ) -> (Vec<Take>, u32) {
         let mut left = count;
         let mut room_total = config.max_instances.saturating_sub(self.live_total) as u32;
         let mut plan = Vec::new();
