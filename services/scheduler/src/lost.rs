@@ -34,24 +34,35 @@ use crate::error::Result;
 /// The states in which a job names the runner holding it.
 const HELD: [JobState; 3] = [JobState::Provisioning, JobState::Running, JobState::Syncing];
 
+/// The states whose jobs wait on a runner: placed on it, held by it, or preempted by it and not
+/// queued again yet.
+const ON_A_RUNNER: [JobState; 5] = [
+    JobState::Scheduled,
+    JobState::Provisioning,
+    JobState::Running,
+    JobState::Syncing,
+    JobState::Preempted,
+];
+
 /// Ends or queues again the jobs of runners whose lease expired; returns how many it changed.
 pub async fn take_back(store: &Store, nats: &Nats) -> Result<usize> {
     // LOST changes committed here (or by a runner gone since) but not published.
     republish_pending(nats, store, &[JobState::Lost]).await?;
-    let held = store.jobs_in_states(&HELD).await?;
-    let held: Vec<_> = held
-        .into_iter()
-        .filter(|job| job.pool != EXTERNAL_POOL && !job.runner_id.is_empty())
-        .collect();
-    let placed = store.jobs_in_states(&[JobState::Scheduled]).await?;
-    // One that names no runner was placed on a pool's sum by an older scheduler: no runner
-    // reads its pool-wide launch any more, so it is queued again as well.
-    let placed: Vec<_> = placed.into_iter().filter(|job| job.pool != EXTERNAL_POOL).collect();
-    let preempted = store.jobs_in_states(&[JobState::Preempted]).await?;
-    let preempted: Vec<_> = preempted
-        .into_iter()
-        .filter(|job| job.pool != EXTERNAL_POOL && !job.runner_id.is_empty())
-        .collect();
+    // One read for all three kinds.
+    let (mut held, mut placed, mut preempted) = (Vec::new(), Vec::new(), Vec::new());
+    for job in store.jobs_in_states(&ON_A_RUNNER).await? {
+        if job.pool == EXTERNAL_POOL {
+            continue;
+        }
+        match job.state()? {
+            // One that names no runner was placed on a pool's sum by an older scheduler: no
+            // runner reads its pool-wide launch any more, so it is queued again as well.
+            JobState::Scheduled => placed.push(job),
+            JobState::Preempted if !job.runner_id.is_empty() => preempted.push(job),
+            state if HELD.contains(&state) && !job.runner_id.is_empty() => held.push(job),
+            _ => {}
+        }
+    }
     if held.is_empty() && placed.is_empty() && preempted.is_empty() {
         return Ok(0);
     }

@@ -97,6 +97,13 @@ impl Stack {
         }
     }
 
+    /// Starts api, log-ingest, the scheduler, `runner-1` and item-batch with its test config.
+    pub async fn start_with_item_batch() -> Stack {
+        let mut stack = Stack::start().await;
+        stack.start_item_batch(stack.item_batch_config()).await;
+        stack
+    }
+
     /// Starts item-batch (again, after a crash: on the same port, so agents find it).
     pub async fn start_item_batch(&mut self, mut config: kiln_item_batch::Config) {
         if let Some(addr) = self.batches_addr {

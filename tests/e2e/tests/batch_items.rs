@@ -12,17 +12,11 @@ use kiln_e2e::{
 use kiln_proto::v1 as pb;
 use tonic::Code;
 
-async fn started() -> Stack {
-    let mut stack = Stack::start().await;
-    stack.start_item_batch(stack.item_batch_config()).await;
-    stack
-}
-
 /// Exit 2 is bad input: a rule ends the item at once. Exit 1 is retried to max_attempts, and a
 /// timeout ends as its rule says.
 #[tokio::test]
 async fn retry_rules_end_deterministic_failures_at_once() {
-    let stack = started().await;
+    let stack = Stack::start_with_item_batch().await;
     let mut rules = batch_spec(&[
         "sh",
         "-c",
@@ -85,7 +79,7 @@ async fn retry_rules_end_deterministic_failures_at_once() {
 /// an attempt, which succeeds. (Charged, the failure would have been its second and last.)
 #[tokio::test]
 async fn an_attempt_lost_with_its_worker_is_not_charged() {
-    let stack = started().await;
+    let stack = Stack::start_with_item_batch().await;
     let marks = job_writable_dir();
     let (started_mark, failed_mark) = (marks.path().join("started"), marks.path().join("failed"));
     // Its first run is lost with its worker; its next fails once; then it succeeds.
@@ -133,7 +127,7 @@ const BURN: &str = "import os, time\nblock = b'x' * (int(os.environ['KILN_PARAM_
 /// Two items at a time on one worker, of different sizes: each item's figures are its own.
 #[tokio::test]
 async fn each_items_cpu_memory_and_wall_time_are_its_own() {
-    let stack = started().await;
+    let stack = Stack::start_with_item_batch().await;
     let mut work = batch_spec(&["python3", "-c", BURN]);
     work.slots = 2;
     work.max_workers = 1;

@@ -345,25 +345,11 @@ async fn a_job_left_preempted_by_a_runner_gone_is_queued_again() {
     assert_eq!((record.state.as_str(), record.attempt), ("PREEMPTED", 1));
 
     let _scheduler = kiln_e2e::spawn_scheduler(stack.scheduler_config("scheduler-2")).await;
-    let deadline = tokio::time::Instant::now() + kiln_e2e::PATIENCE;
-    loop {
-        let now = stack.store.job(&job.id).await.unwrap();
-        if now.state().unwrap() == JobState::Queued {
-            assert_eq!(now.attempt, 2, "queued again as its next attempt");
-            assert!(
-                now.reason.contains("runner-gone stopped renewing its lease"),
-                "{}",
-                now.reason
-            );
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the job stayed {} (attempt {}): {}",
-            now.state,
-            now.attempt,
-            now.reason
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    let queued = stack.wait_for_state(&job.id, pb::JobState::Queued).await;
+    assert_eq!(queued.attempt, 2, "queued again as its next attempt");
+    assert!(
+        queued.reason.contains("runner-gone stopped renewing its lease"),
+        "{}",
+        queued.reason
+    );
 }
