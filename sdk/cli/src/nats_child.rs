@@ -41,13 +41,24 @@ pub struct NatsChild {
 
 impl NatsChild {
     /// Starts the server with the config file `config` (its `authorization` block).
+    ///
+    /// nats-server picks its own free ports (`-p -1 -m -1`) and writes them to a ports file:
+    /// a port found free by `kiln up` and handed to it could be taken by another program in
+    /// between (two `kiln up`s starting at once did), and the server would then exit while the
+    /// other program answered on the port.
     pub async fn start(binary: &Path, home: &Path, config: &Path) -> Result<NatsChild> {
         let store_dir = home.join("nats");
         std::fs::create_dir_all(&store_dir)?;
         let pid_file = home.join("nats.pid");
         stop_stale(&pid_file, &store_dir).await?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let monitor_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let ports_dir = home.join("nats-ports");
+        match std::fs::remove_dir_all(&ports_dir) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+                return Err(error).with_context(|| format!("cannot clear {}", ports_dir.display()));
+            }
+            _ => {}
+        }
+        std::fs::create_dir_all(&ports_dir)?;
         let log_path = home.join("nats.log");
         let log = File::create(&log_path).with_context(|| format!("cannot create {}", log_path.display()))?;
         let mut command = match find_tool("setpriv", None, &ToolDirs::from_env(home)) {
@@ -64,8 +75,9 @@ impl NatsChild {
             }
         };
         let mut child = command
-            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string()])
-            .args(["-m", &monitor_port.to_string(), "-sd"])
+            .args(["-js", "-a", "127.0.0.1", "-p", "-1", "-m", "-1", "--ports_file_dir"])
+            .arg(&ports_dir)
+            .arg("-sd")
             .arg(&store_dir)
             .arg("-c")
             .arg(config)
@@ -75,14 +87,13 @@ impl NatsChild {
             .kill_on_drop(true)
             .spawn()
             .with_context(|| format!("cannot start {}", binary.display()))?;
-        if let Some(pid) = child.id() {
-            std::fs::write(&pid_file, format!("{pid}\n"))
-                .with_context(|| format!("cannot write {}", pid_file.display()))?;
-        }
+        let pid = child.id().context("nats-server exited as it started")?;
+        std::fs::write(&pid_file, format!("{pid}\n"))
+            .with_context(|| format!("cannot write {}", pid_file.display()))?;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-        loop {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
-                break;
+        let ports = loop {
+            if let Some(ports) = read_ports(&ports_dir) {
+                break ports;
             }
             if let Some(status) = child.try_wait()? {
                 let _ = std::fs::remove_file(&pid_file);
@@ -92,12 +103,19 @@ impl NatsChild {
                 bail!("nats-server did not start within 15s; see {}", log_path.display());
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        };
+        let (Some(url), Some(monitor_url)) = (ports.nats.into_iter().next(), ports.monitoring.into_iter().next())
+        else {
+            bail!(
+                "nats-server's ports file in {} names no client or monitoring address",
+                ports_dir.display()
+            );
+        };
         Ok(NatsChild {
             child,
             pid_file,
-            url: format!("nats://127.0.0.1:{port}"),
-            monitor_url: format!("http://127.0.0.1:{monitor_port}"),
+            url,
+            monitor_url,
         })
     }
 
@@ -111,6 +129,25 @@ impl NatsChild {
         }
         let _ = std::fs::remove_file(&self.pid_file);
     }
+}
+
+/// What nats-server writes to its `--ports_file_dir`: the URLs it listens on.
+#[derive(serde::Deserialize)]
+struct Ports {
+    #[serde(default)]
+    nats: Vec<String>,
+    #[serde(default)]
+    monitoring: Vec<String>,
+}
+
+/// The ports file in `dir` (`<argv0>_<pid>.ports`, the only file there, written once the server
+/// listens), or `None` before it is there or while it is half-written.
+fn read_ports(dir: &Path) -> Option<Ports> {
+    let file = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|entry| entry.ok())
+        .find(|entry| entry.path().extension().is_some_and(|ext| ext == "ports"))?;
+    serde_json::from_slice(&std::fs::read(file.path()).ok()?).ok()
 }
 
 /// Stops the nats-server a killed `kiln up` of this home left running (see the module doc).

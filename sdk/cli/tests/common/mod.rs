@@ -62,8 +62,10 @@ impl Up {
         }
     }
 
+    /// `kiln up`'s log, then its nats-server's.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.home.path().join("up.log")).unwrap_or_default()
+        let read = |name: &str| std::fs::read_to_string(self.home.path().join(name)).unwrap_or_default();
+        format!("{}\n--- nats.log ---\n{}", read("up.log"), read("nats.log"))
     }
 
     /// Runs `kiln ARGS` in the project directory.
