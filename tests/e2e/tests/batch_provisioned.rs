@@ -195,6 +195,19 @@ async fn a_batch_on_a_provisioned_spot_pool_is_counted_exactly_and_the_pool_retu
             (up - r.launched_at_ms).max(0) as f64 / 3_600_000.0 * r.price_per_hour
         })
         .sum();
+    let mut boots: Vec<i64> = records
+        .iter()
+        .filter(|r| r.registered_at_ms > 0)
+        .map(|r| r.registered_at_ms - r.launched_at_ms)
+        .collect();
+    boots.sort_unstable();
+    let boot_at = |q: f64| {
+        boots
+            .get(((boots.len() as f64 - 1.0) * q) as usize)
+            .copied()
+            .unwrap_or(0) as f64
+            / 1000.0
+    };
     // The demand: the hours the batch's workers ran, every attempt's (a worker the batch asked
     // for that waits for a machine is not work), from their job events' times.
     let worker_ids = workers.iter().map(|job| job.id.clone()).collect();
@@ -223,12 +236,15 @@ async fn a_batch_on_a_provisioned_spot_pool_is_counted_exactly_and_the_pool_retu
         .max()
         .unwrap_or(0);
     println!(
-        "provisioned sim batch: {items} items in {:.1} s on up to {instances} instances ({booted} booted, {most_at_once} at most at once, most workers {most_workers}), {noticed} spot notices, {preempted} of {worker_jobs} workers preempted, {worker_hours:.3} worker-hours (items' own {item_hours:.3}), back to zero {:.1} s after done; instance cost ${paid:.4} for {} instances, {:.3} instance-hours (kiln's records ${recorded:.4} for {}; booting ${booting:.4}) vs greedy lower bound ${bound:.4} ({:.2}x)",
+        "provisioned sim batch: {items} items in {:.1} s on up to {instances} instances ({booted} booted, {most_at_once} at most at once, most workers {most_workers}), {noticed} spot notices, {preempted} of {worker_jobs} workers preempted, {worker_hours:.3} worker-hours (items' own {item_hours:.3}), back to zero {:.1} s after done; instance cost ${paid:.4} for {} instances, {:.3} instance-hours (kiln's records ${recorded:.4} for {}; booting ${booting:.4}, launch to registered p50 {:.1} s, p90 {:.1} s, max {:.1} s) vs greedy lower bound ${bound:.4} ({:.2}x)",
         ran_in.as_secs_f64(),
         zero_in.as_secs_f64(),
         bill.instances,
         bill.instance_hours,
         records.len(),
+        boot_at(0.5),
+        boot_at(0.9),
+        boot_at(1.0),
         paid / bound
     );
     assert!(
