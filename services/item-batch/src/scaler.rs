@@ -2,7 +2,8 @@
 //! the rate and ETA), publishes items a crash left unpublished, ends a sealed batch whose items
 //! are all finished, and asks for workers: as many as the backlog needs at the measured rate per
 //! worker, at most `max_workers`, none when there is no backlog. Workers leave by themselves when
-//! they run out of work (their sessions tell them to stop), so the batch scales to zero.
+//! they run out of work (their sessions tell them to stop), so the batch scales to zero; a
+//! worker of an ended batch that was preempted and queued again is stopped before it starts.
 //!
 //! Every replica serves gRPC and intake, but only one runs the scaler: the holder of the
 //! `item-batch-scaler` lease in `kiln_leases` ([`kiln_core::lease`]). Standbys keep trying and
@@ -153,6 +154,9 @@ pub async fn pass(shared: &Arc<Shared>, woken: bool, leading: &(dyn Fn() -> bool
         }
     }
     if !woken && leading() {
+        if let Err(error) = stop_workers_of_ended_batches(shared).await {
+            tracing::warn!(error = %error, "cannot stop the unstarted workers of ended batches");
+        }
         let batches = shared.batches.count_batches().await?;
         shared.metrics.leader_pass(&totals, &batches);
     }
@@ -298,6 +302,32 @@ async fn stop_unstarted(shared: &Shared, live: Vec<JobRecord>, keep: usize) -> R
         .take(surplus);
     for job in unstarted {
         stop_job(&shared.nats, &shared.store, job, "not needed: the batch has no backlog").await?;
+    }
+    Ok(())
+}
+
+/// Stops the workers not started yet of batches that have ended. A batch stops its unstarted
+/// workers when it is done, but a worker running then and preempted after is queued again by the
+/// scheduler, which does not know batches: it would get a machine of its own only to find no
+/// work. Batches are read only for the workers found.
+async fn stop_workers_of_ended_batches(shared: &Shared) -> Result<()> {
+    let unstarted = shared.store.unstarted_batch_workers().await?;
+    if unstarted.is_empty() {
+        return Ok(());
+    }
+    let mut batch_ids: Vec<String> = unstarted.iter().map(|job| job.batch_id.clone()).collect();
+    batch_ids.sort_unstable();
+    batch_ids.dedup();
+    let ended: std::collections::HashSet<String> = shared
+        .batches
+        .changed_batches(&batch_ids, None, &kiln_core::authz::Visible::All)
+        .await?
+        .into_iter()
+        .filter(|batch| batch.state == store::DONE || batch.state == store::CANCELLED)
+        .map(|batch| batch.id)
+        .collect();
+    for job in unstarted.into_iter().filter(|job| ended.contains(&job.batch_id)) {
+        stop_job(&shared.nats, &shared.store, job, "not needed: the batch has ended").await?;
     }
     Ok(())
 }

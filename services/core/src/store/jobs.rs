@@ -211,6 +211,18 @@ impl Store {
         self.live_workers(Column::BatchId, batch_id).await
     }
 
+    /// Batch workers that have not started, of every batch: queued, placed on a runner that has
+    /// not taken them, or preempted and about to be queued again; oldest first.
+    pub async fn unstarted_batch_workers(&self) -> StoreResult<Vec<JobRecord>> {
+        let unstarted = [JobState::Queued, JobState::Scheduled, JobState::Preempted].map(JobState::as_str);
+        Ok(Jobs::find()
+            .filter(Column::State.is_in(unstarted))
+            .filter(Column::BatchId.ne(""))
+            .order_by_asc(Column::Id)
+            .all(&self.db)
+            .await?)
+    }
+
     /// The workers of an inference service not ended yet (a preempted one is queued again),
     /// oldest first.
     pub async fn live_service_workers(&self, service_id: &str) -> StoreResult<Vec<JobRecord>> {
