@@ -167,23 +167,6 @@ impl Context {
     }
 }
 
-/// A runner's connections to the database and to NATS.
-#[derive(Clone)]
-pub struct Connections {
-    pub store: Store,
-    pub nats: Nats,
-}
-
-impl Connections {
-    /// Connects as `config` says, once the database has its schema.
-    pub async fn open(config: &Config) -> Result<Connections> {
-        let store = Store::connect(&config.database).await?;
-        store.wait_for_schema(SCHEMA_WAIT).await?;
-        let nats = streams::connect_as(&config.nats, kiln_core::nats_auth::Service::Runner).await?;
-        Ok(Connections { store, nats })
-    }
-}
-
 /// The runner, connected and listening, not yet running.
 pub struct Runner {
     ctx: Context,
@@ -207,21 +190,14 @@ impl Runner {
     /// Binds a runner with the given GPU sampler (`None`: no GPUs can be watched).
     pub async fn bind_with_sampler(config: Config, sampler: Option<Arc<dyn GpuSampler>>) -> Result<Runner> {
         let (metadata, identity) = metadata::connect(&config.imds).await?;
-        Runner::bind_on(config, sampler, metadata, identity, None).await
+        Runner::bind_on(config, sampler, metadata, identity).await
     }
 
     /// Binds a runner on a machine whose identity and notices `source` tells (a simulated
-    /// cloud's instance; EC2's is `[imds]`), acting on them as on IMDS's, on the database pool
-    /// and NATS connection of `shared` instead of its own: the sim fleet's thousand runners in
-    /// one process, which would each open their own (on machines, each runner has its own).
-    #[cfg(feature = "test-util")]
-    pub async fn bind_sharing(
-        config: Config,
-        source: Arc<dyn metadata::MetadataSource>,
-        shared: Connections,
-    ) -> Result<Runner> {
+    /// cloud's instance; EC2's is `[imds]`): it acts on them as on IMDS's.
+    pub async fn bind_with_metadata(config: Config, source: Arc<dyn metadata::MetadataSource>) -> Result<Runner> {
         let identity = source.identity().await?;
-        Runner::bind_on(config, None, Some(source), Some(identity), Some(shared)).await
+        Runner::bind_on(config, None, Some(source), Some(identity)).await
     }
 
     async fn bind_on(
@@ -229,13 +205,11 @@ impl Runner {
         sampler: Option<Arc<dyn GpuSampler>>,
         metadata: Option<Arc<dyn metadata::MetadataSource>>,
         identity: Option<metadata::Identity>,
-        shared: Option<Connections>,
     ) -> Result<Runner> {
         let secrets_key = config.secrets.load()?.map(Arc::new);
-        let Connections { store, nats } = match shared {
-            Some(shared) => shared,
-            None => Connections::open(&config).await?,
-        };
+        let store = Store::connect(&config.database).await?;
+        store.wait_for_schema(SCHEMA_WAIT).await?;
+        let nats = streams::connect_as(&config.nats, kiln_core::nats_auth::Service::Runner).await?;
         let objects = objects::connect(&config.objects).await?;
         tokio::fs::create_dir_all(&config.work_dir)
             .await

@@ -163,18 +163,12 @@ impl SimFleet {
                 }
             }
         }));
-        // The runners share one database pool and one NATS connection: a thousand of them with
-        // their own would hold thousands of SQLite connections, whose lock waits starve the
-        // services' pools, and each would open its own on a core the others are busy on (one
-        // machine each, as on a cloud, they would not).
+        // A runner needs few connections; a thousand of them with the stack's pool each would
+        // hold thousands of SQLite connections, whose lock waits starve the services' pools.
         let mut template = stack.runner_config("template");
-        template.database.max_connections = 8;
-        let shared = kiln_runner::Connections::open(&template)
-            .await
-            .expect("the fleet's runners connect");
+        template.database.max_connections = 2;
         tasks.push(tokio::spawn(boot_loop(
             template,
-            shared,
             cloud.clone(),
             cluster.clone(),
             notices,
@@ -237,7 +231,6 @@ const BINDS_PER_LISTING: usize = 8;
 
 async fn boot_loop(
     template: kiln_runner::Config,
-    shared: kiln_runner::Connections,
     cloud: Arc<SimCloud>,
     cluster: String,
     notices: Arc<Mutex<HashMap<String, Notices>>>,
@@ -280,7 +273,7 @@ async fn boot_loop(
                 .collect()
         };
         for instance in &waiting {
-            let runner = boot(&template, &shared, &cloud, instance, notices.clone()).await;
+            let runner = boot(&template, &cloud, instance, notices.clone()).await;
             let mut state = state.lock().expect("fleet");
             state.booted += 1;
             state.runners.insert(instance.id.0.clone(), runner);
@@ -297,7 +290,6 @@ async fn boot_loop(
 
 async fn boot(
     template: &kiln_runner::Config,
-    shared: &kiln_runner::Connections,
     cloud: &SimCloud,
     instance: &CloudInstance,
     notices: Arc<Mutex<HashMap<String, Notices>>>,
@@ -347,7 +339,7 @@ async fn boot(
         },
         notices,
     });
-    let runner = kiln_runner::Runner::bind_sharing(config, source, shared.clone())
+    let runner = kiln_runner::Runner::bind_with_metadata(config, source)
         .await
         .expect("a runner binds on the instance");
     ServiceHandle::spawn(|token| runner.serve(token))
