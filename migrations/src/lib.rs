@@ -33,6 +33,7 @@ mod m0024_job_nodes_by_heartbeat;
 mod m0025_item_retries_and_usage;
 mod m0026_batch_counts;
 mod m0027_jobs_by_runner;
+mod m0028_jobs_unpublished;
 
 /// Migrator lists every migration in order.
 pub struct Migrator;
@@ -68,6 +69,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0025_item_retries_and_usage::Migration),
             Box::new(m0026_batch_counts::Migration),
             Box::new(m0027_jobs_by_runner::Migration),
+            Box::new(m0028_jobs_unpublished::Migration),
         ]
     }
 }

@@ -17,6 +17,12 @@
 //! back before it was done) left the job PREEMPTED for good: once its lease has lapsed, the
 //! job is queued again here the same way, by compare-and-set.
 //!
+//! A runner commits each change of its jobs, then publishes it, and re-drives what it could not
+//! publish; a runner gone between the two (its instance taken back) left a change no one
+//! publishes (a job SUCCEEDED that nothing downstream hears of: a sweep's trial, a batch's
+//! worker). Once its lease has lapsed, the leader publishes it, first, so the change it may then
+//! make itself comes after.
+//!
 //! The jobs are read before the leases: a job read here was taken by a runner holding its lease
 //! then, so a missing lease is one that lapsed, not one not yet written. A runner whose lease
 //! entry is gone altogether (the bucket forgets expired entries after an hour) is taken to have
@@ -48,6 +54,7 @@ const ON_A_RUNNER: [JobState; 5] = [
 pub async fn take_back(store: &Store, nats: &Nats) -> Result<usize> {
     // LOST changes committed here (or by a runner gone since) but not published.
     republish_pending(nats, store, &[JobState::Lost]).await?;
+    let unpublished = store.unpublished_runner_jobs().await?;
     // One read for all three kinds.
     let (mut held, mut placed, mut preempted) = (Vec::new(), Vec::new(), Vec::new());
     for job in store.jobs_in_states(&ON_A_RUNNER).await? {
@@ -63,11 +70,18 @@ pub async fn take_back(store: &Store, nats: &Nats) -> Result<usize> {
             _ => {}
         }
     }
-    if held.is_empty() && placed.is_empty() && preempted.is_empty() {
+    if held.is_empty() && placed.is_empty() && preempted.is_empty() && unpublished.is_empty() {
         return Ok(0);
     }
     let leases = runners::leases(nats).await?;
     let now = now_ms();
+    for job in &unpublished {
+        if leases.get(&job.runner_id).is_some_and(|lease| lease.is_live(now)) {
+            continue;
+        }
+        tracing::info!(job_id = %job.id, version = job.version, state = %job.state, runner_id = %job.runner_id, "publishing a change its runner committed before it went away");
+        publish_job_change(nats, store, job).await?;
+    }
     let mut changed = 0;
     for job in &placed {
         if leases.get(&job.runner_id).is_some_and(|lease| lease.is_live(now)) {

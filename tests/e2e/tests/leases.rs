@@ -353,3 +353,61 @@ async fn a_job_left_preempted_by_a_runner_gone_is_queued_again() {
         queued.reason
     );
 }
+
+/// A runner that committed a job's end and went away before publishing it (its instance taken
+/// back between the two) left a change nothing downstream hears of: once its lease has lapsed,
+/// the scheduling leader publishes it. The job is moved through the store as that runner moves
+/// it, with the scheduler stopped meanwhile.
+#[tokio::test]
+async fn a_change_a_runner_gone_committed_and_never_published_is_published() {
+    let mut stack = Stack::start_without_runner().await;
+    stack.scheduler.take().unwrap().stop().await;
+    let job = stack.submit(&["true"]).await;
+    let mut record = stack.store.job(&job.id).await.unwrap();
+    for (state, change) in [
+        (
+            JobState::Scheduled,
+            Change {
+                pool: Some("local".into()),
+                runner_id: Some("runner-gone".into()),
+                ..Change::default()
+            },
+        ),
+        (JobState::Provisioning, Change::default()),
+        (JobState::Running, Change::default()),
+        (
+            JobState::Succeeded,
+            Change {
+                exit_code: Some(0),
+                ..Change::default()
+            },
+        ),
+    ] {
+        record = stack.store.transition(&record, state, change).await.unwrap();
+    }
+    assert!(
+        record.published_version < record.version,
+        "nothing published the runner's changes"
+    );
+
+    let _scheduler = kiln_e2e::spawn_scheduler(stack.scheduler_config("scheduler-2")).await;
+    let deadline = tokio::time::Instant::now() + kiln_e2e::PATIENCE;
+    while stack.store.job(&job.id).await.unwrap().published_version < record.version {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the runner's last change was never published"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let js = async_nats::jetstream::new(stack.nats.client().await);
+    let stream = js.get_stream(subjects::STREAM_JOBS).await.unwrap();
+    let message = stream
+        .get_last_raw_message_by_subject(&subjects::job_event(&job.id))
+        .await
+        .unwrap();
+    let event = <pb::JobEvent as prost::Message>::decode(message.payload.as_ref()).unwrap();
+    assert_eq!(
+        (event.version, event.state),
+        (record.version, pb::JobState::Succeeded as i32)
+    );
+}
