@@ -307,7 +307,10 @@ async fn boot(
     config.provider = kiln_runner::ProviderKind::Sim;
     config.cpu_millis = kind.shape.cpu_millis;
     config.memory_bytes = kind.shape.memory_bytes;
-    config.report_interval_ms = 1000;
+    // The runner's default: a report (and the re-drive of its unpublished changes) every 5 s.
+    // A runner reports at once when it starts and when it is cordoned, so placement does not
+    // wait for it; at 1 s a thousand runners made a thousand KV writes and queries a second.
+    config.report_interval_ms = 5000;
     config.metrics_interval_ms = 3_600_000;
     config.imds.poll_interval_ms = 200;
     // The instance is the cloud's: its runner's provider adds no boot time and no preemption.
