@@ -182,19 +182,27 @@ async fn a_batch_on_a_provisioned_spot_pool_is_counted_exactly_and_the_pool_retu
         .iter()
         .map(|r| (r.released_at_ms - r.launched_at_ms).max(0) as f64 / 3_600_000.0 * r.price_per_hour)
         .sum();
-    // Of that, the time from each launch to its runner's registration (the boot, and the
-    // runner's start on this machine's starved cores), when no worker could run on it.
-    let booting: f64 = records
-        .iter()
-        .map(|r| {
-            let up = if r.registered_at_ms > 0 {
-                r.registered_at_ms
-            } else {
-                r.released_at_ms
-            };
-            (up - r.launched_at_ms).max(0) as f64 / 3_600_000.0 * r.price_per_hour
-        })
-        .sum();
+    // Where that went, by each instance's phases in kiln's records: booting, from its launch to
+    // its runner's registration (the boot, and the runner's start on this machine's starved
+    // cores), when no worker could run on it; serving, from then to its cordon (or release); and
+    // releasing, from the cordon (idle, or noticed) to its release.
+    let (mut booting, mut serving, mut releasing) = (0.0, 0.0, 0.0);
+    for r in &records {
+        let cost = |from: i64, to: i64| (to - from).max(0) as f64 / 3_600_000.0 * r.price_per_hour;
+        let up = if r.registered_at_ms > 0 {
+            r.registered_at_ms
+        } else {
+            r.released_at_ms
+        };
+        let down = if r.cordoned_at_ms > 0 {
+            r.cordoned_at_ms.clamp(up, r.released_at_ms.max(up))
+        } else {
+            r.released_at_ms
+        };
+        booting += cost(r.launched_at_ms, up);
+        serving += cost(up, down);
+        releasing += cost(down, r.released_at_ms);
+    }
     let mut boots: Vec<i64> = records
         .iter()
         .filter(|r| r.registered_at_ms > 0)
@@ -236,7 +244,7 @@ async fn a_batch_on_a_provisioned_spot_pool_is_counted_exactly_and_the_pool_retu
         .max()
         .unwrap_or(0);
     println!(
-        "provisioned sim batch: {items} items in {:.1} s on up to {instances} instances ({booted} booted, {most_at_once} at most at once, most workers {most_workers}), {noticed} spot notices, {preempted} of {worker_jobs} workers preempted, {worker_hours:.3} worker-hours (items' own {item_hours:.3}), back to zero {:.1} s after done; instance cost ${paid:.4} for {} instances, {:.3} instance-hours (kiln's records ${recorded:.4} for {}; booting ${booting:.4}, launch to registered p50 {:.1} s, p90 {:.1} s, max {:.1} s) vs greedy lower bound ${bound:.4} ({:.2}x)",
+        "provisioned sim batch: {items} items in {:.1} s on up to {instances} instances ({booted} booted, {most_at_once} at most at once, most workers {most_workers}), {noticed} spot notices, {preempted} of {worker_jobs} workers preempted, {worker_hours:.3} worker-hours (items' own {item_hours:.3}), back to zero {:.1} s after done; instance cost ${paid:.4} for {} instances, {:.3} instance-hours (kiln's records ${recorded:.4} for {}; booting ${booting:.4}, serving ${serving:.4}, releasing ${releasing:.4}; launch to registered p50 {:.1} s, p90 {:.1} s, max {:.1} s) vs greedy lower bound ${bound:.4} ({:.2}x)",
         ran_in.as_secs_f64(),
         zero_in.as_secs_f64(),
         bill.instances,
