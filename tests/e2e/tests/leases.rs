@@ -3,7 +3,7 @@
 //! its jobs taken and kills what it still runs of them without writing their state.
 
 use kiln_core::events::publish_job_change;
-use kiln_core::store::Change;
+use kiln_core::store::{Change, JobRecord};
 use kiln_core::{JobState, subjects};
 use kiln_e2e::{Stack, pid_of, process_alive, wait_for_line};
 use kiln_proto::v1 as pb;
@@ -309,43 +309,45 @@ async fn a_runner_back_after_its_job_was_queued_again_kills_the_old_attempt() {
     stack.stop_job(&job.id).await;
 }
 
-/// A runner ends a job PREEMPTED (its instance is being taken back) and dies before it queues
-/// the job again: once the runner's lease has lapsed, the scheduler queues the job again as its
-/// next attempt, which its runner would have done. The job is moved through the store as that
-/// runner moves it, with the scheduler stopped meanwhile (a job of a runner without a lease is
-/// the scheduler's to take back at any step).
-#[tokio::test]
-async fn a_job_left_preempted_by_a_runner_gone_is_queued_again() {
+/// Submits `command` and moves the job through the store as runner `runner-gone` (which holds no
+/// lease) moves it: placed on it, started, then `last`. The scheduler is stopped meanwhile (a job
+/// of a runner without a lease is the scheduler's to take back at any step); a test starts one.
+async fn moved_by_a_runner_gone(command: &[&str], last: (JobState, Change)) -> (Stack, JobRecord) {
     let mut stack = Stack::start_without_runner().await;
     stack.scheduler.take().unwrap().stop().await;
-    let job = stack.submit(&["sleep", "600"]).await;
+    let job = stack.submit(command).await;
     let mut record = stack.store.job(&job.id).await.unwrap();
+    let placed = Change {
+        pool: Some("local".into()),
+        runner_id: Some("runner-gone".into()),
+        ..Change::default()
+    };
     for (state, change) in [
-        (
-            JobState::Scheduled,
-            Change {
-                pool: Some("local".into()),
-                runner_id: Some("runner-gone".into()),
-                ..Change::default()
-            },
-        ),
+        (JobState::Scheduled, placed),
         (JobState::Provisioning, Change::default()),
         (JobState::Running, Change::default()),
-        (
-            JobState::Preempted,
-            Change {
-                reason: Some(kiln_core::scheduling::SPOT_PREEMPTION.into()),
-                preempted: true,
-                ..Change::default()
-            },
-        ),
+        last,
     ] {
         record = stack.store.transition(&record, state, change).await.unwrap();
     }
+    (stack, record)
+}
+
+/// A runner ends a job PREEMPTED (its instance is being taken back) and dies before it queues
+/// the job again: once the runner's lease has lapsed, the scheduler queues the job again as its
+/// next attempt, which its runner would have done.
+#[tokio::test]
+async fn a_job_left_preempted_by_a_runner_gone_is_queued_again() {
+    let preempted = Change {
+        reason: Some(kiln_core::scheduling::SPOT_PREEMPTION.into()),
+        preempted: true,
+        ..Change::default()
+    };
+    let (stack, record) = moved_by_a_runner_gone(&["sleep", "600"], (JobState::Preempted, preempted)).await;
     assert_eq!((record.state.as_str(), record.attempt), ("PREEMPTED", 1));
 
     let _scheduler = kiln_e2e::spawn_scheduler(stack.scheduler_config("scheduler-2")).await;
-    let queued = stack.wait_for_state(&job.id, pb::JobState::Queued).await;
+    let queued = stack.wait_for_state(&record.id, pb::JobState::Queued).await;
     assert_eq!(queued.attempt, 2, "queued again as its next attempt");
     assert!(
         queued.reason.contains("runner-gone stopped renewing its lease"),
@@ -356,35 +358,14 @@ async fn a_job_left_preempted_by_a_runner_gone_is_queued_again() {
 
 /// A runner that committed a job's end and went away before publishing it (its instance taken
 /// back between the two) left a change nothing downstream hears of: once its lease has lapsed,
-/// the scheduling leader publishes it. The job is moved through the store as that runner moves
-/// it, with the scheduler stopped meanwhile.
+/// the scheduling leader publishes it.
 #[tokio::test]
 async fn a_change_a_runner_gone_committed_and_never_published_is_published() {
-    let mut stack = Stack::start_without_runner().await;
-    stack.scheduler.take().unwrap().stop().await;
-    let job = stack.submit(&["true"]).await;
-    let mut record = stack.store.job(&job.id).await.unwrap();
-    for (state, change) in [
-        (
-            JobState::Scheduled,
-            Change {
-                pool: Some("local".into()),
-                runner_id: Some("runner-gone".into()),
-                ..Change::default()
-            },
-        ),
-        (JobState::Provisioning, Change::default()),
-        (JobState::Running, Change::default()),
-        (
-            JobState::Succeeded,
-            Change {
-                exit_code: Some(0),
-                ..Change::default()
-            },
-        ),
-    ] {
-        record = stack.store.transition(&record, state, change).await.unwrap();
-    }
+    let succeeded = Change {
+        exit_code: Some(0),
+        ..Change::default()
+    };
+    let (stack, record) = moved_by_a_runner_gone(&["true"], (JobState::Succeeded, succeeded)).await;
     assert!(
         record.published_version < record.version,
         "nothing published the runner's changes"
@@ -392,7 +373,7 @@ async fn a_change_a_runner_gone_committed_and_never_published_is_published() {
 
     let _scheduler = kiln_e2e::spawn_scheduler(stack.scheduler_config("scheduler-2")).await;
     let deadline = tokio::time::Instant::now() + kiln_e2e::PATIENCE;
-    while stack.store.job(&job.id).await.unwrap().published_version < record.version {
+    while stack.store.job(&record.id).await.unwrap().published_version < record.version {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the runner's last change was never published"
@@ -402,7 +383,7 @@ async fn a_change_a_runner_gone_committed_and_never_published_is_published() {
     let js = async_nats::jetstream::new(stack.nats.client().await);
     let stream = js.get_stream(subjects::STREAM_JOBS).await.unwrap();
     let message = stream
-        .get_last_raw_message_by_subject(&subjects::job_event(&job.id))
+        .get_last_raw_message_by_subject(&subjects::job_event(&record.id))
         .await
         .unwrap();
     let event = <pb::JobEvent as prost::Message>::decode(message.payload.as_ref()).unwrap();
