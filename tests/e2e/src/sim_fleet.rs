@@ -69,6 +69,19 @@ struct Fleet {
     runners: BTreeMap<String, ServiceHandle>,
     booted: usize,
     preempted: usize,
+    starts: HashMap<String, RunnerStart>,
+    /// Each runner's part of the shared work root (its dataset cache), removed with the runner:
+    /// a million-item run boots over a thousand.
+    roots: HashMap<String, std::path::PathBuf>,
+}
+
+/// When an instance's boot ended in the cloud, and when its runner's bind returned: the time
+/// between is this test process starting a runner, queued behind the others on two cores, which
+/// a real machine does on its own.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunnerStart {
+    pub running_ms: i64,
+    pub bound_ms: i64,
 }
 
 impl SimFleet {
@@ -198,6 +211,11 @@ impl SimFleet {
         (state.booted, state.preempted)
     }
 
+    /// When each instance (by id, which is its runner's id) was seen running and its runner bound.
+    pub fn runner_starts(&self) -> HashMap<String, RunnerStart> {
+        self.state.lock().expect("fleet").starts.clone()
+    }
+
     /// The cluster's instances the cloud still runs.
     pub async fn live(&self) -> Vec<CloudInstance> {
         self.cloud
@@ -215,9 +233,15 @@ impl SimFleet {
         for task in self.tasks.drain(..) {
             let _ = task.await;
         }
-        let runners = std::mem::take(&mut self.state.lock().expect("fleet").runners);
+        let (runners, roots) = {
+            let mut state = self.state.lock().expect("fleet");
+            (std::mem::take(&mut state.runners), std::mem::take(&mut state.roots))
+        };
         for (_, runner) in runners {
             runner.stop().await;
+        }
+        for root in roots.values() {
+            let _ = std::fs::remove_dir_all(root);
         }
         if let Some(provisioner) = self.provisioner.take() {
             provisioner.stop().await;
@@ -243,7 +267,7 @@ async fn boot_loop(
     };
     while !stop.is_cancelled() {
         let listed = cloud.list(&selector).await.unwrap_or_default();
-        let gone: Vec<ServiceHandle> = {
+        let gone: Vec<(ServiceHandle, Option<std::path::PathBuf>)> = {
             let mut state = state.lock().expect("fleet");
             let live: Vec<&str> = listed
                 .iter()
@@ -256,16 +280,31 @@ async fn boot_loop(
                 .filter(|id| !live.contains(&id.as_str()))
                 .cloned()
                 .collect();
-            ended.iter().filter_map(|id| state.runners.remove(id)).collect()
+            ended
+                .iter()
+                .filter_map(|id| Some((state.runners.remove(id)?, state.roots.remove(id))))
+                .collect()
         };
-        for runner in gone {
+        for (runner, root) in gone {
             // The machine is gone: nothing of its runner is left.
             runner.crash().await;
+            if let Some(root) = root {
+                let _ = std::fs::remove_dir_all(root);
+            }
         }
         // Oldest first (ids count up), a few per listing: a burst of launches takes a while to
         // bind on two cores, and an instance the provisioner released meanwhile is not bound.
         let waiting: Vec<&CloudInstance> = {
-            let state = state.lock().expect("fleet");
+            let mut state = state.lock().expect("fleet");
+            for instance in listed.iter().filter(|i| i.state == InstanceState::Running) {
+                let start = state.starts.entry(instance.id.0.clone()).or_default();
+                if start.running_ms == 0 {
+                    start.running_ms = cloud
+                        .running_since(&instance.id)
+                        .and_then(|at| at.duration_since(std::time::UNIX_EPOCH).ok())
+                        .map_or(0, |at| at.as_millis() as i64);
+                }
+            }
             listed
                 .iter()
                 .filter(|i| i.state == InstanceState::Running && !state.runners.contains_key(&i.id.0))
@@ -273,10 +312,14 @@ async fn boot_loop(
                 .collect()
         };
         for instance in &waiting {
-            let runner = boot(&template, &cloud, instance, notices.clone()).await;
+            let (runner, root) = boot(&template, &cloud, instance, notices.clone()).await;
             let mut state = state.lock().expect("fleet");
             state.booted += 1;
             state.runners.insert(instance.id.0.clone(), runner);
+            if let Some(root) = root {
+                state.roots.insert(instance.id.0.clone(), root);
+            }
+            state.starts.entry(instance.id.0.clone()).or_default().bound_ms = kiln_core::ids::now_ms();
         }
         if waiting.len() == BINDS_PER_LISTING {
             continue;
@@ -293,7 +336,7 @@ async fn boot(
     cloud: &SimCloud,
     instance: &CloudInstance,
     notices: Arc<Mutex<HashMap<String, Notices>>>,
-) -> ServiceHandle {
+) -> (ServiceHandle, Option<std::path::PathBuf>) {
     let kind = cloud
         .catalogue()
         .find(&instance.key.instance_type)
@@ -342,10 +385,11 @@ async fn boot(
         },
         notices,
     });
+    let root = config.shared_root();
     let runner = kiln_runner::Runner::bind_with_metadata(config, source)
         .await
         .expect("a runner binds on the instance");
-    ServiceHandle::spawn(|token| runner.serve(token))
+    (ServiceHandle::spawn(|token| runner.serve(token)), root)
 }
 
 /// The spot market: every second, each running instance is noticed with the probability its

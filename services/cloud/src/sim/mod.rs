@@ -13,7 +13,7 @@ mod state;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -251,6 +251,14 @@ impl SimCloud {
             bill.cost += hours * sim.price_per_hour;
         }
         bill
+    }
+
+    /// When an instance's boot ended (simulated wall time), once it has.
+    pub fn running_since(&self, id: &InstanceId) -> Option<SystemTime> {
+        let state = self.lock();
+        let sim = state.instances.get(id)?;
+        let ago = state.now().checked_duration_since(sim.running_at)?;
+        Some(state.wall() - ago)
     }
 
     /// Live instances (pending, running, stopping) across every cluster.
