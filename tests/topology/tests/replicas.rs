@@ -1,4 +1,5 @@
-//! Replicas on the topology, driven by the `kiln` CLI as a person would: `kiln logs -f` on
+//! Replicas on the topology, driven by the `kiln` CLI as a person would: the CLI and the
+//! Python SDK given only the api's address and a token find every other service, `kiln logs -f` on
 //! either log-ingest replica shows every line of a job, a gang of three nodes on three runner
 //! processes (one per "machine") starts together or not at all and outlives a runner
 //! SIGKILLed mid-run, a runner SIGKILLed for good has its job queued again and finished by the
@@ -37,6 +38,52 @@ fn kiln(topology: &Topology, logs: &str, args: &[&str]) -> String {
     );
     String::from_utf8(output.stdout).expect("utf-8 output")
 }
+
+/// The CLI or the SDK given what a person holds: api-1's address and a token (no credentials
+/// file, no other service's address).
+fn one_address(topology: &Topology, program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut command = Command::new(program);
+    for variable in [
+        "KILN_LOGS_ADDR",
+        "KILN_BATCH_ADDR",
+        "KILN_ADVISOR_ADDR",
+        "KILN_PREDICTOR_ADDR",
+        "KILN_UI_ADDR",
+    ] {
+        command.env_remove(variable);
+    }
+    command
+        .env("KILN_HOME", topology.dir.join("one-address-home"))
+        .env("KILN_ADDR", topology.url("api-1"))
+        .env("KILN_TOKEN", &topology.token);
+    command
+}
+
+/// What a command printed; it must succeed.
+fn output_of(mut command: Command) -> String {
+    let output = command.output().expect("the command runs");
+    assert!(
+        output.status.success(),
+        "{command:?} failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).expect("utf-8 output")
+}
+
+/// The SDK's pipeline in a few lines: a job submitted, waited for and its lines read, and the
+/// batches listed, each service found through the api.
+const SDK_ONE_ADDRESS: &str = r#"
+import kiln
+with kiln.Client() as client:
+    job = client.jobs.submit(["sh", "-c", "echo sdk-one-address"], workdir=None, pool="local",
+                             cpus=0.25, memory="128M")
+    final = client.jobs.wait(job.id, timeout=120, poll=0.2)
+    assert final.state == "SUCCEEDED", final
+    print("lines", [line.text for line in client.jobs.logs(job.id)])
+    print("batches", len(client.batches.list(all=True)))
+    print("logs at", client._logs_address)
+"#;
 
 fn status(topology: &Topology, job: &str) -> serde_json::Value {
     serde_json::from_str(&kiln(topology, "log-ingest-1", &["status", job, "-o", "json"])).expect("status json")
@@ -195,6 +242,46 @@ async fn logs_on_either_replica_a_gang_and_a_runner_lost_for_good() {
         ..Options::from_env()
     })
     .await;
+
+    // 0. KILN_ADDR and KILN_TOKEN are all the CLI and the SDK need: log-ingest (the lines of a
+    // followed job), item-batch and the rest come from the api's DiscoveryService. Each service
+    // listens on a port of its own here, so a client that guessed would miss them.
+    let mut run = one_address(&topology, binaries_dir().join("kiln"));
+    run.args([
+        "run",
+        "-f",
+        "--no-code",
+        "--pool",
+        "local",
+        "--",
+        "sh",
+        "-c",
+        "echo cli-one-address",
+    ]);
+    assert!(output_of(run).contains("cli-one-address"));
+    let mut batches = one_address(&topology, binaries_dir().join("kiln"));
+    batches.args(["batch", "ls"]);
+    output_of(batches);
+    let mut doctor = one_address(&topology, binaries_dir().join("kiln"));
+    doctor.arg("doctor");
+    let checked = output_of(doctor);
+    for service in ["log-ingest-1", "item-batch-1", "advisor-1", "predictor-1"] {
+        let url = topology.url(service);
+        assert!(
+            checked.lines().any(|line| line.contains(&url) && line.contains("ok: ")),
+            "kiln doctor did not find {service} at {url} through the api: {checked}"
+        );
+    }
+    let python = std::env::var("KILN_TEST_PYTHON")
+        .expect("KILN_TEST_PYTHON is not set: run the tests through scripts/test.sh, which installs the SDK");
+    let mut sdk = one_address(&topology, python);
+    sdk.args(["-c", SDK_ONE_ADDRESS]);
+    let said = output_of(sdk);
+    assert!(said.contains("lines ['sdk-one-address']"), "{said}");
+    assert!(
+        said.contains(&format!("logs at {}", topology.url("log-ingest-1"))),
+        "the SDK's log-ingest address did not come from the api: {said}"
+    );
 
     // 1. Two log-ingest replicas on Scylla: following on either shows all the lines, in order.
     let script = "i=0; while [ $i -lt 3000 ]; do echo \"line $i\"; i=$((i+1)); done; sleep 1";
