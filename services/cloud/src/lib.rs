@@ -16,7 +16,7 @@ mod requirements;
 pub mod sim;
 #[cfg(feature = "test-util")]
 pub mod testing;
-mod timefmt;
+pub mod timefmt;
 mod types;
 
 use std::time::Duration;

@@ -47,7 +47,7 @@ pub(crate) fn parse_utc(text: &str) -> Option<SystemTime> {
 }
 
 /// Milliseconds since the epoch (0 before it).
-pub(crate) fn millis(time: SystemTime) -> i64 {
+pub fn millis(time: SystemTime) -> i64 {
     time.duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)

@@ -183,6 +183,9 @@ pub struct Stack {
     pub advisor_addr: Option<SocketAddr>,
     /// The registry the stack's own api and scheduler count into.
     pub metrics: kiln_core::metrics::Metrics,
+    /// The parts of the shared work root of the runners the stack spawned, removed when it is
+    /// dropped (runners of other work dirs than the stack's own have parts of their own).
+    runner_roots: std::sync::Mutex<Vec<std::path::PathBuf>>,
 }
 
 /// The workspace's kiln-agent (built with the workspace: `cargo build --workspace`).
@@ -333,6 +336,7 @@ impl Stack {
             advisor: None,
             advisor_addr: None,
             metrics,
+            runner_roots: std::sync::Mutex::default(),
         }
     }
 

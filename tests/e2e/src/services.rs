@@ -2,13 +2,15 @@
 
 use super::*;
 
-/// Isolated process jobs stage datasets and code in this runner's part of the shared work root
+/// Isolated process jobs stage datasets and code in their runner's part of the shared work root
 /// (`/var/lib/kiln-jobs/.runner-<hash of the work dir>`), outside the stack's temporary
 /// directory: every stack's work dir is new, so without this each test left its datasets (a
-/// gibibyte for tests/datasets.rs) on the disk for good.
+/// gibibyte for tests/datasets.rs) on the disk for good. The stack's own work dir's part goes,
+/// and those of the runners it spawned with work dirs of their own (tests/gang.rs).
 impl Drop for Stack {
     fn drop(&mut self) {
-        if let Some(root) = self.runner_config("").shared_root() {
+        let spawned = std::mem::take(&mut *self.runner_roots.lock().expect("runner roots"));
+        for root in self.runner_config("").shared_root().into_iter().chain(spawned) {
             let _ = std::fs::remove_dir_all(root);
         }
     }
@@ -142,7 +144,15 @@ impl Stack {
         (ServiceHandle::spawn(|token| service.serve(token)), addr)
     }
 
+    /// Notes `config`'s part of the shared work root for the stack's drop to remove.
+    fn remember_root(&self, config: &kiln_runner::Config) {
+        if let Some(root) = config.shared_root() {
+            self.runner_roots.lock().expect("runner roots").push(root);
+        }
+    }
+
     pub async fn spawn_runner(&self, config: kiln_runner::Config) -> ServiceHandle {
+        self.remember_root(&config);
         let runner = kiln_runner::Runner::bind(config).await.expect("runner binds");
         ServiceHandle::spawn(|token| runner.serve(token))
     }
@@ -154,6 +164,7 @@ impl Stack {
         config: kiln_runner::Config,
         metrics: &kiln_core::metrics::Metrics,
     ) -> (ServiceHandle, kiln_runner::provider::sim::SimCloud) {
+        self.remember_root(&config);
         let runner = kiln_runner::Runner::bind(config)
             .await
             .expect("runner binds")
@@ -164,6 +175,7 @@ impl Stack {
 
     /// Starts a runner whose lease renewals the returned handle pauses and resumes.
     pub async fn spawn_runner_pausable(&self, config: kiln_runner::Config) -> (ServiceHandle, kiln_runner::LeasePause) {
+        self.remember_root(&config);
         let runner = kiln_runner::Runner::bind(config).await.expect("runner binds");
         let pause = runner.lease_pause();
         (ServiceHandle::spawn(|token| runner.serve(token)), pause)
@@ -175,6 +187,7 @@ impl Stack {
         config: kiln_runner::Config,
         sampler: std::sync::Arc<dyn kiln_runner::gpu::GpuSampler>,
     ) -> ServiceHandle {
+        self.remember_root(&config);
         let runner = kiln_runner::Runner::bind_with_sampler(config, Some(sampler))
             .await
             .expect("runner binds");

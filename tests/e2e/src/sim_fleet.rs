@@ -66,13 +66,35 @@ pub struct SimFleet {
 
 #[derive(Default)]
 struct Fleet {
-    runners: BTreeMap<String, ServiceHandle>,
+    runners: BTreeMap<String, FleetRunner>,
     booted: usize,
     preempted: usize,
     starts: HashMap<String, RunnerStart>,
-    /// Each runner's part of the shared work root (its dataset cache), removed with the runner:
-    /// a million-item run boots over a thousand.
-    roots: HashMap<String, std::path::PathBuf>,
+}
+
+/// A runner on an instance, and its part of the shared work root (its dataset cache), removed
+/// with it: a million-item run boots over a thousand.
+struct FleetRunner {
+    handle: ServiceHandle,
+    root: Option<std::path::PathBuf>,
+}
+
+impl FleetRunner {
+    async fn crash(self) {
+        self.handle.crash().await;
+        remove_root(self.root);
+    }
+
+    async fn stop(self) {
+        self.handle.stop().await;
+        remove_root(self.root);
+    }
+}
+
+fn remove_root(root: Option<std::path::PathBuf>) {
+    if let Some(root) = root {
+        let _ = std::fs::remove_dir_all(root);
+    }
 }
 
 /// When an instance's boot ended in the cloud, and when its runner's bind returned: the time
@@ -159,10 +181,7 @@ impl SimFleet {
                 let mut notices = notices_in.lock().expect("notices");
                 match event {
                     Interruption::Notice { instance, action, at } => {
-                        let at_ms = at
-                            .duration_since(std::time::UNIX_EPOCH)
-                            .map(|d| d.as_millis() as i64)
-                            .unwrap_or_default();
+                        let at_ms = kiln_cloud::timefmt::millis(at);
                         notices.entry(instance.0).or_default().interruption =
                             Some(kiln_runner::metadata::Interruption {
                                 action: format!("{action:?}").to_lowercase(),
@@ -211,7 +230,7 @@ impl SimFleet {
         (state.booted, state.preempted)
     }
 
-    /// When each instance (by id, which is its runner's id) was seen running and its runner bound.
+    /// When each instance (by id, which is its runner's id) finished booting and its runner was bound.
     pub fn runner_starts(&self) -> HashMap<String, RunnerStart> {
         self.state.lock().expect("fleet").starts.clone()
     }
@@ -233,15 +252,9 @@ impl SimFleet {
         for task in self.tasks.drain(..) {
             let _ = task.await;
         }
-        let (runners, roots) = {
-            let mut state = self.state.lock().expect("fleet");
-            (std::mem::take(&mut state.runners), std::mem::take(&mut state.roots))
-        };
+        let runners = std::mem::take(&mut self.state.lock().expect("fleet").runners);
         for (_, runner) in runners {
             runner.stop().await;
-        }
-        for root in roots.values() {
-            let _ = std::fs::remove_dir_all(root);
         }
         if let Some(provisioner) = self.provisioner.take() {
             provisioner.stop().await;
@@ -267,7 +280,7 @@ async fn boot_loop(
     };
     while !stop.is_cancelled() {
         let listed = cloud.list(&selector).await.unwrap_or_default();
-        let gone: Vec<(ServiceHandle, Option<std::path::PathBuf>)> = {
+        let gone: Vec<FleetRunner> = {
             let mut state = state.lock().expect("fleet");
             let live: Vec<&str> = listed
                 .iter()
@@ -280,29 +293,24 @@ async fn boot_loop(
                 .filter(|id| !live.contains(&id.as_str()))
                 .cloned()
                 .collect();
-            ended
-                .iter()
-                .filter_map(|id| Some((state.runners.remove(id)?, state.roots.remove(id))))
-                .collect()
+            ended.iter().filter_map(|id| state.runners.remove(id)).collect()
         };
-        for (runner, root) in gone {
+        for runner in gone {
             // The machine is gone: nothing of its runner is left.
             runner.crash().await;
-            if let Some(root) = root {
-                let _ = std::fs::remove_dir_all(root);
-            }
         }
         // Oldest first (ids count up), a few per listing: a burst of launches takes a while to
         // bind on two cores, and an instance the provisioner released meanwhile is not bound.
         let waiting: Vec<&CloudInstance> = {
             let mut state = state.lock().expect("fleet");
             for instance in listed.iter().filter(|i| i.state == InstanceState::Running) {
-                let start = state.starts.entry(instance.id.0.clone()).or_default();
-                if start.running_ms == 0 {
-                    start.running_ms = cloud
-                        .running_since(&instance.id)
-                        .and_then(|at| at.duration_since(std::time::UNIX_EPOCH).ok())
-                        .map_or(0, |at| at.as_millis() as i64);
+                if !state.starts.contains_key(&instance.id.0) {
+                    let running_ms = cloud.running_since(&instance.id).map_or(0, kiln_cloud::timefmt::millis);
+                    let start = RunnerStart {
+                        running_ms,
+                        bound_ms: 0,
+                    };
+                    state.starts.insert(instance.id.0.clone(), start);
                 }
             }
             listed
@@ -312,13 +320,10 @@ async fn boot_loop(
                 .collect()
         };
         for instance in &waiting {
-            let (runner, root) = boot(&template, &cloud, instance, notices.clone()).await;
+            let runner = boot(&template, &cloud, instance, notices.clone()).await;
             let mut state = state.lock().expect("fleet");
             state.booted += 1;
             state.runners.insert(instance.id.0.clone(), runner);
-            if let Some(root) = root {
-                state.roots.insert(instance.id.0.clone(), root);
-            }
             state.starts.entry(instance.id.0.clone()).or_default().bound_ms = kiln_core::ids::now_ms();
         }
         if waiting.len() == BINDS_PER_LISTING {
@@ -336,7 +341,7 @@ async fn boot(
     cloud: &SimCloud,
     instance: &CloudInstance,
     notices: Arc<Mutex<HashMap<String, Notices>>>,
-) -> (ServiceHandle, Option<std::path::PathBuf>) {
+) -> FleetRunner {
     let kind = cloud
         .catalogue()
         .find(&instance.key.instance_type)
@@ -389,7 +394,10 @@ async fn boot(
     let runner = kiln_runner::Runner::bind_with_metadata(config, source)
         .await
         .expect("a runner binds on the instance");
-    (ServiceHandle::spawn(|token| runner.serve(token)), root)
+    FleetRunner {
+        handle: ServiceHandle::spawn(|token| runner.serve(token)),
+        root,
+    }
 }
 
 /// The spot market: every second, each running instance is noticed with the probability its

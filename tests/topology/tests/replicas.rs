@@ -30,13 +30,12 @@ fn cli(topology: &Topology, logs: &str, args: &[&str]) -> Command {
 
 /// Runs the CLI against the topology and returns what it printed; it must succeed.
 fn kiln(topology: &Topology, logs: &str, args: &[&str]) -> String {
-    let output = cli(topology, logs, args).output().expect("run kiln");
-    assert!(
-        output.status.success(),
-        "kiln {args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).expect("utf-8 output")
+    output_of(cli(topology, logs, args))
+}
+
+/// `kiln run -f` of a shell script on pool local, without code.
+fn followed(script: &str) -> [&str; 9] {
+    ["run", "-f", "--no-code", "--pool", "local", "--", "sh", "-c", script]
 }
 
 /// The CLI or the SDK given what a person holds: api-1's address and a token (no credentials
@@ -59,12 +58,15 @@ fn one_address(topology: &Topology, program: impl AsRef<std::ffi::OsStr>) -> Com
     command
 }
 
-/// What a command printed; it must succeed.
+/// What a command printed; it must succeed. A failure names the program and its arguments, not
+/// its environment (which holds the token).
 fn output_of(mut command: Command) -> String {
     let output = command.output().expect("the command runs");
     assert!(
         output.status.success(),
-        "{command:?} failed: {}{}",
+        "{:?} {:?} failed: {}{}",
+        command.get_program(),
+        command.get_args().collect::<Vec<_>>(),
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
@@ -247,17 +249,7 @@ async fn logs_on_either_replica_a_gang_and_a_runner_lost_for_good() {
     // followed job), item-batch and the rest come from the api's DiscoveryService. Each service
     // listens on a port of its own here, so a client that guessed would miss them.
     let mut run = one_address(&topology, binaries_dir().join("kiln"));
-    run.args([
-        "run",
-        "-f",
-        "--no-code",
-        "--pool",
-        "local",
-        "--",
-        "sh",
-        "-c",
-        "echo cli-one-address",
-    ]);
+    run.args(followed("echo cli-one-address"));
     assert!(output_of(run).contains("cli-one-address"));
     let mut batches = one_address(&topology, binaries_dir().join("kiln"));
     batches.args(["batch", "ls"]);
@@ -349,25 +341,11 @@ async fn logs_on_either_replica_a_gang_and_a_runner_lost_for_good() {
     // 4. `kiln run -f` given both api replicas (KILN_ADDR=api-1,api-2) submits through api-1,
     // which is SIGKILLed while the job runs: the follow ends with the job's state read through
     // api-2 and the job's exit. A CLI given api-1 alone cannot reach kiln then (the control).
-    let follow = cli(
-        &topology,
-        "log-ingest-1",
-        &[
-            "run",
-            "-f",
-            "--no-code",
-            "--pool",
-            "local",
-            "--",
-            "sh",
-            "-c",
-            "sleep 4; echo done",
-        ],
-    )
-    .stdout(std::process::Stdio::piped())
-    .stderr(std::process::Stdio::piped())
-    .spawn()
-    .expect("kiln run -f");
+    let follow = cli(&topology, "log-ingest-1", &followed("sleep 4; echo done"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("kiln run -f");
     let deadline = Instant::now() + PATIENCE;
     while !kiln(&topology, "log-ingest-1", &["ps"]).contains("RUNNING") {
         assert!(Instant::now() < deadline, "the followed job never ran");
