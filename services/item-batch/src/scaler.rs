@@ -176,7 +176,6 @@ async fn tend(
         0 => 0,
         _ => shared.in_flight(&batch.id).await.unwrap_or(0),
     };
-    totals.add(&tally, in_flight);
     if batch.state == store::SEALED && tally.backlog() == 0 {
         if shared
             .batches
@@ -191,8 +190,10 @@ async fn tend(
             let live = shared.store.live_batch_workers(&batch.id).await?;
             stop_unstarted(shared, live, 0).await?;
         }
+        // Done: not a live batch's items any more, though this pass listed it as sealed.
         return Ok(());
     }
+    totals.add(&tally, in_flight);
     let spec = Spec::from_json(&batch.spec_json)?;
     let live = shared.store.live_batch_workers(&batch.id).await?;
     if !batch.paused_reason.is_empty() {
