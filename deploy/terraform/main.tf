@@ -101,6 +101,8 @@ locals {
     on_demand_prices  = p.on_demand_prices
     # The pool's cluster placement group, for its gangs only; null without cluster_placement.
     placement_group = module.runner_pool[pool].placement_group_name
+    # The launch template's root volume (volume_gb, /dev/xvda) grown for the jobs' --disk.
+    disk = { max_job_gib = p.max_job_disk_gb, root_gib = p.volume_gb, root_device = "/dev/xvda" }
   }]
 
   database = {

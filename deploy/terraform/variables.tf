@@ -173,6 +173,9 @@ variable "pools" {
       on_demand_prices   USD per hour by instance type, over the shipped price table (negotiated rates)
       gpu                a GPU pool (the NVIDIA image, docker's nvidia runtime)
       volume_gb          root volume (images, work directories, dataset cache)
+      max_job_disk_gb    the most disk (--disk) the jobs of one instance may ask for together: the
+                         provisioner grows that instance's root volume for them (0: jobs asking for
+                         disk never run on the pool)
       ami_id             an image of your own instead of the default one
       ecr_repositories   ARNs of ECR repositories every job of the pool may pull from with the
                          instance role (a project's own `kiln secret set --registry` still wins)
@@ -199,6 +202,7 @@ variable "pools" {
     on_demand_prices  = optional(map(number), {})
     gpu               = optional(bool, false)
     volume_gb         = optional(number, 100)
+    max_job_disk_gb   = optional(number, 500)
     ami_id            = optional(string)
     ecr_repositories  = optional(list(string), [])
     cluster_placement = optional(bool, false)

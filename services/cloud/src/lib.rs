@@ -26,8 +26,8 @@ use futures::stream::BoxStream;
 pub use error::CloudError;
 pub use types::{
     CapacityType, CloudInstance, InstanceId, InstanceState, IntentId, Interruption, LaunchIntent, Launched,
-    NoticeAction, Offering, OfferingFailure, OfferingKey, PoolSpec, PriceSource, Requirements, Shape, TAG_CLUSTER,
-    TAG_INTENT, TAG_POOL, TagSelector, TemplateRef, Unavailable,
+    NoticeAction, Offering, OfferingFailure, OfferingKey, PoolDisk, PoolSpec, PriceSource, Requirements, RootVolume,
+    Shape, TAG_CLUSTER, TAG_INTENT, TAG_POOL, TagSelector, TemplateRef, Unavailable,
 };
 
 /// One cloud: EC2, the simulated cloud, (designed) GCE.

@@ -156,6 +156,20 @@ pub struct LaunchIntent {
     pub template: TemplateRef,
     /// Always includes [`TAG_CLUSTER`], [`TAG_POOL`] and [`TAG_INTENT`] (see [`LaunchIntent::tags`]).
     pub labels: BTreeMap<String, String>,
+    /// The root volume the machines boot with when their jobs asked for disk (`--disk`); `None`
+    /// keeps the template's own.
+    #[serde(default)]
+    pub root_volume: Option<RootVolume>,
+}
+
+/// A machine's root volume sized for its jobs' disks: on EC2 the launch template's root device
+/// with this size (its type, encryption and key stay the template's; deleted with the
+/// instance); on GCE the boot disk's `diskSizeGb`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct RootVolume {
+    /// The template's root device (`/dev/xvda` on Amazon Linux).
+    pub device: String,
+    pub size_gib: u32,
 }
 
 impl LaunchIntent {
@@ -348,7 +362,39 @@ pub struct PoolSpec {
     /// machines in one call, one zone, that group. Other launches do not use it.
     #[serde(default)]
     pub placement_group: Option<String>,
+    /// How kiln sizes the machines' root volumes for their jobs' disks (`--disk`).
+    #[serde(default)]
+    pub disk: PoolDisk,
 }
+
+/// A pool's `disk = { ... }`: the root volume kiln sizes for the jobs of each machine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct PoolDisk {
+    /// The launch template's root device.
+    pub root_device: String,
+    /// The root volume's size before jobs' disks are added: the system, images, work
+    /// directories and the dataset cache (the launch template's own size).
+    pub root_gib: u32,
+    /// The most disk kiln gives the jobs of one machine, in GiB; 0 (the default) leaves the
+    /// template's volume alone, and a job asking for disk is no demand of the pool.
+    pub max_job_gib: u32,
+}
+
+impl Default for PoolDisk {
+    fn default() -> PoolDisk {
+        PoolDisk {
+            root_device: "/dev/xvda".into(),
+            root_gib: 100,
+            max_job_gib: 0,
+        }
+    }
+}
+
+/// A GiB, in bytes.
+const GIB: i64 = 1 << 30;
+/// The largest EBS gp3 volume (16 TiB).
+const MAX_VOLUME_GIB: u64 = 16_384;
 
 fn both_capacity_types() -> Vec<CapacityType> {
     vec![CapacityType::Spot, CapacityType::OnDemand]
@@ -367,9 +413,51 @@ fn default_boot_timeout_secs() -> u64 {
 }
 
 impl PoolSpec {
+    /// The most disk the jobs of one of the pool's machines may ask for, in bytes.
+    pub fn job_disk_bytes(&self) -> i64 {
+        i64::from(self.disk.max_job_gib) * GIB
+    }
+
+    /// The root volume for a machine whose jobs ask for `jobs_disk_bytes` together, or `None`
+    /// when they ask for none (or the pool sizes no volumes). The runner offers jobs 90% of its
+    /// free space (docs/design-notes.md, "Job disks"), so the jobs' part is a ninth larger than
+    /// their sum; the template's own size holds the rest.
+    pub fn root_volume(&self, jobs_disk_bytes: i64) -> Option<RootVolume> {
+        if jobs_disk_bytes <= 0 || self.disk.max_job_gib == 0 {
+            return None;
+        }
+        let jobs_gib = u64::try_from(jobs_disk_bytes).unwrap_or(0).div_ceil(GIB as u64);
+        let size = u64::from(self.disk.root_gib) + (jobs_gib * 10).div_ceil(9);
+        Some(RootVolume {
+            device: self.disk.root_device.clone(),
+            size_gib: u32::try_from(size).unwrap_or(u32::MAX),
+        })
+    }
+
+    /// What a machine launched with `volume` offers jobs' disks: the inverse of
+    /// [`PoolSpec::root_volume`], 0 for a machine on the template's own volume.
+    pub fn job_disk_of(&self, volume: Option<&RootVolume>) -> i64 {
+        volume.map_or(0, |v| {
+            let jobs_gib = i64::from(v.size_gib.saturating_sub(self.disk.root_gib));
+            jobs_gib * GIB * 9 / 10
+        })
+    }
+
     /// Every problem of the declaration, each naming its field.
     pub fn validate(&self, problems: &mut Vec<String>) {
         let at = format!("pools[{}]", self.name);
+        if self.disk.max_job_gib > 0 {
+            if self.disk.root_device.trim().is_empty() {
+                problems.push(format!("{at}.disk.root-device: name the launch template's root device"));
+            }
+            let largest = u64::from(self.disk.root_gib) + (u64::from(self.disk.max_job_gib) * 10).div_ceil(9);
+            if self.disk.root_gib == 0 || largest > MAX_VOLUME_GIB {
+                problems.push(format!(
+                    "{at}.disk: root-gib ({}) and max-job-gib ({}) make volumes of up to {largest} GiB; give root-gib at least 1 and keep that within {MAX_VOLUME_GIB} GiB (EBS's largest)",
+                    self.disk.root_gib, self.disk.max_job_gib
+                ));
+            }
+        }
         if self.name.is_empty() || !self.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
             problems.push(format!(
                 "{at}.name: must be letters, digits and '-', got {:?}",
@@ -414,5 +502,48 @@ impl PoolSpec {
         {
             problems.push(format!("{at}.placement-group: name the group, or leave the key out"));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(max_job_gib: u32) -> PoolSpec {
+        let mut pool = crate::sim::SimCatalogue::standard().cpu_pool("cpu");
+        pool.disk.max_job_gib = max_job_gib;
+        pool
+    }
+
+    #[test]
+    fn a_root_volume_holds_the_jobs_disks_as_the_runner_offers_them() {
+        assert_eq!(pool(500).root_volume(0), None, "no disk asked");
+        assert_eq!(pool(0).root_volume(50 * GIB), None, "a pool that sizes no volumes");
+        // 90 GiB of jobs: the runner offers 90% of its free space, so 100 GiB on the template's 100.
+        let volume = pool(500).root_volume(90 * GIB).expect("sized");
+        assert_eq!(volume.device, "/dev/xvda");
+        assert_eq!(volume.size_gib, 200);
+        assert!(pool(500).job_disk_of(Some(&volume)) >= 90 * GIB);
+        // A part of a GiB rounds up, and what the volume offers still holds it.
+        let odd = 90 * GIB + 1;
+        let volume = pool(500).root_volume(odd).expect("sized");
+        assert_eq!(volume.size_gib, 202);
+        assert!(pool(500).job_disk_of(Some(&volume)) >= odd);
+        assert_eq!(pool(500).job_disk_of(None), 0);
+    }
+
+    #[test]
+    fn a_pool_whose_volumes_would_pass_ebs_largest_is_refused() {
+        let mut problems = Vec::new();
+        pool(20_000).validate(&mut problems);
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains("pools[cpu].disk: root-gib (100) and max-job-gib (20000)")),
+            "{problems:?}"
+        );
+        let mut problems = Vec::new();
+        pool(1_000).validate(&mut problems);
+        assert!(problems.is_empty(), "{problems:?}");
     }
 }

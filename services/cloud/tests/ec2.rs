@@ -16,13 +16,27 @@ const ON_DEMAND: CapacityType = CapacityType::OnDemand;
 #[tokio::test]
 async fn create_launches_on_the_first_of_two_candidates() {
     let fx = Fixture::start("first").await;
-    let intent = fx.intent(SPOT, 1, &[("c5.large", "us-east-1a"), ("m5.large", "us-east-1b")]);
+    let mut intent = fx.intent(SPOT, 1, &[("c5.large", "us-east-1a"), ("m5.large", "us-east-1b")]);
+    // Its job asked for disk: the template's root device at the size the planner chose.
+    intent.root_volume = Some(kiln_cloud::RootVolume {
+        device: "/dev/xvda".into(),
+        size_gib: 300,
+    });
     let launched = fx.cloud.create(&intent).await.expect("create");
     assert!(launched.failures.is_empty(), "{:?}", launched.failures);
     assert_eq!(launched.instances.len(), 1);
     let instance = &launched.instances[0];
     assert_eq!(instance.key, intent.candidates[0].key);
     assert_eq!(instance.intent, Some(intent.id));
+    // moto keeps no fleet's block devices: what reached EC2 is read from the proxy.
+    let sent = fx.proxy.fleet_params().await;
+    for index in 1..=2 {
+        let device = format!("LaunchTemplateConfigs.1.Overrides.{index}.BlockDeviceMapping.1");
+        let param = |name: &str| sent[0].get(&format!("{device}.{name}")).and_then(|v| v.as_str());
+        assert_eq!(param("DeviceName"), Some("/dev/xvda"), "{device}");
+        assert_eq!(param("Ebs.VolumeSize"), Some("300"), "{device}");
+        assert_eq!(param("Ebs.DeleteOnTermination"), Some("true"), "{device}");
+    }
 
     let got = fx.cloud.get(&instance.id).await.expect("get").expect("moto knows it");
     assert_eq!(got.key, intent.candidates[0].key, "type, zone and spot read back");

@@ -144,6 +144,7 @@ requirements = { gpu-model = ["A10G","L4"], gpus = [1,1], memory-gib = [16,64.5]
 capacity-types = ["spot"]
 launch-template = "kiln-runner-gpu"
 max-instances = 8
+disk = { max-job-gib = 500, root-gib = 200, root-device = "/dev/xvda" }
 idle-timeout-secs = 600
 boot-timeout-secs = 900
 labels = { }
@@ -152,6 +153,7 @@ on-demand-prices = { }
         let config: Config = toml::from_str(text).expect("terraform's provisioner.toml parses");
         assert!(config.validate().is_ok(), "{:?}", config.validate());
         assert_eq!(config.pools[0].capacity_types, [kiln_cloud::CapacityType::Spot]);
+        assert_eq!(config.pools[0].job_disk_bytes(), 500 << 30);
     }
 
     #[test]

@@ -179,10 +179,12 @@ impl Provisioner {
             let asked = Room::of_job(&job.resources);
             let pool = self.pools.iter().find(|pool| {
                 (job.pool.is_empty() || job.pool == pool.name)
-                    && self
-                        .state
-                        .get(&pool.name)
-                        .is_some_and(|state| state.offerings.iter().any(|o| asked.fits_in(Room::of_shape(&o.shape))))
+                    && self.state.get(&pool.name).is_some_and(|state| {
+                        state
+                            .offerings
+                            .iter()
+                            .any(|o| asked.fits_in(Room::of_shape(&o.shape, pool.job_disk_bytes())))
+                    })
             });
             if let Some(pool) = pool {
                 assigned.entry(pool.name.clone()).or_default().push(job.clone());
@@ -254,6 +256,7 @@ impl Provisioner {
                 live_instances: live,
                 max_instances: pool.max_instances,
                 capacity_types: &pool.capacity_types,
+                job_disk_bytes: pool.job_disk_bytes(),
             };
             let decided = plan::plan(&input);
             held_back = decided.held_back.clone();
@@ -279,6 +282,7 @@ impl Provisioner {
                         version: pool.launch_template_version.clone(),
                     },
                     labels: pool.labels.clone(),
+                    root_volume: pool.root_volume(machines.disk_bytes),
                 };
                 cycle.calls += 1;
                 let boot_timeout_ms = pool.boot_timeout_secs as i64 * 1000;

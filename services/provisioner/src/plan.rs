@@ -31,14 +31,18 @@ pub struct Room {
     pub cpu_millis: i64,
     pub memory_bytes: i64,
     pub gpus: i64,
+    /// Jobs' disks (`--disk`): what the machine's root volume is sized for.
+    pub disk_bytes: i64,
 }
 
 impl Room {
-    pub fn of_shape(shape: &Shape) -> Room {
+    /// A machine of `shape` whose root volume can give its jobs `disk_bytes`.
+    pub fn of_shape(shape: &Shape, disk_bytes: i64) -> Room {
         Room {
             cpu_millis: shape.cpu_millis,
             memory_bytes: shape.memory_bytes,
             gpus: shape.gpus,
+            disk_bytes,
         }
     }
 
@@ -47,6 +51,7 @@ impl Room {
             cpu_millis: job.cpu_millis,
             memory_bytes: job.memory_bytes,
             gpus: job.gpus,
+            disk_bytes: job.disk_bytes,
         }
     }
 
@@ -55,6 +60,7 @@ impl Room {
             cpu_millis: self.cpu_millis + other.cpu_millis,
             memory_bytes: self.memory_bytes + other.memory_bytes,
             gpus: self.gpus + other.gpus,
+            disk_bytes: self.disk_bytes + other.disk_bytes,
         }
     }
 
@@ -63,11 +69,15 @@ impl Room {
             cpu_millis: self.cpu_millis - other.cpu_millis,
             memory_bytes: self.memory_bytes - other.memory_bytes,
             gpus: self.gpus - other.gpus,
+            disk_bytes: self.disk_bytes - other.disk_bytes,
         }
     }
 
     pub fn fits_in(self, room: Room) -> bool {
-        self.cpu_millis <= room.cpu_millis && self.memory_bytes <= room.memory_bytes && self.gpus <= room.gpus
+        self.cpu_millis <= room.cpu_millis
+            && self.memory_bytes <= room.memory_bytes
+            && self.gpus <= room.gpus
+            && self.disk_bytes <= room.disk_bytes
     }
 
     /// How many of this fit in `room`, fractionally (the scarcest resource decides).
@@ -81,7 +91,8 @@ impl Room {
         };
         let copies = fit(self.cpu_millis, room.cpu_millis)
             .min(fit(self.memory_bytes, room.memory_bytes))
-            .min(fit(self.gpus, room.gpus));
+            .min(fit(self.gpus, room.gpus))
+            .min(fit(self.disk_bytes, room.disk_bytes));
         if copies.is_finite() { copies } else { 1.0 }
     }
 
@@ -91,6 +102,7 @@ impl Room {
         share(self.cpu_millis, of.cpu_millis)
             .max(share(self.memory_bytes, of.memory_bytes))
             .max(share(self.gpus, of.gpus))
+            .max(share(self.disk_bytes, of.disk_bytes))
     }
 }
 
@@ -116,6 +128,8 @@ pub struct PoolInput<'a> {
     pub max_instances: u32,
     /// The pool's capacity types, in config order.
     pub capacity_types: &'a [CapacityType],
+    /// The most disk the jobs of one new machine may have (its root volume sized for them).
+    pub job_disk_bytes: i64,
 }
 
 /// A group of identical machines to launch: one intent.
@@ -129,6 +143,8 @@ pub struct Machines {
     pub jobs: Vec<String>,
     /// One gang's machines: all of them or none, in one zone.
     pub gang: bool,
+    /// The disk each machine's jobs ask for together, in whole GiB (its root volume's part).
+    pub disk_bytes: i64,
 }
 
 /// The cycle's decision for one pool.
@@ -156,11 +172,12 @@ pub fn plan(input: &PoolInput<'_>) -> PoolPlan {
     let largest = input
         .offerings
         .iter()
-        .map(|offering| Room::of_shape(&offering.shape))
+        .map(|offering| input.room_of(offering))
         .fold(Room::default(), |a, b| Room {
             cpu_millis: a.cpu_millis.max(b.cpu_millis),
             memory_bytes: a.memory_bytes.max(b.memory_bytes),
             gpus: a.gpus.max(b.gpus),
+            disk_bytes: a.disk_bytes.max(b.disk_bytes),
         });
     let mut coming_free: Vec<(CapacityType, Room)> = input.coming.iter().map(|c| (c.capacity, c.room)).collect();
     let (gangs, singles): (Vec<usize>, Vec<usize>) = (0..input.demand.len()).partition(|&i| input.demand[i].nodes > 1);
@@ -196,7 +213,8 @@ pub fn plan(input: &PoolInput<'_>) -> PoolPlan {
     let machines = split_costly(input, open);
     let mut room_left = input.max_instances.saturating_sub(input.live_instances);
     let at_max = || format!("pool {} at max-instances ({})", input.pool, input.max_instances);
-    let mut groups: BTreeMap<(CapacityType, Vec<OfferingKey>), Machines> = BTreeMap::new();
+    // Machines whose jobs ask for different disks are different launches (their volumes differ).
+    let mut groups: BTreeMap<(CapacityType, Vec<OfferingKey>, i64), Machines> = BTreeMap::new();
     for machine in machines {
         let job_ids: Vec<String> = machine.jobs.iter().map(|&i| input.demand[i].job_id.clone()).collect();
         if room_left == 0 {
@@ -206,13 +224,17 @@ pub fn plan(input: &PoolInput<'_>) -> PoolPlan {
         room_left -= 1;
         let candidates = cheapest_first(input, &machine.candidates);
         let keys = candidates.iter().map(|c| c.key.clone()).collect();
-        let group = groups.entry((machine.capacity, keys)).or_insert_with(|| Machines {
-            capacity: machine.capacity,
-            count: 0,
-            candidates,
-            jobs: Vec::new(),
-            gang: false,
-        });
+        let disk_bytes = whole_gib(machine.used.disk_bytes);
+        let group = groups
+            .entry((machine.capacity, keys, disk_bytes))
+            .or_insert_with(|| Machines {
+                capacity: machine.capacity,
+                count: 0,
+                candidates,
+                jobs: Vec::new(),
+                gang: false,
+                disk_bytes,
+            });
         group.count += 1;
         group.jobs.extend(job_ids);
     }
@@ -231,6 +253,20 @@ pub fn plan(input: &PoolInput<'_>) -> PoolPlan {
         out.launch.push(gang);
     }
     out
+}
+
+impl PoolInput<'_> {
+    /// What a new machine of the offering holds, its volume sized up to the pool's most.
+    fn room_of(&self, offering: &Offering) -> Room {
+        Room::of_shape(&offering.shape, self.job_disk_bytes)
+    }
+}
+
+/// Bytes rounded up to whole GiB: volumes are sized in GiB.
+fn whole_gib(bytes: i64) -> i64 {
+    const GIB: u64 = 1 << 30;
+    let gib = u64::try_from(bytes).unwrap_or(0).div_ceil(GIB);
+    i64::try_from(gib * GIB).unwrap_or(i64::MAX)
 }
 
 /// The offerings `candidates` names, cheapest first, at most [`MAX_CANDIDATES`].
@@ -258,7 +294,7 @@ fn capacity_for(input: &PoolInput<'_>, job: &DemandJob, asked: Room) -> Option<C
             && input
                 .offerings
                 .iter()
-                .any(|o| o.key.capacity == capacity && asked.fits_in(Room::of_shape(&o.shape)))
+                .any(|o| o.key.capacity == capacity && asked.fits_in(input.room_of(o)))
     };
     let preferred = match job.market.as_str() {
         "spot" => return holds(CapacityType::Spot).then_some(CapacityType::Spot),
@@ -297,7 +333,7 @@ fn no_offering_reason(input: &PoolInput<'_>, job: &DemandJob) -> String {
 /// larger type only while the larger type's extra room costs no more a copy of the job than the
 /// job's own machine.
 fn place(input: &PoolInput<'_>, open: &mut Vec<Open>, index: usize, asked: Room, capacity: CapacityType) {
-    let holds = |i: usize| Room::of_shape(&input.offerings[i].shape);
+    let holds = |i: usize| input.room_of(&input.offerings[i]);
     let cheapest_of = |candidates: &[usize]| {
         candidates.iter().copied().min_by(|&a, &b| {
             input.offerings[a]
@@ -355,7 +391,7 @@ fn holding(input: &PoolInput<'_>, capacity: CapacityType, asked: Room) -> Vec<us
     (0..input.offerings.len())
         .filter(|&i| {
             let offering = &input.offerings[i];
-            offering.key.capacity == capacity && asked.fits_in(Room::of_shape(&offering.shape))
+            offering.key.capacity == capacity && asked.fits_in(input.room_of(offering))
         })
         .collect()
 }

@@ -66,6 +66,7 @@ fn input<'a>(offerings: &'a [Offering], demand: &'a [DemandJob]) -> PoolInput<'a
         live_instances: 0,
         max_instances: 100,
         capacity_types: &BOTH,
+        job_disk_bytes: 0,
     }
 }
 
@@ -132,7 +133,7 @@ fn machines_on_their_way_hold_jobs_and_nothing_is_launched_again() {
     let mut pool = input(&offerings, &demand);
     pool.coming = vec![Coming {
         capacity: CapacityType::Spot,
-        room: Room::of_shape(&offerings[4].shape),
+        room: Room::of_shape(&offerings[4].shape, 0),
     }];
     let plan = plan(&pool);
     assert_eq!(
@@ -245,11 +246,11 @@ fn machines_on_their_way_hold_a_gang_node_each_and_only_the_rest_launch() {
     input.coming = vec![
         Coming {
             capacity: CapacityType::Spot,
-            room: Room::of_shape(&offerings[2].shape),
+            room: Room::of_shape(&offerings[2].shape, 0),
         },
         Coming {
             capacity: CapacityType::Spot,
-            room: Room::of_shape(&offerings[0].shape),
+            room: Room::of_shape(&offerings[0].shape, 0),
         },
     ];
     let plan = plan(&input);
@@ -310,4 +311,68 @@ fn a_machine_grows_to_a_larger_type_only_while_its_room_is_no_dearer() {
         .map(|m| (m.candidates[0].key.instance_type.clone(), m.count))
         .collect();
     assert_eq!(bought, [("c.xlarge".to_string(), 2)], "{plan:?}");
+}
+
+#[test]
+fn jobs_asking_for_disk_get_machines_whose_volumes_hold_them_and_no_more() {
+    let offerings = catalogue();
+    let disk = |id: &str, cpus: i64, disk_gib: i64| {
+        let mut job = job(id, cpus, "spot");
+        job.resources.disk_bytes = disk_gib * GIB;
+        job
+    };
+    // Four 1-CPU jobs of 300 GiB each: one 8-CPU machine holds the CPUs, but a machine's
+    // jobs may have 500 GiB at most, so they are split one per machine; two small jobs
+    // without disk share a machine of their own.
+    let demand = [
+        disk("d1", 1, 300),
+        disk("d2", 1, 300),
+        disk("d3", 1, 150),
+        disk("d4", 1, 150),
+        job("p1", 1, "spot"),
+        job("p2", 1, "spot"),
+    ];
+    let mut pool = input(&offerings, &demand);
+    pool.job_disk_bytes = 500 * GIB;
+    let split = plan(&pool);
+    assert!(split.held_back.is_empty(), "{:?}", split.held_back);
+    for machines in &split.launch {
+        assert!(machines.disk_bytes <= 500 * GIB, "{machines:?}");
+        let asked: i64 = machines
+            .jobs
+            .iter()
+            .map(|id| demand.iter().find(|j| &j.job_id == id).unwrap().resources.disk_bytes)
+            .sum();
+        assert!(
+            machines.disk_bytes * i64::from(machines.count) >= asked,
+            "volumes hold their jobs' disks: {machines:?}"
+        );
+    }
+    let sized: i64 = split.launch.iter().map(|m| m.disk_bytes * i64::from(m.count)).sum();
+    assert_eq!(
+        sized,
+        900 * GIB,
+        "the jobs' 900 GiB, no machine sized for a disk it does not hold"
+    );
+    let machines: u32 = split.launch.iter().map(|m| m.count).sum();
+    assert!(
+        machines >= 2,
+        "300 + 300 GiB on one machine would pass its 500: {split:?}"
+    );
+
+    // A job asking for more than a machine of the pool may have is held back with the reason;
+    // so is any job asking for disk on a pool that sizes no volumes.
+    let too_big = [disk("big", 1, 600)];
+    let mut pool = input(&offerings, &too_big);
+    pool.job_disk_bytes = 500 * GIB;
+    let held = plan(&pool);
+    assert!(held.launch.is_empty(), "{held:?}");
+    assert_eq!(held.held_back.len(), 1);
+    assert!(
+        held.held_back[0].1.contains("no available spot offering holds it"),
+        "{held:?}"
+    );
+    let any = [disk("any", 1, 1)];
+    let held = plan(&input(&offerings, &any));
+    assert!(held.launch.is_empty() && held.held_back.len() == 1, "{held:?}");
 }

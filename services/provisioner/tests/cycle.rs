@@ -173,6 +173,7 @@ async fn an_unknown_tagged_instance_is_reaped_and_an_unregistered_one_times_out(
             version: None,
         },
         labels: BTreeMap::new(),
+        root_volume: None,
     };
     rig.sim.create(&stray).await.unwrap();
     // Another cluster's instance is never touched.
@@ -341,4 +342,50 @@ async fn a_status_lists_the_launches_on_their_way_and_none_of_the_past_ones() {
     assert_eq!(launching.len(), 1);
     assert_eq!(launching[0].jobs, ["o"]);
     assert_eq!(launching[0].capacity, "on-demand");
+}
+
+#[tokio::test]
+async fn a_job_asking_for_disk_gets_a_machine_whose_root_volume_is_sized_for_it_once() {
+    let rig = Rig::new().await;
+    let mut sized = pool();
+    sized.disk.max_job_gib = 500;
+    let mut leader = rig.leader_of(sized);
+    let mut disk_job = job("disk", 2, "spot");
+    disk_job.resources.disk_bytes = 180 << 30;
+    let wanted = demand(vec![disk_job, job("plain", 2, "spot")]);
+    let first = leader.cycle(&wanted, &Seen::default(), now_ms()).await.unwrap();
+    assert!(first.launched >= 1, "{first:?}");
+    // What the pool offers a job's disk is in its status, for the scheduler's "can any pool
+    // ever hold it".
+    assert_eq!(first.statuses[0].largest.disk_bytes, 500 << 30);
+    let intents = rig.store.intents(CLUSTER, &[intent_state::LAUNCHED]).await.unwrap();
+    let volumes: Vec<Option<kiln_cloud::RootVolume>> = intents
+        .iter()
+        .map(|i| serde_json::from_str::<LaunchIntent>(&i.request).unwrap().root_volume)
+        .collect();
+    // 180 GiB of jobs: the template's 100 GiB and 200 for the job (the runner offers 90%).
+    let expected = kiln_cloud::RootVolume {
+        device: "/dev/xvda".into(),
+        size_gib: 300,
+    };
+    assert!(volumes.contains(&Some(expected)), "{volumes:?}");
+    assert!(
+        volumes.iter().all(|v| v.as_ref().is_none_or(|v| v.size_gib == 300)),
+        "only the disk job's machine is sized: {volumes:?}"
+    );
+    // Again: the machine on its way holds the disk job (its volume counted); nothing more.
+    let second = leader.cycle(&wanted, &Seen::default(), now_ms()).await.unwrap();
+    assert_eq!((second.calls, second.launched), (0, 0), "{second:?}");
+
+    // The same job on a pool that sizes no volumes is not its demand at all.
+    let rig = Rig::new().await;
+    let mut leader = rig.leader();
+    let mut disk_job = job("disk", 2, "spot");
+    disk_job.resources.disk_bytes = 1 << 30;
+    let cycle = leader
+        .cycle(&demand(vec![disk_job]), &Seen::default(), now_ms())
+        .await
+        .unwrap();
+    assert_eq!((cycle.calls, cycle.launched), (0, 0));
+    assert_eq!(cycle.statuses[0].largest.disk_bytes, 0);
 }

@@ -181,6 +181,24 @@ mod tests {
     }
 
     #[test]
+    fn a_disk_job_is_demand_of_a_pool_that_sizes_volumes_and_of_no_other() {
+        let disk_job = || PendingJob {
+            resources: Resources::new(1000, GIB, 0).with_disk(50 * GIB),
+            ..job("disk", 1, "")
+        };
+        // The runners report no disk and the pool's machines none: it waits, and is no demand.
+        let (placed, demand) = demand_of_queue(vec![disk_job()], &[status("cpu", 8)]);
+        assert!(placed.is_empty() && demand.is_empty(), "{placed:?} {demand:?}");
+        // The pool's volumes are sized for up to 500 GiB of jobs' disks: its demand, with its disk.
+        let mut sized = status("cpu", 8);
+        sized.largest.disk_bytes = 500 * GIB;
+        let (placed, demand) = demand_of_queue(vec![disk_job()], &[sized]);
+        assert!(placed.is_empty(), "no runner reports disk: {placed:?}");
+        assert_eq!(demand.len(), 1, "{demand:?}");
+        assert_eq!(demand[0].resources.disk_bytes, 50 * GIB);
+    }
+
+    #[test]
     fn without_the_provisioner_nothing_is_demand() {
         // The control: the same queue with no provisioned pool leaves no demand (a job larger
         // than every runner just waits for one).

@@ -191,11 +191,13 @@ pub fn with_provisioned(
         .with_disk(a.disk_bytes.max(b.disk_bytes))
     };
     for status in statuses {
+        // Disk too: a pool whose machines' volumes are sized for jobs' disks holds `--disk` jobs.
         let largest = Resources::new(
             status.largest.cpu_millis,
             status.largest.memory_bytes,
             status.largest.gpus,
-        );
+        )
+        .with_disk(status.largest.disk_bytes);
         if largest == Resources::ZERO {
             continue;
         }

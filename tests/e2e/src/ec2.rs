@@ -150,6 +150,7 @@ impl Ec2World {
             labels: BTreeMap::from([("kiln-test".to_owned(), "e2e".to_owned())]),
             on_demand_prices: BTreeMap::new(),
             placement_group: None,
+            disk: Default::default(),
         }
     }
 

@@ -251,6 +251,7 @@ async fn an_unknown_tagged_instance_is_reaped_and_one_that_never_boots_is_termin
             version: None,
         },
         labels: Default::default(),
+        root_volume: None,
     };
     use kiln_cloud::Cloud;
     let stray = world.cloud.create(&stray).await.expect("a stray instance").instances[0]

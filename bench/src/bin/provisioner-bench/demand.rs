@@ -50,6 +50,7 @@ fn input<'a>(
         live_instances: 0,
         max_instances: u32::MAX,
         capacity_types: &pool.capacity_types,
+        job_disk_bytes: pool.job_disk_bytes(),
     }
 }
 
@@ -91,7 +92,7 @@ pub fn time_plan(
             .iter()
             .filter(|o| o.key.capacity == CapacityType::Spot)
             .max_by_key(|o| (o.shape.cpu_millis, o.shape.memory_bytes))
-            .map(|o| Room::of_shape(&o.shape))
+            .map(|o| Room::of_shape(&o.shape, 0))
             .unwrap_or_default();
         jobs.iter()
             .map(|_| Coming {

@@ -58,6 +58,7 @@ async fn history(rig: &Rig, count: usize, at_ms: i64) -> Result<()> {
                 version: None,
             },
             labels: Default::default(),
+            root_volume: None,
         };
         let at = at_ms - (count - n) as i64 * 60_000;
         rig.store

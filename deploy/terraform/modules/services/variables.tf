@@ -146,6 +146,13 @@ variable "provisioner_pools" {
     on_demand_prices  = map(number)
     # The cluster placement group the pool's gangs launch into (`placement-group`), or null.
     placement_group = string
+    # The root volume the provisioner sizes for the jobs' --disk (`disk`): the most the jobs
+    # of one machine may ask for, the template's own size, its root device.
+    disk = object({
+      max_job_gib = number
+      root_gib    = number
+      root_device = string
+    })
   }))
 }
 

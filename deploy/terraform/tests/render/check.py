@@ -68,8 +68,10 @@ POOL_REQUIRED = {
     "boot-timeout-secs",
     "labels",
     "on-demand-prices",
+    "disk",
 }
 POOL_KEYS = POOL_REQUIRED | {"instance-types", "requirements", "placement-group"}
+DISK_KEYS = {"max-job-gib", "root-gib", "root-device"}
 # An EC2 placement group's ARN, as IAM matches it: by the group's name, not its pg- id.
 PLACEMENT_GROUP_ARN = re.compile(r"^arn:[a-z-]+:ec2:([a-z0-9-]+):([0-9]{12}):placement-group/(.+)$")
 REQUIREMENT_RANGES = {"vcpu", "memory-gib", "gpus"}
@@ -157,6 +159,15 @@ def check_pool(index, pool):
         isinstance(group, str) and 0 < len(group) <= 255 and group.isascii() and "*" not in group
     ):
         problems.append(f"{where}: placement-group must be a placement group's name (1 to 255 ASCII characters), not {group!r}")
+    disk = pool.get("disk")
+    if not isinstance(disk, dict) or disk.keys() != DISK_KEYS:
+        problems.append(f"{where}: disk must be a table of {sorted(DISK_KEYS)}, not {disk!r}")
+    else:
+        whole = lambda v, least: isinstance(v, int) and not isinstance(v, bool) and v >= least
+        if not (whole(disk["max-job-gib"], 0) and whole(disk["root-gib"], 1)):
+            problems.append(f"{where}: disk's max-job-gib must be a whole number of GiB, root-gib at least 1: {disk!r}")
+        if not (isinstance(disk["root-device"], str) and disk["root-device"].startswith("/dev/")):
+            problems.append(f"{where}: disk.root-device must be a device path, not {disk['root-device']!r}")
     return problems
 
 
@@ -185,6 +196,9 @@ def check_provisioner(config):
         problems.append(f"provisioner: no `pub struct PoolSpec` in {POOL_SPEC} to compare the pool keys with")
     elif POOL_KEYS - fields:
         problems.append(f"provisioner: pool keys kiln_cloud::PoolSpec does not have: {', '.join(sorted(POOL_KEYS - fields))}")
+    disk_fields = rust_struct_fields(POOL_SPEC.read_text(), "PoolDisk") if POOL_SPEC.exists() else None
+    if disk_fields is None or DISK_KEYS - disk_fields:
+        problems.append(f"provisioner: disk keys kiln_cloud::PoolDisk does not have: {', '.join(sorted(DISK_KEYS - (disk_fields or set())))}")
     requirements = rust_struct_fields(POOL_SPEC.read_text(), "Requirements") if POOL_SPEC.exists() else None
     if requirements is not None and (REQUIREMENT_RANGES | REQUIREMENT_LISTS) - requirements:
         problems.append(

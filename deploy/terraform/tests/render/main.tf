@@ -44,6 +44,7 @@ locals {
         labels            = { team = "vision", "cost-centre" = "ml.42" }
         on_demand_prices  = { "m7i.2xlarge" = 0.35 }
         placement_group   = null
+        disk              = { max_job_gib = 500, root_gib = 100, root_device = "/dev/xvda" }
       },
       {
         name           = "gpu"
@@ -65,6 +66,7 @@ locals {
         labels            = {}
         on_demand_prices  = {}
         placement_group   = "kiln-runner-gpu"
+        disk              = { max_job_gib = 0, root_gib = 200, root_device = "/dev/xvda" }
       },
     ]
   }

@@ -60,6 +60,15 @@ pub(crate) fn params(intent: &LaunchIntent) -> Result<Params, CloudError> {
         if let Some(group) = &intent.placement_group {
             params.set(format!("{prefix}.Placement.GroupName"), group);
         }
+        // The template's root device at this size: its other settings (gp3, encryption, key)
+        // stay the template's; deleted with the instance whatever the template says.
+        if let Some(volume) = &intent.root_volume {
+            let device = format!("{prefix}.BlockDeviceMapping.1");
+            params
+                .set(format!("{device}.DeviceName"), &volume.device)
+                .set(format!("{device}.Ebs.VolumeSize"), volume.size_gib.to_string())
+                .set(format!("{device}.Ebs.DeleteOnTermination"), "true");
+        }
     }
     params
         .set(

@@ -2,7 +2,7 @@ use std::collections::BTreeMap;
 
 use super::*;
 use crate::ec2::xml;
-use crate::{IntentId, PriceSource, Shape, TemplateRef, Unavailable};
+use crate::{IntentId, PriceSource, RootVolume, Shape, TemplateRef, Unavailable};
 
 fn offering(instance_type: &str, zone: &str, subnet: &str, capacity: CapacityType) -> Offering {
     Offering {
@@ -34,6 +34,7 @@ fn intent(candidates: Vec<Offering>) -> LaunchIntent {
             version: None,
         },
         labels: BTreeMap::from([("team".to_owned(), "vision".to_owned())]),
+        root_volume: None,
     }
 }
 
@@ -86,6 +87,30 @@ fn params_name_every_override_tag_and_option() {
         super::params(&intent(eu_candidates())).expect("valid"),
         "deterministic"
     );
+}
+
+#[test]
+fn a_root_volume_sizes_the_templates_root_device_on_every_override() {
+    let plain = params(&intent(eu_candidates())).expect("valid");
+    assert!(
+        !plain.encode().contains("BlockDeviceMapping"),
+        "no disk asked: the template's volume as it is"
+    );
+    let mut sized = intent(eu_candidates());
+    sized.root_volume = Some(RootVolume {
+        device: "/dev/xvda".into(),
+        size_gib: 212,
+    });
+    let params = params(&sized).expect("valid");
+    for index in 1..=sized.candidates.len() {
+        let device = format!("LaunchTemplateConfigs.1.Overrides.{index}.BlockDeviceMapping.1");
+        assert_eq!(params.get(&format!("{device}.DeviceName")), Some("/dev/xvda"));
+        assert_eq!(params.get(&format!("{device}.Ebs.VolumeSize")), Some("212"));
+        assert_eq!(params.get(&format!("{device}.Ebs.DeleteOnTermination")), Some("true"));
+        // Type, encryption and key stay the template's (AWS keeps what an override leaves out).
+        assert_eq!(params.get(&format!("{device}.Ebs.VolumeType")), None);
+        assert_eq!(params.get(&format!("{device}.Ebs.Encrypted")), None);
+    }
 }
 
 #[test]

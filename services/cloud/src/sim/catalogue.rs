@@ -88,6 +88,7 @@ impl SimCatalogue {
             labels: Default::default(),
             on_demand_prices: Default::default(),
             placement_group: None,
+            disk: Default::default(),
         }
     }
 

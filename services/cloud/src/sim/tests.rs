@@ -40,6 +40,7 @@ fn intent(count: u32, candidates: Vec<Offering>) -> LaunchIntent {
             version: None,
         },
         labels: BTreeMap::new(),
+        root_volume: None,
     }
 }
 
@@ -311,6 +312,7 @@ async fn offerings_follow_the_pool_and_the_prices() {
         idle_timeout_secs: 300,
         boot_timeout_secs: 600,
         labels: BTreeMap::new(),
+        disk: Default::default(),
         on_demand_prices: BTreeMap::from([("c.xlarge".to_owned(), 0.15)]),
         placement_group: None,
     };

@@ -91,6 +91,7 @@ impl Fixture {
                 version: None,
             },
             labels: BTreeMap::from([("kiln-test".to_owned(), "ec2".to_owned())]),
+            root_volume: None,
         }
     }
 
@@ -121,6 +122,7 @@ impl Fixture {
             labels: BTreeMap::new(),
             on_demand_prices: BTreeMap::new(),
             placement_group: None,
+            disk: Default::default(),
         }
     }
 

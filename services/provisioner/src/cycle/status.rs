@@ -20,12 +20,14 @@ impl Provisioner {
         offerings: &[Offering],
         demand_at_ms: i64,
     ) -> Result<(Vec<Coming>, u32)> {
-        let shape_of = |instance_type: &str| {
+        let shape_of = |instance_type: &str, disk_bytes: i64| {
             offerings
                 .iter()
                 .find(|o| o.key.instance_type == instance_type)
-                .map(|o| Room::of_shape(&o.shape))
+                .map(|o| Room::of_shape(&o.shape, disk_bytes))
         };
+        // What each intent's root volume gives its machines' jobs (read once per intent).
+        let mut disk_of_intent: HashMap<String, i64> = HashMap::new();
         let mut coming = Vec::new();
         let records = self.store.instances(&self.cluster, &instance_state::LIVE).await?;
         let mut live = 0;
@@ -34,7 +36,23 @@ impl Provisioner {
             // Booting, or registered after the demand was read (its room is not in it yet).
             let on_its_way = record.state == instance_state::BOOTING
                 || (record.state == instance_state::REGISTERED && record.registered_at_ms >= demand_at_ms);
-            if on_its_way && let Some(room) = shape_of(&record.instance_type) {
+            if !on_its_way {
+                continue;
+            }
+            let disk_bytes = match disk_of_intent.get(&record.intent_id) {
+                Some(bytes) => *bytes,
+                None if pool.disk.max_job_gib == 0 => 0,
+                None => {
+                    let request = self.store.intent(&record.intent_id).await?;
+                    let volume = request
+                        .and_then(|r| serde_json::from_str::<LaunchIntent>(&r.request).ok())
+                        .and_then(|r| r.root_volume);
+                    let bytes = pool.job_disk_of(volume.as_ref());
+                    disk_of_intent.insert(record.intent_id.clone(), bytes);
+                    bytes
+                }
+            };
+            if let Some(room) = shape_of(&record.instance_type, disk_bytes) {
                 coming.push(Coming {
                     capacity: if record.capacity == CapacityType::Spot.as_str() {
                         CapacityType::Spot
@@ -56,7 +74,7 @@ impl Provisioner {
                 for _ in 0..request.count {
                     coming.push(Coming {
                         capacity: request.capacity,
-                        room: Room::of_shape(&first.shape),
+                        room: Room::of_shape(&first.shape, pool.job_disk_of(request.root_volume.as_ref())),
                     });
                 }
                 live += request.count;
@@ -92,9 +110,8 @@ impl Provisioner {
                 cpu_millis: status.largest.cpu_millis.max(shape.cpu_millis),
                 memory_bytes: status.largest.memory_bytes.max(shape.memory_bytes),
                 gpus: status.largest.gpus.max(shape.gpus),
-                // Launch templates do not size a job's disk yet: `--disk` jobs wait for a
-                // runner that reports disk, and are no demand of a provisioned pool.
-                disk_bytes: 0,
+                // Sized for its jobs up to the pool's most (0: `--disk` jobs are not its).
+                disk_bytes: pool.job_disk_bytes(),
             };
             let cheapest = match offering.key.capacity {
                 CapacityType::Spot => {

@@ -44,6 +44,7 @@ pub(super) fn plan(
             candidates: cheapest_first(input, &holding(input, capacity, asked)),
             jobs: vec![job.job_id.clone()],
             gang: true,
+            disk_bytes: super::whole_gib(asked.disk_bytes),
         });
     }
     launch
