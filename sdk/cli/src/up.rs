@@ -339,6 +339,9 @@ async fn serve_all(
         database: database.clone(),
         nats: nats_of(Service::ItemBatch),
         objects: objects.clone(),
+        // Process workers run the agent found for containers (static, so it runs on the host
+        // too): the first command's kiln has no kiln-agent beside it.
+        agent_path: args.agent_binary.clone().unwrap_or_default(),
         ..Default::default()
     })
     .await?

@@ -330,9 +330,11 @@ fn a_job_s_system_metrics_from_the_cli() {
     assert!(!points.as_array().unwrap().is_empty(), "{series}");
 }
 
+/// On a `kiln up` run from a binary with no kiln-agent beside it (the first command's
+/// `target/quick/kiln`): process workers run the agent `kiln up` found, as containers do.
 #[test]
 fn a_batch_from_the_cli() {
-    let up = Up::start();
+    let up = Up::start_alone();
     let created = up.kiln(&[
         "batch",
         "create",
@@ -364,6 +366,17 @@ fn a_batch_from_the_cli() {
         text(&added.stderr)
     );
     assert!(up.kiln(&["batch", "seal", &batch]).status.success());
+    // Bounded, so a batch whose workers never start fails here with kiln up's log (`--watch`
+    // alone would wait for ever).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !text(&up.kiln(&["batch", "status", &batch]).stdout).contains("(DONE)") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the batch never ended:\n{}",
+            up.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
     let watched = up.kiln(&["batch", "status", &batch, "--watch"]);
     assert_eq!(watched.status.code(), Some(1), "a dead item makes the exit code 1");
     let status = text(&watched.stdout);

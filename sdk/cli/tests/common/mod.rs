@@ -16,6 +16,9 @@ pub struct Up {
     pub home: tempfile::TempDir,
     pub project: tempfile::TempDir,
     pub flags: Vec<String>,
+    /// The `kiln` that runs `up`: [`KILN`], or a lone link to it ([`Up::start_alone`]).
+    binary: PathBuf,
+    _lone: Option<tempfile::TempDir>,
 }
 
 impl Up {
@@ -32,16 +35,38 @@ impl Up {
     }
 
     pub fn start_with(flags: &[&str]) -> Up {
+        Up::start_from(PathBuf::from(KILN), None, flags)
+    }
+
+    /// Starts `kiln up` (process provider) from a `kiln` alone in its directory, as the first
+    /// command's build leaves it (`target/quick` holds no kiln-agent), with the agent named by
+    /// `--agent-binary` as `kiln up` finds it in setup's tools.
+    pub fn start_alone() -> Up {
+        let lone = tempfile::tempdir().unwrap();
+        let binary = lone.path().join("kiln");
+        // A hard link where the temp dir shares the build's filesystem, else a copy.
+        std::fs::hard_link(KILN, &binary)
+            .or_else(|_| std::fs::copy(KILN, &binary).map(drop))
+            .unwrap();
+        let agent = Path::new(KILN).with_file_name("kiln-agent");
+        assert!(agent.exists(), "{} is missing: build the workspace", agent.display());
+        let flags = ["--provider", "process", "--agent-binary", agent.to_str().unwrap()];
+        Up::start_from(binary, Some(lone), &flags)
+    }
+
+    fn start_from(binary: PathBuf, lone: Option<tempfile::TempDir>, flags: &[&str]) -> Up {
         let home = tempfile::tempdir().unwrap();
         let project = tempfile::tempdir().unwrap();
         std::fs::write(project.path().join("train.py"), "print('training')\n").unwrap();
         let flags: Vec<String> = flags.iter().map(|f| f.to_string()).collect();
-        let child = spawn_up(home.path(), &flags);
+        let child = spawn_up(&binary, home.path(), &flags);
         let up = Up {
             child,
             home,
             project,
             flags,
+            binary,
+            _lone: lone,
         };
         up.wait_until_up();
         up
@@ -50,7 +75,7 @@ impl Up {
     /// Starts `kiln up` again on the same home, after [`Up::interrupt`].
     pub fn restart(&mut self) {
         std::fs::remove_file(self.home.path().join("credentials.toml")).unwrap();
-        self.child = spawn_up(self.home.path(), &self.flags);
+        self.child = spawn_up(&self.binary, self.home.path(), &self.flags);
         self.wait_until_up();
     }
 
@@ -167,7 +192,7 @@ impl Drop for Up {
     }
 }
 
-pub fn spawn_up(home: &Path, flags: &[String]) -> Child {
+pub fn spawn_up(kiln: &Path, home: &Path, flags: &[String]) -> Child {
     let log = std::fs::File::create(home.join("up.log")).unwrap();
     // Free loopback ports, a short grace period: each unless `flags` says otherwise.
     let defaults = [
@@ -181,7 +206,7 @@ pub fn spawn_up(home: &Path, flags: &[String]) -> Child {
         ("--http-addr", "127.0.0.1:0"),
         ("--grace-period", "2"),
     ];
-    let mut command = Command::new(KILN);
+    let mut command = Command::new(kiln);
     command.arg("up");
     for (flag, value) in defaults {
         if !flags.iter().any(|given| given == flag) {
