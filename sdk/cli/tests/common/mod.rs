@@ -49,7 +49,11 @@ impl Up {
             .or_else(|_| std::fs::copy(KILN, &binary).map(drop))
             .unwrap();
         let agent = Path::new(KILN).with_file_name("kiln-agent");
-        assert!(agent.exists(), "{} is missing: build the workspace", agent.display());
+        assert!(
+            agent.try_exists().unwrap(),
+            "{} is missing: build the workspace",
+            agent.display()
+        );
         let flags = ["--provider", "process", "--agent-binary", agent.to_str().unwrap()];
         Up::start_from(binary, Some(lone), &flags)
     }
