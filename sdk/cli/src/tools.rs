@@ -83,9 +83,78 @@ pub fn find_tool(program: &str, flag: Option<&Path>, dirs: &ToolDirs) -> Result<
     Err(format!("{program} not found in {}", looked.join(", ")))
 }
 
+/// The kiln-agent `kiln up`'s process workers (batches without an image) run: the one beside
+/// this `kiln` when a workspace build put one there (`target/debug`), else `found`, the agent
+/// found for containers. `kiln up` as root runs process jobs as uids of their own, which a home
+/// of mode 0700 keeps out of `~/.kiln/tools`: then `found` is copied into `work_root`, the
+/// process jobs' own root (every directory up to it open to any user), named by its content so
+/// the `kiln up`s of one machine share one copy and none writes over a copy that runs.
+pub fn process_agent(found: Option<&Path>, work_root: &Path, as_root: bool) -> std::io::Result<PathBuf> {
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join("kiln-agent")))
+        .filter(|path| path.try_exists().unwrap_or(false));
+    match (beside, found) {
+        (Some(beside), _) => Ok(beside),
+        (None, Some(found)) if as_root => shared_copy(found, work_root),
+        (None, Some(found)) => Ok(found.to_path_buf()),
+        // item-batch says what is missing when a process batch asks for a worker.
+        (None, None) => Ok(PathBuf::new()),
+    }
+}
+
+/// `program` copied to `dir/.kiln-agent-<sha256 prefix>` (mode 0755), unless already there.
+fn shared_copy(program: &Path, dir: &Path) -> std::io::Result<PathBuf> {
+    use sha2::{Digest, Sha256};
+    use std::os::unix::fs::PermissionsExt;
+    let bytes = std::fs::read(program)?;
+    let digest = hex::encode(Sha256::digest(&bytes));
+    let target = dir.join(format!(".kiln-agent-{}", &digest[..16]));
+    if target.try_exists()? {
+        return Ok(target);
+    }
+    if !dir.try_exists()? {
+        // As the runner makes it: any user may pass, none may list.
+        std::fs::create_dir_all(dir)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))?;
+    }
+    let partial = dir.join(format!(".kiln-agent-{}.{}.partial", &digest[..16], std::process::id()));
+    std::fs::write(&partial, &bytes)?;
+    std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(0o755))?;
+    std::fs::rename(&partial, &target)?;
+    Ok(target)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_agent_is_copied_once_by_content_where_any_uid_can_run_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().unwrap();
+        let private = root.path().join("home/.kiln/tools/bin");
+        std::fs::create_dir_all(&private).unwrap();
+        let agent = private.join("kiln-agent");
+        std::fs::write(&agent, b"#!/bin/sh\necho agent\n").unwrap();
+        let work_root = root.path().join("kiln-jobs");
+        // This test's own executable has no kiln-agent beside it.
+        let copy = process_agent(Some(&agent), &work_root, true).unwrap();
+        assert!(copy.starts_with(&work_root), "{}", copy.display());
+        assert_eq!(std::fs::read(&copy).unwrap(), std::fs::read(&agent).unwrap());
+        let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&copy), 0o755);
+        assert_eq!(mode(&work_root), 0o711);
+        // Again (another kiln up): the same copy, nothing written.
+        let modified = std::fs::metadata(&copy).unwrap().modified().unwrap();
+        assert_eq!(process_agent(Some(&agent), &work_root, true).unwrap(), copy);
+        assert_eq!(std::fs::metadata(&copy).unwrap().modified().unwrap(), modified);
+        // Another agent gets its own name; as a user (jobs run as that user) no copy at all.
+        std::fs::write(&agent, b"#!/bin/sh\necho newer\n").unwrap();
+        assert_ne!(process_agent(Some(&agent), &work_root, true).unwrap(), copy);
+        assert_eq!(process_agent(Some(&agent), &work_root, false).unwrap(), agent);
+        assert_eq!(process_agent(None, &work_root, true).unwrap(), PathBuf::new());
+    }
 
     fn touch(path: &Path) {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();

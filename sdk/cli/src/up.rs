@@ -339,9 +339,14 @@ async fn serve_all(
         database: database.clone(),
         nats: nats_of(Service::ItemBatch),
         objects: objects.clone(),
-        // Process workers run the agent found for containers (static, so it runs on the host
-        // too): the first command's kiln has no kiln-agent beside it.
-        agent_path: args.agent_binary.clone().unwrap_or_default(),
+        // The first command's kiln has no kiln-agent beside it: process workers then run the
+        // agent found for containers (static, so it runs on the host too).
+        agent_path: tools::process_agent(
+            args.agent_binary.as_deref(),
+            &kiln_runner::provider::process::config::ProcessConfig::default().work_root,
+            nix::unistd::geteuid().is_root(),
+        )
+        .context("cannot place kiln-agent where process jobs can run it")?,
         ..Default::default()
     })
     .await?

@@ -39,21 +39,30 @@ impl Up {
     }
 
     /// Starts `kiln up` (process provider) from a `kiln` alone in its directory, as the first
-    /// command's build leaves it (`target/quick` holds no kiln-agent), with the agent named by
-    /// `--agent-binary` as `kiln up` finds it in setup's tools.
+    /// command's build leaves it (`target/quick` holds no kiln-agent), with the agent behind a
+    /// directory of mode 0700, as setup's tools are in a root's home (`/root` is 0700).
     pub fn start_alone() -> Up {
+        use std::os::unix::fs::PermissionsExt;
         let lone = tempfile::tempdir().unwrap();
+        // Hard links where the temp dir shares the build's filesystem, else copies.
+        let place = |from: &Path, to: &Path| {
+            std::fs::hard_link(from, to)
+                .or_else(|_| std::fs::copy(from, to).map(drop))
+                .unwrap()
+        };
         let binary = lone.path().join("kiln");
-        // A hard link where the temp dir shares the build's filesystem, else a copy.
-        std::fs::hard_link(KILN, &binary)
-            .or_else(|_| std::fs::copy(KILN, &binary).map(drop))
-            .unwrap();
-        let agent = Path::new(KILN).with_file_name("kiln-agent");
+        place(Path::new(KILN), &binary);
+        let built = Path::new(KILN).with_file_name("kiln-agent");
         assert!(
-            agent.try_exists().unwrap(),
+            built.try_exists().unwrap(),
             "{} is missing: build the workspace",
-            agent.display()
+            built.display()
         );
+        let private = lone.path().join("home");
+        std::fs::create_dir(&private).unwrap();
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let agent = private.join("kiln-agent");
+        place(&built, &agent);
         let flags = ["--provider", "process", "--agent-binary", agent.to_str().unwrap()];
         Up::start_from(binary, Some(lone), &flags)
     }
