@@ -480,6 +480,13 @@ impl PoolSpec {
                 if self.zones.is_empty() {
                     problems.push(format!("{at}.zones: name at least one zone for cloud sim"));
                 }
+                // Its machines' runners (the sim fleet's) report no disk: a machine launched for
+                // a `--disk` job would never take it, and the next cycle would launch again.
+                if self.disk.max_job_gib > 0 {
+                    problems.push(format!(
+                        "{at}.disk.max-job-gib: the simulated cloud's machines give jobs no disk; leave it 0"
+                    ));
+                }
             }
             other => problems.push(format!("{at}.cloud: {other:?} is not a cloud kiln knows (ec2, sim)")),
         }
@@ -509,8 +516,12 @@ impl PoolSpec {
 mod tests {
     use super::*;
 
+    /// An EC2 pool (the sim catalogue's, moved to EC2) with `max_job_gib`.
     fn pool(max_job_gib: u32) -> PoolSpec {
         let mut pool = crate::sim::SimCatalogue::standard().cpu_pool("cpu");
+        pool.cloud = "ec2".into();
+        pool.region = "eu-west-1".into();
+        pool.subnets = vec!["subnet-0a".into()];
         pool.disk.max_job_gib = max_job_gib;
         pool
     }
@@ -545,5 +556,16 @@ mod tests {
         let mut problems = Vec::new();
         pool(1_000).validate(&mut problems);
         assert!(problems.is_empty(), "{problems:?}");
+        // The sim fleet's runners report no disk: a sim pool may not size volumes.
+        let mut sim = pool(1_000);
+        sim.cloud = "sim".into();
+        let mut problems = Vec::new();
+        sim.validate(&mut problems);
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains("pools[cpu].disk.max-job-gib: the simulated cloud")),
+            "{problems:?}"
+        );
     }
 }

@@ -347,6 +347,8 @@ async fn a_status_lists_the_launches_on_their_way_and_none_of_the_past_ones() {
 #[tokio::test]
 async fn a_job_asking_for_disk_gets_a_machine_whose_root_volume_is_sized_for_it_once() {
     let rig = Rig::new().await;
+    // The sim cloud stands in for EC2 here (no runner registers in this test); a sim pool's
+    // config may not size volumes, as the sim fleet's runners report no disk.
     let mut sized = pool();
     sized.disk.max_job_gib = 500;
     let mut leader = rig.leader_of(sized);
