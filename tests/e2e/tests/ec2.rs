@@ -533,3 +533,50 @@ async fn a_rebalance_recommendation_cordons_the_instance_without_killing_its_job
     stack.stop_job(&long).await;
     scene.finish().await;
 }
+
+/// A `--disk` job (issue 28): on a pool that sizes no volumes it waits and nothing is launched;
+/// once the pool's machines may have 500 GiB for their jobs, the scheduler makes it the pool's
+/// demand and the provisioner's `CreateFleet` grows the launch template's root volume for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_disk_job_launches_a_machine_whose_root_volume_is_sized_for_it() {
+    let scene = Scene::start("disk").await;
+    let (stack, world, bridge) = (&scene.stack, &scene.world, &scene.bridge);
+    // No runner registers: what is looked at is the launch, not the job's run.
+    bridge.pause();
+    let mut spec = job(1000, 256, 1);
+    spec.image = "kiln-test/never-pulled".into();
+    if let Some(resources) = spec.resources.as_mut() {
+        resources.disk_bytes = 180 << 30;
+    }
+    let unsized_pool = scene.provisioner(world.pool(), |_| {});
+    let id = stack.submit_spec(spec).await.id;
+    let said = explain_until(stack, &id, 30, |said| said.contains("180 GiB disk")).await;
+    assert!(!said.contains("the provisioner launches a machine"), "{said}");
+    // Cycles every half second: none launches for it.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(world.proxy.calls("CreateFleet").await, 0);
+    drop(unsized_pool);
+
+    let mut pool = world.pool();
+    pool.disk.max_job_gib = 500;
+    let _sized = scene.provisioner(pool, |_| {});
+    eventually(60, "a launch", || async { world.proxy.calls("CreateFleet").await > 0 }).await;
+    let sent = world.proxy.fleet_params().await;
+    let param = |name: &str| {
+        sent[0]
+            .get(&format!(
+                "LaunchTemplateConfigs.1.Overrides.1.BlockDeviceMapping.1.{name}"
+            ))
+            .and_then(|v| v.as_str())
+            .map(str::to_owned)
+    };
+    // The template's 100 GiB and the job's 180 GiB as the runner offers it (a ninth more).
+    assert_eq!(param("DeviceName").as_deref(), Some("/dev/xvda"), "{sent:?}");
+    assert_eq!(param("Ebs.VolumeSize").as_deref(), Some("300"), "{sent:?}");
+    assert_eq!(param("Ebs.DeleteOnTermination").as_deref(), Some("true"));
+    explain_until(stack, &id, 30, |said| {
+        said.contains("the provisioner launches a machine")
+    })
+    .await;
+    scene.finish().await;
+}
