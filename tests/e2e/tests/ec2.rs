@@ -560,7 +560,11 @@ async fn a_disk_job_launches_a_machine_whose_root_volume_is_sized_for_it() {
     let mut pool = world.pool();
     pool.disk.max_job_gib = 500;
     let _sized = scene.provisioner(pool, |_| {});
-    eventually(60, "a launch", || async { world.proxy.calls("CreateFleet").await > 0 }).await;
+    // The proxy counts a call when it arrives and records its parameters once carried out.
+    eventually(60, "a launch", || async {
+        !world.proxy.fleet_params().await.is_empty()
+    })
+    .await;
     let sent = world.proxy.fleet_params().await;
     let param = |name: &str| {
         sent[0]
