@@ -90,11 +90,7 @@ pub fn find_tool(program: &str, flag: Option<&Path>, dirs: &ToolDirs) -> Result<
 /// process jobs' own root (every directory up to it open to any user), named by its content so
 /// the `kiln up`s of one machine share one copy and none writes over a copy that runs.
 pub fn process_agent(found: Option<&Path>, work_root: &Path, as_root: bool) -> std::io::Result<PathBuf> {
-    let beside = std::env::current_exe()
-        .ok()
-        .and_then(|exe| exe.parent().map(|dir| dir.join("kiln-agent")))
-        .filter(|path| path.try_exists().unwrap_or(false));
-    match (beside, found) {
+    match (kiln_item_batch::scaler::agent_beside_program(), found) {
         (Some(beside), _) => Ok(beside),
         (None, Some(found)) if as_root => shared_copy(found, work_root),
         (None, Some(found)) => Ok(found.to_path_buf()),

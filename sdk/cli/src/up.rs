@@ -306,6 +306,10 @@ async fn serve_all(
         .filter(|user| user.is_admin)
         .map(|user| user.id)
         .unwrap_or_default();
+    let process = kiln_runner::provider::process::config::ProcessConfig {
+        trusted_owner: owner,
+        ..Default::default()
+    };
     let api_addr = api.local_addr();
     let logs = kiln_log_ingest::LogIngest::bind(kiln_log_ingest::Config {
         grpc: grpc(args.logs_addr),
@@ -343,7 +347,7 @@ async fn serve_all(
         // agent found for containers (static, so it runs on the host too).
         agent_path: tools::process_agent(
             args.agent_binary.as_deref(),
-            &kiln_runner::provider::process::config::ProcessConfig::default().work_root,
+            &process.work_root,
             nix::unistd::geteuid().is_root(),
         )
         .context("cannot place kiln-agent where process jobs can run it")?,
@@ -429,10 +433,7 @@ async fn serve_all(
             ],
             ..Default::default()
         },
-        process: kiln_runner::provider::process::config::ProcessConfig {
-            trusted_owner: owner,
-            ..Default::default()
-        },
+        process,
         // The predictor runs in this process: the relays' direct channels are on its loopback.
         relay: kiln_runner::relay::RelaySettings {
             direct_addr: "127.0.0.1:0".into(),

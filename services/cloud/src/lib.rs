@@ -12,6 +12,7 @@
 
 pub mod ec2;
 mod error;
+mod pool;
 mod requirements;
 pub mod sim;
 #[cfg(feature = "test-util")]
@@ -24,10 +25,11 @@ use std::time::Duration;
 use futures::stream::BoxStream;
 
 pub use error::CloudError;
+pub use pool::{PoolDisk, PoolSpec};
 pub use types::{
     CapacityType, CloudInstance, InstanceId, InstanceState, IntentId, Interruption, LaunchIntent, Launched,
-    NoticeAction, Offering, OfferingFailure, OfferingKey, PoolDisk, PoolSpec, PriceSource, Requirements, RootVolume,
-    Shape, TAG_CLUSTER, TAG_INTENT, TAG_POOL, TagSelector, TemplateRef, Unavailable,
+    NoticeAction, Offering, OfferingFailure, OfferingKey, PriceSource, Requirements, RootVolume, Shape, TAG_CLUSTER,
+    TAG_INTENT, TAG_POOL, TagSelector, TemplateRef, Unavailable,
 };
 
 /// One cloud: EC2, the simulated cloud, (designed) GCE.

@@ -16,6 +16,18 @@ pub const MIN_JOB_DISK_BYTES: u64 = 16 << 20;
 /// The most GPUs one job (or one batch worker) may ask for.
 pub const MAX_GPUS: u32 = 16;
 
+/// What a runner offers jobs' disks out of `free` bytes under its disks' directory: 90%, a
+/// margin for its own files.
+pub fn disk_offered(free: u64) -> u64 {
+    u64::try_from(u128::from(free) * 9 / 10).unwrap_or(u64::MAX)
+}
+
+/// The free space a runner needs to offer `wanted` (the inverse of [`disk_offered`], rounded
+/// up): what a machine's volume is grown by for its jobs' disks.
+pub fn disk_needed(wanted: u64) -> u64 {
+    u64::try_from((u128::from(wanted) * 10).div_ceil(9)).unwrap_or(u64::MAX)
+}
+
 /// What is wrong with asking for a disk of its own and shared memory (`--disk`, `--shm`), the
 /// same for jobs, sweeps' trials and batch workers; each caller words it with its own fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -403,14 +403,18 @@ fn agent_path(shared: &Shared) -> Result<String> {
     if !shared.config.agent_path.as_os_str().is_empty() {
         return Ok(shared.config.agent_path.display().to_string());
     }
-    let beside = std::env::current_exe()
+    let beside = agent_beside_program().ok_or_else(|| {
+        Error::FailedPrecondition("kiln-agent is not beside this program; set item-batch's agent-path".into())
+    })?;
+    Ok(beside.display().to_string())
+}
+
+/// `kiln-agent` in the running program's directory, when there (a workspace build's).
+pub fn agent_beside_program() -> Option<std::path::PathBuf> {
+    std::env::current_exe()
         .ok()
         .and_then(|exe| exe.parent().map(|dir| dir.join("kiln-agent")))
         .filter(|path| path.try_exists().unwrap_or(false))
-        .ok_or_else(|| {
-            Error::FailedPrecondition("kiln-agent is not beside this program; set item-batch's agent-path".into())
-        })?;
-    Ok(beside.display().to_string())
 }
 
 #[cfg(test)]

@@ -122,7 +122,6 @@ impl SimFleet {
             // The boot timeout itself is tested on EC2 (tests/e2e/tests/ec2.rs) and the sim
             // cloud (services/provisioner/tests).
             placement_group: Some(SIM_PLACEMENT_GROUP.into()),
-            disk: Default::default(),
             ..SimCatalogue::standard().cpu_pool(SIM_POOL)
         }
     }

@@ -2,7 +2,7 @@
 is valid bash (`bash -n`), every config is TOML whose keys are the ones deploy/compose/config gives
 that service, plus the few that only the AWS deployment sets. provisioner.toml, which compose
 does not run yet, is checked against the pool keys kiln_cloud::PoolSpec reads
-(services/cloud/src/types.rs). A misspelt key would otherwise show only on a booting instance,
+(services/cloud/src/pool.rs and types.rs). A misspelt key would otherwise show only on a booting instance,
 as the service refusing its config. The provisioner's launch ARNs (statement LaunchFromThePools
 of its role) must name the placement group of each pool that has one, and no other."""
 
@@ -15,7 +15,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[4]
 TOPOLOGY = REPO / "deploy" / "compose" / "config"
-POOL_SPEC = REPO / "services" / "cloud" / "src" / "types.rs"
+POOL_SPEC = REPO / "services" / "cloud" / "src" / "pool.rs"
+REQUIREMENTS = REPO / "services" / "cloud" / "src" / "types.rs"
 # The compose config file (the one the topology harness runs too) each rendered config is
 # compared with.
 TOPOLOGY_FILE = {
@@ -199,7 +200,7 @@ def check_provisioner(config):
     disk_fields = rust_struct_fields(POOL_SPEC.read_text(), "PoolDisk") if POOL_SPEC.exists() else None
     if disk_fields is None or DISK_KEYS - disk_fields:
         problems.append(f"provisioner: disk keys kiln_cloud::PoolDisk does not have: {', '.join(sorted(DISK_KEYS - (disk_fields or set())))}")
-    requirements = rust_struct_fields(POOL_SPEC.read_text(), "Requirements") if POOL_SPEC.exists() else None
+    requirements = rust_struct_fields(REQUIREMENTS.read_text(), "Requirements") if REQUIREMENTS.exists() else None
     if requirements is not None and (REQUIREMENT_RANGES | REQUIREMENT_LISTS) - requirements:
         problems.append(
             "provisioner: requirement keys kiln_cloud::Requirements does not have: "

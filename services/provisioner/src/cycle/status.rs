@@ -41,15 +41,9 @@ impl Provisioner {
             }
             let disk_bytes = match disk_of_intent.get(&record.intent_id) {
                 Some(bytes) => *bytes,
-                None if pool.disk.max_job_gib == 0 => 0,
                 None => {
-                    let request = self.store.intent(&record.intent_id).await?;
-                    let volume = request
-                        .and_then(|r| serde_json::from_str::<LaunchIntent>(&r.request).ok())
-                        .and_then(|r| r.root_volume);
-                    let bytes = pool.job_disk_of(volume.as_ref());
-                    disk_of_intent.insert(record.intent_id.clone(), bytes);
-                    bytes
+                    let bytes = self.intent_disk(pool, &record.intent_id).await?;
+                    *disk_of_intent.entry(record.intent_id.clone()).or_insert(bytes)
                 }
             };
             if let Some(room) = shape_of(&record.instance_type, disk_bytes) {
@@ -81,6 +75,21 @@ impl Provisioner {
             }
         }
         Ok((coming, live))
+    }
+
+    /// What the machines of a recorded intent offer jobs' disks (its root volume); nothing is
+    /// read for a pool that sizes no volumes.
+    async fn intent_disk(&self, pool: &PoolSpec, intent_id: &str) -> Result<i64> {
+        if pool.disk.max_job_gib == 0 {
+            return Ok(0);
+        }
+        let volume = self
+            .store
+            .intent(intent_id)
+            .await?
+            .and_then(|record| serde_json::from_str::<LaunchIntent>(&record.request).ok())
+            .and_then(|request| request.root_volume);
+        Ok(pool.job_disk_of(volume.as_ref()))
     }
 
     pub(crate) async fn status(

@@ -54,8 +54,8 @@ impl Disks {
                 std::fs::create_dir_all(&self.root)
                     .map_err(|e| format!("cannot create {}: {e}", self.root.display()))?;
                 let stats = nix::sys::statvfs::statvfs(&self.root).map_err(|e| e.to_string())?;
-                let free = u128::from(stats.blocks_available()) * u128::from(stats.fragment_size());
-                return Ok(i64::try_from(free * 9 / 10).unwrap_or(i64::MAX));
+                let free = stats.blocks_available().saturating_mul(stats.fragment_size());
+                return Ok(i64::try_from(kiln_core::capacity::disk_offered(free)).unwrap_or(i64::MAX));
             }
         }
         Err("mkfs.ext4 is missing (apt-get install e2fsprogs)".into())
