@@ -22,11 +22,11 @@
 #     deploy/compose; KILN_TEST_COMPOSE for the topology harness) and Debian's prometheus
 #     (KILN_TEST_PROMETHEUS, for tests/topology/tests/prometheus.rs); Debian's docker-registry
 #     and htpasswd (KILN_TEST_REGISTRY, KILN_TEST_HTPASSWD) for the private-registry test
-#   - cargo-machete 0.9.2 and cargo-deny 0.20.2 (pinned, `cargo install --locked` into
-#     ~/.cargo/bin unless that version is there)
+#   - cargo-machete 0.9.2, cargo-deny 0.20.2 and cargo-nextest 0.9.151 (pinned, `cargo install
+#     --locked` into ~/.cargo/bin unless that version is there)
 # then cargo fmt --check, clippy -D warnings, cargo machete (unused dependencies), cargo deny
-# (licenses, bans, sources: deny.toml; not advisories, whose database is on GitHub), cargo test
-# for the whole workspace, the fuzz targets for 20 s each (scripts/fuzz.sh, when a nightly
+# (licenses, bans, sources: deny.toml; not advisories, whose database is on GitHub), every test
+# of the workspace (cargo nextest, .config/nextest.toml), the fuzz targets for 20 s each (scripts/fuzz.sh, when a nightly
 # toolchain is installed; a loud warning when not), the Python SDK's sdist (stubs generated from
 # proto/) and the wheel built from it alone, on Python 3.9 and 3.13
 # (scripts/sdk-package-check.sh, `mypy --strict -p kiln` on the 3.13 wheel too), the Python SDK's
@@ -184,20 +184,22 @@ log "fault proxy: its tests against moto"
 "$KILN_TEST_CLOUD_PYTHON" "$repo/scripts/cloud/test_fault_proxy.py"
 log "price table refresh: its test on a small offer file"
 python3 "$repo/scripts/prices/test_refresh.py"
-# kiln-cloud's tests (tests/ec2.rs) read this env in `cargo test --workspace` below.
+# kiln-cloud's tests (tests/ec2.rs) read this env in `cargo nextest run --workspace` below.
 
-# --- cargo-machete and cargo-deny ------------------------------------------------------------
+# --- cargo-machete, cargo-deny and cargo-nextest ---------------------------------------------
 # Test-only tools, so installed here rather than by setup.sh; built with the toolchain pinned in
 # rust-toolchain.toml. A cold install builds from source: about 2 minutes for cargo-machete and
-# 5 for cargo-deny on 2 cores.
+# 5 for cargo-deny on 2 cores (cargo-nextest was not timed alone).
 CARGO_MACHETE_VERSION=0.9.2
 CARGO_DENY_VERSION=0.20.2
+CARGO_NEXTEST_VERSION=0.9.151
 install_cargo_tools() {
   local tool name version
-  for tool in "cargo-machete $CARGO_MACHETE_VERSION" "cargo-deny $CARGO_DENY_VERSION"; do
+  for tool in "cargo-machete $CARGO_MACHETE_VERSION" "cargo-deny $CARGO_DENY_VERSION" "cargo-nextest $CARGO_NEXTEST_VERSION"; do
     read -r name version <<<"$tool"
-    # `cargo-deny --version` prints "cargo-deny 0.20.2", `cargo-machete --version` "0.9.2".
-    if [ "$("$HOME/.cargo/bin/$name" --version 2>/dev/null | awk '{ print $NF }')" != "$version" ]; then
+    # `cargo-deny --version` prints "cargo-deny 0.20.2", `cargo-machete --version` "0.9.2",
+    # `cargo-nextest --version` "cargo-nextest 0.9.151 (6b3f99457 2026-11-02)" then more lines.
+    if [ "$("$HOME/.cargo/bin/$name" --version 2>/dev/null | head -n 1 | sed -E 's/ \(.*//' | awk '{ print $NF }')" != "$version" ]; then
       log "installing $name $version into $HOME/.cargo/bin"
       (cd "$repo" && nice cargo install --quiet --locked --root "$HOME/.cargo" "$name" --version "$version")
     fi
@@ -278,7 +280,11 @@ log "dashboards and alert rules"
 "$repo/scripts/check-dashboards.sh" # @grafana/schema, promtool check/test rules, check config
 # tests/e2e/tests/datasets.rs alone needs 2.25 GB free (a 1 GiB dataset, stored and unpacked).
 log "cargo test ($(($(df -Pk /tmp | awk 'NR == 2 { print $4 }') / 1048576)) GB free on the disk of /tmp)"
-cargo test --workspace --locked
+# cargo-nextest runs each test in a process of its own, a few at a time across all the test
+# executables (.config/nextest.toml says how many and why); the workspace has no doctests, which
+# nextest does not run: `cargo test --doc` keeps any that are added.
+cargo nextest run --workspace --locked
+cargo test --workspace --locked --doc
 
 # --- the web UI: its unit tests, then the browser tests against a real `kiln up` ---------------
 log "web UI: svelte-check and vitest (scripts/ui.sh check)"
@@ -286,8 +292,12 @@ log "web UI: svelte-check and vitest (scripts/ui.sh check)"
 log "web UI: browser tests in chromium (scripts/ui.sh e2e; screenshots in ui/e2e/artifacts/)"
 KILN_BIN="$repo/target/debug/kiln" "$repo/scripts/ui.sh" e2e
 log "web UI: the api with the UI embedded (--features embed-ui)"
-cargo clippy -p kiln-api --features embed-ui --all-targets --locked -- -D warnings
-cargo test -p kiln-api --features embed-ui --locked --lib http::files
+# With --workspace, not -p kiln-api: the dependencies' features are then unified over the whole
+# workspace as in the builds above and nothing but kiln-api and its dependents is built again
+# (with -p kiln-api alone, cargo built dozens of dependencies again with fewer features: 6.7
+# minutes of CI's run, against about one now).
+cargo clippy --workspace --all-targets --locked --features kiln-api/embed-ui -- -D warnings
+cargo test --workspace --locked --features kiln-api/embed-ui --lib http::files
 
 # --- fuzzing ---------------------------------------------------------------------------------
 # cargo-fuzz needs a nightly toolchain, which no registry reachable here ships: run the targets
