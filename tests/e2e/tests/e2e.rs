@@ -4,8 +4,8 @@
 //!
 //! One executable, not one per file: each of the 48 linked the whole stack and compiled its own
 //! copies of the generic code it used. Rebuilding them after an edit of the e2e library took
-//! 5 min 57 s on two cores, the one executable 21 s (docs/design-notes.md, "One e2e test
-//! executable").
+//! 5 min 57 s on two cores, the one executable 21 s (docs/design-notes.md, "CI's time:
+//! nextest, one e2e test executable, ...").
 
 mod api;
 mod authz;
