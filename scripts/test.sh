@@ -285,6 +285,14 @@ log "cargo test ($(($(df -Pk /tmp | awk 'NR == 2 { print $4 }') / 1048576)) GB f
 # nextest does not run: `cargo test --doc` keeps any that are added.
 cargo nextest run --workspace --locked
 cargo test --workspace --locked --doc
+# Where the tests' time goes (nextest's JUnit report): the first place to look when CI is slow.
+python3 - "$repo/target/nextest/default/junit.xml" <<'PY'
+import sys, xml.etree.ElementTree as ET
+cases = [(float(c.get("time")), c.get("classname"), c.get("name")) for c in ET.parse(sys.argv[1]).iter("testcase")]
+print(f"the slowest of {len(cases)} tests ({sum(t for t, _, _ in cases):.0f} s in all, a few at a time):")
+for seconds, binary, name in sorted(cases, reverse=True)[:15]:
+    print(f"  {seconds:7.1f} s  {binary} {name}")
+PY
 
 # --- the web UI: its unit tests, then the browser tests against a real `kiln up` ---------------
 log "web UI: svelte-check and vitest (scripts/ui.sh check)"

@@ -5,7 +5,7 @@
 use reqwest::StatusCode;
 use serde_json::json;
 
-mod common;
+use crate::common;
 
 use common::http::{Auth, Browser, client, json_of, rpc, set_cookie};
 use common::{Up, last_line, text};

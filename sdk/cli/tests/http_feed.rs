@@ -8,7 +8,7 @@ use std::io::{BufRead, BufReader};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-mod common;
+use crate::common;
 
 use common::http::{Auth, client, json_of, rpc};
 use common::{Up, last_line};

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-mod common;
+use crate::common;
 
 use common::http::{Auth, client, json_of, rpc, succeeded_job};
 use common::{Up, last_line, text};

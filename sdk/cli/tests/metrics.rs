@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-mod common;
+use crate::common;
 
 use common::{Up, text};
 use kiln_core::testing::{http_get, promtool_check_metrics, sample_value};
@@ -61,6 +61,6 @@ fn the_readme_lists_every_metric_kiln_exports() {
     assert_eq!(
         readme[start..stop],
         table,
-        "the README's metrics reference is out of date: run KILN_UPDATE_README=1 cargo test -p kiln-cli --test metrics"
+        "the README's metrics reference is out of date: run KILN_UPDATE_README=1 cargo test --workspace --test cli metrics::"
     );
 }

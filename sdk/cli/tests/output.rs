@@ -3,7 +3,7 @@
 
 use std::process::{Command, Stdio};
 
-mod common;
+use crate::common;
 
 use common::{KILN, Up, text};
 

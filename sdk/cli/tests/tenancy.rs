@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-mod common;
+use crate::common;
 
 use common::{KILN, Up, last_line, text};
 

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-mod common;
+use crate::common;
 
 use common::{Up, text};
 use kiln_core::testing::{CertFiles, TestCa};

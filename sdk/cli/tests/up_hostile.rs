@@ -13,7 +13,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-mod common;
+use crate::common;
 
 use common::{Up, last_line, text};
 use kiln_core::testing::hostile::{Tenant, assert_root, cross_project_attacks, env_of, pid_of_job, verdicts};

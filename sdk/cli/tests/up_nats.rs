@@ -3,7 +3,7 @@
 //! that speaks NATS without credentials is refused — while the same probe gets through to a
 //! server without authorization (the control).
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::PermissionsExt;
 

@@ -4,7 +4,7 @@
 //! follow), TailLogs and SearchLogs rely on: reads in (attempt, seq) order after a cursor, in
 //! pages; a line stored once however often it is written; end records; the tail's cursor.
 
-mod common;
+use crate::common;
 use kiln_log_ingest::item_lines::{ItemLine, ItemSearch, Matcher};
 use kiln_log_ingest::store::{Cursor, LogStore, StoredLine};
 use kiln_proto::v1::ItemState;

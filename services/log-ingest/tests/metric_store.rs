@@ -2,7 +2,7 @@
 //! ScyllaDB store, against the Apache Cassandra 5 node scripts/test.sh starts
 //! (`KILN_TEST_SCYLLA_NODES`), each in a keyspace of its own.
 
-mod common;
+use crate::common;
 
 use kiln_log_ingest::points::{MetricStore, Point};
 

@@ -2,7 +2,7 @@
 //! number on the ScyllaDB stores. Real nats-server; Cassandra (`KILN_TEST_SCYLLA_NODES`) for the
 //! replicas.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

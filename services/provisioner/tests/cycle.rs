@@ -2,7 +2,7 @@
 //! capacity errors, a lost answer across a leader change, the reaper, the boot timeout, and
 //! scale to zero. The same code drives EC2 (tests/e2e: moto, the fault proxy and AEMM).
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, HashMap};
 

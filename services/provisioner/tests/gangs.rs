@@ -1,7 +1,7 @@
 //! Gangs through the provisioner's cycle on the simulated cloud: one launch of all the nodes
 //! it needs, in one zone and the pool's placement group, or none.
 
-mod support;
+use crate::support;
 
 use kiln_cloud::{LaunchIntent, PoolSpec, Unavailable};
 use kiln_core::ids::now_ms;

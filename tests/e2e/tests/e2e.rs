@@ -1,5 +1,5 @@
 //! kiln's cross-service tests as one test executable: each file of this directory is a module
-//! (`cargo test -p kiln-e2e --test e2e ec2::` runs one file's tests; scripts/test.sh runs them
+//! (`cargo test --workspace --test e2e ec2::` runs one file's tests; scripts/test.sh runs them
 //! with cargo-nextest, each test in a process of its own).
 //!
 //! One executable, not one per file: each of the 48 linked the whole stack and compiled its own

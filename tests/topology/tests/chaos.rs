@@ -16,8 +16,7 @@ use kiln_topology::{Options, Topology};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-mod client;
-mod workload;
+use crate::{client, workload};
 use client::Clients;
 use workload::{
     Kind, get_batch, get_job, leftover_job_processes, sdk_job, sdk_python, spec, start_batch, stored_lines,

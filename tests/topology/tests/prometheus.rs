@@ -8,11 +8,7 @@
 //! metric points and log lines through the Python SDK, jobs of the simulated spot and on-demand
 //! pool, and a batch with an item retried and one dead-lettered.
 
-mod client;
-mod dashboards;
-// Shared with chaos.rs, which uses all of it.
-#[allow(dead_code)]
-mod workload;
+use crate::{client, dashboards, workload};
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

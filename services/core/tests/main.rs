@@ -1,0 +1,16 @@
+//! kiln-core's integration tests as one test executable: each file of this directory is a
+//! module (`cargo test --workspace --test core cluster::` runs one file's tests; scripts/test.sh
+//! runs them with cargo-nextest, each test in a process of its own). One executable, not one per
+//! file, for the build's sake: each linked the whole crate and its dependencies again
+//! (docs/design-notes.md, "CI's time: ...").
+
+mod cluster;
+mod metrics;
+mod nats_credentials;
+mod nats_permissions;
+mod objects;
+mod postgres_tls;
+mod publish;
+mod secrets_store;
+mod store;
+mod tls;

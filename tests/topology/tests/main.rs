@@ -1,0 +1,15 @@
+//! kiln-topology's integration tests as one test executable: each file of this directory is a
+//! module (`cargo test --workspace --test topology chaos::` runs one file's tests; scripts/test.sh
+//! runs them with cargo-nextest, each test in a process of its own). One executable, not one per
+//! file, for the build's sake: each linked the whole crate and its dependencies again
+//! (docs/design-notes.md, "CI's time: ...").
+
+mod client;
+mod dashboards;
+mod workload;
+
+mod chaos;
+mod hostile;
+mod prometheus;
+mod replicas;
+mod tls;
