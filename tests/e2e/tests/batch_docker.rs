@@ -161,11 +161,15 @@ async fn ten_thousand_items_on_four_containers_with_retries_and_a_dead_letter() 
         .into_inner()
         .items;
     assert_eq!(retried.len(), ITEMS - 1);
-    assert!(
-        retried
-            .iter()
-            .all(|i| i.attempts == if i.key.ends_with('3') { 2 } else { 1 })
-    );
+    // Which items took another attempt than their command calls for, if any (seen once in a full
+    // run under nextest, 2026-12-06, not diagnosed): their keys and attempts say whether a worker's
+    // session was lost or an item's lease ran out.
+    let odd: Vec<(&str, u32)> = retried
+        .iter()
+        .filter(|i| i.attempts != if i.key.ends_with('3') { 2 } else { 1 })
+        .map(|i| (i.key.as_str(), i.attempts))
+        .collect();
+    assert!(odd.is_empty(), "items with unexpected attempts: {odd:?}");
 
     // The workers leave, and the engine keeps none of their containers.
     let docker = docker().await;
