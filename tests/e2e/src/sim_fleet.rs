@@ -53,6 +53,8 @@ pub struct FleetConfig {
     /// Spot notices per instance-hour the fleet gives running instances.
     pub preemptions_per_hour: f64,
     pub seed: u64,
+    /// The pool's idle timeout: how long a registered runner with nothing to run is kept.
+    pub idle_timeout_secs: u64,
 }
 
 pub struct SimFleet {
@@ -114,7 +116,7 @@ impl SimFleet {
             capacity_types: vec![CapacityType::Spot],
             launch_template: String::new(),
             max_instances: config.max_instances,
-            idle_timeout_secs: 2,
+            idle_timeout_secs: config.idle_timeout_secs,
             // The pool's default (600 s; Karpenter gives a node 15 minutes to register). This
             // fleet binds its in-process runners one at a time on two cores, so after a burst of
             // launches an instance may wait over a minute for its runner: a tighter timeout
