@@ -6,6 +6,7 @@
 
 mod common;
 
+mod batch;
 mod cli;
 mod http;
 mod http_feed;
