@@ -124,20 +124,18 @@ pub fn credentials_path(home: &Path) -> PathBuf {
     home.join("credentials.toml")
 }
 
-/// Writes the credentials with mode 0600.
+/// Writes the credentials with mode 0600, atomically: a reader (a `kiln` command, or a test
+/// waiting for `kiln up`) sees the old file or the whole new one, never an empty or half one.
 pub fn write_credentials(home: &Path, credentials: &Credentials) -> Result<()> {
     use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     let path = credentials_path(home);
     let text = toml::to_string(credentials)?;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&path)
-        .with_context(|| format!("cannot write {}", path.display()))?;
+    // A temp file is created 0600, in the same directory so that the rename is atomic.
+    let mut file = tempfile::NamedTempFile::new_in(home).with_context(|| format!("cannot write {}", path.display()))?;
     file.write_all(text.as_bytes())?;
+    file.persist(&path)
+        .map_err(|error| error.error)
+        .with_context(|| format!("cannot write {}", path.display()))?;
     Ok(())
 }
 
