@@ -12,20 +12,52 @@ use std::time::{Duration, Instant};
 use crate::config::{DatabaseConfig, DatabaseUrl, NatsConfig};
 use crate::nats_auth::Service;
 
-/// Returns a port that was free a moment ago and that this process has not handed out before,
-/// so that two servers started at once by tests of one binary never get the same port.
+/// Returns a port that was free a moment ago and that no other test process holds, for a server
+/// a test starts as a child (which binds it itself).
+///
+/// A port the kernel hands out for `127.0.0.1:0` is in the ephemeral range, which every outgoing
+/// connection of every process draws from too: between this call and the child's bind, a client
+/// connecting anywhere could take it (CI saw a topology api find its /metrics port in use). So
+/// the port is picked below that range, where only explicit binds land, and claimed across the
+/// test processes nextest runs at once by a lock on a file named after it (`$TMPDIR/kiln-test-
+/// ports/`), held until this process exits; within the process a set keeps it from being handed
+/// out twice.
 pub fn free_port() -> u16 {
-    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
-        std::sync::Mutex::new(std::collections::BTreeSet::new());
-    loop {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("bind a free port")
-            .port();
-        if GIVEN.lock().unwrap_or_else(|e| e.into_inner()).insert(port) {
-            return port;
+    use rand::Rng;
+    static GIVEN: std::sync::Mutex<Vec<(u16, std::fs::File)>> = std::sync::Mutex::new(Vec::new());
+    let (low, high) = test_port_range();
+    let dir = std::env::temp_dir().join("kiln-test-ports");
+    std::fs::create_dir_all(&dir).expect("create the directory of test port claims");
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    for _ in 0..10_000 {
+        let port = rand::rng().random_range(low..high);
+        if given.iter().any(|(taken, _)| *taken == port) {
+            continue;
         }
+        let claim = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join(port.to_string()))
+            .expect("open a test port claim");
+        if claim.try_lock().is_err() || TcpListener::bind(("127.0.0.1", port)).is_err() {
+            continue;
+        }
+        given.push((port, claim));
+        return port;
     }
+    panic!("no free port in {low}..{high} after 10,000 tries");
+}
+
+/// Twelve thousand ports just below the kernel's ephemeral range (`ip_local_port_range`,
+/// 32768–60999 on Linux by default).
+fn test_port_range() -> (u16, u16) {
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let high = ephemeral_low.max(13_024);
+    (high - 12_000, high)
 }
 
 /// A `nats-server -js` child with its own store directory, killed on drop.
