@@ -34,7 +34,8 @@ pub struct Config {
     /// How long the scaler leader's lease lasts without renewal: a standby replica takes over
     /// the scaler within it. Under 30 s (the lease bucket's max age).
     pub lease_ttl_ms: u64,
-    /// A worker that had nothing to do for this long is told to stop, in milliseconds.
+    /// A worker that had nothing to do for this long is told to stop, in milliseconds, unless
+    /// items of its batch wait that no worker took (its fetches came back empty for another cause).
     pub idle_stop_ms: u64,
     /// How long an item may go without a heartbeat before JetStream gives it to another worker,
     /// in seconds (agents beat every few seconds).

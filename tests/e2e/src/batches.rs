@@ -217,3 +217,37 @@ pub async fn kill_a_worker(stack: &Stack, batch_id: &str) {
     };
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(agent), nix::sys::signal::Signal::SIGKILL).unwrap();
 }
+
+/// A worker's session with item-batch as kiln-agent opens it (`ItemWorkService.Work`, a hello of
+/// `slots`), as the stack's admin: the tasks it is sent, and the sender of its messages (the
+/// session ends when that is dropped).
+pub async fn work_session(
+    stack: &Stack,
+    batch_id: &str,
+    slots: u32,
+) -> (
+    tonic::Streaming<pb::AgentTask>,
+    tokio::sync::mpsc::Sender<pb::AgentMessage>,
+) {
+    use kiln_proto::v1::item_work_service_client::ItemWorkServiceClient;
+    let addr = stack.batches_addr.expect("item-batch is started");
+    let mut client =
+        ItemWorkServiceClient::with_interceptor(Stack::channel(addr).await, BearerInterceptor::new(&stack.token));
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    tx.send(pb::AgentMessage {
+        body: Some(pb::agent_message::Body::Hello(pb::AgentHello {
+            batch_id: batch_id.into(),
+            slots,
+        })),
+    })
+    .await
+    .expect("the hello is queued");
+    let tasks = client
+        .work(futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|m| (m, rx))
+        }))
+        .await
+        .expect("item-batch opens the session")
+        .into_inner();
+    (tasks, tx)
+}

@@ -1,12 +1,13 @@
 //! Batches on the process provider: items fan out to kiln-agent workers, failures are retried,
-//! dead letters keep their logs, counters add up, and a cancel stops its workers (crashes:
-//! batch_crash.rs; a done batch's workers not started: batch_done.rs).
+//! dead letters keep their logs, counters add up, a cancel stops its workers, and an idle worker
+//! leaves only when no items wait (crashes: batch_crash.rs; a done batch's workers not started:
+//! batch_done.rs).
 
 use std::time::Duration;
 
 use kiln_e2e::{
     BATCH_PATIENCE, Stack, add_items, assert_adds_up, batch_now, batch_spec, counts_of, create_batch, items_in,
-    live_workers, mem_items, seal_batch, wait_batch,
+    live_workers, mem_items, seal_batch, wait_batch, work_session,
 };
 use kiln_proto::v1 as pb;
 use tonic::Code;
@@ -310,4 +311,65 @@ async fn a_busy_batch_shows_its_rate_while_outcomes_stream_in() {
         seen.eta_seconds
     );
     wait_batch(&stack, &batch.id, "done", |b| b.state == pb::BatchState::Done as i32).await;
+}
+
+/// A worker whose fetches come back empty while items of its batch wait stays (the million-item
+/// run on a loaded machine saw hundreds leave at once with 370,000 items waiting; here the batch's
+/// consumer is paused); the control: a worker whose batch has nothing waiting is told to stop.
+#[tokio::test]
+async fn a_worker_stays_while_items_wait_and_leaves_when_none_do() {
+    use kiln_core::subjects;
+    use pb::agent_task::Body;
+    let mut stack = Stack::start_without_runner().await;
+    let config = stack.item_batch_config();
+    let idle_stop = Duration::from_millis(config.idle_stop_ms);
+    stack.start_item_batch(config).await;
+    let batch = create_batch(&stack, batch_spec(&["true"])).await;
+
+    // Nothing waits: the worker is stopped after the idle time.
+    let (mut first, _agent) = work_session(&stack, &batch.id, 1).await;
+    let told = tokio::time::timeout(idle_stop * 5, first.message())
+        .await
+        .expect("an idle worker is told to stop")
+        .unwrap()
+        .expect("a task");
+    assert!(
+        matches!(&told.body, Some(Body::Stop(stop)) if stop.reason == "no items for a while"),
+        "{told:?}"
+    );
+
+    // The batch's consumer (the first session made it) paused, then three items: they wait, and
+    // a worker's fetches come back empty.
+    let jetstream = async_nats::jetstream::new(stack.nats.client().await);
+    let stream = jetstream.get_stream(subjects::STREAM_ITEMS).await.unwrap();
+    let consumer = subjects::consumer_items(&batch.id);
+    let until = time::OffsetDateTime::now_utc() + time::Duration::hours(1);
+    stream.pause_consumer(&consumer, until).await.unwrap();
+    add_items(&stack, &batch.id, mem_items((0..3).map(|n| format!("w{n}"))))
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + BATCH_PATIENCE;
+    loop {
+        let mut paused: async_nats::jetstream::consumer::PullConsumer = stream.get_consumer(&consumer).await.unwrap();
+        if paused.info().await.unwrap().num_pending == 3 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the items never reached the consumer"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (mut second, _agent) = work_session(&stack, &batch.id, 1).await;
+    let quiet = tokio::time::timeout(idle_stop * 3, second.message()).await;
+    assert!(quiet.is_err(), "the worker was sent {quiet:?} while three items waited");
+
+    // Resumed: the worker that stayed gets an item.
+    stream.resume_consumer(&consumer).await.unwrap();
+    let task = tokio::time::timeout(BATCH_PATIENCE, second.message())
+        .await
+        .expect("an item after the resume")
+        .unwrap()
+        .expect("a task");
+    assert!(matches!(&task.body, Some(Body::Item(_))), "{task:?}");
 }

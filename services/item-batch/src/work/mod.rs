@@ -151,9 +151,9 @@ impl Session {
         self.held.lock().expect("held lock").len()
     }
 
-    /// Sends items while the agent has room, until the batch ends, the worker idles out, or the
-    /// agent goes.
-    async fn dispatch(self: Arc<Self>, consumer: PullConsumer, tx: mpsc::Sender<Result<pb::AgentTask, Status>>) {
+    /// Sends items while the agent has room, until the batch ends, the worker idles out (no item
+    /// for `idle_stop_ms` and none waiting), or the agent goes.
+    async fn dispatch(self: Arc<Self>, mut consumer: PullConsumer, tx: mpsc::Sender<Result<pb::AgentTask, Status>>) {
         let idle_stop = Duration::from_millis(self.shared.config.idle_stop_ms);
         let mut last_work = Instant::now();
         while !self.closed.is_cancelled() {
@@ -205,8 +205,17 @@ impl Session {
             if got > 0 || self.held_count() > 0 {
                 last_work = Instant::now();
             } else if last_work.elapsed() >= idle_stop {
-                let _ = tx.send(Ok(stop("no items for a while"))).await;
-                return;
+                // An empty fetch is not an empty batch: on a loaded server a pull can expire
+                // before it is served (the million-item run saw hundreds of workers leave at once
+                // while 370,000 items waited, and their instances idle out), and a paused
+                // consumer serves none. The worker stays while items wait that no worker took.
+                match consumer.info().await.map(|info| info.num_pending) {
+                    Ok(waiting) if waiting > 0 => last_work = Instant::now(),
+                    _ => {
+                        let _ = tx.send(Ok(stop("no items for a while"))).await;
+                        return;
+                    }
+                }
             }
         }
     }
