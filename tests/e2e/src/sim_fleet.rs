@@ -55,6 +55,11 @@ pub struct FleetConfig {
     pub seed: u64,
     /// The pool's idle timeout: how long a registered runner with nothing to run is kept.
     pub idle_timeout_secs: u64,
+    /// The runners' lease (`lease-ttl-ms`; a runner's default is 10 s). The fleet's runners all
+    /// live in the test process, on the cores every service shares: in a long run a stall of that
+    /// process lapses dozens of leases at once, their workers end LOST and their instances idle
+    /// out, which says nothing of a runner on a machine of its own.
+    pub runner_lease_secs: u64,
 }
 
 pub struct SimFleet {
@@ -201,6 +206,7 @@ impl SimFleet {
         // hold thousands of SQLite connections, whose lock waits starve the services' pools.
         let mut template = stack.runner_config("template");
         template.database.max_connections = 2;
+        template.lease_ttl_ms = config.runner_lease_secs * 1000;
         tasks.push(tokio::spawn(boot_loop(
             template,
             cloud.clone(),

@@ -201,6 +201,7 @@ async fn a_gang_on_an_empty_provisioned_pool_gets_its_machines_in_one_launch_and
             preemptions_per_hour: 0.0,
             seed: 3,
             idle_timeout_secs: 2,
+            runner_lease_secs: 10,
         },
     )
     .await;
