@@ -18,22 +18,17 @@ use crate::nats_auth::Service;
 /// A port the kernel hands out for `127.0.0.1:0` is in the ephemeral range, which every outgoing
 /// connection of every process draws from too: between this call and the child's bind, a client
 /// connecting anywhere could take it (CI saw a topology api find its /metrics port in use). So
-/// the port is picked below that range, where only explicit binds land, and claimed across the
-/// test processes nextest runs at once by a lock on a file named after it (`$TMPDIR/kiln-test-
-/// ports/`), held until this process exits; within the process a set keeps it from being handed
-/// out twice.
+/// the port is picked below that range, where only explicit binds land, and claimed by a lock on
+/// a file named after it (`$TMPDIR/kiln-test-ports/`), held until this process exits. A lock
+/// (`flock`) taken through another open of the same file fails in this process too, so it keeps a
+/// port from being handed out twice here as well as across the test processes nextest runs.
 pub fn free_port() -> u16 {
     use rand::Rng;
-    static GIVEN: std::sync::Mutex<Vec<(u16, std::fs::File)>> = std::sync::Mutex::new(Vec::new());
-    let (low, high) = test_port_range();
-    let dir = std::env::temp_dir().join("kiln-test-ports");
-    std::fs::create_dir_all(&dir).expect("create the directory of test port claims");
-    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    static CLAIMS: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Vec::new());
+    let (dir, low, high) = test_ports();
+    let mut claims = CLAIMS.lock().unwrap_or_else(|e| e.into_inner());
     for _ in 0..10_000 {
-        let port = rand::rng().random_range(low..high);
-        if given.iter().any(|(taken, _)| *taken == port) {
-            continue;
-        }
+        let port = rand::rng().random_range(*low..*high);
         let claim = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -43,21 +38,26 @@ pub fn free_port() -> u16 {
         if claim.try_lock().is_err() || TcpListener::bind(("127.0.0.1", port)).is_err() {
             continue;
         }
-        given.push((port, claim));
+        claims.push(claim);
         return port;
     }
     panic!("no free port in {low}..{high} after 10,000 tries");
 }
 
-/// Twelve thousand ports just below the kernel's ephemeral range (`ip_local_port_range`,
-/// 32768–60999 on Linux by default).
-fn test_port_range() -> (u16, u16) {
-    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
-        .unwrap_or(32768);
-    let high = ephemeral_low.max(13_024);
-    (high - 12_000, high)
+/// The directory of the port claims (made once), and the twelve thousand ports just below the
+/// kernel's ephemeral range (`ip_local_port_range`, 32768–60999 on Linux by default).
+fn test_ports() -> &'static (PathBuf, u16, u16) {
+    static PORTS: std::sync::OnceLock<(PathBuf, u16, u16)> = std::sync::OnceLock::new();
+    PORTS.get_or_init(|| {
+        let dir = std::env::temp_dir().join("kiln-test-ports");
+        std::fs::create_dir_all(&dir).expect("create the directory of test port claims");
+        let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+            .unwrap_or(32768);
+        let high = ephemeral_low.max(13_024);
+        (dir, high - 12_000, high)
+    })
 }
 
 /// A `nats-server -js` child with its own store directory, killed on drop.
